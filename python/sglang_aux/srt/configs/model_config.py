@@ -1,0 +1,61 @@
+"""A checkpoint's `config.json`, read once, with the fields the runtime derives from it."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from types import SimpleNamespace
+
+import torch
+
+_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+def parse_dtype(name: str) -> torch.dtype:
+    if name not in _DTYPES:
+        raise ValueError(f"unknown dtype {name!r}; choose from {', '.join(_DTYPES)}")
+    return _DTYPES[name]
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    model_path: str
+    hf_config: SimpleNamespace  # every key of config.json, as attributes
+    architecture: str
+    dtype: torch.dtype
+    context_len: int
+
+    @classmethod
+    def from_pretrained(cls, model_path: str | Path, dtype: str = "auto",
+                        context_length: int | None = None) -> ModelConfig:
+        path = Path(model_path)
+        config_file = path / "config.json"
+        if not config_file.is_file():
+            raise FileNotFoundError(f"{model_path} is not a model folder: no config.json")
+        raw = json.loads(config_file.read_text())
+        archs = raw.get("architectures") or []
+        if len(archs) != 1:
+            raise ValueError(f"{config_file}: expected one entry in 'architectures', got {archs}")
+        torch_dtype = parse_dtype(raw.get("torch_dtype", "float32") if dtype == "auto" else dtype)
+        max_pos = raw.get("max_position_embeddings", 2048)
+        return cls(
+            model_path=str(path),
+            hf_config=SimpleNamespace(**raw),
+            architecture=archs[0],
+            dtype=torch_dtype,
+            context_len=min(context_length or max_pos, max_pos),
+        )
+
+    @property
+    def num_layers(self) -> int:
+        return self.hf_config.num_hidden_layers
+
+    @property
+    def num_kv_heads(self) -> int:
+        return self.hf_config.num_key_value_heads
+
+    @property
+    def head_dim(self) -> int:
+        c = self.hf_config
+        return getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads

@@ -1,0 +1,93 @@
+"""Reference attention in plain torch: the CPU backend and the ground truth for others."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+import torch.nn.functional as F
+
+from sglang_aux.srt.layers.attention.base_attn_backend import AttentionBackend
+
+if TYPE_CHECKING:
+    from sglang_aux.srt.layers.radix_attention import RadixAttention
+    from sglang_aux.srt.model_executor.forward_batch_info import ForwardBatch
+
+
+class TorchNativeAttnBackend(AttentionBackend):
+    """EXTEND loops over requests; fixed-layout modes (DECODE, TARGET_VERIFY, DRAFT_BLOCK)
+    gather every request's keys at once and mask by position.
+
+    A query at position p of a request with `seq_len` tokens sees key positions `j < seq_len`,
+    and `j <= p` too unless the mode is DRAFT_BLOCK (non-causal inside the draft block). Under
+    a graph the gathered key length is the static context bound instead of the batch maximum,
+    so the captured work does not depend on the batch.
+    """
+
+    def __init__(self):
+        self._graph_kv_len: int | None = None
+
+    def init_forward_metadata(self, forward_batch: ForwardBatch) -> None:
+        self._graph_kv_len = None
+
+    def init_forward_metadata_capture_cuda_graph(self, forward_batch: ForwardBatch) -> None:
+        self._graph_kv_len = forward_batch.req_to_token_pool.max_context_len
+
+    def init_forward_metadata_replay_cuda_graph(self, forward_batch: ForwardBatch) -> None:
+        self._graph_kv_len = forward_batch.req_to_token_pool.max_context_len
+
+    def forward(self, q, k, v, layer: RadixAttention, forward_batch: ForwardBatch,
+                save_kv_cache: bool = True) -> torch.Tensor:
+        pool = forward_batch.token_to_kv_pool
+        if save_kv_cache:
+            pool.set_kv(layer.layer_id, forward_batch.out_cache_loc,
+                        k.view(-1, layer.tp_k_head_num, layer.head_dim),
+                        v.view(-1, layer.tp_k_head_num, layer.head_dim))
+        q = q.view(-1, layer.tp_q_head_num, layer.head_dim)
+        if forward_batch.forward_mode.is_extend():
+            out = self._forward_extend(q, layer, forward_batch)
+        else:
+            out = self._forward_fixed(q, layer, forward_batch)
+        return out.reshape(-1, layer.tp_q_head_num * layer.head_dim)
+
+    def _forward_extend(self, q: torch.Tensor, layer: RadixAttention,
+                        fb: ForwardBatch) -> torch.Tensor:
+        pool = fb.token_to_kv_pool
+        out = torch.empty_like(q)
+        start = 0
+        for i in range(fb.batch_size):
+            prefix, ext = fb.extend_prefix_lens_cpu[i], fb.extend_seq_lens_cpu[i]
+            slots = fb.req_to_token_pool.req_to_token[fb.req_pool_indices[i], : prefix + ext]
+            keys = pool.k_buffer[layer.layer_id][slots].to(q.dtype)  # [L, KVH, D]
+            vals = pool.v_buffer[layer.layer_id][slots].to(q.dtype)
+            qi = q[start : start + ext]  # [ext, H, D]
+            q_pos = torch.arange(prefix, prefix + ext, device=q.device)
+            mask = torch.arange(prefix + ext, device=q.device)[None, :] <= q_pos[:, None]
+            out[start : start + ext] = _sdpa(qi[None], keys[None], vals[None], mask[None],
+                                             layer.scaling)[0]
+            start += ext
+        return out
+
+    def _forward_fixed(self, q: torch.Tensor, layer: RadixAttention,
+                       fb: ForwardBatch) -> torch.Tensor:
+        bs = fb.batch_size
+        q_len = q.shape[0] // bs
+        kv_len = self._graph_kv_len or int(fb.seq_lens_cpu[:bs].max())
+        slots = fb.req_to_token_pool.req_to_token[fb.req_pool_indices, :kv_len]  # [bs, L]
+        keys = fb.token_to_kv_pool.k_buffer[layer.layer_id][slots].to(q.dtype)  # [bs, L, KVH, D]
+        vals = fb.token_to_kv_pool.v_buffer[layer.layer_id][slots].to(q.dtype)
+        key_pos = torch.arange(kv_len, device=q.device)[None, None, :]
+        mask = key_pos < fb.seq_lens[:, None, None]  # [bs, 1, L]
+        if fb.forward_mode.is_causal():
+            mask = mask & (key_pos <= fb.positions.view(bs, q_len, 1))
+        return _sdpa(q.view(bs, q_len, *q.shape[1:]), keys, vals, mask, layer.scaling).flatten(0, 1)
+
+
+def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
+          scaling: float) -> torch.Tensor:
+    """q `[B, Q, H, D]`, k/v `[B, L, KVH, D]`, mask `[B, Q or 1, L]` -> `[B, Q, H, D]`."""
+    out = F.scaled_dot_product_attention(
+        q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+        attn_mask=mask[:, None], scale=scaling, enable_gqa=True,
+    )
+    return out.transpose(1, 2)

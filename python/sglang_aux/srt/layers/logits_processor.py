@@ -1,0 +1,45 @@
+"""From final hidden states to next-token logits (and what else the caller asked to keep)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from sglang_aux.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardBatch
+
+
+@dataclass
+class LogitsProcessorOutput:
+    # EXTEND: one row per request (its last token); fixed-layout modes: one row per token.
+    next_token_logits: torch.Tensor  # [rows, vocab]
+    hidden_states: torch.Tensor | None = None  # final hidden states, per capture_hidden_mode
+    aux_hidden_states: torch.Tensor | None = None  # [num_tokens, K * hidden]
+
+
+class LogitsProcessor:
+    """Applies the LM head to the rows that need logits.
+
+    With `forward_batch.next_token_logits_buffer` set (graph capture), the logits are written
+    into that buffer, so the graph's output lives in runner-owned storage.
+    """
+
+    def __call__(self, hidden: torch.Tensor, lm_head_weight: torch.Tensor,
+                 forward_batch: ForwardBatch,
+                 aux_hidden_states: torch.Tensor | None = None) -> LogitsProcessorOutput:
+        rows = hidden
+        if forward_batch.forward_mode.is_extend():
+            last = torch.tensor(forward_batch.extend_seq_lens_cpu, device=hidden.device).cumsum(0) - 1
+            rows = hidden[last]
+        out = forward_batch.next_token_logits_buffer
+        if out is None:
+            logits = torch.matmul(rows, lm_head_weight.t())
+        else:
+            logits = torch.matmul(rows, lm_head_weight.t(), out=out)
+        mode = forward_batch.capture_hidden_mode
+        kept = None
+        if mode == CaptureHiddenMode.FULL:
+            kept = hidden
+        elif mode == CaptureHiddenMode.LAST:
+            kept = rows
+        return LogitsProcessorOutput(logits, kept, aux_hidden_states)

@@ -1,0 +1,30 @@
+"""Rotary position embedding (NeoX half-split layout, as HF Llama/Qwen3 checkpoints use)."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+class RotaryEmbedding(nn.Module):
+    def __init__(self, head_dim: int, max_position: int, base: float):
+        super().__init__()
+        self.head_dim = head_dim
+        inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
+        freqs = torch.outer(torch.arange(max_position, dtype=torch.float32), inv_freq)
+        # [max_position, head_dim] = cos | sin halves; a buffer so it follows .to(device)
+        self.register_buffer("cos_sin_cache", torch.cat([freqs.cos(), freqs.sin()], -1),
+                             persistent=False)
+
+    def forward(self, positions: torch.Tensor, q: torch.Tensor,
+                k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """q `[T, H*D]`, k `[T, KVH*D]` rotated at `positions` `[T]`."""
+        cos, sin = self.cos_sin_cache[positions].chunk(2, dim=-1)  # [T, D/2] each
+        return self._rotate(q, cos, sin), self._rotate(k, cos, sin)
+
+    def _rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        xf = x.view(x.shape[0], -1, self.head_dim).float()
+        x1, x2 = xf.chunk(2, dim=-1)
+        cos, sin = cos[:, None], sin[:, None]
+        out = torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
+        return out.to(x.dtype).view(x.shape)

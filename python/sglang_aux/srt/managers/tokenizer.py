@@ -1,0 +1,38 @@
+"""Text <-> token ids for a model folder (`tokenizer.json` + `tokenizer_config.json`)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from tokenizers import Tokenizer as _HFTokenizer
+
+
+class Tokenizer:
+    def __init__(self, model_path: str | Path):
+        path = Path(model_path)
+        if not (path / "tokenizer.json").is_file():
+            raise FileNotFoundError(f"{model_path} has no tokenizer.json")
+        self._tok = _HFTokenizer.from_file(str(path / "tokenizer.json"))
+        cfg_file = path / "tokenizer_config.json"
+        cfg = json.loads(cfg_file.read_text()) if cfg_file.is_file() else {}
+        self.chat_template: str | None = cfg.get("chat_template")
+        self.bos_token_id = self._id_of(cfg.get("bos_token"))
+        self.eos_token_id = self._id_of(cfg.get("eos_token"))
+        self.add_bos_token = bool(cfg.get("add_bos_token", False))
+
+    def _id_of(self, token: str | None) -> int | None:
+        return None if token is None else self._tok.token_to_id(token)
+
+    @property
+    def vocab_size(self) -> int:
+        return self._tok.get_vocab_size()
+
+    def encode(self, text: str) -> list[int]:
+        ids = self._tok.encode(text, add_special_tokens=False).ids
+        if self.add_bos_token and self.bos_token_id is not None:
+            ids = [self.bos_token_id, *ids]
+        return ids
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        return self._tok.decode(ids, skip_special_tokens=skip_special_tokens)

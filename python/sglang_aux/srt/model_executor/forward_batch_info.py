@@ -1,0 +1,96 @@
+"""What one model forward sees: the mode, the token layout and views of the KV memory."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import IntEnum, auto
+from typing import TYPE_CHECKING
+
+import torch
+
+if TYPE_CHECKING:
+    from sglang_aux.srt.layers.attention.base_attn_backend import AttentionBackend
+    from sglang_aux.srt.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool
+
+
+class ForwardMode(IntEnum):
+    EXTEND = auto()  # prefill: new tokens per request, causal over the cached prefix
+    DECODE = auto()  # one token per request
+    TARGET_VERIFY = auto()  # B tokens per request, causal over prefix and block
+    DRAFT_BLOCK = auto()  # DFlash draft: B block queries, non-causal inside the block
+    IDLE = auto()  # no tokens (a pipeline or overlap peer with nothing to do)
+
+    def is_extend(self) -> bool:
+        return self == ForwardMode.EXTEND
+
+    def is_decode(self) -> bool:
+        return self == ForwardMode.DECODE
+
+    def is_target_verify(self) -> bool:
+        return self == ForwardMode.TARGET_VERIFY
+
+    def is_draft_block(self) -> bool:
+        return self == ForwardMode.DRAFT_BLOCK
+
+    def is_idle(self) -> bool:
+        return self == ForwardMode.IDLE
+
+    def is_decode_or_idle(self) -> bool:
+        return self in (ForwardMode.DECODE, ForwardMode.IDLE)
+
+    def is_cuda_graph(self) -> bool:
+        """Modes whose token layout is fixed per request, so a graph can be captured."""
+        return self in (ForwardMode.DECODE, ForwardMode.TARGET_VERIFY, ForwardMode.DRAFT_BLOCK)
+
+    def is_causal(self) -> bool:
+        return self != ForwardMode.DRAFT_BLOCK
+
+
+class CaptureHiddenMode(IntEnum):
+    NULL = auto()  # keep no hidden states
+    LAST = auto()  # the last token's final hidden state per request
+    FULL = auto()  # every token's final hidden state
+
+    def need_capture(self) -> bool:
+        return self != CaptureHiddenMode.NULL
+
+
+@dataclass
+class ForwardBatch:
+    """Inputs of one forward. Token-major tensors are `[num_tokens]`, request-major `[bs]`.
+
+    `seq_lens` counts every token of a request once this forward has run (prefix + new).
+    `extend_prefix_lens_cpu` / `extend_seq_lens_cpu` describe EXTEND batches only.
+    """
+
+    forward_mode: ForwardMode
+    batch_size: int
+    input_ids: torch.Tensor  # [num_tokens]
+    req_pool_indices: torch.Tensor  # [bs]
+    seq_lens: torch.Tensor  # [bs]
+    seq_lens_cpu: torch.Tensor  # [bs], host copy for host-side loops
+    out_cache_loc: torch.Tensor  # [num_tokens] KV slots this forward writes
+    positions: torch.Tensor  # [num_tokens]
+    req_to_token_pool: ReqToTokenPool
+    token_to_kv_pool: MHATokenToKVPool
+    attn_backend: AttentionBackend
+    extend_prefix_lens_cpu: list[int] | None = None
+    extend_seq_lens_cpu: list[int] | None = None
+    capture_hidden_mode: CaptureHiddenMode = CaptureHiddenMode.NULL
+    # Graph-owned output storage. When set, the LM head writes `[num_tokens, vocab]` logits
+    # here and the aux packer writes `[num_tokens, K * hidden]` here (see AuxHiddenStatePacker).
+    next_token_logits_buffer: torch.Tensor | None = None
+    aux_hidden_states_buffer: torch.Tensor | None = None
+    # Hidden states inherited from an earlier pipeline stage (pp_size > 1).
+    pp_proxy_tensors: dict[str, torch.Tensor] | None = None
+    # Set by the runner while a graph is captured; models keep graph-unsafe paths off then.
+    is_capturing: bool = False
+
+    @property
+    def num_tokens(self) -> int:
+        return self.input_ids.shape[0]
+
+    @property
+    def tokens_per_req(self) -> int:
+        """Tokens per request in a fixed-layout (graph) mode."""
+        return self.num_tokens // max(self.batch_size, 1)

@@ -1,0 +1,49 @@
+"""Reading safetensors checkpoints into modules, with errors that name the mismatch."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from torch import nn
+
+
+def safetensors_weights_iterator(model_dir: str | Path) -> Iterator[tuple[str, torch.Tensor]]:
+    files = sorted(Path(model_dir).glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"no *.safetensors file in {model_dir}")
+    for path in files:
+        with safe_open(str(path), framework="pt") as f:
+            for name in f.keys():
+                yield name, f.get_tensor(name)
+
+
+def load_named_weights(module: nn.Module, weights: Iterable[tuple[str, torch.Tensor]],
+                       skip: set[str] | frozenset[str] = frozenset()) -> None:
+    """Copy checkpoint tensors into `module`'s parameters by name.
+
+    Raises ValueError for a tensor whose shape differs from its parameter, a checkpoint name
+    the module does not have, or a parameter the checkpoint lacks.
+    """
+    params = dict(module.named_parameters())
+    loaded: set[str] = set()
+    for name, tensor in weights:
+        if name in skip:
+            continue
+        if name not in params:
+            raise ValueError(f"checkpoint tensor {name!r} has no parameter in {type(module).__name__}")
+        param = params[name]
+        if tuple(tensor.shape) != tuple(param.shape):
+            raise ValueError(
+                f"checkpoint tensor {name!r} has shape {tuple(tensor.shape)}, the model expects "
+                f"{tuple(param.shape)} (does config.json match the weights?)"
+            )
+        with torch.no_grad():
+            param.copy_(tensor.to(param.dtype))
+        loaded.add(name)
+    missing = sorted(set(params) - loaded - set(skip))
+    if missing:
+        shown = ", ".join(missing[:5]) + (" ..." if len(missing) > 5 else "")
+        raise ValueError(f"checkpoint lacks {len(missing)} tensors the model needs: {shown}")

@@ -1,0 +1,173 @@
+"""Llama-family decoder (`LlamaForCausalLM`), HF weight names.
+
+DFlash/EAGLE3 aux state for HF layer id l: the residual stream (`hidden + residual`) entering
+layer l + 1, as SGLang captures it. An id of the last layer captures the stream after it,
+before the final norm.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from types import SimpleNamespace
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from sglang_aux.srt.layers.aux_hidden_states import (
+    AuxHiddenStateList,
+    AuxHiddenStatePacker,
+    AuxHiddenStates,
+    SupportsSharedAuxHiddenStates,
+    finish_aux_hidden_states,
+)
+from sglang_aux.srt.layers.layernorm import RMSNorm
+from sglang_aux.srt.layers.logits_processor import LogitsProcessor, LogitsProcessorOutput
+from sglang_aux.srt.layers.radix_attention import RadixAttention
+from sglang_aux.srt.layers.rotary_embedding import RotaryEmbedding
+from sglang_aux.srt.model_executor.forward_batch_info import ForwardBatch
+from sglang_aux.srt.model_loader.weight_utils import load_named_weights
+
+
+def head_dim_of(config: SimpleNamespace) -> int:
+    return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+
+
+class LlamaAttention(nn.Module):
+    def __init__(self, config: SimpleNamespace, layer_id: int):
+        super().__init__()
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = config.num_key_value_heads
+        self.head_dim = head_dim_of(config)
+        bias = getattr(config, "attention_bias", False)
+        h, d = config.hidden_size, self.head_dim
+        self.q_proj = nn.Linear(h, self.num_heads * d, bias=bias)
+        self.k_proj = nn.Linear(h, self.num_kv_heads * d, bias=bias)
+        self.v_proj = nn.Linear(h, self.num_kv_heads * d, bias=bias)
+        self.o_proj = nn.Linear(self.num_heads * d, h, bias=False)
+        self.rotary_emb = RotaryEmbedding(
+            d, config.max_position_embeddings, getattr(config, "rope_theta", 10000.0)
+        )
+        self.attn = RadixAttention(self.num_heads, d, d**-0.5, self.num_kv_heads, layer_id)
+
+    def qk_norm(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per-head q/k normalization hook (identity for Llama, RMSNorm for Qwen3)."""
+        return q, k
+
+    def forward(self, positions: torch.Tensor, x: torch.Tensor,
+                forward_batch: ForwardBatch) -> torch.Tensor:
+        q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        q, k = self.qk_norm(q, k)
+        q, k = self.rotary_emb(positions, q, k)
+        return self.o_proj(self.attn(q, k, v, forward_batch))
+
+
+class LlamaMLP(nn.Module):
+    def __init__(self, hidden_size: int, intermediate_size: int):
+        super().__init__()
+        self.gate_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
+        self.up_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
+        self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class LlamaDecoderLayer(nn.Module):
+    attention_cls = LlamaAttention
+
+    def __init__(self, config: SimpleNamespace, layer_id: int):
+        super().__init__()
+        self.self_attn = self.attention_cls(config, layer_id)
+        self.mlp = LlamaMLP(config.hidden_size, config.intermediate_size)
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+    def forward(self, positions: torch.Tensor, x: torch.Tensor,
+                forward_batch: ForwardBatch) -> torch.Tensor:
+        """`x` is the residual stream; returns the stream after this layer."""
+        x = x + self.self_attn(positions, self.input_layernorm(x), forward_batch)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class LlamaModel(nn.Module):
+    layer_cls = LlamaDecoderLayer
+
+    def __init__(self, config: SimpleNamespace):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(
+            [self.layer_cls(config, i) for i in range(config.num_hidden_layers)]
+        )
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.layers_to_capture: list[int] = []
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
+                forward_batch: ForwardBatch,
+                aux: AuxHiddenStates | None) -> torch.Tensor:
+        x = self.embed_tokens(input_ids)
+        for i, layer in enumerate(self.layers):
+            if aux is not None and i in self.layers_to_capture:
+                # `x` is rebound, never updated in place, so the list may keep it as is.
+                aux.capture(x, owned=True)
+            x = layer(positions, x, forward_batch)
+        if aux is not None and len(self.layers) in self.layers_to_capture:
+            aux.capture(x, owned=True)
+        return self.norm(x)
+
+
+class LlamaForCausalLM(nn.Module):
+    model_cls = LlamaModel
+
+    def __init__(self, config: SimpleNamespace, pp_size: int = 1):
+        super().__init__()
+        self.config = config
+        self.pp_size = pp_size
+        self.model = self.model_cls(config)
+        self.tie_word_embeddings = getattr(config, "tie_word_embeddings", False)
+        if not self.tie_word_embeddings:
+            self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.logits_processor = LogitsProcessor()
+
+    @property
+    def lm_head_weight(self) -> torch.Tensor:
+        return self.model.embed_tokens.weight if self.tie_word_embeddings else self.lm_head.weight
+
+    def get_input_embeddings(self) -> nn.Embedding:
+        return self.model.embed_tokens
+
+    def set_dflash_layers_to_capture(self, layer_ids: list[int]) -> None:
+        self.model.layers_to_capture = [i + 1 for i in layer_ids]
+
+    set_eagle3_layers_to_capture = set_dflash_layers_to_capture
+    set_dspark_layers_to_capture = set_dflash_layers_to_capture
+
+    @property
+    def packs_aux_hidden_states(self) -> bool:
+        # Pipeline stages receive earlier captures already concatenated: list path there.
+        return bool(self.model.layers_to_capture) and self.pp_size == 1
+
+    def _new_aux(self, forward_batch: ForwardBatch) -> AuxHiddenStates | None:
+        num = len(self.model.layers_to_capture)
+        if num == 0:
+            return None
+        # Upstream keeps the Llama family on the list path; a model class that implements
+        # SupportsSharedAuxHiddenStates opts in to the packer.
+        if self.packs_aux_hidden_states and isinstance(self, SupportsSharedAuxHiddenStates):
+            return AuxHiddenStatePacker.for_batch(forward_batch, num)
+        return AuxHiddenStateList()
+
+    @torch.no_grad()
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
+                forward_batch: ForwardBatch) -> LogitsProcessorOutput:
+        aux = self._new_aux(forward_batch)
+        hidden = self.model(input_ids, positions, forward_batch, aux)
+        packed = finish_aux_hidden_states(aux) if aux is not None else None
+        return self.logits_processor(hidden, self.lm_head_weight, forward_batch, packed)
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        skip = {"lm_head.weight"} if self.tie_word_embeddings else set()
+        load_named_weights(self, weights, skip=skip)
+
+
+EntryClass = LlamaForCausalLM

@@ -1,0 +1,41 @@
+"""Qwen3 (`Qwen3ForCausalLM`): the Llama decoder with per-head RMSNorm on q and k."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import torch
+
+from sglang_aux.srt.layers.layernorm import RMSNorm
+from sglang_aux.srt.models.llama import (
+    LlamaAttention,
+    LlamaDecoderLayer,
+    LlamaForCausalLM,
+    LlamaModel,
+)
+
+
+class Qwen3Attention(LlamaAttention):
+    def __init__(self, config: SimpleNamespace, layer_id: int):
+        super().__init__(config, layer_id)
+        self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
+        self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
+
+    def qk_norm(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        d = self.head_dim
+        return (self.q_norm(q.view(-1, d)).view(q.shape), self.k_norm(k.view(-1, d)).view(k.shape))
+
+
+class Qwen3DecoderLayer(LlamaDecoderLayer):
+    attention_cls = Qwen3Attention
+
+
+class Qwen3Model(LlamaModel):
+    layer_cls = Qwen3DecoderLayer
+
+
+class Qwen3ForCausalLM(LlamaForCausalLM):
+    model_cls = Qwen3Model
+
+
+EntryClass = Qwen3ForCausalLM
