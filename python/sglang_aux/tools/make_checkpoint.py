@@ -17,6 +17,8 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from sglang_aux.srt.models.registry import get_model_class
 from sglang_aux.tools.presets import PRESETS, SPECIAL_TOKENS
 
+INIT_GAIN = 2.0
+
 
 def byte_level_tokenizer() -> Tokenizer:
     """256 byte tokens (ids 0..255) and the special tokens after them; no merges."""
@@ -28,6 +30,20 @@ def byte_level_tokenizer() -> Tokenizer:
     return tok
 
 
+def init_weights(model: torch.nn.Module, gain: float) -> None:
+    """Matrices ~ N(0, gain^2 / fan_in), embeddings ~ N(0, 1), norms at one.
+
+    A gain above one lets every layer move the residual stream: with PyTorch's default init
+    a random tiny model mostly repeats its input token, which makes a weak test subject.
+    """
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() == 2 and "embed" not in name:
+                p.normal_(0.0, gain / p.shape[1] ** 0.5)
+            elif p.dim() == 2:
+                p.normal_(0.0, 1.0)
+
+
 def write_checkpoint(preset: str, out: str | Path, seed: int = 0) -> Path:
     if preset not in PRESETS:
         raise ValueError(f"unknown preset {preset!r}; choose from {', '.join(PRESETS)}")
@@ -36,6 +52,7 @@ def write_checkpoint(preset: str, out: str | Path, seed: int = 0) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(seed)
     model = get_model_class(config["architectures"][0])(SimpleNamespace(**config))
+    init_weights(model, INIT_GAIN)
     dtype = getattr(torch, config["torch_dtype"])
     tensors = {k: v.detach().to(dtype).contiguous() for k, v in model.state_dict().items()
                if not k.endswith("cos_sin_cache")}

@@ -1,0 +1,105 @@
+"""Offline engine: `Engine(model_path=...).generate(prompts, sampling_params)`."""
+
+from __future__ import annotations
+
+import itertools
+import time
+
+import torch
+
+from sglang_aux.srt.configs.model_config import ModelConfig
+from sglang_aux.srt.managers.schedule_batch import Req
+from sglang_aux.srt.managers.scheduler import Scheduler
+from sglang_aux.srt.managers.tokenizer import Tokenizer
+from sglang_aux.srt.managers.tp_worker import TpModelWorker
+from sglang_aux.srt.model_loader.builtin import resolve_model_path
+from sglang_aux.srt.sampling.sampling_params import SamplingParams
+from sglang_aux.srt.server_args import ServerArgs
+
+
+class Engine:
+    """Runs the scheduler in the caller's thread. Keyword arguments are ServerArgs fields."""
+
+    def __init__(self, server_args: ServerArgs | None = None, **kwargs):
+        args = server_args or ServerArgs(**kwargs)
+        args.model_path = resolve_model_path(args.model_path)
+        torch.manual_seed(args.random_seed)
+        self.server_args = args
+        self.model_config = ModelConfig.from_pretrained(args.model_path, args.dtype,
+                                                        args.context_length)
+        self.tokenizer = Tokenizer(args.tokenizer_path or args.model_path)
+        self.worker = self._make_worker()
+        eos = getattr(self.model_config.hf_config, "eos_token_id", None)
+        eos_ids = set(eos if isinstance(eos, list) else [eos]) - {None}
+        if self.tokenizer.eos_token_id is not None:
+            eos_ids.add(self.tokenizer.eos_token_id)
+        self.scheduler = Scheduler(
+            self.worker, self.tokenizer,
+            max_running_requests=args.max_running_requests,
+            context_len=self.model_config.context_len,
+            eos_token_ids=eos_ids,
+        )
+        self._rids = itertools.count()
+
+    def _make_worker(self) -> TpModelWorker:
+        return TpModelWorker(self.model_config, self.server_args)
+
+    def make_request(self, *, text: str | None = None, input_ids: list[int] | None = None,
+                     sampling_params: dict | SamplingParams | None = None,
+                     rid: str | None = None) -> Req:
+        """A validated request (ValueError with the reason otherwise)."""
+        if (text is None) == (input_ids is None):
+            raise ValueError("give exactly one of text and input_ids")
+        ids = self.tokenizer.encode(text) if text is not None else list(input_ids)
+        vocab = self.model_config.hf_config.vocab_size
+        if any(not isinstance(t, int) or not 0 <= t < vocab for t in ids):
+            raise ValueError(f"input_ids must be integers in [0, {vocab})")
+        params = (sampling_params if isinstance(sampling_params, SamplingParams)
+                  else SamplingParams.from_dict(sampling_params))
+        req = Req(rid or f"req-{next(self._rids)}", ids, params)
+        if params.seed is not None:
+            req.generator = torch.Generator().manual_seed(params.seed)
+        self.scheduler.validate(req)
+        return req
+
+    def generate(self, prompt: str | list[str] | None = None,
+                 sampling_params: dict | list[dict] | None = None,
+                 input_ids: list[int] | list[list[int]] | None = None) -> dict | list[dict]:
+        """Generate for one prompt (a dict back) or a batch (a list back)."""
+        single = isinstance(prompt, str) or (input_ids is not None and input_ids
+                                            and isinstance(input_ids[0], int))
+        texts = [prompt] if isinstance(prompt, str) else prompt
+        ids = [input_ids] if single and input_ids is not None else input_ids
+        n = len(texts) if texts is not None else len(ids)
+        params = sampling_params if isinstance(sampling_params, list) else [sampling_params] * n
+        reqs = [self.make_request(text=None if texts is None else texts[i],
+                                  input_ids=None if ids is None else ids[i],
+                                  sampling_params=params[i]) for i in range(n)]
+        start = time.perf_counter()
+        for r in reqs:
+            self.scheduler.add_request(r)
+        while not all(r.finished for r in reqs):
+            self.scheduler.step()
+        latency = time.perf_counter() - start
+        outs = [self.output_of(r, latency) for r in reqs]
+        return outs[0] if single else outs
+
+    def output_of(self, req: Req, latency: float | None = None) -> dict:
+        text = self.tokenizer.decode(req.output_ids)
+        reason = req.finished_reason
+        if reason and reason["type"] == "stop" and isinstance(reason.get("matched"), str):
+            text = text[: text.find(reason["matched"])] if reason["matched"] in text else text
+        meta = {
+            "id": req.rid,
+            "prompt_tokens": len(req.origin_input_ids),
+            "completion_tokens": len(req.output_ids),
+            "finish_reason": reason,
+            "spec_accept_length": req.spec_accept_length(),
+            "spec_verify_ct": req.spec_verify_ct,
+        }
+        if latency is not None:
+            meta["e2e_latency"] = latency
+        return {"text": text, "output_ids": list(req.output_ids), "meta_info": meta}
+
+    def shutdown(self) -> None:
+        """Nothing runs in the background yet; kept for SGLang's Engine interface."""

@@ -1,0 +1,131 @@
+"""Continuous batching: admit waiting requests, prefill them, decode the running ones.
+
+Each `step()` runs one prefill of newly admitted requests if any were admitted, else one
+decode step of every running request. A request reserves the KV it can ever need when it is
+admitted, so a running batch never runs out of slots mid-generation.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from collections.abc import Callable
+from typing import Protocol
+
+from sglang_aux.srt.managers.schedule_batch import Req
+from sglang_aux.srt.managers.tokenizer import Tokenizer
+
+logger = logging.getLogger(__name__)
+
+
+class Worker(Protocol):
+    tokens_per_step: int  # most tokens one decode step can add to a request
+
+    def prefill(self, reqs: list[Req]) -> list[list[int]]: ...
+
+    def decode(self, reqs: list[Req]) -> list[list[int]]: ...
+
+
+class Scheduler:
+    def __init__(self, worker: Worker, tokenizer: Tokenizer, *, max_running_requests: int,
+                 context_len: int, eos_token_ids: set[int],
+                 on_update: Callable[[Req], None] | None = None):
+        self.worker = worker
+        runner = worker.model_runner
+        self.req_to_token_pool = runner.req_to_token_pool
+        self.allocator = runner.token_to_kv_pool_allocator
+        self.tokenizer = tokenizer
+        self.max_running_requests = max_running_requests
+        self.context_len = context_len
+        self.eos_token_ids = eos_token_ids
+        self.on_update = on_update
+        self.waiting: deque[Req] = deque()
+        self.running: list[Req] = []
+        self._reserved = 0  # KV slots promised to running requests
+        self.stats = {"prefill_steps": 0, "decode_steps": 0, "generated_tokens": 0}
+
+    def validate(self, req: Req) -> None:
+        """ValueError when the request can never run."""
+        n = len(req.origin_input_ids)
+        if n == 0:
+            raise ValueError("the prompt is empty")
+        if n >= self.context_len:
+            raise ValueError(f"the prompt has {n} tokens; the context holds {self.context_len}")
+        if self._reservation(req) > self.allocator.size:
+            raise ValueError(f"the request needs {self._reservation(req)} KV slots; the pool "
+                             f"holds {self.allocator.size}")
+
+    def add_request(self, req: Req) -> None:
+        self.validate(req)
+        self.waiting.append(req)
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def _reservation(self, req: Req) -> int:
+        # a speculative step may write a whole block past the last kept token
+        need = len(req.origin_input_ids) + req.sampling_params.max_new_tokens
+        return min(need, self.context_len) + self.worker.tokens_per_step
+
+    def _admit(self) -> list[Req]:
+        admitted = []
+        while self.waiting and len(self.running) + len(admitted) < self.max_running_requests:
+            req = self.waiting[0]
+            need = self._reservation(req)
+            if self._reserved + need > self.allocator.size:
+                break
+            self.waiting.popleft()
+            if req.sampling_params.max_new_tokens == 0:
+                req.finished_reason = {"type": "length", "length": 0}
+                self._notify(req)
+                continue
+            req.req_pool_idx = self.req_to_token_pool.alloc()
+            self._reserved += need
+            admitted.append(req)
+        return admitted
+
+    def step(self) -> None:
+        new = self._admit()
+        if new:
+            self.stats["prefill_steps"] += 1
+            self._process(new, self.worker.prefill(new))
+            self.running += [r for r in new if not r.finished]
+        elif self.running:
+            self.stats["decode_steps"] += 1
+            self._process(self.running, self.worker.decode(self.running))
+        self.running = [r for r in self.running if not r.finished]
+
+    def _process(self, reqs: list[Req], new_tokens: list[list[int]]) -> None:
+        for req, tokens in zip(reqs, new_tokens, strict=True):
+            for tok in tokens:
+                req.output_ids.append(tok)
+                self.stats["generated_tokens"] += 1
+                req.finished_reason = self._finish_reason(req, tok)
+                if req.finished:
+                    self._release(req)
+                    break
+            self._notify(req)
+
+    def _finish_reason(self, req: Req, tok: int) -> dict | None:
+        p = req.sampling_params
+        if (tok in self.eos_token_ids and not p.ignore_eos) or tok in p.stop_token_ids:
+            return {"type": "stop", "matched": tok}
+        if p.stop:
+            tail = self.tokenizer.decode(req.output_ids[-8 - max(map(len, p.stop)):])
+            for s in p.stop:
+                if s in tail:
+                    return {"type": "stop", "matched": s}
+        if len(req.output_ids) >= p.max_new_tokens or req.seq_len >= self.context_len:
+            return {"type": "length", "length": len(req.output_ids)}
+        return None
+
+    def _release(self, req: Req) -> None:
+        row = req.req_pool_idx
+        self.allocator.free(self.req_to_token_pool.req_to_token[row, : req.kv_len].clone())
+        self.req_to_token_pool.free(row)
+        self._reserved -= self._reservation(req)
+        req.req_pool_idx = None
+
+    def _notify(self, req: Req) -> None:
+        if self.on_update is not None:
+            self.on_update(req)

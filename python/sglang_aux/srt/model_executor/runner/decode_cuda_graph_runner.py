@@ -1,0 +1,154 @@
+"""Captures one graph per batch size for a fixed-layout forward and replays the smallest fit.
+
+Keep this file to the capture/replay mechanics; buffers live in `DecodeInputBuffers`, the
+replay mechanism behind `GraphBackend`, model specifics in the model.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import time
+from typing import TYPE_CHECKING
+
+from sglang_aux.srt.layers.logits_processor import LogitsProcessorOutput
+from sglang_aux.srt.model_executor.forward_batch_info import (
+    CaptureHiddenMode,
+    ForwardBatch,
+    ForwardMode,
+)
+from sglang_aux.srt.model_executor.runner_backend.base import GraphBackend
+from sglang_aux.srt.model_executor.runner_utils.buffers import DecodeInputBuffers
+from sglang_aux.srt.model_executor.runner_utils.memory_probe import MemoryProbe
+
+if TYPE_CHECKING:
+    from sglang_aux.srt.model_executor.model_runner import ModelRunner
+
+logger = logging.getLogger(__name__)
+
+NUM_WARMUPS = 2
+
+
+class DecodeCudaGraphRunner:
+    """Graphs for `forward_mode` with `captured_req_width` tokens per request
+    (1 for DECODE, the block size for TARGET_VERIFY and DRAFT_BLOCK)."""
+
+    def __init__(self, model_runner: ModelRunner, *, forward_mode: ForwardMode,
+                 captured_req_width: int, capture_bs: list[int], backend: GraphBackend):
+        if not forward_mode.is_cuda_graph():
+            raise ValueError(f"{forward_mode.name} has no fixed layout to capture")
+        self.model_runner = model_runner
+        self.forward_mode = forward_mode
+        self.captured_req_width = captured_req_width
+        self.capture_bs = sorted(capture_bs)
+        self.max_bs = self.capture_bs[-1]
+        self.max_num_token = self.max_bs * captured_req_width
+        self.backend = backend
+        cfg = model_runner.model_config
+        self.buffers = DecodeInputBuffers.create(
+            max_bs=self.max_bs,
+            tokens_per_req=captured_req_width,
+            vocab_size=cfg.hf_config.vocab_size,
+            hidden_size=cfg.hf_config.hidden_size,
+            dtype=cfg.dtype,
+            device=model_runner.device,
+            aux_hidden_states_width=model_runner.get_aux_hidden_states_width(),
+            pp_size=model_runner.pp_size,
+        )
+        model_runner.attn_backend.init_cuda_graph_state(self.max_bs, self.max_num_token)
+        self.graphs: dict[int, object] = {}
+        self.outputs: dict[int, LogitsProcessorOutput] = {}
+        self.forward_batches: dict[int, ForwardBatch] = {}
+        self.capture_stats: dict[str, object] = {}
+
+    def capture_prepare(self, bs: int) -> ForwardBatch:
+        """A ForwardBatch of row-prefix views of the buffers for `bs` requests."""
+        b, n = self.buffers, bs * self.captured_req_width
+        return ForwardBatch(
+            forward_mode=self.forward_mode,
+            batch_size=bs,
+            input_ids=b.input_ids[:n],
+            req_pool_indices=b.req_pool_indices[:bs],
+            seq_lens=b.seq_lens[:bs],
+            seq_lens_cpu=b.seq_lens_cpu[:bs],
+            out_cache_loc=b.out_cache_loc[:n],
+            positions=b.positions[:n],
+            req_to_token_pool=self.model_runner.req_to_token_pool,
+            token_to_kv_pool=self.model_runner.token_to_kv_pool,
+            attn_backend=self.model_runner.attn_backend,
+            capture_hidden_mode=CaptureHiddenMode.NULL,
+            next_token_logits_buffer=b.next_token_logits_buffer[:n],
+            aux_hidden_states_buffer=None if b.aux_hidden_states is None
+            else b.aux_hidden_states[:n],
+            pp_proxy_tensors=None if b.pp_proxy_tensors is None
+            else {k: v[:n] for k, v in b.pp_proxy_tensors.items()},
+            is_capturing=True,
+        )
+
+    def capture(self) -> None:
+        """Capture every size, largest first, two eager warm-ups before each."""
+        probe = MemoryProbe(self.model_runner.device)
+        start = time.perf_counter()
+        model = self.model_runner.model
+        for bs in reversed(self.capture_bs):
+            fb = self.capture_prepare(bs)
+            self.model_runner.attn_backend.init_forward_metadata_capture_cuda_graph(fb)
+
+            def run(fb: ForwardBatch = fb) -> LogitsProcessorOutput:
+                return model.forward(fb.input_ids, fb.positions, fb)
+
+            for _ in range(NUM_WARMUPS):
+                run()
+            self.backend.synchronize()
+            self.graphs[bs], self.outputs[bs] = self.backend.capture(run)
+            self.forward_batches[bs] = fb
+        seconds = time.perf_counter() - start
+        self.capture_stats = {
+            "forward_mode": self.forward_mode.name,
+            "capture_bs": list(self.capture_bs),
+            "seconds": round(seconds, 3),
+            **probe.delta(),
+            "aux_buffer_bytes": self.buffers.aux_nbytes(),
+            "aux_shared": self.buffers.aux_hidden_states is not None,
+        }
+        logger.info(
+            "Captured %s graphs for bs %s in %.2f s; free memory dropped %.1f MiB; "
+            "shared aux buffer %.1f MiB", self.forward_mode.name, self.capture_bs, seconds,
+            self.capture_stats["free_memory_drop_bytes"] / 2**20,
+            self.buffers.aux_nbytes() / 2**20,
+        )
+
+    def can_run_graph(self, batch: ForwardBatch) -> bool:
+        return (
+            batch.forward_mode == self.forward_mode
+            and 0 < batch.batch_size <= self.max_bs
+            and batch.num_tokens == batch.batch_size * self.captured_req_width
+            and batch.capture_hidden_mode == CaptureHiddenMode.NULL
+            and bool(self.graphs)
+        )
+
+    def padded_bs(self, raw_bs: int) -> int:
+        return self.capture_bs[bisect.bisect_left(self.capture_bs, raw_bs)]
+
+    def load_batch(self, batch: ForwardBatch) -> int:
+        """Copy `batch` into the static buffers of the smallest captured size that fits."""
+        bs = self.padded_bs(batch.batch_size)
+        self.buffers.load(batch, bs)
+        self.model_runner.attn_backend.init_forward_metadata_replay_cuda_graph(
+            self.forward_batches[bs]
+        )
+        return bs
+
+    def execute(self, batch: ForwardBatch) -> LogitsProcessorOutput:
+        """Replay for `batch`. The outputs are views `[:num_tokens]` of static storage, valid
+        until the next replay of this runner: copy what must outlive it."""
+        bs = self.load_batch(batch)
+        self.backend.replay(self.graphs[bs])
+        out, n = self.outputs[bs], batch.num_tokens
+        return LogitsProcessorOutput(
+            next_token_logits=out.next_token_logits[:n],
+            hidden_states=None,
+            aux_hidden_states=None if out.aux_hidden_states is None
+            else out.aux_hidden_states[:n],
+        )
+

@@ -1,0 +1,29 @@
+"""CUDA graphs: one capture stream, one process-wide memory pool."""
+
+from __future__ import annotations
+
+import torch
+
+from sglang_aux.srt.layers.logits_processor import LogitsProcessorOutput
+from sglang_aux.srt.model_executor.runner_backend.base import CapturedFn, GraphBackend
+from sglang_aux.srt.model_executor.runner_utils.pool import get_global_graph_memory_pool
+
+
+class CudaGraphBackend(GraphBackend):
+    def __init__(self, device: torch.device | str):
+        self.device = torch.device(device)
+        self.stream = torch.cuda.Stream(device=self.device)
+
+    def capture(self, fn: CapturedFn) -> tuple[torch.cuda.CUDAGraph, LogitsProcessorOutput]:
+        graph = torch.cuda.CUDAGraph()
+        torch.cuda.synchronize(self.device)
+        with torch.cuda.graph(graph, pool=get_global_graph_memory_pool(), stream=self.stream):
+            out = fn()
+        torch.cuda.synchronize(self.device)
+        return graph, out
+
+    def replay(self, handle: torch.cuda.CUDAGraph) -> None:
+        handle.replay()
+
+    def synchronize(self) -> None:
+        torch.cuda.synchronize(self.device)

@@ -1,0 +1,110 @@
+"""Static storage a decode graph runner owns: every graph input and output, at max size.
+
+Two verbs: `views(bs, num_tokens)` points a captured size at row prefixes of the buffers, and
+`load(batch, bs)` copies a live batch into those prefixes and makes the padded rows inert.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from sglang_aux.srt.mem_cache.memory_pool import PADDING_REQ_ROW, PADDING_SLOT
+from sglang_aux.srt.model_executor.forward_batch_info import ForwardBatch
+
+
+@dataclass
+class DecodeInputBuffers:
+    input_ids: torch.Tensor  # [max_num_token]
+    req_pool_indices: torch.Tensor  # [max_bs]
+    seq_lens: torch.Tensor  # [max_bs]
+    seq_lens_cpu: torch.Tensor  # [max_bs], host
+    out_cache_loc: torch.Tensor  # [max_num_token]
+    positions: torch.Tensor  # [max_num_token]
+    # Tree-verify attention mask; DFlash verifies a chain, so it stays None here.
+    custom_mask: torch.Tensor | None
+    next_token_logits_buffer: torch.Tensor  # [max_num_token, vocab]
+    # [max_num_token, K * hidden] in the model dtype, shared by every captured size; None when
+    # the runner does not share (width 0). The DFlash worker must consume rows [:num_tokens]
+    # (write them into the draft KV cache) before the next replay of any size overwrites them.
+    aux_hidden_states: torch.Tensor | None
+    pp_proxy_tensors: dict[str, torch.Tensor] | None  # [max_num_token, hidden] each, pp > 1
+    tokens_per_req: int
+    seq_len_fill_value: int
+
+    @classmethod
+    def create(
+        cls,
+        *,
+        max_bs: int,
+        tokens_per_req: int,
+        vocab_size: int,
+        hidden_size: int,
+        dtype: torch.dtype,
+        device: torch.device | str,
+        aux_hidden_states_width: int = 0,
+        pp_size: int = 1,
+    ) -> DecodeInputBuffers:
+        max_num_token = max_bs * tokens_per_req
+        ints = dict(dtype=torch.int64, device=device)
+        aux = None
+        if aux_hidden_states_width > 0:
+            aux = torch.zeros((max_num_token, aux_hidden_states_width), dtype=dtype, device=device)
+        proxy = None
+        if pp_size > 1:
+            proxy = {name: torch.zeros((max_num_token, hidden_size), dtype=dtype, device=device)
+                     for name in ("hidden_states", "residual")}
+        return cls(
+            input_ids=torch.zeros(max_num_token, **ints),
+            req_pool_indices=torch.full((max_bs,), PADDING_REQ_ROW, **ints),
+            seq_lens=torch.full((max_bs,), tokens_per_req, **ints),
+            seq_lens_cpu=torch.full((max_bs,), tokens_per_req, dtype=torch.int64),
+            out_cache_loc=torch.full((max_num_token,), PADDING_SLOT, **ints),
+            positions=torch.arange(tokens_per_req, **ints).repeat(max_bs),
+            custom_mask=None,
+            next_token_logits_buffer=torch.zeros((max_num_token, vocab_size), dtype=dtype,
+                                                 device=device),
+            aux_hidden_states=aux,
+            pp_proxy_tensors=proxy,
+            tokens_per_req=tokens_per_req,
+            # A padded request holds one block at positions [0, B): every query sees a key.
+            seq_len_fill_value=tokens_per_req,
+        )
+
+    @property
+    def max_bs(self) -> int:
+        return self.req_pool_indices.shape[0]
+
+    def nbytes(self) -> int:
+        tensors = [self.input_ids, self.req_pool_indices, self.seq_lens, self.out_cache_loc,
+                   self.positions, self.next_token_logits_buffer, self.aux_hidden_states,
+                   *(self.pp_proxy_tensors or {}).values()]
+        return sum(t.numel() * t.element_size() for t in tensors if t is not None)
+
+    def aux_nbytes(self) -> int:
+        aux = self.aux_hidden_states
+        return 0 if aux is None else aux.numel() * aux.element_size()
+
+    def load(self, batch: ForwardBatch, bs: int) -> None:
+        """Copy `batch` into rows `[:batch.batch_size]` and pad rows up to `bs` inertly:
+        padded requests read request row 0 and write their K/V into the padding slot."""
+        raw_bs, raw_tokens = batch.batch_size, batch.num_tokens
+        num_tokens = bs * self.tokens_per_req
+        if raw_bs < bs:
+            self.req_pool_indices[raw_bs:bs].fill_(PADDING_REQ_ROW)
+            self.seq_lens[raw_bs:bs].fill_(self.seq_len_fill_value)
+            self.seq_lens_cpu[raw_bs:bs].fill_(self.seq_len_fill_value)
+            self.input_ids[raw_tokens:num_tokens].zero_()
+            self.out_cache_loc[raw_tokens:num_tokens].fill_(PADDING_SLOT)
+            pad_pos = torch.arange(self.tokens_per_req, device=self.positions.device)
+            self.positions[raw_tokens:num_tokens] = pad_pos.repeat(bs - raw_bs)
+        self.input_ids[:raw_tokens].copy_(batch.input_ids)
+        self.req_pool_indices[:raw_bs].copy_(batch.req_pool_indices)
+        self.seq_lens[:raw_bs].copy_(batch.seq_lens)
+        self.seq_lens_cpu[:raw_bs].copy_(batch.seq_lens_cpu)
+        self.out_cache_loc[:raw_tokens].copy_(batch.out_cache_loc)
+        self.positions[:raw_tokens].copy_(batch.positions)
+        if batch.pp_proxy_tensors is not None:
+            for name, t in batch.pp_proxy_tensors.items():
+                self.pp_proxy_tensors[name][:raw_tokens].copy_(t)

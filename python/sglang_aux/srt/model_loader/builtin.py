@@ -1,0 +1,33 @@
+"""Built-in models: names that resolve to folders the package makes in its cache."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from sglang_aux.tools.presets import PRESETS
+
+DEFAULT_MODEL = "tiny-k3"
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("SGLANG_AUX_CACHE", Path.home() / ".cache" / "sglang_aux"))
+
+
+def resolve_model_path(name_or_path: str | None) -> str:
+    """A folder path as given; a preset name (or None: the default) as its cached folder,
+    written on first use."""
+    name = name_or_path or DEFAULT_MODEL
+    if name not in PRESETS:
+        if not Path(name).is_dir():
+            raise FileNotFoundError(
+                f"model path {name!r} is neither a folder nor a built-in model "
+                f"({', '.join(sorted(PRESETS))})"
+            )
+        return name
+    out = cache_dir() / name
+    if not (out / "config.json").is_file():
+        from sglang_aux.tools.make_checkpoint import write_checkpoint
+
+        write_checkpoint(name, out)
+    return str(out)

@@ -1,0 +1,129 @@
+"""Server arguments: one validated dataclass and its argparse front, with SGLang's flag names."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from dataclasses import dataclass, field
+
+from sglang_aux.srt.speculative.spec_info import SpeculativeAlgorithm
+
+ATTENTION_BACKENDS = ("torch_native", "triton")
+DTYPES = ("auto", "float32", "float16", "bfloat16")
+
+
+@dataclass
+class ServerArgs:
+    model_path: str | None = None  # None: the built-in default model
+    tokenizer_path: str | None = None
+    device: str = "auto"  # auto: cuda when available, else cpu
+    dtype: str = "auto"
+    context_length: int | None = None
+    attention_backend: str | None = None  # None: triton on CUDA, torch_native on CPU
+    mem_fraction_static: float = 0.85
+    max_total_tokens: int | None = None  # KV slots; None: derived from memory
+    max_running_requests: int = 64
+    tp_size: int = 1
+    pp_size: int = 1
+    speculative_algorithm: str = "NONE"
+    speculative_draft_model_path: str | None = None
+    speculative_num_draft_tokens: int | None = None
+    speculative_dflash_block_size: int | None = None
+    cuda_graph_max_bs_decode: int | None = None
+    cuda_graph_bs_decode: list[int] | None = None
+    disable_decode_cuda_graph: bool = False
+    disable_shared_aux_buffer: bool = False
+    enable_two_batch_overlap: bool = False
+    host: str = "127.0.0.1"
+    port: int = 30000
+    api_key: str | None = None
+    log_level: str = "info"
+    random_seed: int = 0
+    extra: dict = field(default_factory=dict, repr=False)
+
+    def __post_init__(self) -> None:
+        algo = SpeculativeAlgorithm.from_string(self.speculative_algorithm)
+        self.speculative_algorithm = algo.value
+        if self.dtype not in DTYPES:
+            raise ValueError(f"--dtype must be one of {DTYPES}, got {self.dtype!r}")
+        if self.attention_backend not in (None, *ATTENTION_BACKENDS):
+            raise ValueError(
+                f"--attention-backend must be one of {ATTENTION_BACKENDS}, "
+                f"got {self.attention_backend!r}"
+            )
+        for name in ("tp_size", "pp_size", "max_running_requests"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"--{name.replace('_', '-')} must be >= 1")
+        if self.tp_size != 1:
+            raise ValueError("--tp-size > 1 is not supported by this runtime (one device)")
+        if not 0.0 < self.mem_fraction_static < 1.0:
+            raise ValueError(f"--mem-fraction-static must be in (0, 1), got {self.mem_fraction_static}")
+        if self.cuda_graph_bs_decode is not None and not self.cuda_graph_bs_decode:
+            raise ValueError("--cuda-graph-bs-decode needs at least one size")
+        if algo.is_dflash_family():
+            self._check_dflash(algo)
+
+    def _check_dflash(self, algo: SpeculativeAlgorithm) -> None:
+        if self.pp_size > 1:
+            raise ValueError(f"{algo.value} does not support pipeline parallelism (--pp-size 1)")
+        n, b = self.speculative_num_draft_tokens, self.speculative_dflash_block_size
+        if n is not None and b is not None and n != b:
+            raise ValueError(
+                f"--speculative-num-draft-tokens ({n}) and --speculative-dflash-block-size ({b}) "
+                "must agree: DFlash verifies one block of draft tokens"
+            )
+        self.speculative_num_draft_tokens = self.speculative_dflash_block_size = n or b
+
+    @property
+    def spec_algorithm(self) -> SpeculativeAlgorithm:
+        return SpeculativeAlgorithm.from_string(self.speculative_algorithm)
+
+    def resolved_device(self) -> str:
+        if self.device != "auto":
+            return self.device
+        import torch
+
+        return "cuda" if torch.cuda.is_available() else "cpu"
+
+    def resolved_attention_backend(self) -> str:
+        if self.attention_backend is not None:
+            return self.attention_backend
+        return "triton" if self.resolved_device().startswith("cuda") else "torch_native"
+
+    @staticmethod
+    def add_cli_args(parser: argparse.ArgumentParser) -> None:
+        d = ServerArgs.__dataclass_fields__
+        add = parser.add_argument
+        add("--model-path", default=None, help="HF-format model folder (default: built-in model)")
+        add("--tokenizer-path", default=None)
+        add("--device", default=d["device"].default, help="cpu, cuda, cuda:N or auto")
+        add("--dtype", default="auto", choices=DTYPES)
+        add("--context-length", type=int, default=None)
+        add("--attention-backend", default=None, choices=ATTENTION_BACKENDS)
+        add("--mem-fraction-static", type=float, default=d["mem_fraction_static"].default)
+        add("--max-total-tokens", type=int, default=None)
+        add("--max-running-requests", type=int, default=d["max_running_requests"].default)
+        add("--tp-size", type=int, default=1)
+        add("--pp-size", type=int, default=1)
+        add("--speculative-algorithm", default="NONE",
+            type=str.upper, choices=[a.value for a in SpeculativeAlgorithm])
+        add("--speculative-draft-model-path", default=None)
+        add("--speculative-num-draft-tokens", type=int, default=None)
+        add("--speculative-dflash-block-size", type=int, default=None,
+            help="alias of --speculative-num-draft-tokens for DFlash; must agree")
+        add("--cuda-graph-max-bs-decode", type=int, default=None)
+        add("--cuda-graph-bs-decode", type=int, nargs="+", default=None)
+        add("--disable-decode-cuda-graph", action="store_true")
+        add("--disable-shared-aux-buffer", action="store_true",
+            help="give every captured decode graph its own aux output (the baseline)")
+        add("--enable-two-batch-overlap", action="store_true")
+        add("--host", default=d["host"].default)
+        add("--port", type=int, default=d["port"].default)
+        add("--api-key", default=None)
+        add("--log-level", default="info")
+        add("--random-seed", type=int, default=0)
+
+    @classmethod
+    def from_cli_args(cls, args: argparse.Namespace) -> ServerArgs:
+        names = {f.name for f in dataclasses.fields(cls)} - {"extra"}
+        return cls(**{k: v for k, v in vars(args).items() if k in names})
