@@ -57,7 +57,9 @@ class ServerArgs:
         if self.tp_size != 1:
             raise ValueError("--tp-size > 1 is not supported by this runtime (one device)")
         if not 0.0 < self.mem_fraction_static < 1.0:
-            raise ValueError(f"--mem-fraction-static must be in (0, 1), got {self.mem_fraction_static}")
+            raise ValueError(
+                f"--mem-fraction-static must be in (0, 1), got {self.mem_fraction_static}"
+            )
         if self.cuda_graph_bs_decode is not None and not self.cuda_graph_bs_decode:
             raise ValueError("--cuda-graph-bs-decode needs at least one size")
         if algo.is_dflash_family():

@@ -1,4 +1,4 @@
-"""Model presets `make_checkpoint` can write: tiny ones for tests, a K3-shaped one for benchmarks."""
+"""Model presets `make_checkpoint` writes: tiny ones for tests, K3-shaped ones for benchmarks."""
 
 from __future__ import annotations
 

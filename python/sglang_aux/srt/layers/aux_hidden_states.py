@@ -52,7 +52,9 @@ class AuxHiddenStatePacker:
     def slot(self, like: torch.Tensor) -> torch.Tensor:
         """The next capture's column block `[..., i*F:(i+1)*F]`, shaped and typed like `like`."""
         if self._count >= self.num_captures:
-            raise RuntimeError(f"capture {self._count + 1} exceeds the {self.num_captures} expected")
+            raise RuntimeError(
+                f"capture {self._count + 1} exceeds the {self.num_captures} expected"
+            )
         if self._packed is None:
             self._width = like.shape[-1]
             shape = (*like.shape[:-1], self.num_captures * self._width)

@@ -29,8 +29,8 @@ class LogitsProcessor:
                  aux_hidden_states: torch.Tensor | None = None) -> LogitsProcessorOutput:
         rows = hidden
         if forward_batch.forward_mode.is_extend():
-            last = torch.tensor(forward_batch.extend_seq_lens_cpu, device=hidden.device).cumsum(0) - 1
-            rows = hidden[last]
+            ext = torch.tensor(forward_batch.extend_seq_lens_cpu, device=hidden.device)
+            rows = hidden[ext.cumsum(0) - 1]
         out = forward_batch.next_token_logits_buffer
         if out is None:
             logits = torch.matmul(rows, lm_head_weight.t())

@@ -33,7 +33,9 @@ def load_named_weights(module: nn.Module, weights: Iterable[tuple[str, torch.Ten
         if name in skip:
             continue
         if name not in params:
-            raise ValueError(f"checkpoint tensor {name!r} has no parameter in {type(module).__name__}")
+            raise ValueError(
+                f"checkpoint tensor {name!r} has no parameter in {type(module).__name__}"
+            )
         param = params[name]
         if tuple(tensor.shape) != tuple(param.shape):
             raise ValueError(

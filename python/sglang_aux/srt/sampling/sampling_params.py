@@ -63,6 +63,8 @@ class SamplingParams:
               f"stop must be a non-empty string or a list of them, got {self.stop!r}")
         check(isinstance(self.stop_token_ids, list)
               and all(isinstance(t, int) and t >= 0 for t in self.stop_token_ids),
-              f"stop_token_ids must be a list of non-negative integers, got {self.stop_token_ids!r}")
-        check(isinstance(self.ignore_eos, bool), f"ignore_eos must be a boolean, got {self.ignore_eos!r}")
-        check(self.seed is None or isinstance(self.seed, int), f"seed must be an integer, got {self.seed!r}")
+              f"stop_token_ids must be non-negative integers, got {self.stop_token_ids!r}")
+        check(isinstance(self.ignore_eos, bool),
+              f"ignore_eos must be a boolean, got {self.ignore_eos!r}")
+        check(self.seed is None or isinstance(self.seed, int),
+              f"seed must be an integer, got {self.seed!r}")

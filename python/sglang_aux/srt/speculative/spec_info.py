@@ -19,7 +19,9 @@ class SpeculativeAlgorithm(Enum):
             return cls[name.upper()]
         except KeyError:
             choices = ", ".join(a.value for a in cls)
-            raise ValueError(f"unknown speculative algorithm {name!r}; choose from {choices}")
+            raise ValueError(
+                f"unknown speculative algorithm {name!r}; choose from {choices}"
+            ) from None
 
     def is_none(self) -> bool:
         return self is SpeculativeAlgorithm.NONE

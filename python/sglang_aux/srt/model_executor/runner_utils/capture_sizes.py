@@ -9,7 +9,9 @@ _SPECULATIVE_BS = [
 _DECODE_BS = [1, 2, 4, 8, 12, *range(16, 257, 8), *range(272, 1025, 16)]
 
 
-def get_capture_bs(*, max_bs: int, speculative: bool, override: list[int] | None = None) -> list[int]:
+def get_capture_bs(
+    *, max_bs: int, speculative: bool, override: list[int] | None = None
+) -> list[int]:
     """Sorted sizes to capture: `override` as given, else the default list cut at `max_bs`
     with `max_bs` itself always included."""
     if max_bs < 1:

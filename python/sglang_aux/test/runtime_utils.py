@@ -1,0 +1,76 @@
+"""Helpers tests share to stand up a runner over a tiny checkpoint and give it KV state."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from sglang_aux.srt.configs.model_config import ModelConfig
+from sglang_aux.srt.managers.schedule_batch import (
+    Req,
+    alloc_tokens,
+    build_extend_batch,
+    build_fixed_batch,
+)
+from sglang_aux.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
+from sglang_aux.srt.model_executor.model_runner import ModelRunner
+from sglang_aux.srt.sampling.sampling_params import SamplingParams
+from sglang_aux.srt.server_args import ServerArgs
+from sglang_aux.tools.make_checkpoint import write_checkpoint
+
+
+def tiny_checkpoint(preset: str, root: Path) -> str:
+    out = root / preset
+    if not (out / "config.json").is_file():
+        write_checkpoint(preset, out)
+    return str(out)
+
+
+def make_runner(model_path: str, *, aux_layer_ids: list[int] | None = None,
+                **server_args) -> ModelRunner:
+    args = ServerArgs(model_path=model_path, device="cpu", **server_args)
+    return ModelRunner(ModelConfig.from_pretrained(model_path), args, aux_layer_ids=aux_layer_ids)
+
+
+def prefill(runner: ModelRunner, prompts: list[list[int]]):
+    """Requests for `prompts`, prefilled eagerly into the runner's KV; returns them and the
+    prefill output (last-token logits per request)."""
+    reqs = [Req(f"r{i}", list(ids), SamplingParams()) for i, ids in enumerate(prompts)]
+    for req in reqs:
+        req.req_pool_idx = runner.req_to_token_pool.alloc()
+    return reqs, eager_forward(runner, build_extend_batch(runner, reqs))
+
+
+def prefill_random(runner: ModelRunner, prompt_lens: list[int], seed: int = 0) -> list[Req]:
+    """Requests with random prompts of the given lengths, prefilled into the runner's KV."""
+    g = torch.Generator().manual_seed(seed)
+    vocab = runner.model_config.hf_config.vocab_size
+    return prefill(runner, [torch.randint(0, vocab, (n,), generator=g).tolist()
+                            for n in prompt_lens])[0]
+
+
+def release(runner: ModelRunner, reqs: list[Req]) -> None:
+    """Give back the requests' KV slots and rows."""
+    for r in reqs:
+        rows = runner.req_to_token_pool.req_to_token[r.req_pool_idx, : r.kv_len]
+        runner.token_to_kv_pool_allocator.free(rows.clone())
+        runner.req_to_token_pool.free(r.req_pool_idx)
+
+
+def fixed_batch(runner: ModelRunner, reqs: list[Req], mode: ForwardMode, width: int,
+                seed: int = 0) -> ForwardBatch:
+    """`width` random tokens per request after its cached prefix, slots allocated."""
+    g = torch.Generator().manual_seed(seed)
+    vocab = runner.model_config.hf_config.vocab_size
+    starts = [r.kv_len for r in reqs]
+    locs = torch.cat([alloc_tokens(runner, r, width) for r in reqs])
+    for r in reqs:
+        r.kv_len += width
+    ids = torch.randint(0, vocab, (len(reqs) * width,), generator=g).tolist()
+    return build_fixed_batch(runner, reqs, mode, ids, locs, starts)
+
+
+def eager_forward(runner: ModelRunner, fb: ForwardBatch):
+    runner.attn_backend.init_forward_metadata(fb)
+    return runner.model.forward(fb.input_ids, fb.positions, fb)

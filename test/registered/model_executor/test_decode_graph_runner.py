@@ -1,0 +1,150 @@
+"""The decode graph runner (SPEC 3.2-3.3) on the CPU eager-replay backend.
+
+Every captured size's aux output is a row slice of the runner's one buffer; only a DFlash
+target with an opting-in model gets that buffer; replay equals eager at every captured size
+and at a padded size, for the Kimi-K3-style and the Llama targets.
+"""
+
+import sys
+
+import pytest
+import torch
+from sglang_aux.srt.model_executor.forward_batch_info import ForwardMode
+from sglang_aux.srt.model_executor.runner_utils.capture_sizes import get_capture_bs
+from sglang_aux.test.ci.ci_register import register_cpu_ci
+from sglang_aux.test.runtime_utils import (
+    eager_forward,
+    fixed_batch,
+    make_runner,
+    prefill_random,
+    release,
+    tiny_checkpoint,
+)
+
+register_cpu_ci(est_time=60, suite="default")
+
+BLOCK = 4
+K3_AUX = [1, 3, 5]  # tiny-k3 has 6 layers: includes the last (output aggregation)
+LLAMA_AUX = [0, 2, 3]  # tiny-llama has 4 layers
+
+
+@pytest.fixture(scope="module")
+def ckpts(tmp_path_factory):
+    root = tmp_path_factory.mktemp("ckpt")
+    return {p: tiny_checkpoint(p, root) for p in ("tiny-k3", "tiny-llama")}
+
+
+def _dflash_runner(path, aux, **kw):
+    kw.setdefault("cuda_graph_bs_decode", [8, 32, 64])
+    return make_runner(path, aux_layer_ids=aux, speculative_algorithm="DFLASH",
+                       max_running_requests=64, max_total_tokens=8192, context_length=256, **kw)
+
+
+def _aux_outputs(runner):
+    return {bs: out.aux_hidden_states for bs, out in runner.graph_runner.outputs.items()}
+
+
+def test_capture_sizes_share_row_slices_of_one_buffer(ckpts):
+    runner = _dflash_runner(ckpts["tiny-k3"], K3_AUX)
+    runner.init_decode_graphs(ForwardMode.TARGET_VERIFY, BLOCK)
+    buf = runner.graph_runner.buffers.aux_hidden_states
+    hidden = runner.model_config.hf_config.hidden_size
+    assert buf.shape == (64 * BLOCK, len(K3_AUX) * hidden)
+    for bs, aux in _aux_outputs(runner).items():
+        assert aux.data_ptr() == buf.data_ptr(), f"bs {bs} does not write the shared buffer"
+        assert aux.shape == (bs * BLOCK, buf.shape[1])
+    other = _dflash_runner(ckpts["tiny-k3"], K3_AUX)
+    other.init_decode_graphs(ForwardMode.TARGET_VERIFY, BLOCK)
+    assert other.graph_runner.buffers.aux_hidden_states.data_ptr() != buf.data_ptr()
+    # recapture reuses the runner's buffer
+    runner.graph_runner.capture()
+    assert all(a.data_ptr() == buf.data_ptr() for a in _aux_outputs(runner).values())
+
+
+def test_per_graph_path_when_sharing_disabled(ckpts):
+    runner = _dflash_runner(ckpts["tiny-k3"], K3_AUX, disable_shared_aux_buffer=True)
+    runner.init_decode_graphs(ForwardMode.TARGET_VERIFY, BLOCK)
+    assert runner.graph_runner.buffers.aux_hidden_states is None
+    ptrs = {a.untyped_storage().data_ptr() for a in _aux_outputs(runner).values()}
+    assert len(ptrs) == 3, "each graph should own its aux output on the baseline path"
+
+
+@pytest.mark.parametrize(
+    "case",
+    ["eagle3", "none", "draft", "pp2", "llama_not_opted_in", "no_layers"],
+)
+def test_who_gets_no_shared_buffer(ckpts, case):
+    path, aux, kw = ckpts["tiny-k3"], K3_AUX, {"speculative_algorithm": "DFLASH"}
+    if case == "eagle3":
+        kw["speculative_algorithm"] = "EAGLE3"
+    elif case == "none":
+        kw["speculative_algorithm"] = "NONE"
+    elif case == "pp2":
+        kw["pp_size"] = 2
+        kw["speculative_algorithm"] = "NONE"  # DFLASH rejects pp > 1 at start; the model gates
+    elif case == "llama_not_opted_in":
+        path, aux = ckpts["tiny-llama"], LLAMA_AUX
+    elif case == "no_layers":
+        aux = None
+    runner = make_runner(path, aux_layer_ids=aux, max_total_tokens=4096, context_length=256, **kw)
+    if case == "draft":
+        runner.is_draft_worker = True
+    if case == "pp2":
+        from sglang_aux.srt.speculative.spec_info import SpeculativeAlgorithm
+
+        runner.spec_algorithm = SpeculativeAlgorithm.DFLASH  # isolate the model's PP check
+    assert runner.get_aux_hidden_states_width() == 0
+
+
+def test_dflash_k3_target_gets_width(ckpts):
+    runner = _dflash_runner(ckpts["tiny-k3"], K3_AUX)
+    assert runner.get_aux_hidden_states_width() == len(K3_AUX) * 64
+
+
+@pytest.mark.parametrize("model,aux", [("tiny-k3", K3_AUX), ("tiny-llama", LLAMA_AUX)])
+@pytest.mark.parametrize("mode,width", [(ForwardMode.TARGET_VERIFY, BLOCK),
+                                        (ForwardMode.DECODE, 1)])
+def test_replay_equals_eager_at_every_size_and_padded(ckpts, model, aux, mode, width):
+    runner = _dflash_runner(ckpts[model], aux, cuda_graph_bs_decode=[1, 2, 4, 8])
+    runner.init_decode_graphs(mode, width)
+    for bs in [1, 2, 3, 4, 5, 8]:  # 3 and 5 pad to 4 and 8
+        reqs = prefill_random(runner, [7 + 3 * i for i in range(bs)], seed=bs)
+        fb = fixed_batch(runner, reqs, mode, width, seed=100 + bs)
+        assert runner.graph_runner.can_run_graph(fb)
+        replayed = runner.graph_runner.execute(fb)
+        logits, aux_out = replayed.next_token_logits.clone(), replayed.aux_hidden_states.clone()
+        eager = eager_forward(runner, fb)
+        torch.testing.assert_close(logits, eager.next_token_logits, rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(aux_out, eager.aux_hidden_states, rtol=1e-4, atol=1e-4)
+        assert logits.shape[0] == bs * width
+        release(runner, reqs)
+
+
+def test_padded_rows_are_inert(ckpts):
+    runner = _dflash_runner(ckpts["tiny-k3"], K3_AUX, cuda_graph_bs_decode=[4])
+    runner.init_decode_graphs(ForwardMode.TARGET_VERIFY, BLOCK)
+    reqs = prefill_random(runner, [5, 9, 6])
+    fb = fixed_batch(runner, reqs, ForwardMode.TARGET_VERIFY, BLOCK)
+    pool = runner.token_to_kv_pool
+    untouched = torch.ones(pool.size + 1, dtype=torch.bool)
+    untouched[0] = False
+    untouched[fb.out_cache_loc] = False
+    before = pool.k_buffer[0][untouched].clone()
+    runner.graph_runner.execute(fb)
+    assert runner.graph_runner.buffers.out_cache_loc[3 * BLOCK:].eq(0).all()
+    assert torch.equal(pool.k_buffer[0][untouched], before), "padding wrote a live KV slot"
+
+
+def test_capture_bs_defaults_follow_sglang():
+    spec = get_capture_bs(max_bs=48, speculative=True)
+    assert spec[:8] == list(range(1, 9)) and spec[8:20] == list(range(10, 33, 2))
+    assert spec[20:] == [36, 40, 44, 48][1:] or spec[-1] == 48
+    assert get_capture_bs(max_bs=50, speculative=True)[-2:] == [48, 50]
+    assert get_capture_bs(max_bs=256, speculative=True)[-3:] == [240, 248, 256]
+    assert get_capture_bs(max_bs=8, speculative=True, override=[4, 2, 4]) == [2, 4]
+    with pytest.raises(ValueError):
+        get_capture_bs(max_bs=0, speculative=True)
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-q"]))
