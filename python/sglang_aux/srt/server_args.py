@@ -10,6 +10,7 @@ from sglang_aux.srt.speculative.spec_info import SpeculativeAlgorithm
 
 ATTENTION_BACKENDS = ("torch_native", "triton")
 DTYPES = ("auto", "float32", "float16", "bfloat16")
+LOAD_FORMATS = ("auto", "dummy")
 
 
 @dataclass
@@ -18,6 +19,7 @@ class ServerArgs:
     tokenizer_path: str | None = None
     device: str = "auto"  # auto: cuda when available, else cpu
     dtype: str = "auto"
+    load_format: str = "auto"  # auto: safetensors; dummy: random weights (benchmarks)
     context_length: int | None = None
     attention_backend: str | None = None  # None: triton on CUDA, torch_native on CPU
     mem_fraction_static: float = 0.85
@@ -46,6 +48,10 @@ class ServerArgs:
         self.speculative_algorithm = algo.value
         if self.dtype not in DTYPES:
             raise ValueError(f"--dtype must be one of {DTYPES}, got {self.dtype!r}")
+        if self.load_format not in LOAD_FORMATS:
+            raise ValueError(
+                f"--load-format must be one of {LOAD_FORMATS}, got {self.load_format!r}"
+            )
         if self.attention_backend not in (None, *ATTENTION_BACKENDS):
             raise ValueError(
                 f"--attention-backend must be one of {ATTENTION_BACKENDS}, "
@@ -100,6 +106,7 @@ class ServerArgs:
         add("--tokenizer-path", default=None)
         add("--device", default=d["device"].default, help="cpu, cuda, cuda:N or auto")
         add("--dtype", default="auto", choices=DTYPES)
+        add("--load-format", default="auto", choices=LOAD_FORMATS)
         add("--context-length", type=int, default=None)
         add("--attention-backend", default=None, choices=ATTENTION_BACKENDS)
         add("--mem-fraction-static", type=float, default=d["mem_fraction_static"].default)

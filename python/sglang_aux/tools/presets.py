@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 BYTE_VOCAB = 256
-SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|mask|>"]
 TINY_VOCAB = 320  # 256 bytes + specials, padded to a multiple of 64
 
 _TINY_COMMON = {
@@ -59,4 +58,42 @@ PRESETS: dict[str, dict] = {
         "first_k_dense_replace": 1,
         "tie_word_embeddings": False,
     },
+}
+
+# Benchmark shapes: never shipped as checkpoints, built with random weights on the device.
+PRESETS["k3-shaped"] = {
+    **_TINY_COMMON,
+    "architectures": ["KimiK3ForCausalLM"],
+    "model_type": "kimi_k3",
+    "vocab_size": 32768,
+    "max_position_embeddings": 4096,
+    "torch_dtype": "bfloat16",
+    "hidden_size": 7168,
+    "intermediate_size": 18432,
+    "num_hidden_layers": 6,
+    "num_attention_heads": 56,
+    "num_key_value_heads": 8,
+    "head_dim": 128,
+    "attn_res_block_size": 2,
+    "num_experts": 4,
+    "num_experts_per_tok": 2,
+    "moe_intermediate_size": 2048,
+    "n_shared_experts": 1,
+    "first_k_dense_replace": 1,
+    "tie_word_embeddings": False,
+}
+PRESETS["bench-llama"] = {
+    **_TINY_COMMON,
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "vocab_size": 32768,
+    "max_position_embeddings": 4096,
+    "torch_dtype": "bfloat16",
+    "hidden_size": 1024,
+    "intermediate_size": 2816,
+    "num_hidden_layers": 12,
+    "num_attention_heads": 16,
+    "num_key_value_heads": 4,
+    "head_dim": 64,
+    "tie_word_embeddings": True,
 }

@@ -33,14 +33,19 @@ class ModelConfig:
         config_file = path / "config.json"
         if not config_file.is_file():
             raise FileNotFoundError(f"{model_path} is not a model folder: no config.json")
-        raw = json.loads(config_file.read_text())
+        return cls.from_dict(json.loads(config_file.read_text()), str(path), dtype, context_length)
+
+    @classmethod
+    def from_dict(cls, raw: dict, model_path: str, dtype: str = "auto",
+                  context_length: int | None = None) -> ModelConfig:
+        """From config.json contents (a preset, or a folder's file)."""
         archs = raw.get("architectures") or []
         if len(archs) != 1:
-            raise ValueError(f"{config_file}: expected one entry in 'architectures', got {archs}")
+            raise ValueError(f"{model_path}: expected one entry in 'architectures', got {archs}")
         torch_dtype = parse_dtype(raw.get("torch_dtype", "float32") if dtype == "auto" else dtype)
         max_pos = raw.get("max_position_embeddings", 2048)
         return cls(
-            model_path=str(path),
+            model_path=model_path,
             hf_config=SimpleNamespace(**raw),
             architecture=archs[0],
             dtype=torch_dtype,

@@ -7,12 +7,10 @@ import time
 
 import torch
 
-from sglang_aux.srt.configs.model_config import ModelConfig
 from sglang_aux.srt.managers.schedule_batch import Req
 from sglang_aux.srt.managers.scheduler import Scheduler
-from sglang_aux.srt.managers.tokenizer import Tokenizer
 from sglang_aux.srt.managers.tp_worker import TpModelWorker
-from sglang_aux.srt.model_loader.builtin import resolve_model_path
+from sglang_aux.srt.model_loader.builtin import resolve_model
 from sglang_aux.srt.sampling.sampling_params import SamplingParams
 from sglang_aux.srt.server_args import ServerArgs
 
@@ -22,12 +20,9 @@ class Engine:
 
     def __init__(self, server_args: ServerArgs | None = None, **kwargs):
         args = server_args or ServerArgs(**kwargs)
-        args.model_path = resolve_model_path(args.model_path)
         torch.manual_seed(args.random_seed)
         self.server_args = args
-        self.model_config = ModelConfig.from_pretrained(args.model_path, args.dtype,
-                                                        args.context_length)
-        self.tokenizer = Tokenizer(args.tokenizer_path or args.model_path)
+        self.model_config, self.tokenizer = resolve_model(args)
         self.worker = self._make_worker()
         eos = getattr(self.model_config.hf_config, "eos_token_id", None)
         eos_ids = set(eos if isinstance(eos, list) else [eos]) - {None}

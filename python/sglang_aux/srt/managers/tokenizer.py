@@ -6,20 +6,44 @@ import json
 from pathlib import Path
 
 from tokenizers import Tokenizer as _HFTokenizer
+from tokenizers import decoders, models, pre_tokenizers
+
+SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|mask|>"]
+BYTE_TOKENIZER_CONFIG = {"eos_token": SPECIAL_TOKENS[0], "bos_token": None, "add_bos_token": False}
+
+
+def byte_level_tokenizer() -> _HFTokenizer:
+    """The tiny presets' tokenizer: 256 byte tokens (ids 0..255), then the special tokens;
+    no merges."""
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    tok = _HFTokenizer(models.BPE(vocab={c: i for i, c in enumerate(alphabet)}, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens(SPECIAL_TOKENS)
+    return tok
 
 
 class Tokenizer:
-    def __init__(self, model_path: str | Path):
-        path = Path(model_path)
-        if not (path / "tokenizer.json").is_file():
-            raise FileNotFoundError(f"{model_path} has no tokenizer.json")
-        self._tok = _HFTokenizer.from_file(str(path / "tokenizer.json"))
-        cfg_file = path / "tokenizer_config.json"
-        cfg = json.loads(cfg_file.read_text()) if cfg_file.is_file() else {}
+    def __init__(self, tokenizer: _HFTokenizer, config: dict):
+        self._tok = tokenizer
+        cfg = config
         self.chat_template: str | None = cfg.get("chat_template")
         self.bos_token_id = self._id_of(cfg.get("bos_token"))
         self.eos_token_id = self._id_of(cfg.get("eos_token"))
         self.add_bos_token = bool(cfg.get("add_bos_token", False))
+
+    @classmethod
+    def from_dir(cls, model_path: str | Path) -> Tokenizer:
+        path = Path(model_path)
+        if not (path / "tokenizer.json").is_file():
+            raise FileNotFoundError(f"{model_path} has no tokenizer.json")
+        cfg_file = path / "tokenizer_config.json"
+        cfg = json.loads(cfg_file.read_text()) if cfg_file.is_file() else {}
+        return cls(_HFTokenizer.from_file(str(path / "tokenizer.json")), cfg)
+
+    @classmethod
+    def byte_level(cls) -> Tokenizer:
+        return cls(byte_level_tokenizer(), BYTE_TOKENIZER_CONFIG)
 
     def _id_of(self, token: str | None) -> int | None:
         return None if token is None else self._tok.token_to_id(token)

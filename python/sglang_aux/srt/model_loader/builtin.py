@@ -5,6 +5,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from sglang_aux.srt.configs.model_config import ModelConfig
+from sglang_aux.srt.managers.tokenizer import Tokenizer
+from sglang_aux.srt.server_args import ServerArgs
 from sglang_aux.tools.presets import PRESETS
 
 DEFAULT_MODEL = "tiny-k3"
@@ -31,3 +34,16 @@ def resolve_model_path(name_or_path: str | None) -> str:
 
         write_checkpoint(name, out)
     return str(out)
+
+
+def resolve_model(args: ServerArgs) -> tuple[ModelConfig, Tokenizer]:
+    """The model config and tokenizer `args` name. With `--load-format dummy` a preset name
+    needs no folder (its weights are random anyway); otherwise presets are made on first use,
+    and `args.model_path` is set to the folder."""
+    if args.load_format == "dummy" and (args.model_path or DEFAULT_MODEL) in PRESETS:
+        name = args.model_path or DEFAULT_MODEL
+        config = ModelConfig.from_dict(dict(PRESETS[name]), name, args.dtype, args.context_length)
+        return config, Tokenizer.byte_level()
+    args.model_path = resolve_model_path(args.model_path)
+    config = ModelConfig.from_pretrained(args.model_path, args.dtype, args.context_length)
+    return config, Tokenizer.from_dir(args.tokenizer_path or args.model_path)

@@ -6,11 +6,17 @@ import torch
 from torch import nn
 
 from sglang_aux.srt.configs.model_config import ModelConfig
-from sglang_aux.srt.model_loader.weight_utils import safetensors_weights_iterator
+from sglang_aux.srt.model_loader.weight_utils import (
+    init_random_weights,
+    safetensors_weights_iterator,
+)
 from sglang_aux.srt.models.registry import get_model_class
 
 
-def get_model(model_config: ModelConfig, device: torch.device | str, pp_size: int = 1) -> nn.Module:
+def get_model(model_config: ModelConfig, device: torch.device | str, pp_size: int = 1,
+              load_format: str = "auto") -> nn.Module:
+    """The model with its checkpoint weights, or random ones with `load_format="dummy"`
+    (SGLang's name), seeded by the caller."""
     cls = get_model_class(model_config.architecture)
     default_dtype = torch.get_default_dtype()
     torch.set_default_dtype(model_config.dtype)
@@ -19,5 +25,8 @@ def get_model(model_config: ModelConfig, device: torch.device | str, pp_size: in
             model = cls(model_config.hf_config, pp_size=pp_size)
     finally:
         torch.set_default_dtype(default_dtype)
-    model.load_weights(safetensors_weights_iterator(model_config.model_path))
+    if load_format == "dummy":
+        init_random_weights(model)
+    else:
+        model.load_weights(safetensors_weights_iterator(model_config.model_path))
     return model.eval()

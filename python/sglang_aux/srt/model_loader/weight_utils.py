@@ -49,3 +49,21 @@ def load_named_weights(module: nn.Module, weights: Iterable[tuple[str, torch.Ten
     if missing:
         shown = ", ".join(missing[:5]) + (" ..." if len(missing) > 5 else "")
         raise ValueError(f"checkpoint lacks {len(missing)} tensors the model needs: {shown}")
+
+
+RANDOM_INIT_GAIN = 2.0
+
+
+def init_random_weights(model: nn.Module, gain: float = RANDOM_INIT_GAIN) -> None:
+    """Matrices ~ N(0, gain^2 / fan_in), embeddings ~ N(0, 1); other parameters keep their
+    constructor init (norms at one, model-specific vectors).
+
+    A gain above one lets every layer move the residual stream: with PyTorch's default init a
+    random tiny model mostly repeats its input token, which makes a weak test subject.
+    """
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() == 2 and "embed" not in name:
+                p.normal_(0.0, gain / p.shape[1] ** 0.5)
+            elif p.dim() == 2:
+                p.normal_(0.0, 1.0)
