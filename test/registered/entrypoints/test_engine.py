@@ -5,6 +5,7 @@ import sys
 
 import pytest
 import torch
+
 from sglang_aux.srt.entrypoints.engine import Engine
 from sglang_aux.test.ci.ci_register import register_cpu_ci
 from sglang_aux.test.runtime_utils import prefill, release, tiny_checkpoint

@@ -9,6 +9,7 @@ import sys
 
 import pytest
 import torch
+
 from sglang_aux.srt.model_executor.forward_batch_info import ForwardMode
 from sglang_aux.srt.model_executor.runner_utils.capture_sizes import get_capture_bs
 from sglang_aux.test.ci.ci_register import register_cpu_ci
