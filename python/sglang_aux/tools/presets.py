@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 BYTE_VOCAB = 256
+MASK_TOKEN_ID = BYTE_VOCAB + 3  # <|mask|>
 TINY_VOCAB = 320  # 256 bytes + specials, padded to a multiple of 64
 
 _TINY_COMMON = {
@@ -97,3 +98,33 @@ PRESETS["bench-llama"] = {
     "head_dim": 64,
     "tie_word_embeddings": True,
 }
+
+
+def dflash_draft_preset(target: str, *, num_layers: int, num_aux: int, block_size: int) -> dict:
+    """A DFlash draft for `target`: Qwen3-style layers at the target's width, reading
+    `num_aux` target layers picked by `build_target_layer_ids`."""
+    from sglang_aux.srt.speculative.dflash_utils import build_target_layer_ids
+
+    t = PRESETS[target]
+    return {
+        **{k: t[k] for k in ("vocab_size", "max_position_embeddings", "rms_norm_eps",
+                             "rope_theta", "torch_dtype", "hidden_size", "num_attention_heads",
+                             "num_key_value_heads", "head_dim", "intermediate_size")},
+        "architectures": ["DFlashDraftModel"],
+        "model_type": "qwen3",
+        "num_hidden_layers": num_layers,
+        "tie_word_embeddings": False,
+        "dflash_config": {
+            "target_layer_ids": build_target_layer_ids(t["num_hidden_layers"], num_aux),
+            "block_size": block_size,
+            "mask_token_id": MASK_TOKEN_ID,
+            "target_hidden_size": t["hidden_size"],
+        },
+    }
+
+
+PRESETS["tiny-k3-dflash"] = dflash_draft_preset("tiny-k3", num_layers=2, num_aux=3, block_size=4)
+PRESETS["tiny-llama-dflash"] = dflash_draft_preset("tiny-llama", num_layers=1, num_aux=2,
+                                                   block_size=4)
+PRESETS["k3-shaped-dflash"] = dflash_draft_preset("k3-shaped", num_layers=1, num_aux=6,
+                                                  block_size=8)

@@ -10,9 +10,11 @@ import torch
 from sglang_aux.srt.managers.schedule_batch import Req
 from sglang_aux.srt.managers.scheduler import Scheduler
 from sglang_aux.srt.managers.tp_worker import TpModelWorker
-from sglang_aux.srt.model_loader.builtin import resolve_model
+from sglang_aux.srt.model_loader.builtin import resolve_draft, resolve_model
 from sglang_aux.srt.sampling.sampling_params import SamplingParams
 from sglang_aux.srt.server_args import ServerArgs
+from sglang_aux.srt.speculative.dflash_worker import DFlashWorker
+from sglang_aux.srt.speculative.spec_info import SpeculativeAlgorithm
 
 
 class Engine:
@@ -36,8 +38,17 @@ class Engine:
         )
         self._rids = itertools.count()
 
-    def _make_worker(self) -> TpModelWorker:
-        return TpModelWorker(self.model_config, self.server_args)
+    def _make_worker(self) -> TpModelWorker | DFlashWorker:
+        algo = self.server_args.spec_algorithm
+        if algo.is_none():
+            return TpModelWorker(self.model_config, self.server_args)
+        if algo == SpeculativeAlgorithm.DFLASH:
+            return DFlashWorker(self.model_config, resolve_draft(self.server_args),
+                                self.server_args)
+        raise NotImplementedError(
+            f"--speculative-algorithm {algo.value} is not implemented in this runtime yet "
+            "(DFLASH and NONE are)"
+        )
 
     def make_request(self, *, text: str | None = None, input_ids: list[int] | None = None,
                      sampling_params: dict | SamplingParams | None = None,

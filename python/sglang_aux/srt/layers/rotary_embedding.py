@@ -19,10 +19,11 @@ class RotaryEmbedding(nn.Module):
     def forward(self, positions: torch.Tensor, q: torch.Tensor,
                 k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """q `[T, H*D]`, k `[T, KVH*D]` rotated at `positions` `[T]`."""
-        cos, sin = self.cos_sin_cache[positions].chunk(2, dim=-1)  # [T, D/2] each
-        return self._rotate(q, cos, sin), self._rotate(k, cos, sin)
+        return self.rotate(positions, q), self.rotate(positions, k)
 
-    def _rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    def rotate(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """x `[T, heads * D]` rotated at `positions` `[T]`."""
+        cos, sin = self.cos_sin_cache[positions].chunk(2, dim=-1)  # [T, D/2] each
         xf = x.view(x.shape[0], -1, self.head_dim).float()
         x1, x2 = xf.chunk(2, dim=-1)
         cos, sin = cos[:, None], sin[:, None]

@@ -49,8 +49,9 @@ class Scheduler:
         n = len(req.origin_input_ids)
         if n == 0:
             raise ValueError("the prompt is empty")
-        if n >= self.context_len:
-            raise ValueError(f"the prompt has {n} tokens; the context holds {self.context_len}")
+        if n + self.worker.tokens_per_step > self.context_len:
+            raise ValueError(f"the prompt has {n} tokens; the context holds {self.context_len}"
+                             f" (less {self.worker.tokens_per_step} for a decode step)")
         if self._reservation(req) > self.allocator.size:
             raise ValueError(f"the request needs {self._reservation(req)} KV slots; the pool "
                              f"holds {self.allocator.size}")
@@ -115,7 +116,9 @@ class Scheduler:
             for s in p.stop:
                 if s in tail:
                     return {"type": "stop", "matched": s}
-        if len(req.output_ids) >= p.max_new_tokens or req.seq_len >= self.context_len:
+        # the next step writes positions up to seq_len - 1 + tokens_per_step - 1
+        at_context_end = req.seq_len + self.worker.tokens_per_step - 1 >= self.context_len
+        if len(req.output_ids) >= p.max_new_tokens or at_context_end:
             return {"type": "length", "length": len(req.output_ids)}
         return None
 

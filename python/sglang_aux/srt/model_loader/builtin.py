@@ -36,14 +36,30 @@ def resolve_model_path(name_or_path: str | None) -> str:
     return str(out)
 
 
+def _config_of(name_or_path: str | None, args: ServerArgs) -> ModelConfig:
+    if args.load_format == "dummy" and (name_or_path or DEFAULT_MODEL) in PRESETS:
+        name = name_or_path or DEFAULT_MODEL
+        return ModelConfig.from_dict(dict(PRESETS[name]), name, args.dtype, args.context_length)
+    return ModelConfig.from_pretrained(resolve_model_path(name_or_path), args.dtype,
+                                       args.context_length)
+
+
+def resolve_draft(args: ServerArgs) -> ModelConfig:
+    """The draft's config; `--speculative-draft-model-path` may name a preset too."""
+    if not args.speculative_draft_model_path:
+        raise ValueError(
+            f"--speculative-algorithm {args.speculative_algorithm} needs "
+            "--speculative-draft-model-path (a DFlash draft folder)"
+        )
+    return _config_of(args.speculative_draft_model_path, args)
+
+
 def resolve_model(args: ServerArgs) -> tuple[ModelConfig, Tokenizer]:
     """The model config and tokenizer `args` name. With `--load-format dummy` a preset name
     needs no folder (its weights are random anyway); otherwise presets are made on first use,
     and `args.model_path` is set to the folder."""
-    if args.load_format == "dummy" and (args.model_path or DEFAULT_MODEL) in PRESETS:
-        name = args.model_path or DEFAULT_MODEL
-        config = ModelConfig.from_dict(dict(PRESETS[name]), name, args.dtype, args.context_length)
+    config = _config_of(args.model_path, args)
+    args.model_path = config.model_path
+    if args.tokenizer_path is None and args.model_path in PRESETS:
         return config, Tokenizer.byte_level()
-    args.model_path = resolve_model_path(args.model_path)
-    config = ModelConfig.from_pretrained(args.model_path, args.dtype, args.context_length)
     return config, Tokenizer.from_dir(args.tokenizer_path or args.model_path)

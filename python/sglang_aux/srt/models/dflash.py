@@ -1,0 +1,94 @@
+"""DFlash draft (`DFlashDraftModel`): a few Qwen3-style layers drafting a block in parallel.
+
+Context: the target's K aux states of a committed token, `[K * H_target]`, are projected once
+by `fc` and `hidden_norm`; every draft layer turns that projection into K/V with its own k/v
+weights (k_norm, RoPE at the token's position) and stores them in the draft KV cache at the
+slot the target gave the token. Drafting: the block `[anchor, MASK x (B-1)]`, embedded by the
+target's embedding, attends to all cached context and to the whole block (DRAFT_BLOCK mode:
+non-causal inside the block); block offset j predicts the token at offset j through the
+target's LM head, so one forward proposes B-1 tokens.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from types import SimpleNamespace
+
+import torch
+from torch import nn
+
+from sglang_aux.srt.layers.layernorm import RMSNorm
+from sglang_aux.srt.layers.logits_processor import LogitsProcessor, LogitsProcessorOutput
+from sglang_aux.srt.mem_cache.memory_pool import MHATokenToKVPool
+from sglang_aux.srt.model_executor.forward_batch_info import ForwardBatch
+from sglang_aux.srt.model_loader.weight_utils import load_named_weights
+from sglang_aux.srt.models.qwen3 import Qwen3DecoderLayer
+from sglang_aux.srt.speculative.dflash_utils import DFlashConfig
+
+
+class DFlashDraftModel(nn.Module):
+    def __init__(self, config: SimpleNamespace, pp_size: int = 1):
+        super().__init__()
+        del pp_size  # a draft is never pipelined
+        self.config = config
+        self.dflash_config = DFlashConfig.from_hf_config(config)
+        dc, h = self.dflash_config, config.hidden_size
+        self.fc = nn.Linear(len(dc.target_layer_ids) * dc.target_hidden_size, h, bias=False)
+        self.hidden_norm = RMSNorm(h, config.rms_norm_eps)
+        self.layers = nn.ModuleList(
+            [Qwen3DecoderLayer(config, i) for i in range(config.num_hidden_layers)]
+        )
+        self.norm = RMSNorm(h, config.rms_norm_eps)
+        self.logits_processor = LogitsProcessor()
+        # The target's embedding and LM head, borrowed (not parameters of the draft).
+        self._target: dict[str, nn.Module | torch.Tensor] = {}
+
+    def set_target_modules(self, embed_tokens: nn.Embedding, lm_head_weight: torch.Tensor) -> None:
+        if embed_tokens.embedding_dim != self.config.hidden_size:
+            raise ValueError(
+                f"target embedding width {embed_tokens.embedding_dim} != draft hidden size "
+                f"{self.config.hidden_size}"
+            )
+        self._target = {"embed": embed_tokens, "lm_head": lm_head_weight}
+
+    def _borrowed(self, name: str):
+        if name not in self._target:
+            raise RuntimeError("call set_target_modules(...) before running the draft")
+        return self._target[name]
+
+    def project_context(self, aux: torch.Tensor) -> torch.Tensor:
+        """`[N, K * H_target]` aux rows -> `[N, H]` draft context."""
+        if aux.shape[-1] != self.fc.in_features:
+            raise ValueError(
+                f"aux rows {tuple(aux.shape)} do not match the draft fc input width "
+                f"{self.fc.in_features}"
+            )
+        return self.hidden_norm(self.fc(aux.to(self.fc.weight.dtype)))
+
+    @torch.no_grad()
+    def write_context_kv(self, aux: torch.Tensor, positions: torch.Tensor,
+                         out_cache_loc: torch.Tensor, kv_pool: MHATokenToKVPool) -> None:
+        """Store every draft layer's context K/V for committed tokens at their slots."""
+        ctx = self.project_context(aux)
+        for i, layer in enumerate(self.layers):
+            attn = layer.self_attn
+            k, v = attn.k_proj(ctx), attn.v_proj(ctx)
+            k = attn.k_norm(k.view(-1, attn.head_dim)).view(k.shape)
+            k = attn.rotary_emb.rotate(positions, k)
+            kv_pool.set_kv(i, out_cache_loc, k.view(-1, attn.num_kv_heads, attn.head_dim),
+                           v.view(-1, attn.num_kv_heads, attn.head_dim))
+
+    @torch.no_grad()
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
+                forward_batch: ForwardBatch) -> LogitsProcessorOutput:
+        """Logits `[bs * B, vocab]` for every block position (DRAFT_BLOCK batches)."""
+        x = self._borrowed("embed")(input_ids)
+        for layer in self.layers:
+            x = layer(positions, x, forward_batch)
+        return self.logits_processor(self.norm(x), self._borrowed("lm_head"), forward_batch)
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        load_named_weights(self, weights)
+
+
+EntryClass = DFlashDraftModel
