@@ -1,0 +1,127 @@
+"""Attention in Triton kernels over the paged KV pool: the GPU backend.
+
+Semantics equal TorchNativeAttnBackend's for every mode; the kernels live in `triton_ops/`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from itertools import accumulate
+from typing import TYPE_CHECKING
+
+import torch
+
+from sglang_aux.srt.layers.attention.base_attn_backend import AttentionBackend
+from sglang_aux.srt.layers.attention.triton_ops.decode_attention import decode_attention_fwd
+from sglang_aux.srt.layers.attention.triton_ops.extend_attention import extend_attention_fwd
+from sglang_aux.srt.layers.attention.triton_ops.tiling import check_head_dim
+
+if TYPE_CHECKING:
+    from sglang_aux.srt.layers.radix_attention import RadixAttention
+    from sglang_aux.srt.model_executor.forward_batch_info import ForwardBatch
+
+
+@dataclass(frozen=True)
+class ExtendMetadata:
+    """Where each request's queries and keys lie in an EXTEND batch (device tensors, `[bs]`)."""
+
+    forward_batch: ForwardBatch  # the batch this was built for
+    q_start: torch.Tensor  # first query row of each request
+    prefix_lens: torch.Tensor  # cached tokens before this forward
+    extend_lens: torch.Tensor  # new tokens in this forward
+    max_extend_len: int  # sizes the grid; host-side, fine because EXTEND is never captured
+
+    @classmethod
+    def build(cls, fb: ForwardBatch) -> ExtendMetadata:
+        if fb.extend_prefix_lens_cpu is None or fb.extend_seq_lens_cpu is None:
+            raise ValueError("an EXTEND batch needs extend_prefix_lens_cpu and extend_seq_lens_cpu")
+        extend = fb.extend_seq_lens_cpu
+        q_start = [0, *accumulate(extend)][:-1]
+        as_tensor = lambda xs: torch.tensor(xs, dtype=torch.int32, device=fb.seq_lens.device)
+        return cls(fb, as_tensor(q_start), as_tensor(fb.extend_prefix_lens_cpu),
+                   as_tensor(extend), max(extend, default=0))
+
+
+class TritonAttnBackend(AttentionBackend):
+    """Paged attention in Triton for EXTEND, DECODE, TARGET_VERIFY and DRAFT_BLOCK.
+
+    A query at position p of a request with `seq_len` tokens sees key positions `j < seq_len`,
+    and `j <= p` too unless the mode is DRAFT_BLOCK; EXTEND queries sit at
+    `prefix_len + i`. Scores use `layer.scaling` with fp32 softmax accumulation; the output has
+    q's dtype. Requires head_dim a power of two in [16, 256] and GQA (q heads a multiple of kv
+    heads).
+
+    NOTE: graph hooks are trivial on purpose. The fixed-layout kernels read
+    `req_pool_indices`, `seq_lens` and `positions` straight from the ForwardBatch, whose
+    tensors the graph runner keeps static and refreshes in place before each replay, and
+    their grid and key split depend only on (bs, heads, tokens per request). So no metadata
+    needs copying at replay and nothing in those paths syncs with the host.
+
+    `num_kv_splits` fixes the key split of the fixed-layout modes (None: enough splits to
+    fill the device's SMs; tests force a value to cover the merge path).
+    """
+
+    def __init__(self, num_kv_splits: int | None = None):
+        if num_kv_splits is not None and num_kv_splits < 1:
+            raise ValueError(f"num_kv_splits must be >= 1, got {num_kv_splits}")
+        self.num_kv_splits = num_kv_splits
+        self._extend: ExtendMetadata | None = None
+
+    def init_forward_metadata(self, forward_batch: ForwardBatch) -> None:
+        self._extend = None
+        if forward_batch.forward_mode.is_extend():
+            self._extend = ExtendMetadata.build(forward_batch)
+
+    def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int) -> None:
+        """Nothing to allocate: graphs read the runner's static ForwardBatch tensors."""
+
+    def init_forward_metadata_capture_cuda_graph(self, forward_batch: ForwardBatch) -> None:
+        self._check_graph_mode(forward_batch)
+
+    def init_forward_metadata_replay_cuda_graph(self, forward_batch: ForwardBatch) -> None:
+        self._check_graph_mode(forward_batch)
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: RadixAttention,
+                forward_batch: ForwardBatch, save_kv_cache: bool = True) -> torch.Tensor:
+        """q `[T, H*D]`, k/v `[T, KVH*D]` -> `[T, H*D]` in q's dtype."""
+        num_heads, num_kv_heads, head_dim = layer.tp_q_head_num, layer.tp_k_head_num, layer.head_dim
+        check_head_dim(head_dim)
+        if num_heads % num_kv_heads:
+            raise ValueError(f"{num_heads} q heads are not a multiple of {num_kv_heads} kv heads")
+        pool = forward_batch.token_to_kv_pool
+        if save_kv_cache:
+            pool.set_kv(layer.layer_id, forward_batch.out_cache_loc,
+                        k.view(-1, num_kv_heads, head_dim), v.view(-1, num_kv_heads, head_dim))
+        q = q.view(-1, num_heads, head_dim)  # [T, H, D]
+        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+        if q.shape[0] == 0:  # IDLE: no tokens, nothing to launch
+            return out.view(0, num_heads * head_dim)
+        k_buffer, v_buffer = pool.k_buffer[layer.layer_id], pool.v_buffer[layer.layer_id]
+        req_to_token = forward_batch.req_to_token_pool.req_to_token
+        mode = forward_batch.forward_mode
+        if mode.is_extend():
+            meta = self._extend_metadata(forward_batch)
+            extend_attention_fwd(q, k_buffer, v_buffer, out, req_to_token,
+                                 forward_batch.req_pool_indices, meta.q_start, meta.prefix_lens,
+                                 meta.extend_lens, meta.max_extend_len, layer.scaling)
+        else:
+            bs = forward_batch.batch_size
+            if q.shape[0] % bs:
+                raise ValueError(f"{q.shape[0]} tokens do not split evenly over {bs} requests")
+            decode_attention_fwd(q, k_buffer, v_buffer, out, req_to_token,
+                                 forward_batch.req_pool_indices, forward_batch.seq_lens,
+                                 forward_batch.positions, layer.scaling, mode.is_causal(),
+                                 self.num_kv_splits)
+        return out.view(-1, num_heads * head_dim)
+
+    def _extend_metadata(self, fb: ForwardBatch) -> ExtendMetadata:
+        # A caller that skipped init_forward_metadata still gets this batch's layout, never
+        # the previous batch's.
+        if self._extend is None or self._extend.forward_batch is not fb:
+            self._extend = ExtendMetadata.build(fb)
+        return self._extend
+
+    @staticmethod
+    def _check_graph_mode(fb: ForwardBatch) -> None:
+        if not fb.forward_mode.is_cuda_graph():
+            raise ValueError(f"{fb.forward_mode.name} batches cannot be captured in a graph")

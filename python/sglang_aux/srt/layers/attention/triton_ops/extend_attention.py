@@ -1,0 +1,112 @@
+"""Attention for EXTEND: each request appends `extend_len` new tokens after `prefix_len` cached.
+
+Queries are packed request after request (`q_start[b]` is the first row of request b); the
+i-th new token of a request sits at position `prefix_len + i` and sees key positions up to and
+including its own. Every key, prefix and new alike, is gathered from the paged pool through
+`req_to_token[req_pool_indices[b], j]`, so the new tokens' K/V must already be in the pool
+(the backend writes them to `out_cache_loc` first).
+
+One program owns (request, query head, tile of BLOCK_M new tokens); the key loop stops at the
+tile's last causal position. EXTEND is never captured in a graph, so the grid may use the
+batch's largest extend length, known on the host.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from sglang_aux.srt.layers.attention.triton_ops import tiling
+from sglang_aux.srt.layers.attention.triton_ops.tiling import NO_KEYS
+
+
+@triton.jit
+def _extend_attention_kernel(
+    Q, K_Buf, V_Buf, Out,
+    Req_To_Token, Req_Pool_Indices, Q_Start, Prefix_Lens, Extend_Lens,
+    sm_scale_log2,
+    stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,
+    stride_req,
+    GROUP: tl.constexpr, DOT_PRECISION: tl.constexpr, HEAD_DIM: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    b = tl.program_id(0)
+    head = tl.program_id(1)
+    m_tile = tl.program_id(2)
+    kv_head = head // GROUP
+
+    extend_len = tl.load(Extend_Lens + b)
+    prefix_len = tl.load(Prefix_Lens + b)
+    q_start = tl.load(Q_Start + b)
+    req_row = tl.load(Req_Pool_Indices + b).to(tl.int64)
+
+    rows = m_tile * BLOCK_M + tl.arange(0, BLOCK_M)  # index among this request's new tokens
+    row_valid = rows < extend_len
+    tok = (q_start + rows).to(tl.int64)
+    d = tl.arange(0, HEAD_DIM)
+    q = tl.load(Q + tok[:, None] * stride_qt + head * stride_qh + d[None, :],
+                mask=row_valid[:, None], other=0.0)  # [BLOCK_M, HEAD_DIM]
+    q_pos = prefix_len + rows
+
+    # Keys past the tile's last query are causally invisible; a tile past the request's new
+    # tokens (the grid covers the longest request) runs no loop and stores nothing.
+    kv_end = prefix_len + tl.minimum((m_tile + 1) * BLOCK_M, extend_len)
+    kv_end = tl.where(m_tile * BLOCK_M < extend_len, kv_end, 0)
+
+    m_i = tl.full([BLOCK_M], NO_KEYS, tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
+    for n0 in range(0, kv_end, BLOCK_N):
+        cols = n0 + tl.arange(0, BLOCK_N)
+        col_valid = cols < kv_end
+        slots = tl.load(Req_To_Token + req_row * stride_req + cols, mask=col_valid, other=0)
+        slots = slots.to(tl.int64)
+        k = tl.load(K_Buf + slots[:, None] * stride_kt + kv_head * stride_kh + d[None, :],
+                    mask=col_valid[:, None], other=0.0).to(q.dtype)  # [BLOCK_N, HEAD_DIM]
+        qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * sm_scale_log2
+        visible = row_valid[:, None] & col_valid[None, :] & (cols[None, :] <= q_pos[:, None])
+        qk = tl.where(visible, qk, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(qk, 1))
+        p = tl.exp2(qk - m_new[:, None])
+        alpha = tl.exp2(m_i - m_new)
+        v = tl.load(V_Buf + slots[:, None] * stride_vt + kv_head * stride_vh + d[None, :],
+                    mask=col_valid[:, None], other=0.0).to(q.dtype)
+        acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v, input_precision=DOT_PRECISION)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        m_i = m_new
+
+    acc = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]
+    tl.store(Out + tok[:, None] * stride_ot + head * stride_oh + d[None, :],
+             acc.to(Out.dtype.element_ty), mask=row_valid[:, None])
+
+
+def extend_attention_fwd(
+    q: torch.Tensor,  # [sum(extend_lens), H, D]
+    k_buffer: torch.Tensor,  # [num_slots, KVH, D]
+    v_buffer: torch.Tensor,  # [num_slots, KVH, D]
+    out: torch.Tensor,  # [sum(extend_lens), H, D], written
+    req_to_token: torch.Tensor,  # [num_rows, max_context_len]
+    req_pool_indices: torch.Tensor,  # [bs]
+    q_start: torch.Tensor,  # [bs] first query row of each request
+    prefix_lens: torch.Tensor,  # [bs]
+    extend_lens: torch.Tensor,  # [bs]
+    max_extend_len: int,
+    sm_scale: float,
+) -> None:
+    bs = req_pool_indices.shape[0]
+    _, num_heads, head_dim = q.shape
+    group = num_heads // k_buffer.shape[1]
+    block_m = tiling.q_block(max_extend_len, head_dim)
+    grid = (bs, num_heads, triton.cdiv(max_extend_len, block_m))
+    _extend_attention_kernel[grid](
+        q, k_buffer, v_buffer, out,
+        req_to_token, req_pool_indices, q_start, prefix_lens, extend_lens,
+        sm_scale * tiling.LOG2E,
+        q.stride(0), q.stride(1), k_buffer.stride(0), k_buffer.stride(1),
+        v_buffer.stride(0), v_buffer.stride(1), out.stride(0), out.stride(1),
+        req_to_token.stride(0),
+        GROUP=group, DOT_PRECISION=tiling.dot_precision(q.dtype), HEAD_DIM=head_dim,
+        BLOCK_M=block_m, BLOCK_N=tiling.kv_block(head_dim),
+        num_warps=tiling.num_warps(block_m, head_dim), num_stages=tiling.NUM_STAGES,
+    )

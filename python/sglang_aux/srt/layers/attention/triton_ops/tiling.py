@@ -1,0 +1,67 @@
+"""Tile sizes and launch settings shared by the attention kernels."""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import triton
+import triton.language as tl
+
+MIN_HEAD_DIM = 16  # tl.dot needs every operand dimension >= 16
+MAX_HEAD_DIM = 256  # one [rows, head_dim] fp32 accumulator must fit in registers
+MIN_DOT_ROWS = 16
+LOG2E = 1.4426950408889634  # the kernels use exp2, so scores are scaled by log2(e)
+# NOTE: a finite stand-in for -inf as the running max and log-sum-exp of "no key seen yet", so
+# exp2(m_old - m_new) never computes inf - inf; an empty key split merges with weight 0 next to
+# any split that saw keys, and a query that saw no key at all comes out 0, never NaN.
+NO_KEYS = tl.constexpr(-1.0e30)
+
+# From this many accumulator elements per program on, 4 warps spill registers on sm_90 (the
+# gathered K/V tiles carry 64-bit pointers), so such tiles get 8 warps.
+WIDE_TILE_ELEMS = 4096
+MERGE_NUM_WARPS = 4
+# Two stages keep (K tile + V tile) * stages well inside shared memory for every head_dim and
+# dtype; the kernels are bound by the gathered K/V loads, not by pipelining depth.
+NUM_STAGES = 2
+
+
+def check_head_dim(head_dim: int) -> None:
+    """The kernels tile the head dimension as one power-of-two block."""
+    if not (MIN_HEAD_DIM <= head_dim <= MAX_HEAD_DIM and head_dim & (head_dim - 1) == 0):
+        raise ValueError(
+            f"Triton attention needs head_dim a power of two in [{MIN_HEAD_DIM}, "
+            f"{MAX_HEAD_DIM}], got {head_dim}"
+        )
+
+
+def kv_block(head_dim: int) -> int:
+    """Keys per inner-loop step; halved for wide heads to bound registers and shared memory."""
+    return 64 if head_dim <= 128 else 32
+
+
+def max_q_block(head_dim: int) -> int:
+    """Query rows per program (an upper bound; small problems use fewer)."""
+    return 64 if head_dim <= 128 else 32
+
+
+def q_block(rows: int, head_dim: int) -> int:
+    """The smallest power-of-two row tile that tl.dot accepts, capped by `max_q_block`."""
+    return min(max(MIN_DOT_ROWS, triton.next_power_of_2(rows)), max_q_block(head_dim))
+
+
+def num_warps(block_m: int, head_dim: int) -> int:
+    """Warps for a program holding a `[block_m, head_dim]` accumulator."""
+    return 8 if block_m * head_dim >= WIDE_TILE_ELEMS else 4
+
+
+def dot_precision(dtype: torch.dtype) -> str:
+    """fp32 dots default to TF32 on NVIDIA GPUs; ask for IEEE fp32 so fp32 stays exact (and slow:
+    fp32 on a GPU is for checking, bf16/fp16 are the fast paths)."""
+    return "ieee" if dtype == torch.float32 else "tf32"
+
+
+@functools.cache
+def sm_count(device_index: int) -> int:
+    """Streaming multiprocessors of a CUDA device (a host query, cached: no device sync)."""
+    return torch.cuda.get_device_properties(device_index).multi_processor_count

@@ -1,0 +1,231 @@
+"""TritonAttnBackend == TorchNativeAttnBackend in every mode, via Triton's CPU interpreter.
+
+Fresh random K/V every run (the seed is in every failure message), scattered pool slots,
+requests of different lengths, GQA, padded graph rows, and the split-K merge path.
+"""
+
+import os
+
+# NOTE: must precede any @triton.jit definition, i.e. any import of triton or the backend.
+os.environ["TRITON_INTERPRET"] = "1"
+
+import random  # noqa: E402
+import sys  # noqa: E402
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+from sglang_aux.srt.layers.attention.torch_native_backend import TorchNativeAttnBackend  # noqa: E402
+from sglang_aux.srt.layers.attention.triton_backend import TritonAttnBackend  # noqa: E402
+from sglang_aux.srt.layers.radix_attention import RadixAttention  # noqa: E402
+from sglang_aux.srt.mem_cache.memory_pool import (  # noqa: E402
+    PADDING_REQ_ROW,
+    PADDING_SLOT,
+    MHATokenToKVPool,
+    ReqToTokenPool,
+)
+from sglang_aux.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode  # noqa: E402
+from sglang_aux.test.ci.ci_register import register_cpu_ci  # noqa: E402
+
+register_cpu_ci(est_time=60, suite="default")
+
+# Max |triton - torch_native| over max |torch_native| (seen: ~3e-7 fp32, ~4e-4 fp16). fp32
+# differs only in summation order; in fp16 both round P to fp16, at different points.
+REL_ERR_BOUND = {torch.float32: 1e-4, torch.float16: 5e-3}
+NUM_LAYERS = 2
+LAYER_ID = 1  # not 0, so a backend that ignores layer_id reads the wrong buffer
+NUM_SLOTS = 700
+MAX_CONTEXT = 256
+BLOCK = 4  # tokens per request in TARGET_VERIFY / DRAFT_BLOCK
+# (q heads, kv heads, head_dim): GQA with a power-of-two and a non-power-of-two group
+HEAD_CONFIGS = [(4, 2, 32), (6, 2, 16)]
+# Context lengths long enough that 3 key splits leave one split empty and merge two others.
+FIXED_SEQ_LENS = [BLOCK, 37, 130, 200]
+FIXED_MODES = [(ForwardMode.DECODE, 1), (ForwardMode.TARGET_VERIFY, BLOCK),
+               (ForwardMode.DRAFT_BLOCK, BLOCK)]
+
+
+def fresh_seed() -> int:
+    seed = random.randrange(2**31)
+    torch.manual_seed(seed)
+    return seed
+
+
+def make_pools(num_kv_heads: int, head_dim: int, dtype: torch.dtype):
+    req_pool = ReqToTokenPool(size=8, max_context_len=MAX_CONTEXT, device="cpu")
+    kv_pool = MHATokenToKVPool(NUM_SLOTS, NUM_LAYERS, num_kv_heads, head_dim, dtype, "cpu")
+    # Random everywhere, the padding slot included: padded rows read it.
+    for buf in (*kv_pool.k_buffer, *kv_pool.v_buffer):
+        buf.normal_()
+    return req_pool, kv_pool
+
+
+def place_requests(req_pool: ReqToTokenPool, lens: list[int]) -> list[int]:
+    """Allocates a row per request and maps its positions to scattered, distinct slots."""
+    slots = torch.randperm(NUM_SLOTS)[: sum(lens)] + 1  # never the padding slot
+    rows = [req_pool.alloc() for _ in lens]
+    for row, chunk in zip(rows, slots.split(lens), strict=True):
+        req_pool.write(row, 0, chunk)
+    return rows
+
+
+def make_batch(mode: ForwardMode, req_pool, kv_pool, rows: list[int], seq_lens: list[int],
+               positions: torch.Tensor, out_cache_loc: torch.Tensor, backend,
+               prefix_lens: list[int] | None = None,
+               extend_lens: list[int] | None = None) -> ForwardBatch:
+    seq_lens_t = torch.tensor(seq_lens, dtype=torch.int64)
+    return ForwardBatch(
+        forward_mode=mode, batch_size=len(rows),
+        input_ids=torch.zeros(positions.numel(), dtype=torch.int64),
+        req_pool_indices=torch.tensor(rows, dtype=torch.int64),
+        seq_lens=seq_lens_t, seq_lens_cpu=seq_lens_t.clone(),
+        out_cache_loc=out_cache_loc, positions=positions,
+        req_to_token_pool=req_pool, token_to_kv_pool=kv_pool, attn_backend=backend,
+        extend_prefix_lens_cpu=prefix_lens, extend_seq_lens_cpu=extend_lens,
+    )
+
+
+def fixed_layout_batch(mode: ForwardMode, q_len: int, req_pool, kv_pool,
+                       backend) -> ForwardBatch:
+    """Live requests whose last `q_len` tokens are this forward's, then padded rows: one with
+    seq_len 1 at position 0, one as the decode graph runner pads (seq_len q_len, positions
+    0..q_len-1). Both read request row 0 (slot 0) and write slot 0."""
+    rows = place_requests(req_pool, FIXED_SEQ_LENS)
+    positions, locs = [], []
+    for row, n in zip(rows, FIXED_SEQ_LENS, strict=True):
+        positions.append(torch.arange(n - q_len, n))
+        locs.append(req_pool.req_to_token[row, n - q_len : n].long())
+    seq_lens = list(FIXED_SEQ_LENS)
+    for pad_len, pad_pos in ((1, torch.zeros(q_len, dtype=torch.int64)),
+                             (q_len, torch.arange(q_len))):
+        rows.append(PADDING_REQ_ROW)
+        seq_lens.append(pad_len)
+        positions.append(pad_pos)
+        locs.append(torch.full((q_len,), PADDING_SLOT, dtype=torch.int64))
+    return make_batch(mode, req_pool, kv_pool, rows, seq_lens, torch.cat(positions),
+                      torch.cat(locs), backend)
+
+
+def random_qkv(num_tokens: int, heads: int, kv_heads: int, head_dim: int, dtype: torch.dtype):
+    q = torch.randn(num_tokens, heads * head_dim).to(dtype)
+    k = torch.randn(num_tokens, kv_heads * head_dim).to(dtype)
+    v = torch.randn(num_tokens, kv_heads * head_dim).to(dtype)
+    return q, k, v
+
+
+def run_both(fb: ForwardBatch, triton_backend, layer, q, k, v) -> tuple[torch.Tensor, ...]:
+    """Triton writes the new K/V and attends; torch_native then attends over the same pool."""
+    triton_backend.init_forward_metadata(fb)
+    out = triton_backend.forward(q, k, v, layer, fb, save_kv_cache=True)
+    reference = TorchNativeAttnBackend()
+    reference.init_forward_metadata(fb)
+    ref = reference.forward(q, k, v, layer, fb, save_kv_cache=False)
+    return out, ref
+
+
+def assert_close(out: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype, seed: int) -> None:
+    assert out.dtype == ref.dtype == dtype, (out.dtype, ref.dtype)
+    assert torch.isfinite(out).all(), f"non-finite triton output (seed {seed})"
+    assert torch.isfinite(ref).all(), f"non-finite reference output (seed {seed})"
+    err = ((out.float() - ref.float()).abs().max() / ref.float().abs().max()).item()
+    assert err < REL_ERR_BOUND[dtype], f"rel err {err:.2e} (seed {seed})"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
+@pytest.mark.parametrize("heads,kv_heads,head_dim", HEAD_CONFIGS)
+def test_extend_matches_torch_native_and_writes_kv(heads, kv_heads, head_dim, dtype):
+    seed = fresh_seed()
+    req_pool, kv_pool = make_pools(kv_heads, head_dim, dtype)
+    prefix_lens, extend_lens = [0, 5, 23], [9, 1, 17]
+    seq_lens = [p + e for p, e in zip(prefix_lens, extend_lens, strict=True)]
+    rows = place_requests(req_pool, seq_lens)
+    locs = torch.cat([req_pool.req_to_token[r, p:n].long()
+                      for r, p, n in zip(rows, prefix_lens, seq_lens, strict=True)])
+    positions = torch.cat([torch.arange(p, n) for p, n in zip(prefix_lens, seq_lens,
+                                                              strict=True)])
+    backend = TritonAttnBackend()
+    fb = make_batch(ForwardMode.EXTEND, req_pool, kv_pool, rows, seq_lens, positions, locs,
+                    backend, prefix_lens, extend_lens)
+    q, k, v = random_qkv(locs.numel(), heads, kv_heads, head_dim, dtype)
+    # Poison the new slots: a backend that attends before (or without) writing reads NaN.
+    kv_pool.k_buffer[LAYER_ID][locs] = float("nan")
+    kv_pool.v_buffer[LAYER_ID][locs] = float("nan")
+    layer = RadixAttention(heads, head_dim, head_dim**-0.5, kv_heads, LAYER_ID)
+    out, ref = run_both(fb, backend, layer, q, k, v)
+    torch.testing.assert_close(kv_pool.k_buffer[LAYER_ID][locs],
+                               k.view(-1, kv_heads, head_dim), rtol=0, atol=0)
+    torch.testing.assert_close(kv_pool.v_buffer[LAYER_ID][locs],
+                               v.view(-1, kv_heads, head_dim), rtol=0, atol=0)
+    assert_close(out, ref, dtype, seed)
+
+
+@pytest.mark.parametrize("num_kv_splits", [None, 3])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
+@pytest.mark.parametrize("heads,kv_heads,head_dim", HEAD_CONFIGS)
+@pytest.mark.parametrize("mode,q_len", FIXED_MODES, ids=[m.name for m, _ in FIXED_MODES])
+def test_fixed_layout_matches_torch_native(mode, q_len, heads, kv_heads, head_dim, dtype,
+                                           num_kv_splits):
+    seed = fresh_seed()
+    req_pool, kv_pool = make_pools(kv_heads, head_dim, dtype)
+    backend = TritonAttnBackend(num_kv_splits=num_kv_splits)
+    fb = fixed_layout_batch(mode, q_len, req_pool, kv_pool, backend)
+    q, k, v = random_qkv(fb.num_tokens, heads, kv_heads, head_dim, dtype)
+    layer = RadixAttention(heads, head_dim, 0.3, kv_heads, LAYER_ID)
+    out, ref = run_both(fb, backend, layer, q, k, v)
+    live = fb.out_cache_loc != PADDING_SLOT
+    assert torch.equal(kv_pool.k_buffer[LAYER_ID][fb.out_cache_loc[live]],
+                       k.view(-1, kv_heads, head_dim)[live]), f"new K not written (seed {seed})"
+    assert_close(out, ref, dtype, seed)
+
+
+def test_replay_reads_batch_tensors_in_place():
+    """Graph-style reuse: the same ForwardBatch tensors, refreshed in place, give new results."""
+    seed = fresh_seed()
+    heads, kv_heads, head_dim = HEAD_CONFIGS[0]
+    req_pool, kv_pool = make_pools(kv_heads, head_dim, torch.float32)
+    backend = TritonAttnBackend(num_kv_splits=2)
+    backend.init_cuda_graph_state(max_bs=len(FIXED_SEQ_LENS) + 2, max_num_tokens=64)
+    fb = fixed_layout_batch(ForwardMode.TARGET_VERIFY, BLOCK, req_pool, kv_pool, backend)
+    backend.init_forward_metadata_capture_cuda_graph(fb)
+    layer = RadixAttention(heads, head_dim, 0.25, kv_heads, LAYER_ID)
+    q, k, v = random_qkv(fb.num_tokens, heads, kv_heads, head_dim, torch.float32)
+    first = backend.forward(q, k, v, layer, fb, save_kv_cache=False)
+    # Shrink every live request by 3 tokens and move to fresh rows, as a new batch would.
+    new_lens = [n - 3 for n in FIXED_SEQ_LENS[1:]]
+    new_rows = place_requests(req_pool, new_lens)
+    live = slice(1, len(FIXED_SEQ_LENS))
+    fb.req_pool_indices[live] = torch.tensor(new_rows)
+    fb.seq_lens[live] = torch.tensor(new_lens)
+    fb.seq_lens_cpu.copy_(fb.seq_lens)
+    fb.positions.view(-1, BLOCK)[live] = fb.seq_lens[live, None] - BLOCK + torch.arange(BLOCK)
+    backend.init_forward_metadata_replay_cuda_graph(fb)
+    second = backend.forward(q, k, v, layer, fb, save_kv_cache=False)
+    assert not torch.allclose(first, second), "replay ignored the refreshed batch tensors"
+    reference = TorchNativeAttnBackend()
+    reference.init_forward_metadata(fb)
+    assert_close(second, reference.forward(q, k, v, layer, fb, save_kv_cache=False),
+                 torch.float32, seed)
+
+
+@pytest.mark.parametrize("head_dim", [8, 48, 512])
+def test_rejects_unsupported_head_dim(head_dim):
+    req_pool, kv_pool = make_pools(1, 16, torch.float32)
+    backend = TritonAttnBackend()
+    fb = fixed_layout_batch(ForwardMode.DECODE, 1, req_pool, kv_pool, backend)
+    q = torch.randn(fb.num_tokens, head_dim)
+    layer = RadixAttention(1, head_dim, 1.0, 1, LAYER_ID)
+    with pytest.raises(ValueError, match="power of two"):
+        backend.forward(q, q, q, layer, fb, save_kv_cache=False)
+
+
+def test_extend_cannot_be_captured():
+    req_pool, kv_pool = make_pools(2, 16, torch.float32)
+    backend = TritonAttnBackend()
+    fb = fixed_layout_batch(ForwardMode.DECODE, 1, req_pool, kv_pool, backend)
+    fb.forward_mode = ForwardMode.EXTEND
+    with pytest.raises(ValueError, match="captured"):
+        backend.init_forward_metadata_capture_cuda_graph(fb)
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-q"]))

@@ -1,0 +1,277 @@
+"""TritonAttnBackend on CUDA: bf16/fp16 against TorchNativeAttnBackend, CUDA-graph replay.
+
+Larger shapes than the CPU interpreter test: contexts up to 2k, batches up to 32, head_dim
+64 and 128, automatic key splits. Fresh random inputs every run (the seed is in every
+failure message). Run this file in its own process: under TRITON_INTERPRET=1 (set by the CPU
+test) the kernels would be interpreted, so the tests skip.
+"""
+
+import os
+import random
+import sys
+
+import pytest
+import torch
+
+from sglang_aux.srt.layers.attention.torch_native_backend import TorchNativeAttnBackend
+from sglang_aux.srt.layers.radix_attention import RadixAttention
+from sglang_aux.srt.mem_cache.memory_pool import (
+    PADDING_REQ_ROW,
+    PADDING_SLOT,
+    MHATokenToKVPool,
+    ReqToTokenPool,
+)
+from sglang_aux.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
+from sglang_aux.test.ci.ci_register import register_cuda_ci
+
+try:
+    import triton
+
+    from sglang_aux.srt.layers.attention.triton_backend import TritonAttnBackend
+except ImportError:  # no triton: the skip below says why
+    triton = None
+
+register_cuda_ci(est_time=180, suite="default")
+
+pytestmark = pytest.mark.skipif(
+    triton is None or not torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1",
+    reason="needs CUDA and compiled (not interpreted) Triton kernels",
+)
+
+DEVICE = "cuda"
+# Max |triton - torch_native| over max |torch_native|; both round P, K and V to 16 bits.
+REL_ERR_BOUND = 2e-2
+DTYPES = [torch.bfloat16, torch.float16]
+NUM_LAYERS = 2
+LAYER_ID = 1
+MAX_CONTEXT = 2048
+NUM_REQ_ROWS = 96
+# (q heads, kv heads, head_dim): SmolLM2-135M's layout and a Llama-8B-like one
+HEAD_CONFIGS = [(9, 3, 64), (32, 8, 128)]
+FIXED_MODES = [(ForwardMode.DECODE, 1), (ForwardMode.TARGET_VERIFY, 8),
+               (ForwardMode.DRAFT_BLOCK, 16)]
+FIXED_MODE_IDS = [mode.name for mode, _ in FIXED_MODES]
+
+
+def fresh_seed() -> int:
+    seed = random.randrange(2**31)
+    torch.manual_seed(seed)
+    return seed
+
+
+def make_pools(num_slots: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype):
+    req_pool = ReqToTokenPool(NUM_REQ_ROWS, MAX_CONTEXT, DEVICE)
+    kv_pool = MHATokenToKVPool(num_slots, NUM_LAYERS, num_kv_heads, head_dim, dtype, DEVICE)
+    for buf in (*kv_pool.k_buffer, *kv_pool.v_buffer):  # padding slot included
+        buf.normal_()
+    return req_pool, kv_pool
+
+
+def place_requests(req_pool: ReqToTokenPool, num_slots: int, lens: list[int]) -> list[int]:
+    """Allocates a row per request and maps its positions to scattered, distinct slots."""
+    slots = (torch.randperm(num_slots)[: sum(lens)] + 1).to(DEVICE)  # never the padding slot
+    rows = [req_pool.alloc() for _ in lens]
+    for row, chunk in zip(rows, slots.split(lens), strict=True):
+        req_pool.write(row, 0, chunk)
+    return rows
+
+
+def random_lens(bs: int, low: int) -> list[int]:
+    """Fresh lengths in [low, MAX_CONTEXT], always including both ends."""
+    lens = torch.randint(low, MAX_CONTEXT + 1, (bs,)).tolist()
+    lens[0] = MAX_CONTEXT
+    if bs > 1:
+        lens[-1] = low
+    return lens
+
+
+def fixed_layout_tensors(req_pool: ReqToTokenPool, rows: list[int], lens: list[int],
+                         q_len: int, num_padded: int) -> dict[str, torch.Tensor]:
+    """Request-major tensors for live requests (last `q_len` tokens new), then padded rows."""
+    positions, locs = [], []
+    for row, n in zip(rows, lens, strict=True):
+        positions.append(torch.arange(n - q_len, n, device=DEVICE))
+        locs.append(req_pool.req_to_token[row, n - q_len : n].long())
+    pad = num_padded * q_len
+    seq_lens = torch.tensor(lens + [1] * num_padded, device=DEVICE)
+    return dict(
+        req_pool_indices=torch.tensor(rows + [PADDING_REQ_ROW] * num_padded, device=DEVICE),
+        seq_lens=seq_lens, seq_lens_cpu=seq_lens.cpu(),
+        positions=torch.cat([*positions, torch.zeros(pad, dtype=torch.int64, device=DEVICE)]),
+        out_cache_loc=torch.cat(
+            [*locs, torch.full((pad,), PADDING_SLOT, dtype=torch.int64, device=DEVICE)]),
+    )
+
+
+def make_batch(mode: ForwardMode, req_pool, kv_pool, backend, tensors: dict[str, torch.Tensor],
+               prefix_lens: list[int] | None = None,
+               extend_lens: list[int] | None = None) -> ForwardBatch:
+    num_tokens = tensors["positions"].numel()
+    return ForwardBatch(
+        forward_mode=mode, batch_size=tensors["req_pool_indices"].numel(),
+        input_ids=torch.zeros(num_tokens, dtype=torch.int64, device=DEVICE),
+        req_to_token_pool=req_pool, token_to_kv_pool=kv_pool, attn_backend=backend,
+        extend_prefix_lens_cpu=prefix_lens, extend_seq_lens_cpu=extend_lens, **tensors,
+    )
+
+
+def random_qkv(num_tokens: int, heads: int, kv_heads: int, head_dim: int, dtype: torch.dtype):
+    return tuple(torch.randn(num_tokens, n * head_dim, device=DEVICE, dtype=dtype)
+                 for n in (heads, kv_heads, kv_heads))
+
+
+def reference(fb: ForwardBatch, layer, q, k, v) -> torch.Tensor:
+    """torch_native over the pool as it stands (the Triton call already wrote the new K/V)."""
+    backend = TorchNativeAttnBackend()
+    backend.init_forward_metadata(fb)
+    return backend.forward(q, k, v, layer, fb, save_kv_cache=False)
+
+
+def assert_close(out: torch.Tensor, ref: torch.Tensor, seed: int, what: str) -> None:
+    assert out.dtype == ref.dtype, (out.dtype, ref.dtype)
+    assert torch.isfinite(out).all(), f"{what}: non-finite triton output (seed {seed})"
+    assert torch.isfinite(ref).all(), f"{what}: non-finite reference output (seed {seed})"
+    err = ((out.float() - ref.float()).abs().max() / ref.float().abs().max()).item()
+    assert err < REL_ERR_BOUND, f"{what}: rel err {err:.2e} (seed {seed})"
+
+
+def assert_kv_written(kv_pool, fb: ForwardBatch, k: torch.Tensor, seed: int) -> None:
+    live = fb.out_cache_loc != PADDING_SLOT
+    stored = kv_pool.k_buffer[LAYER_ID][fb.out_cache_loc[live]]  # [live tokens, KVH, D]
+    expected = k.view(-1, *stored.shape[1:])[live]
+    assert torch.equal(stored, expected), f"new K not at out_cache_loc (seed {seed})"
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=["bf16", "fp16"])
+@pytest.mark.parametrize("heads,kv_heads,head_dim", HEAD_CONFIGS)
+def test_extend_matches_torch_native(heads, kv_heads, head_dim, dtype):
+    seed = fresh_seed()
+    prefix_lens = [0, 1500, 37, 700, 1024, 5, 300, 1]
+    extend_lens = [513, 1, 200, 64, 1024, 77, 129, 16]
+    seq_lens = [p + e for p, e in zip(prefix_lens, extend_lens, strict=True)]
+    num_slots = sum(seq_lens) + 64
+    req_pool, kv_pool = make_pools(num_slots, kv_heads, head_dim, dtype)
+    rows = place_requests(req_pool, num_slots, seq_lens)
+    locs = torch.cat([req_pool.req_to_token[r, p:n].long()
+                      for r, p, n in zip(rows, prefix_lens, seq_lens, strict=True)])
+    seq_lens_t = torch.tensor(seq_lens, device=DEVICE)
+    tensors = dict(
+        req_pool_indices=torch.tensor(rows, device=DEVICE), seq_lens=seq_lens_t,
+        seq_lens_cpu=seq_lens_t.cpu(), out_cache_loc=locs,
+        positions=torch.cat([torch.arange(p, n, device=DEVICE)
+                             for p, n in zip(prefix_lens, seq_lens, strict=True)]),
+    )
+    backend = TritonAttnBackend()
+    fb = make_batch(ForwardMode.EXTEND, req_pool, kv_pool, backend, tensors, prefix_lens,
+                    extend_lens)
+    q, k, v = random_qkv(locs.numel(), heads, kv_heads, head_dim, dtype)
+    kv_pool.k_buffer[LAYER_ID][locs] = float("nan")  # attending before writing would read NaN
+    kv_pool.v_buffer[LAYER_ID][locs] = float("nan")
+    layer = RadixAttention(heads, head_dim, head_dim**-0.5, kv_heads, LAYER_ID)
+    backend.init_forward_metadata(fb)
+    out = backend.forward(q, k, v, layer, fb, save_kv_cache=True)
+    assert_kv_written(kv_pool, fb, k, seed)
+    assert_close(out, reference(fb, layer, q, k, v), seed, "EXTEND")
+
+
+@pytest.mark.parametrize("num_kv_splits", [None, 1])
+@pytest.mark.parametrize("bs", [1, 7, 32])
+@pytest.mark.parametrize("dtype", DTYPES, ids=["bf16", "fp16"])
+@pytest.mark.parametrize("heads,kv_heads,head_dim", HEAD_CONFIGS)
+@pytest.mark.parametrize("mode,q_len", FIXED_MODES, ids=FIXED_MODE_IDS)
+def test_fixed_layout_matches_torch_native(mode, q_len, heads, kv_heads, head_dim, dtype, bs,
+                                           num_kv_splits):
+    seed = fresh_seed()
+    num_live = max(bs - 1, 1)  # the last row is padding whenever there is room for it
+    lens = random_lens(num_live, q_len)
+    num_slots = sum(lens) + 64
+    req_pool, kv_pool = make_pools(num_slots, kv_heads, head_dim, dtype)
+    rows = place_requests(req_pool, num_slots, lens)
+    backend = TritonAttnBackend(num_kv_splits=num_kv_splits)
+    tensors = fixed_layout_tensors(req_pool, rows, lens, q_len, bs - num_live)
+    fb = make_batch(mode, req_pool, kv_pool, backend, tensors)
+    q, k, v = random_qkv(fb.num_tokens, heads, kv_heads, head_dim, dtype)
+    layer = RadixAttention(heads, head_dim, head_dim**-0.5, kv_heads, LAYER_ID)
+    backend.init_forward_metadata(fb)
+    out = backend.forward(q, k, v, layer, fb, save_kv_cache=True)
+    assert_kv_written(kv_pool, fb, k, seed)
+    assert_close(out, reference(fb, layer, q, k, v), seed, mode.name)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=["bf16", "fp16"])
+@pytest.mark.parametrize("mode,q_len", FIXED_MODES[:2], ids=FIXED_MODE_IDS[:2])
+def test_cuda_graph_replay_matches_torch_native(mode, q_len, dtype):
+    """Capture once over static batch tensors; refresh them in place; every replay matches."""
+    seed = fresh_seed()
+    heads, kv_heads, head_dim = HEAD_CONFIGS[1]
+    bs, num_slots = 8, 8 * MAX_CONTEXT * 4
+    req_pool, kv_pool = make_pools(num_slots, kv_heads, head_dim, dtype)
+    backend = TritonAttnBackend()
+    backend.init_cuda_graph_state(max_bs=bs, max_num_tokens=bs * q_len)
+    lens = random_lens(bs - 1, q_len)
+    static = fixed_layout_tensors(req_pool, place_requests(req_pool, num_slots, lens), lens,
+                                  q_len, num_padded=1)
+    fb = make_batch(mode, req_pool, kv_pool, backend, static)
+    q, k, v = random_qkv(fb.num_tokens, heads, kv_heads, head_dim, dtype)
+    layer = RadixAttention(heads, head_dim, head_dim**-0.5, kv_heads, LAYER_ID)
+
+    backend.init_forward_metadata_capture_cuda_graph(fb)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up compiles the kernels outside the capture
+        for _ in range(2):
+            backend.forward(q, k, v, layer, fb, save_kv_cache=True)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = backend.forward(q, k, v, layer, fb, save_kv_cache=True)  # static output
+
+    for num_live in (bs - 1, 3, 1):  # new requests, rows and lengths; the rest padded
+        lens = random_lens(num_live, q_len)
+        rows = place_requests(req_pool, num_slots, lens)
+        for name, t in fixed_layout_tensors(req_pool, rows, lens, q_len,
+                                            bs - num_live).items():
+            static[name].copy_(t)
+        for t, fresh in zip((q, k, v), random_qkv(fb.num_tokens, heads, kv_heads, head_dim,
+                                                  dtype), strict=True):
+            t.copy_(fresh)
+        backend.init_forward_metadata_replay_cuda_graph(fb)
+        out.fill_(float("nan"))  # poison: a replay that skips the kernel leaves NaN
+        graph.replay()
+        torch.cuda.synchronize()
+        assert_kv_written(kv_pool, fb, k, seed)
+        assert_close(out.clone(), reference(fb, layer, q, k, v), seed,
+                     f"{mode.name} replay with {num_live} live")
+        for row in rows:
+            req_pool.free(row)
+
+
+def test_decode_faster_than_torch_native():
+    """Reasonable speed: bs 32 at 2k context, the decode shape that matters most."""
+    seed = fresh_seed()
+    heads, kv_heads, head_dim = HEAD_CONFIGS[1]
+    bs, dtype = 32, torch.bfloat16
+    lens = [MAX_CONTEXT] * bs
+    num_slots = sum(lens) + 64
+    req_pool, kv_pool = make_pools(num_slots, kv_heads, head_dim, dtype)
+    rows = place_requests(req_pool, num_slots, lens)
+    backend = TritonAttnBackend()
+    fb = make_batch(ForwardMode.DECODE, req_pool, kv_pool, backend,
+                    fixed_layout_tensors(req_pool, rows, lens, 1, num_padded=0))
+    q, k, v = random_qkv(bs, heads, kv_heads, head_dim, dtype)
+    layer = RadixAttention(heads, head_dim, head_dim**-0.5, kv_heads, LAYER_ID)
+    native = TorchNativeAttnBackend()
+    triton_ms = triton.testing.do_bench(
+        lambda: backend.forward(q, k, v, layer, fb, save_kv_cache=False), return_mode="median")
+    native_ms = triton.testing.do_bench(
+        lambda: native.forward(q, k, v, layer, fb, save_kv_cache=False), return_mode="median")
+    kv_bytes = 2 * bs * MAX_CONTEXT * kv_heads * head_dim * dtype.itemsize
+    print(f"\ndecode bs={bs} ctx={MAX_CONTEXT}: triton {triton_ms * 1e3:.1f} us, torch_native "
+          f"{native_ms * 1e3:.1f} us, K/V roofline {kv_bytes / 4.3e12 * 1e6:.1f} us")
+    assert triton_ms < native_ms, f"triton {triton_ms:.3f} ms >= native {native_ms:.3f} ms"
+    assert_close(backend.forward(q, k, v, layer, fb, save_kv_cache=False),
+                 native.forward(q, k, v, layer, fb, save_kv_cache=False), seed, "bench")
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-q", "-s"]))
