@@ -1,0 +1,93 @@
+"""Speculative sampling is lossless: what DFlash emits is distributed as target-only sampling."""
+
+import sys
+from collections import Counter
+
+import pytest
+import torch
+
+from sglang_aux.srt.entrypoints.engine import Engine
+from sglang_aux.srt.speculative.dflash_info import greedy_verify, rejection_verify
+from sglang_aux.test.ci.ci_register import register_cpu_ci
+from sglang_aux.test.runtime_utils import tiny_checkpoint
+
+register_cpu_ci(est_time=60, suite="default")
+
+VOCAB, BLOCK, TRIALS = 5, 4, 20000
+
+
+def _tv(counts: Counter, probs: torch.Tensor) -> float:
+    n = sum(counts.values())
+    return 0.5 * sum(abs(counts.get(t, 0) / n - float(probs[t])) for t in range(len(probs)))
+
+
+def test_rejection_verify_matches_target_distribution():
+    g = torch.Generator().manual_seed(0)
+    p = torch.softmax(torch.randn(BLOCK, VOCAB, generator=g) * 1.5, -1)
+    q = torch.softmax(torch.randn(BLOCK - 1, VOCAB, generator=g) * 1.5, -1)
+    first, second = Counter(), Counter()
+    lengths = Counter()
+    for _ in range(TRIALS):
+        drafts = [int(torch.multinomial(q[i], 1, generator=g)) for i in range(BLOCK - 1)]
+        v = rejection_verify(drafts, q, p, g)
+        assert len(v.tokens) == v.accepted + 1 and v.tokens[: v.accepted] == drafts[: v.accepted]
+        first[v.tokens[0]] += 1
+        if len(v.tokens) > 1:
+            second[v.tokens[1]] += 1
+        lengths[len(v.tokens)] += 1
+    # sampling noise of TV at 20k draws over 5 outcomes is ~0.01
+    assert _tv(first, p[0]) < 0.02
+    assert _tv(second, p[1]) < 0.03
+    assert len(lengths) >= 3, "acceptance should vary with these distributions"
+
+
+def test_rejection_verify_accepts_everything_when_draft_equals_target():
+    g = torch.Generator().manual_seed(1)
+    p = torch.softmax(torch.randn(BLOCK, VOCAB, generator=g), -1)
+    for _ in range(200):
+        drafts = [int(torch.multinomial(p[i], 1, generator=g)) for i in range(BLOCK - 1)]
+        assert rejection_verify(drafts, p[:-1], p, g).accepted == BLOCK - 1
+
+
+def test_rejection_verify_never_emits_zero_probability_tokens():
+    p = torch.zeros(BLOCK, VOCAB)
+    p[:, 2] = 1.0
+    q = torch.full((BLOCK - 1, VOCAB), 1.0 / VOCAB)
+    v = rejection_verify([0, 2, 2], q, p, torch.Generator().manual_seed(0))
+    assert v.accepted == 0 and v.tokens == [2]
+
+
+def test_greedy_verify_longest_prefix():
+    assert greedy_verify([5, 6, 7], [5, 6, 9, 1]).tokens == [5, 6, 9]
+    assert greedy_verify([5, 6, 7], [5, 6, 7, 1]).tokens == [5, 6, 7, 1]
+    assert greedy_verify([4, 6, 7], [5, 6, 7, 1]).tokens == [5]
+
+
+@pytest.mark.parametrize("top_k", [3])
+def test_engine_sampling_distribution_matches_target_only(tmp_path, top_k):
+    target = tiny_checkpoint("tiny-k3", tmp_path)
+    draft = tiny_checkpoint("tiny-k3-dflash", tmp_path)
+    common = dict(device="cpu", max_total_tokens=8192, max_running_requests=64,
+                  cuda_graph_bs_decode=[64])
+    plain = Engine(model_path=target, **common)
+    spec = Engine(model_path=target, speculative_algorithm="DFLASH",
+                  speculative_draft_model_path=draft, **common)
+    prompt = plain.tokenizer.encode("The quick brown fox")
+    n = 512
+
+    def second_tokens(engine, seed0):
+        params = [{"temperature": 1.0, "top_k": top_k, "max_new_tokens": 2, "seed": seed0 + i,
+                   "ignore_eos": True} for i in range(n)]
+        outs = engine.generate(input_ids=[prompt] * n, sampling_params=params)
+        return Counter(tuple(o["output_ids"]) for o in outs)
+
+    a, b = second_tokens(plain, 0), second_tokens(spec, 10_000)
+    support = set(a) | set(b)
+    tv = 0.5 * sum(abs(a.get(s, 0) - b.get(s, 0)) / n for s in support)
+    # two independent 512-draw samples over <= 9 outcomes: TV noise ~0.05
+    assert tv < 0.12, (tv, a, b)
+    assert len(support) > 2
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-q"]))

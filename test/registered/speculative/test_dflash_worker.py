@@ -1,0 +1,183 @@
+"""DFlash end to end on CPU (SPEC 3.5): lossless greedy decoding, acceptance bookkeeping under
+known proposals, and aux rows consumed before the next target forward."""
+
+import sys
+
+import pytest
+
+from sglang_aux.srt.entrypoints.engine import Engine
+from sglang_aux.srt.managers.schedule_batch import Req, build_extend_batch
+from sglang_aux.srt.sampling.sampling_params import SamplingParams
+from sglang_aux.test.ci.ci_register import register_cpu_ci
+from sglang_aux.test.runtime_utils import eager_forward, tiny_checkpoint
+
+register_cpu_ci(est_time=90, suite="default")
+
+PROMPTS = ["Hi", "The quick brown fox jumps over", "12 + 30 =", "Natalia sold clips to 48 of"]
+GREEDY = {"temperature": 0, "max_new_tokens": 14, "ignore_eos": True}
+PAIRS = {"tiny-k3": "tiny-k3-dflash", "tiny-llama": "tiny-llama-dflash"}
+COMMON = dict(device="cpu", max_total_tokens=4096, cuda_graph_bs_decode=[1, 2, 4],
+              max_running_requests=4)
+
+
+@pytest.fixture(scope="module")
+def ckpts(tmp_path_factory):
+    root = tmp_path_factory.mktemp("ckpt")
+    return {p: tiny_checkpoint(p, root) for pair in PAIRS.items() for p in pair}
+
+
+@pytest.fixture(scope="module")
+def target_only(ckpts):
+    return {t: Engine(model_path=ckpts[t], **COMMON).generate(PROMPTS, GREEDY) for t in PAIRS}
+
+
+def _dflash(ckpts, target, **kw):
+    return Engine(model_path=ckpts[target], speculative_algorithm="DFLASH",
+                  speculative_draft_model_path=ckpts[PAIRS[target]], **{**COMMON, **kw})
+
+
+@pytest.mark.parametrize("target", list(PAIRS))
+@pytest.mark.parametrize("shared", [True, False])
+def test_greedy_dflash_equals_target_only(ckpts, target_only, target, shared):
+    engine = _dflash(ckpts, target, disable_shared_aux_buffer=not shared)
+    runner = engine.worker.target_runner
+    assert (runner.graph_runner.buffers.aux_hidden_states is not None) == (
+        shared and target == "tiny-k3"  # the Llama family does not opt in yet
+    )
+    outs = engine.generate(PROMPTS, GREEDY)
+    for ref, out in zip(target_only[target], outs, strict=True):
+        assert out["output_ids"] == ref["output_ids"]
+        assert out["meta_info"]["spec_verify_ct"] > 0
+        assert out["meta_info"]["spec_accept_length"] >= 1.0
+    alloc = runner.token_to_kv_pool_allocator
+    assert alloc.available_size() == alloc.size, "KV slots leaked"
+
+
+def _oracle(worker, references: dict[str, list[int]], corrupt_at: int | None):
+    """Proposals read from the target-only output; `corrupt_at` (1-based) breaks one."""
+
+    def propose(reqs, _logits):
+        drafts = []
+        for r in reqs:
+            ref = references[r.rid]
+            n = len(r.output_ids)
+            d = (ref[n:n + worker.block_size - 1] + [0] * worker.block_size)
+            d = d[: worker.block_size - 1]
+            if corrupt_at is not None:
+                d[corrupt_at - 1] = (d[corrupt_at - 1] + 1) % 300
+            drafts.append(d)
+        return drafts, [None] * len(reqs)
+
+    return propose
+
+
+@pytest.mark.parametrize("corrupt_at", [None, 1, 2, 3])
+def test_acceptance_under_known_proposals(ckpts, target_only, corrupt_at):
+    engine = _dflash(ckpts, "tiny-k3")
+    worker = engine.worker
+    b = worker.block_size
+    params = dict(GREEDY, max_new_tokens=1 + 3 * b)  # first token + three full steps
+    refs = engine.generate(PROMPTS, dict(params))  # rids req-0..3, the same as below
+    by_rid = {f"req-{i + len(PROMPTS)}": r["output_ids"] for i, r in enumerate(refs)}
+    worker.propose = _oracle(worker, by_rid, corrupt_at)
+    lengths = []
+    orig_decode = worker.decode
+
+    def decode(reqs):
+        before = [r.kv_len for r in reqs]
+        new = orig_decode(reqs)
+        for r, k0, toks in zip(reqs, before, new, strict=True):
+            lengths.append(len(toks))
+            assert r.kv_len == k0 + len(toks)
+            assert r.kv_len == len(r.origin_input_ids) + len(r.output_ids) + len(toks) - 1
+        return new
+
+    worker.decode = decode
+    outs = engine.generate(PROMPTS, params)
+    expect = b if corrupt_at is None else corrupt_at
+    assert lengths and all(n == expect for n in lengths[:len(PROMPTS)]), lengths
+    for ref, out in zip(refs, outs, strict=True):
+        assert out["output_ids"] == ref["output_ids"]
+    if corrupt_at is None:
+        assert all(o["meta_info"]["spec_accept_length"] == b for o in outs)
+    alloc = worker.target_runner.token_to_kv_pool_allocator
+    assert alloc.available_size() == alloc.size
+
+
+def _draft_context_error(worker, req: Req) -> float:
+    """Max |draft context K - recomputed| over the request's committed slots, where the
+    recomputation prefills the whole committed sequence into fresh rows."""
+    tr = worker.target_runner
+    committed = (req.origin_input_ids + req.output_ids)[: req.kv_len]
+    fresh = Req("check", committed, SamplingParams())
+    fresh.req_pool_idx = tr.req_to_token_pool.alloc()
+    fb = build_extend_batch(tr, [fresh])
+    aux = eager_forward(tr, fb).aux_hidden_states
+    slots = tr.req_to_token_pool.req_to_token[req.req_pool_idx, : req.kv_len].long()
+    pool = worker.draft_runner.token_to_kv_pool
+    got = [pool.k_buffer[i][slots].clone() for i in range(len(pool.k_buffer))]
+    worker._write_draft_context(aux, fb.positions, fb.out_cache_loc)
+    want = [pool.k_buffer[i][fb.out_cache_loc] for i in range(len(pool.k_buffer))]
+    return max(float((g - w).abs().max()) for g, w in zip(got, want, strict=True))
+
+
+def _run_steps(worker, prompt_ids, steps=4):
+    reqs = [Req(f"s{i}", ids, SamplingParams(temperature=0)) for i, ids in enumerate(prompt_ids)]
+    for r in reqs:
+        r.req_pool_idx = worker.target_runner.req_to_token_pool.alloc()
+    for r, toks in zip(reqs, worker.prefill(reqs), strict=True):
+        r.output_ids += toks
+    for _ in range(steps):
+        for r, toks in zip(reqs, worker.decode(reqs), strict=True):
+            r.output_ids += toks
+    return reqs
+
+
+def test_aux_rows_consumed_before_next_target_forward(ckpts):
+    engine = _dflash(ckpts, "tiny-k3")
+    worker = engine.worker
+    buf = worker.target_runner.graph_runner.buffers.aux_hidden_states
+    assert buf is not None
+    worker.on_aux_consumed = lambda: buf.fill_(float("nan"))
+    prompts = [engine.tokenizer.encode(p) for p in PROMPTS[1:3]]
+    reqs = _run_steps(worker, prompts)
+    for r in reqs:
+        assert _draft_context_error(worker, r) < 1e-4
+
+
+def test_reading_after_poison_is_detected(ckpts):
+    """Control: had the draft read its rows after the buffer was overwritten (as by the next
+    verify replay), the context check would catch it."""
+    engine = _dflash(ckpts, "tiny-k3")
+    worker = engine.worker
+    runner = worker.target_runner
+    buf = runner.graph_runner.buffers.aux_hidden_states
+    forward = runner.forward
+
+    def forward_then_overwrite(fb):
+        out = forward(fb)
+        if fb.forward_mode.is_target_verify():
+            buf.fill_(float("nan"))
+        return out
+
+    runner.forward = forward_then_overwrite
+    reqs = _run_steps(worker, [engine.tokenizer.encode(PROMPTS[2])], steps=2)
+    runner.forward = forward
+    err = _draft_context_error(worker, reqs[0])
+    assert not err < 1e-4, "a late read of the shared buffer went unnoticed"
+
+
+def test_dflash_start_errors(ckpts):
+    with pytest.raises(ValueError, match="draft-model-path"):
+        Engine(model_path=ckpts["tiny-k3"], speculative_algorithm="DFLASH", **COMMON)
+    with pytest.raises(ValueError, match="pipeline"):
+        Engine(model_path=ckpts["tiny-k3"], speculative_algorithm="DFLASH",
+               speculative_draft_model_path=ckpts["tiny-k3-dflash"], pp_size=2, **COMMON)
+    with pytest.raises(ValueError, match="must agree"):
+        Engine(model_path=ckpts["tiny-k3"], speculative_algorithm="DFLASH",
+               speculative_draft_model_path=ckpts["tiny-k3-dflash"],
+               speculative_num_draft_tokens=4, speculative_dflash_block_size=8, **COMMON)
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-q"]))
