@@ -1,0 +1,129 @@
+"""Staged MXFP8 input for the draft `fc`: quantize aux slices as they arrive, GEMM once.
+
+The concat path holds K BF16 slices, their concatenation [T, K*H] and its quantization at the
+same time. The staged path keeps only the retained MXFP8 input (1 byte per element plus one
+scale byte per 32) and one live BF16 slice: the caller drops each slice after `accumulate`.
+Quantization is row- and block-local, so the retained bytes equal those of quantizing the
+concat, and the same GEMM on the same bytes gives bitwise-equal output.
+"""
+
+import torch
+
+from sglang_aux.srt.layers.quantization.mxfp8 import (
+    MXFP8_BLOCK,
+    SCALES_DTYPE,
+    VALUES_DTYPE,
+    quantize_mxfp8,
+)
+from sglang_aux.srt.layers.quantization.mxfp8_linear import MXFP8Linear
+
+
+def allocate_retained_input(
+    num_tokens: int, width: int, device: torch.device | str
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Empty retained MXFP8 input: values [T, width] e4m3fn, scales [T, width/32] uint8."""
+    values = torch.empty(num_tokens, width, dtype=VALUES_DTYPE, device=device)
+    scales = torch.empty(num_tokens, width // MXFP8_BLOCK, dtype=SCALES_DTYPE, device=device)
+    return values, scales
+
+
+class MXFP8InputAccumulator:
+    """Quantizes K slices [T, H] into a retained MXFP8 input [T, K*H]; the K-th slice runs
+    `linear` once into the caller's `out` [T, N].
+
+    Life cycle: `accumulate` x K -> `result()` once -> `reset()` before the next forward.
+    All checks are on Python ints, dtypes and a Python slice counter, so the per-slice path is
+    one in-place quantize op and is safe under CUDA graph capture and
+    `torch.compile(fullgraph=True)`.
+    NOTE: under graph replay the Python state reflects the capture; replays rewrite `out`
+    in place, and the caller must consume it before the next replay.
+    """
+
+    def __init__(
+        self,
+        linear: MXFP8Linear,
+        out: torch.Tensor,
+        hidden_size: int,
+        num_slices: int,
+        dtype: torch.dtype | None = None,
+        values: torch.Tensor | None = None,
+        scales: torch.Tensor | None = None,
+    ) -> None:
+        width = hidden_size * num_slices
+        if hidden_size % MXFP8_BLOCK != 0:
+            raise ValueError(f"hidden_size must be a multiple of {MXFP8_BLOCK} so slices map "
+                             f"to whole scale blocks, got {hidden_size}")
+        if linear.in_features != width:
+            raise ValueError(f"linear.in_features {linear.in_features} != num_slices * "
+                             f"hidden_size = {num_slices} * {hidden_size} = {width}")
+        if out.dim() != 2 or out.shape[1] != linear.out_features:
+            raise ValueError(f"out must be [T, {linear.out_features}], got {tuple(out.shape)}")
+        num_tokens = out.shape[0]
+        if values is None or scales is None:
+            values, scales = allocate_retained_input(num_tokens, width, out.device)
+        expected = ((num_tokens, width), (num_tokens, width // MXFP8_BLOCK))
+        if (tuple(values.shape), tuple(scales.shape)) != expected:
+            raise ValueError(f"retained input must be values {expected[0]} and scales "
+                             f"{expected[1]}, got {tuple(values.shape)} and "
+                             f"{tuple(scales.shape)}")
+        if values.dtype != VALUES_DTYPE or scales.dtype != SCALES_DTYPE:
+            raise ValueError(f"retained input must be {VALUES_DTYPE} values and {SCALES_DTYPE} "
+                             f"scales, got {values.dtype} and {scales.dtype}")
+        self.linear = linear
+        self.out = out  # [T, N], caller-owned
+        self.values = values  # [T, K*H] e4m3fn
+        self.scales = scales  # [T, K*H/32] uint8
+        self.hidden_size = hidden_size
+        self.num_slices = num_slices
+        self.num_tokens = num_tokens
+        self.dtype = out.dtype if dtype is None else dtype
+        self._count = 0
+        self._consumed = False
+
+    @property
+    def num_accumulated(self) -> int:
+        return self._count
+
+    def reset(self) -> None:
+        """Starts a new forward; the retained bytes are simply overwritten."""
+        self._count = 0
+        self._consumed = False
+
+    def accumulate(self, hidden: torch.Tensor) -> None:
+        """Quantizes slice `_count` ([T, H], model dtype) into its columns of the retained
+        input; the caller may free `hidden` afterwards. Runs the GEMM after the K-th slice."""
+        if self._count == self.num_slices:
+            raise RuntimeError(f"accumulate: all {self.num_slices} slices already received; "
+                               "call reset() before the next forward")
+        if hidden.dtype != self.dtype:
+            raise ValueError(f"accumulate: expected dtype {self.dtype}, got {hidden.dtype}")
+        if hidden.dim() != 2 or hidden.shape[1] != self.hidden_size:
+            raise ValueError(f"accumulate: expected width (hidden size) {self.hidden_size}, "
+                             f"got shape {tuple(hidden.shape)}")
+        if hidden.shape[0] != self.num_tokens:
+            raise ValueError(f"accumulate: expected {self.num_tokens} rows, got "
+                             f"{hidden.shape[0]}")
+        lo = self._count * self.hidden_size
+        hi = lo + self.hidden_size
+        quantize_mxfp8(hidden, out=(self.values[:, lo:hi],
+                                    self.scales[:, lo // MXFP8_BLOCK:hi // MXFP8_BLOCK]))
+        self._count += 1
+        if self._count == self.num_slices:
+            self.linear.forward_quantized(self.values, self.scales, self.out)
+
+    def result(self) -> torch.Tensor:
+        """The projected output [T, N] (the caller's `out`); readable once per forward."""
+        if self._count != self.num_slices:
+            raise RuntimeError(f"result: only {self._count} of {self.num_slices} slices "
+                               "accumulated")
+        if self._consumed:
+            raise RuntimeError("result: already read for this forward; call reset() first")
+        self._consumed = True
+        return self.out
+
+
+def concat_then_project(
+    slices: list[torch.Tensor], linear: MXFP8Linear, out: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Baseline: cat the K slices [T, H] to [T, K*H], quantize, then the same MXFP8 GEMM."""
+    return linear.forward(torch.cat(slices, dim=-1), out=out)
