@@ -1,10 +1,16 @@
-"""Target-only decode throughput with decode graphs vs eager, measured in one process.
+"""Decode throughput of several engine configurations, measured side by side in one process.
 
-    python benchmark/spec_decode/bench_decode_throughput.py --preset bench-llama --bs 1 32
+    python benchmark/spec_decode/bench_decode_throughput.py --preset bench-llama --bs 1 32 \
+        --configs graphs eager
+    python benchmark/spec_decode/bench_decode_throughput.py --preset bench-llama --bs 1 16 \
+        --configs graphs dflash
 
-Weights are random (`--load-format dummy`, fixed seed), prompts random token ids of
-`--prompt-len`, greedy, `--max-new-tokens` each with EOS ignored. tokens/s counts generated
-tokens over the whole generate call (prefill included; it is a small share at these lengths).
+Configurations: `graphs` (target-only, decode CUDA graphs), `eager` (target-only, no graphs),
+`dflash` (DFlash with `<preset>-dflash` as the draft, graphs on). Weights are random
+(`--load-format dummy`, fixed seed), prompts random token ids of `--prompt-len`, greedy,
+`--max-new-tokens` each with EOS ignored. tokens/s counts generated tokens over the whole
+generate call (prefill included; a small share at these lengths). Ratios are against the
+first configuration; greedy outputs must match it token for token.
 """
 
 from __future__ import annotations
@@ -17,6 +23,12 @@ import torch
 
 from sglang_aux.srt.entrypoints.engine import Engine
 
+CONFIGS = {
+    "graphs": {},
+    "eager": {"disable_decode_cuda_graph": True},
+    "dflash": {"speculative_algorithm": "DFLASH"},
+}
+
 
 def measure(engine: Engine, bs: int, prompt_len: int, max_new: int, seed: int) -> dict:
     g = torch.Generator().manual_seed(seed)
@@ -28,13 +40,15 @@ def measure(engine: Engine, bs: int, prompt_len: int, max_new: int, seed: int) -
     outs = engine.generate(input_ids=prompts, sampling_params=params)
     seconds = time.perf_counter() - start
     tokens = sum(len(o["output_ids"]) for o in outs)
+    accept = sum(o["meta_info"]["spec_accept_length"] for o in outs) / len(outs)
     return {"bs": bs, "tokens": tokens, "seconds": seconds, "tok_per_s": tokens / seconds,
-            "outputs": [o["output_ids"] for o in outs]}
+            "accept_length": accept, "outputs": [o["output_ids"] for o in outs]}
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--preset", default="bench-llama")
+    p.add_argument("--configs", nargs="+", choices=sorted(CONFIGS), default=["graphs", "eager"])
     p.add_argument("--bs", type=int, nargs="+", default=[1, 32])
     p.add_argument("--prompt-len", type=int, default=128)
     p.add_argument("--max-new-tokens", type=int, default=256)
@@ -42,26 +56,32 @@ def main() -> None:
     p.add_argument("--out", default="benchmark/spec_decode/decode_throughput.json")
     a = p.parse_args()
     rows = []
-    for graphs in (True, False):
+    for name in a.configs:
         torch.manual_seed(0)
+        extra = dict(CONFIGS[name])
+        if name == "dflash":
+            extra["speculative_draft_model_path"] = f"{a.preset}-dflash"
         engine = Engine(model_path=a.preset, load_format="dummy", device=a.device,
-                        max_running_requests=max(a.bs), disable_decode_cuda_graph=not graphs,
-                        context_length=a.prompt_len + a.max_new_tokens + 8)
+                        max_running_requests=max(a.bs),
+                        context_length=a.prompt_len + a.max_new_tokens + 16, **extra)
         for bs in a.bs:
-            rows.append({"graphs": graphs, **measure(engine, bs, a.prompt_len,
-                                                     a.max_new_tokens, seed=bs)})
+            rows.append({"config": name, **measure(engine, bs, a.prompt_len,
+                                                   a.max_new_tokens, seed=bs)})
         del engine
-    by = {(r["graphs"], r["bs"]): r for r in rows}
-    print(f"{'bs':>4} {'graphs tok/s':>13} {'eager tok/s':>12} {'speed-up':>9} {'same tokens':>12}")
+    by = {(r["config"], r["bs"]): r for r in rows}
+    base = a.configs[0]
+    print(f"{'bs':>4} {'config':>8} {'tok/s':>10} {'vs ' + base:>12} {'accept':>7} {'same':>5}")
     summary = []
     for bs in a.bs:
-        g, e = by[(True, bs)], by[(False, bs)]
-        same = g["outputs"] == e["outputs"]
-        summary.append({"bs": bs, "graphs_tok_per_s": g["tok_per_s"],
-                        "eager_tok_per_s": e["tok_per_s"],
-                        "speedup": g["tok_per_s"] / e["tok_per_s"], "same_tokens": same})
-        print(f"{bs:>4} {g['tok_per_s']:>13.1f} {e['tok_per_s']:>12.1f} "
-              f"{g['tok_per_s'] / e['tok_per_s']:>8.2f}x {str(same):>12}")
+        ref = by[(base, bs)]
+        for name in a.configs:
+            r = by[(name, bs)]
+            ratio = r["tok_per_s"] / ref["tok_per_s"]
+            same = r["outputs"] == ref["outputs"]
+            summary.append({"bs": bs, "config": name, "tok_per_s": r["tok_per_s"],
+                            "ratio": ratio, "accept_length": r["accept_length"], "same": same})
+            print(f"{bs:>4} {name:>8} {r['tok_per_s']:>10.1f} {ratio:>11.2f}x "
+                  f"{r['accept_length']:>7.2f} {str(same):>5}")
     for r in rows:
         r.pop("outputs")
     with open(a.out, "w") as f:

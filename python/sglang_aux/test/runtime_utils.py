@@ -29,7 +29,8 @@ def tiny_checkpoint(preset: str, root: Path) -> str:
 
 def make_runner(model_path: str, *, aux_layer_ids: list[int] | None = None,
                 **server_args) -> ModelRunner:
-    args = ServerArgs(model_path=model_path, device="cpu", **server_args)
+    server_args.setdefault("device", "cpu")
+    args = ServerArgs(model_path=model_path, **server_args)
     return ModelRunner(ModelConfig.from_pretrained(model_path), args, aux_layer_ids=aux_layer_ids)
 
 

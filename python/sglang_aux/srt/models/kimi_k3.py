@@ -56,11 +56,22 @@ def attn_res_mix(sources: list[torch.Tensor], query: torch.Tensor, norm: RMSNorm
     """Softmax-over-sources mixture of `sources` (each `[T, H]`) -> a new `[T, H]` tensor.
 
     Out of place: the sources are summaries and partial sums other code still holds.
+    The score `<RMSNorm(v), q>` is computed as `rsqrt(mean(v^2) + eps) * <v, g * q>` (g the
+    norm weight), one source at a time, so no `[S, T, H]` stack or normalized copy is ever
+    materialized: in a decode graph the largest size's transients set the size of the graph
+    memory pool every other size reuses.
     """
-    stacked = torch.stack(sources)  # [S, T, H]
-    scores = norm(stacked).float() @ query.float()  # [S, T]
-    weights = scores.softmax(dim=0).unsqueeze(-1)  # [S, T, 1]
-    return (weights * stacked.float()).sum(0).to(stacked.dtype)
+    gq = norm.weight.float() * query.float()  # [H]
+    scores = []
+    for v in sources:
+        vf = v.float()
+        rms = torch.rsqrt(vf.pow(2).mean(-1) + norm.variance_epsilon)
+        scores.append((vf @ gq) * rms)  # [T]
+    weights = torch.stack(scores).softmax(dim=0)  # [S, T]
+    mixed = torch.zeros(sources[0].shape, dtype=torch.float32, device=sources[0].device)
+    for w, v in zip(weights, sources, strict=True):
+        mixed.addcmul_(v, w.unsqueeze(-1))
+    return mixed.to(sources[0].dtype)
 
 
 def with_partial(blocks: list[torch.Tensor], partial: torch.Tensor | None) -> list[torch.Tensor]:

@@ -21,6 +21,9 @@ class MemoryProbe:
         if not self.on_cuda:
             return 0, 0, 0
         torch.cuda.synchronize(self.device)
+        # As SGLang's capture log: cached blocks nobody holds (eager warm-up transients) go
+        # back first, so the figure is what stays taken. Graph pools stay reserved.
+        torch.cuda.empty_cache()
         free, _ = torch.cuda.mem_get_info(self.device)
         return (free, torch.cuda.memory_reserved(self.device),
                 torch.cuda.memory_allocated(self.device))
