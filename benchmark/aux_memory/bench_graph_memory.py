@@ -30,7 +30,6 @@ AUX_LAYERS = [0, 1, 2, 3, 4, 5]  # K = 6, as K3 DFlash drafts use
 
 
 def run_one(preset: str, max_bs: int, shared: bool, block: int, device: str) -> dict:
-    torch.manual_seed(0)
     cfg = ModelConfig.from_dict(dict(PRESETS[preset]), preset, context_length=1024)
     args = ServerArgs(
         model_path=preset, device=device, load_format="dummy", speculative_algorithm="DFLASH",

@@ -57,7 +57,6 @@ def main() -> None:
     a = p.parse_args()
     rows = []
     for name in a.configs:
-        torch.manual_seed(0)
         extra = dict(CONFIGS[name])
         if name == "dflash":
             extra["speculative_draft_model_path"] = f"{a.preset}-dflash"

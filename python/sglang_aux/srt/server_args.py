@@ -11,6 +11,7 @@ from sglang_aux.srt.speculative.spec_info import SpeculativeAlgorithm
 ATTENTION_BACKENDS = ("torch_native", "triton")
 DTYPES = ("auto", "float32", "float16", "bfloat16")
 LOAD_FORMATS = ("auto", "dummy")
+FC_QUANTIZATIONS = ("none", "mxfp8")
 
 
 @dataclass
@@ -31,6 +32,8 @@ class ServerArgs:
     speculative_draft_model_path: str | None = None
     speculative_num_draft_tokens: int | None = None
     speculative_dflash_block_size: int | None = None
+    speculative_draft_fc_quantization: str | None = None  # "mxfp8"; None: the draft config's
+    dflash_staged_projection_min_tokens: int = 1024  # staged MXFP8 fc input from this size on
     cuda_graph_max_bs_decode: int | None = None
     cuda_graph_bs_decode: list[int] | None = None
     disable_decode_cuda_graph: bool = False
@@ -66,6 +69,13 @@ class ServerArgs:
             raise ValueError(
                 f"--mem-fraction-static must be in (0, 1), got {self.mem_fraction_static}"
             )
+        if self.speculative_draft_fc_quantization not in (None, *FC_QUANTIZATIONS):
+            raise ValueError(
+                f"--speculative-draft-fc-quantization must be one of {FC_QUANTIZATIONS}, "
+                f"got {self.speculative_draft_fc_quantization!r}"
+            )
+        if self.dflash_staged_projection_min_tokens < 1:
+            raise ValueError("--dflash-staged-projection-min-tokens must be >= 1")
         if self.cuda_graph_bs_decode is not None and not self.cuda_graph_bs_decode:
             raise ValueError("--cuda-graph-bs-decode needs at least one size")
         if algo.is_dflash_family():
@@ -120,6 +130,13 @@ class ServerArgs:
         add("--speculative-num-draft-tokens", type=int, default=None)
         add("--speculative-dflash-block-size", type=int, default=None,
             help="alias of --speculative-num-draft-tokens for DFlash; must agree")
+        add("--speculative-draft-fc-quantization", default=None, choices=FC_QUANTIZATIONS,
+            help="store the DFlash draft's fc as MXFP8 (default: the draft config's "
+                 "'quantization')")
+        add("--dflash-staged-projection-min-tokens", type=int,
+            default=d["dflash_staged_projection_min_tokens"].default,
+            help="eager target forwards of at least this many tokens quantize each aux state "
+                 "into the MXFP8 fc input as produced (needs an MXFP8 fc)")
         add("--cuda-graph-max-bs-decode", type=int, default=None)
         add("--cuda-graph-bs-decode", type=int, nargs="+", default=None)
         add("--disable-decode-cuda-graph", action="store_true")

@@ -25,9 +25,8 @@ def write_checkpoint(preset: str, out: str | Path, seed: int = 0) -> Path:
     config = dict(PRESETS[preset])
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    torch.manual_seed(seed)
     model = get_model_class(config["architectures"][0])(SimpleNamespace(**config))
-    init_random_weights(model)
+    init_random_weights(model, seed)
     dtype = getattr(torch, config["torch_dtype"])
     tensors = {k: v.detach().to(dtype).contiguous() for k, v in model.state_dict().items()
                if not k.endswith("cos_sin_cache")}

@@ -1,7 +1,8 @@
 """Two-batch overlap: splitting one forward batch into two children at a request boundary.
 
 The aux packer runs in the parent forward (it packs the merged hidden states), so children
-never see the parent's aux buffer; likewise the LM head writes parent-owned logits. A parent
+never see the parent's aux buffer or staged projection; likewise the LM head writes
+parent-owned logits. A parent
 field this split does not know how to cut raises, so a new ForwardBatch field cannot leak
 into a child unsliced.
 """
@@ -17,7 +18,7 @@ _REQUEST_FIELDS = {"req_pool_indices", "seq_lens", "seq_lens_cpu"}
 _REQUEST_LIST_FIELDS = {"extend_prefix_lens_cpu", "extend_seq_lens_cpu"}
 _SHARED_FIELDS = {"forward_mode", "req_to_token_pool", "token_to_kv_pool", "attn_backend",
                   "capture_hidden_mode", "is_capturing"}
-_PARENT_ONLY_FIELDS = {"aux_hidden_states_buffer", "next_token_logits_buffer"}
+_PARENT_ONLY_FIELDS = {"aux_hidden_states_buffer", "next_token_logits_buffer", "aux_projection"}
 
 
 def filter_batch(parent: ForwardBatch, *, start_req: int, end_req: int, start_token: int,

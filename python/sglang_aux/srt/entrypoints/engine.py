@@ -22,7 +22,9 @@ class Engine:
 
     def __init__(self, server_args: ServerArgs | None = None, **kwargs):
         args = server_args or ServerArgs(**kwargs)
-        torch.manual_seed(args.random_seed)
+        # CPU only: sampling draws on host tensors, and reseeding the CUDA generator after
+        # another engine captured graphs breaks later random ops (weights seed themselves).
+        torch.random.default_generator.manual_seed(args.random_seed)
         self.server_args = args
         self.model_config, self.tokenizer = resolve_model(args)
         self.worker = self._make_worker()

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 import torch
 
 if TYPE_CHECKING:
+    from sglang_aux.srt.layers.quantization.staged_input import MXFP8InputAccumulator
     from sglang_aux.srt.model_executor.forward_batch_info import ForwardBatch
 
 
@@ -99,7 +100,26 @@ class AuxHiddenStatePacker:
         return self._packed
 
 
-AuxHiddenStates = AuxHiddenStateList | AuxHiddenStatePacker
+class StagedAuxCapture:
+    """Captures go straight into the draft fc's staged MXFP8 input (a large prefill).
+
+    Each capture is quantized into its columns as it arrives, so the model can drop the BF16
+    tensor right after; there is no packed output (`finish_aux_hidden_states` gives None) and
+    the caller reads the projection from the accumulator it owns.
+    """
+
+    def __init__(self, accumulator: MXFP8InputAccumulator):
+        self.accumulator = accumulator
+
+    def capture(self, hidden: torch.Tensor, *, owned: bool = False) -> None:
+        del owned  # quantizing copies
+        self.accumulator.accumulate(hidden)
+
+    def __len__(self) -> int:
+        return self.accumulator.num_accumulated
+
+
+AuxHiddenStates = AuxHiddenStateList | AuxHiddenStatePacker | StagedAuxCapture
 
 
 def pack_aux_hidden_states(x: torch.Tensor | list[torch.Tensor]) -> torch.Tensor:
@@ -111,8 +131,14 @@ def pack_aux_hidden_states(x: torch.Tensor | list[torch.Tensor]) -> torch.Tensor
     return torch.cat(list(x), dim=-1)
 
 
-def finish_aux_hidden_states(aux: AuxHiddenStates) -> torch.Tensor:
-    """The packed result of either capture path."""
+def finish_aux_hidden_states(aux: AuxHiddenStates) -> torch.Tensor | None:
+    """The packed result of a capture path (None for the staged projection)."""
+    if isinstance(aux, StagedAuxCapture):
+        if len(aux) != aux.accumulator.num_slices:
+            raise RuntimeError(
+                f"got {len(aux)} aux captures, expected {aux.accumulator.num_slices}"
+            )
+        return None
     if isinstance(aux, AuxHiddenStatePacker):
         return aux.finalize()
     return pack_aux_hidden_states(aux)

@@ -76,7 +76,8 @@ class ModelRunner:
         self.device = torch.device(server_args.resolved_device())
         self.pp_size = server_args.pp_size
         self.model = model or get_model(model_config, self.device, pp_size=self.pp_size,
-                                        load_format=server_args.load_format)
+                                        load_format=server_args.load_format,
+                                        seed=server_args.random_seed)
         if aux_layer_ids:
             self.model.set_dflash_layers_to_capture(list(aux_layer_ids))
         if req_to_token_pool is None:

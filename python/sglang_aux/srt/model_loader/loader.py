@@ -14,7 +14,7 @@ from sglang_aux.srt.models.registry import get_model_class
 
 
 def get_model(model_config: ModelConfig, device: torch.device | str, pp_size: int = 1,
-              load_format: str = "auto") -> nn.Module:
+              load_format: str = "auto", seed: int = 0) -> nn.Module:
     """The model with its checkpoint weights, or random ones with `load_format="dummy"`
     (SGLang's name), seeded by the caller."""
     cls = get_model_class(model_config.architecture)
@@ -26,7 +26,7 @@ def get_model(model_config: ModelConfig, device: torch.device | str, pp_size: in
     finally:
         torch.set_default_dtype(default_dtype)
     if load_format == "dummy":
-        init_random_weights(model)
+        init_random_weights(model, seed)
     else:
         model.load_weights(safetensors_weights_iterator(model_config.model_path))
     return model.eval()

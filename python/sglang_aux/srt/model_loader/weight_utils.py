@@ -54,16 +54,22 @@ def load_named_weights(module: nn.Module, weights: Iterable[tuple[str, torch.Ten
 RANDOM_INIT_GAIN = 2.0
 
 
-def init_random_weights(model: nn.Module, gain: float = RANDOM_INIT_GAIN) -> None:
-    """Matrices ~ N(0, gain^2 / fan_in), embeddings ~ N(0, 1); other parameters keep their
-    constructor init (norms at one, model-specific vectors).
+def init_random_weights(model: nn.Module, seed: int = 0, gain: float = RANDOM_INIT_GAIN) -> None:
+    """Seeded random weights, the same on every device: matrices ~ N(0, gain^2 / fan_in),
+    embeddings ~ N(0, 1), constructor-randomized vectors (pseudo-queries) ~ N(0, 1 / n);
+    constant vectors (norm weights, biases) keep their value.
 
     A gain above one lets every layer move the residual stream: with PyTorch's default init a
     random tiny model mostly repeats its input token, which makes a weak test subject.
+    Each tensor draws from its own generator (never the global one): reseeding the global CUDA
+    generator after CUDA graphs were captured breaks later random ops in the process.
     """
     with torch.no_grad():
-        for name, p in model.named_parameters():
+        for i, (name, p) in enumerate(model.named_parameters()):
+            gen = torch.Generator(device=p.device).manual_seed(seed * 100_003 + i)
             if p.dim() == 2 and "embed" not in name:
-                p.normal_(0.0, gain / p.shape[1] ** 0.5)
+                p.normal_(0.0, gain / p.shape[1] ** 0.5, generator=gen)
             elif p.dim() == 2:
-                p.normal_(0.0, 1.0)
+                p.normal_(0.0, 1.0, generator=gen)
+            elif p.numel() > 1 and not torch.all(p == p.view(-1)[0]):
+                p.normal_(0.0, p.numel() ** -0.5, generator=gen)

@@ -19,6 +19,8 @@ from torch import nn
 
 from sglang_aux.srt.layers.layernorm import RMSNorm
 from sglang_aux.srt.layers.logits_processor import LogitsProcessor, LogitsProcessorOutput
+from sglang_aux.srt.layers.quantization.mxfp8_linear import MXFP8Linear
+from sglang_aux.srt.layers.quantization.staged_input import MXFP8InputAccumulator
 from sglang_aux.srt.mem_cache.memory_pool import MHATokenToKVPool
 from sglang_aux.srt.model_executor.forward_batch_info import ForwardBatch
 from sglang_aux.srt.model_loader.weight_utils import load_named_weights
@@ -40,6 +42,7 @@ class DFlashDraftModel(nn.Module):
         )
         self.norm = RMSNorm(h, config.rms_norm_eps)
         self.logits_processor = LogitsProcessor()
+        self.fc_mxfp8: MXFP8Linear | None = None
         # The target's embedding and LM head, borrowed (not parameters of the draft).
         self._target: dict[str, nn.Module | torch.Tensor] = {}
 
@@ -56,20 +59,54 @@ class DFlashDraftModel(nn.Module):
             raise RuntimeError("call set_target_modules(...) before running the draft")
         return self._target[name]
 
-    def project_context(self, aux: torch.Tensor) -> torch.Tensor:
-        """`[N, K * H_target]` aux rows -> `[N, H]` draft context."""
+    def quantize_fc_mxfp8(self) -> None:
+        """Keep `fc` as MXFP8 (weights quantized once, here); every projection then runs the
+        MXFP8 GEMM, from a concat of aux rows or from a staged input alike."""
+        self.fc_mxfp8 = MXFP8Linear.from_float(self.fc.weight.detach(),
+                                               out_dtype=self.fc.weight.dtype)
+
+    @property
+    def fc_is_mxfp8(self) -> bool:
+        return self.fc_mxfp8 is not None
+
+    def new_staged_projection(self, num_tokens: int, aux_dtype: torch.dtype
+                              ) -> MXFP8InputAccumulator:
+        """A staged MXFP8 input for `num_tokens` aux rows and a caller-owned fc output."""
+        if self.fc_mxfp8 is None:
+            raise RuntimeError("the staged projection needs an MXFP8 fc (quantize_fc_mxfp8)")
+        dc = self.dflash_config
+        out = torch.empty((num_tokens, self.fc.out_features), dtype=self.fc.weight.dtype,
+                          device=self.fc.weight.device)  # [T, H]
+        return MXFP8InputAccumulator(self.fc_mxfp8, out, dc.target_hidden_size,
+                                     len(dc.target_layer_ids), dtype=aux_dtype)
+
+    def fc_forward(self, aux: torch.Tensor) -> torch.Tensor:
+        """`[N, K * H_target]` aux rows -> `[N, H]` fc output (before hidden_norm)."""
         if aux.shape[-1] != self.fc.in_features:
             raise ValueError(
                 f"aux rows {tuple(aux.shape)} do not match the draft fc input width "
                 f"{self.fc.in_features}"
             )
-        return self.hidden_norm(self.fc(aux.to(self.fc.weight.dtype)))
+        if self.fc_mxfp8 is not None:
+            return self.fc_mxfp8(aux)
+        return self.fc(aux.to(self.fc.weight.dtype))
+
+    def project_context(self, aux: torch.Tensor) -> torch.Tensor:
+        """`[N, K * H_target]` aux rows -> `[N, H]` draft context."""
+        return self.hidden_norm(self.fc_forward(aux))
 
     @torch.no_grad()
     def write_context_kv(self, aux: torch.Tensor, positions: torch.Tensor,
                          out_cache_loc: torch.Tensor, kv_pool: MHATokenToKVPool) -> None:
         """Store every draft layer's context K/V for committed tokens at their slots."""
-        ctx = self.project_context(aux)
+        self.write_projected_context_kv(self.fc_forward(aux), positions, out_cache_loc, kv_pool)
+
+    @torch.no_grad()
+    def write_projected_context_kv(self, fc_out: torch.Tensor, positions: torch.Tensor,
+                                   out_cache_loc: torch.Tensor, kv_pool: MHATokenToKVPool
+                                   ) -> None:
+        """As `write_context_kv`, from the fc output (e.g. a staged projection's result)."""
+        ctx = self.hidden_norm(fc_out)
         for i, layer in enumerate(self.layers):
             attn = layer.self_attn
             k, v = attn.k_proj(ctx), attn.v_proj(ctx)

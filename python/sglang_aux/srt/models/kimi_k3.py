@@ -192,6 +192,7 @@ class KimiK3ForCausalLM(LlamaForCausalLM):
     """
 
     model_cls = KimiK3Model
+    supports_staged_aux_projection = True
 
     def set_dflash_layers_to_capture(self, layer_ids: list[int]) -> None:
         num_layers = len(self.model.layers)

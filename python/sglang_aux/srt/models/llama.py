@@ -18,6 +18,7 @@ from sglang_aux.srt.layers.aux_hidden_states import (
     AuxHiddenStateList,
     AuxHiddenStatePacker,
     AuxHiddenStates,
+    StagedAuxCapture,
     SupportsSharedAuxHiddenStates,
     finish_aux_hidden_states,
 )
@@ -147,10 +148,18 @@ class LlamaForCausalLM(nn.Module):
         # Pipeline stages receive earlier captures already concatenated: list path there.
         return bool(self.model.layers_to_capture) and self.pp_size == 1
 
+    # Whether captures can stream into a staged MXFP8 projection (ForwardBatch.aux_projection).
+    supports_staged_aux_projection = False
+
     def _new_aux(self, forward_batch: ForwardBatch) -> AuxHiddenStates | None:
         num = len(self.model.layers_to_capture)
         if num == 0:
             return None
+        if forward_batch.aux_projection is not None:
+            if not self.supports_staged_aux_projection or forward_batch.is_capturing:
+                raise ValueError(f"{type(self).__name__} cannot stage aux states here "
+                                 "(graph capture, or a model on the list path)")
+            return StagedAuxCapture(forward_batch.aux_projection)
         # Upstream keeps the Llama family on the list path; a model class that implements
         # SupportsSharedAuxHiddenStates opts in to the packer.
         if self.packs_aux_hidden_states and isinstance(self, SupportsSharedAuxHiddenStates):

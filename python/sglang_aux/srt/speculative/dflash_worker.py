@@ -47,6 +47,12 @@ class DFlashWorker:
             token_to_kv_pool_allocator=self.target_runner.token_to_kv_pool_allocator,
         )
         self.draft_runner = draft_runner
+        fc_quant = (server_args.speculative_draft_fc_quantization
+                    or getattr(draft_config.hf_config, "quantization", None) or "none")
+        if fc_quant == "mxfp8":
+            draft_runner.model.quantize_fc_mxfp8()
+        self.staged_min_tokens = server_args.dflash_staged_projection_min_tokens
+        self._staged_logged = False
         draft_runner.model.set_target_modules(
             self.target_runner.model.get_input_embeddings(), self.target_runner.model.lm_head_weight
         )
@@ -66,8 +72,14 @@ class DFlashWorker:
 
     def prefill(self, reqs: list[Req]) -> list[list[int]]:
         fb = build_extend_batch(self.target_runner, reqs)
+        fb.aux_projection = self._staged_projection_for(fb.num_tokens)
         out = self.target_runner.forward(fb)
-        self._write_draft_context(out.aux_hidden_states, fb.positions, fb.out_cache_loc)
+        if fb.aux_projection is not None:
+            self.draft_runner.model.write_projected_context_kv(
+                fb.aux_projection.result(), fb.positions, fb.out_cache_loc,
+                self.draft_runner.token_to_kv_pool)
+        else:
+            self._write_draft_context(out.aux_hidden_states, fb.positions, fb.out_cache_loc)
         tokens = sample(out.next_token_logits, [r.sampling_params for r in reqs],
                         [r.generator for r in reqs])
         return [[t] for t in tokens]
@@ -101,6 +113,19 @@ class DFlashWorker:
             r.spec_verify_ct += 1
             r.spec_accepted_tokens += v.accept_length
         return [v.tokens for v in verdicts]
+
+    def _staged_projection_for(self, num_tokens: int):
+        """A staged MXFP8 fc input for a large prefill, else None (list + concat path)."""
+        draft, target = self.draft_runner.model, self.target_runner.model
+        if (num_tokens < self.staged_min_tokens or not draft.fc_is_mxfp8
+                or not target.supports_staged_aux_projection):
+            return None
+        acc = draft.new_staged_projection(num_tokens, self.target_runner.model_config.dtype)
+        if not self._staged_logged:
+            self._staged_logged = True
+            logger.info("Staged MXFP8 aux projection active: %d tokens, width %d, %d slices",
+                        num_tokens, acc.hidden_size * acc.num_slices, acc.num_slices)
+        return acc
 
     def _write_draft_context(self, aux: torch.Tensor, positions: torch.Tensor,
                              locs: torch.Tensor) -> None:
