@@ -16,14 +16,19 @@ from sglang_aux.test.runtime_utils import eager_forward, release, tiny_checkpoin
 
 register_cpu_ci(est_time=45, suite="default")
 
-DEVICE = "cpu"
 PROMPTS = ["Natalia sold clips to 48 of her friends in April, and then she sold half as many",
            "The quick brown fox", "12 + 30 ="]
 GREEDY = {"temperature": 0, "max_new_tokens": 12, "ignore_eos": True}
 
 
-def _engine(tmp_path, target="tiny-k3", **kw):
-    return Engine(model_path=tiny_checkpoint(target, tmp_path), device=DEVICE,
+@pytest.fixture
+def device():
+    """The device under test; test_staged_projection_cuda.py overrides it."""
+    return "cpu"
+
+
+def _engine(tmp_path, device, target="tiny-k3", **kw):
+    return Engine(model_path=tiny_checkpoint(target, tmp_path), device=device,
                   speculative_algorithm="DFLASH",
                   speculative_draft_model_path=tiny_checkpoint(f"{target}-dflash", tmp_path),
                   speculative_draft_fc_quantization="mxfp8", max_total_tokens=4096,
@@ -38,8 +43,8 @@ def _prefill_batch(worker, prompts):
     return reqs, build_extend_batch(runner, reqs)
 
 
-def test_staged_projection_is_bitwise_the_concat_path(tmp_path):
-    worker = _engine(tmp_path).worker
+def test_staged_projection_is_bitwise_the_concat_path(tmp_path, device):
+    worker = _engine(tmp_path, device).worker
     draft = worker.draft_runner.model
     ids = [worker.target_runner.model_config.hf_config.vocab_size - 70 + i for i in range(40)]
     prompts = [ids, ids[:23], ids[5:]]
@@ -60,12 +65,12 @@ def test_staged_projection_is_bitwise_the_concat_path(tmp_path):
     release(worker.target_runner, reqs)
 
 
-def test_dflash_output_unchanged_with_staged_prefill(tmp_path, caplog):
-    target_only = Engine(model_path=tiny_checkpoint("tiny-k3", tmp_path), device=DEVICE,
+def test_dflash_output_unchanged_with_staged_prefill(tmp_path, device, caplog):
+    target_only = Engine(model_path=tiny_checkpoint("tiny-k3", tmp_path), device=device,
                          max_total_tokens=4096, cuda_graph_bs_decode=[1, 2, 4])
     ref = target_only.generate(PROMPTS, GREEDY)
     with caplog.at_level(logging.INFO, logger="sglang_aux.srt.speculative.dflash_worker"):
-        staged = _engine(tmp_path, dflash_staged_projection_min_tokens=8)
+        staged = _engine(tmp_path, device, dflash_staged_projection_min_tokens=8)
         calls = []
         make = staged.worker._staged_projection_for
         staged.worker._staged_projection_for = lambda n: calls.append(make(n)) or calls[-1]
@@ -74,13 +79,13 @@ def test_dflash_output_unchanged_with_staged_prefill(tmp_path, caplog):
     assert any(c is not None for c in calls), "the staged path never ran"
     lines = [r for r in caplog.records if "Staged MXFP8 aux projection active" in r.message]
     assert len(lines) == 1, "the activation is logged exactly once"
-    plain = _engine(tmp_path).generate(PROMPTS, GREEDY)  # threshold 1024: concat path
+    plain = _engine(tmp_path, device).generate(PROMPTS, GREEDY)  # threshold 1024: concat path
     for a, b, c in zip(ref, outs, plain, strict=True):
         assert a["output_ids"] == b["output_ids"] == c["output_ids"]
 
 
-def test_llama_target_keeps_the_list_path(tmp_path):
-    worker = _engine(tmp_path, "tiny-llama", dflash_staged_projection_min_tokens=1).worker
+def test_llama_target_keeps_the_list_path(tmp_path, device):
+    worker = _engine(tmp_path, device, "tiny-llama", dflash_staged_projection_min_tokens=1).worker
     assert worker._staged_projection_for(64) is None
     reqs, fb = _prefill_batch(worker, [[1, 2, 3, 4]])
     fb.aux_projection = worker.draft_runner.model.new_staged_projection(4, torch.float32)
@@ -89,8 +94,8 @@ def test_llama_target_keeps_the_list_path(tmp_path):
     release(worker.target_runner, reqs)
 
 
-def test_no_staging_without_an_mxfp8_fc(tmp_path):
-    engine = Engine(model_path=tiny_checkpoint("tiny-k3", tmp_path), device=DEVICE,
+def test_no_staging_without_an_mxfp8_fc(tmp_path, device):
+    engine = Engine(model_path=tiny_checkpoint("tiny-k3", tmp_path), device=device,
                     speculative_algorithm="DFLASH",
                     speculative_draft_model_path=tiny_checkpoint("tiny-k3-dflash", tmp_path),
                     max_total_tokens=4096, cuda_graph_bs_decode=[1],
