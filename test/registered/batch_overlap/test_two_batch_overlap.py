@@ -1,0 +1,69 @@
+"""Two-batch overlap split (SPEC 3.2): children never see the parent's aux buffer, and a parent
+field the split does not know raises instead of leaking into a child."""
+
+import dataclasses
+import sys
+
+import pytest
+import torch
+
+from sglang_aux.srt.batch_overlap.two_batch_overlap import filter_batch, split_batch
+from sglang_aux.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
+from sglang_aux.test.ci.ci_register import register_cpu_ci
+
+register_cpu_ci(est_time=5, suite="default")
+
+
+def _batch(mode: ForwardMode, per_req: list[int], **extra) -> ForwardBatch:
+    n, bs = sum(per_req), len(per_req)
+    return ForwardBatch(
+        forward_mode=mode, batch_size=bs, input_ids=torch.arange(n),
+        req_pool_indices=torch.arange(1, bs + 1), seq_lens=torch.tensor(per_req) + 10,
+        seq_lens_cpu=torch.tensor(per_req) + 10, out_cache_loc=torch.arange(100, 100 + n),
+        positions=torch.arange(n), req_to_token_pool=object(), token_to_kv_pool=object(),
+        attn_backend=object(),
+        extend_prefix_lens_cpu=[10] * bs if mode.is_extend() else None,
+        extend_seq_lens_cpu=list(per_req) if mode.is_extend() else None, **extra)
+
+
+def test_children_get_no_aux_buffer_and_the_right_rows():
+    parent = _batch(ForwardMode.TARGET_VERIFY, [4, 4, 4],
+                    aux_hidden_states_buffer=torch.zeros(12, 32),
+                    next_token_logits_buffer=torch.zeros(12, 50))
+    a, b = split_batch(parent)
+    assert a.aux_hidden_states_buffer is None and b.aux_hidden_states_buffer is None
+    assert a.next_token_logits_buffer is None and b.next_token_logits_buffer is None
+    assert (a.batch_size, b.batch_size) == (1, 2)
+    assert torch.equal(torch.cat([a.input_ids, b.input_ids]), parent.input_ids)
+    assert torch.equal(b.req_pool_indices, parent.req_pool_indices[1:])
+    assert b.out_cache_loc[0].item() == 104
+    assert a.req_to_token_pool is parent.req_to_token_pool
+
+
+def test_extend_split_follows_request_lengths():
+    parent = _batch(ForwardMode.EXTEND, [3, 5, 2, 6])
+    a, b = split_batch(parent)
+    assert a.num_tokens == 8 and b.num_tokens == 8
+    assert a.extend_seq_lens_cpu == [3, 5] and b.extend_seq_lens_cpu == [2, 6]
+
+
+def test_unhandled_parent_field_raises():
+    parent = _batch(ForwardMode.DECODE, [1, 1],
+                    pp_proxy_tensors={"hidden_states": torch.zeros(2, 8)})
+    with pytest.raises(ValueError, match="pp_proxy_tensors"):
+        split_batch(parent)
+
+
+def test_every_forward_batch_field_is_classified():
+    # A new ForwardBatch field must be taught to filter_batch: setting any field to a
+    # non-None sentinel either splits cleanly or raises naming it, never passes silently.
+    parent = _batch(ForwardMode.DECODE, [1, 1])
+    child = filter_batch(parent, start_req=0, end_req=1, start_token=0, end_token=1)
+    assert {f.name for f in dataclasses.fields(child)} == {
+        f.name for f in dataclasses.fields(parent)}
+    with pytest.raises(ValueError, match="at least 2"):
+        split_batch(_batch(ForwardMode.DECODE, [1]))
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-q"]))
