@@ -29,18 +29,6 @@ PRESETS: dict[str, dict] = {
         "head_dim": 16,
         "tie_word_embeddings": True,
     },
-    "tiny-qwen3": {
-        **_TINY_COMMON,
-        "architectures": ["Qwen3ForCausalLM"],
-        "model_type": "qwen3",
-        "hidden_size": 64,
-        "intermediate_size": 128,
-        "num_hidden_layers": 4,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
-        "head_dim": 16,
-        "tie_word_embeddings": False,
-    },
     "tiny-k3": {
         **_TINY_COMMON,
         "architectures": ["KimiK3ForCausalLM"],
@@ -59,6 +47,13 @@ PRESETS: dict[str, dict] = {
         "first_k_dense_replace": 1,
         "tie_word_embeddings": False,
     },
+}
+
+PRESETS["tiny-qwen3"] = {
+    **PRESETS["tiny-llama"],
+    "architectures": ["Qwen3ForCausalLM"],
+    "model_type": "qwen3",
+    "tie_word_embeddings": False,
 }
 
 # Benchmark shapes: never shipped as checkpoints, built with random weights on the device.
