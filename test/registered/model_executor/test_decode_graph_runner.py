@@ -32,7 +32,7 @@ LLAMA_AUX = [0, 2, 3]  # tiny-llama has 4 layers
 @pytest.fixture(scope="module")
 def ckpts(tmp_path_factory):
     root = tmp_path_factory.mktemp("ckpt")
-    return {p: tiny_checkpoint(p, root) for p in ("tiny-k3", "tiny-llama")}
+    return {p: tiny_checkpoint(p, root) for p in ("tiny-k3", "tiny-llama", "tiny-qwen3")}
 
 
 def _dflash_runner(path, aux, **kw):
@@ -102,7 +102,8 @@ def test_dflash_k3_target_gets_width(ckpts):
     assert runner.get_aux_hidden_states_width() == len(K3_AUX) * 64
 
 
-@pytest.mark.parametrize("model,aux", [("tiny-k3", K3_AUX), ("tiny-llama", LLAMA_AUX)])
+@pytest.mark.parametrize("model,aux", [("tiny-k3", K3_AUX), ("tiny-llama", LLAMA_AUX),
+                                       ("tiny-qwen3", LLAMA_AUX)])
 @pytest.mark.parametrize("mode,width", [(ForwardMode.TARGET_VERIFY, BLOCK),
                                         (ForwardMode.DECODE, 1)])
 def test_replay_equals_eager_at_every_size_and_padded(ckpts, model, aux, mode, width):
