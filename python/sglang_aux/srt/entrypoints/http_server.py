@@ -1,0 +1,164 @@
+"""The HTTP server: FastAPI routes over a SchedulerThread, served by uvicorn.
+
+Native routes live here; the OpenAI-compatible ones in `openai/`. Every error, whatever
+raised it, answers `{"error": {"message", "type", "code"}}`, and a bad request never reaches
+the scheduler, so it cannot disturb the requests being served.
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+
+import uvicorn
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+from starlette.datastructures import Headers
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from sglang_aux.srt.entrypoints.openai.protocol import (
+    CLIENT_CLOSED_REQUEST,
+    APIError,
+    ChatCompletionRequest,
+    CompletionRequest,
+    GenerateRequest,
+    error_body,
+    parse_body,
+)
+from sglang_aux.srt.entrypoints.openai.serving_base import (
+    await_result,
+    event_stream,
+    served_model_name,
+    submit_request,
+)
+from sglang_aux.srt.entrypoints.openai.serving_chat import create_chat_completion
+from sglang_aux.srt.entrypoints.openai.serving_completions import create_completion
+from sglang_aux.srt.entrypoints.server_info import model_info, render_metrics, server_info
+from sglang_aux.srt.managers.request_stream import StreamDelta
+from sglang_aux.srt.managers.scheduler_thread import SchedulerThread
+from sglang_aux.srt.server_args import ServerArgs
+
+logger = logging.getLogger(__name__)
+
+OPEN_PATHS = frozenset({"/health"})  # answered without an API key (liveness probes)
+GENERATION_PATHS = frozenset({"/generate", "/v1/completions", "/v1/chat/completions"})
+
+
+class ApiKeyMiddleware:
+    """401 unless the request carries `Authorization: Bearer <api key>`. Checked before the
+    body is read, so an unauthenticated client learns nothing about its request."""
+
+    def __init__(self, app: ASGIApp, api_key: str):
+        self.app = app
+        self.expected = f"Bearer {api_key}".encode()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["path"] not in OPEN_PATHS:
+            given = Headers(scope=scope).get("authorization", "").encode()
+            if not hmac.compare_digest(given, self.expected):
+                response = JSONResponse(error_body(401, "invalid or missing API key"),
+                                        status_code=401, headers={"WWW-Authenticate": "Bearer"})
+                await response(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+def create_app(server: SchedulerThread) -> FastAPI:
+    """The app serving `server` (started: its Engine exists)."""
+    app = FastAPI(title="sglang_aux", docs_url=None, redoc_url=None)
+    if server.server_args.api_key:
+        app.add_middleware(ApiKeyMiddleware, api_key=server.server_args.api_key)
+
+    def error(request: Request, status: int, message: str) -> JSONResponse:
+        rejected = status < 500 and status != CLIENT_CLOSED_REQUEST  # aborts count apart
+        if rejected and request.url.path in GENERATION_PATHS:
+            server.metrics.add(requests_total=1, requests_failed=1)
+        return JSONResponse(error_body(status, message), status_code=status)
+
+    @app.exception_handler(APIError)
+    async def api_error(request: Request, exc: APIError) -> JSONResponse:
+        return error(request, exc.status, exc.message)
+
+    @app.exception_handler(Exception)
+    async def internal_error(request: Request, exc: Exception) -> JSONResponse:
+        # Starlette re-raises after answering, so uvicorn still logs the traceback
+        return error(request, 500, f"internal error: {exc!r}")
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        return error(request, exc.status_code, str(exc.detail))
+
+    @app.get("/health")
+    async def health() -> dict:
+        return {"status": "ok"}
+
+    @app.get("/get_model_info")
+    async def get_model_info() -> dict:
+        return model_info(server.engine)
+
+    @app.get("/get_server_info")
+    async def get_server_info() -> dict:
+        return server_info(server)
+
+    @app.get("/metrics")
+    async def metrics() -> PlainTextResponse:
+        return PlainTextResponse(render_metrics(server),
+                                 media_type="text/plain; version=0.0.4")
+
+    @app.get("/v1/models")
+    async def models() -> dict:
+        engine = server.engine
+        return {"object": "list", "data": [{
+            "id": served_model_name(server), "object": "model", "owned_by": "sglang_aux",
+            "root": engine.server_args.model_path,
+            "max_model_len": engine.model_config.context_len,
+        }]}
+
+    @app.post("/generate", response_model=None)
+    async def generate(request: Request) -> dict | StreamingResponse:
+        """SGLang's native generation. Streaming sends incremental text and token ids; the
+        last event carries the full meta_info."""
+        body = await parse_body(request, GenerateRequest)
+        stream = submit_request(server, text=body.text, input_ids=body.input_ids,
+                                sampling_params=body.sampling_params)
+        if not body.stream:
+            return await await_result(server, stream, request)
+
+        def chunks(delta: StreamDelta) -> list[dict]:
+            meta = delta.output["meta_info"] if delta.output is not None else {
+                "id": stream.rid, "prompt_tokens": stream.prompt_tokens,
+                "completion_tokens": stream.completion_tokens, "finish_reason": None}
+            return [{"text": delta.text, "output_ids": delta.output_ids, "meta_info": meta}]
+
+        return StreamingResponse(event_stream(server, stream, chunks),
+                                 media_type="text/event-stream")
+
+    @app.post("/v1/completions", response_model=None)
+    async def completions(request: Request) -> dict | StreamingResponse:
+        body = await parse_body(request, CompletionRequest)
+        return await create_completion(server, body, request)
+
+    @app.post("/v1/chat/completions", response_model=None)
+    async def chat_completions(request: Request) -> dict | StreamingResponse:
+        body = await parse_body(request, ChatCompletionRequest)
+        return await create_chat_completion(server, body, request)
+
+    return app
+
+
+def launch_server(server_args: ServerArgs) -> None:
+    """Build the Engine in the scheduler thread, then serve HTTP until interrupted."""
+    server = SchedulerThread(server_args)
+    engine = server.start()
+    app = create_app(server)
+    logger.info("Serving %s on http://%s:%d (device %s, speculative %s)",
+                engine.server_args.model_path, server_args.host, server_args.port,
+                engine.worker.model_runner.device, server_args.speculative_algorithm)
+    try:
+        # uvicorn's per-request access lines only at debug: the scheduler logs its own
+        uvicorn.run(app, host=server_args.host, port=server_args.port,
+                    log_level=server_args.log_level.lower(),
+                    access_log=server_args.log_level.lower() == "debug")
+    finally:
+        server.shutdown()

@@ -1,0 +1,116 @@
+"""`POST /v1/chat/completions`: messages through the chat template, one choice, optionally
+streamed as `chat.completion.chunk`s."""
+
+from __future__ import annotations
+
+import functools
+import time
+
+from fastapi import Request
+from fastapi.responses import StreamingResponse
+
+from sglang_aux.srt.entrypoints.openai.protocol import (
+    APIError,
+    ChatCompletionRequest,
+    ChatMessage,
+    finish_reason,
+    usage,
+)
+from sglang_aux.srt.entrypoints.openai.serving_base import (
+    await_result,
+    check_model,
+    event_stream,
+    request_id,
+    submit_request,
+)
+from sglang_aux.srt.managers.request_stream import StreamDelta
+from sglang_aux.srt.managers.scheduler_thread import SchedulerThread
+from sglang_aux.srt.managers.tokenizer import Tokenizer
+
+try:  # optional: only checkpoints that ship a chat template need it
+    import jinja2
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+except ImportError:
+    jinja2 = None
+
+
+def chatml(messages: list[ChatMessage]) -> str:
+    """The fallback template (ChatML), ending with an open assistant turn."""
+    turns = "".join(f"<|im_start|>{m.role}\n{m.text()}<|im_end|>\n" for m in messages)
+    return turns + "<|im_start|>assistant\n"
+
+
+def _raise(message: str) -> None:
+    raise ValueError(message)
+
+
+@functools.lru_cache(maxsize=4)
+def _compile(template: str):
+    # HF chat templates are written for these settings; the sandbox keeps a template from
+    # reaching Python internals.
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    env.globals["raise_exception"] = _raise
+    return env.from_string(template)
+
+
+def _token(tokenizer: Tokenizer, token_id: int | None) -> str:
+    return "" if token_id is None else tokenizer.decode([token_id], skip_special_tokens=False)
+
+
+def render_chat(tokenizer: Tokenizer, messages: list[ChatMessage]) -> str:
+    """The prompt for `messages`: the tokenizer's Jinja chat template when it has one and
+    jinja2 is installed, else ChatML. A template that rejects the messages is a 400."""
+    if not messages:
+        raise APIError(400, "messages is empty")
+    if tokenizer.chat_template is None or jinja2 is None:
+        return chatml(messages)
+    try:
+        return _compile(tokenizer.chat_template).render(
+            messages=[{"role": m.role, "content": m.text()} for m in messages],
+            add_generation_prompt=True,
+            bos_token=_token(tokenizer, tokenizer.bos_token_id),
+            eos_token=_token(tokenizer, tokenizer.eos_token_id),
+        )
+    except (ValueError, jinja2.TemplateError) as e:
+        raise APIError(400, f"the chat template rejected the messages: {e}") from None
+
+
+async def create_chat_completion(server: SchedulerThread, body: ChatCompletionRequest,
+                                 request: Request) -> dict | StreamingResponse:
+    model = check_model(server, body.model)
+    prompt = render_chat(server.engine.tokenizer, body.messages)
+    stream = submit_request(server, text=prompt, sampling_params=body.to_sampling_params())
+    head = {"id": request_id("chatcmpl"), "created": int(time.time()), "model": model}
+
+    if body.stream:
+        started = False
+
+        def chunks(delta: StreamDelta) -> list[dict]:
+            nonlocal started
+            head_chunk = {**head, "object": "chat.completion.chunk"}
+            out = []
+            if not started:  # OpenAI opens the message with the role, then sends content
+                started = True
+                out.append({**head_chunk, "choices": [
+                    {"index": 0, "delta": {"role": "assistant", "content": ""},
+                     "finish_reason": None}]})
+            if delta.text:
+                out.append({**head_chunk, "choices": [
+                    {"index": 0, "delta": {"content": delta.text}, "finish_reason": None}]})
+            if delta.output is not None:
+                meta = delta.output["meta_info"]
+                out.append({**head_chunk, "choices": [
+                    {"index": 0, "delta": {},
+                     "finish_reason": finish_reason(meta["finish_reason"])}]})
+                if body.include_usage:
+                    out.append({**head_chunk, "choices": [], "usage": usage(meta)})
+            return out
+
+        return StreamingResponse(event_stream(server, stream, chunks),
+                                 media_type="text/event-stream")
+    out = await await_result(server, stream, request)
+    meta = out["meta_info"]
+    return {**head, "object": "chat.completion",
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": out["text"]},
+                         "finish_reason": finish_reason(meta["finish_reason"])}],
+            "usage": usage(meta)}

@@ -1,0 +1,104 @@
+"""What the server reports about itself: /get_model_info, /get_server_info and /metrics."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from sglang_aux.srt.entrypoints.engine import Engine
+from sglang_aux.srt.managers.scheduler_thread import SchedulerThread
+from sglang_aux.srt.model_executor.model_runner_components.misc_utils import (
+    resolve_aux_hidden_states_width,
+)
+from sglang_aux.srt.model_executor.runner.decode_cuda_graph_runner import DecodeCudaGraphRunner
+
+METRIC_PREFIX = "sglang_aux:"
+GRAPH_KEYS = ("forward_mode", "capture_bs", "graph_memory_bytes", "aux_buffer_bytes",
+              "aux_per_graph_bytes", "aux_bytes_saved")
+
+
+def model_info(engine: Engine) -> dict:
+    args, cfg = engine.server_args, engine.model_config
+    return {
+        "model_path": args.model_path,
+        "tokenizer_path": args.tokenizer_path or args.model_path,
+        "architecture": cfg.architecture,
+        "is_generation": True,
+        "context_length": cfg.context_len,
+        "dtype": str(cfg.dtype).removeprefix("torch."),
+        "speculative_algorithm": args.speculative_algorithm,
+    }
+
+
+def graph_memory(graph_runner: DecodeCudaGraphRunner | None) -> dict:
+    """Capture sizes and the aux-state memory of the target's decode graphs; nulls without
+    graphs. `aux_per_graph_bytes` is what one aux output per captured graph would retain,
+    sum(bs * tokens per request * aux width * element size); the shared buffer saves that
+    less its own size (nothing when sharing is off)."""
+    if graph_runner is None:
+        return dict.fromkeys(GRAPH_KEYS)
+    runner = graph_runner.model_runner
+    aux_width = resolve_aux_hidden_states_width(
+        model=runner.model, spec_algorithm=runner.spec_algorithm,
+        is_draft_worker=runner.is_draft_worker,
+    )
+    elem = runner.model_config.dtype.itemsize
+    per_graph = sum(bs * graph_runner.captured_req_width * aux_width * elem
+                    for bs in graph_runner.capture_bs)
+    shared = graph_runner.buffers.aux_nbytes()
+    stats = graph_runner.capture_stats
+    return {
+        "forward_mode": graph_runner.forward_mode.name,
+        "capture_bs": list(graph_runner.capture_bs),
+        "graph_memory_bytes": stats.get("free_memory_drop_bytes"),
+        "aux_buffer_bytes": shared,
+        "aux_per_graph_bytes": per_graph,
+        "aux_bytes_saved": per_graph - shared if shared else 0,
+    }
+
+
+def server_info(server: SchedulerThread) -> dict:
+    engine = server.engine
+    args = dataclasses.asdict(engine.server_args)
+    if args.get("api_key"):
+        args["api_key"] = "<redacted>"
+    runner = engine.worker.model_runner
+    return {
+        "server_args": args,
+        **model_info(engine),
+        "max_total_num_tokens": runner.token_to_kv_pool_allocator.size,
+        "available_kv_tokens": runner.token_to_kv_pool_allocator.available_size(),
+        "scheduler_stats": dict(engine.scheduler.stats),
+        **graph_memory(runner.graph_runner),
+    }
+
+
+def _metric(name: str, kind: str, help_text: str, value: float) -> str:
+    full = METRIC_PREFIX + name
+    return f"# HELP {full} {help_text}\n# TYPE {full} {kind}\n{full} {value}\n"
+
+
+def render_metrics(server: SchedulerThread) -> str:
+    """The Prometheus text exposition of the server's counters and gauges."""
+    m, sched = server.metrics, server.engine.scheduler
+    return "".join([
+        _metric("requests_total", "counter",
+                "Generation requests received, valid or not.", m.requests_total),
+        _metric("requests_finished_total", "counter",
+                "Requests that finished (stop or length).", m.requests_finished),
+        _metric("requests_failed_total", "counter",
+                "Requests rejected as bad input or failed in the scheduler.",
+                m.requests_failed),
+        _metric("requests_aborted_total", "counter",
+                "Requests dropped because their client went away.", m.requests_aborted),
+        _metric("prompt_tokens_total", "counter",
+                "Prompt tokens of finished requests.", m.prompt_tokens),
+        _metric("generation_tokens_total", "counter",
+                "Output tokens of finished requests.", m.generation_tokens),
+        _metric("spec_accept_length", "gauge",
+                "Mean tokens per speculative verify step (0 without speculation).",
+                m.mean_accept_length()),
+        _metric("num_running_reqs", "gauge",
+                "Requests in the running batch.", len(sched.running)),
+        _metric("num_queue_reqs", "gauge",
+                "Requests waiting for admission.", server.num_queued()),
+    ])

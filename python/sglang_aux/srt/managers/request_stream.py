@@ -1,0 +1,91 @@
+"""One request's progress on the event loop: the updates the scheduler thread posts, turned
+into streamed text deltas or a final output dict."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+from sglang_aux.srt.entrypoints.engine import Engine
+from sglang_aux.srt.managers.schedule_batch import Req
+
+REPLACEMENT_CHAR = "\ufffd"  # what a cut-off UTF-8 sequence decodes to
+
+
+@dataclass
+class RequestUpdate:
+    """New output tokens of one request. `finished` is the Req on its last update (the thread
+    never touches a finished Req again, so the event loop may read it); `error` says why the
+    request failed instead."""
+
+    new_ids: list[int]
+    finished: Req | None = None
+    error: str | None = None
+
+
+@dataclass
+class StreamDelta:
+    """What a streaming client gets next: text and token ids since the previous delta, and
+    the full output (`Engine.output_of`) with the last one."""
+
+    text: str
+    output_ids: list[int]
+    output: dict | None = None
+
+
+class RequestFailed(RuntimeError):
+    """The scheduler failed while running the request (a bug, never bad input)."""
+
+
+class RequestStream:
+    """One request's updates on the event loop. Iterate for StreamDeltas, or await
+    `result()` for the output dict only; use one of the two, once."""
+
+    def __init__(self, engine: Engine, req: Req):
+        self.engine = engine
+        self.rid = req.rid
+        self.prompt_tokens = len(req.origin_input_ids)
+        self.finished = False
+        self.queue: asyncio.Queue[RequestUpdate] = asyncio.Queue()
+        self._start = time.perf_counter()
+        self._output_ids: list[int] = []
+        self._sent_text = ""
+        # NOTE: text that may be the start of a stop string is held back; at the end the
+        # stop string is cut, so the streamed pieces always add up to the final text.
+        self._holdback = max(map(len, req.sampling_params.stop), default=1) - 1
+
+    @property
+    def completion_tokens(self) -> int:
+        return len(self._output_ids)
+
+    async def _next(self) -> RequestUpdate:
+        update = await self.queue.get()
+        if update.error is not None:
+            self.finished = True
+            raise RequestFailed(update.error)
+        self._output_ids += update.new_ids
+        return update
+
+    def _final(self, req: Req) -> dict:
+        self.finished = True
+        return self.engine.output_of(req, time.perf_counter() - self._start)
+
+    async def result(self) -> dict:
+        while (update := await self._next()).finished is None:
+            pass
+        return self._final(update.finished)
+
+    async def __aiter__(self) -> AsyncIterator[StreamDelta]:
+        while True:
+            update = await self._next()
+            if update.finished is not None:
+                out = self._final(update.finished)
+                yield StreamDelta(out["text"][len(self._sent_text):], update.new_ids, out)
+                return
+            text = self.engine.tokenizer.decode(self._output_ids).rstrip(REPLACEMENT_CHAR)
+            text = text[: max(len(text) - self._holdback, 0)]
+            delta = text[len(self._sent_text):] if text.startswith(self._sent_text) else ""
+            self._sent_text += delta
+            yield StreamDelta(delta, update.new_ids)

@@ -1,0 +1,195 @@
+"""The scheduler loop in one background thread, bridged to an asyncio event loop.
+
+The thread owns the Engine: it builds it (so loading, graph capture and every replay run on
+one thread), takes new requests from a queue between steps, runs `scheduler.step()` while
+there is work, and posts each request's new tokens back through
+`loop.call_soon_threadsafe` into that request's `asyncio.Queue`. Requests that arrive while
+others decode join the running batch at the next step (continuous batching). The event loop
+runs no model work: it only validates and tokenizes (`Engine.make_request`, which reads the
+scheduler's limits, never its queues) and decodes text (`RequestStream`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from sglang_aux.srt.entrypoints.engine import Engine
+from sglang_aux.srt.managers.request_stream import RequestStream, RequestUpdate
+from sglang_aux.srt.managers.schedule_batch import Req
+from sglang_aux.srt.server_args import ServerArgs
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class ServerMetrics:
+    """Counters for /metrics. Written from the scheduler thread and the event loop."""
+
+    requests_total: int = 0
+    requests_finished: int = 0
+    requests_failed: int = 0  # rejected as bad input, or failed in the scheduler
+    requests_aborted: int = 0
+    prompt_tokens: int = 0
+    generation_tokens: int = 0
+    spec_verify_ct: int = 0
+    spec_accepted_tokens: int = 0
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def add(self, **deltas: int) -> None:
+        with self._lock:
+            for name, n in deltas.items():
+                setattr(self, name, getattr(self, name) + n)
+
+    def mean_accept_length(self) -> float:
+        """Tokens per verify step over every finished speculative request (0: none)."""
+        return self.spec_accepted_tokens / self.spec_verify_ct if self.spec_verify_ct else 0.0
+
+
+@dataclass
+class _Live:
+    """Thread-side record of a submitted request."""
+
+    req: Req
+    deliver: Callable[[RequestUpdate], None]
+    start: float
+    sent: int = 0  # output tokens delivered so far
+
+
+class SchedulerThread:
+    """Runs `Engine(server_args)` in one daemon thread; `start()` waits until it is ready."""
+
+    def __init__(self, server_args: ServerArgs):
+        self.server_args = server_args
+        self.engine: Engine | None = None
+        self.metrics = ServerMetrics()
+        self._inbox: queue.SimpleQueue[tuple] = queue.SimpleQueue()
+        self._live: dict[str, _Live] = {}  # touched by the thread only
+        self._ready = threading.Event()
+        self._startup_error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="scheduler", daemon=True)
+
+    def start(self) -> Engine:
+        """Build the Engine in the thread and return it; re-raises a startup failure."""
+        self._thread.start()
+        self._ready.wait()
+        if self._startup_error is not None:
+            raise self._startup_error
+        return self.engine
+
+    def submit(self, *, text: str | None = None, input_ids: list[int] | None = None,
+               sampling_params: dict | None = None) -> RequestStream:
+        """Validate and queue a request (ValueError with the reason); event loop only."""
+        req = self.engine.make_request(text=text, input_ids=input_ids,
+                                       sampling_params=sampling_params)
+        stream = RequestStream(self.engine, req)
+        loop = asyncio.get_running_loop()
+
+        def deliver(update: RequestUpdate) -> None:
+            try:
+                loop.call_soon_threadsafe(stream.queue.put_nowait, update)
+            except RuntimeError:  # the loop has closed: nobody is waiting any more
+                pass
+
+        self.metrics.add(requests_total=1)
+        self._inbox.put(("add", _Live(req, deliver, time.perf_counter())))
+        return stream
+
+    def abort(self, rid: str) -> None:
+        """Drop a request whose client went away (a no-op once it has finished)."""
+        self._inbox.put(("abort", rid))
+
+    def shutdown(self, timeout: float = 10.0) -> None:
+        self._inbox.put(("stop",))
+        self._thread.join(timeout)
+
+    def num_queued(self) -> int:
+        """Requests waiting for admission, including those not yet taken from the inbox."""
+        return self._inbox.qsize() + len(self.engine.scheduler.waiting)
+
+    # ---- everything below runs in the scheduler thread ----
+
+    def _run(self) -> None:
+        # grad mode is per thread: set it here, where all the torch work happens
+        with torch.no_grad():
+            try:
+                self.engine = Engine(self.server_args)
+            except BaseException as e:  # handed to start(), which re-raises it
+                self._startup_error = e
+                self._ready.set()
+                return
+            self.engine.scheduler.on_update = self._on_update
+            self._ready.set()
+            while self._take_commands(block=not self.engine.scheduler.has_work()):
+                if self.engine.scheduler.has_work():
+                    self._step()
+
+    def _take_commands(self, block: bool) -> bool:
+        """Apply queued commands (waiting for one when idle); False once told to stop."""
+        try:
+            cmd = self._inbox.get(block=block)
+            while True:
+                if cmd[0] == "stop":
+                    return False
+                if cmd[0] == "add":
+                    self._live[cmd[1].req.rid] = cmd[1]
+                    self.engine.scheduler.add_request(cmd[1].req)
+                else:
+                    self._abort(cmd[1])
+                cmd = self._inbox.get_nowait()
+        except queue.Empty:
+            return True
+
+    def _step(self) -> None:
+        try:
+            self.engine.scheduler.step()
+        except Exception as e:
+            # Keep serving: fail what was in flight and start from an empty scheduler.
+            logger.exception("scheduler step failed; failing %d requests", len(self._live))
+            for rid, live in list(self._live.items()):
+                self._drop(live.req)
+                del self._live[rid]
+                self.metrics.add(requests_failed=1)
+                live.deliver(RequestUpdate([], error=f"internal error: {e!r}"))
+
+    def _abort(self, rid: str) -> None:
+        live = self._live.pop(rid, None)
+        if live is not None:
+            self._drop(live.req)
+            self.metrics.add(requests_aborted=1)
+            logger.debug("aborted %s after %d tokens", rid, len(live.req.output_ids))
+
+    def _drop(self, req: Req) -> None:
+        """Take `req` out of the scheduler and give back its KV, between steps."""
+        sched = self.engine.scheduler
+        sched.waiting = deque(r for r in sched.waiting if r is not req)
+        sched.running = [r for r in sched.running if r is not req]
+        if req.req_pool_idx is not None:
+            # NOTE: the Scheduler has no abort API yet; this is its own finish path.
+            sched._release(req)
+        req.finished_reason = {"type": "abort"}
+
+    def _on_update(self, req: Req) -> None:
+        live = self._live.get(req.rid)
+        if live is None:  # aborted earlier
+            return
+        new_ids = req.output_ids[live.sent:]
+        live.sent = len(req.output_ids)
+        if req.finished:
+            del self._live[req.rid]
+            self.metrics.add(requests_finished=1, prompt_tokens=len(req.origin_input_ids),
+                             generation_tokens=len(req.output_ids),
+                             spec_verify_ct=req.spec_verify_ct,
+                             spec_accepted_tokens=req.spec_accepted_tokens)
+            logger.debug("finished %s: %d prompt + %d output tokens, %s, %.3f s", req.rid,
+                         len(req.origin_input_ids), len(req.output_ids), req.finished_reason,
+                         time.perf_counter() - live.start)
+        live.deliver(RequestUpdate(new_ids, req if req.finished else None))

@@ -1,0 +1,41 @@
+"""/get_server_info's aux figures: what one aux output per captured graph would retain, the
+shared buffer's size, and the difference it saves, on a real DFlash-target graph runner."""
+
+import sys
+
+import pytest
+
+from sglang_aux.srt.entrypoints.server_info import GRAPH_KEYS, graph_memory
+from sglang_aux.srt.model_executor.forward_batch_info import ForwardMode
+from sglang_aux.test.ci.ci_register import register_cpu_ci
+from sglang_aux.test.runtime_utils import make_runner, tiny_checkpoint
+
+register_cpu_ci(est_time=15, suite="default")
+
+CAPTURE_BS = [1, 2, 4]
+BLOCK = 4  # tokens per request in a TARGET_VERIFY graph
+AUX_LAYERS = [0, 2, 4]
+ROW_BYTES = len(AUX_LAYERS) * 64 * 4  # K captures of tiny-k3's hidden 64, float32
+
+
+def test_no_graph_runner_reports_nulls():
+    assert graph_memory(None) == dict.fromkeys(GRAPH_KEYS)
+
+
+@pytest.mark.parametrize("shared", [True, False])
+def test_graph_memory_counts_what_the_shared_aux_buffer_saves(tmp_path, shared):
+    runner = make_runner(tiny_checkpoint("tiny-k3", tmp_path), aux_layer_ids=AUX_LAYERS,
+                         speculative_algorithm="DFLASH", cuda_graph_bs_decode=CAPTURE_BS,
+                         max_total_tokens=512, disable_shared_aux_buffer=not shared)
+    runner.init_decode_graphs(ForwardMode.TARGET_VERIFY, BLOCK)
+    info = graph_memory(runner.graph_runner)
+    assert info["forward_mode"] == "TARGET_VERIFY" and info["capture_bs"] == CAPTURE_BS
+    per_graph = sum(CAPTURE_BS) * BLOCK * ROW_BYTES
+    shared_bytes = max(CAPTURE_BS) * BLOCK * ROW_BYTES if shared else 0
+    assert info["aux_per_graph_bytes"] == per_graph
+    assert info["aux_buffer_bytes"] == shared_bytes
+    assert info["aux_bytes_saved"] == (per_graph - shared_bytes if shared else 0)
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-q"]))
