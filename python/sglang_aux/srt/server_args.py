@@ -7,6 +7,7 @@ import dataclasses
 from dataclasses import dataclass, field
 
 from sglang_aux.srt.speculative.spec_info import SpeculativeAlgorithm
+from sglang_aux.tools.presets import DEFAULT_DRAFT_MODEL
 
 ATTENTION_BACKENDS = ("torch_native", "triton")
 DTYPES = ("auto", "float32", "float16", "bfloat16")
@@ -28,7 +29,7 @@ class ServerArgs:
     max_running_requests: int = 64
     tp_size: int = 1
     pp_size: int = 1
-    speculative_algorithm: str = "NONE"
+    speculative_algorithm: str | None = None  # None: DFLASH for the built-in default, else NONE
     speculative_draft_model_path: str | None = None
     speculative_num_draft_tokens: int | None = None
     speculative_dflash_block_size: int | None = None
@@ -47,6 +48,11 @@ class ServerArgs:
     extra: dict = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
+        if self.model_path is None and self.speculative_algorithm is None:
+            # The built-in default model is served with its DFlash draft.
+            self.speculative_algorithm = "DFLASH"
+            if self.speculative_draft_model_path is None:
+                self.speculative_draft_model_path = DEFAULT_DRAFT_MODEL
         algo = SpeculativeAlgorithm.from_string(self.speculative_algorithm)
         self.speculative_algorithm = algo.value
         if self.dtype not in DTYPES:
@@ -124,7 +130,7 @@ class ServerArgs:
         add("--max-running-requests", type=int, default=d["max_running_requests"].default)
         add("--tp-size", type=int, default=1)
         add("--pp-size", type=int, default=1)
-        add("--speculative-algorithm", default="NONE",
+        add("--speculative-algorithm", default=None,
             type=str.upper, choices=[a.value for a in SpeculativeAlgorithm])
         add("--speculative-draft-model-path", default=None)
         add("--speculative-num-draft-tokens", type=int, default=None)

@@ -85,18 +85,32 @@ class Scheduler:
             admitted.append(req)
         return admitted
 
+    def abort(self, req: Req) -> None:
+        """Drop `req` (waiting or running) and give back its KV; call between steps."""
+        self.waiting = deque(r for r in self.waiting if r is not req)
+        self.running = [r for r in self.running if r is not req]
+        if req.req_pool_idx is not None:
+            self._release(req)
+        req.finished_reason = {"type": "abort"}
+
     def step(self) -> None:
         new = self._admit()
         if new:
             self.stats["prefill_steps"] += 1
-            self._process(new, self.worker.prefill(new))
+            updated = self._process(new, self.worker.prefill(new))
             self.running += [r for r in new if not r.finished]
         elif self.running:
             self.stats["decode_steps"] += 1
-            self._process(self.running, self.worker.decode(self.running))
-        self.running = [r for r in self.running if not r.finished]
+            updated = self._process(self.running, self.worker.decode(self.running))
+            self.running = [r for r in self.running if not r.finished]
+        else:
+            return
+        # Notify once the running list is settled, so a listener never sees a finished
+        # request still counted as running.
+        for req in updated:
+            self._notify(req)
 
-    def _process(self, reqs: list[Req], new_tokens: list[list[int]]) -> None:
+    def _process(self, reqs: list[Req], new_tokens: list[list[int]]) -> list[Req]:
         for req, tokens in zip(reqs, new_tokens, strict=True):
             for tok in tokens:
                 req.output_ids.append(tok)
@@ -105,7 +119,7 @@ class Scheduler:
                 if req.finished:
                     self._release(req)
                     break
-            self._notify(req)
+        return reqs
 
     def _finish_reason(self, req: Req, tok: int) -> dict | None:
         p = req.sampling_params

@@ -16,7 +16,6 @@ import logging
 import queue
 import threading
 import time
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -169,13 +168,7 @@ class SchedulerThread:
 
     def _drop(self, req: Req) -> None:
         """Take `req` out of the scheduler and give back its KV, between steps."""
-        sched = self.engine.scheduler
-        sched.waiting = deque(r for r in sched.waiting if r is not req)
-        sched.running = [r for r in sched.running if r is not req]
-        if req.req_pool_idx is not None:
-            # NOTE: the Scheduler has no abort API yet; this is its own finish path.
-            sched._release(req)
-        req.finished_reason = {"type": "abort"}
+        self.engine.scheduler.abort(req)
 
     def _on_update(self, req: Req) -> None:
         live = self._live.get(req.rid)

@@ -3,36 +3,72 @@
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 
 from sglang_aux.srt.configs.model_config import ModelConfig
 from sglang_aux.srt.managers.tokenizer import Tokenizer
 from sglang_aux.srt.server_args import ServerArgs
-from sglang_aux.tools.presets import PRESETS
+from sglang_aux.tools.presets import DEFAULT_MODEL, PRESETS
 
-DEFAULT_MODEL = "tiny-k3"
+# Real models imported from a GGUF file in an installed package on first use.
+IMPORTED_MODELS = ("smollm2-135m-instruct",)
+# DFlash drafts the project trained, shipped as package data.
+DRAFTS_DIR = Path(__file__).resolve().parents[2] / "data" / "drafts"
+SHIPPED_DRAFTS = ("smollm2-135m-instruct-dflash-b8",)
 
 
 def cache_dir() -> Path:
     return Path(os.environ.get("SGLANG_AUX_CACHE", Path.home() / ".cache" / "sglang_aux"))
 
 
+def _import_builtin(name: str, out: Path) -> None:
+    from sglang_aux.srt.model_loader.gguf_import import import_gguf, packaged_smollm2_gguf
+
+    gguf = packaged_smollm2_gguf()  # FileNotFoundError naming the pip command when absent
+    # Import beside the target and rename, so a concurrent first use never sees half a folder.
+    tmp = out.parent / f".{name}.{os.getpid()}.tmp"
+    import_gguf(gguf, tmp)
+    try:
+        tmp.rename(out)
+    except OSError:  # another process finished first
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _shipped_draft(name: str) -> str:
+    path = DRAFTS_DIR / name
+    if not (path / "config.json").is_file():
+        raise FileNotFoundError(
+            f"draft {name!r} is not in this build of the package ({path}); train it with "
+            "`python -m sglang_aux.tools.train_dflash`"
+        )
+    return str(path)
+
+
 def resolve_model_path(name_or_path: str | None) -> str:
-    """A folder path as given; a preset name (or None: the default) as its cached folder,
-    written on first use."""
+    """A folder path as given; a built-in name (or None: the default) as its folder: presets
+    are written to the cache on first use, imported models (`smollm2-135m-instruct`) are
+    imported there from their installed GGUF file, shipped drafts come from the package."""
     name = name_or_path or DEFAULT_MODEL
-    if name not in PRESETS:
+    if name in SHIPPED_DRAFTS:
+        return _shipped_draft(name)
+    if name not in PRESETS and name not in IMPORTED_MODELS:
         if not Path(name).is_dir():
+            builtins = sorted([*PRESETS, *IMPORTED_MODELS, *SHIPPED_DRAFTS])
             raise FileNotFoundError(
                 f"model path {name!r} is neither a folder nor a built-in model "
-                f"({', '.join(sorted(PRESETS))})"
+                f"({', '.join(builtins)})"
             )
         return name
     out = cache_dir() / name
     if not (out / "config.json").is_file():
-        from sglang_aux.tools.make_checkpoint import write_checkpoint
+        out.parent.mkdir(parents=True, exist_ok=True)
+        if name in IMPORTED_MODELS:
+            _import_builtin(name, out)
+        else:
+            from sglang_aux.tools.make_checkpoint import write_checkpoint
 
-        write_checkpoint(name, out)
+            write_checkpoint(name, out)
     return str(out)
 
 
@@ -45,7 +81,8 @@ def _config_of(name_or_path: str | None, args: ServerArgs) -> ModelConfig:
 
 
 def resolve_draft(args: ServerArgs) -> ModelConfig:
-    """The draft's config; `--speculative-draft-model-path` may name a preset too."""
+    """The draft's config; `--speculative-draft-model-path` may name a preset or a shipped
+    draft (`smollm2-135m-instruct-dflash-b8`) too."""
     if not args.speculative_draft_model_path:
         raise ValueError(
             f"--speculative-algorithm {args.speculative_algorithm} needs "
