@@ -28,10 +28,12 @@ def tiny_checkpoint(preset: str, root: Path) -> str:
 
 
 def make_runner(model_path: str, *, aux_layer_ids: list[int] | None = None,
-                **server_args) -> ModelRunner:
+                model: torch.nn.Module | None = None, **server_args) -> ModelRunner:
+    """A runner over `model_path` (or over `model`, built from it by the caller)."""
     server_args.setdefault("device", "cpu")
     args = ServerArgs(model_path=model_path, **server_args)
-    return ModelRunner(ModelConfig.from_pretrained(model_path), args, aux_layer_ids=aux_layer_ids)
+    return ModelRunner(ModelConfig.from_pretrained(model_path), args, aux_layer_ids=aux_layer_ids,
+                       model=model)
 
 
 def prefill(runner: ModelRunner, prompts: list[list[int]]):

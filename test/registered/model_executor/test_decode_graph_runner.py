@@ -9,9 +9,13 @@ import sys
 
 import pytest
 import torch
+from torch import nn
 
+from sglang_aux.srt.configs.model_config import ModelConfig
+from sglang_aux.srt.layers.aux_hidden_states import SupportsSharedAuxHiddenStates
 from sglang_aux.srt.model_executor.forward_batch_info import ForwardMode
 from sglang_aux.srt.model_executor.runner_utils.capture_sizes import get_capture_bs
+from sglang_aux.srt.model_loader.loader import get_model
 from sglang_aux.test.ci.ci_register import register_cpu_ci
 from sglang_aux.test.runtime_utils import (
     eager_forward,
@@ -72,7 +76,7 @@ def test_per_graph_path_when_sharing_disabled(ckpts):
 
 @pytest.mark.parametrize(
     "case",
-    ["eagle3", "none", "draft", "pp2", "llama_not_opted_in", "no_layers"],
+    ["eagle3", "none", "draft", "pp2", "no_layers"],
 )
 def test_who_gets_no_shared_buffer(ckpts, case):
     path, aux, kw = ckpts["tiny-k3"], K3_AUX, {"speculative_algorithm": "DFLASH"}
@@ -83,8 +87,6 @@ def test_who_gets_no_shared_buffer(ckpts, case):
     elif case == "pp2":
         kw["pp_size"] = 2
         kw["speculative_algorithm"] = "NONE"  # DFLASH rejects pp > 1 at start; the model gates
-    elif case == "llama_not_opted_in":
-        path, aux = ckpts["tiny-llama"], LLAMA_AUX
     elif case == "no_layers":
         aux = None
     runner = make_runner(path, aux_layer_ids=aux, max_total_tokens=4096, context_length=256, **kw)
@@ -97,9 +99,43 @@ def test_who_gets_no_shared_buffer(ckpts, case):
     assert runner.get_aux_hidden_states_width() == 0
 
 
-def test_dflash_k3_target_gets_width(ckpts):
-    runner = _dflash_runner(ckpts["tiny-k3"], K3_AUX)
-    assert runner.get_aux_hidden_states_width() == len(K3_AUX) * 64
+@pytest.mark.parametrize("model,aux", [("tiny-k3", K3_AUX), ("tiny-llama", LLAMA_AUX)])
+def test_dflash_targets_that_opt_in_get_width(ckpts, model, aux):
+    runner = _dflash_runner(ckpts[model], aux)
+    assert runner.get_aux_hidden_states_width() == len(aux) * 64
+
+
+class NotOptedIn(nn.Module):
+    """A target without SupportsSharedAuxHiddenStates (the contract a model opts in with)."""
+
+    def __init__(self, inner: nn.Module):
+        super().__init__()
+        self.inner = inner
+
+    def set_dflash_layers_to_capture(self, layer_ids: list[int]) -> None:
+        self.inner.set_dflash_layers_to_capture(layer_ids)
+
+    def forward(self, input_ids, positions, forward_batch):
+        return self.inner.forward(input_ids, positions, forward_batch)
+
+
+def test_model_that_does_not_opt_in_falls_back(ckpts):
+    path = ckpts["tiny-llama"]
+    model = NotOptedIn(get_model(ModelConfig.from_pretrained(path), "cpu"))
+    assert not isinstance(model, SupportsSharedAuxHiddenStates)
+    runner = make_runner(path, aux_layer_ids=LLAMA_AUX, model=model,
+                         speculative_algorithm="DFLASH", max_total_tokens=4096,
+                         context_length=256, cuda_graph_bs_decode=[2, 4])
+    assert runner.get_aux_hidden_states_width() == 0
+    runner.init_decode_graphs(ForwardMode.TARGET_VERIFY, BLOCK)
+    assert runner.graph_runner.buffers.aux_hidden_states is None
+    outs = _aux_outputs(runner)
+    assert len({a.untyped_storage().data_ptr() for a in outs.values()}) == 2
+    reqs = prefill_random(runner, [6, 9, 5])
+    fb = fixed_batch(runner, reqs, ForwardMode.TARGET_VERIFY, BLOCK)
+    replayed = runner.graph_runner.execute(fb).aux_hidden_states.clone()
+    torch.testing.assert_close(replayed, eager_forward(runner, fb).aux_hidden_states,
+                               rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize("model,aux", [("tiny-k3", K3_AUX), ("tiny-llama", LLAMA_AUX),

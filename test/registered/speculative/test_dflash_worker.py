@@ -41,9 +41,7 @@ def _dflash(ckpts, target, **kw):
 def test_greedy_dflash_equals_target_only(ckpts, target_only, target, shared):
     engine = _dflash(ckpts, target, disable_shared_aux_buffer=not shared)
     runner = engine.worker.target_runner
-    assert (runner.graph_runner.buffers.aux_hidden_states is not None) == (
-        shared and target == "tiny-k3"  # the Llama family does not opt in yet
-    )
+    assert (runner.graph_runner.buffers.aux_hidden_states is not None) == shared
     outs = engine.generate(PROMPTS, GREEDY)
     for ref, out in zip(target_only[target], outs, strict=True):
         assert out["output_ids"] == ref["output_ids"]

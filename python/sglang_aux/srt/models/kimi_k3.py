@@ -207,13 +207,5 @@ class KimiK3ForCausalLM(LlamaForCausalLM):
     set_dspark_layers_to_capture = set_dflash_layers_to_capture
     set_eagle3_layers_to_capture = set_dflash_layers_to_capture
 
-    def get_packed_aux_hidden_size(self) -> int:
-        if not self.packs_aux_hidden_states:
-            return 0
-        return len(self.model.layers_to_capture) * self.config.hidden_size
-
-    def get_aux_hidden_states_width(self) -> int:
-        return self.get_packed_aux_hidden_size()
-
 
 EntryClass = KimiK3ForCausalLM

@@ -19,7 +19,6 @@ from sglang_aux.srt.layers.aux_hidden_states import (
     AuxHiddenStatePacker,
     AuxHiddenStates,
     StagedAuxCapture,
-    SupportsSharedAuxHiddenStates,
     finish_aux_hidden_states,
 )
 from sglang_aux.srt.layers.layernorm import RMSNorm
@@ -151,6 +150,23 @@ class LlamaForCausalLM(nn.Module):
     # Whether captures can stream into a staged MXFP8 projection (ForwardBatch.aux_projection).
     supports_staged_aux_projection = False
 
+    def get_packed_aux_hidden_size(self) -> int:
+        """SupportsSharedAuxHiddenStates: the packed width `K * hidden`, 0 when the model does
+        not pack (nothing to capture, or a pipeline stage).
+
+        NOTE: upstream SGLang keeps the Llama family on the list path. We opt in because the
+        DFlash worker consumes a step's aux rows (draft KV materialization) before the next
+        target forward; test_dflash_worker.py poisons the buffer right after consumption to
+        hold it to that.
+        """
+        if not self.packs_aux_hidden_states:
+            return 0
+        return len(self.model.layers_to_capture) * self.config.hidden_size
+
+    def get_aux_hidden_states_width(self) -> int:
+        """SGLang 0.5.23's name for `get_packed_aux_hidden_size`."""
+        return self.get_packed_aux_hidden_size()
+
     def _new_aux(self, forward_batch: ForwardBatch) -> AuxHiddenStates | None:
         num = len(self.model.layers_to_capture)
         if num == 0:
@@ -160,9 +176,7 @@ class LlamaForCausalLM(nn.Module):
                 raise ValueError(f"{type(self).__name__} cannot stage aux states here "
                                  "(graph capture, or a model on the list path)")
             return StagedAuxCapture(forward_batch.aux_projection)
-        # Upstream keeps the Llama family on the list path; a model class that implements
-        # SupportsSharedAuxHiddenStates opts in to the packer.
-        if self.packs_aux_hidden_states and isinstance(self, SupportsSharedAuxHiddenStates):
+        if self.packs_aux_hidden_states:
             return AuxHiddenStatePacker.for_batch(forward_batch, num)
         return AuxHiddenStateList()
 
