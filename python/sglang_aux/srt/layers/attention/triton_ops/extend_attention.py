@@ -18,7 +18,7 @@ import triton
 import triton.language as tl
 
 from sglang_aux.srt.layers.attention.triton_ops import tiling
-from sglang_aux.srt.layers.attention.triton_ops.tiling import NO_KEYS
+from sglang_aux.srt.layers.attention.triton_ops.paged_kv_loop import attend_paged_kv
 
 
 @triton.jit
@@ -54,27 +54,10 @@ def _extend_attention_kernel(
     kv_end = prefix_len + tl.minimum((m_tile + 1) * BLOCK_M, extend_len)
     kv_end = tl.where(m_tile * BLOCK_M < extend_len, kv_end, 0)
 
-    m_i = tl.full([BLOCK_M], NO_KEYS, tl.float32)
-    l_i = tl.zeros([BLOCK_M], tl.float32)
-    acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
-    for n0 in range(0, kv_end, BLOCK_N):
-        cols = n0 + tl.arange(0, BLOCK_N)
-        col_valid = cols < kv_end
-        slots = tl.load(Req_To_Token + req_row * stride_req + cols, mask=col_valid, other=0)
-        slots = slots.to(tl.int64)
-        k = tl.load(K_Buf + slots[:, None] * stride_kt + kv_head * stride_kh + d[None, :],
-                    mask=col_valid[:, None], other=0.0).to(q.dtype)  # [BLOCK_N, HEAD_DIM]
-        qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * sm_scale_log2
-        visible = row_valid[:, None] & col_valid[None, :] & (cols[None, :] <= q_pos[:, None])
-        qk = tl.where(visible, qk, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(qk, 1))
-        p = tl.exp2(qk - m_new[:, None])
-        alpha = tl.exp2(m_i - m_new)
-        v = tl.load(V_Buf + slots[:, None] * stride_vt + kv_head * stride_vh + d[None, :],
-                    mask=col_valid[:, None], other=0.0).to(q.dtype)
-        acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v, input_precision=DOT_PRECISION)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        m_i = m_new
+    acc, l_i, _ = attend_paged_kv(
+        q, q_pos, row_valid, K_Buf, V_Buf, Req_To_Token, req_row, kv_head, 0, kv_end,
+        sm_scale_log2, stride_kt, stride_kh, stride_vt, stride_vh, stride_req,
+        True, DOT_PRECISION, HEAD_DIM, BLOCK_M, BLOCK_N)
 
     acc = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]
     tl.store(Out + tok[:, None] * stride_ot + head * stride_oh + d[None, :],
