@@ -67,10 +67,31 @@ def _open(path: Path):
     try:
         from gguf import GGUFReader
     except ImportError as e:
-        raise ImportError("reading GGUF files needs the `gguf` package: pip install gguf") from e
+        raise ImportError("reading GGUF files needs the `gguf` package: pip install 'gguf>=0.16'"
+                          ) from e
     if not path.is_file():
         raise FileNotFoundError(f"GGUF file {path} does not exist")
-    return GGUFReader(str(path))
+    try:
+        return GGUFReader(str(path))
+    except (ValueError, OSError) as e:  # the reader checks the magic number and version
+        raise GGUFImportError(f"{path} is not a readable GGUF file: {e}") from e
+
+
+def check_supported(reader) -> None:
+    """GGUFImportError unless the file is a llama model in types we can dequantize."""
+    arch = _meta(reader, "general.architecture")
+    if arch != "llama":
+        raise GGUFImportError(
+            f"GGUF architecture {arch!r} is not supported; this importer reads 'llama' models"
+        )
+    bad = sorted({f"{t.name} ({t.tensor_type.name})" for t in reader.tensors
+                  if t.tensor_type.name not in SUPPORTED_TYPES})
+    if bad:
+        more = " ..." if len(bad) > 3 else ""
+        raise GGUFImportError(
+            f"unsupported GGUF quantization type in {', '.join(bad[:3])}{more}; "
+            f"supported: {', '.join(SUPPORTED_TYPES)}"
+        )
 
 
 def _meta(reader, key: str, default: Any = ...) -> Any:
@@ -102,11 +123,6 @@ def hf_tensor_name(name: str) -> str:
 
 def llama_config(reader, dtype: torch.dtype) -> dict:
     """config.json for the file's `llama.*` metadata."""
-    arch = _meta(reader, "general.architecture")
-    if arch != "llama":
-        raise GGUFImportError(
-            f"GGUF architecture {arch!r} is not supported; this importer reads 'llama' models"
-        )
     tokens = _meta(reader, "tokenizer.ggml.tokens")
     heads = _meta(reader, "llama.attention.head_count")
     hidden = _meta(reader, "llama.embedding_length")
@@ -140,19 +156,13 @@ def read_weights(reader, config: dict, dtype: torch.dtype) -> dict[str, torch.Te
     """Every tensor dequantized, under its HF name, q/k rows in HF order."""
     from gguf.quants import dequantize
 
-    bad = sorted({f"{t.name} ({t.tensor_type.name})" for t in reader.tensors
-                  if t.tensor_type.name not in SUPPORTED_TYPES})
-    if bad:
-        raise GGUFImportError(
-            f"unsupported GGUF tensor types: {', '.join(bad[:3])}{' ...' if len(bad) > 3 else ''}"
-            f"; supported: {', '.join(SUPPORTED_TYPES)}"
-        )
     heads = {"attn_q": config["num_attention_heads"], "attn_k": config["num_key_value_heads"]}
     out = {}
     for t in reader.tensors:
         shape = tuple(int(n) for n in reversed(t.shape))  # GGUF lists the fastest dim first
-        w = torch.from_numpy(np.ascontiguousarray(dequantize(t.data, t.tensor_type)))
-        w = w.float().reshape(shape)
+        # a copy: the reader's arrays are read-only views of the memory-mapped file
+        w = torch.from_numpy(np.array(dequantize(t.data, t.tensor_type), dtype=np.float32))
+        w = w.reshape(shape)
         kind = t.name.split(".")[2] if t.name.startswith("blk.") else ""
         if kind in heads:
             w = unpermute_rope_rows(w, heads[kind])
@@ -204,12 +214,15 @@ def import_gguf(gguf_path: str | Path, out_dir: str | Path,
     from a llama GGUF file; returns the folder. config.json is written last, so a folder with
     one is complete."""
     reader = _open(Path(gguf_path))
+    check_supported(reader)
     config = llama_config(reader, dtype)
     tokenizer, tok_config = build_tokenizer(reader)
     weights = read_weights(reader, config, dtype)
     rows = weights["model.embed_tokens.weight"].shape[0]
     if rows != config["vocab_size"]:
-        raise GGUFImportError(f"embedding has {rows} rows, metadata says vocab {config['vocab_size']}")
+        raise GGUFImportError(
+            f"the embedding has {rows} rows but the metadata says vocab {config['vocab_size']}"
+        )
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     save_file(weights, str(out / "model.safetensors"), metadata={"format": "pt"})

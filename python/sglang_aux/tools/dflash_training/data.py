@@ -1,0 +1,77 @@
+"""Training text for a DFlash draft: GSM8K train questions in the harness's k-shot format,
+continued by the target itself (greedy), so the draft learns what the target will say."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from sglang_aux.srt.entrypoints.engine import Engine
+from sglang_aux.test.few_shot_gsm8k import (
+    DATA_DIR_ENV,
+    REPO_DATA_DIR,
+    STOP,
+    build_prompt,
+    few_shot_prefix,
+    read_jsonl,
+)
+
+logger = logging.getLogger(__name__)
+
+GENERATE_CHUNK = 512  # prompts per Engine.generate call (a progress line each)
+
+
+@dataclass
+class Sample:
+    prompt_ids: list[int]
+    output_ids: list[int]
+
+    @property
+    def ids(self) -> list[int]:
+        return self.prompt_ids + self.output_ids
+
+
+def default_gsm8k_path(split: str) -> Path | None:
+    """`$SGLANG_AUX_GSM8K_DIR/<split>.jsonl`, else `../shared/data/gsm8k/<split>.jsonl` beside
+    the repository when it exists."""
+    if os.environ.get(DATA_DIR_ENV):
+        return Path(os.environ[DATA_DIR_ENV]) / f"{split}.jsonl"
+    path = REPO_DATA_DIR / f"{split}.jsonl"
+    return path if path.is_file() else None
+
+
+def gsm8k_prompts(path: str | Path, shots_path: str | Path, num_shots: int, num_prompts: int
+                  ) -> list[str]:
+    """k-shot prompts `...Question: q\\nAnswer:` (the harness's format: the first `num_shots`
+    questions of `shots_path` as shots) for the first `num_prompts` questions of `path`; the
+    shots themselves are never among them."""
+    shots = read_jsonl(Path(shots_path))[:num_shots]
+    prefix = few_shot_prefix(shots)
+    shot_questions = {s["question"] for s in shots}
+    rows = [r for r in read_jsonl(Path(path)) if r["question"] not in shot_questions]
+    return [build_prompt(prefix, r["question"]) for r in rows[:num_prompts]]
+
+
+def generate_samples(engine: Engine, prompts: list[str], max_new_tokens: int) -> list[Sample]:
+    """The target's greedy continuation of every prompt, stopped where the harness stops."""
+    params = {"temperature": 0, "max_new_tokens": max_new_tokens, "stop": STOP}
+    samples = []
+    for start in range(0, len(prompts), GENERATE_CHUNK):
+        ids = [engine.tokenizer.encode(p) for p in prompts[start:start + GENERATE_CHUNK]]
+        outs = engine.generate(input_ids=ids, sampling_params=params)
+        samples += [Sample(i, o["output_ids"]) for i, o in zip(ids, outs, strict=True)]
+        logger.info("generated %d/%d continuations", len(samples), len(prompts))
+    return samples
+
+
+def save_samples(samples: list[Sample], path: str | Path) -> None:
+    with open(path, "w") as f:
+        for s in samples:
+            f.write(json.dumps({"prompt_ids": s.prompt_ids, "output_ids": s.output_ids}) + "\n")
+
+
+def load_samples(path: str | Path) -> list[Sample]:
+    return [Sample(r["prompt_ids"], r["output_ids"]) for r in read_jsonl(Path(path))]

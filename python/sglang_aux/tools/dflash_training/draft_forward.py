@@ -1,0 +1,108 @@
+"""The draft's block forward for training: dense attention instead of the paged KV cache.
+
+It runs the draft's own decoder layers (`DFlashDraftModel.layers`) on `[anchor, MASK x (B-1)]`
+blocks; their `RadixAttention` hands the work to `forward_batch.attn_backend`, which here is
+`DenseBlockAttention`: block queries see the context K/V of every position before their anchor
+(made exactly as `write_projected_context_kv` makes the cached ones) and their whole block,
+as the paged DRAFT_BLOCK backend does at inference. So training and inference are one
+function (test_train_dflash checks them equal).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from sglang_aux.srt.models.dflash import DFlashDraftModel
+
+
+class DenseBlockAttention:
+    """Attention backend (and stand-in ForwardBatch: `RadixAttention` reads only
+    `forward_batch.attn_backend`) for `N` sequences with `Q = A * B` block queries each.
+
+    `ctx_kv[l]` is layer l's context `(k, v)`, each `[N, T, KVH, D]`; `mask` `[N, Q, T + Q]`
+    says which context and block keys every query sees.
+    """
+
+    def __init__(self, ctx_kv: list[tuple[torch.Tensor, torch.Tensor]], mask: torch.Tensor):
+        self.ctx_kv = ctx_kv
+        self.mask = mask
+        self.attn_backend = self
+
+    def forward(self, q, k, v, layer, forward_batch, save_kv_cache: bool = True) -> torch.Tensor:
+        del forward_batch, save_kv_cache  # nothing is cached in training
+        n, num_q = self.mask.shape[:2]
+        ctx_k, ctx_v = self.ctx_kv[layer.layer_id]
+        keys = torch.cat([ctx_k, k.view(n, num_q, *ctx_k.shape[2:]).to(ctx_k.dtype)], dim=1)
+        vals = torch.cat([ctx_v, v.view(n, num_q, *ctx_v.shape[2:]).to(ctx_v.dtype)], dim=1)
+        q = q.view(n, num_q, layer.tp_q_head_num, layer.head_dim)
+        out = F.scaled_dot_product_attention(
+            q.transpose(1, 2), keys.to(q.dtype).transpose(1, 2), vals.to(q.dtype).transpose(1, 2),
+            attn_mask=self.mask[:, None], scale=layer.scaling, enable_gqa=True,
+        )  # [N, H, Q, D]
+        return out.transpose(1, 2).reshape(n * num_q, -1)
+
+
+def context_kv(draft: DFlashDraftModel, aux: torch.Tensor
+               ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Per draft layer, the context `(k, v)` `[N, T, KVH, D]` of aux rows `[N, T, K * H_t]` at
+    positions 0..T-1 (fc -> hidden_norm -> k/v proj, k_norm, RoPE on k)."""
+    n, t = aux.shape[:2]
+    ctx = draft.project_context(aux.flatten(0, 1))  # [N * T, H]
+    positions = torch.arange(t, device=aux.device).repeat(n)
+    out = []
+    for layer in draft.layers:
+        attn = layer.self_attn
+        k, v = attn.k_proj(ctx), attn.v_proj(ctx)
+        k = attn.k_norm(k.view(-1, attn.head_dim)).view(k.shape)
+        k = attn.rotary_emb.rotate(positions, k)
+        shape = (n, t, attn.num_kv_heads, attn.head_dim)
+        out.append((k.view(shape), v.view(shape)))
+    return out
+
+
+def block_mask(anchors: torch.Tensor, context_len: int, block_size: int) -> torch.Tensor:
+    """`[N, A*B, T + A*B]`: a query of block a sees context positions `< anchors[:, a]` and
+    every position of its own block (non-causal inside the block), nothing else."""
+    n, num_blocks = anchors.shape
+    dev = anchors.device
+    q_anchor = anchors.repeat_interleave(block_size, dim=1)  # [N, Q]
+    ctx = torch.arange(context_len, device=dev)[None, None, :] < q_anchor[:, :, None]
+    blk = torch.arange(num_blocks, device=dev).repeat_interleave(block_size)  # [Q]
+    own = (blk[:, None] == blk[None, :]).expand(n, -1, -1)
+    return torch.cat([ctx, own], dim=2)
+
+
+def block_inputs(input_ids: torch.Tensor, anchors: torch.Tensor, block_size: int,
+                 mask_token_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Block token ids `[N, A*B]` (`[anchor token, MASK x (B-1)]` per block) and positions."""
+    n, num_blocks = anchors.shape
+    ids = torch.full((n, num_blocks, block_size), mask_token_id, dtype=input_ids.dtype,
+                     device=input_ids.device)
+    ids[:, :, 0] = input_ids.gather(1, anchors)
+    offsets = torch.arange(block_size, device=anchors.device)
+    positions = anchors[:, :, None] + offsets  # [N, A, B]
+    return ids.flatten(1), positions.flatten(1)
+
+
+def draft_block_logits(draft: DFlashDraftModel, embed: nn.Embedding, lm_head: torch.Tensor,
+                       aux: torch.Tensor, input_ids: torch.Tensor, anchors: torch.Tensor,
+                       mask_token_id: int) -> torch.Tensor:
+    """Logits `[N, A, B, vocab]` of every block position, through the target's (frozen)
+    embedding and LM head: offset j predicts token anchor + j (offset 0 is the anchor).
+
+    aux `[N, T, K * H_t]` and input_ids `[N, T]` are padded sequences; anchors `[N, A]` are
+    positions with `1 <= anchor < T`. Rows past a sequence's end are never read, because no
+    query sees a context position at or after its anchor.
+    """
+    b = draft.dflash_config.block_size
+    n, t = input_ids.shape
+    ids, positions = block_inputs(input_ids, anchors, b, mask_token_id)
+    backend = DenseBlockAttention(context_kv(draft, aux), block_mask(anchors, t, b))
+    # The residual stream in the draft's parameter dtype (fp32 master weights in training).
+    x = embed(ids.flatten()).to(draft.fc.weight.dtype)
+    for layer in draft.layers:
+        x = layer(positions.flatten(), x, backend)
+    hidden = draft.norm(x).view(n, anchors.shape[1], b, -1)
+    return hidden @ lm_head.t().to(hidden.dtype)

@@ -1,0 +1,31 @@
+"""Held-out accept length of a draft: greedy DFlash generation through the Engine's worker."""
+
+from __future__ import annotations
+
+import time
+
+from sglang_aux.srt.entrypoints.engine import Engine
+from sglang_aux.test.few_shot_gsm8k import STOP
+
+
+def measure_accept_length(target: str, draft: str, prompts: list[str], max_new_tokens: int,
+                          **engine_args) -> dict:
+    """Mean accept length over `prompts` (per request, as the GSM8K harness reports it) and
+    per verify step (every step weighs the same)."""
+    engine = Engine(model_path=target, speculative_algorithm="DFLASH",
+                    speculative_draft_model_path=draft, **engine_args)
+    params = {"temperature": 0, "max_new_tokens": max_new_tokens, "stop": STOP}
+    start = time.perf_counter()
+    outs = engine.generate(prompts, params)
+    seconds = time.perf_counter() - start
+    metas = [o["meta_info"] for o in outs]
+    steps = sum(m["spec_verify_ct"] for m in metas)
+    accepted = sum(m["spec_accept_length"] * m["spec_verify_ct"] for m in metas)
+    engine.shutdown()
+    return {
+        "num_prompts": len(prompts),
+        "accept_length": sum(m["spec_accept_length"] for m in metas) / len(metas),
+        "accept_length_per_step": accepted / steps if steps else 0.0,
+        "completion_tokens": sum(m["completion_tokens"] for m in metas),
+        "seconds": seconds,
+    }

@@ -1,0 +1,105 @@
+"""A fresh DFlash draft for a target, and the HF-format folder a trained one is shipped as:
+config.json (with `dflash_config`), model.safetensors, README.md."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from types import SimpleNamespace
+
+import torch
+from safetensors.torch import save_file
+
+from sglang_aux.srt.models.dflash import DFlashDraftModel
+from sglang_aux.srt.speculative.dflash_utils import build_target_layer_ids
+
+# Keys a draft copies from its target: same width, heads and RoPE, so the target's embedding
+# and LM head fit and positions mean the same.
+_FROM_TARGET = ("vocab_size", "max_position_embeddings", "rms_norm_eps", "rope_theta",
+                "hidden_size", "num_attention_heads", "num_key_value_heads", "intermediate_size",
+                "torch_dtype")
+EVAL_LINE = "- Held-out accept length:"
+
+
+def draft_config(target: dict, *, num_layers: int, num_aux_layers: int, block_size: int,
+                 mask_token_id: int) -> dict:
+    """config.json of a draft of `num_layers` Qwen3-style layers at the target's width,
+    reading `num_aux_layers` target layers picked by `build_target_layer_ids`."""
+    head_dim = target.get("head_dim") or target["hidden_size"] // target["num_attention_heads"]
+    return {
+        "architectures": ["DFlashDraftModel"],
+        "model_type": "qwen3",
+        **{k: target[k] for k in _FROM_TARGET if k in target},
+        "head_dim": head_dim,
+        "num_hidden_layers": num_layers,
+        "tie_word_embeddings": False,
+        "dflash_config": {
+            "target_layer_ids": build_target_layer_ids(target["num_hidden_layers"],
+                                                       num_aux_layers),
+            "block_size": block_size,
+            "mask_token_id": mask_token_id,
+            "target_hidden_size": target["hidden_size"],
+        },
+    }
+
+
+def new_draft(config: dict, device: torch.device, seed: int) -> DFlashDraftModel:
+    """fp32 master weights, PyTorch's default init from a private CPU seed (the global CUDA
+    generator is never reseeded: graphs may already be captured in this process)."""
+    with torch.random.fork_rng(devices=[]):
+        torch.random.default_generator.manual_seed(seed)
+        draft = DFlashDraftModel(SimpleNamespace(**config))
+    return draft.to(device)
+
+
+def write_draft(draft: DFlashDraftModel, config: dict, out: str | Path, card: str) -> Path:
+    """Write the folder; weights in the config's `torch_dtype`."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    dtype = getattr(torch, config["torch_dtype"])
+    tensors = {k: v.detach().to("cpu", dtype).contiguous()
+               for k, v in draft.state_dict().items()}
+    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+    (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    (out / "README.md").write_text(card)
+    return out
+
+
+def render_card(name: str, info: dict) -> str:
+    """The README card: what the draft is, its data and training, results and the command."""
+    dc = info["config"]["dflash_config"]
+    acc = " ".join(f"{a:.3f}" for a in info["acc"])
+    return f"""# {name}
+
+DFlash draft for `{info['target']}`, trained by `sglang_aux.tools.train_dflash`.
+
+- Draft: {info['config']['num_hidden_layers']} Qwen3-style layer(s), hidden \
+{info['config']['hidden_size']}, fc {len(dc['target_layer_ids'])} x {dc['target_hidden_size']} \
+-> {info['config']['hidden_size']}; the target's embedding and LM head (frozen).
+- Target layers read: {dc['target_layer_ids']}; block size {dc['block_size']}; mask token \
+`{info['mask_token']}` (id {dc['mask_token_id']}).
+- Data: {info['num_samples']} GSM8K train questions in the {info['num_shots']}-shot \
+`Question: ...\\nAnswer:` format, continued by the target (greedy, at most \
+{info['max_new_tokens']} new tokens, stop at "Question"); {info['num_tokens']} tokens.
+- Training: {info['steps']} steps x {info['batch_size']} sequences x {info['anchors']} blocks, \
+AdamW lr {info['lr']} (warm-up + cosine), loss decay gamma {info['gamma']}, seed {info['seed']}.
+- Final loss {info['loss']:.4f}; accuracy per offset 1..{dc['block_size'] - 1}: {acc}; \
+training accept length {info['accept']:.3f}.
+{EVAL_LINE} {info.get('eval', 'not measured')}
+- Time: {info['timings']}
+
+Command:
+
+```bash
+{info['command']}
+```
+"""
+
+
+def set_card_eval(out: str | Path, text: str) -> None:
+    """Replace the card's held-out accept-length line (an evaluation run after training)."""
+    path = Path(out) / "README.md"
+    card = re.sub(rf"^{re.escape(EVAL_LINE)}.*$", f"{EVAL_LINE} {text}", path.read_text(),
+                  flags=re.M)
+    path.write_text(card)

@@ -1,0 +1,181 @@
+"""The DFlash block objective and its optimization loop.
+
+A training example is a block at a random anchor inside the target's continuation: the
+context is the aux rows of every token before the anchor, the block `[anchor, MASK x (B-1)]`
+sits at positions anchor..anchor+B-1, and offset j is trained to predict the true token at
+anchor + j (j = 1..B-1) with cross-entropy weighted `exp(-(j - 1) / gamma)`: early offsets
+matter most, since a draft token only counts when every one before it was accepted.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.nn.utils.rnn import pad_sequence
+
+from sglang_aux.srt.models.dflash import DFlashDraftModel
+from sglang_aux.tools.dflash_training.data import Sample
+from sglang_aux.tools.dflash_training.draft_forward import draft_block_logits
+
+logger = logging.getLogger(__name__)
+
+IGNORE = -100  # label of positions past a sequence's end and of offset 0 (the anchor)
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    steps: int = 3000
+    batch_size: int = 32  # sequences per step
+    anchors_per_seq: int = 16  # blocks per sequence per step
+    lr: float = 1e-3
+    weight_decay: float = 0.01
+    warmup_frac: float = 0.05  # linear warm-up, then cosine decay to zero
+    gamma: float = 4.0  # loss decay over block offsets (B = 8: offset 7 weighs 0.22)
+    grad_clip: float = 1.0
+    seed: int = 0
+    log_every: int = 50
+
+
+@dataclass
+class Batch:
+    aux: torch.Tensor  # [N, T, K * H_target], zero-padded
+    ids: torch.Tensor  # [N, T]
+    prompt_lens: torch.Tensor  # [N]
+    lens: torch.Tensor  # [N]
+
+
+class SequenceSet:
+    """Training sequences on one device: token ids, aux rows and where the continuation
+    starts. Sequences with fewer than two continuation tokens teach nothing and are dropped."""
+
+    def __init__(self, samples: list[Sample], aux: list[torch.Tensor], device: torch.device):
+        keep = [i for i, s in enumerate(samples) if len(s.output_ids) >= 2]
+        self.ids = [torch.tensor(samples[i].ids, device=device) for i in keep]
+        self.aux = [aux[i].to(device) for i in keep]
+        self.prompt_lens = torch.tensor([len(samples[i].prompt_ids) for i in keep], device=device)
+        self.lens = torch.tensor([len(samples[i].ids) for i in keep], device=device)
+        self.num_tokens = int(self.lens.sum())
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def batch(self, index: list[int]) -> Batch:
+        return Batch(pad_sequence([self.aux[i] for i in index], batch_first=True),
+                     pad_sequence([self.ids[i] for i in index], batch_first=True),
+                     self.prompt_lens[index], self.lens[index])
+
+
+def sample_anchors(batch: Batch, num: int, generator: torch.Generator) -> torch.Tensor:
+    """`[N, num]` anchors uniform over each continuation's positions that have a next token:
+    `prompt_len <= anchor <= len - 2` (the first anchor is the first generated token, whose
+    context is the whole prompt, as after a prefill)."""
+    u = torch.rand(len(batch.lens), num, generator=generator).to(batch.lens.device)
+    span = (batch.lens - 1 - batch.prompt_lens)[:, None]
+    return batch.prompt_lens[:, None] + (u * span).long().clamp(max=span - 1)
+
+
+def block_labels(batch: Batch, anchors: torch.Tensor, block_size: int) -> torch.Tensor:
+    """`[N, A, B]`: the true token at anchor + j for j >= 1, IGNORE past the end and at j = 0."""
+    pos = anchors[:, :, None] + torch.arange(block_size, device=anchors.device)
+    valid = pos < batch.lens[:, None, None]
+    labels = batch.ids.gather(1, pos.clamp(max=batch.ids.shape[1] - 1).flatten(1))
+    labels = torch.where(valid, labels.view(pos.shape), IGNORE)
+    labels[:, :, 0] = IGNORE
+    return labels
+
+
+def offset_weights(block_size: int, gamma: float, device: torch.device) -> torch.Tensor:
+    j = torch.arange(block_size, device=device, dtype=torch.float32)
+    w = torch.exp(-(j - 1) / gamma)
+    w[0] = 0.0
+    return w
+
+
+def block_loss(logits: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor
+               ) -> tuple[torch.Tensor, dict]:
+    """Weighted cross-entropy over valid block offsets, plus per-offset accuracy and the
+    accept length greedy verification would give (1 + the run of correct offsets from 1)."""
+    ce = F.cross_entropy(logits.flatten(0, 2).float(), labels.flatten(), ignore_index=IGNORE,
+                         reduction="none").view(labels.shape)
+    valid = labels != IGNORE
+    w = weights * valid
+    loss = (ce * w).sum() / w.sum()
+    with torch.no_grad():
+        correct = (logits.argmax(-1) == labels) & valid
+        acc = correct.sum((0, 1)) / valid.sum((0, 1)).clamp(min=1)
+        accept = 1 + correct[..., 1:].int().cumprod(-1).sum(-1).float().mean()
+    return loss, {"loss": loss.item(), "acc": acc[1:].tolist(), "accept": accept.item()}
+
+
+def _lr_factor(step: int, cfg: TrainConfig) -> float:
+    warmup = max(1, int(cfg.steps * cfg.warmup_frac))
+    if step < warmup:
+        return (step + 1) / warmup
+    return 0.5 * (1 + math.cos(math.pi * (step - warmup) / max(1, cfg.steps - warmup)))
+
+
+class Trainer:
+    """AdamW on the draft's parameters (the target's embedding and LM head stay frozen), bf16
+    autocast on CUDA and plain fp32 elsewhere."""
+
+    def __init__(self, draft: DFlashDraftModel, embed: nn.Embedding, lm_head: torch.Tensor,
+                 mask_token_id: int, cfg: TrainConfig):
+        self.draft, self.embed, self.lm_head = draft, embed, lm_head.detach()
+        self.mask_token_id, self.cfg = mask_token_id, cfg
+        self.device = draft.fc.weight.device
+        params = [p for p in draft.parameters() if p.requires_grad]
+        groups = [{"params": [p for p in params if p.dim() >= 2]},
+                  {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
+        self.opt = torch.optim.AdamW(groups, lr=cfg.lr, betas=(0.9, 0.95),
+                                     weight_decay=cfg.weight_decay)
+        self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lambda s: _lr_factor(s, cfg))
+        self.weights = offset_weights(draft.dflash_config.block_size, cfg.gamma, self.device)
+        self.generator = torch.Generator().manual_seed(cfg.seed)
+
+    def step(self, batch: Batch, anchors: torch.Tensor) -> dict:
+        """One optimizer step on these blocks; returns the step's loss and accuracy."""
+        self.draft.train()
+        with torch.autocast("cuda", torch.bfloat16, enabled=self.device.type == "cuda"):
+            logits = draft_block_logits(self.draft, self.embed, self.lm_head, batch.aux,
+                                        batch.ids, anchors, self.mask_token_id)
+            labels = block_labels(batch, anchors, self.draft.dflash_config.block_size)
+            loss, stats = block_loss(logits, labels, self.weights)
+        self.opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(self.draft.parameters(), self.cfg.grad_clip)
+        self.opt.step()
+        self.sched.step()
+        return stats
+
+    def fit(self, data: SequenceSet) -> dict:
+        """`cfg.steps` steps on random sequences and anchors; returns the last logged stats
+        (averaged over the last `log_every` steps)."""
+        start, window = time.perf_counter(), []
+        for step in range(self.cfg.steps):
+            index = torch.randint(len(data), (self.cfg.batch_size,), generator=self.generator)
+            batch = data.batch(index.tolist())
+            window.append(self.step(batch, sample_anchors(batch, self.cfg.anchors_per_seq,
+                                                          self.generator)))
+            if (step + 1) % self.cfg.log_every == 0 or step + 1 == self.cfg.steps:
+                avg = _mean_stats(window)
+                logger.info("step %d/%d loss %.4f accept %.3f lr %.2e acc/offset %s (%.0f s)",
+                            step + 1, self.cfg.steps, avg["loss"], avg["accept"],
+                            self.sched.get_last_lr()[0],
+                            " ".join(f"{a:.2f}" for a in avg["acc"]),
+                            time.perf_counter() - start)
+                window = []
+        self.draft.eval()
+        return {**avg, "train_seconds": time.perf_counter() - start}
+
+
+def _mean_stats(window: list[dict]) -> dict:
+    n = len(window)
+    return {"loss": sum(s["loss"] for s in window) / n,
+            "accept": sum(s["accept"] for s in window) / n,
+            "acc": [sum(col) / n for col in zip(*(s["acc"] for s in window), strict=True)]}

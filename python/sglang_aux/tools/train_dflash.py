@@ -1,0 +1,205 @@
+"""Train a DFlash draft for a target on its own GSM8K continuations, write it as an HF folder.
+
+    python -m sglang_aux.tools.train_dflash --eval              # SmolLM2 draft, GPU
+    python -m sglang_aux.tools.train_dflash --eval-only --out DIR
+    python -m sglang_aux.tools.train_dflash --smoke --out DIR   # tiny-llama, CPU, seconds
+
+Steps: (a) k-shot GSM8K train prompts, continued greedily by the target (our Engine);
+(b) the target's aux states of every sequence (one EXTEND forward each); (c, d) a fresh
+draft trained on the block objective (dense attention, same function as the paged path);
+(e) config.json + model.safetensors + README.md card; `--eval` then measures the mean accept
+length of greedy DFlash decoding on held-out GSM8K test prompts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import logging
+import shlex
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from sglang_aux.srt.entrypoints.engine import Engine
+from sglang_aux.srt.managers.tokenizer import Tokenizer
+from sglang_aux.srt.model_loader.builtin import DRAFTS_DIR, resolve_model_path
+from sglang_aux.tools.dflash_training.data import (
+    default_gsm8k_path,
+    generate_samples,
+    gsm8k_prompts,
+    load_samples,
+    save_samples,
+)
+from sglang_aux.tools.dflash_training.evaluate import measure_accept_length
+from sglang_aux.tools.dflash_training.export import (
+    draft_config,
+    new_draft,
+    render_card,
+    set_card_eval,
+    write_draft,
+)
+from sglang_aux.tools.dflash_training.features import extract_aux
+from sglang_aux.tools.dflash_training.trainer import SequenceSet, TrainConfig, Trainer
+
+logger = logging.getLogger("train_dflash")
+
+# Mask token: the first of these the tokenizer keeps whole. The tiny presets have `<|mask|>`;
+# SmolLM2 has none, so an unused control token of its vocab stands in: `<empty_output>` (id 16,
+# a code-data marker that chat and GSM8K text never produce).
+MASK_TOKEN_CANDIDATES = ("<|mask|>", "<empty_output>")
+SMOKE_DEFAULTS = dict(target="tiny-llama", num_samples=6, num_shots=0, max_new_tokens=24,
+                      gen_batch=8, num_layers=1, num_aux_layers=2, block_size=4, steps=20,
+                      batch_size=4, anchors_per_seq=4, log_every=5, eval_num_prompts=2,
+                      context_length=1024, device="cpu")
+
+
+def make_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add = p.add_argument
+    add("--target", default="smollm2-135m-instruct", help="target folder or built-in name")
+    add("--out", default=None,
+        help="draft folder (default for a built-in target: the package's data/drafts/"
+             "<target>-dflash-b<block>)")
+    add("--smoke", action="store_true", help="tiny-llama target, a few samples and steps")
+    add("--data-path", default=default_gsm8k_path("train"), help="GSM8K train jsonl")
+    add("--eval-data-path", default=default_gsm8k_path("test"), help="GSM8K test jsonl")
+    add("--num-samples", type=int, default=4000, help="training questions")
+    add("--num-shots", type=int, default=5)
+    add("--max-new-tokens", type=int, default=256)
+    add("--samples-file", default=None, help="jsonl of generated samples: read if present, "
+        "else written after generation")
+    add("--gen-batch", type=int, default=128, help="concurrent requests while generating")
+    add("--num-layers", type=int, default=2, help="draft layers")
+    add("--num-aux-layers", type=int, default=5, help="target layers the draft reads (K)")
+    add("--block-size", type=int, default=8)
+    add("--mask-token", default=None, help=f"token text or id (default: first of "
+        f"{', '.join(MASK_TOKEN_CANDIDATES)} the tokenizer keeps whole)")
+    add("--steps", type=int, default=TrainConfig.steps)
+    add("--batch-size", type=int, default=TrainConfig.batch_size)
+    add("--anchors-per-seq", type=int, default=TrainConfig.anchors_per_seq)
+    add("--lr", type=float, default=TrainConfig.lr)
+    add("--gamma", type=float, default=TrainConfig.gamma, help="loss decay over offsets")
+    add("--seed", type=int, default=TrainConfig.seed)
+    add("--log-every", type=int, default=TrainConfig.log_every)
+    add("--device", default="auto")
+    add("--context-length", type=int, default=2048)
+    add("--eval", action="store_true", help="measure held-out accept length after training")
+    add("--eval-only", action="store_true", help="only measure the draft at --out")
+    add("--eval-num-prompts", type=int, default=64)
+    return p
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = make_parser()
+    if "--smoke" in (sys.argv[1:] if argv is None else argv):
+        parser.set_defaults(**SMOKE_DEFAULTS)
+    args = parser.parse_args(argv)
+    if args.data_path is None:
+        parser.error("--data-path: GSM8K train.jsonl not found (set SGLANG_AUX_GSM8K_DIR)")
+    if args.out is None:
+        if Path(args.target).is_dir() or args.smoke:
+            parser.error("--out is required for this target")
+        args.out = str(DRAFTS_DIR / f"{args.target}-dflash-b{args.block_size}")
+    args.command = "python -m sglang_aux.tools.train_dflash " + shlex.join(
+        sys.argv[1:] if argv is None else argv)
+    return args
+
+
+def resolve_mask_token(tokenizer: Tokenizer, spec: str | None) -> tuple[str, int]:
+    """(text, id) of the mask token: `spec` as an id or a token text, else the first
+    candidate the tokenizer encodes as one token."""
+    if spec is not None and spec.isdigit():
+        return tokenizer.decode([int(spec)], skip_special_tokens=False), int(spec)
+    for name in [spec] if spec else MASK_TOKEN_CANDIDATES:
+        ids = tokenizer.encode(name)
+        if len(ids) == 1:
+            return name, ids[0]
+    raise ValueError(f"no single-token mask token among {spec or MASK_TOKEN_CANDIDATES}; "
+                     "pass --mask-token")
+
+
+def _engine_args(args: argparse.Namespace, batch: int) -> dict:
+    return dict(device=args.device, context_length=args.context_length,
+                max_running_requests=batch, max_total_tokens=batch * args.context_length)
+
+
+def evaluate(args: argparse.Namespace, target: str) -> str:
+    """Held-out accept length; written into the card and returned as its text."""
+    eval_path = args.eval_data_path
+    prompts = gsm8k_prompts(eval_path, args.data_path, args.num_shots, args.eval_num_prompts)
+    res = measure_accept_length(target, args.out, prompts, args.max_new_tokens,
+                                **_engine_args(args, len(prompts)))
+    logger.info("eval: %s", res)
+    text = (f"{res['accept_length']:.3f} (mean per request; {res['accept_length_per_step']:.3f}"
+            f" per verify step) on {res['num_prompts']} GSM8K test prompts "
+            f"({args.num_shots}-shot, greedy, at most {args.max_new_tokens} new tokens)")
+    set_card_eval(args.out, text)
+    return text
+
+
+def train(args: argparse.Namespace, target: str) -> Path:
+    timings, t0 = {}, time.perf_counter()
+    engine = Engine(model_path=target, **_engine_args(args, args.gen_batch))
+    runner = engine.worker.model_runner
+    mask_name, mask_id = resolve_mask_token(engine.tokenizer, args.mask_token)
+    config = draft_config(json.loads((Path(target) / "config.json").read_text()),
+                          num_layers=args.num_layers, num_aux_layers=args.num_aux_layers,
+                          block_size=args.block_size, mask_token_id=mask_id)
+    if args.samples_file and Path(args.samples_file).is_file():
+        samples = load_samples(args.samples_file)[: args.num_samples]
+    else:
+        prompts = gsm8k_prompts(args.data_path, args.data_path, args.num_shots,
+                                args.num_samples)
+        samples = generate_samples(engine, prompts, args.max_new_tokens)
+        if args.samples_file:
+            save_samples(samples, args.samples_file)
+    timings["generate"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    aux = extract_aux(runner, samples, config["dflash_config"]["target_layer_ids"])
+    data = SequenceSet(samples, aux, runner.device)
+    del aux
+    timings["features"] = time.perf_counter() - t0
+    logger.info("%d sequences, %d tokens", len(data), data.num_tokens)
+    runner.model.requires_grad_(False)
+    cfg = TrainConfig(steps=args.steps, batch_size=args.batch_size, lr=args.lr,
+                      anchors_per_seq=args.anchors_per_seq, gamma=args.gamma, seed=args.seed,
+                      log_every=args.log_every)
+    draft = new_draft(config, runner.device, args.seed)
+    trainer = Trainer(draft, runner.model.get_input_embeddings(), runner.model.lm_head_weight,
+                      mask_id, cfg)
+    stats = trainer.fit(data)
+    timings["train"] = stats["train_seconds"]
+    info = dict(config=config, target=args.target, mask_token=mask_name,
+                num_samples=len(data), num_shots=args.num_shots,
+                max_new_tokens=args.max_new_tokens, num_tokens=data.num_tokens,
+                steps=cfg.steps, batch_size=cfg.batch_size, anchors=cfg.anchors_per_seq,
+                lr=cfg.lr, gamma=cfg.gamma, seed=cfg.seed, command=args.command,
+                timings=", ".join(f"{k} {v:.0f} s" for k, v in timings.items()), **stats)
+    out = write_draft(draft, config, args.out, render_card(Path(args.out).name, info))
+    # Free the data-generation engine and the features before an evaluation engine starts.
+    del engine, runner, data, trainer
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    return out
+
+
+def main(argv: list[str] | None = None) -> Path:
+    """Parse flags, train (and/or evaluate), return the draft folder."""
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    target = resolve_model_path(args.target)
+    if not args.eval_only:
+        train(args, target)
+    if args.eval or args.eval_only:
+        evaluate(args, target)
+    print(args.out)
+    return Path(args.out)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,163 @@
+"""DFlash draft training on CPU: the dense training forward is the paged inference forward
+(same logits), the block objective's anchors and labels, overfitting one fixed batch, and a
+smoke run of the whole tool whose draft folder our Engine runs losslessly."""
+
+import json
+import sys
+
+import pytest
+import torch
+
+from sglang_aux.srt.configs.model_config import ModelConfig
+from sglang_aux.srt.entrypoints.engine import Engine
+from sglang_aux.srt.managers.schedule_batch import build_fixed_batch
+from sglang_aux.srt.model_executor.forward_batch_info import ForwardMode
+from sglang_aux.srt.model_executor.model_runner import ModelRunner
+from sglang_aux.srt.model_loader.weight_utils import init_random_weights
+from sglang_aux.srt.server_args import ServerArgs
+from sglang_aux.test.ci.ci_register import register_cpu_ci
+from sglang_aux.test.runtime_utils import eager_forward, make_runner, prefill, tiny_checkpoint
+from sglang_aux.tools import train_dflash
+from sglang_aux.tools.dflash_training.data import Sample, default_gsm8k_path
+from sglang_aux.tools.dflash_training.draft_forward import draft_block_logits
+from sglang_aux.tools.dflash_training.export import draft_config, new_draft
+from sglang_aux.tools.dflash_training.trainer import (
+    IGNORE,
+    Batch,
+    SequenceSet,
+    TrainConfig,
+    Trainer,
+    block_labels,
+    sample_anchors,
+)
+from sglang_aux.tools.presets import MASK_TOKEN_ID, PRESETS
+
+register_cpu_ci(est_time=60, suite="default")
+
+BLOCK = 4
+SEQ_LENS = [40, 57]
+ANCHORS = [[1, 17, 39], [30, 5, 56]]  # incl. the first position with context and the last
+
+
+@pytest.fixture(scope="module")
+def target(tmp_path_factory):
+    return tiny_checkpoint("tiny-llama", tmp_path_factory.mktemp("ckpt"))
+
+
+def _setup(target_path: str, num_layers: int = 2):
+    """Target runner capturing the draft's layers, a random draft (gain-2 init, so every
+    weight matters) on a draft runner sharing the target's rows and slots, and the
+    sequences' aux rows from one target prefill."""
+    config = draft_config(PRESETS["tiny-llama"], num_layers=num_layers, num_aux_layers=2,
+                          block_size=BLOCK, mask_token_id=MASK_TOKEN_ID)
+    tr = make_runner(target_path, aux_layer_ids=config["dflash_config"]["target_layer_ids"],
+                     max_total_tokens=2048, max_running_requests=4)
+    draft = new_draft(config, torch.device("cpu"), seed=0)
+    init_random_weights(draft, seed=1)
+    dr = ModelRunner(ModelConfig.from_dict(config, "draft"), ServerArgs(device="cpu"),
+                     is_draft_worker=True, req_to_token_pool=tr.req_to_token_pool,
+                     token_to_kv_pool_allocator=tr.token_to_kv_pool_allocator, model=draft)
+    draft.set_target_modules(tr.model.get_input_embeddings(), tr.model.lm_head_weight)
+    g = torch.Generator().manual_seed(0)
+    seqs = [torch.randint(0, 256, (n,), generator=g).tolist() for n in SEQ_LENS]
+    reqs, out = prefill(tr, seqs)
+    return tr, dr, draft, reqs, out.aux_hidden_states.split(SEQ_LENS)
+
+
+def test_training_forward_equals_paged_inference(target):
+    tr, dr, draft, reqs, aux = _setup(target)
+    for r, a in zip(reqs, aux, strict=True):  # every token's draft context K/V, as the worker
+        slots = tr.req_to_token_pool.req_to_token[r.req_pool_idx, : r.kv_len].clone()
+        draft.write_context_kv(a, torch.arange(r.kv_len), slots, dr.token_to_kv_pool)
+    paged = []
+    for i in range(len(ANCHORS[0])):  # both sequences in one DRAFT_BLOCK batch per anchor
+        anchors = [ANCHORS[s][i] for s in range(len(reqs))]
+        rows = [tr.req_to_token_pool.req_to_token[r.req_pool_idx].clone() for r in reqs]
+        locs = tr.token_to_kv_pool_allocator.alloc(BLOCK * len(reqs))
+        for s, (r, a) in enumerate(zip(reqs, anchors, strict=True)):
+            tr.req_to_token_pool.write(r.req_pool_idx, a, locs[s * BLOCK:(s + 1) * BLOCK])
+        ids = [t for r, a in zip(reqs, anchors, strict=True)
+               for t in [r.origin_input_ids[a]] + [MASK_TOKEN_ID] * (BLOCK - 1)]
+        fb = build_fixed_batch(dr, reqs, ForwardMode.DRAFT_BLOCK, ids, locs, anchors)
+        paged.append(eager_forward(dr, fb).next_token_logits.view(len(reqs), BLOCK, -1))
+        for r, row in zip(reqs, rows, strict=True):  # the context mapping back
+            tr.req_to_token_pool.req_to_token[r.req_pool_idx] = row
+        tr.token_to_kv_pool_allocator.free(locs)
+    paged = torch.stack(paged, dim=1)  # [N, A, B, vocab]
+    pad = torch.nn.utils.rnn.pad_sequence
+    ids = pad([torch.tensor(r.origin_input_ids) for r in reqs], batch_first=True)
+    with torch.no_grad():
+        dense = draft_block_logits(draft, tr.model.get_input_embeddings(),
+                                   tr.model.lm_head_weight, pad(list(aux), batch_first=True),
+                                   ids, torch.tensor(ANCHORS), MASK_TOKEN_ID)
+    assert dense.shape == paged.shape
+    torch.testing.assert_close(dense, paged, rtol=1e-5, atol=1e-4)
+    # context is causal: changing the aux rows from position 17 on leaves the block anchored
+    # at 17 alone and moves the one anchored at 39
+    moved = pad(list(aux), batch_first=True).clone()
+    moved[0, 17:] += 1.0
+    with torch.no_grad():
+        again = draft_block_logits(draft, tr.model.get_input_embeddings(),
+                                   tr.model.lm_head_weight, moved, ids, torch.tensor(ANCHORS),
+                                   MASK_TOKEN_ID)
+    torch.testing.assert_close(again[0, 1], dense[0, 1])
+    assert not torch.allclose(again[0, 2], dense[0, 2], atol=1e-3)
+
+
+def test_anchors_and_labels():
+    ids = torch.arange(100, 110)[None].repeat(2, 1)  # tokens 100..109
+    batch = Batch(torch.zeros(2, 10, 1), ids, torch.tensor([3, 6]), torch.tensor([10, 8]))
+    anchors = sample_anchors(batch, 500, torch.Generator().manual_seed(0))
+    for row, lo, hi in zip(anchors, (3, 6), (8, 6), strict=True):
+        assert set(row.tolist()) == set(range(lo, hi + 1))  # prompt_len .. len - 2, all hit
+    labels = block_labels(batch, torch.tensor([[3, 8], [6, 6]]), block_size=4)
+    assert labels[0, 0].tolist() == [IGNORE, 104, 105, 106]
+    assert labels[0, 1].tolist() == [IGNORE, 109, IGNORE, IGNORE]  # past the end
+    assert labels[1, 0].tolist() == [IGNORE, 107, IGNORE, IGNORE]
+
+
+def test_loss_decreases_on_a_fixed_batch(target):
+    tr, _, draft, reqs, aux = _setup(target, num_layers=1)
+    samples = [Sample(r.origin_input_ids[:10], r.origin_input_ids[10:]) for r in reqs]
+    data = SequenceSet(samples, list(aux), torch.device("cpu"))
+    trainer = Trainer(draft, tr.model.get_input_embeddings(), tr.model.lm_head_weight,
+                      MASK_TOKEN_ID, TrainConfig(steps=40, lr=3e-3, warmup_frac=0.0))
+    batch = data.batch([0, 1])
+    anchors = sample_anchors(batch, 8, torch.Generator().manual_seed(0))
+    losses = [trainer.step(batch, anchors)["loss"] for _ in range(40)]
+    assert losses[-1] < 0.3 * losses[0], losses
+
+
+def test_smoke_run_writes_a_draft_the_engine_runs_losslessly(target, tmp_path):
+    if default_gsm8k_path("train") is None or default_gsm8k_path("test") is None:
+        pytest.skip("GSM8K not found (../shared/data/gsm8k or SGLANG_AUX_GSM8K_DIR)")
+    out = tmp_path / "draft"
+    train_dflash.main(["--smoke", "--target", target, "--out", str(out), "--num-samples", "4",
+                       "--steps", "8", "--eval"])
+    config = json.loads((out / "config.json").read_text())
+    assert config["architectures"] == ["DFlashDraftModel"]
+    assert config["dflash_config"] == {"target_layer_ids": [0, 3], "block_size": 4,
+                                       "mask_token_id": MASK_TOKEN_ID, "target_hidden_size": 64}
+    card = (out / "README.md").read_text()
+    assert "--smoke" in card and "Held-out accept length: not measured" not in card
+    common = dict(device="cpu", max_total_tokens=4096, max_running_requests=4)
+    prompts = ["Question: Tom has 3 apples.", "12 + 30 =", "The quick brown"]
+    params = {"temperature": 0, "max_new_tokens": 16, "ignore_eos": True}
+    ref = Engine(model_path=target, **common).generate(prompts, params)
+    spec = Engine(model_path=target, speculative_algorithm="DFLASH",
+                  speculative_draft_model_path=str(out), **common).generate(prompts, params)
+    for r, s in zip(ref, spec, strict=True):
+        assert s["output_ids"] == r["output_ids"]
+        assert s["meta_info"]["spec_verify_ct"] > 0
+
+
+def test_mask_token_choice(target):
+    tok = Engine(model_path=target, device="cpu", max_total_tokens=1024).tokenizer
+    assert train_dflash.resolve_mask_token(tok, None) == ("<|mask|>", MASK_TOKEN_ID)
+    assert train_dflash.resolve_mask_token(tok, "7")[1] == 7
+    with pytest.raises(ValueError, match="single-token"):
+        train_dflash.resolve_mask_token(tok, "two tokens")
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-q"]))
