@@ -85,6 +85,9 @@ def make_parser() -> argparse.ArgumentParser:
     add("--gamma", type=float, default=TrainConfig.gamma, help="loss decay over offsets")
     add("--seed", type=int, default=TrainConfig.seed)
     add("--log-every", type=int, default=TrainConfig.log_every)
+    add("--train-budget-s", type=float, default=None,
+        help="train at most about this long: fewer steps (timed over the first ones), the "
+             "cosine schedule shortened to match")
     add("--device", default="auto")
     add("--context-length", type=int, default=2048)
     add("--eval", action="store_true", help="measure held-out accept length after training")
@@ -120,6 +123,10 @@ def resolve_mask_token(tokenizer: Tokenizer, spec: str | None) -> tuple[str, int
             return name, ids[0]
     raise ValueError(f"no single-token mask token among {spec or MASK_TOKEN_CANDIDATES}; "
                      "pass --mask-token")
+
+
+def _device_name(device: torch.device) -> str:
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else str(device)
 
 
 def _engine_args(args: argparse.Namespace, batch: int) -> dict:
@@ -171,14 +178,16 @@ def train(args: argparse.Namespace, target: str) -> Path:
     draft = new_draft(config, runner.device, args.seed)
     trainer = Trainer(draft, runner.model.get_input_embeddings(), runner.model.lm_head_weight,
                       mask_id, cfg)
-    stats = trainer.fit(data)
+    stats = trainer.fit(data, args.train_budget_s)
     timings["train"] = stats["train_seconds"]
-    info = dict(config=config, target=args.target, mask_token=mask_name,
+    target_name = Path(args.target).name if Path(args.target).is_dir() else args.target
+    info = dict(config=config, target=target_name, mask_token=mask_name,
                 num_samples=len(data), num_shots=args.num_shots,
                 max_new_tokens=args.max_new_tokens, num_tokens=data.num_tokens,
-                steps=cfg.steps, batch_size=cfg.batch_size, anchors=cfg.anchors_per_seq,
+                batch_size=cfg.batch_size, anchors=cfg.anchors_per_seq,
                 lr=cfg.lr, gamma=cfg.gamma, seed=cfg.seed, command=args.command,
-                timings=", ".join(f"{k} {v:.0f} s" for k, v in timings.items()), **stats)
+                timings=", ".join(f"{k} {v:.0f} s" for k, v in timings.items()),
+                device=_device_name(runner.device), **stats)
     out = write_draft(draft, config, args.out, render_card(Path(args.out).name, info))
     # Free the data-generation engine and the features before an evaluation engine starts.
     del engine, runner, data, trainer

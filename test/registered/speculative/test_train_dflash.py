@@ -22,6 +22,7 @@ from sglang_aux.tools.dflash_training.data import Sample, default_gsm8k_path
 from sglang_aux.tools.dflash_training.draft_forward import draft_block_logits
 from sglang_aux.tools.dflash_training.export import draft_config, new_draft
 from sglang_aux.tools.dflash_training.trainer import (
+    BUDGET_PROBE_STEPS,
     IGNORE,
     Batch,
     SequenceSet,
@@ -32,7 +33,7 @@ from sglang_aux.tools.dflash_training.trainer import (
 )
 from sglang_aux.tools.presets import MASK_TOKEN_ID, PRESETS
 
-register_cpu_ci(est_time=60, suite="default")
+register_cpu_ci(est_time=30, suite="default")
 
 BLOCK = 4
 SEQ_LENS = [40, 57]
@@ -126,6 +127,17 @@ def test_loss_decreases_on_a_fixed_batch(target):
     anchors = sample_anchors(batch, 8, torch.Generator().manual_seed(0))
     losses = [trainer.step(batch, anchors)["loss"] for _ in range(40)]
     assert losses[-1] < 0.3 * losses[0], losses
+
+
+def test_time_budget_shortens_the_schedule(target):
+    tr, _, draft, reqs, aux = _setup(target, num_layers=1)
+    samples = [Sample(r.origin_input_ids[:10], r.origin_input_ids[10:]) for r in reqs]
+    data = SequenceSet(samples, list(aux), torch.device("cpu"))
+    trainer = Trainer(draft, tr.model.get_input_embeddings(), tr.model.lm_head_weight,
+                      MASK_TOKEN_ID, TrainConfig(steps=10_000, batch_size=2, anchors_per_seq=2))
+    stats = trainer.fit(data, time_budget_s=0.0)  # only the timed probe steps fit
+    assert stats["steps"] == BUDGET_PROBE_STEPS
+    assert trainer.lr == pytest.approx(0.0, abs=1e-12)  # the cosine ended at the last step
 
 
 def test_smoke_run_writes_a_draft_the_engine_runs_losslessly(target, tmp_path):

@@ -21,7 +21,7 @@ from sglang_aux.test.few_shot_gsm8k import (
 
 logger = logging.getLogger(__name__)
 
-GENERATE_CHUNK = 512  # prompts per Engine.generate call (a progress line each)
+GENERATE_CHUNK = 1024  # prompts per Engine.generate call (a progress line each)
 
 
 @dataclass

@@ -87,9 +87,12 @@ AdamW lr {info['lr']} (warm-up + cosine), loss decay gamma {info['gamma']}, seed
 - Final loss {info['loss']:.4f}; accuracy per offset 1..{dc['block_size'] - 1}: {acc}; \
 training accept length {info['accept']:.3f}.
 {EVAL_LINE} {info.get('eval', 'not measured')}
-- Time: {info['timings']}
+- Time: {info['timings']} on {info['device']}.
 
-Command:
+Use: `--model-path {info['target']} --speculative-algorithm DFLASH \
+--speculative-draft-model-path <this folder>` (a shipped draft also by its name).
+
+Made with:
 
 ```bash
 {info['command']}

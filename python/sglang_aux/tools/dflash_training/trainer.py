@@ -41,6 +41,11 @@ class TrainConfig:
     seed: int = 0
     log_every: int = 50
 
+    def __post_init__(self) -> None:
+        for name in ("steps", "batch_size", "anchors_per_seq", "log_every"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+
 
 @dataclass
 class Batch:
@@ -56,6 +61,8 @@ class SequenceSet:
 
     def __init__(self, samples: list[Sample], aux: list[torch.Tensor], device: torch.device):
         keep = [i for i, s in enumerate(samples) if len(s.output_ids) >= 2]
+        if not keep:
+            raise ValueError(f"none of {len(samples)} samples has two continuation tokens")
         self.ids = [torch.tensor(samples[i].ids, device=device) for i in keep]
         self.aux = [aux[i].to(device) for i in keep]
         self.prompt_lens = torch.tensor([len(samples[i].prompt_ids) for i in keep], device=device)
@@ -113,11 +120,13 @@ def block_loss(logits: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor
     return loss, {"loss": loss.item(), "acc": acc[1:].tolist(), "accept": accept.item()}
 
 
-def _lr_factor(step: int, cfg: TrainConfig) -> float:
-    warmup = max(1, int(cfg.steps * cfg.warmup_frac))
+BUDGET_PROBE_STEPS = 20  # steps timed before a time budget fixes the number of steps
+
+
+def _lr_factor(step: int, total: int, warmup: int) -> float:
     if step < warmup:
         return (step + 1) / warmup
-    return 0.5 * (1 + math.cos(math.pi * (step - warmup) / max(1, cfg.steps - warmup)))
+    return 0.5 * (1 + math.cos(math.pi * min(1.0, (step - warmup) / max(1, total - warmup))))
 
 
 class Trainer:
@@ -134,7 +143,10 @@ class Trainer:
                   {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
         self.opt = torch.optim.AdamW(groups, lr=cfg.lr, betas=(0.9, 0.95),
                                      weight_decay=cfg.weight_decay)
-        self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lambda s: _lr_factor(s, cfg))
+        # The schedule is set by hand each step, so a time budget can shorten it mid-run.
+        self.total_steps = cfg.steps
+        self.warmup = max(1, int(cfg.steps * cfg.warmup_frac))
+        self.num_steps = 0
         self.weights = offset_weights(draft.dflash_config.block_size, cfg.gamma, self.device)
         self.generator = torch.Generator().manual_seed(cfg.seed)
 
@@ -149,29 +161,44 @@ class Trainer:
         self.opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(self.draft.parameters(), self.cfg.grad_clip)
+        for group in self.opt.param_groups:
+            group["lr"] = self.lr
         self.opt.step()
-        self.sched.step()
+        self.num_steps += 1
         return stats
 
-    def fit(self, data: SequenceSet) -> dict:
-        """`cfg.steps` steps on random sequences and anchors; returns the last logged stats
-        (averaged over the last `log_every` steps)."""
-        start, window = time.perf_counter(), []
-        for step in range(self.cfg.steps):
+    @property
+    def lr(self) -> float:
+        """The learning rate of the next step."""
+        return self.cfg.lr * _lr_factor(self.num_steps, self.total_steps, self.warmup)
+
+    def fit(self, data: SequenceSet, time_budget_s: float | None = None) -> dict:
+        """`cfg.steps` steps on random sequences and anchors, or fewer when `time_budget_s`
+        would not hold them (timed over the first steps; the cosine schedule then ends at the
+        new last step). Returns the stats averaged over the last `log_every` steps, the
+        number of steps and the seconds taken."""
+        start, window, step = time.perf_counter(), [], 0
+        while step < self.total_steps:
             index = torch.randint(len(data), (self.cfg.batch_size,), generator=self.generator)
             batch = data.batch(index.tolist())
             window.append(self.step(batch, sample_anchors(batch, self.cfg.anchors_per_seq,
                                                           self.generator)))
-            if (step + 1) % self.cfg.log_every == 0 or step + 1 == self.cfg.steps:
+            step += 1
+            if time_budget_s is not None and step == BUDGET_PROBE_STEPS:
+                fits = int(time_budget_s * step / (time.perf_counter() - start))
+                self.total_steps = max(step, min(self.cfg.steps, fits))
+                self.warmup = min(self.warmup, max(1, int(self.total_steps * self.cfg.warmup_frac)))
+                logger.info("time budget %.0f s: %d steps", time_budget_s, self.total_steps)
+            if step % self.cfg.log_every == 0 or step == self.total_steps:
                 avg = _mean_stats(window)
                 logger.info("step %d/%d loss %.4f accept %.3f lr %.2e acc/offset %s (%.0f s)",
-                            step + 1, self.cfg.steps, avg["loss"], avg["accept"],
-                            self.sched.get_last_lr()[0],
+                            step, self.total_steps, avg["loss"], avg["accept"],
+                            self.lr,
                             " ".join(f"{a:.2f}" for a in avg["acc"]),
                             time.perf_counter() - start)
                 window = []
         self.draft.eval()
-        return {**avg, "train_seconds": time.perf_counter() - start}
+        return {**avg, "steps": step, "train_seconds": time.perf_counter() - start}
 
 
 def _mean_stats(window: list[dict]) -> dict:
