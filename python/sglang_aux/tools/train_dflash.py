@@ -51,6 +51,7 @@ logger = logging.getLogger("train_dflash")
 # SmolLM2 has none, so an unused control token of its vocab stands in: `<empty_output>` (id 16,
 # a code-data marker that chat and GSM8K text never produce).
 MASK_TOKEN_CANDIDATES = ("<|mask|>", "<empty_output>")
+EVAL_PARALLEL = 64  # concurrent evaluation requests, as the GSM8K harness's --parallel
 SMOKE_DEFAULTS = dict(target="tiny-llama", num_samples=6, num_shots=0, max_new_tokens=24,
                       gen_batch=8, num_layers=1, num_aux_layers=2, block_size=4, steps=20,
                       batch_size=4, anchors_per_seq=4, log_every=5, eval_num_prompts=2,
@@ -67,7 +68,8 @@ def make_parser() -> argparse.ArgumentParser:
     add("--smoke", action="store_true", help="tiny-llama target, a few samples and steps")
     add("--data-path", default=default_gsm8k_path("train"), help="GSM8K train jsonl")
     add("--eval-data-path", default=default_gsm8k_path("test"), help="GSM8K test jsonl")
-    add("--num-samples", type=int, default=4000, help="training questions")
+    add("--num-samples", type=int, default=None,
+        help="training questions (default: every train question but the shots)")
     add("--num-shots", type=int, default=5)
     add("--max-new-tokens", type=int, default=256)
     add("--samples-file", default=None, help="jsonl of generated samples: read if present, "
@@ -92,7 +94,7 @@ def make_parser() -> argparse.ArgumentParser:
     add("--context-length", type=int, default=2048)
     add("--eval", action="store_true", help="measure held-out accept length after training")
     add("--eval-only", action="store_true", help="only measure the draft at --out")
-    add("--eval-num-prompts", type=int, default=64)
+    add("--eval-num-prompts", type=int, default=200, help="held-out GSM8K test questions")
     return p
 
 
@@ -139,7 +141,7 @@ def evaluate(args: argparse.Namespace, target: str) -> str:
     eval_path = args.eval_data_path
     prompts = gsm8k_prompts(eval_path, args.data_path, args.num_shots, args.eval_num_prompts)
     res = measure_accept_length(target, args.out, prompts, args.max_new_tokens,
-                                **_engine_args(args, len(prompts)))
+                                **_engine_args(args, min(len(prompts), EVAL_PARALLEL)))
     logger.info("eval: %s", res)
     text = (f"{res['accept_length']:.3f} (mean per request; {res['accept_length_per_step']:.3f}"
             f" per verify step) on {res['num_prompts']} GSM8K test prompts "

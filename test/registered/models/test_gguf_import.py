@@ -113,6 +113,20 @@ def test_logits_and_greedy_tokens_match_transformers(folder, hf):
         assert diff.max() < LOGIT_ATOL, (prompt, diff.max())
 
 
+def test_builtin_name_serves_real_text(folder, monkeypatch):
+    """Without transformers too: the name through the Engine (bf16, as shipped) knows Paris
+    and stops at the chat end-of-turn token."""
+    monkeypatch.setenv("SGLANG_AUX_CACHE", str(folder.parent))
+    engine = Engine(model_path=NAME, device="cpu", max_total_tokens=1024, context_length=512,
+                    max_running_requests=2)
+    raw, chat = engine.generate(
+        ["The capital of France is",
+         "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n"],
+        {"temperature": 0, "max_new_tokens": 16})
+    assert raw["text"].startswith(" Paris")
+    assert "Paris" in chat["text"] and chat["meta_info"]["finish_reason"]["matched"] == 2
+
+
 def _gsm8k_texts() -> list[str]:
     path = REPO_DATA_DIR / "test.jsonl"
     if not path.is_file():

@@ -43,11 +43,11 @@ def default_gsm8k_path(split: str) -> Path | None:
     return path if path.is_file() else None
 
 
-def gsm8k_prompts(path: str | Path, shots_path: str | Path, num_shots: int, num_prompts: int
-                  ) -> list[str]:
+def gsm8k_prompts(path: str | Path, shots_path: str | Path, num_shots: int,
+                  num_prompts: int | None) -> list[str]:
     """k-shot prompts `...Question: q\\nAnswer:` (the harness's format: the first `num_shots`
-    questions of `shots_path` as shots) for the first `num_prompts` questions of `path`; the
-    shots themselves are never among them."""
+    questions of `shots_path` as shots) for the first `num_prompts` questions of `path` (None:
+    all); the shots themselves are never among them."""
     shots = read_jsonl(Path(shots_path))[:num_shots]
     prefix = few_shot_prefix(shots)
     shot_questions = {s["question"] for s in shots}

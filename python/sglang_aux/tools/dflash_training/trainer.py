@@ -30,7 +30,7 @@ IGNORE = -100  # label of positions past a sequence's end and of offset 0 (the a
 
 @dataclass(frozen=True)
 class TrainConfig:
-    steps: int = 3000
+    steps: int = 6000
     batch_size: int = 32  # sequences per step
     anchors_per_seq: int = 16  # blocks per sequence per step
     lr: float = 1e-3
