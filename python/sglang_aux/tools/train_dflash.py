@@ -105,6 +105,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.data_path is None:
         parser.error("--data-path: GSM8K train.jsonl not found (set SGLANG_AUX_GSM8K_DIR)")
+    if (args.eval or args.eval_only) and args.eval_data_path is None:
+        parser.error("--eval-data-path: GSM8K test.jsonl not found (set SGLANG_AUX_GSM8K_DIR)")
     if args.out is None:
         if Path(args.target).is_dir() or args.smoke:
             parser.error("--out is required for this target")
