@@ -74,6 +74,8 @@ def make_parser() -> argparse.ArgumentParser:
     add("--max-new-tokens", type=int, default=256)
     add("--samples-file", default=None, help="jsonl of generated samples: read if present, "
         "else written after generation")
+    add("--generate-only", action="store_true",
+        help="only write --samples-file (split a long run over several calls)")
     add("--gen-batch", type=int, default=128, help="concurrent requests while generating")
     add("--num-layers", type=int, default=2, help="draft layers")
     add("--num-aux-layers", type=int, default=5, help="target layers the draft reads (K)")
@@ -105,6 +107,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.data_path is None:
         parser.error("--data-path: GSM8K train.jsonl not found (set SGLANG_AUX_GSM8K_DIR)")
+    if args.generate_only and not args.samples_file:
+        parser.error("--generate-only needs --samples-file")
     if (args.eval or args.eval_only) and args.eval_data_path is None:
         parser.error("--eval-data-path: GSM8K test.jsonl not found (set SGLANG_AUX_GSM8K_DIR)")
     if args.out is None:
@@ -152,7 +156,7 @@ def evaluate(args: argparse.Namespace, target: str) -> str:
     return text
 
 
-def train(args: argparse.Namespace, target: str) -> Path:
+def train(args: argparse.Namespace, target: str) -> Path | None:
     timings, t0 = {}, time.perf_counter()
     engine = Engine(model_path=target, **_engine_args(args, args.gen_batch))
     runner = engine.worker.model_runner
@@ -160,7 +164,8 @@ def train(args: argparse.Namespace, target: str) -> Path:
     config = draft_config(json.loads((Path(target) / "config.json").read_text()),
                           num_layers=args.num_layers, num_aux_layers=args.num_aux_layers,
                           block_size=args.block_size, mask_token_id=mask_id)
-    if args.samples_file and Path(args.samples_file).is_file():
+    loaded = bool(args.samples_file) and Path(args.samples_file).is_file()
+    if loaded:
         samples = load_samples(args.samples_file)[: args.num_samples]
     else:
         prompts = gsm8k_prompts(args.data_path, args.data_path, args.num_shots,
@@ -168,7 +173,9 @@ def train(args: argparse.Namespace, target: str) -> Path:
         samples = generate_samples(engine, prompts, args.max_new_tokens)
         if args.samples_file:
             save_samples(samples, args.samples_file)
-    timings["generate"] = time.perf_counter() - t0
+    timings["load samples" if loaded else "generate"] = time.perf_counter() - t0
+    if args.generate_only:
+        return None
     t0 = time.perf_counter()
     aux = extract_aux(runner, samples, config["dflash_config"]["target_layer_ids"])
     data = SequenceSet(samples, aux, runner.device)
@@ -202,12 +209,16 @@ def train(args: argparse.Namespace, target: str) -> Path:
 
 
 def main(argv: list[str] | None = None) -> Path:
-    """Parse flags, train (and/or evaluate), return the draft folder."""
+    """Parse flags, train (and/or evaluate), return the draft folder (the samples file with
+    `--generate-only`)."""
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     target = resolve_model_path(args.target)
     if not args.eval_only:
         train(args, target)
+    if args.generate_only:
+        print(args.samples_file)
+        return Path(args.samples_file)
     if args.eval or args.eval_only:
         evaluate(args, target)
     print(args.out)
