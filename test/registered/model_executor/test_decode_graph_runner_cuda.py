@@ -1,5 +1,6 @@
 """The decode graph runner with real CUDA graphs and Triton attention (run on the H200)."""
 
+import gc
 import sys
 
 import pytest
@@ -68,6 +69,19 @@ def test_cuda_graph_aux_outputs_are_row_slices_of_one_buffer(tmp_path):
     assert len(ptrs) == len(CAPTURE)
     assert stats["allocated_delta_bytes"] < baseline.graph_runner.capture_stats[
         "allocated_delta_bytes"]
+
+
+def test_runner_rebuilt_in_process_captures_again(tmp_path):
+    """The graph pool outlives no runner: a second runner after the first is gone (as the
+    draft-training tool does between generation and evaluation) captures cleanly."""
+    runner = _runner(tmp_path, "tiny-k3", [1, 3, 5])
+    runner.init_decode_graphs(ForwardMode.TARGET_VERIFY, BLOCK)
+    del runner
+    gc.collect()
+    torch.cuda.empty_cache()
+    again = _runner(tmp_path, "tiny-k3", [1, 3, 5])
+    again.init_decode_graphs(ForwardMode.TARGET_VERIFY, BLOCK)
+    assert len(again.graph_runner.graphs) == len(CAPTURE)
 
 
 if __name__ == "__main__":

@@ -32,6 +32,8 @@ from sglang_aux.srt.server_args import ServerArgs
 
 logger = logging.getLogger(__name__)
 
+CPU_DEFAULT_MAX_CAPTURE_BS = 8
+
 
 def make_attn_backend(name: str) -> AttentionBackend:
     if name == "triton":
@@ -114,8 +116,12 @@ class ModelRunner:
         args = self.server_args
         if args.disable_decode_cuda_graph:
             return
-        max_bs = min(args.cuda_graph_max_bs_decode or args.max_running_requests,
-                     args.max_running_requests)
+        default_max_bs = args.max_running_requests
+        if self.device.type != "cuda":
+            # Eager replay buys no speed; a few sizes keep every line of the runner exercised
+            # without replaying 3 warm-up forwards for each of dozens of sizes at start.
+            default_max_bs = min(default_max_bs, CPU_DEFAULT_MAX_CAPTURE_BS)
+        max_bs = min(args.cuda_graph_max_bs_decode or default_max_bs, args.max_running_requests)
         capture_bs = get_capture_bs(
             max_bs=max_bs,
             speculative=not self.spec_algorithm.is_none(),

@@ -20,8 +20,9 @@ class TorchNativeAttnBackend(AttentionBackend):
 
     A query at position p of a request with `seq_len` tokens sees key positions `j < seq_len`,
     and `j <= p` too unless the mode is DRAFT_BLOCK (non-causal inside the draft block). Under
-    a graph the gathered key length is the static context bound instead of the batch maximum,
-    so the captured work does not depend on the batch.
+    a CUDA graph the gathered key length is the static context bound instead of the batch
+    maximum, so the captured work does not depend on the batch; the CPU's eager replay re-runs
+    host code and keeps the batch maximum.
     """
 
     def __init__(self):
@@ -72,7 +73,8 @@ class TorchNativeAttnBackend(AttentionBackend):
                        fb: ForwardBatch) -> torch.Tensor:
         bs = fb.batch_size
         q_len = q.shape[0] // bs
-        kv_len = self._graph_kv_len or int(fb.seq_lens_cpu[:bs].max())
+        static = self._graph_kv_len if q.is_cuda else None
+        kv_len = static or int(fb.seq_lens_cpu[:bs].max())
         slots = fb.req_to_token_pool.req_to_token[fb.req_pool_indices, :kv_len]  # [bs, L]
         keys = fb.token_to_kv_pool.k_buffer[layer.layer_id][slots].to(q.dtype)  # [bs, L, KVH, D]
         vals = fb.token_to_kv_pool.v_buffer[layer.layer_id][slots].to(q.dtype)

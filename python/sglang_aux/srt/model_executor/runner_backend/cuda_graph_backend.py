@@ -17,7 +17,8 @@ class CudaGraphBackend(GraphBackend):
     def capture(self, fn: CapturedFn) -> tuple[torch.cuda.CUDAGraph, LogitsProcessorOutput]:
         graph = torch.cuda.CUDAGraph()
         torch.cuda.synchronize(self.device)
-        with torch.cuda.graph(graph, pool=get_global_graph_memory_pool(), stream=self.stream):
+        pool = get_global_graph_memory_pool(holder=self)
+        with torch.cuda.graph(graph, pool=pool, stream=self.stream):
             out = fn()
         torch.cuda.synchronize(self.device)
         return graph, out

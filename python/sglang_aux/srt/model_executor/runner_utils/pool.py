@@ -2,15 +2,25 @@
 
 from __future__ import annotations
 
+import weakref
+
 import torch
 
 _GRAPH_MEMORY_POOL = None
+# Whoever holds graphs captured into the pool. The allocator frees a private pool once its
+# last graph is gone, and capturing into a freed pool id fails an allocator assertion, so a
+# new pool starts once every holder is gone (an engine torn down and built again in-process).
+_POOL_HOLDERS: weakref.WeakSet = weakref.WeakSet()
 
 
-def get_global_graph_memory_pool():
-    """One pool for all runners' graphs, so the intermediates of sizes captured later reuse the
-    memory the largest size freed (graphs never replay concurrently on one stream)."""
+def get_global_graph_memory_pool(holder: object):
+    """One pool for all live runners' graphs, so the intermediates of sizes captured later
+    reuse the memory the largest size freed (graphs never replay concurrently on one stream).
+    `holder` keeps the pool alive: pass the object that owns the captured graphs."""
     global _GRAPH_MEMORY_POOL
-    if _GRAPH_MEMORY_POOL is None and torch.cuda.is_available():
+    if not torch.cuda.is_available():
+        return None
+    if _GRAPH_MEMORY_POOL is None or len(_POOL_HOLDERS) == 0:
         _GRAPH_MEMORY_POOL = torch.cuda.graph_pool_handle()
+    _POOL_HOLDERS.add(holder)
     return _GRAPH_MEMORY_POOL
