@@ -106,14 +106,23 @@ class DFlashDraftModel(nn.Module):
                                    out_cache_loc: torch.Tensor, kv_pool: MHATokenToKVPool
                                    ) -> None:
         """As `write_context_kv`, from the fc output (e.g. a staged projection's result)."""
-        ctx = self.hidden_norm(fc_out)
-        for i, layer in enumerate(self.layers):
+        for i, (k, v) in enumerate(self.context_kv(self.hidden_norm(fc_out), positions)):
+            kv_pool.set_kv(i, out_cache_loc, k, v)
+
+    def context_kv(self, ctx: torch.Tensor, positions: torch.Tensor
+                   ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Per draft layer, the context `(k, v)` `[N, KVH, D]` of projected context `ctx`
+        `[N, H]` at `positions` `[N]`: the layer's k/v weights, k_norm, RoPE on k. Training
+        calls this too, so inference and training share one definition."""
+        out = []
+        for layer in self.layers:
             attn = layer.self_attn
             k, v = attn.k_proj(ctx), attn.v_proj(ctx)
             k = attn.k_norm(k.view(-1, attn.head_dim)).view(k.shape)
             k = attn.rotary_emb.rotate(positions, k)
-            kv_pool.set_kv(i, out_cache_loc, k.view(-1, attn.num_kv_heads, attn.head_dim),
-                           v.view(-1, attn.num_kv_heads, attn.head_dim))
+            out.append((k.view(-1, attn.num_kv_heads, attn.head_dim),
+                        v.view(-1, attn.num_kv_heads, attn.head_dim)))
+        return out
 
     @torch.no_grad()
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,

@@ -51,15 +51,8 @@ def context_kv(draft: DFlashDraftModel, aux: torch.Tensor
     n, t = aux.shape[:2]
     ctx = draft.project_context(aux.flatten(0, 1))  # [N * T, H]
     positions = torch.arange(t, device=aux.device).repeat(n)
-    out = []
-    for layer in draft.layers:
-        attn = layer.self_attn
-        k, v = attn.k_proj(ctx), attn.v_proj(ctx)
-        k = attn.k_norm(k.view(-1, attn.head_dim)).view(k.shape)
-        k = attn.rotary_emb.rotate(positions, k)
-        shape = (n, t, attn.num_kv_heads, attn.head_dim)
-        out.append((k.view(shape), v.view(shape)))
-    return out
+    return [(k.view(n, t, *k.shape[1:]), v.view(n, t, *v.shape[1:]))
+            for k, v in draft.context_kv(ctx, positions)]
 
 
 def block_mask(anchors: torch.Tensor, context_len: int, block_size: int) -> torch.Tensor:
