@@ -63,6 +63,8 @@ def test_engine_rejects_bad_requests_and_keeps_working(tmp_path):
         engine.generate("hi", {"max_tokens": 3})
     out = engine.generate("hi", {"max_new_tokens": 3, "temperature": 0, "ignore_eos": True})
     assert len(out["output_ids"]) == 3
+    with pytest.raises(ValueError, match="pipeline stage"):
+        Engine(model_path=tiny_checkpoint("tiny-llama", tmp_path), device="cpu", pp_size=2)
 
 
 def test_sampling_with_seed_is_reproducible(tmp_path):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import logging
 import time
 
 import torch
@@ -16,12 +17,22 @@ from sglang_aux.srt.server_args import ServerArgs
 from sglang_aux.srt.speculative.dflash_worker import DFlashWorker
 from sglang_aux.srt.speculative.spec_info import SpeculativeAlgorithm
 
+logger = logging.getLogger(__name__)
+
 
 class Engine:
     """Runs the scheduler in the caller's thread. Keyword arguments are ServerArgs fields."""
 
     def __init__(self, server_args: ServerArgs | None = None, **kwargs):
         args = server_args or ServerArgs(**kwargs)
+        if args.pp_size > 1:
+            raise ValueError(
+                "--pp-size > 1: this runtime runs one pipeline stage; the flag exists for the "
+                "aux gating contract (pipeline stages keep the list path), not for serving"
+            )
+        if args.enable_two_batch_overlap:
+            logger.warning("--enable-two-batch-overlap: batches are not split at run time here; "
+                           "only the split contract (two_batch_overlap.filter_batch) is provided")
         # CPU only: sampling draws on host tensors, and reseeding the CUDA generator after
         # another engine captured graphs breaks later random ops (weights seed themselves).
         torch.random.default_generator.manual_seed(args.random_seed)
