@@ -36,13 +36,22 @@ def make_runner(model_path: str, *, aux_layer_ids: list[int] | None = None,
                        model=model)
 
 
-def prefill(runner: ModelRunner, prompts: list[list[int]]):
-    """Requests for `prompts`, prefilled eagerly into the runner's KV; returns them and the
-    prefill output (last-token logits per request)."""
+def extend_batch(runner: ModelRunner, prompts: list[list[int]]) -> tuple[list[Req], ForwardBatch]:
+    """New requests for `prompts` with their slots allocated, and their EXTEND batch (not run;
+    the attention backend is ready for an eager forward)."""
     reqs = [Req(f"r{i}", list(ids), SamplingParams()) for i, ids in enumerate(prompts)]
     for req in reqs:
         req.req_pool_idx = runner.req_to_token_pool.alloc()
-    return reqs, eager_forward(runner, build_extend_batch(runner, reqs))
+    fb = build_extend_batch(runner, reqs)
+    runner.attn_backend.init_forward_metadata(fb)
+    return reqs, fb
+
+
+def prefill(runner: ModelRunner, prompts: list[list[int]]):
+    """Requests for `prompts`, prefilled eagerly into the runner's KV; returns them and the
+    prefill output (last-token logits per request)."""
+    reqs, fb = extend_batch(runner, prompts)
+    return reqs, eager_forward(runner, fb)
 
 
 def prefill_random(runner: ModelRunner, prompt_lens: list[int], seed: int = 0) -> list[Req]:

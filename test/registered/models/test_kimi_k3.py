@@ -13,11 +13,12 @@ from safetensors.torch import load_file, save_file
 
 from sglang_aux.srt.configs.model_config import ModelConfig
 from sglang_aux.srt.layers.aux_hidden_states import SupportsSharedAuxHiddenStates
+from sglang_aux.srt.managers.schedule_batch import build_decode_batch, build_extend_batch
 from sglang_aux.srt.model_loader.loader import get_model
 from sglang_aux.srt.models.kimi_k3 import KimiK3ForCausalLM, KimiK3MoE
 from sglang_aux.srt.models.llama import LlamaMLP
-from sglang_aux.test.batch_utils import BatchPools, make_decode_batch, make_extend_batch
 from sglang_aux.test.ci.ci_register import register_cpu_ci
+from sglang_aux.test.runtime_utils import extend_batch, make_runner
 from sglang_aux.tools.make_checkpoint import write_checkpoint
 
 register_cpu_ci(est_time=10, suite="default")
@@ -39,8 +40,14 @@ def load(path: Path, pp_size: int = 1) -> tuple[KimiK3ForCausalLM, ModelConfig]:
     return get_model(config, "cpu", pp_size=pp_size), config
 
 
+def runner_for(model: KimiK3ForCausalLM, config: ModelConfig):
+    """A CPU runner around `model` (its KV memory, torch-native attention)."""
+    return make_runner(config.model_path, model=model, max_running_requests=8,
+                       max_total_tokens=512, context_length=256)
+
+
 def run(model: KimiK3ForCausalLM, config: ModelConfig, prompts: list[list[int]], **batch_fields):
-    fb = make_extend_batch(BatchPools.for_model(config), prompts)
+    _, fb = extend_batch(runner_for(model, config), prompts)
     for name, value in batch_fields.items():
         setattr(fb, name, value)
     return model(fb.input_ids, fb.positions, fb), fb
@@ -127,7 +134,7 @@ def test_forward_leaves_caller_tensors_alone(ckpt: Path, pp_size: int) -> None:
         layer.register_forward_hook(post_hook)
         layer.self_attn.register_forward_hook(output_hook)  # sublayer outputs: others hold them
         layer.mlp.register_forward_hook(output_hook)
-    fb = make_extend_batch(BatchPools.for_model(config), PROMPTS)
+    _, fb = extend_batch(runner_for(model, config), PROMPTS)
     ids, positions = fb.input_ids.clone(), fb.positions.clone()
     out = model(fb.input_ids, fb.positions, fb)
     aux = out.aux_hidden_states.clone()
@@ -167,11 +174,13 @@ def test_packed_into_caller_buffer_equals_list_path(ckpt: Path) -> None:
 def test_decode_and_chunked_prefill_match_one_prefill(ckpt: Path) -> None:
     model, config = load(ckpt)
     next_tokens = [200, 17]
-    pools = BatchPools.for_model(config)
-    fb = make_extend_batch(pools, PROMPTS)
+    runner = runner_for(model, config)
+    reqs, fb = extend_batch(runner, PROMPTS)
     model(fb.input_ids, fb.positions, fb)
-    rows = fb.req_pool_indices.tolist()
-    fb = make_decode_batch(pools, rows, next_tokens)
+    for req, tok in zip(reqs, next_tokens, strict=True):
+        req.output_ids.append(tok)
+    fb = build_decode_batch(runner, reqs)
+    runner.attn_backend.init_forward_metadata(fb)
     decoded = model(fb.input_ids, fb.positions, fb).next_token_logits
 
     longer = [p + [t] for p, t in zip(PROMPTS, next_tokens, strict=True)]
@@ -179,10 +188,13 @@ def test_decode_and_chunked_prefill_match_one_prefill(ckpt: Path) -> None:
     torch.testing.assert_close(decoded, full, **LOGIT_TOL)
 
     # The same prompts in two chunks, the second reading the first from the KV cache.
-    pools = BatchPools.for_model(config)
-    fb = make_extend_batch(pools, [p[:3] for p in longer])
+    runner = runner_for(model, config)
+    reqs, fb = extend_batch(runner, [p[:3] for p in longer])
     model(fb.input_ids, fb.positions, fb)
-    fb = make_extend_batch(pools, [p[3:] for p in longer], rows=fb.req_pool_indices.tolist())
+    for req, full_prompt in zip(reqs, longer, strict=True):
+        req.origin_input_ids = full_prompt  # the rest of the prompt arrives as a second chunk
+    fb = build_extend_batch(runner, reqs)
+    runner.attn_backend.init_forward_metadata(fb)
     chunked = model(fb.input_ids, fb.positions, fb).next_token_logits
     torch.testing.assert_close(chunked, full, **LOGIT_TOL)
 
