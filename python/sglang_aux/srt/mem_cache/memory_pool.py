@@ -87,6 +87,3 @@ class MHATokenToKVPool:
     def set_kv(self, layer_id: int, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         self.k_buffer[layer_id][loc] = k.to(self.k_buffer[layer_id].dtype)
         self.v_buffer[layer_id][loc] = v.to(self.v_buffer[layer_id].dtype)
-
-    def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in (*self.k_buffer, *self.v_buffer))

@@ -36,9 +36,6 @@ class ForwardMode(IntEnum):
     def is_idle(self) -> bool:
         return self == ForwardMode.IDLE
 
-    def is_decode_or_idle(self) -> bool:
-        return self in (ForwardMode.DECODE, ForwardMode.IDLE)
-
     def is_cuda_graph(self) -> bool:
         """Modes whose token layout is fixed per request, so a graph can be captured."""
         return self in (ForwardMode.DECODE, ForwardMode.TARGET_VERIFY, ForwardMode.DRAFT_BLOCK)
@@ -51,9 +48,6 @@ class CaptureHiddenMode(IntEnum):
     NULL = auto()  # keep no hidden states
     LAST = auto()  # the last token's final hidden state per request
     FULL = auto()  # every token's final hidden state
-
-    def need_capture(self) -> bool:
-        return self != CaptureHiddenMode.NULL
 
 
 @dataclass

@@ -26,9 +26,6 @@ class SpeculativeAlgorithm(Enum):
     def is_none(self) -> bool:
         return self is SpeculativeAlgorithm.NONE
 
-    def is_eagle3(self) -> bool:
-        return self is SpeculativeAlgorithm.EAGLE3
-
     def is_dflash_family(self) -> bool:
         """DFlash and DSpark: aux states are consumed within the step that produced them."""
         return self in (SpeculativeAlgorithm.DFLASH, SpeculativeAlgorithm.DSPARK)

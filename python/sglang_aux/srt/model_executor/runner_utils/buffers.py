@@ -76,12 +76,6 @@ class DecodeInputBuffers:
     def max_bs(self) -> int:
         return self.req_pool_indices.shape[0]
 
-    def nbytes(self) -> int:
-        tensors = [self.input_ids, self.req_pool_indices, self.seq_lens, self.out_cache_loc,
-                   self.positions, self.next_token_logits_buffer, self.aux_hidden_states,
-                   *(self.pp_proxy_tensors or {}).values()]
-        return sum(t.numel() * t.element_size() for t in tensors if t is not None)
-
     def aux_nbytes(self) -> int:
         aux = self.aux_hidden_states
         return 0 if aux is None else aux.numel() * aux.element_size()
