@@ -55,17 +55,12 @@ class ServerArgs:
                 self.speculative_draft_model_path = DEFAULT_DRAFT_MODEL
         algo = SpeculativeAlgorithm.from_string(self.speculative_algorithm)
         self.speculative_algorithm = algo.value
-        if self.dtype not in DTYPES:
-            raise ValueError(f"--dtype must be one of {DTYPES}, got {self.dtype!r}")
-        if self.load_format not in LOAD_FORMATS:
-            raise ValueError(
-                f"--load-format must be one of {LOAD_FORMATS}, got {self.load_format!r}"
-            )
-        if self.attention_backend not in (None, *ATTENTION_BACKENDS):
-            raise ValueError(
-                f"--attention-backend must be one of {ATTENTION_BACKENDS}, "
-                f"got {self.attention_backend!r}"
-            )
+        for name, choices in (("dtype", DTYPES), ("load_format", LOAD_FORMATS),
+                              ("attention_backend", (None, *ATTENTION_BACKENDS)),
+                              ("speculative_draft_fc_quantization", (None, *FC_QUANTIZATIONS))):
+            if getattr(self, name) not in choices:
+                raise ValueError(f"--{name.replace('_', '-')} must be one of {choices}, "
+                                 f"got {getattr(self, name)!r}")
         for name in ("tp_size", "pp_size", "max_running_requests"):
             if getattr(self, name) < 1:
                 raise ValueError(f"--{name.replace('_', '-')} must be >= 1")
@@ -74,11 +69,6 @@ class ServerArgs:
         if not 0.0 < self.mem_fraction_static < 1.0:
             raise ValueError(
                 f"--mem-fraction-static must be in (0, 1), got {self.mem_fraction_static}"
-            )
-        if self.speculative_draft_fc_quantization not in (None, *FC_QUANTIZATIONS):
-            raise ValueError(
-                f"--speculative-draft-fc-quantization must be one of {FC_QUANTIZATIONS}, "
-                f"got {self.speculative_draft_fc_quantization!r}"
             )
         if self.dflash_staged_projection_min_tokens < 1:
             raise ValueError("--dflash-staged-projection-min-tokens must be >= 1")
