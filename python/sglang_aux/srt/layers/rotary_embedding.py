@@ -19,13 +19,19 @@ class RotaryEmbedding(nn.Module):
     def forward(self, positions: torch.Tensor, q: torch.Tensor,
                 k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """q `[T, H*D]`, k `[T, KVH*D]` rotated at `positions` `[T]`."""
-        return self.rotate(positions, q), self.rotate(positions, k)
+        cos, sin = self._cos_sin(positions)
+        return self._rotate(q, cos, sin), self._rotate(k, cos, sin)
 
     def rotate(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         """x `[T, heads * D]` rotated at `positions` `[T]`."""
+        return self._rotate(x, *self._cos_sin(positions))
+
+    def _cos_sin(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         cos, sin = self.cos_sin_cache[positions].chunk(2, dim=-1)  # [T, D/2] each
+        return cos[:, None], sin[:, None]
+
+    def _rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         xf = x.view(x.shape[0], -1, self.head_dim).float()
         x1, x2 = xf.chunk(2, dim=-1)
-        cos, sin = cos[:, None], sin[:, None]
         out = torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
         return out.to(x.dtype).view(x.shape)
