@@ -14,7 +14,7 @@ import torch
 from safetensors.torch import save_file
 
 from sglang_aux.srt.managers.tokenizer import BYTE_TOKENIZER_CONFIG, byte_level_tokenizer
-from sglang_aux.srt.model_loader.weight_utils import init_random_weights
+from sglang_aux.srt.model_loader.weight_utils import checkpoint_tensors, init_random_weights
 from sglang_aux.srt.models.registry import get_model_class
 from sglang_aux.tools.presets import PRESETS
 
@@ -28,8 +28,7 @@ def write_checkpoint(preset: str, out: str | Path, seed: int = 0) -> Path:
     model = get_model_class(config["architectures"][0])(SimpleNamespace(**config))
     init_random_weights(model, seed)
     dtype = getattr(torch, config["torch_dtype"])
-    tensors = {k: v.detach().to(dtype).contiguous() for k, v in model.state_dict().items()
-               if not k.endswith("cos_sin_cache")}
+    tensors = {k: v.to(dtype).contiguous() for k, v in checkpoint_tensors(model).items()}
     save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
     (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     byte_level_tokenizer().save(str(out / "tokenizer.json"))

@@ -1,9 +1,12 @@
-"""RMSNorm."""
+"""RMSNorm, optionally fused with the residual add before it (SGLang's `norm(x, residual)`)."""
 
 from __future__ import annotations
 
 import torch
 from torch import nn
+
+from sglang_aux.srt.layers.triton_ops.dispatch import use_triton
+from sglang_aux.srt.layers.triton_ops.rms_norm import rms_norm
 
 
 class RMSNorm(nn.Module):
@@ -12,8 +15,26 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(hidden_size))
         self.variance_epsilon = eps
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None
+                ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """`norm(x)`; with `residual`, `(norm(x + residual), x + residual)`. New tensors
+        always: neither input is written, so callers may keep them."""
+        if use_triton(x):
+            shape = x.shape
+            res2d = residual.reshape(-1, shape[-1]) if residual is not None else None
+            out = rms_norm(x.reshape(-1, shape[-1]), self.weight, self.variance_epsilon, res2d)
+            if residual is None:
+                return out.view(shape)
+            return out[0].view(shape), out[1].view(shape)
+        return self.forward_native(x, residual)
+
+    def forward_native(self, x: torch.Tensor, residual: torch.Tensor | None = None
+                       ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """The torch twin of the kernel (and the CPU path)."""
+        if residual is not None:
+            x = x + residual
         # Normalize in fp32: bf16 sums of squares lose too much for wide hidden sizes.
         xf = x.float()
         xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.variance_epsilon)
-        return (xf * self.weight.float()).to(x.dtype)
+        out = (xf * self.weight.float()).to(x.dtype)
+        return out if residual is None else (out, x)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from sglang_aux.srt.layers.kv_store import KVStore
 from sglang_aux.srt.model_executor.forward_batch_info import ForwardBatch
 
 
@@ -20,7 +21,16 @@ class RadixAttention(nn.Module):
         self.scaling = scaling
         self.layer_id = layer_id
 
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+    def kv_store(self, forward_batch: ForwardBatch) -> KVStore | None:
+        """Where this layer's new K/V go, for a caller that stores them itself (the fused
+        RoPE) and then calls with `save_kv_cache=False`; None for a stand-in batch without
+        a KV pool, whose backend takes k/v as arguments."""
+        if not isinstance(forward_batch, ForwardBatch):
+            return None
+        return KVStore(forward_batch.token_to_kv_pool, self.layer_id, forward_batch.out_cache_loc)
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | None,
                 forward_batch: ForwardBatch, save_kv_cache: bool = True) -> torch.Tensor:
-        """q `[T, H*D]`, k/v `[T, KVH*D]` -> `[T, H*D]`; k/v are written to `out_cache_loc`."""
+        """q `[T, H*D]`, k/v `[T, KVH*D]` -> `[T, H*D]`; k/v are written to `out_cache_loc`
+        unless `save_kv_cache` is False (then they may be None: already stored)."""
         return forward_batch.attn_backend.forward(q, k, v, self, forward_batch, save_kv_cache)

@@ -9,6 +9,8 @@ import torch
 from safetensors import safe_open
 from torch import nn
 
+from sglang_aux.srt.layers.linear import MergedColumnLinear
+
 
 def safetensors_weights_iterator(model_dir: str | Path) -> Iterator[tuple[str, torch.Tensor]]:
     files = sorted(Path(model_dir).glob("*.safetensors"))
@@ -20,32 +22,61 @@ def safetensors_weights_iterator(model_dir: str | Path) -> Iterator[tuple[str, t
                 yield name, f.get_tensor(name)
 
 
+def checkpoint_targets(module: nn.Module) -> dict[str, torch.Tensor]:
+    """Checkpoint tensor name -> the tensor it loads into: each parameter under its own name,
+    except that a merged projection (`qkv_proj`, `gate_up_proj`) is addressed shard by shard
+    under the checkpoint's names (`q_proj`, `k_proj`, ...), as writable views of its rows.
+
+    This is SGLang's stacked-params mapping, read off the merged modules themselves so the
+    shard names and order have one definition (`MergedColumnLinear.shard_sizes`).
+    """
+    merged = {name: m for name, m in module.named_modules() if isinstance(m, MergedColumnLinear)}
+    targets: dict[str, torch.Tensor] = {}
+    for name, param in module.named_parameters():
+        owner, _, leaf = name.rpartition(".")
+        if owner not in merged:
+            targets[name] = param
+            continue
+        parent = owner.rpartition(".")[0]
+        for shard in merged[owner].shard_sizes:
+            targets[f"{parent}.{shard}.{leaf}" if parent else f"{shard}.{leaf}"] = (
+                merged[owner].shard_param(shard, leaf))
+    return targets
+
+
+def checkpoint_tensors(module: nn.Module) -> dict[str, torch.Tensor]:
+    """The module's weights under checkpoint (HF) names, detached: what `load_named_weights`
+    reads back."""
+    return {name: t.detach() for name, t in checkpoint_targets(module).items()}
+
+
 def load_named_weights(module: nn.Module, weights: Iterable[tuple[str, torch.Tensor]],
                        skip: set[str] | frozenset[str] = frozenset()) -> None:
-    """Copy checkpoint tensors into `module`'s parameters by name.
+    """Copy checkpoint tensors into `module`'s parameters by name (merged projections shard by
+    shard, see `checkpoint_targets`).
 
-    Raises ValueError for a tensor whose shape differs from its parameter, a checkpoint name
-    the module does not have, or a parameter the checkpoint lacks.
+    Raises ValueError for a tensor whose shape differs from its target, a checkpoint name
+    the module does not have, or a tensor (or merged-projection shard) the checkpoint lacks.
     """
-    params = dict(module.named_parameters())
+    targets = checkpoint_targets(module)
     loaded: set[str] = set()
     for name, tensor in weights:
         if name in skip:
             continue
-        if name not in params:
+        if name not in targets:
             raise ValueError(
                 f"checkpoint tensor {name!r} has no parameter in {type(module).__name__}"
             )
-        param = params[name]
-        if tuple(tensor.shape) != tuple(param.shape):
+        target = targets[name]
+        if tuple(tensor.shape) != tuple(target.shape):
             raise ValueError(
                 f"checkpoint tensor {name!r} has shape {tuple(tensor.shape)}, the model expects "
-                f"{tuple(param.shape)} (does config.json match the weights?)"
+                f"{tuple(target.shape)} (does config.json match the weights?)"
             )
         with torch.no_grad():
-            param.copy_(tensor.to(param.dtype))
+            target.copy_(tensor.to(target.dtype))
         loaded.add(name)
-    missing = sorted(set(params) - loaded - set(skip))
+    missing = sorted(set(targets) - loaded - set(skip))
     if missing:
         shown = ", ".join(missing[:5]) + (" ..." if len(missing) > 5 else "")
         raise ValueError(f"checkpoint lacks {len(missing)} tensors the model needs: {shown}")

@@ -16,7 +16,9 @@ from types import SimpleNamespace
 
 import torch
 from torch import nn
+from torch.nn import functional as F
 
+from sglang_aux.srt.layers.kv_store import KVStore
 from sglang_aux.srt.layers.layernorm import RMSNorm
 from sglang_aux.srt.layers.logits_processor import LogitsProcessor, LogitsProcessorOutput
 from sglang_aux.srt.layers.quantization.mxfp8_linear import MXFP8Linear
@@ -24,6 +26,7 @@ from sglang_aux.srt.layers.quantization.staged_input import MXFP8InputAccumulato
 from sglang_aux.srt.mem_cache.memory_pool import MHATokenToKVPool
 from sglang_aux.srt.model_executor.forward_batch_info import ForwardBatch
 from sglang_aux.srt.model_loader.weight_utils import load_named_weights
+from sglang_aux.srt.models.llama import run_decoder_layers
 from sglang_aux.srt.models.qwen3 import Qwen3DecoderLayer
 from sglang_aux.srt.speculative.dflash_utils import DFlashConfig
 
@@ -45,6 +48,8 @@ class DFlashDraftModel(nn.Module):
         self.fc_mxfp8: MXFP8Linear | None = None
         # The target's embedding and LM head, borrowed (not parameters of the draft).
         self._target: dict[str, nn.Module | torch.Tensor] = {}
+        # (weights' (data_ptr, version) key, stacked context k/v weight and bias)
+        self._context_kv_cache: tuple[tuple, tuple[torch.Tensor, torch.Tensor | None]] | None = None
 
     def set_target_modules(self, embed_tokens: nn.Embedding, lm_head_weight: torch.Tensor) -> None:
         if embed_tokens.embedding_dim != self.config.hidden_size:
@@ -105,9 +110,15 @@ class DFlashDraftModel(nn.Module):
     def write_projected_context_kv(self, fc_out: torch.Tensor, positions: torch.Tensor,
                                    out_cache_loc: torch.Tensor, kv_pool: MHATokenToKVPool
                                    ) -> None:
-        """As `write_context_kv`, from the fc output (e.g. a staged projection's result)."""
-        for i, (k, v) in enumerate(self.context_kv(self.hidden_norm(fc_out), positions)):
-            kv_pool.set_kv(i, out_cache_loc, k, v)
+        """As `write_context_kv`, from the fc output (e.g. a staged projection's result).
+
+        One GEMM for every layer's k/v, then per layer one fused k_norm + RoPE + store."""
+        rows = self._context_kv_rows(self.hidden_norm(fc_out))
+        for i, (layer, (k, v)) in enumerate(zip(self.layers, rows, strict=True)):
+            attn = layer.self_attn
+            attn.rotary_emb.forward_and_store(positions, None, k, v,
+                                              KVStore(kv_pool, i, out_cache_loc),
+                                              k_norm=attn.k_norm)
 
     def context_kv(self, ctx: torch.Tensor, positions: torch.Tensor
                    ) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -115,23 +126,52 @@ class DFlashDraftModel(nn.Module):
         `[N, H]` at `positions` `[N]`: the layer's k/v weights, k_norm, RoPE on k. Training
         calls this too, so inference and training share one definition."""
         out = []
-        for layer in self.layers:
+        for layer, (k, v) in zip(self.layers, self._context_kv_rows(ctx), strict=True):
             attn = layer.self_attn
-            k, v = attn.k_proj(ctx), attn.v_proj(ctx)
-            k = attn.k_norm(k.view(-1, attn.head_dim)).view(k.shape)
-            k = attn.rotary_emb.rotate(positions, k)
-            out.append((k.view(-1, attn.num_kv_heads, attn.head_dim),
-                        v.view(-1, attn.num_kv_heads, attn.head_dim)))
+            _, k = attn.rotary_emb(positions, None, k, k_norm=attn.k_norm)
+            shape = (-1, attn.num_kv_heads, attn.head_dim)
+            out.append((k.view(shape), v.view(shape)))
         return out
+
+    def _context_kv_rows(self, ctx: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Per layer `(k, v)` `[N, KVH * D]`: views of one `[N, L * 2 * KVH * D]` GEMM."""
+        weight, bias = self._context_kv_params()
+        kv = F.linear(ctx, weight, bias)
+        chunks = kv.chunk(2 * len(self.layers), dim=-1)
+        return [(chunks[2 * i], chunks[2 * i + 1]) for i in range(len(self.layers))]
+
+    def _context_kv_params(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Every layer's k and v rows of `qkv_proj`, stacked layer-major `[L * 2 * KVH * D, H]`
+        (and the bias alike). Without autograd the stack is kept and rebuilt only when a
+        layer's weights change (their version counters); with it, it is rebuilt each call
+        so gradients reach the layers' own weights."""
+        projs = [layer.self_attn.qkv_proj for layer in self.layers]
+        key = tuple((p.weight.data_ptr(), p.weight._version) for p in projs)
+        cache = self._context_kv_cache
+        if not torch.is_grad_enabled() and cache is not None and cache[0] == key:
+            return cache[1]
+
+        def stack(name: str) -> torch.Tensor | None:
+            if getattr(projs[0], name) is None:
+                return None
+            return torch.cat([p.shard_param(s, name) for p in projs for s in ("k_proj", "v_proj")])
+
+        params = stack("weight"), stack("bias")
+        if not torch.is_grad_enabled():
+            self._context_kv_cache = (key, params)
+        return params
+
+    def block_hidden(self, x: torch.Tensor, positions: torch.Tensor,
+                     forward_batch: ForwardBatch) -> torch.Tensor:
+        """Block embeddings `x` `[T, H]` through the draft layers and the final norm."""
+        return run_decoder_layers(self.layers, positions, x, forward_batch, self.norm)
 
     @torch.no_grad()
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 forward_batch: ForwardBatch) -> LogitsProcessorOutput:
         """Logits `[bs * B, vocab]` for every block position (DRAFT_BLOCK batches)."""
-        x = self._borrowed("embed")(input_ids)
-        for layer in self.layers:
-            x = layer(positions, x, forward_batch)
-        return self.logits_processor(self.norm(x), self._borrowed("lm_head"), forward_batch)
+        hidden = self.block_hidden(self._borrowed("embed")(input_ids), positions, forward_batch)
+        return self.logits_processor(hidden, self._borrowed("lm_head"), forward_batch)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         load_named_weights(self, weights)

@@ -7,13 +7,13 @@ before the final norm.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from types import SimpleNamespace
 
 import torch
 from torch import nn
-from torch.nn import functional as F
 
+from sglang_aux.srt.layers.activation import SiluAndMul
 from sglang_aux.srt.layers.aux_hidden_states import (
     AuxHiddenStateList,
     AuxHiddenStatePacker,
@@ -22,6 +22,7 @@ from sglang_aux.srt.layers.aux_hidden_states import (
     finish_aux_hidden_states,
 )
 from sglang_aux.srt.layers.layernorm import RMSNorm
+from sglang_aux.srt.layers.linear import MergedColumnLinear
 from sglang_aux.srt.layers.logits_processor import LogitsProcessor, LogitsProcessorOutput
 from sglang_aux.srt.layers.radix_attention import RadixAttention
 from sglang_aux.srt.layers.rotary_embedding import RotaryEmbedding
@@ -34,6 +35,9 @@ def head_dim_of(config: SimpleNamespace) -> int:
 
 
 class LlamaAttention(nn.Module):
+    """Self-attention with one merged `qkv_proj` GEMM; per-head q/k norm (Qwen3 sets
+    `q_norm`/`k_norm`), RoPE and the K/V store run as one fused step after it."""
+
     def __init__(self, config: SimpleNamespace, layer_id: int):
         super().__init__()
         self.num_heads = config.num_attention_heads
@@ -41,36 +45,39 @@ class LlamaAttention(nn.Module):
         self.head_dim = head_dim_of(config)
         bias = getattr(config, "attention_bias", False)
         h, d = config.hidden_size, self.head_dim
-        self.q_proj = nn.Linear(h, self.num_heads * d, bias=bias)
-        self.k_proj = nn.Linear(h, self.num_kv_heads * d, bias=bias)
-        self.v_proj = nn.Linear(h, self.num_kv_heads * d, bias=bias)
+        self.qkv_proj = MergedColumnLinear(
+            h, {"q_proj": self.num_heads * d, "k_proj": self.num_kv_heads * d,
+                "v_proj": self.num_kv_heads * d}, bias=bias)
         self.o_proj = nn.Linear(self.num_heads * d, h, bias=False)
         self.rotary_emb = RotaryEmbedding(
             d, config.max_position_embeddings, getattr(config, "rope_theta", 10000.0)
         )
         self.attn = RadixAttention(self.num_heads, d, d**-0.5, self.num_kv_heads, layer_id)
-
-    def qk_norm(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Per-head q/k normalization hook (identity for Llama, RMSNorm for Qwen3)."""
-        return q, k
+        self.q_norm: RMSNorm | None = None
+        self.k_norm: RMSNorm | None = None
 
     def forward(self, positions: torch.Tensor, x: torch.Tensor,
                 forward_batch: ForwardBatch) -> torch.Tensor:
-        q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
-        q, k = self.qk_norm(q, k)
-        q, k = self.rotary_emb(positions, q, k)
-        return self.o_proj(self.attn(q, k, v, forward_batch))
+        q, k, v = self.qkv_proj.split(self.qkv_proj(x))  # views of one [T, (H + 2 KVH) D]
+        store = self.attn.kv_store(forward_batch)
+        if store is None:  # an attention stand-in without a KV pool (DFlash training)
+            q, k = self.rotary_emb(positions, q, k, self.q_norm, self.k_norm)
+            return self.o_proj(self.attn(q, k, v, forward_batch))
+        q = self.rotary_emb.forward_and_store(positions, q, k, v, store, self.q_norm,
+                                              self.k_norm)
+        return self.o_proj(self.attn(q, None, None, forward_batch, save_kv_cache=False))
 
 
 class LlamaMLP(nn.Module):
     def __init__(self, hidden_size: int, intermediate_size: int):
         super().__init__()
-        self.gate_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
-        self.up_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
+        self.gate_up_proj = MergedColumnLinear(
+            hidden_size, {"gate_proj": intermediate_size, "up_proj": intermediate_size})
+        self.act_fn = SiluAndMul()
         self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        return self.down_proj(self.act_fn(self.gate_up_proj(x)))
 
 
 class LlamaDecoderLayer(nn.Module):
@@ -83,11 +90,46 @@ class LlamaDecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
-    def forward(self, positions: torch.Tensor, x: torch.Tensor,
-                forward_batch: ForwardBatch) -> torch.Tensor:
-        """`x` is the residual stream; returns the stream after this layer."""
-        x = x + self.self_attn(positions, self.input_layernorm(x), forward_batch)
-        return x + self.mlp(self.post_attention_layernorm(x))
+    def forward(self, positions: torch.Tensor, hidden: torch.Tensor,
+                residual: torch.Tensor | None,
+                forward_batch: ForwardBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        """The residual stream entering is `hidden + residual` (`hidden` alone when residual
+        is None); returns `(hidden, residual)` that sum to the stream after this layer. Each
+        add is fused into the RMSNorm after it."""
+        if residual is None:
+            x, residual = self.input_layernorm(hidden), hidden
+        else:
+            x, residual = self.input_layernorm(hidden, residual)
+        hidden = self.self_attn(positions, x, forward_batch)
+        x, residual = self.post_attention_layernorm(hidden, residual)
+        return self.mlp(x), residual
+
+
+def run_decoder_layers(layers: nn.ModuleList, positions: torch.Tensor, hidden: torch.Tensor,
+                       forward_batch: ForwardBatch, final_norm: RMSNorm,
+                       aux: AuxHiddenStates | None = None,
+                       layers_to_capture: Collection[int] = ()) -> torch.Tensor:
+    """The decoder stack from embeddings `hidden` `[T, H]` to `final_norm(stream)`.
+
+    For each i in `layers_to_capture`, `aux` captures the residual stream entering layer i
+    (i == len(layers): the stream before the final norm). The stream is summed only there
+    and handed on as `hidden` with no residual, so a captured layer runs the same add and
+    norm as any other, just unfused; the sum is fresh and never written later (owned).
+    """
+    residual: torch.Tensor | None = None
+    for i, layer in enumerate(layers):
+        if aux is not None and i in layers_to_capture:
+            hidden, residual = _stream(hidden, residual), None
+            aux.capture(hidden, owned=True)
+        hidden, residual = layer(positions, hidden, residual, forward_batch)
+    if aux is not None and len(layers) in layers_to_capture:
+        hidden, residual = _stream(hidden, residual), None
+        aux.capture(hidden, owned=True)
+    return final_norm(hidden) if residual is None else final_norm(hidden, residual)[0]
+
+
+def _stream(hidden: torch.Tensor, residual: torch.Tensor | None) -> torch.Tensor:
+    return hidden if residual is None else hidden + residual
 
 
 class LlamaModel(nn.Module):
@@ -105,15 +147,8 @@ class LlamaModel(nn.Module):
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 forward_batch: ForwardBatch,
                 aux: AuxHiddenStates | None) -> torch.Tensor:
-        x = self.embed_tokens(input_ids)
-        for i, layer in enumerate(self.layers):
-            if aux is not None and i in self.layers_to_capture:
-                # `x` is rebound, never updated in place, so the list may keep it as is.
-                aux.capture(x, owned=True)
-            x = layer(positions, x, forward_batch)
-        if aux is not None and len(self.layers) in self.layers_to_capture:
-            aux.capture(x, owned=True)
-        return self.norm(x)
+        return run_decoder_layers(self.layers, positions, self.embed_tokens(input_ids),
+                                  forward_batch, self.norm, aux, self.layers_to_capture)
 
 
 class LlamaForCausalLM(nn.Module):

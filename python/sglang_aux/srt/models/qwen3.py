@@ -1,10 +1,9 @@
-"""Qwen3 (`Qwen3ForCausalLM`): the Llama decoder with per-head RMSNorm on q and k."""
+"""Qwen3 (`Qwen3ForCausalLM`): the Llama decoder with per-head RMSNorm on q and k (fused into
+the RoPE step by `LlamaAttention`)."""
 
 from __future__ import annotations
 
 from types import SimpleNamespace
-
-import torch
 
 from sglang_aux.srt.layers.layernorm import RMSNorm
 from sglang_aux.srt.models.llama import (
@@ -20,10 +19,6 @@ class Qwen3Attention(LlamaAttention):
         super().__init__(config, layer_id)
         self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
         self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
-
-    def qk_norm(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        d = self.head_dim
-        return (self.q_norm(q.view(-1, d)).view(q.shape), self.k_norm(k.view(-1, d)).view(k.shape))
 
 
 class Qwen3DecoderLayer(LlamaDecoderLayer):

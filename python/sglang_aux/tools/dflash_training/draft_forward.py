@@ -95,7 +95,5 @@ def draft_block_logits(draft: DFlashDraftModel, embed: nn.Embedding, lm_head: to
     backend = DenseBlockAttention(context_kv(draft, aux), block_mask(anchors, t, b))
     # The residual stream in the draft's parameter dtype (fp32 master weights in training).
     x = embed(ids.flatten()).to(draft.fc.weight.dtype)
-    for layer in draft.layers:
-        x = layer(positions.flatten(), x, backend)
-    hidden = draft.norm(x).view(n, anchors.shape[1], b, -1)
+    hidden = draft.block_hidden(x, positions.flatten(), backend).view(n, anchors.shape[1], b, -1)
     return hidden @ lm_head.t().to(hidden.dtype)

@@ -11,6 +11,7 @@ from types import SimpleNamespace
 import torch
 from safetensors.torch import save_file
 
+from sglang_aux.srt.model_loader.weight_utils import checkpoint_tensors
 from sglang_aux.srt.models.dflash import DFlashDraftModel
 from sglang_aux.srt.speculative.dflash_utils import build_target_layer_ids
 
@@ -59,7 +60,7 @@ def write_draft(draft: DFlashDraftModel, config: dict, out: str | Path, card: st
     out.mkdir(parents=True, exist_ok=True)
     dtype = getattr(torch, config["torch_dtype"])
     tensors = {k: v.detach().to("cpu", dtype).contiguous()
-               for k, v in draft.state_dict().items()}
+               for k, v in checkpoint_tensors(draft).items()}
     save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
     (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     (out / "README.md").write_text(card)

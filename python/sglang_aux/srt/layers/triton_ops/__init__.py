@@ -1,0 +1,7 @@
+"""Triton kernels behind the fused layers, one kernel per file; each layer keeps a torch twin.
+
+- `rms_norm`: RMSNorm of rows, optionally after adding the residual (returns both).
+- `rope_store`: per-head q/k RMSNorm (optional), NeoX RoPE at `positions`, and the K/V store.
+- `silu_and_mul`: `silu(gate) * up` from one `[T, 2 * I]` gate-up projection.
+- `dispatch`: when a layer runs its kernel rather than its torch twin.
+"""

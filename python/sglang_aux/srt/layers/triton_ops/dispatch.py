@@ -1,0 +1,34 @@
+"""Which path a fused layer takes: its Triton kernel or its torch twin.
+
+`SGLANG_AUX_FUSED_KERNELS` (read at every call, so a benchmark may flip it per process):
+- `auto` (default): Triton on CUDA tensors, the torch twin elsewhere;
+- `off`: the torch twin everywhere (the unfused kernels, for before/after measurements);
+- `force`: Triton everywhere, CPU included (tests run it under `TRITON_INTERPRET=1`).
+
+The twin always runs while autograd records: the kernels have no backward, and DFlash
+training calls the same layers with gradients on.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+ENV_VAR = "SGLANG_AUX_FUSED_KERNELS"
+MODES = ("auto", "off", "force")
+
+
+def fused_kernels_mode() -> str:
+    mode = os.environ.get(ENV_VAR, "auto")
+    if mode not in MODES:
+        raise ValueError(f"{ENV_VAR}={mode!r}; choose from {', '.join(MODES)}")
+    return mode
+
+
+def use_triton(x: torch.Tensor) -> bool:
+    """Whether the layer fed with `x` runs its Triton kernel."""
+    if torch.is_grad_enabled():
+        return False
+    mode = fused_kernels_mode()
+    return mode == "force" or (mode == "auto" and x.is_cuda)
