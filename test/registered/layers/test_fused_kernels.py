@@ -15,7 +15,6 @@ import sys  # noqa: E402
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
 
 from sglang_aux.srt.layers.activation import SiluAndMul  # noqa: E402
 from sglang_aux.srt.layers.layernorm import RMSNorm  # noqa: E402
