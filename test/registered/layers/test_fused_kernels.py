@@ -19,9 +19,11 @@ import torch  # noqa: E402
 from sglang_aux.srt.layers.activation import SiluAndMul  # noqa: E402
 from sglang_aux.srt.layers.layernorm import RMSNorm  # noqa: E402
 from sglang_aux.srt.layers.rotary_embedding import RotaryEmbedding  # noqa: E402
+from sglang_aux.srt.layers.triton_ops.attn_res_mix import MAX_SOURCES, attn_res_mix  # noqa: E402
 from sglang_aux.srt.layers.triton_ops.rms_norm import rms_norm  # noqa: E402
 from sglang_aux.srt.layers.triton_ops.rope_store import rope_store  # noqa: E402
 from sglang_aux.srt.layers.triton_ops.silu_and_mul import silu_and_mul  # noqa: E402
+from sglang_aux.srt.models.kimi_k3 import attn_res_mix as attn_res_mix_twin  # noqa: E402
 from sglang_aux.test.ci.ci_register import register_cpu_ci  # noqa: E402
 
 register_cpu_ci(est_time=30, suite="default")
@@ -154,6 +156,23 @@ def test_rope_kernel_stores_kv_at_slots(dtype, with_q):
         close(q, twin_q, dtype, seed, "q vs twin")
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("num_sources", [1, 3, MAX_SOURCES])
+@pytest.mark.parametrize("n", [64, 100])
+def test_attn_res_mix_kernel(dtype, num_sources, n):
+    seed = fresh_seed()
+    sources = [torch.randn(6, n, dtype=dtype) * (1 + i) for i in range(num_sources)]
+    norm = RMSNorm(n, 1e-6)
+    norm.weight.data.normal_()
+    query = torch.randn(n) * 3 / n**0.5  # scores of O(3): a clearly non-uniform softmax
+    out = attn_res_mix(sources, query, norm.weight, 1e-6)
+    close(out, attn_res_mix_twin(sources, query, norm), dtype, seed, "vs twin")
+    scores = torch.stack([ref_rms(s, norm.weight, 1e-6) @ query.double() for s in sources])
+    w = scores.softmax(0)
+    close(out, sum(wi[:, None] * s.double() for wi, s in zip(w, sources, strict=True)), dtype,
+          seed, "vs fp64")
+
+
 def test_rope_store_rejects_bad_shapes():
     rope = RotaryEmbedding(16, 64, 10000.0)
     k = torch.randn(3, 40)
@@ -164,6 +183,10 @@ def test_rope_store_rejects_bad_shapes():
                    k_cache=torch.zeros(4, 2, 16))
     with pytest.raises(ValueError, match=r"residual \(2, 8\)"):
         rms_norm(torch.randn(3, 8), torch.ones(8), 1e-6, torch.randn(2, 8))
+    with pytest.raises(ValueError, match=f"1..{MAX_SOURCES} sources, got {MAX_SOURCES + 1}"):
+        attn_res_mix([torch.randn(2, 8)] * (MAX_SOURCES + 1), torch.ones(8), torch.ones(8), 1e-6)
+    with pytest.raises(ValueError, match=r"all \(2, 8\) torch.float32; got \(3, 8\)"):
+        attn_res_mix([torch.randn(2, 8), torch.randn(3, 8)], torch.ones(8), torch.ones(8), 1e-6)
     with pytest.raises(ValueError, match=r"\[tokens, 2 \* I\]"):
         silu_and_mul(torch.randn(3, 7))
 

@@ -10,11 +10,13 @@ import torch
 from sglang_aux.srt.layers.activation import SiluAndMul
 from sglang_aux.srt.layers.layernorm import RMSNorm
 from sglang_aux.srt.layers.rotary_embedding import RotaryEmbedding
+from sglang_aux.srt.layers.triton_ops.attn_res_mix import MAX_SOURCES, attn_res_mix
 from sglang_aux.srt.layers.triton_ops.dispatch import ENV_VAR
 from sglang_aux.srt.layers.triton_ops.rms_norm import rms_norm
 from sglang_aux.srt.layers.triton_ops.rope_store import rope_store
 from sglang_aux.srt.layers.triton_ops.silu_and_mul import silu_and_mul
 from sglang_aux.srt.model_executor.forward_batch_info import ForwardMode
+from sglang_aux.srt.models.kimi_k3 import attn_res_mix as attn_res_mix_twin
 from sglang_aux.test.ci.ci_register import register_cuda_ci
 from sglang_aux.test.runtime_utils import (
     eager_forward,
@@ -28,6 +30,7 @@ register_cuda_ci(est_time=60, suite="default")
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 HIDDEN, INTER, HEADS, KV_HEADS, HEAD_DIM = 576, 1536, 9, 3, 64  # SmolLM2-135M
+K3_HIDDEN = 7168
 # bf16 output rounding (2^-8 relative) on O(1..10) values; fp32: summation order only.
 BF16_TOL = {"atol": 4e-2, "rtol": 1.6e-2}
 FP32_TOL = {"atol": 1e-5, "rtol": 1e-5}
@@ -91,6 +94,22 @@ def test_rope_store_bf16_vs_fp32(tokens, qk_norm):
     torch.testing.assert_close(q.float(), ref_q, **BF16_TOL, msg=msg)
     torch.testing.assert_close(k_cache[loc].view(tokens, -1).float(), ref_k, **BF16_TOL, msg=msg)
     assert torch.equal(v_cache[loc].view(tokens, -1), v)
+
+
+@pytest.mark.parametrize("tokens", [1, 32])
+@pytest.mark.parametrize("num_sources", [1, 4, MAX_SOURCES])
+def test_attn_res_mix_bf16_vs_fp32(tokens, num_sources):
+    seed = fresh_seed()
+    sources = [torch.randn(tokens, K3_HIDDEN, device="cuda", dtype=torch.bfloat16) * (1 + i)
+               for i in range(num_sources)]
+    norm = RMSNorm(K3_HIDDEN, 1e-6).cuda()
+    norm.weight.data.normal_()
+    query = torch.randn(K3_HIDDEN, device="cuda") * 3 / K3_HIDDEN**0.5
+    ref = attn_res_mix_twin([s.float() for s in sources], query, norm)
+    out = attn_res_mix(sources, query, norm.weight, 1e-6)
+    torch.testing.assert_close(out.float(), ref, **BF16_TOL, msg=lambda m: f"seed {seed}: {m}")
+    out32 = attn_res_mix([s.float() for s in sources], query, norm.weight, 1e-6)
+    torch.testing.assert_close(out32, ref, atol=1e-4, rtol=1e-4)
 
 
 @pytest.mark.parametrize("preset", ["tiny-llama", "tiny-qwen3", "tiny-k3"])

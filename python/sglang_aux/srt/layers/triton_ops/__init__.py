@@ -3,5 +3,6 @@
 - `rms_norm`: RMSNorm of rows, optionally after adding the residual (returns both).
 - `rope_store`: per-head q/k RMSNorm (optional), NeoX RoPE at `positions`, and the K/V store.
 - `silu_and_mul`: `silu(gate) * up` from one `[T, 2 * I]` gate-up projection.
+- `attn_res_mix`: Kimi-K3-style Block AttnRes mixing (scores, softmax over sources, sum).
 - `dispatch`: when a layer runs its kernel rather than its torch twin.
 """
