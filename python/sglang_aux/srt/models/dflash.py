@@ -175,6 +175,9 @@ class DFlashDraftModel(nn.Module):
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         load_named_weights(self, weights)
+        # Stack the context k/v weights now, not on a first call inside a graph capture.
+        with torch.no_grad():
+            self._context_kv_params()
 
 
 EntryClass = DFlashDraftModel

@@ -37,8 +37,8 @@ class AttentionBackend(ABC):
     def forward(
         self,
         q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
+        k: torch.Tensor | None,  # None with save_kv_cache=False: the caller stored K/V
+        v: torch.Tensor | None,
         layer: RadixAttention,
         forward_batch: ForwardBatch,
         save_kv_cache: bool = True,

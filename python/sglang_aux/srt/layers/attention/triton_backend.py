@@ -81,8 +81,9 @@ class TritonAttnBackend(AttentionBackend):
     def init_forward_metadata_replay_cuda_graph(self, forward_batch: ForwardBatch) -> None:
         self._check_graph_mode(forward_batch)
 
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: RadixAttention,
-                forward_batch: ForwardBatch, save_kv_cache: bool = True) -> torch.Tensor:
+    def forward(self, q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | None,
+                layer: RadixAttention, forward_batch: ForwardBatch,
+                save_kv_cache: bool = True) -> torch.Tensor:
         """q `[T, H*D]`, k/v `[T, KVH*D]` -> `[T, H*D]` in q's dtype."""
         num_heads, num_kv_heads, head_dim = layer.tp_q_head_num, layer.tp_k_head_num, layer.head_dim
         check_head_dim(head_dim)
