@@ -91,18 +91,24 @@ class LlamaDecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
     def forward(self, positions: torch.Tensor, hidden: torch.Tensor,
-                residual: torch.Tensor | None,
-                forward_batch: ForwardBatch) -> tuple[torch.Tensor, torch.Tensor]:
+                residual: torch.Tensor | None, forward_batch: ForwardBatch,
+                aux: AuxHiddenStates | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """The residual stream entering is `hidden + residual` (`hidden` alone when residual
         is None); returns `(hidden, residual)` that sum to the stream after this layer. Each
-        add is fused into the RMSNorm after it."""
-        if residual is None:
-            x, residual = self.input_layernorm(hidden), hidden
-        else:
-            x, residual = self.input_layernorm(hidden, residual)
+        add is fused into the RMSNorm after it. With `aux`, the stream entering is captured:
+        the fused add produces it anyway, as a fresh tensor no kernel writes later (owned)."""
+        x, residual = _add_norm(self.input_layernorm, hidden, residual)
+        if aux is not None:
+            aux.capture(residual, owned=True)
         hidden = self.self_attn(positions, x, forward_batch)
         x, residual = self.post_attention_layernorm(hidden, residual)
         return self.mlp(x), residual
+
+
+def _add_norm(norm: RMSNorm, hidden: torch.Tensor, residual: torch.Tensor | None
+              ) -> tuple[torch.Tensor, torch.Tensor]:
+    """`(norm(stream), stream)` of the stream `hidden + residual`."""
+    return (norm(hidden), hidden) if residual is None else norm(hidden, residual)
 
 
 def run_decoder_layers(layers: nn.ModuleList, positions: torch.Tensor, hidden: torch.Tensor,
@@ -112,24 +118,17 @@ def run_decoder_layers(layers: nn.ModuleList, positions: torch.Tensor, hidden: t
     """The decoder stack from embeddings `hidden` `[T, H]` to `final_norm(stream)`.
 
     For each i in `layers_to_capture`, `aux` captures the residual stream entering layer i
-    (i == len(layers): the stream before the final norm). The stream is summed only there
-    and handed on as `hidden` with no residual, so a captured layer runs the same add and
-    norm as any other, just unfused; the sum is fresh and never written later (owned).
+    (i == len(layers): the stream before the final norm), at no extra kernel.
     """
     residual: torch.Tensor | None = None
     for i, layer in enumerate(layers):
-        if aux is not None and i in layers_to_capture:
-            hidden, residual = _stream(hidden, residual), None
-            aux.capture(hidden, owned=True)
-        hidden, residual = layer(positions, hidden, residual, forward_batch)
+        wants = aux is not None and i in layers_to_capture
+        hidden, residual = layer(positions, hidden, residual, forward_batch,
+                                 aux if wants else None)
+    out, stream = _add_norm(final_norm, hidden, residual)
     if aux is not None and len(layers) in layers_to_capture:
-        hidden, residual = _stream(hidden, residual), None
-        aux.capture(hidden, owned=True)
-    return final_norm(hidden) if residual is None else final_norm(hidden, residual)[0]
-
-
-def _stream(hidden: torch.Tensor, residual: torch.Tensor | None) -> torch.Tensor:
-    return hidden if residual is None else hidden + residual
+        aux.capture(stream, owned=True)
+    return out
 
 
 class LlamaModel(nn.Module):
