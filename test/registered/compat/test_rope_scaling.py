@@ -13,7 +13,9 @@ from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
 from sglang_aux.srt.configs.decoder_config import check_decoder_config
 from sglang_aux.srt.layers.rope_scaling import RopeScaling
+from sglang_aux.srt.models.registry import get_model_class
 from sglang_aux.test.ci.ci_register import register_cpu_ci
+from sglang_aux.tools.presets import PRESETS
 
 register_cpu_ci(est_time=30, suite="default")
 
@@ -75,6 +77,25 @@ def test_legacy_fields_read_like_transformers():
 def test_unsupported_rope_fields_are_refused(fields, words):
     with pytest.raises(ValueError, match=words):
         RopeScaling.from_hf_config(SimpleNamespace(**BASE, **fields))
+
+
+@pytest.mark.parametrize("preset", ["tiny-llama", "tiny-qwen3", "tiny-k3", "tiny-llama-dflash"])
+def test_every_model_reads_rope_parameters(preset):
+    """Llama, Qwen3, the Kimi-K3-style target and the DFlash draft share one RoPE reading."""
+    rope = {"rope_type": "yarn", "rope_theta": 1e6, "factor": 4.0,
+            "original_max_position_embeddings": 256}
+    raw = {**PRESETS[preset], "rope_theta": None, "rope_parameters": rope}
+    model = get_model_class(raw["architectures"][0])(SimpleNamespace(**raw))
+    head_dim = raw["head_dim"]
+    hf = LlamaRotaryEmbedding(transformers.LlamaConfig(
+        hidden_size=raw["hidden_size"], num_attention_heads=raw["hidden_size"] // head_dim,
+        max_position_embeddings=raw["max_position_embeddings"], rope_parameters=dict(rope)))
+    positions = torch.arange(raw["max_position_embeddings"])
+    expected = torch.outer(positions.float(), hf.inv_freq).cos() * hf.attention_scaling
+    caches = [m.cos_sin_cache for m in model.modules() if hasattr(m, "cos_sin_cache")]
+    assert len(caches) == raw["num_hidden_layers"]
+    for cache in caches:
+        assert torch.equal(cache[:, : head_dim // 2], expected)
 
 
 def _qwen3(**kw) -> SimpleNamespace:
