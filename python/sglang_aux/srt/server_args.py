@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -58,7 +59,8 @@ class ServerArgs:
         algo = SpeculativeAlgorithm.from_string(self.speculative_algorithm)
         self.speculative_algorithm = algo.value
         if self.served_model_name is None:
-            self.served_model_name = Path(self.model_path or DEFAULT_MODEL).name
+            # absolute (so "." names its folder) but not resolved (a symlink keeps its name)
+            self.served_model_name = Path(os.path.abspath(self.model_path or DEFAULT_MODEL)).name
         for name, choices in (("dtype", DTYPES), ("load_format", LOAD_FORMATS),
                               ("attention_backend", (None, *ATTENTION_BACKENDS)),
                               ("speculative_draft_fc_quantization", (None, *FC_QUANTIZATIONS))):

@@ -10,9 +10,11 @@ from pathlib import Path
 import httpx
 import pytest
 
+from sglang_aux.srt.server_args import ServerArgs
 from sglang_aux.test.ci.ci_register import register_cpu_ci
 from sglang_aux.test.runtime_utils import tiny_checkpoint
 from sglang_aux.test.server_utils import launched_server
+from sglang_aux.tools.presets import DEFAULT_MODEL
 
 register_cpu_ci(est_time=40, suite="default")
 
@@ -78,6 +80,12 @@ def test_default_served_model_name_is_the_folder_name(client, ckpts):
     out = client.post("/v1/completions", json={"model": name, "prompt": "Hi", "max_tokens": 2})
     assert out.status_code == 200 and out.json()["model"] == name
     assert client.get("/get_model_info").json()["served_model_name"] == name
+
+
+def test_served_model_name_defaults():
+    assert ServerArgs().served_model_name == DEFAULT_MODEL  # the built-in name, not its cache
+    assert ServerArgs(model_path="/ckpts/Qwen3-8B/").served_model_name == "Qwen3-8B"
+    assert ServerArgs(model_path="/x", served_model_name="mine").served_model_name == "mine"
 
 
 if __name__ == "__main__":
