@@ -33,22 +33,34 @@ def head_dim_of(config: SimpleNamespace) -> int:
     return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
 
 
+def rope_base_of(config: SimpleNamespace) -> float:
+    """RoPE base from transformers 5's `rope_parameters` or the legacy top-level `rope_theta`;
+    only the default rope type is implemented here."""
+    params = getattr(config, "rope_parameters", None) or {}
+    if params.get("rope_type", "default") != "default":
+        raise ValueError(f"rope_type {params['rope_type']!r} is not supported (only 'default')")
+    return params.get("rope_theta", getattr(config, "rope_theta", 10000.0))
+
+
 class LlamaAttention(nn.Module):
     def __init__(self, config: SimpleNamespace, layer_id: int):
         super().__init__()
         self.num_heads = config.num_attention_heads
         self.num_kv_heads = config.num_key_value_heads
         self.head_dim = head_dim_of(config)
-        bias = getattr(config, "attention_bias", False)
+        qkv_bias, o_bias = self.projection_biases(config)
         h, d = config.hidden_size, self.head_dim
-        self.q_proj = nn.Linear(h, self.num_heads * d, bias=bias)
-        self.k_proj = nn.Linear(h, self.num_kv_heads * d, bias=bias)
-        self.v_proj = nn.Linear(h, self.num_kv_heads * d, bias=bias)
-        self.o_proj = nn.Linear(self.num_heads * d, h, bias=False)
-        self.rotary_emb = RotaryEmbedding(
-            d, config.max_position_embeddings, getattr(config, "rope_theta", 10000.0)
-        )
+        self.q_proj = nn.Linear(h, self.num_heads * d, bias=qkv_bias)
+        self.k_proj = nn.Linear(h, self.num_kv_heads * d, bias=qkv_bias)
+        self.v_proj = nn.Linear(h, self.num_kv_heads * d, bias=qkv_bias)
+        self.o_proj = nn.Linear(self.num_heads * d, h, bias=o_bias)
+        self.rotary_emb = RotaryEmbedding(d, config.max_position_embeddings, rope_base_of(config))
         self.attn = RadixAttention(self.num_heads, d, d**-0.5, self.num_kv_heads, layer_id)
+
+    @staticmethod
+    def projection_biases(config: SimpleNamespace) -> tuple[bool, bool]:
+        """(q/k/v bias, o_proj bias): the family's hook (Qwen2 always has q/k/v biases)."""
+        return getattr(config, "attention_bias", False), False
 
     def qk_norm(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Per-head q/k normalization hook (identity for Llama, RMSNorm for Qwen3)."""

@@ -1,0 +1,112 @@
+"""Qwen2 (`Qwen2ForCausalLM`) against transformers on a tiny random checkpoint transformers
+saved itself: exact greedy tokens and close logits in fp32, the biases it carries, rope 1e6
+read from `rope_parameters`, and the shared aux buffer opt-in."""
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from sglang_aux.srt.entrypoints.engine import Engine
+from sglang_aux.srt.layers.aux_hidden_states import SupportsSharedAuxHiddenStates
+from sglang_aux.srt.model_executor.model_runner_components.misc_utils import (
+    resolve_aux_hidden_states_width,
+)
+from sglang_aux.srt.models.qwen2 import Qwen2ForCausalLM
+from sglang_aux.srt.speculative.spec_info import SpeculativeAlgorithm
+from sglang_aux.test.ci.ci_register import register_cpu_ci
+from sglang_aux.test.hf_checkpoints import QWEN2_ROPE_BASE, save_tiny_qwen2
+from sglang_aux.test.runtime_utils import prefill, release
+
+register_cpu_ci(est_time=15, suite="default")
+
+transformers = pytest.importorskip("transformers", reason="compares with transformers (test extra)")
+
+PROMPTS = [[72, 105, 32, 116, 104, 101, 114, 101, 33], [3, 141, 59, 26, 53, 200, 7], [90]]
+NEW_TOKENS = 16
+# The same fp32 math in another order (paged vs dense attention, other kernels).
+LOGIT_TOL = {"atol": 1e-4, "rtol": 1e-4}
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory) -> Path:
+    return Path(save_tiny_qwen2(tmp_path_factory.mktemp("ckpt") / "tiny-qwen2"))
+
+
+@pytest.fixture(scope="module")
+def hf(folder):
+    return transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+
+
+@pytest.fixture(scope="module")
+def engine(folder):
+    return Engine(model_path=str(folder), dtype="float32", device="cpu", max_total_tokens=2048,
+                  max_running_requests=4)
+
+
+def test_checkpoint_is_transformers_own(folder):
+    """The subject is what transformers 5 writes: no top-level rope_theta, biases on q/k/v."""
+    cfg = json.loads((folder / "config.json").read_text())
+    assert cfg["architectures"] == ["Qwen2ForCausalLM"] and "rope_theta" not in cfg
+    assert cfg["rope_parameters"]["rope_theta"] == QWEN2_ROPE_BASE
+
+
+def test_model_structure(engine, hf):
+    model = engine.worker.model_runner.model
+    assert isinstance(model, Qwen2ForCausalLM)
+    attn = model.model.layers[0].self_attn
+    assert attn.o_proj.bias is None
+    for proj in ("q_proj", "k_proj", "v_proj"):  # loaded from the checkpoint, not zero
+        ours = getattr(attn, proj).bias
+        assert ours is not None and ours.abs().max() > 0.1
+        assert torch.equal(ours, getattr(hf.model.layers[0].self_attn, proj).bias)
+    assert not torch.equal(model.lm_head_weight, model.model.embed_tokens.weight)  # untied
+
+
+def test_greedy_tokens_equal_transformers(engine, hf):
+    params = {"temperature": 0, "max_new_tokens": NEW_TOKENS, "ignore_eos": True}
+    outs = engine.generate(input_ids=PROMPTS, sampling_params=params)
+    for ids, out in zip(PROMPTS, outs, strict=True):
+        with torch.no_grad():
+            ref = hf.generate(torch.tensor([ids]), max_new_tokens=NEW_TOKENS, do_sample=False,
+                              eos_token_id=None, pad_token_id=0)
+        assert out["output_ids"] == ref[0, len(ids):].tolist(), ids
+        assert len(set(out["output_ids"])) > 3  # a model that moves, not one repeated token
+
+
+def test_prefill_logits_close_to_transformers(engine, hf):
+    runner = engine.worker.model_runner
+    reqs, out = prefill(runner, PROMPTS)
+    release(runner, reqs)
+    for i, ids in enumerate(PROMPTS):
+        with torch.no_grad():
+            ref = hf(torch.tensor([ids])).logits[0, -1]
+        torch.testing.assert_close(out.next_token_logits[i], ref, **LOGIT_TOL)
+
+
+def test_opts_in_to_the_shared_aux_buffer(engine):
+    model = engine.worker.model_runner.model
+    assert isinstance(model, SupportsSharedAuxHiddenStates)
+    model.set_dflash_layers_to_capture([0, 2])
+    try:
+        width = resolve_aux_hidden_states_width(
+            model=model, spec_algorithm=SpeculativeAlgorithm.DFLASH, is_draft_worker=False)
+        assert width == model.get_aux_hidden_states_width() == 2 * 64
+    finally:
+        model.set_dflash_layers_to_capture([])
+
+
+def test_sliding_window_is_refused(folder, tmp_path):
+    cfg = json.loads((folder / "config.json").read_text())
+    cfg.update(use_sliding_window=True, sliding_window=16)
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    for f in ("model.safetensors", "tokenizer.json", "tokenizer_config.json"):
+        (tmp_path / f).symlink_to(folder / f)
+    with pytest.raises(ValueError, match="use_sliding_window"):
+        Engine(model_path=str(tmp_path), device="cpu", max_total_tokens=256)
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-q"]))
