@@ -1,6 +1,6 @@
 """Qwen2 (`Qwen2ForCausalLM`) against transformers on a tiny random checkpoint transformers
 saved itself: exact greedy tokens and close logits in fp32, the biases it carries, rope 1e6
-read from `rope_parameters`, and the shared aux buffer opt-in."""
+read from `rope_parameters`, the shared aux buffer opt-in, and lossless DFlash over it."""
 
 import json
 import sys
@@ -14,11 +14,14 @@ from sglang_aux.srt.layers.aux_hidden_states import SupportsSharedAuxHiddenState
 from sglang_aux.srt.model_executor.model_runner_components.misc_utils import (
     resolve_aux_hidden_states_width,
 )
+from sglang_aux.srt.model_loader.weight_utils import init_random_weights
 from sglang_aux.srt.models.qwen2 import Qwen2ForCausalLM
 from sglang_aux.srt.speculative.spec_info import SpeculativeAlgorithm
 from sglang_aux.test.ci.ci_register import register_cpu_ci
 from sglang_aux.test.hf_checkpoints import QWEN2_ROPE_BASE, save_tiny_qwen2
 from sglang_aux.test.runtime_utils import prefill, release
+from sglang_aux.tools.dflash_training.export import draft_config, new_draft, write_draft
+from sglang_aux.tools.presets import MASK_TOKEN_ID
 
 register_cpu_ci(est_time=15, suite="default")
 
@@ -36,13 +39,19 @@ def folder(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def hf(folder):
-    return transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+def device():
+    return "cpu"
 
 
 @pytest.fixture(scope="module")
-def engine(folder):
-    return Engine(model_path=str(folder), dtype="float32", device="cpu", max_total_tokens=2048,
+def hf(folder, device):
+    return transformers.AutoModelForCausalLM.from_pretrained(
+        folder, dtype=torch.float32).eval().to(device)
+
+
+@pytest.fixture(scope="module")
+def engine(folder, device):
+    return Engine(model_path=str(folder), dtype="float32", device=device, max_total_tokens=2048,
                   max_running_requests=4)
 
 
@@ -61,28 +70,28 @@ def test_model_structure(engine, hf):
     for proj in ("q_proj", "k_proj", "v_proj"):  # loaded from the checkpoint, not zero
         ours = getattr(attn, proj).bias
         assert ours is not None and ours.abs().max() > 0.1
-        assert torch.equal(ours, getattr(hf.model.layers[0].self_attn, proj).bias)
+        assert torch.equal(ours, getattr(hf.model.layers[0].self_attn, proj).bias.to(ours))
     assert not torch.equal(model.lm_head_weight, model.model.embed_tokens.weight)  # untied
 
 
-def test_greedy_tokens_equal_transformers(engine, hf):
+def test_greedy_tokens_equal_transformers(engine, hf, device):
     params = {"temperature": 0, "max_new_tokens": NEW_TOKENS, "ignore_eos": True}
     outs = engine.generate(input_ids=PROMPTS, sampling_params=params)
     for ids, out in zip(PROMPTS, outs, strict=True):
         with torch.no_grad():
-            ref = hf.generate(torch.tensor([ids]), max_new_tokens=NEW_TOKENS, do_sample=False,
-                              eos_token_id=None, pad_token_id=0)
+            ref = hf.generate(torch.tensor([ids], device=device), max_new_tokens=NEW_TOKENS,
+                              do_sample=False, eos_token_id=None, pad_token_id=0)
         assert out["output_ids"] == ref[0, len(ids):].tolist(), ids
         assert len(set(out["output_ids"])) > 3  # a model that moves, not one repeated token
 
 
-def test_prefill_logits_close_to_transformers(engine, hf):
+def test_prefill_logits_close_to_transformers(engine, hf, device):
     runner = engine.worker.model_runner
     reqs, out = prefill(runner, PROMPTS)
     release(runner, reqs)
     for i, ids in enumerate(PROMPTS):
         with torch.no_grad():
-            ref = hf(torch.tensor([ids])).logits[0, -1]
+            ref = hf(torch.tensor([ids], device=device)).logits[0, -1]
         torch.testing.assert_close(out.next_token_logits[i], ref, **LOGIT_TOL)
 
 
@@ -96,6 +105,27 @@ def test_opts_in_to_the_shared_aux_buffer(engine):
         assert width == model.get_aux_hidden_states_width() == 2 * 64
     finally:
         model.set_dflash_layers_to_capture([])
+
+
+def test_dflash_is_lossless_over_the_shared_buffer(folder, engine, device, tmp_path):
+    """A random block-8 draft reading three Qwen2 layers: greedy DFlash gives the target-only
+    tokens, with the target's verify forwards writing the shared aux buffer."""
+    target_cfg = json.loads((folder / "config.json").read_text())
+    config = draft_config(target_cfg, num_layers=1, num_aux_layers=3, block_size=8,
+                          mask_token_id=MASK_TOKEN_ID)
+    draft = new_draft(config, torch.device("cpu"), seed=0)
+    init_random_weights(draft, seed=1)
+    write_draft(draft, config, tmp_path / "draft", card="random draft\n")
+    spec = Engine(model_path=str(folder), dtype="float32", device=device, max_total_tokens=4096,
+                  max_running_requests=4, speculative_algorithm="DFLASH",
+                  speculative_draft_model_path=str(tmp_path / "draft"))
+    assert spec.worker.target_runner.get_aux_hidden_states_width() == 3 * 64
+    params = {"temperature": 0, "max_new_tokens": NEW_TOKENS, "ignore_eos": True}
+    ref = engine.generate(input_ids=PROMPTS, sampling_params=params)
+    outs = spec.generate(input_ids=PROMPTS, sampling_params=params)
+    for r, s in zip(ref, outs, strict=True):
+        assert s["output_ids"] == r["output_ids"]
+        assert s["meta_info"]["spec_verify_ct"] > 0
 
 
 def test_sliding_window_is_refused(folder, tmp_path):
