@@ -90,8 +90,10 @@ def test_engine_matches_transformers(files, from_gguf):
         assert out["output_ids"] == ref.sequences[0, len(ids):].tolist(), TEXTS[i]
         torch.testing.assert_close(prefill_out.next_token_logits[i], ref.logits[0][0],
                                    **LOGIT_TOL)
-    # <|im_end|> ends a turn: it is the engine's stop token
+    # <|im_end|> ends a turn, and <|endoftext|> a text, as Qwen2.5's generation config says
     assert engine.tokenizer.eos_token_id == hf_tok.convert_tokens_to_ids("<|im_end|>")
+    assert engine.scheduler.eos_token_ids == {
+        hf_tok.convert_tokens_to_ids(t) for t in ("<|im_end|>", "<|endoftext|>")}
 
 
 def test_tokenizer_matches_transformers(files, from_gguf):
@@ -120,6 +122,7 @@ def test_transformers_loads_our_folder(files, from_gguf):
     for t in (tok, hf_tok):
         assert (t.eos_token_id, t.pad_token_id) == (model.config.eos_token_id,
                                                     model.config.pad_token_id)
+    assert again.config.eos_token_id == [tok.eos_token_id, tok.pad_token_id]
     chat = tok.apply_chat_template(MESSAGES, tokenize=False, add_generation_prompt=True)
     assert chat == hf_tok.apply_chat_template(MESSAGES, tokenize=False,
                                               add_generation_prompt=True)

@@ -19,6 +19,9 @@ class GGUFArch:
     # architectures it runs with "normal" RoPE (llama); NeoX-RoPE ones (qwen2) keep HF order.
     permuted_qk: bool
     extra_config: dict  # HF config keys the architecture fixes
+    # Tokens that also end generation besides the file's EOS (config.json then lists them):
+    # Qwen2.5's own generation_config.json stops at <|endoftext|> as well as <|im_end|>.
+    extra_eos: tuple[str, ...] = ()
 
 
 ARCHS = {
@@ -26,7 +29,8 @@ ARCHS = {
                       extra_config={"attention_bias": False}),
     # Qwen2 always has q/k/v biases (the tensors say so); llama.cpp runs it without windows.
     "qwen2": GGUFArch("Qwen2ForCausalLM", "qwen2", permuted_qk=False,
-                      extra_config={"use_sliding_window": False, "sliding_window": None}),
+                      extra_config={"use_sliding_window": False, "sliding_window": None},
+                      extra_eos=("<|endoftext|>",)),
 }
 _GLOBAL_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm",
                  "output": "lm_head"}
@@ -57,6 +61,9 @@ def hf_config(reader, dtype: torch.dtype) -> dict:
     heads = key("attention.head_count")
     hidden = key("embedding_length")
     has_output = any(t.name == "output.weight" for t in reader.tensors)
+    eos = meta(reader, "tokenizer.ggml.eos_token_id", None)
+    extra_eos = [tokens.index(t) for t in arch.extra_eos if t in tokens]
+    eos_ids = [i for i in dict.fromkeys([eos, *extra_eos]) if i is not None]
     # float32 metadata: the shortest decimal that reads back as the same float32 (1e-05)
     eps = float(str(np.float32(key("attention.layer_norm_rms_epsilon"))))
     return {
@@ -76,7 +83,7 @@ def hf_config(reader, dtype: torch.dtype) -> dict:
         **arch.extra_config,
         "tie_word_embeddings": not has_output,
         "bos_token_id": meta(reader, "tokenizer.ggml.bos_token_id", None),
-        "eos_token_id": meta(reader, "tokenizer.ggml.eos_token_id", None),
+        "eos_token_id": eos_ids[0] if len(eos_ids) == 1 else (eos_ids or None),
         "pad_token_id": meta(reader, "tokenizer.ggml.padding_token_id", None),
         "torch_dtype": str(dtype).removeprefix("torch."),
     }
