@@ -21,6 +21,8 @@
 # Then, in later calls on the same warm machine, the name works (first use imports to bf16):
 #     PYTHONPATH=python:/tmp/site python -m sglang_aux.launch_server \
 #         --model-path qwen2.5-coder-1.5b-instruct ...
+# With an 18 MB tree the parts are 43 MiB: the 1.5B takes 25 calls (--put 00 .. --put 23, then
+# --join 24); the 0.5B 11 (--put 00 .. 09, --join 10), with `--model 0.5b` in every call.
 # A call that fails leaves the earlier parts in place: repeat that call only.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
