@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 
 from sglang_aux.srt.managers.tokenizer import BYTE_TOKENIZER_CONFIG, byte_level_tokenizer
-from sglang_aux.tools.presets import TINY_VOCAB
+from sglang_aux.tools.presets import BYTE_VOCAB, TINY_VOCAB
 
 HF_TINY = {
     "vocab_size": TINY_VOCAB,
@@ -28,10 +28,11 @@ HF_TINY = {
     "pad_token_id": None,
 }
 BIAS_STD = 0.5  # transformers zero-inits biases; random ones show that they are applied
+QWEN2_ROPE_BASE = 1e6
 
 
 def save_hf_model(architecture: str, out: Path, seed: int = 0, **config_overrides):
-    """`LlamaForCausalLM` or `Qwen3ForCausalLM` with random weights, saved by
+    """`LlamaForCausalLM`, `Qwen2ForCausalLM` or `Qwen3ForCausalLM` with random weights, saved by
     `save_pretrained` into `out` (fp32); returns the in-memory transformers model."""
     import transformers
 
@@ -46,6 +47,17 @@ def save_hf_model(architecture: str, out: Path, seed: int = 0, **config_override
     model.save_pretrained(out)
     write_byte_tokenizer(out)
     return model
+
+
+def save_tiny_qwen2(out: str | Path, seed: int = 0) -> str:
+    """A 3-layer `Qwen2ForCausalLM` (q/k/v biases, untied head, rope 1e6), saved once into
+    `out`; returns the folder."""
+    out = Path(out)
+    if not (out / "config.json").is_file():
+        save_hf_model("Qwen2ForCausalLM", out, seed, num_hidden_layers=3,
+                      max_position_embeddings=1024, rope_theta=QWEN2_ROPE_BASE,
+                      eos_token_id=BYTE_VOCAB)  # <|endoftext|>
+    return str(out)
 
 
 def write_byte_tokenizer(out: Path) -> None:
