@@ -18,6 +18,7 @@ import torch  # noqa: E402
 
 from sglang_aux.srt.layers.activation import SiluAndMul  # noqa: E402
 from sglang_aux.srt.layers.layernorm import RMSNorm  # noqa: E402
+from sglang_aux.srt.layers.rope_scaling import RopeScaling  # noqa: E402
 from sglang_aux.srt.layers.rotary_embedding import RotaryEmbedding  # noqa: E402
 from sglang_aux.srt.layers.triton_ops.attn_res_mix import MAX_SOURCES, attn_res_mix  # noqa: E402
 from sglang_aux.srt.layers.triton_ops.rms_norm import rms_norm  # noqa: E402
@@ -34,6 +35,10 @@ DTYPES = [torch.float32, torch.float16]
 POISON = float("nan")
 # The cos/sin cache holds fp32 angles: at positions < 512 they are off by ~512 * 2^-24 rad.
 CACHE_ANGLE_ATOL = 1e-4
+
+
+def default_rope(theta: float, max_position: int) -> RopeScaling:
+    return RopeScaling("default", theta, max_position)
 
 
 def fresh_seed() -> int:
@@ -108,7 +113,7 @@ def _qkv(tokens: int, heads: int, kv_heads: int, d: int, dtype):
 @pytest.mark.parametrize("qk_norm", [False, True])
 def test_rope_kernel_in_place(dtype, heads, kv_heads, d, qk_norm):
     seed = fresh_seed()
-    rope = RotaryEmbedding(d, 512, 10000.0)
+    rope = RotaryEmbedding(d, 512, default_rope(10000.0, 512))
     norms = [RMSNorm(d, 1e-6), RMSNorm(d, 1e-6)] if qk_norm else [None, None]
     for n in norms:
         if n is not None:
@@ -131,7 +136,7 @@ def test_rope_kernel_in_place(dtype, heads, kv_heads, d, qk_norm):
 def test_rope_kernel_stores_kv_at_slots(dtype, with_q):
     seed = fresh_seed()
     heads, kv_heads, d, slots = 4, 2, 32, 40
-    rope = RotaryEmbedding(d, 256, 1e6)
+    rope = RotaryEmbedding(d, 256, default_rope(1e6, 256))
     q_norm, k_norm = RMSNorm(d, 1e-6), RMSNorm(d, 1e-6)
     k_norm.weight.data.normal_()
     q_norm.weight.data.normal_()
@@ -174,7 +179,7 @@ def test_attn_res_mix_kernel(dtype, num_sources, n):
 
 
 def test_rope_store_rejects_bad_shapes():
-    rope = RotaryEmbedding(16, 64, 10000.0)
+    rope = RotaryEmbedding(16, 64, default_rope(10000.0, 64))
     k = torch.randn(3, 40)
     with pytest.raises(ValueError, match=r"k must be \[tokens, heads \* 16\]"):
         rope_store(torch.zeros(3, dtype=torch.long), None, k, rope.cos_sin_cache)
@@ -192,7 +197,7 @@ def test_rope_store_rejects_bad_shapes():
 
 
 def test_zero_tokens_launch_nothing():
-    rope = RotaryEmbedding(16, 64, 10000.0)
+    rope = RotaryEmbedding(16, 64, default_rope(10000.0, 64))
     empty = torch.empty(0, 32)
     rope_store(torch.empty(0, dtype=torch.long), empty, empty, rope.cos_sin_cache)
     assert rms_norm(empty, torch.ones(32), 1e-6).shape == (0, 32)

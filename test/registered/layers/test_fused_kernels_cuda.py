@@ -9,6 +9,7 @@ import torch
 
 from sglang_aux.srt.layers.activation import SiluAndMul
 from sglang_aux.srt.layers.layernorm import RMSNorm
+from sglang_aux.srt.layers.rope_scaling import RopeScaling
 from sglang_aux.srt.layers.rotary_embedding import RotaryEmbedding
 from sglang_aux.srt.layers.triton_ops.attn_res_mix import MAX_SOURCES, attn_res_mix
 from sglang_aux.srt.layers.triton_ops.dispatch import ENV_VAR
@@ -34,6 +35,10 @@ K3_HIDDEN = 7168
 # bf16 output rounding (2^-8 relative) on O(1..10) values; fp32: summation order only.
 BF16_TOL = {"atol": 4e-2, "rtol": 1.6e-2}
 FP32_TOL = {"atol": 1e-5, "rtol": 1e-5}
+
+
+def default_rope(theta: float, max_position: int) -> RopeScaling:
+    return RopeScaling("default", theta, max_position)
 
 
 def fresh_seed() -> int:
@@ -73,7 +78,7 @@ def test_silu_and_mul_bf16_vs_fp32(tokens):
 @pytest.mark.parametrize("qk_norm", [False, True])
 def test_rope_store_bf16_vs_fp32(tokens, qk_norm):
     seed = fresh_seed()
-    rope = RotaryEmbedding(HEAD_DIM, 8192, 100000.0).cuda()
+    rope = RotaryEmbedding(HEAD_DIM, 8192, default_rope(100000.0, 8192)).cuda()
     norms = [RMSNorm(HEAD_DIM, 1e-6).cuda() for _ in range(2)] if qk_norm else [None, None]
     for n in norms:
         if n is not None:

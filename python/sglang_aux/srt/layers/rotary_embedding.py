@@ -8,19 +8,20 @@ from torch import nn
 
 from sglang_aux.srt.layers.kv_store import KVStore
 from sglang_aux.srt.layers.layernorm import RMSNorm
+from sglang_aux.srt.layers.rope_scaling import RopeScaling
 from sglang_aux.srt.layers.triton_ops.dispatch import use_triton
 from sglang_aux.srt.layers.triton_ops.rope_store import rope_store
 
 
 class RotaryEmbedding(nn.Module):
-    def __init__(self, head_dim: int, max_position: int, base: float):
+    def __init__(self, head_dim: int, max_position: int, rope: RopeScaling):
         super().__init__()
         self.head_dim = head_dim
-        inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
-        freqs = torch.outer(torch.arange(max_position, dtype=torch.float32), inv_freq)
+        freqs = torch.outer(torch.arange(max_position, dtype=torch.float32),
+                            rope.inv_freq(head_dim))
+        cos_sin = torch.cat([freqs.cos(), freqs.sin()], -1) * rope.attention_factor
         # [max_position, head_dim] = cos | sin halves; a buffer so it follows .to(device)
-        self.register_buffer("cos_sin_cache", torch.cat([freqs.cos(), freqs.sin()], -1),
-                             persistent=False)
+        self.register_buffer("cos_sin_cache", cos_sin, persistent=False)
 
     def forward(self, positions: torch.Tensor, q: torch.Tensor | None, k: torch.Tensor,
                 q_norm: RMSNorm | None = None, k_norm: RMSNorm | None = None

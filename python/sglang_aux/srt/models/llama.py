@@ -13,6 +13,7 @@ from types import SimpleNamespace
 import torch
 from torch import nn
 
+from sglang_aux.srt.configs.decoder_config import check_decoder_config
 from sglang_aux.srt.layers.activation import SiluAndMul
 from sglang_aux.srt.layers.aux_hidden_states import (
     AuxHiddenStateList,
@@ -25,6 +26,7 @@ from sglang_aux.srt.layers.layernorm import RMSNorm
 from sglang_aux.srt.layers.linear import MergedColumnLinear
 from sglang_aux.srt.layers.logits_processor import LogitsProcessor, LogitsProcessorOutput
 from sglang_aux.srt.layers.radix_attention import RadixAttention
+from sglang_aux.srt.layers.rope_scaling import RopeScaling
 from sglang_aux.srt.layers.rotary_embedding import RotaryEmbedding
 from sglang_aux.srt.model_executor.forward_batch_info import ForwardBatch
 from sglang_aux.srt.model_loader.weight_utils import load_named_weights
@@ -43,18 +45,24 @@ class LlamaAttention(nn.Module):
         self.num_heads = config.num_attention_heads
         self.num_kv_heads = config.num_key_value_heads
         self.head_dim = head_dim_of(config)
-        bias = getattr(config, "attention_bias", False)
+        qkv_bias, o_bias = self.projection_biases(config)
         h, d = config.hidden_size, self.head_dim
         self.qkv_proj = MergedColumnLinear(
             h, {"q_proj": self.num_heads * d, "k_proj": self.num_kv_heads * d,
-                "v_proj": self.num_kv_heads * d}, bias=bias)
-        self.o_proj = nn.Linear(self.num_heads * d, h, bias=False)
-        self.rotary_emb = RotaryEmbedding(
-            d, config.max_position_embeddings, getattr(config, "rope_theta", 10000.0)
-        )
+                "v_proj": self.num_kv_heads * d}, bias=qkv_bias)
+        self.o_proj = nn.Linear(self.num_heads * d, h, bias=o_bias)
+        self.rotary_emb = RotaryEmbedding(d, config.max_position_embeddings,
+                                          RopeScaling.from_hf_config(config))
         self.attn = RadixAttention(self.num_heads, d, d**-0.5, self.num_kv_heads, layer_id)
         self.q_norm: RMSNorm | None = None
         self.k_norm: RMSNorm | None = None
+
+    @staticmethod
+    def projection_biases(config: SimpleNamespace) -> tuple[bool, bool]:
+        """(q/k/v bias, o_proj bias): HF Llama's `attention_bias` covers all four; Qwen2
+        overrides (q/k/v biases, none on o_proj)."""
+        bias = getattr(config, "attention_bias", False)
+        return bias, bias
 
     def forward(self, positions: torch.Tensor, x: torch.Tensor,
                 forward_batch: ForwardBatch) -> torch.Tensor:
@@ -155,6 +163,7 @@ class LlamaForCausalLM(nn.Module):
 
     def __init__(self, config: SimpleNamespace, pp_size: int = 1):
         super().__init__()
+        check_decoder_config(config)
         self.config = config
         self.pp_size = pp_size
         self.model = self.model_cls(config)
