@@ -68,7 +68,7 @@ def test_model_structure(engine, hf):
     attn = model.model.layers[0].self_attn
     assert attn.o_proj.bias is None
     for proj in ("q_proj", "k_proj", "v_proj"):  # loaded from the checkpoint, not zero
-        ours = getattr(attn, proj).bias
+        ours = attn.qkv_proj.shard_param(proj, "bias")
         assert ours is not None and ours.abs().max() > 0.1
         assert torch.equal(ours, getattr(hf.model.layers[0].self_attn, proj).bias.to(ours))
     assert not torch.equal(model.lm_head_weight, model.model.embed_tokens.weight)  # untied
