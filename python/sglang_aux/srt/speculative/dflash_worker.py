@@ -83,7 +83,7 @@ class DFlashWorker:
         self.on_aux_consumed: Callable[[], None] | None = None
         device = self.target_runner.device
         # a batch never exceeds the running limit, but a padded graph may
-        rows = max(server_args.max_running_requests, *(server_args.cuda_graph_bs_decode or []))
+        rows = max([server_args.max_running_requests, *(server_args.cuda_graph_bs_decode or [])])
         self.sampling_rows = SamplingRows(rows, target_config.hf_config.vocab_size, device)
         self.readback = HostReadback(device)
         # Epilogue outputs, row prefixes per batch; borrowed until the runner's next forward.
