@@ -133,6 +133,16 @@ def test_seeded_sampling_does_not_depend_on_the_batch(ckpts, kind):
     assert len({tuple(o["output_ids"]) for o in batch}) > 1
 
 
+def test_eager_dflash_steps_equal_graph_steps(ckpts):
+    """--disable-decode-cuda-graph runs the same epilogues (commit, acceptance) eagerly."""
+    graphs = _engine(ckpts, "dflash").generate(PROMPTS, GREEDY)
+    eager = _engine(ckpts, "dflash", disable_decode_cuda_graph=True)
+    assert eager.worker.target_runner.graph_runner is None
+    for a, b in zip(graphs, eager.generate(PROMPTS, GREEDY), strict=True):
+        assert a["output_ids"] == b["output_ids"]
+        assert a["meta_info"]["spec_accept_length"] == b["meta_info"]["spec_accept_length"]
+
+
 def test_dtype_auto_is_float32_on_cpu(tmp_path):
     path = tiny_checkpoint("tiny-llama", tmp_path)
     cfg = json.loads((Path(path) / "config.json").read_text())
