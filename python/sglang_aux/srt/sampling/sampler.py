@@ -56,8 +56,9 @@ class SamplingTensors:
     is_greedy: torch.Tensor  # bool
 
     def repeat_interleave(self, n: int) -> SamplingTensors:
-        """Each row's parameters for `n` consecutive rows (the tokens of one block)."""
-        return SamplingTensors(*(t.repeat_interleave(n) for t in (
+        """Each row's parameters for `n` consecutive rows (the tokens of one block); an
+        expand, where `Tensor.repeat_interleave` may size its output on the host."""
+        return SamplingTensors(*(t[:, None].expand(-1, n).reshape(-1) for t in (
             self.temperature, self.top_k, self.top_p, self.seed, self.is_greedy)))
 
 
