@@ -1,6 +1,6 @@
 """The server load test (benchmark/spec_decode/load_test_server.py), scaled down to the CPU:
-concurrent greedy and sampled DFlash requests with aborts mid-stream, outputs equal to their
-sequential runs, every KV slot and request row back, a run of decode steps after it."""
+concurrent greedy and sampled DFlash requests with aborts mid-stream, greedy outputs equal to
+their sequential runs, every KV slot and request row back, a run of decode steps after it."""
 
 import importlib.util
 import sys
@@ -36,7 +36,7 @@ def test_load_test_passes_on_a_small_dflash_server(tmp_path):
         "--cuda-graph-max-bs-decode", "8", "--max-total-tokens", "8192"])
     assert out.is_file()
     assert report["aborted"] == 4 and report["checked"] == 12
-    assert report["greedy_mismatched"] == [] and report["sampled_mismatched"] == []
+    assert report["greedy_checked"] > 0 and report["greedy_mismatched"] == []
     assert report["kv_slots_back"] and report["req_rows_back"] and report["final_kv_slots_back"]
     assert report["long_decode_steps"] >= 60
     assert report["ok"]

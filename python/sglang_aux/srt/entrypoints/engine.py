@@ -33,8 +33,8 @@ class Engine:
         if args.enable_two_batch_overlap:
             logger.warning("--enable-two-batch-overlap: batches are not split at run time here; "
                            "only the split contract (two_batch_overlap.filter_batch) is provided")
-        # Draws the seeds of requests that give none; CPU only: reseeding the CUDA generator
-        # after another engine captured graphs breaks later random ops.
+        # Seeds for requests that give none, from a private CPU generator: reseeding the
+        # global CUDA one after another engine captured graphs breaks later random ops.
         self._seeds = torch.Generator().manual_seed(args.random_seed)
         self.server_args = args
         self.model_config, self.tokenizer = resolve_model(args)

@@ -23,7 +23,7 @@ logger = logging.getLogger(__name__)
 class Worker(Protocol):
     tokens_per_step: int  # most tokens one decode step can add to a request
 
-    def prefill(self, reqs: list[Req]) -> list[list[int]]: ...  # rows reserved by the caller
+    def prefill(self, reqs: list[Req]) -> list[list[int]]: ...  # rows and KV already reserved
 
     def decode(self, reqs: list[Req]) -> list[list[int]]: ...
 
