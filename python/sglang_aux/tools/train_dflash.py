@@ -49,8 +49,9 @@ logger = logging.getLogger("train_dflash")
 
 # Mask token: the first of these the tokenizer keeps whole. The tiny presets have `<|mask|>`;
 # SmolLM2 has none, so an unused control token of its vocab stands in: `<empty_output>` (id 16,
-# a code-data marker that chat and GSM8K text never produce).
-MASK_TOKEN_CANDIDATES = ("<|mask|>", "<empty_output>")
+# a code-data marker that chat and GSM8K text never produce); Qwen2.5's likewise:
+# `<|fim_pad|>` (id 151662, fill-in-the-middle padding).
+MASK_TOKEN_CANDIDATES = ("<|mask|>", "<empty_output>", "<|fim_pad|>")
 EVAL_PARALLEL = 64  # concurrent evaluation requests, as the GSM8K harness's --parallel
 SMOKE_DEFAULTS = dict(target="tiny-llama", num_samples=6, num_shots=0, max_new_tokens=24,
                       gen_batch=8, num_layers=1, num_aux_layers=2, block_size=4, steps=20,

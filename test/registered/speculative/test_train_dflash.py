@@ -4,18 +4,23 @@ smoke run of the whole tool whose draft folder our Engine runs losslessly."""
 
 import json
 import sys
+from pathlib import Path
 
 import pytest
+import tokenizers
 import torch
+from tokenizers import models, pre_tokenizers
 
 from sglang_aux.srt.configs.model_config import ModelConfig
 from sglang_aux.srt.entrypoints.engine import Engine
 from sglang_aux.srt.managers.schedule_batch import build_fixed_batch
+from sglang_aux.srt.managers.tokenizer import Tokenizer
 from sglang_aux.srt.model_executor.forward_batch_info import ForwardMode
 from sglang_aux.srt.model_executor.model_runner import ModelRunner
 from sglang_aux.srt.model_loader.weight_utils import init_random_weights
 from sglang_aux.srt.server_args import ServerArgs
 from sglang_aux.test.ci.ci_register import register_cpu_ci
+from sglang_aux.test.hf_checkpoints import save_tiny_qwen2
 from sglang_aux.test.runtime_utils import eager_forward, make_runner, prefill, tiny_checkpoint
 from sglang_aux.tools import train_dflash
 from sglang_aux.tools.dflash_training.data import Sample, default_gsm8k_path
@@ -152,15 +157,38 @@ def test_smoke_run_writes_a_draft_the_engine_runs_losslessly(target, tmp_path):
                                        "mask_token_id": MASK_TOKEN_ID, "target_hidden_size": 64}
     card = (out / "README.md").read_text()
     assert "--smoke" in card and "Held-out accept length: not measured" not in card
+    _assert_lossless(target, out)
+
+
+def _assert_lossless(target: str, draft: Path) -> None:
+    """Greedy DFlash with the draft at `draft` gives the target-only tokens."""
     common = dict(device="cpu", max_total_tokens=4096, max_running_requests=4)
     prompts = ["Question: Tom has 3 apples.", "12 + 30 =", "The quick brown"]
     params = {"temperature": 0, "max_new_tokens": 16, "ignore_eos": True}
     ref = Engine(model_path=target, **common).generate(prompts, params)
     spec = Engine(model_path=target, speculative_algorithm="DFLASH",
-                  speculative_draft_model_path=str(out), **common).generate(prompts, params)
+                  speculative_draft_model_path=str(draft), **common).generate(prompts, params)
     for r, s in zip(ref, spec, strict=True):
         assert s["output_ids"] == r["output_ids"]
         assert s["meta_info"]["spec_verify_ct"] > 0
+
+
+def test_qwen2_target_with_block_16(tmp_path):
+    """The Qwen2.5-Coder recipe's shape on CPU: a Qwen2 target (transformers' own checkpoint,
+    rope in `rope_parameters`) and a block-16 draft, trained and served losslessly."""
+    pytest.importorskip("transformers", reason="the target is saved by transformers")
+    if default_gsm8k_path("train") is None:
+        pytest.skip("GSM8K not found (../shared/data/gsm8k or SGLANG_AUX_GSM8K_DIR)")
+    target, out = save_tiny_qwen2(tmp_path / "qwen2"), tmp_path / "draft"
+    train_dflash.main(["--smoke", "--target", target, "--out", str(out), "--num-samples", "4",
+                       "--steps", "4", "--block-size", "16", "--num-layers", "2",
+                       "--num-aux-layers", "3"])
+    config = json.loads((out / "config.json").read_text())
+    assert config["dflash_config"]["block_size"] == 16
+    assert config["dflash_config"]["target_layer_ids"] == [0, 1, 2]
+    assert config["rope_parameters"] == json.loads(
+        (Path(target) / "config.json").read_text())["rope_parameters"]
+    _assert_lossless(target, out)
 
 
 def test_mask_token_choice(target):
@@ -169,6 +197,12 @@ def test_mask_token_choice(target):
     assert train_dflash.resolve_mask_token(tok, "7")[1] == 7
     with pytest.raises(ValueError, match="single-token"):
         train_dflash.resolve_mask_token(tok, "two tokens")
+    # a vocabulary without <|mask|> (Qwen2.5's) falls back to its fill-in-the-middle padding
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    qwen_like = tokenizers.Tokenizer(models.BPE({c: i for i, c in enumerate(alphabet)}, []))
+    qwen_like.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    qwen_like.add_special_tokens(["<|endoftext|>", "<|fim_pad|>"])
+    assert train_dflash.resolve_mask_token(Tokenizer(qwen_like, {}), None) == ("<|fim_pad|>", 257)
 
 
 if __name__ == "__main__":

@@ -22,6 +22,7 @@ def model_info(engine: Engine) -> dict:
     args, cfg = engine.server_args, engine.model_config
     return {
         "model_path": args.model_path,
+        "served_model_name": args.served_model_name,
         "tokenizer_path": args.tokenizer_path or args.model_path,
         "architecture": cfg.architecture,
         "is_generation": True,
@@ -75,6 +76,11 @@ def server_info(server: SchedulerThread) -> dict:
         "device_memory_allocated": torch.cuda.memory_allocated(runner.device)
         if runner.device.type == "cuda" else None,
         "scheduler_stats": dict(engine.scheduler.stats),
+        # SGLang's per-scheduler figures (one scheduler here)
+        "internal_states": [{
+            "avg_spec_accept_length": server.metrics.mean_accept_length(),
+            "last_gen_throughput": server.metrics.last_gen_throughput,
+        }],
         **graph_memory(runner.graph_runner),
     }
 

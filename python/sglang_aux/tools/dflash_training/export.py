@@ -17,8 +17,8 @@ from sglang_aux.srt.speculative.dflash_utils import build_target_layer_ids
 # Keys a draft copies from its target: same width, heads and RoPE, so the target's embedding
 # and LM head fit and positions mean the same.
 _FROM_TARGET = ("vocab_size", "max_position_embeddings", "rms_norm_eps", "rope_theta",
-                "hidden_size", "num_attention_heads", "num_key_value_heads", "intermediate_size",
-                "torch_dtype")
+                "rope_parameters", "hidden_size", "num_attention_heads", "num_key_value_heads",
+                "intermediate_size")
 EVAL_LINE = "- Held-out accept length:"
 
 
@@ -32,6 +32,7 @@ def draft_config(target: dict, *, num_layers: int, num_aux_layers: int, block_si
         "model_type": "qwen3",
         **{k: target[k] for k in _FROM_TARGET if k in target},
         "head_dim": head_dim,
+        "torch_dtype": target.get("torch_dtype") or target.get("dtype") or "float32",
         "num_hidden_layers": num_layers,
         "tie_word_embeddings": False,
         "dflash_config": {
