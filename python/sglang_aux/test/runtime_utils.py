@@ -9,9 +9,10 @@ import torch
 from sglang_aux.srt.configs.model_config import ModelConfig
 from sglang_aux.srt.managers.schedule_batch import (
     Req,
-    alloc_tokens,
     build_extend_batch,
     build_fixed_batch,
+    release_kv,
+    reserve_kv,
 )
 from sglang_aux.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
 from sglang_aux.srt.model_executor.model_runner import ModelRunner
@@ -65,9 +66,7 @@ def prefill_random(runner: ModelRunner, prompt_lens: list[int], seed: int = 0) -
 def release(runner: ModelRunner, reqs: list[Req]) -> None:
     """Give back the requests' KV slots and rows."""
     for r in reqs:
-        rows = runner.req_to_token_pool.req_to_token[r.req_pool_idx, : r.kv_len]
-        runner.token_to_kv_pool_allocator.free(rows.clone())
-        runner.req_to_token_pool.free(r.req_pool_idx)
+        release_kv(runner, r)
 
 
 def fixed_batch(runner: ModelRunner, reqs: list[Req], mode: ForwardMode, width: int,
@@ -76,7 +75,10 @@ def fixed_batch(runner: ModelRunner, reqs: list[Req], mode: ForwardMode, width: 
     g = torch.Generator().manual_seed(seed)
     vocab = runner.model_config.hf_config.vocab_size
     starts = [r.kv_len for r in reqs]
-    locs = torch.cat([alloc_tokens(runner, r, width) for r in reqs])
+    for r in reqs:
+        reserve_kv(runner, r, r.kv_len + width)
+    pool = runner.req_to_token_pool.req_to_token
+    locs = torch.cat([pool[r.req_pool_idx, r.kv_len : r.kv_len + width] for r in reqs])
     for r in reqs:
         r.kv_len += width
     ids = torch.randint(0, vocab, (len(reqs) * width,), generator=g).tolist()

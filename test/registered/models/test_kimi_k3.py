@@ -13,7 +13,12 @@ from safetensors.torch import load_file, save_file
 
 from sglang_aux.srt.configs.model_config import ModelConfig
 from sglang_aux.srt.layers.aux_hidden_states import SupportsSharedAuxHiddenStates
-from sglang_aux.srt.managers.schedule_batch import build_decode_batch, build_extend_batch
+from sglang_aux.srt.managers.schedule_batch import (
+    build_extend_batch,
+    build_step_batch,
+    reserve_kv,
+)
+from sglang_aux.srt.model_executor.forward_batch_info import ForwardMode
 from sglang_aux.srt.model_loader.loader import get_model
 from sglang_aux.srt.models.kimi_k3 import KimiK3ForCausalLM, KimiK3MoE
 from sglang_aux.srt.models.llama import LlamaMLP
@@ -179,7 +184,8 @@ def test_decode_and_chunked_prefill_match_one_prefill(ckpt: Path) -> None:
     model(fb.input_ids, fb.positions, fb)
     for req, tok in zip(reqs, next_tokens, strict=True):
         req.output_ids.append(tok)
-    fb = build_decode_batch(runner, reqs)
+        reserve_kv(runner, req, req.kv_len + 1)
+    fb = build_step_batch(runner, reqs, ForwardMode.DECODE, 1)
     runner.attn_backend.init_forward_metadata(fb)
     decoded = model(fb.input_ids, fb.positions, fb).next_token_logits
 

@@ -21,46 +21,54 @@ def _tv(counts: Counter, probs: torch.Tensor) -> float:
     return 0.5 * sum(abs(counts.get(t, 0) / n - float(probs[t])) for t in range(len(probs)))
 
 
+def _verify(drafts, q, p, g):
+    """Batched verification of `len(drafts)` independent trials of the same block."""
+    n = drafts.shape[0]
+    return rejection_verify(drafts, q.expand(n, -1, -1), p.expand(n, -1, -1),
+                            torch.rand(n, BLOCK - 1, generator=g),
+                            torch.rand(n, BLOCK, generator=g))
+
+
 def test_rejection_verify_matches_target_distribution():
     g = torch.Generator().manual_seed(0)
     p = torch.softmax(torch.randn(BLOCK, VOCAB, generator=g) * 1.5, -1)
     q = torch.softmax(torch.randn(BLOCK - 1, VOCAB, generator=g) * 1.5, -1)
-    first, second = Counter(), Counter()
-    lengths = Counter()
-    for _ in range(TRIALS):
-        drafts = [int(torch.multinomial(q[i], 1, generator=g)) for i in range(BLOCK - 1)]
-        v = rejection_verify(drafts, q, p, g)
-        assert len(v.tokens) == v.accepted + 1 and v.tokens[: v.accepted] == drafts[: v.accepted]
-        first[v.tokens[0]] += 1
-        if len(v.tokens) > 1:
-            second[v.tokens[1]] += 1
-        lengths[len(v.tokens)] += 1
+    drafts = torch.stack([torch.multinomial(q[i], TRIALS, replacement=True, generator=g)
+                          for i in range(BLOCK - 1)], dim=1)  # [TRIALS, B-1]
+    v = _verify(drafts, q, p, g)
+    offset = torch.arange(BLOCK - 1)
+    kept = offset < v.accepted[:, None]
+    assert torch.equal(v.tokens[:, :-1][kept], drafts[kept]), "accepted drafts must be emitted"
+    first = Counter(v.tokens[:, 0].tolist())
+    second = Counter(v.tokens[v.accepted >= 1, 1].tolist())
     # sampling noise of TV at 20k draws over 5 outcomes is ~0.01
     assert _tv(first, p[0]) < 0.02
     assert _tv(second, p[1]) < 0.03
-    assert len(lengths) >= 3, "acceptance should vary with these distributions"
+    assert len(set(v.accepted.tolist())) >= 3, "acceptance should vary with these distributions"
 
 
 def test_rejection_verify_accepts_everything_when_draft_equals_target():
     g = torch.Generator().manual_seed(1)
     p = torch.softmax(torch.randn(BLOCK, VOCAB, generator=g), -1)
-    for _ in range(200):
-        drafts = [int(torch.multinomial(p[i], 1, generator=g)) for i in range(BLOCK - 1)]
-        assert rejection_verify(drafts, p[:-1], p, g).accepted == BLOCK - 1
+    drafts = torch.stack([torch.multinomial(p[i], 200, replacement=True, generator=g)
+                          for i in range(BLOCK - 1)], dim=1)
+    assert (_verify(drafts, p[:-1], p, g).accepted == BLOCK - 1).all()
 
 
 def test_rejection_verify_never_emits_zero_probability_tokens():
     p = torch.zeros(BLOCK, VOCAB)
     p[:, 2] = 1.0
     q = torch.full((BLOCK - 1, VOCAB), 1.0 / VOCAB)
-    v = rejection_verify([0, 2, 2], q, p, torch.Generator().manual_seed(0))
-    assert v.accepted == 0 and v.tokens == [2]
+    v = _verify(torch.tensor([[0, 2, 2]] * 64), q, p, torch.Generator().manual_seed(0))
+    assert (v.accepted == 0).all() and (v.tokens[:, 0] == 2).all()
 
 
 def test_greedy_verify_longest_prefix():
-    assert greedy_verify([5, 6, 7], [5, 6, 9, 1]).tokens == [5, 6, 9]
-    assert greedy_verify([5, 6, 7], [5, 6, 7, 1]).tokens == [5, 6, 7, 1]
-    assert greedy_verify([4, 6, 7], [5, 6, 7, 1]).tokens == [5]
+    v = greedy_verify(torch.tensor([[5, 6, 7], [5, 6, 7], [4, 6, 7]]),
+                      torch.tensor([[5, 6, 9, 1], [5, 6, 7, 1], [5, 6, 7, 1]]))
+    assert v.accepted.tolist() == [2, 3, 0]
+    emitted = [v.tokens[i, : a + 1].tolist() for i, a in enumerate(v.accepted.tolist())]
+    assert emitted == [[5, 6, 9], [5, 6, 7, 1], [5]]
 
 
 @pytest.mark.parametrize("top_k", [3])

@@ -4,9 +4,10 @@ known proposals, and aux rows consumed before the next target forward."""
 import sys
 
 import pytest
+import torch
 
 from sglang_aux.srt.entrypoints.engine import Engine
-from sglang_aux.srt.managers.schedule_batch import Req, build_extend_batch
+from sglang_aux.srt.managers.schedule_batch import Req, build_extend_batch, reserve_kv
 from sglang_aux.srt.sampling.sampling_params import SamplingParams
 from sglang_aux.test.ci.ci_register import register_cpu_ci
 from sglang_aux.test.runtime_utils import eager_forward, tiny_checkpoint
@@ -54,7 +55,7 @@ def test_greedy_dflash_equals_target_only(ckpts, target_only, target, shared):
 def _oracle(worker, references: dict[str, list[int]], corrupt_at: int | None):
     """Proposals read from the target-only output; `corrupt_at` (1-based) breaks one."""
 
-    def propose(reqs, _logits):
+    def propose(reqs, fb, _logits, _params):
         drafts = []
         for r in reqs:
             ref = references[r.rid]
@@ -64,7 +65,7 @@ def _oracle(worker, references: dict[str, list[int]], corrupt_at: int | None):
             if corrupt_at is not None:
                 d[corrupt_at - 1] = (d[corrupt_at - 1] + 1) % 300
             drafts.append(d)
-        return drafts, [None] * len(reqs)
+        return torch.tensor(drafts, device=fb.input_ids.device), None
 
     return propose
 
@@ -119,15 +120,18 @@ def _draft_context_error(worker, req: Req) -> float:
     slots = tr.req_to_token_pool.req_to_token[req.req_pool_idx, : req.kv_len].long()
     pool = worker.draft_runner.token_to_kv_pool
     got = [pool.k_buffer[i][slots].clone() for i in range(len(pool.k_buffer))]
-    worker._write_draft_context(aux, fb.positions, fb.out_cache_loc)
+    worker.commit_draft_context(aux, fb.positions, fb.out_cache_loc)
     want = [pool.k_buffer[i][fb.out_cache_loc] for i in range(len(pool.k_buffer))]
     return max(float((g - w).abs().max()) for g, w in zip(got, want, strict=True))
 
 
 def _run_steps(worker, prompt_ids, steps=4):
+    """Drive the worker as the scheduler does: rows and whole reservations first."""
     reqs = [Req(f"s{i}", ids, SamplingParams(temperature=0)) for i, ids in enumerate(prompt_ids)]
     for r in reqs:
         r.req_pool_idx = worker.target_runner.req_to_token_pool.alloc()
+        need = len(r.origin_input_ids) + (steps + 1) * worker.block_size
+        reserve_kv(worker.target_runner, r, need)
     for r, toks in zip(reqs, worker.prefill(reqs), strict=True):
         r.output_ids += toks
     for _ in range(steps):
@@ -149,23 +153,20 @@ def test_aux_rows_consumed_before_next_target_forward(ckpts):
 
 
 def test_reading_after_poison_is_detected(ckpts):
-    """Control: had the draft read its rows after the buffer was overwritten (as by the next
-    verify replay), the context check would catch it."""
+    """Control: had the commit read its rows after the buffer was overwritten (as by the next
+    verify replay), the context check would catch it. (The CPU's eager replay re-runs the
+    captured closure, which looks the commit up on the worker.)"""
     engine = _dflash(ckpts, "tiny-k3")
     worker = engine.worker
-    runner = worker.target_runner
-    buf = runner.graph_runner.buffers.aux_hidden_states
-    forward = runner.forward
+    commit = worker.commit_draft_context
 
-    def forward_then_overwrite(fb):
-        out = forward(fb)
-        if fb.forward_mode.is_target_verify():
-            buf.fill_(float("nan"))
-        return out
+    def late_commit(aux, positions, out_cache_loc):
+        aux.fill_(float("nan"))
+        commit(aux, positions, out_cache_loc)
 
-    runner.forward = forward_then_overwrite
+    worker.commit_draft_context = late_commit
     reqs = _run_steps(worker, [engine.tokenizer.encode(PROMPTS[2])], steps=2)
-    runner.forward = forward
+    worker.commit_draft_context = commit
     err = _draft_context_error(worker, reqs[0])
     assert not err < 1e-4, "a late read of the shared buffer went unnoticed"
 

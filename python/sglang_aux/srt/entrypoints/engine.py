@@ -50,9 +50,9 @@ class Engine:
         if args.enable_two_batch_overlap:
             logger.warning("--enable-two-batch-overlap: batches are not split at run time here; "
                            "only the split contract (two_batch_overlap.filter_batch) is provided")
-        # CPU only: sampling draws on host tensors, and reseeding the CUDA generator after
-        # another engine captured graphs breaks later random ops (weights seed themselves).
-        torch.random.default_generator.manual_seed(args.random_seed)
+        # Seeds for requests that give none, from a private CPU generator: reseeding the
+        # global CUDA one after another engine captured graphs breaks later random ops.
+        self._seeds = torch.Generator().manual_seed(args.random_seed)
         self.server_args = args
         self.model_config, self.tokenizer = resolve_model(args)
         self.worker = self._make_worker()
@@ -92,9 +92,10 @@ class Engine:
             raise ValueError(f"input_ids must be integers in [0, {vocab})")
         params = (sampling_params if isinstance(sampling_params, SamplingParams)
                   else SamplingParams.from_dict(sampling_params))
-        req = Req(rid or f"req-{next(self._rids)}", ids, params)
-        if params.seed is not None:
-            req.generator = torch.Generator().manual_seed(params.seed)
+        seed = params.seed
+        if seed is None:
+            seed = int(torch.randint(0, 2**62, (1,), generator=self._seeds))
+        req = Req(rid or f"req-{next(self._rids)}", ids, params, seed=seed)
         self.scheduler.validate(req)
         return req
 

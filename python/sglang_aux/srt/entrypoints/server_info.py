@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 
+import torch
+
 from sglang_aux.srt.entrypoints.engine import Engine
 from sglang_aux.srt.managers.scheduler_thread import SchedulerThread
 from sglang_aux.srt.model_executor.model_runner_components.misc_utils import (
@@ -68,6 +70,11 @@ def server_info(server: SchedulerThread) -> dict:
         **model_info(engine),
         "max_total_num_tokens": runner.token_to_kv_pool_allocator.size,
         "available_kv_tokens": runner.token_to_kv_pool_allocator.available_size(),
+        "max_req_rows": runner.req_to_token_pool.size,
+        "available_req_rows": runner.req_to_token_pool.available_size(),
+        # the caching allocator's live bytes on the runner's device (None off the GPU)
+        "device_memory_allocated": torch.cuda.memory_allocated(runner.device)
+        if runner.device.type == "cuda" else None,
         "scheduler_stats": dict(engine.scheduler.stats),
         # SGLang's per-scheduler figures (one scheduler here)
         "internal_states": [{

@@ -1,11 +1,19 @@
 """Requests and the ForwardBatches built from them.
 
 A request's KV holds `kv_len` tokens: the prompt and every output token but the last, whose
-K/V is written by the forward that consumes it.
+K/V is written by the forward that consumes it. Its reservation, `kv_reserved` slots mapped
+once in its `req_to_token` row (`reserve_kv`), covers every position it can ever write, so a
+decode step allocates nothing: its slots are a gather from the row.
+
+Invariant (speculative steps): positions `[kv_len, kv_reserved)` hold K/V that no forward
+reads before writing it again. A step writes its whole block at `[kv_len, kv_len + width)`
+and attention reads only `< seq_lens`, its own block included; the positions of rejected
+drafts fall past the new `kv_len`, so the next step overwrites them before any read.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 import torch
@@ -16,6 +24,7 @@ from sglang_aux.srt.model_executor.forward_batch_info import (
     ForwardMode,
 )
 from sglang_aux.srt.model_executor.model_runner import ModelRunner
+from sglang_aux.srt.model_executor.runner_utils.host_transfer import to_device
 from sglang_aux.srt.sampling.sampling_params import SamplingParams
 
 
@@ -27,8 +36,9 @@ class Req:
     output_ids: list[int] = field(default_factory=list)
     req_pool_idx: int | None = None
     kv_len: int = 0
+    kv_reserved: int = 0  # positions `[0, kv_reserved)` of the row have slots
     finished_reason: dict | None = None
-    generator: torch.Generator | None = None
+    seed: int = 0  # keys the request's random draws (with the token position)
     # speculative bookkeeping: verify steps and tokens they produced (accepted drafts + bonus)
     spec_verify_ct: int = 0
     spec_accepted_tokens: int = 0
@@ -60,22 +70,37 @@ def _ints(values: list[int], device: torch.device) -> torch.Tensor:
     return torch.tensor(values, dtype=torch.int64, device=device)
 
 
-def alloc_tokens(runner: ModelRunner, req: Req, n: int) -> torch.Tensor:
-    """Allocate `n` KV slots for positions `[kv_len, kv_len + n)` of `req`; returns them."""
-    slots = runner.token_to_kv_pool_allocator.alloc(n)
-    runner.req_to_token_pool.write(req.req_pool_idx, req.kv_len, slots)
-    return slots
+def reserve_kv(runner: ModelRunner, req: Req, n: int) -> None:
+    """Map positions `[kv_reserved, n)` of the request's row to fresh slots (one allocation,
+    one row write); a no-op when `n` is already covered."""
+    if n <= req.kv_reserved:
+        return
+    slots = runner.token_to_kv_pool_allocator.alloc(n - req.kv_reserved)
+    runner.req_to_token_pool.write(req.req_pool_idx, req.kv_reserved, slots)
+    req.kv_reserved = n
+
+
+def release_kv(runner: ModelRunner, req: Req) -> None:
+    """Give back every slot of the reservation and the request row."""
+    row = req.req_pool_idx
+    pool = runner.req_to_token_pool
+    runner.token_to_kv_pool_allocator.free(pool.req_to_token[row, : req.kv_reserved])
+    pool.free(row)
+    req.req_pool_idx, req.kv_reserved = None, 0
 
 
 def build_extend_batch(runner: ModelRunner, reqs: list[Req],
                        capture_hidden_mode: CaptureHiddenMode = CaptureHiddenMode.NULL
                        ) -> ForwardBatch:
-    """Prefill every request's uncached tokens (allocates their slots)."""
+    """Prefill every request's uncached tokens (reserving slots where the reservation is
+    short)."""
     dev = runner.device
     ids, positions, locs, prefix, ext = [], [], [], [], []
     for r in reqs:
         tokens = (r.origin_input_ids + r.output_ids)[r.kv_len:]
-        locs.append(alloc_tokens(runner, r, len(tokens)))
+        reserve_kv(runner, r, r.kv_len + len(tokens))
+        locs.append(runner.req_to_token_pool.req_to_token[r.req_pool_idx,
+                                                          r.kv_len : r.kv_len + len(tokens)])
         ids += tokens
         positions += range(r.kv_len, r.kv_len + len(tokens))
         prefix.append(r.kv_len)
@@ -104,7 +129,7 @@ def build_fixed_batch(runner: ModelRunner, reqs: list[Req], mode: ForwardMode,
                       input_ids: list[int], out_cache_loc: torch.Tensor,
                       start_lens: list[int]) -> ForwardBatch:
     """A fixed-layout batch of `len(input_ids) // len(reqs)` tokens per request at positions
-    `[start, start + n)` per request, over slots already allocated (`out_cache_loc`)."""
+    `[start, start + n)` per request, over given slots (`out_cache_loc`); tools and tests."""
     dev, bs = runner.device, len(reqs)
     n = len(input_ids) // bs
     positions = [s + j for s in start_lens for j in range(n)]
@@ -124,11 +149,41 @@ def build_fixed_batch(runner: ModelRunner, reqs: list[Req], mode: ForwardMode,
     )
 
 
-def build_decode_batch(runner: ModelRunner, reqs: list[Req]) -> ForwardBatch:
-    """One token per request: each request's last token, at position `kv_len`."""
-    starts = [r.kv_len for r in reqs]
-    locs = torch.cat([alloc_tokens(runner, r, 1) for r in reqs])
+def build_step_batch(runner: ModelRunner, reqs: list[Req], mode: ForwardMode, width: int,
+                     fill_token_id: int = 0) -> ForwardBatch:
+    """A decode step: `width` tokens per request at positions `[kv_len, kv_len + width)`,
+    the request's last token first, then `fill_token_id`. The host sends one copy (rows,
+    lengths, last tokens); positions, slots and lengths are derived on the device."""
+    bs = len(reqs)
     for r in reqs:
-        r.kv_len += 1
-    return build_fixed_batch(runner, reqs, ForwardMode.DECODE, [r.last_token for r in reqs],
-                             locs, starts)
+        if r.kv_len + width > r.kv_reserved:
+            raise RuntimeError(f"request {r.rid}: a {width}-token step at {r.kv_len} passes "
+                               f"its {r.kv_reserved} reserved slots")
+    host = [[r.req_pool_idx for r in reqs], [r.kv_len for r in reqs], [r.last_token for r in reqs]]
+    rows, kv_lens, last = to_device(host, runner.device)
+    positions = kv_lens[:, None] + torch.arange(width, device=runner.device)  # [bs, width]
+    slots = runner.req_to_token_pool.req_to_token[rows[:, None], positions]
+    input_ids = torch.full((bs, width), fill_token_id, dtype=torch.int64, device=runner.device)
+    input_ids[:, 0] = last
+    return ForwardBatch(
+        forward_mode=mode,
+        batch_size=bs,
+        input_ids=input_ids.view(-1),
+        req_pool_indices=rows,
+        seq_lens=kv_lens + width,
+        seq_lens_cpu=torch.tensor(host[1], dtype=torch.int64) + width,
+        out_cache_loc=slots.view(-1).to(torch.int64),
+        positions=positions.view(-1),
+        req_to_token_pool=runner.req_to_token_pool,
+        token_to_kv_pool=runner.token_to_kv_pool,
+        attn_backend=runner.attn_backend,
+    )
+
+
+def rebind_batch(fb: ForwardBatch, runner: ModelRunner, mode: ForwardMode,
+                 input_ids: torch.Tensor) -> ForwardBatch:
+    """The same requests, positions and slots as `fb`, for another runner sharing its request
+    rows (the draft's block batch becomes the target's verify batch)."""
+    return dataclasses.replace(fb, forward_mode=mode, input_ids=input_ids,
+                               token_to_kv_pool=runner.token_to_kv_pool,
+                               attn_backend=runner.attn_backend)

@@ -1,8 +1,10 @@
 """Continuous batching: admit waiting requests, prefill them, decode the running ones.
 
 Each `step()` runs one prefill of newly admitted requests if any were admitted, else one
-decode step of every running request. A request reserves the KV it can ever need when it is
-admitted, so a running batch never runs out of slots mid-generation.
+decode step of every running request. A request is given every KV slot it can ever need when
+it is admitted (one allocation, one row write: `reserve_kv`), so a running batch never runs out
+of slots mid-generation and a decode step allocates nothing; finishing or aborting gives the
+whole reservation back.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Protocol
 
-from sglang_aux.srt.managers.schedule_batch import Req
+from sglang_aux.srt.managers.schedule_batch import Req, release_kv, reserve_kv
 from sglang_aux.srt.managers.tokenizer import Tokenizer
 
 logger = logging.getLogger(__name__)
@@ -21,7 +23,7 @@ logger = logging.getLogger(__name__)
 class Worker(Protocol):
     tokens_per_step: int  # most tokens one decode step can add to a request
 
-    def prefill(self, reqs: list[Req]) -> list[list[int]]: ...
+    def prefill(self, reqs: list[Req]) -> list[list[int]]: ...  # rows and KV already reserved
 
     def decode(self, reqs: list[Req]) -> list[list[int]]: ...
 
@@ -31,7 +33,7 @@ class Scheduler:
                  context_len: int, eos_token_ids: set[int],
                  on_update: Callable[[Req], None] | None = None):
         self.worker = worker
-        runner = worker.model_runner
+        self.runner = runner = worker.model_runner
         self.req_to_token_pool = runner.req_to_token_pool
         self.allocator = runner.token_to_kv_pool_allocator
         self.tokenizer = tokenizer
@@ -41,7 +43,6 @@ class Scheduler:
         self.on_update = on_update
         self.waiting: deque[Req] = deque()
         self.running: list[Req] = []
-        self._reserved = 0  # KV slots promised to running requests
         self.stats = {"prefill_steps": 0, "decode_steps": 0, "generated_tokens": 0}
 
     def validate(self, req: Req) -> None:
@@ -64,16 +65,18 @@ class Scheduler:
         return bool(self.waiting or self.running)
 
     def _reservation(self, req: Req) -> int:
-        # a speculative step may write a whole block past the last kept token
+        # A step writes `tokens_per_step` positions from kv_len = seq_len - 1, and runs only
+        # while fewer than max_new_tokens are out and seq_len + tokens_per_step - 1 is below
+        # the context (see _finish_reason): every position stays below both bounds.
         need = len(req.origin_input_ids) + req.sampling_params.max_new_tokens
-        return min(need, self.context_len) + self.worker.tokens_per_step
+        return min(need + self.worker.tokens_per_step, self.context_len)
 
     def _admit(self) -> list[Req]:
         admitted = []
         while self.waiting and len(self.running) + len(admitted) < self.max_running_requests:
             req = self.waiting[0]
             need = self._reservation(req)
-            if self._reserved + need > self.allocator.size:
+            if need > self.allocator.available_size():
                 break
             self.waiting.popleft()
             if req.sampling_params.max_new_tokens == 0:
@@ -81,7 +84,7 @@ class Scheduler:
                 self._notify(req)
                 continue
             req.req_pool_idx = self.req_to_token_pool.alloc()
-            self._reserved += need
+            reserve_kv(self.runner, req, need)
             admitted.append(req)
         return admitted
 
@@ -137,11 +140,7 @@ class Scheduler:
         return None
 
     def _release(self, req: Req) -> None:
-        row = req.req_pool_idx
-        self.allocator.free(self.req_to_token_pool.req_to_token[row, : req.kv_len].clone())
-        self.req_to_token_pool.free(row)
-        self._reserved -= self._reservation(req)
-        req.req_pool_idx = None
+        release_kv(self.runner, req)
 
     def _notify(self, req: Req) -> None:
         if self.on_update is not None:

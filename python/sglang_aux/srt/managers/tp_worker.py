@@ -2,34 +2,54 @@
 
 from __future__ import annotations
 
+import torch
+
 from sglang_aux.srt.configs.model_config import ModelConfig
-from sglang_aux.srt.managers.schedule_batch import Req, build_decode_batch, build_extend_batch
+from sglang_aux.srt.managers.schedule_batch import Req, build_extend_batch, build_step_batch
 from sglang_aux.srt.model_executor.forward_batch_info import ForwardMode
 from sglang_aux.srt.model_executor.model_runner import ModelRunner
+from sglang_aux.srt.model_executor.runner_utils.host_transfer import HostReadback
 from sglang_aux.srt.sampling.sampler import sample
+from sglang_aux.srt.sampling.sampling_rows import SamplingRows
 from sglang_aux.srt.server_args import ServerArgs
 
 
 class TpModelWorker:
     """The worker interface the scheduler drives: `prefill` and `decode` return each
-    request's new tokens; the scheduler appends them and decides when a request ends."""
+    request's new tokens; the scheduler appends them and decides when a request ends.
+
+    A decode step issues no per-request device work: one input copy (`build_step_batch`),
+    the forward (a graph replay when one fits), sampling on the device, one readback.
+    """
 
     tokens_per_step = 1
 
     def __init__(self, model_config: ModelConfig, server_args: ServerArgs,
                  model_runner: ModelRunner | None = None):
-        self.model_runner = model_runner or ModelRunner(model_config, server_args)
-        self.model_runner.init_decode_graphs(ForwardMode.DECODE, captured_req_width=1)
+        self.model_runner = runner = model_runner or ModelRunner(model_config, server_args)
+        runner.init_decode_graphs(ForwardMode.DECODE, captured_req_width=1)
+        self.sampling_rows = SamplingRows(server_args.max_running_requests,
+                                          model_config.hf_config.vocab_size, runner.device)
+        self.readback = HostReadback(runner.device)
 
     def prefill(self, reqs: list[Req]) -> list[list[int]]:
-        out = self.model_runner.forward(build_extend_batch(self.model_runner, reqs))
-        return self._sample(out.next_token_logits, reqs)
+        self.sampling_rows.set([r.req_pool_idx for r in reqs],
+                               [r.sampling_params for r in reqs], [r.seed for r in reqs])
+        fb = build_extend_batch(self.model_runner, reqs)
+        logits = self.model_runner.forward(fb).next_token_logits
+        # the sampled token sits at position seq_len (= kv_len after the prefill)
+        return self._sample(logits, reqs, fb.req_pool_indices, fb.seq_lens)
 
     def decode(self, reqs: list[Req]) -> list[list[int]]:
-        out = self.model_runner.forward(build_decode_batch(self.model_runner, reqs))
-        return self._sample(out.next_token_logits, reqs)
+        fb = build_step_batch(self.model_runner, reqs, ForwardMode.DECODE, 1)
+        for r in reqs:
+            r.kv_len += 1
+        logits = self.model_runner.forward(fb).next_token_logits
+        return self._sample(logits, reqs, fb.req_pool_indices, fb.seq_lens)
 
-    @staticmethod
-    def _sample(logits, reqs: list[Req]) -> list[list[int]]:
-        tokens = sample(logits, [r.sampling_params for r in reqs], [r.generator for r in reqs])
-        return [[t] for t in tokens]
+    def _sample(self, logits: torch.Tensor, reqs: list[Req], rows: torch.Tensor,
+                positions: torch.Tensor) -> list[list[int]]:
+        all_greedy = all(r.sampling_params.is_greedy for r in reqs)
+        params = None if all_greedy else self.sampling_rows.gather(rows)
+        tokens = sample(logits, params, positions, all_greedy)
+        return [[t] for t in self.readback.fetch(tokens).tolist()]

@@ -46,25 +46,34 @@ class ReqToTokenPool:
 
 
 class TokenToKVPoolAllocator:
-    """Hands out KV slots `1..size` (slot 0 is the padding slot)."""
+    """Hands out KV slots `1..size` (slot 0 is the padding slot).
+
+    The free slots are a stack on the device and only its height lives on the host, so
+    `alloc` and `free` are device copies that never wait for the device.
+    """
 
     def __init__(self, size: int, device: torch.device | str):
         self.size = size
         self.device = device
-        self._free = torch.arange(1, size + 1, dtype=torch.int64)
+        self._stack = torch.arange(size, 0, -1, dtype=torch.int64, device=device)  # [size]
+        self._top = size  # slots `_stack[:_top]` are free
 
     def available_size(self) -> int:
-        return self._free.numel()
+        return self._top
 
     def alloc(self, n: int) -> torch.Tensor:
-        if n > self._free.numel():
-            raise RuntimeError(f"need {n} KV slots, {self._free.numel()} free")
-        slots, self._free = self._free[:n], self._free[n:]
-        return slots.to(self.device)
+        if n > self._top:
+            raise RuntimeError(f"need {n} KV slots, {self._top} free")
+        self._top -= n
+        # a copy: a later `free` pushes into this region of the stack
+        return self._stack[self._top : self._top + n].flip(0)
 
     def free(self, slots: torch.Tensor) -> None:
-        if slots.numel():
-            self._free = torch.cat([self._free, slots.detach().to("cpu", torch.int64)])
+        n = slots.numel()
+        if self._top + n > self.size:
+            raise ValueError(f"freeing {n} slots with {self._top} of {self.size} free")
+        self._stack[self._top : self._top + n] = slots.reshape(-1)
+        self._top += n
 
 
 class MHATokenToKVPool:

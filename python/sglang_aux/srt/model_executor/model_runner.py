@@ -24,6 +24,7 @@ from sglang_aux.srt.model_executor.model_runner_components.misc_utils import (
 )
 from sglang_aux.srt.model_executor.model_runner_components.sizing import kv_pool_size
 from sglang_aux.srt.model_executor.runner.decode_cuda_graph_runner import DecodeCudaGraphRunner
+from sglang_aux.srt.model_executor.runner.epilogue import Epilogue
 from sglang_aux.srt.model_executor.runner_backend.base import GraphBackend
 from sglang_aux.srt.model_executor.runner_backend.eager_replay_backend import EagerReplayBackend
 from sglang_aux.srt.model_executor.runner_utils.capture_sizes import get_capture_bs
@@ -101,6 +102,7 @@ class ModelRunner:
         )
         self.attn_backend = make_attn_backend(server_args.resolved_attention_backend())
         self.graph_runner: DecodeCudaGraphRunner | None = None
+        self.epilogue: Epilogue | None = None
 
     def get_aux_hidden_states_width(self) -> int:
         """Width of the runner-owned aux buffer its decode graphs share (0: none)."""
@@ -111,9 +113,12 @@ class ModelRunner:
             is_draft_worker=self.is_draft_worker,
         )
 
-    def init_decode_graphs(self, forward_mode: ForwardMode, captured_req_width: int) -> None:
-        """Capture the decode-step graphs, unless disabled."""
+    def init_decode_graphs(self, forward_mode: ForwardMode, captured_req_width: int,
+                           epilogue: Epilogue | None = None) -> None:
+        """Capture the decode-step graphs, unless disabled. `epilogue` runs after every
+        `forward_mode` forward, inside its graph when one replays, eagerly otherwise."""
         args = self.server_args
+        self.epilogue = epilogue
         if args.disable_decode_cuda_graph:
             return
         default_max_bs = args.max_running_requests
@@ -129,7 +134,7 @@ class ModelRunner:
         )
         self.graph_runner = DecodeCudaGraphRunner(
             self, forward_mode=forward_mode, captured_req_width=captured_req_width,
-            capture_bs=capture_bs, backend=make_graph_backend(self.device),
+            capture_bs=capture_bs, backend=make_graph_backend(self.device), epilogue=epilogue,
         )
         self.graph_runner.capture()
 
@@ -139,4 +144,7 @@ class ModelRunner:
         if self.graph_runner is not None and self.graph_runner.can_run_graph(forward_batch):
             return self.graph_runner.execute(forward_batch)
         self.attn_backend.init_forward_metadata(forward_batch)
-        return self.model.forward(forward_batch.input_ids, forward_batch.positions, forward_batch)
+        out = self.model.forward(forward_batch.input_ids, forward_batch.positions, forward_batch)
+        if self.epilogue is not None and self.epilogue.mode == forward_batch.forward_mode:
+            self.epilogue(forward_batch, out)
+        return out

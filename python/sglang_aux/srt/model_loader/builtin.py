@@ -97,8 +97,9 @@ def resolve_model_path(name_or_path: str | None) -> str:
 def _config_of(name_or_path: str | None, args: ServerArgs) -> ModelConfig:
     if args.load_format == "dummy" and (name_or_path or DEFAULT_MODEL) in PRESETS:
         name = name_or_path or DEFAULT_MODEL
-        return ModelConfig.from_dict(dict(PRESETS[name]), name, args.dtype, args.context_length)
-    return ModelConfig.from_pretrained(resolve_model_path(name_or_path), args.dtype,
+        return ModelConfig.from_dict(dict(PRESETS[name]), name, args.resolved_dtype(),
+                                     args.context_length)
+    return ModelConfig.from_pretrained(resolve_model_path(name_or_path), args.resolved_dtype(),
                                        args.context_length)
 
 

@@ -1,36 +1,99 @@
-"""Choosing next tokens from logits: greedy, or temperature / top-k / top-p sampling."""
+"""Choosing next tokens on the device: greedy, or temperature / top-k / top-p sampling.
+
+Every function takes per-row parameters as tensors and never syncs with the host, so a batch
+mixing greedy and sampled requests is one set of kernels, capturable in a graph. Randomness is
+counter-based (`uniform`): a draw is a hash of (request seed, token position, lane), so a
+seeded request gives the same tokens whatever batch it runs in, and nothing depends on a
+global generator's state.
+"""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
-from sglang_aux.srt.sampling.sampling_params import SamplingParams
+from sglang_aux.srt.sampling.sampling_params import GREEDY_EPS
+
+_MASK32 = 0xFFFFFFFF
+# Odd multipliers below 2**31: a 32-bit value times one stays below 2**63, so int64 never
+# overflows and the hash is the same on every device.
+_MIX = (0x7FEB352D, 0x2C1B3C6D, 0x297A2D39)
+_UNIFORM_BITS = 24  # float32 holds 24 bits exactly: draws are multiples of 2**-24 in [0, 1)
 
 
-def sampling_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
-    """The distribution a request samples from: softmax(logits / T) restricted to top-k and
-    the top-p nucleus, renormalized. `logits` `[..., vocab]`, float32 result."""
-    probs = torch.softmax(logits.float() / params.temperature, dim=-1)
-    if params.top_k > 0 and params.top_k < probs.shape[-1]:
-        kth = probs.topk(params.top_k, dim=-1).values[..., -1:]
-        probs = torch.where(probs >= kth, probs, 0.0)
-    if params.top_p < 1.0:
-        sorted_p, order = probs.sort(dim=-1, descending=True)
-        # keep a token while the mass before it is below top_p (the first always stays)
-        drop = (sorted_p.cumsum(-1) - sorted_p) >= params.top_p
-        probs = probs.scatter(-1, order, sorted_p.masked_fill(drop, 0.0))
+class Lane:
+    """Independent streams of draws for the same (seed, position)."""
+
+    SAMPLE = 0  # the token a plain decode step samples
+    DRAFT = 1  # a DFlash draft proposal
+    ACCEPT = 2  # the rejection test of a draft
+    RESIDUAL = 3  # the corrected (or bonus) token after the accepted drafts
+
+
+def _hash32(x: torch.Tensor) -> torch.Tensor:
+    for m in _MIX:
+        x = ((x ^ (x >> 16)) * m) & _MASK32
+    return x ^ (x >> 16)
+
+
+def uniform(seed: torch.Tensor, position: torch.Tensor, lane: int) -> torch.Tensor:
+    """Draws in [0, 1) (float32), one per element of the broadcast of `seed` and `position`
+    (int64 tensors)."""
+    s = _hash32((seed & _MASK32) ^ _hash32(((seed >> 32) + lane) & _MASK32))
+    x = _hash32(s ^ (position & _MASK32))
+    return (x >> (32 - _UNIFORM_BITS)).to(torch.float32) * 2.0**-_UNIFORM_BITS
+
+
+@dataclass
+class SamplingTensors:
+    """Per-row parameters `[rows]` on the device (a row is a token to choose)."""
+
+    temperature: torch.Tensor  # float32; rows below GREEDY_EPS are greedy
+    top_k: torch.Tensor  # int64; the vocabulary size when off
+    top_p: torch.Tensor  # float32; 1.0 when off
+    seed: torch.Tensor  # int64
+    is_greedy: torch.Tensor  # bool
+
+    def repeat_interleave(self, n: int) -> SamplingTensors:
+        """Each row's parameters for `n` consecutive rows (the tokens of one block); an
+        expand, where `Tensor.repeat_interleave` may size its output on the host."""
+        return SamplingTensors(*(t[:, None].expand(-1, n).reshape(-1) for t in (
+            self.temperature, self.top_k, self.top_p, self.seed, self.is_greedy)))
+
+
+def sampling_probs(logits: torch.Tensor, params: SamplingTensors) -> torch.Tensor:
+    """The distribution each row samples from: softmax(logits / T) restricted to its top-k,
+    then to its top-p nucleus, renormalized. `logits` `[rows, vocab]`, float32 result."""
+    temperature = params.temperature.clamp_min(GREEDY_EPS)[:, None]
+    probs = torch.softmax(logits.float() / temperature, dim=-1)
+    sorted_p, order = probs.sort(dim=-1, descending=True)
+    rank = torch.arange(probs.shape[-1], device=probs.device)
+    sorted_p = sorted_p.masked_fill(rank >= params.top_k[:, None], 0.0)
+    # keep a token while the mass before it is below top_p of the top-k mass (the first stays)
+    before = sorted_p.cumsum(-1) - sorted_p
+    drop = before >= params.top_p[:, None] * sorted_p.sum(-1, keepdim=True)
+    sorted_p = sorted_p.masked_fill(drop, 0.0)
+    probs = torch.zeros_like(probs).scatter_(-1, order, sorted_p)
     return probs / probs.sum(-1, keepdim=True)
 
 
-def sample(logits: torch.Tensor, params: list[SamplingParams],
-           generators: list[torch.Generator | None]) -> list[int]:
-    """One token per row of `logits` `[bs, vocab]`."""
-    greedy = logits.argmax(-1).tolist()
-    out = []
-    for i, p in enumerate(params):
-        if p.is_greedy:
-            out.append(greedy[i])
-            continue
-        probs = sampling_probs(logits[i], p).cpu()
-        out.append(int(torch.multinomial(probs, 1, generator=generators[i])))
-    return out
+def sample_from_probs(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """Inverse-CDF draw per row: the first token whose cumulative mass exceeds `u` times the
+    row's total, so a zero-probability token is never chosen. `probs` `[rows, V]` -> `[rows]`."""
+    cdf = probs.cumsum(-1)
+    target = u[:, None] * cdf[:, -1:]
+    return (cdf <= target).sum(-1).clamp_max(probs.shape[-1] - 1)
+
+
+def sample(logits: torch.Tensor, params: SamplingTensors | None, positions: torch.Tensor,
+           all_greedy: bool) -> torch.Tensor:
+    """One token per row of `logits` `[rows, vocab]`, chosen for position `positions` `[rows]`
+    (int64, device). `all_greedy` (known on the host; `params` may then be None) skips the
+    sampling kernels."""
+    greedy = logits.argmax(-1)
+    if all_greedy:
+        return greedy
+    drawn = sample_from_probs(sampling_probs(logits, params),
+                              uniform(params.seed, positions, Lane.SAMPLE))
+    return torch.where(params.is_greedy, greedy, drawn)

@@ -1,9 +1,10 @@
-"""Verifying a drafted block: greedy longest-prefix acceptance and lossless rejection sampling.
+"""Verifying drafted blocks on the device: greedy longest prefix and lossless rejection sampling.
 
 A block for one request is `[anchor, d_1 .. d_{B-1}]`; the target's row i predicts the token
 after block position i. Draft `d_{i+1}` is accepted while it matches (greedy) or passes the
 rejection test (sampling) against target row i; the first target row past the accepted drafts
 gives one more token (the bonus, or the corrected token), so a step emits accepted + 1.
+Both verifiers are batched tensor code without host syncs (capturable in a graph).
 """
 
 from __future__ import annotations
@@ -12,42 +13,53 @@ from dataclasses import dataclass
 
 import torch
 
+from sglang_aux.srt.sampling.sampler import sample_from_probs
+
 
 @dataclass
-class BlockVerdict:
-    accepted: int  # accepted drafts, 0..B-1
-    tokens: list[int]  # emitted tokens: the accepted drafts, then the bonus/correction
+class BlockVerdicts:
+    accepted: torch.Tensor  # [bs] int64, accepted drafts 0..B-1
+    tokens: torch.Tensor  # [bs, B] int64; row r emits tokens[r, : accepted[r] + 1]
 
-    @property
-    def accept_length(self) -> int:
-        return self.accepted + 1
-
-
-def greedy_verify(drafts: list[int], target_argmax: list[int]) -> BlockVerdict:
-    """`drafts` `[B-1]`, `target_argmax` `[B]` (the target's greedy token after each position)."""
-    n = 0
-    while n < len(drafts) and drafts[n] == target_argmax[n]:
-        n += 1
-    return BlockVerdict(n, drafts[:n] + [target_argmax[n]])
+    def packed(self) -> torch.Tensor:
+        """`[bs, B + 1]`: accepted, then the tokens (what the host reads back)."""
+        return torch.cat([self.accepted[:, None], self.tokens], dim=1)
 
 
-def rejection_verify(drafts: list[int], draft_probs: torch.Tensor, target_probs: torch.Tensor,
-                     generator: torch.Generator | None = None) -> BlockVerdict:
+def greedy_verify(drafts: torch.Tensor, target_argmax: torch.Tensor) -> BlockVerdicts:
+    """`drafts` `[bs, B-1]`, `target_argmax` `[bs, B]` (the target's greedy token after each
+    block position). Accepted drafts equal the target's tokens, so the emitted tokens are the
+    target's argmax row."""
+    match = drafts == target_argmax[:, :-1]
+    return BlockVerdicts(match.long().cumprod(-1).sum(-1), target_argmax)
+
+
+def rejection_verify(drafts: torch.Tensor, draft_probs: torch.Tensor,
+                     target_probs: torch.Tensor, u_accept: torch.Tensor,
+                     u_residual: torch.Tensor) -> BlockVerdicts:
     """Speculative sampling: emitted tokens are distributed as sampling from the target alone.
 
-    `draft_probs` `[B-1, V]`: the distribution each draft was sampled from; `target_probs`
-    `[B, V]`: the target's distribution after each block position (after the same temperature,
-    top-k and top-p transform). Host tensors.
+    `drafts` `[bs, B-1]`, sampled from `draft_probs` `[bs, B-1, V]`; `target_probs` `[bs, B, V]`:
+    the target's distribution after each block position (after the same temperature, top-k
+    and top-p transform). `u_accept` `[bs, B-1]` and `u_residual` `[bs, B]` are independent
+    uniforms: the rejection test of each draft, and the draw of the token after j accepted
+    drafts (from the residual `max(p - q, 0)`, or from p for the bonus).
     """
-    for i, d in enumerate(drafts):
-        p, q = target_probs[i, d], draft_probs[i, d]
-        u = torch.rand((), generator=generator)
-        if q > 0 and u * q <= p:
-            continue
-        residual = (target_probs[i] - draft_probs[i]).clamp_min(0)
-        if residual.sum() <= 0:  # p == q: any rejection is measure zero; fall back to p
-            residual = target_probs[i]
-        tok = int(torch.multinomial(residual / residual.sum(), 1, generator=generator))
-        return BlockVerdict(i, drafts[:i] + [tok])
-    bonus = int(torch.multinomial(target_probs[len(drafts)], 1, generator=generator))
-    return BlockVerdict(len(drafts), [*drafts, bonus])
+    bs, num_drafts = drafts.shape
+    vocab = target_probs.shape[-1]
+    p = target_probs[:, :-1].gather(-1, drafts[..., None])[..., 0]  # [bs, B-1]
+    q = draft_probs.gather(-1, drafts[..., None])[..., 0]
+    ok = (q > 0) & (u_accept * q <= p)
+    accepted = ok.long().cumprod(-1).sum(-1)  # [bs]
+    at = accepted[:, None, None].expand(bs, 1, vocab)
+    p_next = target_probs.gather(1, at)[:, 0]  # [bs, V]
+    no_draft = torch.zeros((bs, 1, vocab), dtype=draft_probs.dtype, device=draft_probs.device)
+    q_next = torch.cat([draft_probs, no_draft], dim=1).gather(1, at)[:, 0]
+    residual = (p_next - q_next).clamp_min(0)
+    # p == q: a rejection has probability zero; should rounding produce one, draw from p
+    residual = torch.where(residual.sum(-1, keepdim=True) > 0, residual, p_next)
+    last = sample_from_probs(residual, u_residual.gather(1, accepted[:, None])[:, 0])
+    offset = torch.arange(num_drafts + 1, device=drafts.device)
+    padded = torch.cat([drafts, drafts[:, :1]], dim=1)
+    tokens = torch.where(offset < accepted[:, None], padded, last[:, None])
+    return BlockVerdicts(accepted, tokens)

@@ -1,10 +1,15 @@
 """DFlash speculative decoding: a target runner and a draft runner sharing KV slots.
 
-Per decode step and batch: (1) the draft proposes B-1 tokens per request from
-`[anchor, MASK x (B-1)]`; (2) the target verifies `[anchor, drafts]` (its TARGET_VERIFY graph
-writes the packed aux states into the runner's shared buffer); (3) the longest acceptable
-prefix is kept; (4) the accepted rows' aux states become draft context K/V, and the KV slots
-of rejected positions go back, all before the next target forward can overwrite the buffer.
+Per decode step and batch, all on the device: (1) the draft proposes B-1 tokens per request
+from `[anchor, MASK x (B-1)]` (its DRAFT_BLOCK graph emits the argmax proposals; sampled
+requests draw theirs after it); (2) the target verifies `[anchor, drafts]`: its TARGET_VERIFY
+graph writes the packed aux states into the runner's shared buffer, then, in the same graph,
+commits every block row's draft context K/V (`commit_draft_context`) and runs greedy
+acceptance; sampled requests get rejection sampling after it; (3) one readback gives the host
+each request's accepted count and tokens. Block rows past the accepted prefix leave K/V at
+positions past the new kv_len, never read before the next step writes them again (the
+invariant in schedule_batch.py). The scheduler owns the KV slots; this worker only advances
+each request's kv_len.
 """
 
 from __future__ import annotations
@@ -13,26 +18,40 @@ import logging
 from collections.abc import Callable
 
 import torch
+from torch.nn import functional as F
 
 from sglang_aux.srt.configs.model_config import ModelConfig
+from sglang_aux.srt.layers.logits_processor import LogitsProcessorOutput
 from sglang_aux.srt.managers.schedule_batch import (
     Req,
-    alloc_tokens,
     build_extend_batch,
-    build_fixed_batch,
+    build_step_batch,
+    rebind_batch,
 )
-from sglang_aux.srt.model_executor.forward_batch_info import ForwardMode
+from sglang_aux.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
 from sglang_aux.srt.model_executor.model_runner import ModelRunner
-from sglang_aux.srt.sampling.sampler import sample, sampling_probs
+from sglang_aux.srt.model_executor.runner.epilogue import Epilogue
+from sglang_aux.srt.model_executor.runner_utils.host_transfer import HostReadback
+from sglang_aux.srt.sampling.sampler import (
+    Lane,
+    SamplingTensors,
+    sample,
+    sample_from_probs,
+    sampling_probs,
+    uniform,
+)
+from sglang_aux.srt.sampling.sampling_rows import SamplingRows
 from sglang_aux.srt.server_args import ServerArgs
-from sglang_aux.srt.speculative.dflash_info import BlockVerdict, greedy_verify, rejection_verify
+from sglang_aux.srt.speculative.dflash_info import greedy_verify, rejection_verify
 from sglang_aux.srt.speculative.dflash_utils import DFlashConfig
 
 logger = logging.getLogger(__name__)
 
-# (requests, draft logits `[bs * B, vocab]`) -> (B-1 drafts per request, their distributions
-# `[B-1, vocab]` per request, or None for greedy requests)
-Proposer = Callable[[list[Req], torch.Tensor], tuple[list[list[int]], list[torch.Tensor | None]]]
+# (requests, their DRAFT_BLOCK batch, its logits `[bs * B, vocab]`, sampling parameters or
+# None when all are greedy) -> (drafts `[bs, B-1]`, the distributions they were drawn from
+# `[bs, B-1, vocab]`, or None for point masses)
+Proposer = Callable[[list[Req], ForwardBatch, torch.Tensor, SamplingTensors | None],
+                    tuple[torch.Tensor, torch.Tensor | None]]
 
 
 class DFlashWorker:
@@ -58,14 +77,23 @@ class DFlashWorker:
         draft_runner.model.set_target_modules(
             self.target_runner.model.get_input_embeddings(), self.target_runner.model.lm_head_weight
         )
-        self.block_size = server_args.speculative_num_draft_tokens or dc.block_size
+        self.block_size = b = server_args.speculative_num_draft_tokens or dc.block_size
         self.mask_token_id = dc.mask_token_id
         self.tokens_per_step = self.block_size
         self.propose: Proposer = self._draft_propose
         # Called after each step's aux rows are consumed (tests poison the buffer here).
         self.on_aux_consumed: Callable[[], None] | None = None
-        self.target_runner.init_decode_graphs(ForwardMode.TARGET_VERIFY, self.block_size)
-        draft_runner.init_decode_graphs(ForwardMode.DRAFT_BLOCK, self.block_size)
+        device = self.target_runner.device
+        # a batch never exceeds the running limit, but a padded graph may
+        rows = max([server_args.max_running_requests, *(server_args.cuda_graph_bs_decode or [])])
+        self.sampling_rows = SamplingRows(rows, target_config.hf_config.vocab_size, device)
+        self.readback = HostReadback(device)
+        # Epilogue outputs, row prefixes per batch; borrowed until the runner's next forward.
+        self._draft_argmax = torch.zeros((rows, b - 1), dtype=torch.int64, device=device)
+        self._greedy_verdict = torch.zeros((rows, b + 1), dtype=torch.int64, device=device)
+        verify, block = ForwardMode.TARGET_VERIFY, ForwardMode.DRAFT_BLOCK
+        self.target_runner.init_decode_graphs(verify, b, Epilogue(verify, self._verify_epilogue))
+        draft_runner.init_decode_graphs(block, b, Epilogue(block, self._draft_epilogue))
 
     @property
     def model_runner(self) -> ModelRunner:
@@ -73,6 +101,8 @@ class DFlashWorker:
         return self.target_runner
 
     def prefill(self, reqs: list[Req]) -> list[list[int]]:
+        self.sampling_rows.set([r.req_pool_idx for r in reqs],
+                               [r.sampling_params for r in reqs], [r.seed for r in reqs])
         fb = build_extend_batch(self.target_runner, reqs)
         fb.aux_projection = self._staged_projection_for(fb.num_tokens)
         out = self.target_runner.forward(fb)
@@ -81,39 +111,87 @@ class DFlashWorker:
                 fb.aux_projection.result(), fb.positions, fb.out_cache_loc,
                 self.draft_runner.token_to_kv_pool)
         else:
-            self._write_draft_context(out.aux_hidden_states, fb.positions, fb.out_cache_loc)
-        tokens = sample(out.next_token_logits, [r.sampling_params for r in reqs],
-                        [r.generator for r in reqs])
-        return [[t] for t in tokens]
+            self.commit_draft_context(out.aux_hidden_states, fb.positions, fb.out_cache_loc)
+        all_greedy = all(r.sampling_params.is_greedy for r in reqs)
+        params = None if all_greedy else self.sampling_rows.gather(fb.req_pool_indices)
+        tokens = sample(out.next_token_logits, params, fb.seq_lens, all_greedy)
+        return [[t] for t in self.readback.fetch(tokens).tolist()]
 
     def decode(self, reqs: list[Req]) -> list[list[int]]:
-        b = self.block_size
-        starts = [r.kv_len for r in reqs]
-        locs = torch.cat([alloc_tokens(self.target_runner, r, b) for r in reqs])
-        block_ids = [t for r in reqs for t in [r.last_token] + [self.mask_token_id] * (b - 1)]
-        draft_fb = build_fixed_batch(self.draft_runner, reqs, ForwardMode.DRAFT_BLOCK,
-                                     block_ids, locs, starts)
-        drafts, draft_probs = self.propose(reqs, self.draft_runner.forward(draft_fb)
-                                           .next_token_logits)
-        verify_ids = [t for r, d in zip(reqs, drafts, strict=True) for t in [r.last_token, *d]]
-        verify_fb = build_fixed_batch(self.target_runner, reqs, ForwardMode.TARGET_VERIFY,
-                                      verify_ids, locs, starts)
-        # Borrowed from the target's graph: valid until its next replay.
-        out = self.target_runner.forward(verify_fb)
-        verdicts = self._verify(reqs, drafts, draft_probs, out.next_token_logits)
-        keep = torch.zeros(len(locs), dtype=torch.bool)
-        for i, v in enumerate(verdicts):
-            keep[i * b : i * b + v.accepted + 1] = True
-        keep = keep.to(locs.device)
-        self._write_draft_context(out.aux_hidden_states[keep], verify_fb.positions[keep],
-                                  locs[keep])
+        bs, b = len(reqs), self.block_size
+        draft_fb = build_step_batch(self.draft_runner, reqs, ForwardMode.DRAFT_BLOCK, b,
+                                    fill_token_id=self.mask_token_id)
+        all_greedy = all(r.sampling_params.is_greedy for r in reqs)
+        params = None if all_greedy else self.sampling_rows.gather(draft_fb.req_pool_indices)
+        draft_logits = self.draft_runner.forward(draft_fb).next_token_logits
+        drafts, draft_probs = self.propose(reqs, draft_fb, draft_logits, params)
+        anchors = draft_fb.input_ids.view(bs, b)[:, :1]
+        verify_fb = rebind_batch(draft_fb, self.target_runner, ForwardMode.TARGET_VERIFY,
+                                 torch.cat([anchors, drafts], dim=1).view(-1))
+        # The graph (or the eager forward) already committed the draft context and the
+        # greedy verdicts; the logits are borrowed until the target's next forward.
+        logits = self.target_runner.forward(verify_fb).next_token_logits
         if self.on_aux_consumed is not None:
             self.on_aux_consumed()
-        self.target_runner.token_to_kv_pool_allocator.free(locs[~keep])
-        for r, v in zip(reqs, verdicts, strict=True):
-            r.kv_len += v.accepted + 1
-            r.record_spec_verify(v.accepted, b)
-        return [v.tokens for v in verdicts]
+        verdicts = self._greedy_verdict[:bs]
+        if params is not None:
+            sampled = self._rejection_verdicts(verify_fb, logits, drafts, draft_probs, params)
+            verdicts = torch.where(params.is_greedy[:, None], verdicts, sampled)
+        new_tokens = []
+        for r, row in zip(reqs, self.readback.fetch(verdicts).tolist(), strict=True):
+            r.kv_len += row[0] + 1
+            r.record_spec_verify(row[0], b)
+            new_tokens.append(row[1 : row[0] + 2])
+        return new_tokens
+
+    def commit_draft_context(self, aux: torch.Tensor, positions: torch.Tensor,
+                             out_cache_loc: torch.Tensor) -> None:
+        """Draft context K/V of the tokens at `positions`, from their aux rows `[N, K * H]`,
+        into the draft KV cache at `out_cache_loc`: the one commit of graph and eager paths."""
+        self.draft_runner.model.write_context_kv(aux, positions, out_cache_loc,
+                                                 self.draft_runner.token_to_kv_pool)
+
+    def _verify_epilogue(self, fb: ForwardBatch, out: LogitsProcessorOutput) -> None:
+        """Inside the TARGET_VERIFY graph: consume the aux rows the forward just wrote, and
+        accept greedily (`_greedy_verdict[:bs]`)."""
+        bs, b = fb.batch_size, self.block_size
+        self.commit_draft_context(out.aux_hidden_states, fb.positions, fb.out_cache_loc)
+        target_argmax = out.next_token_logits.view(bs, b, -1).argmax(-1)
+        drafts = fb.input_ids.view(bs, b)[:, 1:]
+        self._greedy_verdict[:bs] = greedy_verify(drafts, target_argmax).packed()
+
+    def _draft_epilogue(self, fb: ForwardBatch, out: LogitsProcessorOutput) -> None:
+        """Inside the DRAFT_BLOCK graph: block offsets 1..B-1 propose the tokens at those
+        offsets (no shift); greedy proposals land in `_draft_argmax[:bs]`."""
+        bs, b = fb.batch_size, self.block_size
+        self._draft_argmax[:bs] = out.next_token_logits.view(bs, b, -1)[:, 1:].argmax(-1)
+
+    def _draft_propose(self, reqs: list[Req], fb: ForwardBatch, logits: torch.Tensor,
+                       params: SamplingTensors | None):
+        bs, b = len(reqs), self.block_size
+        greedy = self._draft_argmax[:bs]
+        if params is None:
+            return greedy, None
+        rows = params.repeat_interleave(b - 1)
+        q = sampling_probs(logits.view(bs, b, -1)[:, 1:].reshape(bs * (b - 1), -1), rows)
+        positions = fb.positions.view(bs, b)[:, 1:].reshape(-1)
+        drawn = sample_from_probs(q, uniform(rows.seed, positions, Lane.DRAFT)).view(bs, b - 1)
+        return torch.where(params.is_greedy[:, None], greedy, drawn), q.view(bs, b - 1, -1)
+
+    def _rejection_verdicts(self, fb: ForwardBatch, logits: torch.Tensor, drafts: torch.Tensor,
+                            draft_probs: torch.Tensor | None, params: SamplingTensors
+                            ) -> torch.Tensor:
+        """Packed verdicts `[bs, B + 1]` of lossless rejection sampling for every row."""
+        bs, b = drafts.shape[0], self.block_size
+        vocab = logits.shape[-1]
+        p = sampling_probs(logits, params.repeat_interleave(b)).view(bs, b, vocab)
+        if draft_probs is None:  # a proposer without distributions: point masses
+            draft_probs = F.one_hot(drafts, vocab).float()
+        positions = fb.positions.view(bs, b)
+        seed = params.seed[:, None]
+        u_accept = uniform(seed, positions[:, 1:], Lane.ACCEPT)
+        u_residual = uniform(seed, positions + 1, Lane.RESIDUAL)
+        return rejection_verify(drafts, draft_probs, p, u_accept, u_residual).packed()
 
     def _staged_projection_for(self, num_tokens: int):
         """A staged MXFP8 fc input for a large prefill, else None (list + concat path)."""
@@ -127,41 +205,3 @@ class DFlashWorker:
             logger.info("Staged MXFP8 aux projection active: %d tokens, width %d, %d slices",
                         num_tokens, acc.hidden_size * acc.num_slices, acc.num_slices)
         return acc
-
-    def _write_draft_context(self, aux: torch.Tensor, positions: torch.Tensor,
-                             locs: torch.Tensor) -> None:
-        self.draft_runner.model.write_context_kv(aux, positions, locs,
-                                                 self.draft_runner.token_to_kv_pool)
-
-    def _draft_propose(self, reqs: list[Req], logits: torch.Tensor):
-        """Block offsets 1..B-1 propose the tokens at those offsets (no shift)."""
-        logits = logits.view(len(reqs), self.block_size, -1)[:, 1:]
-        greedy = logits.argmax(-1).tolist()
-        drafts, probs = [], []
-        for i, r in enumerate(reqs):
-            if r.sampling_params.is_greedy:
-                drafts.append(greedy[i])
-                probs.append(None)
-                continue
-            q = sampling_probs(logits[i], r.sampling_params).cpu()  # [B-1, vocab]
-            drafts.append(torch.multinomial(q, 1, generator=r.generator).squeeze(1).tolist())
-            probs.append(q)
-        return drafts, probs
-
-    def _verify(self, reqs: list[Req], drafts: list[list[int]],
-                draft_probs: list[torch.Tensor | None], logits: torch.Tensor
-                ) -> list[BlockVerdict]:
-        logits = logits.view(len(reqs), self.block_size, -1)
-        target_argmax = logits.argmax(-1).tolist()
-        verdicts = []
-        for i, r in enumerate(reqs):
-            if r.sampling_params.is_greedy:
-                verdicts.append(greedy_verify(drafts[i], target_argmax[i]))
-                continue
-            q = draft_probs[i]
-            if q is None:  # an external proposer without distributions: a point mass
-                q = torch.zeros(self.block_size - 1, logits.shape[-1])
-                q[torch.arange(self.block_size - 1), torch.tensor(drafts[i])] = 1.0
-            p = sampling_probs(logits[i], r.sampling_params).cpu()
-            verdicts.append(rejection_verify(drafts[i], q, p, r.generator))
-        return verdicts

@@ -7,7 +7,7 @@ import logging
 
 import torch
 
-from sglang_aux.srt.managers.schedule_batch import Req, build_extend_batch
+from sglang_aux.srt.managers.schedule_batch import Req, build_extend_batch, release_kv
 from sglang_aux.srt.model_executor.model_runner import ModelRunner
 from sglang_aux.srt.sampling.sampling_params import SamplingParams
 from sglang_aux.tools.dflash_training.data import Sample
@@ -47,8 +47,7 @@ def extract_aux(runner: ModelRunner, samples: list[Sample], layer_ids: list[int]
         aux = runner.forward(build_extend_batch(runner, reqs)).aux_hidden_states
         out += list(aux.split([len(r.origin_input_ids) for r in reqs]))  # views, all kept
         for r in reqs:
-            alloc.free(pool.req_to_token[r.req_pool_idx, : r.kv_len].clone())
-            pool.free(r.req_pool_idx)
+            release_kv(runner, r)
         if len(out) % 1024 < len(batch):
             logger.info("aux states for %d/%d sequences", len(out), len(samples))
     runner.model.set_dflash_layers_to_capture([])

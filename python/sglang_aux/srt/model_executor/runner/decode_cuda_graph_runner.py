@@ -17,6 +17,7 @@ from sglang_aux.srt.model_executor.forward_batch_info import (
     ForwardBatch,
     ForwardMode,
 )
+from sglang_aux.srt.model_executor.runner.epilogue import Epilogue
 from sglang_aux.srt.model_executor.runner_backend.base import GraphBackend
 from sglang_aux.srt.model_executor.runner_utils.buffers import DecodeInputBuffers
 from sglang_aux.srt.model_executor.runner_utils.memory_probe import MemoryProbe
@@ -34,9 +35,13 @@ class DecodeCudaGraphRunner:
     (1 for DECODE, the block size for TARGET_VERIFY and DRAFT_BLOCK)."""
 
     def __init__(self, model_runner: ModelRunner, *, forward_mode: ForwardMode,
-                 captured_req_width: int, capture_bs: list[int], backend: GraphBackend):
+                 captured_req_width: int, capture_bs: list[int], backend: GraphBackend,
+                 epilogue: Epilogue | None = None):
         if not forward_mode.is_cuda_graph():
             raise ValueError(f"{forward_mode.name} has no fixed layout to capture")
+        if epilogue is not None and epilogue.mode != forward_mode:
+            raise ValueError(f"a {epilogue.mode.name} epilogue on {forward_mode.name} graphs")
+        self.epilogue = epilogue
         self.model_runner = model_runner
         self.forward_mode = forward_mode
         self.captured_req_width = captured_req_width
@@ -86,7 +91,8 @@ class DecodeCudaGraphRunner:
         )
 
     def capture(self) -> None:
-        """Capture every size, largest first, two eager warm-ups before each."""
+        """Capture every size, largest first, two eager warm-ups before each; the epilogue,
+        if any, is part of every graph."""
         probe = MemoryProbe(self.model_runner.device)
         start = time.perf_counter()
         model = self.model_runner.model
@@ -95,7 +101,10 @@ class DecodeCudaGraphRunner:
             self.model_runner.attn_backend.init_forward_metadata_capture_cuda_graph(fb)
 
             def run(fb: ForwardBatch = fb) -> LogitsProcessorOutput:
-                return model.forward(fb.input_ids, fb.positions, fb)
+                out = model.forward(fb.input_ids, fb.positions, fb)
+                if self.epilogue is not None:
+                    self.epilogue(fb, out)
+                return out
 
             for _ in range(NUM_WARMUPS):
                 run()

@@ -6,12 +6,15 @@ Two verbs: `views(bs, num_tokens)` points a captured size at row prefixes of the
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 from sglang_aux.srt.mem_cache.memory_pool import PADDING_REQ_ROW, PADDING_SLOT
 from sglang_aux.srt.model_executor.forward_batch_info import ForwardBatch
+
+_TOKEN_MAJOR = ("input_ids", "out_cache_loc", "positions")
+_PADDED = ("req_pool_indices", "seq_lens", *_TOKEN_MAJOR)
 
 
 @dataclass
@@ -32,6 +35,7 @@ class DecodeInputBuffers:
     pp_proxy_tensors: dict[str, torch.Tensor] | None  # [max_num_token, hidden] each, pp > 1
     tokens_per_req: int
     seq_len_fill_value: int
+    padding: dict[str, torch.Tensor] = field(default_factory=dict)
 
     @classmethod
     def create(
@@ -55,7 +59,7 @@ class DecodeInputBuffers:
         if pp_size > 1:
             proxy = {name: torch.zeros((max_num_token, hidden_size), dtype=dtype, device=device)
                      for name in ("hidden_states", "residual")}
-        return cls(
+        buffers = cls(
             input_ids=torch.zeros(max_num_token, **ints),
             req_pool_indices=torch.full((max_bs,), PADDING_REQ_ROW, **ints),
             seq_lens=torch.full((max_bs,), tokens_per_req, **ints),
@@ -71,6 +75,9 @@ class DecodeInputBuffers:
             # A padded request holds one block at positions [0, B): every query sees a key.
             seq_len_fill_value=tokens_per_req,
         )
+        # The inert contents padded rows get (the initial ones), copied with the live rows.
+        buffers.padding = {name: getattr(buffers, name).clone() for name in _PADDED}
+        return buffers
 
     @property
     def max_bs(self) -> int:
@@ -85,20 +92,16 @@ class DecodeInputBuffers:
         padded requests read request row 0 and write their K/V into the padding slot."""
         raw_bs, raw_tokens = batch.batch_size, batch.num_tokens
         num_tokens = bs * self.tokens_per_req
-        if raw_bs < bs:
-            self.req_pool_indices[raw_bs:bs].fill_(PADDING_REQ_ROW)
-            self.seq_lens[raw_bs:bs].fill_(self.seq_len_fill_value)
-            self.seq_lens_cpu[raw_bs:bs].fill_(self.seq_len_fill_value)
-            self.input_ids[raw_tokens:num_tokens].zero_()
-            self.out_cache_loc[raw_tokens:num_tokens].fill_(PADDING_SLOT)
-            pad_pos = torch.arange(self.tokens_per_req, device=self.positions.device)
-            self.positions[raw_tokens:num_tokens] = pad_pos.repeat(bs - raw_bs)
-        self.input_ids[:raw_tokens].copy_(batch.input_ids)
-        self.req_pool_indices[:raw_bs].copy_(batch.req_pool_indices)
-        self.seq_lens[:raw_bs].copy_(batch.seq_lens)
-        self.seq_lens_cpu[:raw_bs].copy_(batch.seq_lens_cpu)
-        self.out_cache_loc[:raw_tokens].copy_(batch.out_cache_loc)
-        self.positions[:raw_tokens].copy_(batch.positions)
+        dst, src = [], []
+        for name in _PADDED:
+            live, end = (raw_tokens, num_tokens) if name in _TOKEN_MAJOR else (raw_bs, bs)
+            buf = getattr(self, name)
+            dst += [buf[:live], buf[live:end]]
+            src += [getattr(batch, name), self.padding[name][live:end]]
         if batch.pp_proxy_tensors is not None:
             for name, t in batch.pp_proxy_tensors.items():
-                self.pp_proxy_tensors[name][:raw_tokens].copy_(t)
+                dst.append(self.pp_proxy_tensors[name][:raw_tokens])
+                src.append(t)
+        torch._foreach_copy_(dst, src)  # one launch for the live rows and the padding
+        self.seq_lens_cpu[:raw_bs].copy_(batch.seq_lens_cpu)
+        self.seq_lens_cpu[raw_bs:bs].fill_(self.seq_len_fill_value)

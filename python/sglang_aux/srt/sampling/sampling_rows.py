@@ -1,0 +1,38 @@
+"""Sampling parameters of every request row, held on the device.
+
+Written once when a request is prefilled; a decode step gathers its rows' parameters with the
+step's `req_pool_indices`, so no per-step host-to-device copy carries them.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from sglang_aux.srt.sampling.sampler import SamplingTensors
+from sglang_aux.srt.sampling.sampling_params import GREEDY_EPS, SamplingParams
+
+
+class SamplingRows:
+    def __init__(self, num_rows: int, vocab_size: int, device: torch.device | str):
+        self.vocab_size = vocab_size
+        self.device = torch.device(device)
+        # [num_rows + 1] each (row 0 pads); columns of `floats`: temperature, top_p
+        self.floats = torch.ones((num_rows + 1, 2), dtype=torch.float32, device=device)
+        # columns of `ints`: top_k, seed
+        self.ints = torch.zeros((num_rows + 1, 2), dtype=torch.int64, device=device)
+
+    def set(self, rows: list[int], params: list[SamplingParams], seeds: list[int]) -> None:
+        """Store the parameters of newly admitted requests (one copy per table)."""
+        floats = torch.tensor([[p.temperature, p.top_p] for p in params], dtype=torch.float32)
+        ints = torch.tensor([[p.top_k if p.top_k > 0 else self.vocab_size, s]
+                             for p, s in zip(params, seeds, strict=True)], dtype=torch.int64)
+        index = torch.tensor(rows, dtype=torch.int64)
+        self.floats.index_copy_(0, index.to(self.device), floats.to(self.device))
+        self.ints.index_copy_(0, index.to(self.device), ints.to(self.device))
+
+    def gather(self, rows: torch.Tensor) -> SamplingTensors:
+        """The parameters of `rows` `[bs]` (device int64)."""
+        f, i = self.floats[rows], self.ints[rows]
+        temperature, top_k = f[:, 0], i[:, 0]
+        return SamplingTensors(temperature=temperature, top_k=top_k, top_p=f[:, 1],
+                               seed=i[:, 1], is_greedy=(temperature < GREEDY_EPS) | (top_k == 1))

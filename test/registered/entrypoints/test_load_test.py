@@ -1,0 +1,46 @@
+"""The server load test (benchmark/spec_decode/load_test_server.py), scaled down to the CPU:
+concurrent greedy and sampled DFlash requests with aborts mid-stream, greedy outputs equal to
+their sequential runs, every KV slot and request row back, a run of decode steps after it."""
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+from sglang_aux.test.ci.ci_register import register_cpu_ci
+from sglang_aux.test.runtime_utils import tiny_checkpoint
+
+register_cpu_ci(est_time=90, suite="default")
+
+SCRIPT = Path(__file__).resolve().parents[3] / "benchmark/spec_decode/load_test_server.py"
+
+
+def _load_test():
+    spec = importlib.util.spec_from_file_location("load_test_server", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_load_test_passes_on_a_small_dflash_server(tmp_path):
+    target = tiny_checkpoint("tiny-k3", tmp_path)
+    draft = tiny_checkpoint("tiny-k3-dflash", tmp_path)
+    out = tmp_path / "load.json"
+    report = _load_test().main([
+        "--num-requests", "16", "--min-new", "4", "--max-new", "24", "--abort-every", "4",
+        "--long-steps", "60", "--long-concurrency", "4", "--long-max-new", "32",
+        "--out", str(out), "--",
+        "--model-path", target, "--device", "cpu", "--speculative-algorithm", "DFLASH",
+        "--speculative-draft-model-path", draft, "--max-running-requests", "8",
+        "--cuda-graph-max-bs-decode", "8", "--max-total-tokens", "8192"])
+    assert out.is_file()
+    assert report["aborted"] == 4 and report["checked"] == 12
+    assert report["greedy_checked"] > 0 and report["greedy_mismatched"] == []
+    assert report["kv_slots_back"] and report["req_rows_back"] and report["final_kv_slots_back"]
+    assert report["long_decode_steps"] >= 60
+    assert report["ok"]
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-q"]))

@@ -1,0 +1,113 @@
+"""Sampling on the device: counter-based draws, per-row top-k/top-p, inverse-CDF sampling."""
+
+import sys
+from collections import Counter
+
+import pytest
+import torch
+
+from sglang_aux.srt.sampling.sampler import (
+    Lane,
+    SamplingTensors,
+    sample,
+    sample_from_probs,
+    sampling_probs,
+    uniform,
+)
+from sglang_aux.test.ci.ci_register import register_cpu_ci
+
+register_cpu_ci(est_time=10, suite="default")
+
+VOCAB = 11
+
+
+def _params(temperature, top_k, top_p, seed=None):
+    n = len(temperature)
+    t = torch.tensor(temperature, dtype=torch.float32)
+    k = torch.tensor(top_k, dtype=torch.int64)
+    return SamplingTensors(temperature=t, top_k=k, top_p=torch.tensor(top_p),
+                           seed=torch.tensor(seed or list(range(n)), dtype=torch.int64),
+                           is_greedy=(t < 1e-6) | (k == 1))
+
+
+def test_uniform_is_keyed_by_seed_position_and_lane_only():
+    seed = torch.tensor([7, 7, 8, -3, 2**62 + 5])
+    pos = torch.tensor([10, 11, 10, 10, 10])
+    u = uniform(seed, pos, Lane.SAMPLE)
+    assert ((u >= 0) & (u < 1)).all()
+    assert len(set(u.tolist())) == 5
+    # the same (seed, position) gives the same draw in any batch, at any row
+    alone = uniform(torch.tensor([8]), torch.tensor([10]), Lane.SAMPLE)
+    assert alone.item() == u[2].item()
+    assert uniform(seed, pos, Lane.ACCEPT).ne(u).all()
+
+
+def test_uniform_draws_are_uniform():
+    n = 200_000
+    u = uniform(torch.full((n,), 12345), torch.arange(n), Lane.DRAFT)
+    hist = torch.histc(u, bins=10, min=0, max=1) / n
+    assert (hist - 0.1).abs().max() < 0.005, hist
+    lag = torch.corrcoef(torch.stack([u[:-1], u[1:]]))[0, 1]
+    assert abs(float(lag)) < 0.01
+
+
+def _reference_probs(logits, temperature, top_k, top_p):
+    probs = torch.softmax(logits.double() / max(temperature, 1e-6), -1)
+    order = probs.argsort(descending=True).tolist()
+    kept, mass = [], 0.0
+    top_mass = float(sum(probs[i] for i in order[:top_k]))
+    for i in order[:top_k]:
+        if mass >= top_p * top_mass:
+            break
+        kept.append(i)
+        mass += float(probs[i])
+    out = torch.zeros_like(probs)
+    out[kept] = probs[kept]
+    return out / out.sum()
+
+
+def test_sampling_probs_apply_each_rows_parameters():
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(5, VOCAB, generator=g) * 2
+    rows = [(1.0, VOCAB, 1.0), (0.7, 3, 1.0), (1.3, VOCAB, 0.6), (0.5, 4, 0.8), (2.0, 1, 1.0)]
+    got = sampling_probs(logits, _params(*map(list, zip(*rows, strict=True))))
+    for i, (t, k, p) in enumerate(rows):
+        torch.testing.assert_close(got[i].double(), _reference_probs(logits[i], t, k, p),
+                                   rtol=1e-5, atol=1e-6)
+    assert (got[1] > 0).sum() == 3 and (got[4] > 0).sum() == 1
+
+
+def test_sample_from_probs_follows_the_distribution():
+    g = torch.Generator().manual_seed(1)
+    probs = torch.softmax(torch.randn(VOCAB, generator=g), -1)
+    probs[3] = 0.0
+    n = 40_000
+    u = uniform(torch.full((n,), 99), torch.arange(n), Lane.SAMPLE)
+    tokens = sample_from_probs(probs.expand(n, -1), u)
+    counts = Counter(tokens.tolist())
+    assert 3 not in counts, "a zero-probability token was drawn"
+    tv = 0.5 * sum(abs(counts.get(t, 0) / n - float(probs[t] / probs.sum()))
+                   for t in range(VOCAB))
+    assert tv < 0.015, tv
+
+
+@pytest.mark.parametrize("all_greedy", [True, False])
+def test_sample_mixes_greedy_and_sampled_rows(all_greedy):
+    g = torch.Generator().manual_seed(2)
+    logits = torch.randn(4, VOCAB, generator=g)
+    temps = [0.0] * 4 if all_greedy else [0.0, 1.0, 0.0, 1.0]
+    params = _params(temps, [VOCAB, VOCAB, 1, 2], [1.0] * 4, seed=[5, 5, 5, 5])
+    positions = torch.tensor([3, 3, 9, 4])
+    tokens = sample(logits, params, positions, all_greedy)
+    greedy = logits.argmax(-1)
+    assert tokens[0] == greedy[0] and tokens[2] == greedy[2]
+    if not all_greedy:
+        assert tokens[3] in logits[3].topk(2).indices
+        again = sample(logits[1:2], SamplingTensors(*(t[1:2] for t in (
+            params.temperature, params.top_k, params.top_p, params.seed, params.is_greedy))),
+            positions[1:2], False)
+        assert again.item() == tokens[1].item(), "a row's draw depends on its batch"
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-q"]))
