@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from sglang_aux.srt.entrypoints.engine import Engine
+from sglang_aux.srt.layers.aux_hidden_states import ProjectedAuxCapture, finish_aux_hidden_states
 from sglang_aux.srt.layers.quantization.mxfp8_linear import MXFP8Linear
 from sglang_aux.srt.layers.quantization.streamed_projection import StreamedProjection
 from sglang_aux.srt.server_args import ServerArgs
@@ -92,6 +93,20 @@ def test_sink_contract(device) -> None:
     for s in good:
         proj.accumulate(s)
     assert proj.result(out=out) is out and torch.equal(out, first)
+
+
+def test_projected_capture_counts_at_finish(device) -> None:
+    proj, _ = make_projection(device, mxfp8=False)
+    sink = ProjectedAuxCapture(proj)
+    slices = new_slices(device, seed=1)
+    for s in slices[:2]:
+        sink.capture(s, owned=False)
+    assert len(sink) == 2
+    with pytest.raises(RuntimeError, match="got 2 aux captures, expected 3"):
+        finish_aux_hidden_states(sink)
+    sink.capture(slices[2])
+    assert finish_aux_hidden_states(sink) is None  # no packed tensor: the owner reads proj
+    torch.testing.assert_close(proj.result(), stream(make_projection(device, False)[0], slices))
 
 
 def test_construction_errors_name_shapes(device) -> None:

@@ -15,6 +15,7 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUD
 from test_streamed_projection import (  # noqa: E402, F401
     test_construction_errors_name_shapes,
     test_dflash_greedy_equals_target_only_with_streamed_prefill,
+    test_projected_capture_counts_at_finish,
     test_sink_contract,
     test_streamed_equals_the_fc_of_the_concat,
     test_target_feeds_the_streamed_projection,
