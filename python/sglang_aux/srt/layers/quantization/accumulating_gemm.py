@@ -50,21 +50,26 @@ class GemmConfig:
 
 # Hand-picked for sm_90 (H100/H200), not autotuned: the MXFP8 kernel holds the accumulator and a
 # fresh dot result per tile (2 * BM * BN fp32 over the warps' registers), so BM * BN / num_warps
-# stays at 2048 (128 registers a thread for both). benchmark/aux_memory/bench_mxfp8_gemm.py
-# times these candidates.
+# stays at or below 2048 (128 registers a thread for both); BLOCK_K is one scale group, so
+# 4-6 stages of (BM + BN) * 32 bytes stay small. benchmark/aux_memory/bench_mxfp8_gemm.py times
+# these candidates.
 MXFP8_CANDIDATES = {
     "m128n128w8s4": GemmConfig(128, 128, 8, 4),
     "m128n128w8s6": GemmConfig(128, 128, 8, 6),
     "m256n128w16s4": GemmConfig(256, 128, 16, 4),
     "m128n256w16s4": GemmConfig(128, 256, 16, 4),
-    "m64n128w4s6": GemmConfig(64, 128, 4, 6),
+    "m64n64w4s6": GemmConfig(64, 64, 4, 6),
 }
 DENSE_CANDIDATES = {
     "m128n128w8s4": GemmConfig(128, 128, 8, 4),
     "m128n256w8s3": GemmConfig(128, 256, 8, 3),
-    "m64n128w4s4": GemmConfig(64, 128, 4, 4),
+    "m64n64w4s4": GemmConfig(64, 64, 4, 4),
 }
+# Up to this many rows (verify-sized forwards) the GEMM streams the weight: narrow tiles give
+# N/64 programs, enough to keep every SM loading.
 _SMALL_M = 64
+_DEFAULTS = {(True, False): "m128n128w8s4", (True, True): "m64n64w4s6",
+             (False, False): "m128n128w8s4", (False, True): "m64n64w4s4"}
 _INTERPRETER_CONFIG = GemmConfig(16, 16, 4, 1, group_m=2)
 
 
@@ -73,8 +78,7 @@ def default_config(m: int, mxfp8: bool) -> GemmConfig:
     if _INTERPRETED:
         return _INTERPRETER_CONFIG
     table = MXFP8_CANDIDATES if mxfp8 else DENSE_CANDIDATES
-    return table["m64n128w4s6" if mxfp8 else "m64n128w4s4"] if m <= _SMALL_M else \
-        table["m128n128w8s4"]
+    return table[_DEFAULTS[(mxfp8, m <= _SMALL_M)]]
 
 
 @triton.jit
