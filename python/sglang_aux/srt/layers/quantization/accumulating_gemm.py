@@ -56,8 +56,9 @@ class GemmConfig:
 MXFP8_CANDIDATES = {
     "m128n128w8s4": GemmConfig(128, 128, 8, 4),
     "m128n128w8s6": GemmConfig(128, 128, 8, 6),
-    "m256n128w16s4": GemmConfig(256, 128, 16, 4),
-    "m128n256w16s4": GemmConfig(128, 256, 16, 4),
+    "m64n128w4s6": GemmConfig(64, 128, 4, 6),
+    "m128n64w4s6": GemmConfig(128, 64, 4, 6),
+    "m64n256w8s4": GemmConfig(64, 256, 8, 4),
     "m64n64w4s6": GemmConfig(64, 64, 4, 6),
 }
 DENSE_CANDIDATES = {
@@ -69,7 +70,7 @@ DENSE_CANDIDATES = {
 # N/64 programs, enough to keep every SM loading.
 _SMALL_M = 64
 _DEFAULTS = {(True, False): "m128n128w8s4", (True, True): "m64n64w4s6",
-             (False, False): "m128n128w8s4", (False, True): "m64n64w4s4"}
+             (False, False): "m128n256w8s3", (False, True): "m64n64w4s4"}
 _INTERPRETER_CONFIG = GemmConfig(16, 16, 4, 1, group_m=2)
 
 
@@ -112,13 +113,6 @@ def _store_tile(out_ptr, stride_out, rows, cols, M, N, acc):
 
 
 @triton.jit
-def _pow2_from_e8m0(byte):
-    """2^(byte - 127) as fp32; byte 0 is 2^-127, the fp32 subnormal 0x00400000."""
-    byte = byte.to(tl.int32)
-    return tl.where(byte == 0, 0x400000, byte << 23).to(tl.float32, bitcast=True)
-
-
-@triton.jit
 def _dense_kernel(
     x_ptr, w_ptr, acc_ptr, out_ptr, M, N, K,
     stride_x, stride_w, stride_acc, stride_out,
@@ -140,8 +134,8 @@ def _dense_kernel(
 
 @triton.jit
 def _mxfp8_kernel(
-    xq_ptr, xs_ptr, wq_ptr, ws_ptr, acc_ptr, out_ptr, M, N, K,
-    stride_xq, stride_xs, stride_wq, stride_ws, stride_acc, stride_out,
+    xq_ptr, sx_ptr, wq_ptr, sw_ptr, acc_ptr, out_ptr, M, N, K,
+    stride_xq, stride_sx, stride_wq, stride_sw, stride_acc, stride_out,
     LOAD_ACC: tl.constexpr, OPERAND: tl.constexpr, GROUP: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr,
 ):
@@ -150,17 +144,33 @@ def _mxfp8_kernel(
     ks = tl.arange(0, GROUP)
     xq_ptrs = xq_ptr + rows.to(tl.int64)[:, None] * stride_xq + ks[None, :]
     wq_ptrs = wq_ptr + cols.to(tl.int64)[:, None] * stride_wq + ks[None, :]
-    xs_ptrs = xs_ptr + rows.to(tl.int64) * stride_xs
-    ws_ptrs = ws_ptr + cols.to(tl.int64) * stride_ws
     acc = _start_tile(acc_ptr, stride_acc, rows, cols, M, N, LOAD_ACC, BLOCK_M, BLOCK_N)
-    for g in range(0, K // GROUP):
+    # Scale factors 2^(byte - 127) per group for the tile's rows / columns: contiguous fp32
+    # vectors (see _scale_factors), so no per-element address or bit work in the loop. The
+    # pipeliner only stages dot operands, so group g + 1's factors are loaded by hand one
+    # iteration ahead, hiding their L2 latency behind group g's dot.
+    num_groups = K // GROUP
+    sa = tl.load(sx_ptr + rows, mask=row_ok, other=0.0)
+    sb = tl.load(sw_ptr + cols, mask=col_ok, other=0.0)
+    for g in range(0, num_groups):
         a = tl.load(xq_ptrs + g * GROUP, mask=row_ok[:, None], other=0.0)  # [BM, 32] e4m3
         b = tl.load(wq_ptrs + g * GROUP, mask=col_ok[:, None], other=0.0)  # [BN, 32] e4m3
-        sa = _pow2_from_e8m0(tl.load(xs_ptrs + g, mask=row_ok, other=0))
-        sb = _pow2_from_e8m0(tl.load(ws_ptrs + g, mask=col_ok, other=0))
+        nxt = tl.minimum(g + 1, num_groups - 1)  # the last iteration reloads its own group
+        sa_next = tl.load(sx_ptr + nxt * stride_sx + rows, mask=row_ok, other=0.0)
+        sb_next = tl.load(sw_ptr + nxt * stride_sw + cols, mask=col_ok, other=0.0)
         d = tl.dot(a.to(OPERAND), tl.trans(b.to(OPERAND)))  # fresh fp32 group sum
-        acc += d * (sa[:, None] * sb[None, :])
+        # Row scale into d in place, then one FMA with the column scale: no third
+        # [BM, BN] tile of registers (an outer product of the scales would need one).
+        acc += (d * sa[:, None]) * sb[None, :]
+        sa, sb = sa_next, sb_next
     _store_tile(out_ptr, stride_out, rows, cols, M, N, acc)
+
+
+def _scale_factors(scales: torch.Tensor) -> torch.Tensor:
+    """[R, G] E8M0 bytes -> [G, R] fp32 2^(byte - 127), exact (byte 0: the subnormal 2^-127).
+    Transposed so a group's factors for a tile are one contiguous load."""
+    s = scales.t().contiguous().to(torch.int32)
+    return torch.where(s == 0, 1 << 22, s << 23).view(torch.float32)
 
 
 def _check_rows(name: str, t: torch.Tensor) -> None:
@@ -222,9 +232,10 @@ def mxfp8_gemm_accumulate(xq: torch.Tensor, xs: torch.Tensor, wq: torch.Tensor,
                          f"is a multiple of {MXFP8_BLOCK}")
     _check_acc(acc, out, m, n)
     cfg = config or default_config(m, mxfp8=True)
+    sx, sw = _scale_factors(xs), _scale_factors(ws)  # [K/32, M], [K/32, N]
     _mxfp8_kernel[_grid(m, n, cfg)](
-        xq, xs, wq, ws, out if acc is None else acc, out, m, n, k,
-        xq.stride(0), xs.stride(0), wq.stride(0), ws.stride(0),
+        xq, sx, wq, sw, out if acc is None else acc, out, m, n, k,
+        xq.stride(0), sx.stride(0), wq.stride(0), sw.stride(0),
         0 if acc is None else acc.stride(0), out.stride(0),
         LOAD_ACC=acc is not None, OPERAND=tl.float32 if _INTERPRETED else tl.float8e4nv,
         GROUP=MXFP8_BLOCK, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, GROUP_M=cfg.group_m,
