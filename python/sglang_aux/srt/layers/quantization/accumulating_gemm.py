@@ -74,12 +74,14 @@ _DEFAULTS = {(True, False): "m128n128w8s4", (True, True): "m64n64w4s6",
 _INTERPRETER_CONFIG = GemmConfig(16, 16, 4, 1, group_m=2)
 
 
-def default_config(m: int, mxfp8: bool) -> GemmConfig:
-    """The tile config for an M-row GEMM (depends on M only; see the module doc)."""
+def default_config(m: int, mxfp8: bool, fp32: bool = False) -> GemmConfig:
+    """The tile config for an M-row GEMM: depends on M and the operand format, never on K
+    (see the module doc). fp32 operands (exact-comparison runs) take the small tile: wide fp32
+    tiles spill on sm_90."""
     if _INTERPRETED:
         return _INTERPRETER_CONFIG
     table = MXFP8_CANDIDATES if mxfp8 else DENSE_CANDIDATES
-    return table[_DEFAULTS[(mxfp8, m <= _SMALL_M)]]
+    return table[_DEFAULTS[(mxfp8, fp32 or m <= _SMALL_M)]]
 
 
 @triton.jit
@@ -206,8 +208,8 @@ def dense_gemm_accumulate(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor,
         raise ValueError(f"x {tuple(x.shape)} {x.dtype} and w {tuple(w.shape)} {w.dtype} "
                          "must share K and dtype")
     _check_acc(acc, out, m, n)
-    cfg = config or default_config(m, mxfp8=False)
     fp32 = x.dtype == torch.float32
+    cfg = config or default_config(m, mxfp8=False, fp32=fp32)
     _dense_kernel[_grid(m, n, cfg)](
         x, w, out if acc is None else acc, out, m, n, k,
         x.stride(0), w.stride(0), 0 if acc is None else acc.stride(0), out.stride(0),
