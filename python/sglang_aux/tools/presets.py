@@ -98,6 +98,26 @@ PRESETS["bench-llama"] = {
 }
 
 
+# SmolLM2-135M-Instruct's shapes with random weights: graph timing without staging the GGUF.
+PRESETS["smollm2-shaped"] = {
+    **_TINY_COMMON,
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "vocab_size": 49152,
+    "max_position_embeddings": 8192,
+    "torch_dtype": "bfloat16",
+    "rope_theta": 100000.0,
+    "hidden_size": 576,
+    "intermediate_size": 1536,
+    "num_hidden_layers": 30,
+    "num_attention_heads": 9,
+    "num_key_value_heads": 3,
+    "head_dim": 64,
+    "rms_norm_eps": 1e-5,
+    "tie_word_embeddings": True,
+}
+
+
 def dflash_draft_preset(target: str, *, num_layers: int, num_aux: int, block_size: int) -> dict:
     """A DFlash draft for `target`: Qwen3-style layers at the target's width, reading
     `num_aux` target layers picked by `build_target_layer_ids`."""
@@ -128,3 +148,6 @@ PRESETS["bench-llama-dflash"] = dflash_draft_preset("bench-llama", num_layers=1,
                                                     block_size=8)
 PRESETS["k3-shaped-dflash"] = dflash_draft_preset("k3-shaped", num_layers=1, num_aux=6,
                                                   block_size=8)
+# The shipped SmolLM2 draft's shape (2 layers, K = 5, block 8), random weights.
+PRESETS["smollm2-shaped-dflash"] = dflash_draft_preset("smollm2-shaped", num_layers=2,
+                                                       num_aux=5, block_size=8)

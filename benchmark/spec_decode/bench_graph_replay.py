@@ -1,0 +1,142 @@
+"""Replay time and kernels per layer of the captured decode and target-verify graphs.
+
+    python benchmark/spec_decode/bench_graph_replay.py --presets smollm2-shaped bench-llama \
+        --decode-bs 1 8 32 --verify-bs 1 32 --context 900 --out graph_replay.json
+
+For each preset (random weights, `--load-format dummy`), a target-only engine's DECODE graphs
+and a DFLASH engine's TARGET_VERIFY graphs (block of the `<preset>-dflash` draft) are replayed
+over live-looking inputs: every request row maps `--context` tokens to distinct KV slots, so
+attention reads a real context. Replay ms is the median of CUDA-event timings over `--iters`
+replays after warm-up. Kernels per layer: GPU kernels launched by one eager forward of the same
+captured batch (the graph holds the same kernels), divided by the layer count.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+import torch
+
+from sglang_aux.srt.entrypoints.engine import Engine
+
+
+def _runner_and_graphs(engine: Engine, verify: bool):
+    worker = engine.worker
+    runner = worker.target_runner if verify else worker.model_runner
+    return runner, runner.graph_runner
+
+
+def _load_live_inputs(runner, graph_runner, bs: int, context: int) -> None:
+    """Point the static buffers of size `bs` at `bs` requests of `context` cached tokens."""
+    b, w = graph_runner.buffers, graph_runner.captured_req_width
+    rows = torch.arange(1, bs + 1, device=runner.device)
+    table = runner.req_to_token_pool.req_to_token
+    slots = 1 + torch.arange(bs * (context + w), device=runner.device).view(bs, context + w)
+    if slots.max() > runner.token_to_kv_pool_allocator.size:
+        raise ValueError(f"{bs} x {context + w} slots exceed the KV pool")
+    table[rows, : context + w] = slots.to(table.dtype)
+    b.req_pool_indices[:bs].copy_(rows)
+    b.seq_lens[:bs].fill_(context + w)
+    b.seq_lens_cpu[:bs].fill_(context + w)
+    pos = context + torch.arange(w, device=runner.device).repeat(bs)
+    b.positions[: bs * w].copy_(pos)
+    b.out_cache_loc[: bs * w].copy_(slots[:, context:].reshape(-1))
+    b.input_ids[: bs * w].random_(0, runner.model_config.hf_config.vocab_size)
+
+
+def _replay_ms(graph_runner, bs: int, iters: int) -> float:
+    graph, backend = graph_runner.graphs[bs], graph_runner.backend
+    for _ in range(10):
+        backend.replay(graph)
+    if graph_runner.model_runner.device.type != "cuda":
+        times = []
+        for _ in range(iters):
+            t0 = time.perf_counter()
+            backend.replay(graph)
+            times.append((time.perf_counter() - t0) * 1e3)
+        return statistics.median(times)
+    times = []
+    for _ in range(iters):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        backend.replay(graph)
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def _kernels(runner, graph_runner, bs: int) -> int | None:
+    """GPU kernels of one eager forward of the captured batch of size `bs`."""
+    if runner.device.type != "cuda":
+        return None
+    from torch.profiler import ProfilerActivity, profile
+
+    fb = graph_runner.forward_batches[bs]
+    runner.attn_backend.init_forward_metadata_replay_cuda_graph(fb)
+    runner.model.forward(fb.input_ids, fb.positions, fb)  # warm (Triton compiles)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        runner.model.forward(fb.input_ids, fb.positions, fb)
+        torch.cuda.synchronize()
+    return sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
+
+
+def measure(preset: str, verify: bool, sizes: list[int], args) -> list[dict]:
+    extra = {}
+    if verify:
+        extra = {"speculative_algorithm": "DFLASH",
+                 "speculative_draft_model_path": f"{preset}-dflash"}
+    engine = Engine(model_path=preset, load_format="dummy", device=args.device,
+                    max_running_requests=max(sizes), cuda_graph_bs_decode=sorted(set(sizes)),
+                    context_length=args.context + 64, **extra)
+    runner, gr = _runner_and_graphs(engine, verify)
+    layers = runner.model_config.num_layers
+    rows = []
+    for bs in sizes:
+        _load_live_inputs(runner, gr, bs, args.context)
+        ms = _replay_ms(gr, bs, args.iters)
+        kernels = _kernels(runner, gr, bs)
+        rows.append({"preset": preset, "graph": gr.forward_mode.name, "bs": bs,
+                     "tokens_per_req": gr.captured_req_width, "context": args.context,
+                     "replay_ms": ms, "kernels": kernels, "layers": layers,
+                     "kernels_per_layer": None if kernels is None else kernels / layers})
+    del engine
+    return rows
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--presets", nargs="+", default=["smollm2-shaped", "bench-llama"])
+    p.add_argument("--decode-bs", type=int, nargs="*", default=[1, 8, 32])
+    p.add_argument("--verify-bs", type=int, nargs="*", default=[1, 32])
+    p.add_argument("--context", type=int, default=900)
+    p.add_argument("--iters", type=int, default=200)
+    p.add_argument("--device", default="auto")
+    p.add_argument("--out", default="benchmark/spec_decode/graph_replay.json")
+    args = p.parse_args()
+    rows = []
+    for preset in args.presets:
+        if args.decode_bs:
+            rows += measure(preset, False, args.decode_bs, args)
+        if args.verify_bs:
+            rows += measure(preset, True, args.verify_bs, args)
+    decode_bs1 = {r["preset"]: r["replay_ms"] for r in rows
+                  if r["graph"] == "DECODE" and r["bs"] == 1}
+    print(f"{'preset':>15} {'graph':>13} {'bs':>4} {'replay ms':>10} {'kern/layer':>10} "
+          f"{'vs decode bs1':>13}")
+    for r in rows:
+        kpl = "-" if r["kernels_per_layer"] is None else f"{r['kernels_per_layer']:.1f}"
+        ref = decode_bs1.get(r["preset"])
+        ratio = f"{r['replay_ms'] / ref:.2f}x" if ref else "-"
+        print(f"{r['preset']:>15} {r['graph']:>13} {r['bs']:>4} {r['replay_ms']:>10.3f} "
+              f"{kpl:>10} {ratio:>13}")
+    with open(args.out, "w") as f:
+        json.dump({"args": vars(args), "rows": rows}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
