@@ -1,7 +1,8 @@
 """Target-verify graph memory: per-graph aux outputs, the shared aux buffer, streamed projection.
 
     python benchmark/aux_memory/bench_graph_memory.py --max-bs 48 64 72 --out graph_memory.json
-    python benchmark/aux_memory/bench_graph_memory.py --paths per-graph shared   # the seed rows
+    python benchmark/aux_memory/bench_graph_memory.py --preset smollm2-shaped --max-bs 32 64 \
+        --out graph_memory_smollm2.json
 
 Every (max bs, path) configuration runs in its own process, so each starts from a fresh
 allocator; within one, the same model, sizes and capture order. Paths:
@@ -80,8 +81,11 @@ def model_config(a: argparse.Namespace) -> tuple[ModelConfig, list[int]]:
         cfg = ModelConfig.from_pretrained(a.model_path)
         draft = ModelConfig.from_pretrained(a.draft_path).hf_config
         return cfg, list(draft.dflash_config["target_layer_ids"])
-    return (ModelConfig.from_dict(dict(PRESETS[a.preset]), a.preset, context_length=1024),
-            list(range(a.num_aux)))
+    cfg = ModelConfig.from_dict(dict(PRESETS[a.preset]), a.preset, context_length=1024)
+    if a.num_aux is not None:
+        return cfg, list(range(a.num_aux))
+    # The preset's own DFlash draft picks the layers (k3-shaped: 0..5; smollm2-shaped: 5 of 30).
+    return cfg, list(PRESETS[f"{a.preset}-dflash"]["dflash_config"]["target_layer_ids"])
 
 
 def run_one(a: argparse.Namespace, max_bs: int, path: str) -> dict:
@@ -130,7 +134,8 @@ def run_one(a: argparse.Namespace, max_bs: int, path: str) -> dict:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--preset", default="k3-shaped")
-    p.add_argument("--num-aux", type=int, default=6, help="K aux layers for a preset target")
+    p.add_argument("--num-aux", type=int, default=None,
+                   help="K aux layers 0..K-1 (default: the layers of the preset's -dflash draft)")
     p.add_argument("--model-path", help="a checkpoint instead of a preset (e.g. SmolLM2)")
     p.add_argument("--draft-path", help="its DFlash draft (gives the aux layers)")
     p.add_argument("--max-bs", type=int, nargs="+", default=[48, 64, 72])
@@ -149,8 +154,9 @@ def main() -> None:
     for max_bs in a.max_bs:
         for path in a.paths:
             cmd = [sys.executable, __file__, "--child", path, "--max-bs", str(max_bs),
-                   "--block", str(a.block), "--device", a.device, "--preset", a.preset,
-                   "--num-aux", str(a.num_aux)]
+                   "--block", str(a.block), "--device", a.device, "--preset", a.preset]
+            if a.num_aux is not None:
+                cmd += ["--num-aux", str(a.num_aux)]
             if a.model_path:
                 cmd += ["--model-path", a.model_path, "--draft-path", a.draft_path]
             out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
