@@ -56,9 +56,6 @@ class DFlashWorker:
         # target taps it (DFlashDraftModel.new_streamed_projection); verify graphs stay packed
         # until the GPU step loop commits draft context inside the graph.
         self.streamed_aux = server_args.speculative_dflash_aux_projection == "streamed"
-        if self.streamed_aux and not self.target_runner.model.packs_aux_hidden_states:
-            raise ValueError("--speculative-dflash-aux-projection streamed needs a target that "
-                             "taps its aux states as [T, H] slices (layers to capture, pp 1)")
         self._staged_logged = False
         draft_runner.model.set_target_modules(
             self.target_runner.model.get_input_embeddings(), self.target_runner.model.lm_head_weight
