@@ -13,7 +13,13 @@ from sglang_aux.srt.layers.quantization.mxfp8_linear import MXFP8Linear
 from sglang_aux.srt.layers.quantization.streamed_projection import StreamedProjection
 from sglang_aux.srt.server_args import ServerArgs
 from sglang_aux.test.ci.ci_register import register_cpu_ci
-from sglang_aux.test.runtime_utils import eager_forward, extend_batch, release, tiny_checkpoint
+from sglang_aux.test.runtime_utils import (
+    eager_forward,
+    extend_batch,
+    make_runner,
+    release,
+    tiny_checkpoint,
+)
 
 register_cpu_ci(est_time=60, suite="default")
 
@@ -168,6 +174,17 @@ def test_dflash_greedy_equals_target_only_with_streamed_prefill(tmp_path, device
     assert made and all(p.num_accumulated == p.num_slices for p in made), "never streamed"
     for a, b in zip(ref, outs, strict=True):
         assert a["output_ids"] == b["output_ids"]
+
+
+def test_pipeline_stage_cannot_stream(tmp_path) -> None:
+    # A PP stage gets earlier captures already concatenated: no ordered [T, H] slices to stream.
+    runner = make_runner(tiny_checkpoint("tiny-llama", tmp_path), aux_layer_ids=[0, 2], pp_size=2)
+    reqs, fb = extend_batch(runner, [[1, 2, 3]])
+    fb.aux_projection = StreamedProjection(torch.zeros(8, 128), torch.zeros(3, 8), 64, 2,
+                                           dtype=torch.float32, out_dtype=torch.float32)
+    with pytest.raises(ValueError, match=r"cannot project aux states as tapped \(pp_size 2\)"):
+        eager_forward(runner, fb)
+    release(runner, reqs)
 
 
 def test_flag_is_validated() -> None:
