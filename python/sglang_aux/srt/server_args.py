@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from sglang_aux.srt.speculative.spec_info import SpeculativeAlgorithm
-from sglang_aux.tools.presets import DEFAULT_DRAFT_MODEL
+from sglang_aux.tools.presets import DEFAULT_DRAFT_MODEL, DEFAULT_MODEL
 
 ATTENTION_BACKENDS = ("torch_native", "triton")
 DTYPES = ("auto", "float32", "float16", "bfloat16")
@@ -20,6 +22,7 @@ AUX_PROJECTIONS = ("packed", "streamed")
 class ServerArgs:
     model_path: str | None = None  # None: the built-in default model
     tokenizer_path: str | None = None
+    served_model_name: str | None = None  # None: the built-in name or the folder's name
     device: str = "auto"  # auto: cuda when available, else cpu
     dtype: str = "auto"
     load_format: str = "auto"  # auto: safetensors; dummy: random weights (benchmarks)
@@ -59,6 +62,9 @@ class ServerArgs:
                 self.speculative_draft_model_path = DEFAULT_DRAFT_MODEL
         algo = SpeculativeAlgorithm.from_string(self.speculative_algorithm)
         self.speculative_algorithm = algo.value
+        if self.served_model_name is None:
+            # absolute (so "." names its folder) but not resolved (a symlink keeps its name)
+            self.served_model_name = Path(os.path.abspath(self.model_path or DEFAULT_MODEL)).name
         for name, choices in (("dtype", DTYPES), ("load_format", LOAD_FORMATS),
                               ("attention_backend", (None, *ATTENTION_BACKENDS)),
                               ("speculative_draft_fc_quantization", (None, *FC_QUANTIZATIONS)),
@@ -115,6 +121,9 @@ class ServerArgs:
         add = parser.add_argument
         add("--model-path", default=None, help="HF-format model folder (default: built-in model)")
         add("--tokenizer-path", default=None)
+        add("--served-model-name", default=None,
+            help="the model name /v1/models reports and OpenAI requests use (default: the "
+                 "built-in name or the model folder's name)")
         add("--device", default=d["device"].default, help="cpu, cuda, cuda:N or auto")
         add("--dtype", default="auto", choices=DTYPES)
         add("--load-format", default="auto", choices=LOAD_FORMATS)

@@ -136,7 +136,7 @@ def test_openai_completions(client, ckpt):
     body = {"model": ckpt.rsplit("/", 1)[-1], "prompt": PROMPTS[2], "max_tokens": 12,
             "temperature": 0, "ignore_eos": True}
     out = client.post("/v1/completions", json=body).json()
-    assert out["object"] == "text_completion" and out["model"] == ckpt
+    assert out["object"] == "text_completion" and out["model"] == ckpt.rsplit("/", 1)[-1]
     assert out["choices"][0]["text"] == native.json()["text"]
     assert out["choices"][0]["finish_reason"] == "length"
     assert out["usage"]["completion_tokens"] == 12
@@ -248,7 +248,7 @@ def _metrics(client) -> dict[str, float]:
 
 
 def test_model_and_server_info_and_metrics(client, ckpt):
-    assert [m["id"] for m in client.get("/v1/models").json()["data"]] == [ckpt]
+    assert [m["id"] for m in client.get("/v1/models").json()["data"]] == [ckpt.rsplit("/", 1)[-1]]
     model = client.get("/get_model_info").json()
     assert model["model_path"] == ckpt and model["architecture"] == "LlamaForCausalLM"
     assert model["is_generation"] is True and model["context_length"] == CONTEXT

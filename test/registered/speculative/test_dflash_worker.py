@@ -96,8 +96,13 @@ def test_acceptance_under_known_proposals(ckpts, target_only, corrupt_at):
     assert lengths and all(n == expect for n in lengths[:len(PROMPTS)]), lengths
     for ref, out in zip(refs, outs, strict=True):
         assert out["output_ids"] == ref["output_ids"]
+    for o in outs:  # every step accepted expect - 1 drafts
+        m = o["meta_info"]
+        assert m["spec_accept_histogram"][expect - 1] == m["spec_verify_ct"] == sum(
+            m["spec_accept_histogram"])
+        assert m["spec_accept_length"] == m["completion_tokens"] / m["spec_verify_ct"]
     if corrupt_at is None:
-        assert all(o["meta_info"]["spec_accept_length"] == b for o in outs)
+        assert all(o["meta_info"]["spec_accept_rate"] == 1.0 for o in outs)
     alloc = worker.target_runner.token_to_kv_pool_allocator
     assert alloc.available_size() == alloc.size
 

@@ -42,7 +42,9 @@ class ModelConfig:
         archs = raw.get("architectures") or []
         if len(archs) != 1:
             raise ValueError(f"{model_path}: expected one entry in 'architectures', got {archs}")
-        torch_dtype = parse_dtype(raw.get("torch_dtype", "float32") if dtype == "auto" else dtype)
+        # transformers 5.x writes `dtype`, older versions `torch_dtype`
+        saved = raw.get("dtype") or raw.get("torch_dtype") or "float32"
+        torch_dtype = parse_dtype(saved if dtype == "auto" else dtype)
         max_pos = raw.get("max_position_embeddings", 2048)
         return cls(
             model_path=model_path,

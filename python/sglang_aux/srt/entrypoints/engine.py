@@ -20,6 +20,23 @@ from sglang_aux.srt.speculative.spec_info import SpeculativeAlgorithm
 logger = logging.getLogger(__name__)
 
 
+def spec_meta_info(req: Req) -> dict:
+    """SGLang's speculative fields of a request's meta_info (zeros without speculation). The
+    accept length counts every completion token per verify step (bonus tokens included); the
+    rate is accepted over proposed drafts, B-1 proposed per verify step."""
+    verify_ct, hist = req.spec_verify_ct, req.spec_accept_histogram
+    accepted = sum(i * n for i, n in enumerate(hist))
+    proposed = verify_ct * (len(hist) - 1)
+    return {
+        "spec_accept_length": len(req.output_ids) / verify_ct if verify_ct else 0.0,
+        "spec_accept_rate": accepted / proposed if proposed else 0.0,
+        "spec_accepted_drafts": accepted,
+        "spec_proposed_drafts": proposed,
+        "spec_verify_ct": verify_ct,
+        "spec_accept_histogram": list(hist),
+    }
+
+
 class Engine:
     """Runs the scheduler in the caller's thread. Keyword arguments are ServerArgs fields."""
 
@@ -57,7 +74,7 @@ class Engine:
             return TpModelWorker(self.model_config, self.server_args)
         if algo == SpeculativeAlgorithm.DFLASH:
             return DFlashWorker(self.model_config, resolve_draft(self.server_args),
-                                self.server_args)
+                                self.server_args, token_to_id=self.tokenizer.token_to_id)
         raise NotImplementedError(
             f"--speculative-algorithm {algo.value} is not implemented in this runtime yet "
             "(DFLASH and NONE are)"
@@ -113,8 +130,7 @@ class Engine:
             "prompt_tokens": len(req.origin_input_ids),
             "completion_tokens": len(req.output_ids),
             "finish_reason": reason,
-            "spec_accept_length": req.spec_accept_length(),
-            "spec_verify_ct": req.spec_verify_ct,
+            **spec_meta_info(req),
         }
         if latency is not None:
             meta["e2e_latency"] = latency

@@ -20,6 +20,7 @@ def model_info(engine: Engine) -> dict:
     args, cfg = engine.server_args, engine.model_config
     return {
         "model_path": args.model_path,
+        "served_model_name": args.served_model_name,
         "tokenizer_path": args.tokenizer_path or args.model_path,
         "architecture": cfg.architecture,
         "is_generation": True,
@@ -68,6 +69,11 @@ def server_info(server: SchedulerThread) -> dict:
         "max_total_num_tokens": runner.token_to_kv_pool_allocator.size,
         "available_kv_tokens": runner.token_to_kv_pool_allocator.available_size(),
         "scheduler_stats": dict(engine.scheduler.stats),
+        # SGLang's per-scheduler figures (one scheduler here)
+        "internal_states": [{
+            "avg_spec_accept_length": server.metrics.mean_accept_length(),
+            "last_gen_throughput": server.metrics.last_gen_throughput,
+        }],
         **graph_memory(runner.graph_runner),
     }
 

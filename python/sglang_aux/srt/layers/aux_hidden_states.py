@@ -165,12 +165,27 @@ def finish_aux_hidden_states(aux: AuxHiddenStates) -> torch.Tensor | None:
 
 @runtime_checkable
 class SupportsSharedAuxHiddenStates(Protocol):
-    """A model whose aux captures can land in a runner-owned buffer.
-
-    `get_packed_aux_hidden_size()` is the packed width `K * hidden` (0 when nothing is
-    captured). SGLang 0.5.23 names the same method `get_aux_hidden_states_width()`.
-    """
+    """A model whose aux captures can land in a runner-owned buffer: the packed width
+    `K * hidden` (0 when nothing is captured)."""
 
     def get_packed_aux_hidden_size(self) -> int: ...
 
+
+@runtime_checkable
+class SupportsPackedAuxHiddenStates(Protocol):
+    """SGLang 0.5.23's spelling of the same opt-in."""
+
     def get_aux_hidden_states_width(self) -> int: ...
+
+
+def shared_aux_hidden_states_width(model: object) -> int:
+    """The packed aux width of a model that opts in under either spelling, else 0. A model
+    implementing both must report one width."""
+    widths = {}
+    if isinstance(model, SupportsSharedAuxHiddenStates):
+        widths["get_packed_aux_hidden_size"] = model.get_packed_aux_hidden_size()
+    if isinstance(model, SupportsPackedAuxHiddenStates):
+        widths["get_aux_hidden_states_width"] = model.get_aux_hidden_states_width()
+    if len(set(widths.values())) > 1:
+        raise ValueError(f"{type(model).__name__} reports two aux widths: {widths}")
+    return next(iter(widths.values()), 0)

@@ -5,16 +5,18 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from sglang_aux.srt.layers.rope_scaling import RopeScaling
+
 
 class RotaryEmbedding(nn.Module):
-    def __init__(self, head_dim: int, max_position: int, base: float):
+    def __init__(self, head_dim: int, max_position: int, rope: RopeScaling):
         super().__init__()
         self.head_dim = head_dim
-        inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
-        freqs = torch.outer(torch.arange(max_position, dtype=torch.float32), inv_freq)
+        freqs = torch.outer(torch.arange(max_position, dtype=torch.float32),
+                            rope.inv_freq(head_dim))
+        cos_sin = torch.cat([freqs.cos(), freqs.sin()], -1) * rope.attention_factor
         # [max_position, head_dim] = cos | sin halves; a buffer so it follows .to(device)
-        self.register_buffer("cos_sin_cache", torch.cat([freqs.cos(), freqs.sin()], -1),
-                             persistent=False)
+        self.register_buffer("cos_sin_cache", cos_sin, persistent=False)
 
     def forward(self, positions: torch.Tensor, q: torch.Tensor,
                 k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -32,6 +32,8 @@ class Req:
     # speculative bookkeeping: verify steps and tokens they produced (accepted drafts + bonus)
     spec_verify_ct: int = 0
     spec_accepted_tokens: int = 0
+    # [num_draft_tokens]: entry i counts the verify steps that accepted i drafts
+    spec_accept_histogram: list[int] = field(default_factory=list)
 
     @property
     def seq_len(self) -> int:
@@ -45,8 +47,13 @@ class Req:
     def last_token(self) -> int:
         return self.output_ids[-1] if self.output_ids else self.origin_input_ids[-1]
 
-    def spec_accept_length(self) -> float:
-        return self.spec_accepted_tokens / self.spec_verify_ct if self.spec_verify_ct else 0.0
+    def record_spec_verify(self, accepted_drafts: int, num_draft_tokens: int) -> None:
+        """One verify step of a `num_draft_tokens` block that accepted `accepted_drafts`."""
+        if not self.spec_accept_histogram:
+            self.spec_accept_histogram = [0] * num_draft_tokens
+        self.spec_verify_ct += 1
+        self.spec_accepted_tokens += accepted_drafts + 1
+        self.spec_accept_histogram[accepted_drafts] += 1
 
 
 def _ints(values: list[int], device: torch.device) -> torch.Tensor:

@@ -28,6 +28,8 @@ from sglang_aux.srt.server_args import ServerArgs
 
 logger = logging.getLogger(__name__)
 
+THROUGHPUT_WINDOW = 40  # steps per throughput figure (SGLang's decode log interval)
+
 
 @dataclass
 class ServerMetrics:
@@ -41,12 +43,25 @@ class ServerMetrics:
     generation_tokens: int = 0
     spec_verify_ct: int = 0
     spec_accepted_tokens: int = 0
+    last_gen_throughput: float = 0.0  # output tokens/s over the latest THROUGHPUT_WINDOW steps
+    _window_tokens: int = field(default=0, repr=False)
+    _window_seconds: float = field(default=0.0, repr=False)
+    _window_steps: int = field(default=0, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def add(self, **deltas: int) -> None:
         with self._lock:
             for name, n in deltas.items():
                 setattr(self, name, getattr(self, name) + n)
+
+    def record_step(self, tokens: int, seconds: float) -> None:
+        """A scheduler step that emitted `tokens` output tokens in `seconds`."""
+        if self._window_steps >= THROUGHPUT_WINDOW:
+            self._window_tokens, self._window_seconds, self._window_steps = 0, 0.0, 0
+        self._window_tokens += tokens
+        self._window_seconds += seconds
+        self._window_steps += 1
+        self.last_gen_throughput = self._window_tokens / max(self._window_seconds, 1e-9)
 
     def mean_accept_length(self) -> float:
         """Tokens per verify step over every finished speculative request (0: none)."""
@@ -72,6 +87,7 @@ class SchedulerThread:
         self.metrics = ServerMetrics()
         self._inbox: queue.SimpleQueue[tuple] = queue.SimpleQueue()
         self._live: dict[str, _Live] = {}  # touched by the thread only
+        self._emitted = 0  # output tokens delivered, thread only
         self._ready = threading.Event()
         self._startup_error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name="scheduler", daemon=True)
@@ -148,8 +164,10 @@ class SchedulerThread:
             return True
 
     def _step(self) -> None:
+        start, emitted = time.perf_counter(), self._emitted
         try:
             self.engine.scheduler.step()
+            self.metrics.record_step(self._emitted - emitted, time.perf_counter() - start)
         except Exception as e:
             # Keep serving: fail what was in flight and start from an empty scheduler.
             logger.exception("scheduler step failed; failing %d requests", len(self._live))
@@ -176,6 +194,7 @@ class SchedulerThread:
             return
         new_ids = req.output_ids[live.sent:]
         live.sent = len(req.output_ids)
+        self._emitted += len(new_ids)
         if req.finished:
             del self._live[req.rid]
             self.metrics.add(requests_finished=1, prompt_tokens=len(req.origin_input_ids),

@@ -46,7 +46,11 @@ class Tokenizer:
         return cls(byte_level_tokenizer(), BYTE_TOKENIZER_CONFIG)
 
     def _id_of(self, token: str | None) -> int | None:
-        return None if token is None else self._tok.token_to_id(token)
+        return None if token is None else self.token_to_id(token)
+
+    def token_to_id(self, token: str) -> int | None:
+        """The id of one vocabulary or special token, None when absent."""
+        return self._tok.token_to_id(token)
 
     @property
     def vocab_size(self) -> int:

@@ -17,6 +17,7 @@ from types import SimpleNamespace
 import torch
 from torch import nn
 
+from sglang_aux.srt.configs.decoder_config import check_decoder_config
 from sglang_aux.srt.layers.layernorm import RMSNorm
 from sglang_aux.srt.layers.logits_processor import LogitsProcessor, LogitsProcessorOutput
 from sglang_aux.srt.layers.quantization.mxfp8_linear import MXFP8Linear
@@ -28,11 +29,14 @@ from sglang_aux.srt.model_loader.weight_utils import load_named_weights
 from sglang_aux.srt.models.qwen3 import Qwen3DecoderLayer
 from sglang_aux.srt.speculative.dflash_utils import DFlashConfig
 
+BORROWED_FROM_TARGET = ("embed_tokens", "lm_head")
+
 
 class DFlashDraftModel(nn.Module):
     def __init__(self, config: SimpleNamespace, pp_size: int = 1):
         super().__init__()
         del pp_size  # a draft is never pipelined
+        check_decoder_config(config)
         self.config = config
         self.dflash_config = DFlashConfig.from_hf_config(config)
         dc, h = self.dflash_config, config.hidden_size
@@ -147,7 +151,15 @@ class DFlashDraftModel(nn.Module):
         return self.logits_processor(self.norm(x), self._borrowed("lm_head"), forward_batch)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        load_named_weights(self, weights)
+        """Published drafts name tensors without the `model.` prefix (stripped when present);
+        an embedding or LM head in the checkpoint is skipped (the target's are used)."""
+        def renamed():
+            for name, tensor in weights:
+                name = name.removeprefix("model.")
+                if name.split(".")[0] not in BORROWED_FROM_TARGET:
+                    yield name, tensor
+
+        load_named_weights(self, renamed())
 
 
 EntryClass = DFlashDraftModel

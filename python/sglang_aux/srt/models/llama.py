@@ -14,6 +14,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from sglang_aux.srt.configs.decoder_config import check_decoder_config
 from sglang_aux.srt.layers.aux_hidden_states import (
     AuxHiddenStateList,
     AuxHiddenStatePacker,
@@ -25,6 +26,7 @@ from sglang_aux.srt.layers.layernorm import RMSNorm
 from sglang_aux.srt.layers.logits_processor import LogitsProcessor, LogitsProcessorOutput
 from sglang_aux.srt.layers.quantization.staged_input import MXFP8InputAccumulator
 from sglang_aux.srt.layers.radix_attention import RadixAttention
+from sglang_aux.srt.layers.rope_scaling import RopeScaling
 from sglang_aux.srt.layers.rotary_embedding import RotaryEmbedding
 from sglang_aux.srt.model_executor.forward_batch_info import ForwardBatch
 from sglang_aux.srt.model_loader.weight_utils import load_named_weights
@@ -45,10 +47,9 @@ class LlamaAttention(nn.Module):
         self.q_proj = nn.Linear(h, self.num_heads * d, bias=bias)
         self.k_proj = nn.Linear(h, self.num_kv_heads * d, bias=bias)
         self.v_proj = nn.Linear(h, self.num_kv_heads * d, bias=bias)
-        self.o_proj = nn.Linear(self.num_heads * d, h, bias=False)
-        self.rotary_emb = RotaryEmbedding(
-            d, config.max_position_embeddings, getattr(config, "rope_theta", 10000.0)
-        )
+        self.o_proj = nn.Linear(self.num_heads * d, h, bias=bias)
+        self.rotary_emb = RotaryEmbedding(d, config.max_position_embeddings,
+                                          RopeScaling.from_hf_config(config))
         self.attn = RadixAttention(self.num_heads, d, d**-0.5, self.num_kv_heads, layer_id)
 
     def qk_norm(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -122,6 +123,7 @@ class LlamaForCausalLM(nn.Module):
 
     def __init__(self, config: SimpleNamespace, pp_size: int = 1):
         super().__init__()
+        check_decoder_config(config)
         self.config = config
         self.pp_size = pp_size
         self.model = self.model_cls(config)

@@ -2,8 +2,15 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import logging
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
 from types import SimpleNamespace
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_BLOCK_SIZE = 16  # SGLang's and the z-lab drafts' default
+DEFAULT_MASK_TOKEN = "<|MASK|>"
 
 
 def build_target_layer_ids(num_target_layers: int, num_aux_layers: int) -> list[int]:
@@ -24,6 +31,16 @@ def build_target_layer_ids(num_target_layers: int, num_aux_layers: int) -> list[
     return [round(start + i * span / (num_aux_layers - 1)) for i in range(num_aux_layers)]
 
 
+def dflash_field(config: SimpleNamespace, key: str):
+    """A DFlash setting: the `dflash_config` object's value first, then the top level's (the
+    layouts SGLang, z-lab and SpecForge write); None when neither has it."""
+    raw = getattr(config, "dflash_config", None) or {}
+    if not isinstance(raw, dict):
+        raise ValueError(f"dflash_config must be an object, got {raw!r}")
+    value = raw.get(key)
+    return getattr(config, key, None) if value is None else value
+
+
 @dataclass(frozen=True)
 class DFlashConfig:
     target_layer_ids: list[int]
@@ -32,22 +49,54 @@ class DFlashConfig:
     target_hidden_size: int
 
     @classmethod
-    def from_hf_config(cls, config: SimpleNamespace) -> DFlashConfig:
-        """From a draft's config.json (`dflash_config` block); ValueError names what is off."""
-        raw = getattr(config, "dflash_config", None)
-        if not isinstance(raw, dict):
-            raise ValueError("draft config.json has no 'dflash_config' object")
-        missing = [k for k in ("target_layer_ids", "block_size", "mask_token_id") if k not in raw]
-        if missing:
-            raise ValueError(f"dflash_config lacks {', '.join(missing)}")
-        ids = list(raw["target_layer_ids"])
+    def from_hf_config(cls, config: SimpleNamespace, *, num_target_layers: int | None = None,
+                       token_to_id: Callable[[str], int | None] | None = None) -> DFlashConfig:
+        """From a draft's config.json; ValueError names what is off or missing.
+
+        `num_target_layers` (the target's layer count) spreads the default target layers when
+        the config lists none; `token_to_id` (the target tokenizer's) resolves a `mask_token`
+        string when the config has no `mask_token_id`.
+        """
+        ids = dflash_field(config, "target_layer_ids")
+        declared = dflash_field(config, "num_target_layers")
+        if num_target_layers is not None and declared not in (None, num_target_layers):
+            logger.warning("draft config says num_target_layers=%s, the target has %d layers",
+                           declared, num_target_layers)
+        if ids is None:
+            if num_target_layers is None:
+                raise ValueError("the draft config lists no target_layer_ids: the default "
+                                 "spread needs the target's layer count")
+            ids = build_target_layer_ids(num_target_layers, config.num_hidden_layers)
+        ids = [int(i) for i in ids]
         if not ids or len(set(ids)) != len(ids) or any(i < 0 for i in ids):
-            raise ValueError(f"dflash_config.target_layer_ids must be distinct, got {ids}")
-        if raw["block_size"] < 2:
-            raise ValueError(f"dflash_config.block_size must be >= 2, got {raw['block_size']}")
+            raise ValueError(f"dflash target_layer_ids must be distinct and >= 0, got {ids}")
+        if num_target_layers is not None and max(ids) >= num_target_layers:
+            raise ValueError(f"dflash target_layer_ids {ids} out of range for a "
+                             f"{num_target_layers}-layer target")
+        block_size = int(dflash_field(config, "block_size") or DEFAULT_BLOCK_SIZE)
+        if block_size < 2:
+            raise ValueError(f"dflash block_size must be >= 2, got {block_size}")
         return cls(
             target_layer_ids=ids,
-            block_size=int(raw["block_size"]),
-            mask_token_id=int(raw["mask_token_id"]),
-            target_hidden_size=int(raw.get("target_hidden_size", config.hidden_size)),
+            block_size=block_size,
+            mask_token_id=_mask_token_id(config, token_to_id),
+            target_hidden_size=int(dflash_field(config, "target_hidden_size")
+                                   or config.hidden_size),
         )
+
+    def as_dflash_config(self) -> dict:
+        """The resolved settings as a complete `dflash_config` object."""
+        return asdict(self)
+
+
+def _mask_token_id(config: SimpleNamespace, token_to_id: Callable[[str], int | None] | None
+                   ) -> int:
+    token_id = dflash_field(config, "mask_token_id")
+    if token_id is not None:
+        return int(token_id)
+    token = dflash_field(config, "mask_token") or DEFAULT_MASK_TOKEN
+    resolved = token_to_id(token) if token_to_id is not None else None
+    if resolved is None:
+        raise ValueError(f"the draft config has no mask_token_id and mask token {token!r} is "
+                         "not in the tokenizer")
+    return resolved

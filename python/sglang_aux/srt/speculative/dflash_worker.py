@@ -37,8 +37,10 @@ Proposer = Callable[[list[Req], torch.Tensor], tuple[list[list[int]], list[torch
 
 class DFlashWorker:
     def __init__(self, target_config: ModelConfig, draft_config: ModelConfig,
-                 server_args: ServerArgs):
-        dc = DFlashConfig.from_hf_config(draft_config.hf_config)
+                 server_args: ServerArgs, token_to_id: Callable[[str], int | None] | None = None):
+        dc = DFlashConfig.from_hf_config(draft_config.hf_config, token_to_id=token_to_id,
+                                         num_target_layers=target_config.num_layers)
+        draft_config.hf_config.dflash_config = dc.as_dflash_config()  # the draft reads it whole
         self.target_runner = ModelRunner(target_config, server_args,
                                          aux_layer_ids=dc.target_layer_ids)
         draft_runner = ModelRunner(
@@ -116,8 +118,7 @@ class DFlashWorker:
         self.target_runner.token_to_kv_pool_allocator.free(locs[~keep])
         for r, v in zip(reqs, verdicts, strict=True):
             r.kv_len += v.accepted + 1
-            r.spec_verify_ct += 1
-            r.spec_accepted_tokens += v.accept_length
+            r.record_spec_verify(v.accepted, b)
         return [v.tokens for v in verdicts]
 
     def _staged_projection_for(self, num_tokens: int):

@@ -7,7 +7,6 @@ import asyncio
 import logging
 import uuid
 from collections.abc import AsyncIterator, Callable
-from pathlib import Path
 
 from fastapi import Request
 
@@ -25,14 +24,14 @@ logger = logging.getLogger(__name__)
 
 
 def served_model_name(server: SchedulerThread) -> str:
-    return server.engine.server_args.model_path
+    return server.engine.server_args.served_model_name
 
 
 def check_model(server: SchedulerThread, name: str | None) -> str:
-    """The served model's name; 404 when the client asked for another. The folder's base name
-    is accepted too, so clients need not know where the checkpoint lives."""
+    """The served model's name; 404 (as OpenAI answers) when the client asked for another.
+    The model path the server was started with is accepted too."""
     served = served_model_name(server)
-    if name is not None and name not in (served, Path(served).name):
+    if name is not None and name not in (served, server.engine.server_args.model_path):
         raise APIError(404, f"model {name!r} not found; this server serves {served!r}")
     return served
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from sglang_aux.srt.layers.aux_hidden_states import SupportsSharedAuxHiddenStates
+from sglang_aux.srt.layers.aux_hidden_states import shared_aux_hidden_states_width
 from sglang_aux.srt.speculative.spec_info import SpeculativeAlgorithm
 
 
@@ -16,10 +16,9 @@ def resolve_aux_hidden_states_width(
     Only a DFlash-family target shares: its aux states are consumed (written into the draft
     KV cache) before the next target forward. EAGLE3 keeps its hidden states across steps,
     drafts capture nothing, and a model that does not opt in keeps the list path. Pipeline
-    stages are excluded by the model itself (its packed width is 0 there).
+    stages are excluded by the model itself (its packed width is 0 there). A model opts in
+    with `get_packed_aux_hidden_size()` or SGLang 0.5.23's `get_aux_hidden_states_width()`.
     """
     if not spec_algorithm.is_dflash_family() or is_draft_worker:
         return 0
-    if not isinstance(model, SupportsSharedAuxHiddenStates):
-        return 0
-    return model.get_packed_aux_hidden_size()
+    return shared_aux_hidden_states_width(model)
