@@ -23,6 +23,7 @@ pytestmark = [
                        reason="real Triton kernels; unset TRITON_INTERPRET"),
 ]
 CUDA = "cuda"
+FP8_MMA_SLACK = 2.0**-9
 # (tokens, hidden, slices, out features): ragged M, the K3 fc at the end.
 SHAPES = [(1, 1024, 3, 768), (77, 2048, 3, 1536), (1000, 1024, 6, 1024), (1024, 7168, 6, 7168)]
 
@@ -62,9 +63,10 @@ def test_bf16_slices_bitwise_equal_concat(t, h, k, n) -> None:
 
 def mxfp8_bound(out, xq, xs, wq, ws) -> tuple[torch.Tensor, torch.Tensor]:
     a, b = dequantize_mxfp8(xq, xs).double(), dequantize_mxfp8(wq, ws).double()
-    # fp32 adds over K/32 groups, plus the FP8 MMA's reduced-precision sum inside each group.
+    # fp32 adds over K/32 groups, plus the FP8 MMA's reduced-precision sum inside each group
+    # (Hopper keeps ~14 bits there: up to 32 truncations of 2^-14 of the group's largest term).
     mag = a.abs() @ b.abs().T
-    return (out.double() - a @ b.T).abs(), (2 * a.shape[1] * 2.0**-24 + 2.0**-12) * mag
+    return (out.double() - a @ b.T).abs(), (2 * a.shape[1] * 2.0**-24 + FP8_MMA_SLACK) * mag
 
 
 @pytest.mark.parametrize("t,h,k,n", SHAPES)
