@@ -1,13 +1,21 @@
-"""Target-verify graph memory with the shared aux buffer on and off, on a K3-shaped target.
+"""Target-verify graph memory: per-graph aux outputs, the shared aux buffer, streamed projection.
 
-    python benchmark/aux_memory/bench_graph_memory.py --max-bs 48 64 --out graph_memory.json
+    python benchmark/aux_memory/bench_graph_memory.py --max-bs 48 64 72 --out graph_memory.json
+    python benchmark/aux_memory/bench_graph_memory.py --preset smollm2-shaped --max-bs 32 64 \
+        --out graph_memory_smollm2.json
 
-Every (max bs, shared) configuration runs in its own process, so each starts from a fresh
-allocator; within one, the same model, sizes and capture order. Reported per configuration:
-the drop in free device memory across runner set-up + capture (what the device loses), the
-allocator's reserved and allocated deltas, the retained aux bytes measured (distinct aux output
-storage that outlives capture) and theoretical (per-graph: sum over sizes of bs*B*K*H*2;
-shared: max_bs*B*K*H*2).
+Every (max bs, path) configuration runs in its own process, so each starts from a fresh
+allocator; within one, the same model, sizes and capture order. Paths:
+- per-graph: every graph keeps its own packed `[T, K*H]` aux output (the baseline);
+- shared: one `[max_num_token, K*H]` buffer, row-sliced per size (seed 1);
+- streamed: no packed aux at all; each graph's target projects every tapped aux state into the
+  draft fc's fp32 accumulator, one `[max_num_token, H_draft]` buffer shared by all sizes
+  (theory: 4 * H_draft / (2 * K * H) of the shared bytes, 1/3 at K3 dims). The DFlash worker
+  does not yet consume that accumulator inside the verify graph (the GPU step loop, issue 11,
+  commits the draft context there); until it does, this script attaches the projection to the
+  target's verify graphs itself, which is what the retained-memory figures need.
+Reported: the drop in free device memory across runner set-up + capture, the allocator's
+reserved and allocated deltas, retained aux bytes measured and theoretical.
 """
 
 from __future__ import annotations
@@ -20,39 +28,103 @@ import sys
 import torch
 
 from sglang_aux.srt.configs.model_config import ModelConfig
-from sglang_aux.srt.model_executor.forward_batch_info import ForwardMode
-from sglang_aux.srt.model_executor.model_runner import ModelRunner
+from sglang_aux.srt.layers.quantization.streamed_projection import StreamedProjection
+from sglang_aux.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
+from sglang_aux.srt.model_executor.model_runner import ModelRunner, make_graph_backend
+from sglang_aux.srt.model_executor.runner.decode_cuda_graph_runner import DecodeCudaGraphRunner
+from sglang_aux.srt.model_executor.runner_utils.capture_sizes import get_capture_bs
 from sglang_aux.srt.model_executor.runner_utils.memory_probe import MemoryProbe
 from sglang_aux.srt.server_args import ServerArgs
 from sglang_aux.tools.presets import PRESETS
 
-AUX_LAYERS = [0, 1, 2, 3, 4, 5]  # K = 6, as K3 DFlash drafts use
+PATHS = ("per-graph", "shared", "streamed")
 
 
-def run_one(preset: str, max_bs: int, shared: bool, block: int, device: str) -> dict:
-    cfg = ModelConfig.from_dict(dict(PRESETS[preset]), preset, context_length=1024)
+class PerForwardProjection:
+    """A streamed projection restarted at the first capture of each forward: the graph runner's
+    job (reset before every warm-up and the capture) once it owns streamed projections."""
+
+    def __init__(self, projection: StreamedProjection):
+        self.projection = projection
+        self.num_slices = projection.num_slices
+
+    @property
+    def num_accumulated(self) -> int:
+        return self.projection.num_accumulated
+
+    def accumulate(self, hidden: torch.Tensor) -> None:
+        if self.projection.num_accumulated == self.num_slices:
+            self.projection.reset()
+        self.projection.accumulate(hidden)
+
+
+class StreamedVerifyGraphs(DecodeCudaGraphRunner):
+    """Verify graphs whose target streams its aux states into `acc[:num_tokens]`."""
+
+    def __init__(self, *args, fc_weight: torch.Tensor, hidden: int, num_aux: int, **kw):
+        super().__init__(*args, **kw)
+        self.fc_weight, self.hidden, self.num_aux = fc_weight, hidden, num_aux
+        self.acc = torch.empty(self.max_num_token, fc_weight.shape[0], dtype=torch.float32,
+                               device=fc_weight.device)  # [max_num_token, H_draft]
+
+    def capture_prepare(self, bs: int) -> ForwardBatch:
+        fb = super().capture_prepare(bs)
+        n, dtype = bs * self.captured_req_width, self.fc_weight.dtype
+        fb.aux_projection = PerForwardProjection(StreamedProjection(
+            self.fc_weight, self.acc[:n], self.hidden, self.num_aux, dtype=dtype,
+            out_dtype=dtype))
+        return fb
+
+
+def model_config(a: argparse.Namespace) -> tuple[ModelConfig, list[int]]:
+    if a.model_path:
+        cfg = ModelConfig.from_pretrained(a.model_path)
+        draft = ModelConfig.from_pretrained(a.draft_path).hf_config
+        return cfg, list(draft.dflash_config["target_layer_ids"])
+    cfg = ModelConfig.from_dict(dict(PRESETS[a.preset]), a.preset, context_length=1024)
+    if a.num_aux is not None:
+        return cfg, list(range(a.num_aux))
+    # The preset's own DFlash draft picks the layers (k3-shaped: 0..5; smollm2-shaped: 5 of 30).
+    return cfg, list(PRESETS[f"{a.preset}-dflash"]["dflash_config"]["target_layer_ids"])
+
+
+def run_one(a: argparse.Namespace, max_bs: int, path: str) -> dict:
+    cfg, aux_layers = model_config(a)
+    h, k = cfg.hf_config.hidden_size, len(aux_layers)
+    fc_weight = None
+    if path == "streamed":  # the draft fc [H_draft, K*H]; outside the measured window
+        fc_weight = (torch.randn(h, k * h, device=a.device) * 0.02).to(cfg.dtype)
     args = ServerArgs(
-        model_path=preset, device=device, load_format="dummy", speculative_algorithm="DFLASH",
-        speculative_num_draft_tokens=block, max_running_requests=max_bs,
-        cuda_graph_max_bs_decode=max_bs, max_total_tokens=8192,
-        disable_shared_aux_buffer=not shared,
+        model_path=a.model_path or a.preset, device=a.device, load_format="dummy",
+        speculative_algorithm="DFLASH", speculative_num_draft_tokens=a.block,
+        max_running_requests=max_bs, cuda_graph_max_bs_decode=max_bs, max_total_tokens=8192,
+        disable_shared_aux_buffer=path != "shared", disable_decode_cuda_graph=True,
     )
-    runner = ModelRunner(cfg, args, aux_layer_ids=AUX_LAYERS)
-    probe = MemoryProbe(device)
-    runner.init_decode_graphs(ForwardMode.TARGET_VERIFY, block)
+    runner = ModelRunner(cfg, args, aux_layer_ids=aux_layers)
+    probe = MemoryProbe(a.device)
+    sizes = get_capture_bs(max_bs=max_bs, speculative=True, override=None)
+    kind, extra = DecodeCudaGraphRunner, {}
+    if path == "streamed":
+        kind, extra = StreamedVerifyGraphs, {"fc_weight": fc_weight, "hidden": h, "num_aux": k}
+    gr = kind(runner, forward_mode=ForwardMode.TARGET_VERIFY, captured_req_width=a.block,
+              capture_bs=sizes, backend=make_graph_backend(runner.device), **extra)
+    gr.capture()
     total = probe.delta()
-    gr = runner.graph_runner
-    storages = {o.aux_hidden_states.untyped_storage().data_ptr(): o.aux_hidden_states
-                for o in gr.outputs.values()}
-    measured = (gr.buffers.aux_nbytes() if shared else
-                sum(t.untyped_storage().nbytes() for t in storages.values()))
-    h, k = cfg.hf_config.hidden_size, len(AUX_LAYERS)
-    per_token = k * h * torch.empty((), dtype=cfg.dtype).element_size()
-    sizes = gr.capture_bs
-    theory = (max(sizes) if shared else sum(sizes)) * block * per_token
+    outs = [o.aux_hidden_states for o in gr.outputs.values() if o.aux_hidden_states is not None]
+    storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in outs}
+    elt = torch.empty((), dtype=cfg.dtype).element_size()
+    if path == "streamed":
+        measured = gr.acc.untyped_storage().nbytes() + sum(storages.values())
+        theory = max(sizes) * a.block * h * 4
+    elif path == "shared":
+        measured = gr.buffers.aux_nbytes()
+        theory = max(sizes) * a.block * k * h * elt
+    else:
+        measured = sum(storages.values())
+        theory = sum(sizes) * a.block * k * h * elt
     return {
-        "preset": preset, "max_bs": max_bs, "shared": shared, "block": block,
-        "num_sizes": len(sizes), "capture_bs": sizes,
+        "model": a.model_path or a.preset, "max_bs": max_bs, "path": path, "block": a.block,
+        "num_aux": k, "hidden": h, "num_sizes": len(sizes), "capture_bs": sizes,
         "setup_and_capture": total, "capture_only": gr.capture_stats,
         "aux_retained_measured_bytes": measured, "aux_retained_theoretical_bytes": theory,
         "aux_output_storages": len(storages),
@@ -62,21 +134,31 @@ def run_one(preset: str, max_bs: int, shared: bool, block: int, device: str) -> 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--preset", default="k3-shaped")
-    p.add_argument("--max-bs", type=int, nargs="+", default=[48, 64])
+    p.add_argument("--num-aux", type=int, default=None,
+                   help="K aux layers 0..K-1 (default: the layers of the preset's -dflash draft)")
+    p.add_argument("--model-path", help="a checkpoint instead of a preset (e.g. SmolLM2)")
+    p.add_argument("--draft-path", help="its DFlash draft (gives the aux layers)")
+    p.add_argument("--max-bs", type=int, nargs="+", default=[48, 64, 72])
+    p.add_argument("--paths", nargs="+", choices=PATHS, default=list(PATHS))
     p.add_argument("--block", type=int, default=8)
     p.add_argument("--out", default="benchmark/aux_memory/graph_memory.json")
     p.add_argument("--device", default="cuda", help="cpu runs a smoke check (no memory figures)")
-    p.add_argument("--child", choices=["shared", "per-graph"], help=argparse.SUPPRESS)
+    p.add_argument("--child", choices=PATHS, help=argparse.SUPPRESS)
     a = p.parse_args()
+    if a.model_path and not a.draft_path:
+        p.error("--model-path needs --draft-path")
     if a.child:
-        print("RESULT " + json.dumps(run_one(a.preset, a.max_bs[0], a.child == "shared", a.block,
-                                              a.device)))
+        print("RESULT " + json.dumps(run_one(a, a.max_bs[0], a.child)))
         return
     rows = []
     for max_bs in a.max_bs:
-        for mode in ("per-graph", "shared"):
-            cmd = [sys.executable, __file__, "--child", mode, "--preset", a.preset,
-                   "--max-bs", str(max_bs), "--block", str(a.block), "--device", a.device]
+        for path in a.paths:
+            cmd = [sys.executable, __file__, "--child", path, "--max-bs", str(max_bs),
+                   "--block", str(a.block), "--device", a.device, "--preset", a.preset]
+            if a.num_aux is not None:
+                cmd += ["--num-aux", str(a.num_aux)]
+            if a.model_path:
+                cmd += ["--model-path", a.model_path, "--draft-path", a.draft_path]
             out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
             rows.append(json.loads(next(ln[7:] for ln in out.splitlines()
                                         if ln.startswith("RESULT "))))
@@ -87,8 +169,7 @@ def main() -> None:
           f"{'aux meas':>9} {'aux theory':>10}  (MiB, set-up + capture)")
     for r in rows:
         t = r["setup_and_capture"]
-        print(f"{r['max_bs']:>6} {'shared' if r['shared'] else 'per-graph':>9} "
-              f"{t['free_memory_drop_bytes'] / mib:>10.1f} "
+        print(f"{r['max_bs']:>6} {r['path']:>9} {t['free_memory_drop_bytes'] / mib:>10.1f} "
               f"{t['reserved_delta_bytes'] / mib:>10.1f} "
               f"{t['allocated_delta_bytes'] / mib:>10.1f} "
               f"{r['aux_retained_measured_bytes'] / mib:>9.1f} "

@@ -1,12 +1,17 @@
-"""Staged MXFP8 aux projection vs concat-then-quantize: peak memory, bitwise equality, GEMM time.
+"""Prefill aux projection into the draft fc: concat vs staged MXFP8 vs streamed, peak memory.
 
-    python benchmark/aux_memory/bench_staged_projection.py [--out PATH]    # CUDA (H200)
-    python benchmark/aux_memory/bench_staged_projection.py --cpu-smoke     # small, no timing
+    python benchmark/aux_memory/bench_staged_projection.py --out prefill_projection.json  # H200
+    python benchmark/aux_memory/bench_staged_projection.py --cpu-smoke    # small, no peaks
 
-Concat path: all K BF16 slices alive, torch.cat, quantize, MXFP8 GEMM. Staged path: each slice is
-produced, quantized into the retained MXFP8 input and deleted before the next one; the K-th
-slice runs the same GEMM. Peaks are `max_memory_allocated` after a reset, minus what was
-allocated before (the weights); "with weights" adds the MXFP8 weight bytes back.
+K aux slices [M, H] (bf16) are produced one after another, as a target's layers tap them, and
+projected by the draft fc [N, K*H] (bf16 or MXFP8 weights):
+- concat: all K slices alive, torch.cat, (quantize,) one GEMM (cuBLAS for bf16 weights);
+- staged (MXFP8 only): each slice quantized into the retained MXFP8 [M, K*H] input and freed,
+  one GEMM after the last;
+- streamed: each slice's W_i a_i added into an fp32 [M, N] accumulator and the slice freed;
+  the fc output is the accumulator rounded to bf16.
+Peaks are `max_memory_allocated` after a reset, minus what was allocated before (weights);
+each path's floor is what it must hold at its peak. GEMM timings: bench_mxfp8_gemm.py.
 """
 
 import argparse
@@ -15,16 +20,17 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from sglang_aux.srt.layers.quantization.mxfp8 import MXFP8_BLOCK, quantize_mxfp8
+from sglang_aux.srt.layers.quantization.accumulating_gemm import dense_gemm_accumulate
+from sglang_aux.srt.layers.quantization.mxfp8 import MXFP8_BLOCK
 from sglang_aux.srt.layers.quantization.mxfp8_linear import MXFP8Linear
 from sglang_aux.srt.layers.quantization.staged_input import (
     MXFP8InputAccumulator,
     concat_then_project,
 )
+from sglang_aux.srt.layers.quantization.streamed_projection import StreamedProjection
 
-HBM_BYTES_PER_S = 4.3e12  # H200
-BF16_DENSE_FLOPS = 790e12  # H200, dense BF16
 DTYPE = torch.bfloat16
+FP32 = 4
 
 
 @dataclass(frozen=True)
@@ -39,31 +45,49 @@ class Shape:
         return self.hidden * self.num_slices
 
 
-GPU_SHAPES = [Shape(4096, 7168, 6, 7168), Shape(1024, 7168, 6, 7168)]
+GPU_SHAPES = [Shape(m, 7168, 6, 7168) for m in (1024, 4096, 16384)]
 CPU_SMOKE_SHAPES = [Shape(64, 64, 3, 96)]
+RUNS = [("bf16", "concat"), ("bf16", "streamed"), ("mxfp8", "concat"), ("mxfp8", "staged"),
+        ("mxfp8", "streamed")]
 
 
 def make_slice(shape: Shape, index: int, device: str) -> torch.Tensor:
-    """Aux slice `index` [T, H]; seeded so both paths see the same data, made in place."""
+    """Aux slice `index` [T, H]; seeded so every path sees the same data, made in place."""
     gen = torch.Generator(device=device).manual_seed(1234 + index)
     return torch.empty(shape.tokens, shape.hidden, dtype=DTYPE, device=device).normal_(
         generator=gen)
 
 
-def run_concat(shape: Shape, linear: MXFP8Linear, device: str) -> torch.Tensor:
+def run_concat(shape: Shape, weight, device: str) -> torch.Tensor:
     slices = [make_slice(shape, i, device) for i in range(shape.num_slices)]
-    out = torch.empty(shape.tokens, shape.out_features, dtype=DTYPE, device=device)
-    return concat_then_project(slices, linear, out)
+    if isinstance(weight, MXFP8Linear):
+        out = torch.empty(shape.tokens, shape.out_features, dtype=DTYPE, device=device)
+        return concat_then_project(slices, weight, out)
+    return torch.cat(slices, dim=-1) @ weight.T
 
 
-def run_staged(shape: Shape, linear: MXFP8Linear, device: str) -> torch.Tensor:
+def run_staged(shape: Shape, weight: MXFP8Linear, device: str) -> torch.Tensor:
     out = torch.empty(shape.tokens, shape.out_features, dtype=DTYPE, device=device)
-    acc = MXFP8InputAccumulator(linear, out, shape.hidden, shape.num_slices)
+    acc = MXFP8InputAccumulator(weight, out, shape.hidden, shape.num_slices)
     for i in range(shape.num_slices):
         hidden = make_slice(shape, i, device)
         acc.accumulate(hidden)
-        del hidden  # as a target model would: the BF16 slice dies once quantized
+        del hidden  # as a target model would: the BF16 slice dies once consumed
     return acc.result()
+
+
+def run_streamed(shape: Shape, weight, device: str) -> torch.Tensor:
+    acc = torch.empty(shape.tokens, shape.out_features, dtype=torch.float32, device=device)
+    proj = StreamedProjection(weight, acc, shape.hidden, shape.num_slices, dtype=DTYPE,
+                              out_dtype=DTYPE)
+    for i in range(shape.num_slices):
+        hidden = make_slice(shape, i, device)
+        proj.accumulate(hidden)
+        del hidden
+    return proj.result()
+
+
+PATH_FNS = {"concat": run_concat, "staged": run_staged, "streamed": run_streamed}
 
 
 def peak_bytes(fn, *args) -> tuple[torch.Tensor, int | None]:
@@ -78,106 +102,97 @@ def peak_bytes(fn, *args) -> tuple[torch.Tensor, int | None]:
     return result, torch.cuda.max_memory_allocated() - base
 
 
-def theory(shape: Shape) -> dict[str, int]:
-    t, kh, n = shape.tokens, shape.width, shape.out_features
-    retained = t * kh + t * kh // MXFP8_BLOCK  # e4m3 values + E8M0 scales
-    out = t * n * 2
+def floors(shape: Shape) -> dict[str, int]:
+    """Bytes each path must hold at its peak (the fc weights excluded)."""
+    t, h, k, n = shape.tokens, shape.hidden, shape.num_slices, shape.out_features
+    slice_, out, acc = t * h * 2, t * n * 2, t * n * FP32
+    mx = 1 + 1 / MXFP8_BLOCK  # e4m3 byte + its share of a scale byte, per element
     return {
-        "staged_floor": retained + out + t * shape.hidden * 2,  # + one live BF16 slice
-        "concat_live": 2 * t * kh * 2 + retained + out,  # K slices + cat + quantized + out
-        "weights": n * kh + n * kh // MXFP8_BLOCK,
+        "bf16/concat": 2 * k * slice_ + out,  # K slices + their cat + output
+        "bf16/streamed": acc + max(slice_, out),  # accumulator + one slice (or the output)
+        "mxfp8/concat": 2 * k * slice_ + int(t * k * h * mx) + out,
+        "mxfp8/staged": int(t * k * h * mx) + out + slice_,
+        "mxfp8/streamed": acc + max(slice_ + int(t * h * mx), out),  # + the slice's MXFP8
     }
 
 
-def time_gemms(shape: Shape, linear: MXFP8Linear, device: str) -> dict[str, float]:
-    from triton.testing import do_bench
-
-    t, kh, n = shape.tokens, shape.width, shape.out_features
-    x = torch.randn(t, kh, dtype=DTYPE, device=device)
-    xq, xs = quantize_mxfp8(x)
-    out = torch.empty(t, n, dtype=DTYPE, device=device)
-    mxfp8_ms = do_bench(lambda: linear.forward_quantized(xq, xs, out), return_mode="median")
-    w = torch.randn(n, kh, dtype=DTYPE, device=device)
-    cublas_ms = do_bench(lambda: torch.mm(x, w.t(), out=out), return_mode="median")
-    quant_ms = do_bench(lambda: quantize_mxfp8(x, out=(xq, xs)), return_mode="median")
-    flops = 2 * t * n * kh
-    mxfp8_bytes = t * kh * (1 + 1 / MXFP8_BLOCK) + n * kh * (1 + 1 / MXFP8_BLOCK) + t * n * 2
-    bf16_bytes = 2 * (t * kh + n * kh + t * n)
-    flop_floor_ms = flops / BF16_DENSE_FLOPS * 1e3
-    return {
-        "mxfp8_gemm_ms": mxfp8_ms,
-        "cublas_bf16_ms": cublas_ms,
-        "mxfp8_over_cublas": mxfp8_ms / cublas_ms,
-        "mxfp8_tflops": flops / mxfp8_ms / 1e9,
-        "cublas_tflops": flops / cublas_ms / 1e9,
-        "roofline_mxfp8_ms": max(mxfp8_bytes / HBM_BYTES_PER_S * 1e3, flop_floor_ms),
-        "roofline_bf16_ms": max(bf16_bytes / HBM_BYTES_PER_S * 1e3, flop_floor_ms),
-        "quantize_full_input_ms": quant_ms,
-        "quantize_bytes_roofline_ms": (2 * t * kh + t * kh * (1 + 1 / MXFP8_BLOCK))
-        / HBM_BYTES_PER_S * 1e3,
-    }
-
-
-def bench_shape(shape: Shape, device: str, timing: bool) -> dict:
+def bench_shape(shape: Shape, device: str) -> dict:
     gen = torch.Generator(device=device).manual_seed(7)
-    weight = torch.randn(shape.out_features, shape.width, dtype=DTYPE, device=device,
-                         generator=gen) * 0.02
-    linear = MXFP8Linear.from_float(weight)
-    del weight
-    run_concat(shape, linear, device)  # warm-up: compile, autotune (do_bench buffers) first
-    run_staged(shape, linear, device)
-    concat_out, concat_peak = peak_bytes(run_concat, shape, linear, device)
-    staged_out, staged_peak = peak_bytes(run_staged, shape, linear, device)
-    bitwise = torch.equal(concat_out.view(torch.int16), staged_out.view(torch.int16))
-    del concat_out, staged_out
-    floors = theory(shape)
-    row = {"shape": asdict(shape), "bitwise_equal": bitwise, "theory_bytes": floors}
-    if concat_peak is not None:
-        w = floors["weights"]
-        row["peak_bytes"] = {
-            "concat": concat_peak, "staged": staged_peak,
-            "concat_with_weights": concat_peak + w, "staged_with_weights": staged_peak + w,
-        }
-        row["reduction_pct"] = 100 * (1 - staged_peak / concat_peak)
-        row["reduction_pct_with_weights"] = 100 * (1 - (staged_peak + w) / (concat_peak + w))
-        row["staged_over_floor"] = staged_peak / floors["staged_floor"]
-    if timing:
-        row["timing"] = time_gemms(shape, linear, device)
-    return row
+    w = torch.randn(shape.out_features, shape.width, dtype=DTYPE, device=device,
+                    generator=gen) * 0.02
+    weights = {"bf16": w, "mxfp8": MXFP8Linear.from_float(w)}
+    weight_bytes = {"bf16": w.numel() * 2,
+                    "mxfp8": int(w.numel() * (1 + 1 / MXFP8_BLOCK))}
+    floor = floors(shape)
+    rows, outs = [], {}
+    for wname, path in RUNS:
+        fn, weight = PATH_FNS[path], weights[wname]
+        fn(shape, weight, device)  # warm-up: Triton compiles outside the measurement
+        out, peak = peak_bytes(fn, shape, weight, device)
+        outs[f"{wname}/{path}"] = out
+        row = {"weights": wname, "path": path, "peak_bytes": peak,
+               "floor_bytes": floor[f"{wname}/{path}"], "weight_bytes": weight_bytes[wname]}
+        if peak is not None:
+            row["peak_over_floor"] = peak / row["floor_bytes"]
+        rows.append(row)
+    # Same kernel over the concat: the streamed bf16 chain must equal it bit for bit.
+    concat_kernel = torch.empty(shape.tokens, shape.out_features, dtype=torch.float32,
+                                device=device)
+    if device == "cuda":
+        x = torch.cat([make_slice(shape, i, device) for i in range(shape.num_slices)], -1)
+        dense_gemm_accumulate(x, w, concat_kernel)
+        del x
+    ref = outs["bf16/concat"].float()
+    checks = {
+        "mxfp8_staged_vs_concat_bitwise": torch.equal(outs["mxfp8/concat"],
+                                                      outs["mxfp8/staged"]),
+        # One FP8-dot kernel on CUDA; on CPU each slice is its own fp32 matmul (close only).
+        "mxfp8_streamed_vs_concat_bitwise": torch.equal(outs["mxfp8/concat"],
+                                                        outs["mxfp8/streamed"]),
+        "bf16_streamed_vs_cublas_concat_max_rel": (
+            (outs["bf16/streamed"].float() - ref).abs().max() / ref.abs().max()).item(),
+        "bf16_streamed_vs_same_kernel_concat_bitwise": None if device != "cuda" else
+        torch.equal(outs["bf16/streamed"], concat_kernel.to(DTYPE)),
+    }
+    return {"shape": asdict(shape), "runs": rows, "checks": checks}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=None, help="JSON path for the full numbers")
-    parser.add_argument("--cpu-smoke", action="store_true", help="small shapes on CPU, no timing")
+    parser.add_argument("--cpu-smoke", action="store_true", help="small shapes on CPU")
     args = parser.parse_args()
     if args.cpu_smoke:
-        device, shapes, timing = "cpu", CPU_SMOKE_SHAPES, False
-        out_path = args.out or "benchmark/aux_memory/staged_projection_cpu_smoke.json"
+        device, shapes = "cpu", CPU_SMOKE_SHAPES
+        out_path = args.out or "benchmark/aux_memory/prefill_projection_cpu_smoke.json"
     else:
         if not torch.cuda.is_available():
             raise SystemExit("needs CUDA; use --cpu-smoke on CPU")
-        device, shapes, timing = "cuda", GPU_SHAPES, True
-        out_path = args.out or "benchmark/aux_memory/staged_projection.json"
-    rows = [bench_shape(shape, device, timing) for shape in shapes]
+        device, shapes = "cuda", GPU_SHAPES
+        out_path = args.out or "benchmark/aux_memory/prefill_projection.json"
+    results = [bench_shape(shape, device) for shape in shapes]
     report = {"device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
-              "torch": torch.__version__, "results": rows}
+              "torch": torch.__version__, "results": results}
     with open(out_path, "w") as f:
         json.dump(report, f, indent=2)
     print(f"wrote {out_path}")
-    print(f"{'M':>6} {'concat B':>14} {'staged B':>14} {'floor B':>14} {'red.%':>7} "
-          f"{'+w red.%':>8} {'bitwise':>7} {'mxfp8 ms':>9} {'cuBLAS ms':>9} {'roof ms':>8}")
-    for r in rows:
-        p, tm = r.get("peak_bytes", {}), r.get("timing", {})
-        print(f"{r['shape']['tokens']:>6} {p.get('concat', 'n/a'):>14} "
-              f"{p.get('staged', 'n/a'):>14} {r['theory_bytes']['staged_floor']:>14} "
-              f"{r.get('reduction_pct', float('nan')):>7.2f} "
-              f"{r.get('reduction_pct_with_weights', float('nan')):>8.2f} "
-              f"{str(r['bitwise_equal']):>7} {tm.get('mxfp8_gemm_ms', float('nan')):>9.3f} "
-              f"{tm.get('cublas_bf16_ms', float('nan')):>9.3f} "
-              f"{tm.get('roofline_mxfp8_ms', float('nan')):>8.3f}")
-    if not all(r["bitwise_equal"] for r in rows):
-        raise SystemExit("staged and concat outputs differ")
+    print(f"{'M':>6} {'weights':>7} {'path':>9} {'peak B':>14} {'floor B':>14} {'/floor':>7} "
+          f"{'/staged':>8}")
+    for r in results:
+        staged = next(x["peak_bytes"] for x in r["runs"] if x["path"] == "staged")
+        for x in r["runs"]:
+            peak = x["peak_bytes"]
+            vs = f"{peak / staged:8.3f}" if peak and staged else f"{'n/a':>8}"
+            print(f"{r['shape']['tokens']:>6} {x['weights']:>7} {x['path']:>9} "
+                  f"{peak if peak is not None else 'n/a':>14} {x['floor_bytes']:>14} "
+                  f"{x.get('peak_over_floor', float('nan')):>7.3f} {vs}")
+        print(f"       checks: {r['checks']}")
+    must = ["mxfp8_staged_vs_concat_bitwise"]
+    if device == "cuda":
+        must += ["mxfp8_streamed_vs_concat_bitwise", "bf16_streamed_vs_same_kernel_concat_bitwise"]
+    failed = [m for r in results for m in must if not r["checks"][m]]
+    if failed:
+        raise SystemExit(f"bitwise checks failed: {failed}")
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ ATTENTION_BACKENDS = ("torch_native", "triton")
 DTYPES = ("auto", "float32", "float16", "bfloat16")
 LOAD_FORMATS = ("auto", "dummy")
 FC_QUANTIZATIONS = ("none", "mxfp8")
+AUX_PROJECTIONS = ("packed", "streamed")
 
 
 @dataclass
@@ -38,6 +39,9 @@ class ServerArgs:
     speculative_dflash_block_size: int | None = None
     speculative_draft_fc_quantization: str | None = None  # "mxfp8"; None: the draft config's
     dflash_staged_projection_min_tokens: int = 1024  # staged MXFP8 fc input from this size on
+    # packed: [T, K*H] aux rows, then fc (shared graph buffer; staged input for large MXFP8
+    # prefills); streamed: each aux state projected into the fc's fp32 accumulator as tapped
+    speculative_dflash_aux_projection: str = "packed"
     cuda_graph_max_bs_decode: int | None = None
     cuda_graph_bs_decode: list[int] | None = None
     disable_decode_cuda_graph: bool = False
@@ -63,7 +67,8 @@ class ServerArgs:
             self.served_model_name = Path(os.path.abspath(self.model_path or DEFAULT_MODEL)).name
         for name, choices in (("dtype", DTYPES), ("load_format", LOAD_FORMATS),
                               ("attention_backend", (None, *ATTENTION_BACKENDS)),
-                              ("speculative_draft_fc_quantization", (None, *FC_QUANTIZATIONS))):
+                              ("speculative_draft_fc_quantization", (None, *FC_QUANTIZATIONS)),
+                              ("speculative_dflash_aux_projection", AUX_PROJECTIONS)):
             if getattr(self, name) not in choices:
                 raise ValueError(f"--{name.replace('_', '-')} must be one of {choices}, "
                                  f"got {getattr(self, name)!r}")
@@ -149,6 +154,10 @@ class ServerArgs:
             default=d["dflash_staged_projection_min_tokens"].default,
             help="eager target forwards of at least this many tokens quantize each aux state "
                  "into the MXFP8 fc input as produced (needs an MXFP8 fc)")
+        add("--speculative-dflash-aux-projection", default="packed", choices=AUX_PROJECTIONS,
+            help="packed: concat the aux states, then the draft fc (shared graph buffer, "
+                 "staged MXFP8 input for large prefills); streamed: project each aux state "
+                 "into the fc's fp32 accumulator as it is tapped (no [T, K*H] tensor)")
         add("--cuda-graph-max-bs-decode", type=int, default=None)
         add("--cuda-graph-bs-decode", type=int, nargs="+", default=None)
         add("--disable-decode-cuda-graph", action="store_true")

@@ -1,10 +1,14 @@
 """Capturing the target's auxiliary hidden states for a speculative draft.
 
-Two paths. The list path (`AuxHiddenStateList`) keeps one tensor per captured layer and
-concatenates at the end: the result is a fresh tensor, which inside a CUDA graph stays pinned
-in the graph pool for the graph's lifetime. The packed path (`AuxHiddenStatePacker`) writes
-every capture straight into its column block of one `[tokens, K * hidden]` tensor, which a
-decode graph runner can own once for all captured sizes (`ForwardBatch.aux_hidden_states_buffer`).
+Three paths; the model taps each state once (`capture`) into whichever sink it was given. The
+list path (`AuxHiddenStateList`) keeps one tensor per captured layer and concatenates at the
+end: the result is a fresh tensor, which inside a CUDA graph stays pinned in the graph pool for
+the graph's lifetime. The packed path (`AuxHiddenStatePacker`) writes every capture straight
+into its column block of one `[tokens, K * hidden]` tensor, which a decode graph runner can own
+once for all captured sizes (`ForwardBatch.aux_hidden_states_buffer`). The projected path
+(`ProjectedAuxCapture`) hands every capture to the draft fc's projection as it arrives
+(`ForwardBatch.aux_projection`): a staged MXFP8 input, or a streamed projection that adds
+`W_i a_i` into a `[tokens, H_draft]` fp32 accumulator, so no `[tokens, K * hidden]` exists.
 """
 
 from __future__ import annotations
@@ -15,7 +19,6 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 import torch
 
 if TYPE_CHECKING:
-    from sglang_aux.srt.layers.quantization.staged_input import MXFP8InputAccumulator
     from sglang_aux.srt.model_executor.forward_batch_info import ForwardBatch
 
 
@@ -100,26 +103,42 @@ class AuxHiddenStatePacker:
         return self._packed
 
 
-class StagedAuxCapture:
-    """Captures go straight into the draft fc's staged MXFP8 input (a large prefill).
+class AuxProjection(Protocol):
+    """The draft fc's projection fed one aux slice at a time (`MXFP8InputAccumulator`,
+    `StreamedProjection`); the caller reads the fc output with `result()`."""
 
-    Each capture is quantized into its columns as it arrives, so the model can drop the BF16
-    tensor right after; there is no packed output (`finish_aux_hidden_states` gives None) and
-    the caller reads the projection from the accumulator it owns.
+    num_slices: int
+
+    @property
+    def num_accumulated(self) -> int: ...
+
+    def accumulate(self, hidden: torch.Tensor) -> None: ...
+
+    def result(self) -> torch.Tensor: ...
+
+    def reset(self) -> None: ...
+
+
+class ProjectedAuxCapture:
+    """Captures go straight into the draft fc's projection (staged or streamed).
+
+    Each capture is consumed as it arrives (quantized into the staged input, or projected into
+    the streamed accumulator), so the model can drop the tensor right after; there is no packed
+    output (`finish_aux_hidden_states` gives None) and the caller reads the projection it owns.
     """
 
-    def __init__(self, accumulator: MXFP8InputAccumulator):
-        self.accumulator = accumulator
+    def __init__(self, projection: AuxProjection):
+        self.projection = projection
 
     def capture(self, hidden: torch.Tensor, *, owned: bool = False) -> None:
-        del owned  # quantizing copies
-        self.accumulator.accumulate(hidden)
+        del owned  # both projections read the capture before returning
+        self.projection.accumulate(hidden)
 
     def __len__(self) -> int:
-        return self.accumulator.num_accumulated
+        return self.projection.num_accumulated
 
 
-AuxHiddenStates = AuxHiddenStateList | AuxHiddenStatePacker | StagedAuxCapture
+AuxHiddenStates = AuxHiddenStateList | AuxHiddenStatePacker | ProjectedAuxCapture
 
 
 def pack_aux_hidden_states(x: torch.Tensor | list[torch.Tensor]) -> torch.Tensor:
@@ -132,11 +151,11 @@ def pack_aux_hidden_states(x: torch.Tensor | list[torch.Tensor]) -> torch.Tensor
 
 
 def finish_aux_hidden_states(aux: AuxHiddenStates) -> torch.Tensor | None:
-    """The packed result of a capture path (None for the staged projection)."""
-    if isinstance(aux, StagedAuxCapture):
-        if len(aux) != aux.accumulator.num_slices:
+    """The packed result of a capture path (None for a projection: its owner reads it)."""
+    if isinstance(aux, ProjectedAuxCapture):
+        if len(aux) != aux.projection.num_slices:
             raise RuntimeError(
-                f"got {len(aux)} aux captures, expected {aux.accumulator.num_slices}"
+                f"got {len(aux)} aux captures, expected {aux.projection.num_slices}"
             )
         return None
     if isinstance(aux, AuxHiddenStatePacker):

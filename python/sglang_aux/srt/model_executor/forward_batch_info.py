@@ -10,7 +10,7 @@ import torch
 
 if TYPE_CHECKING:
     from sglang_aux.srt.layers.attention.base_attn_backend import AttentionBackend
-    from sglang_aux.srt.layers.quantization.staged_input import MXFP8InputAccumulator
+    from sglang_aux.srt.layers.aux_hidden_states import AuxProjection
     from sglang_aux.srt.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool
 
 
@@ -76,9 +76,10 @@ class ForwardBatch:
     # here and the aux packer writes `[num_tokens, K * hidden]` here (see AuxHiddenStatePacker).
     next_token_logits_buffer: torch.Tensor | None = None
     aux_hidden_states_buffer: torch.Tensor | None = None
-    # Large eager forwards only: the draft fc's staged MXFP8 input. The model quantizes each
-    # aux state into it as produced (no packed aux output); the caller reads the projection.
-    aux_projection: MXFP8InputAccumulator | None = None
+    # The draft fc's projection fed as aux states are produced (no packed aux output; the
+    # caller reads the projection): a staged MXFP8 input (large eager forwards only) or a
+    # streamed projection into a [num_tokens, H_draft] fp32 accumulator (any forward).
+    aux_projection: AuxProjection | None = None
     # Hidden states inherited from an earlier pipeline stage (pp_size > 1).
     pp_proxy_tensors: dict[str, torch.Tensor] | None = None
     # Set by the runner while a graph is captured; models keep graph-unsafe paths off then.

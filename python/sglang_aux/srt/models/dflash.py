@@ -24,6 +24,7 @@ from sglang_aux.srt.layers.layernorm import RMSNorm
 from sglang_aux.srt.layers.logits_processor import LogitsProcessor, LogitsProcessorOutput
 from sglang_aux.srt.layers.quantization.mxfp8_linear import MXFP8Linear
 from sglang_aux.srt.layers.quantization.staged_input import MXFP8InputAccumulator
+from sglang_aux.srt.layers.quantization.streamed_projection import StreamedProjection
 from sglang_aux.srt.mem_cache.memory_pool import MHATokenToKVPool
 from sglang_aux.srt.model_executor.forward_batch_info import ForwardBatch
 from sglang_aux.srt.model_loader.weight_utils import load_named_weights
@@ -89,6 +90,18 @@ class DFlashDraftModel(nn.Module):
         return MXFP8InputAccumulator(self.fc_mxfp8, out, dc.target_hidden_size,
                                      len(dc.target_layer_ids), dtype=aux_dtype)
 
+    def new_streamed_projection(self, num_tokens: int, aux_dtype: torch.dtype,
+                                acc: torch.Tensor | None = None) -> StreamedProjection:
+        """A streamed fc projection of `num_tokens` aux rows into `acc` `[T, H]` fp32 (a
+        caller's buffer, e.g. a graph runner's row slice; allocated when None)."""
+        dc = self.dflash_config
+        if acc is None:
+            acc = torch.empty((num_tokens, self.fc.out_features), dtype=torch.float32,
+                              device=self.fc.weight.device)
+        weight = self.fc_mxfp8 if self.fc_mxfp8 is not None else self.fc.weight.detach()
+        return StreamedProjection(weight, acc, dc.target_hidden_size, len(dc.target_layer_ids),
+                                  dtype=aux_dtype, out_dtype=self.fc.weight.dtype)
+
     def fc_forward(self, aux: torch.Tensor) -> torch.Tensor:
         """`[N, K * H_target]` aux rows -> `[N, H]` fc output (before hidden_norm)."""
         if aux.shape[-1] != self.fc.in_features:
@@ -114,7 +127,7 @@ class DFlashDraftModel(nn.Module):
     def write_projected_context_kv(self, fc_out: torch.Tensor, positions: torch.Tensor,
                                    out_cache_loc: torch.Tensor, kv_pool: MHATokenToKVPool
                                    ) -> None:
-        """As `write_context_kv`, from the fc output (e.g. a staged projection's result).
+        """As `write_context_kv`, from the fc output (a staged or streamed projection's result).
 
         One GEMM for every layer's k/v, then per layer one fused k_norm + RoPE + store."""
         rows = self._context_kv_rows(self.hidden_norm(fc_out))

@@ -19,12 +19,13 @@ from sglang_aux.srt.layers.aux_hidden_states import (
     AuxHiddenStateList,
     AuxHiddenStatePacker,
     AuxHiddenStates,
-    StagedAuxCapture,
+    ProjectedAuxCapture,
     finish_aux_hidden_states,
 )
 from sglang_aux.srt.layers.layernorm import RMSNorm
 from sglang_aux.srt.layers.linear import MergedColumnLinear
 from sglang_aux.srt.layers.logits_processor import LogitsProcessor, LogitsProcessorOutput
+from sglang_aux.srt.layers.quantization.staged_input import MXFP8InputAccumulator
 from sglang_aux.srt.layers.radix_attention import RadixAttention
 from sglang_aux.srt.layers.rope_scaling import RopeScaling
 from sglang_aux.srt.layers.rotary_embedding import RotaryEmbedding
@@ -190,7 +191,8 @@ class LlamaForCausalLM(nn.Module):
         # Pipeline stages receive earlier captures already concatenated: list path there.
         return bool(self.model.layers_to_capture) and self.pp_size == 1
 
-    # Whether captures can stream into a staged MXFP8 projection (ForwardBatch.aux_projection).
+    # Whether captures can go into a staged MXFP8 input (ForwardBatch.aux_projection); any model
+    # that packs can feed a streamed projection.
     supports_staged_aux_projection = False
 
     def get_packed_aux_hidden_size(self) -> int:
@@ -214,11 +216,17 @@ class LlamaForCausalLM(nn.Module):
         num = len(self.model.layers_to_capture)
         if num == 0:
             return None
-        if forward_batch.aux_projection is not None:
-            if not self.supports_staged_aux_projection or forward_batch.is_capturing:
-                raise ValueError(f"{type(self).__name__} cannot stage aux states here "
-                                 "(graph capture, or a model on the list path)")
-            return StagedAuxCapture(forward_batch.aux_projection)
+        projection = forward_batch.aux_projection
+        if isinstance(projection, MXFP8InputAccumulator) and (
+                not self.supports_staged_aux_projection or forward_batch.is_capturing):
+            raise ValueError(f"{type(self).__name__} cannot stage aux states here "
+                             "(graph capture, or a model on the list path)")
+        if projection is not None:
+            # A streamed projection needs the captures as ordered [T, H] slices: pp_size 1.
+            if not self.packs_aux_hidden_states:
+                raise ValueError(f"{type(self).__name__} cannot project aux states as tapped "
+                                 f"(pp_size {self.pp_size})")
+            return ProjectedAuxCapture(projection)
         if self.packs_aux_hidden_states:
             return AuxHiddenStatePacker.for_batch(forward_batch, num)
         return AuxHiddenStateList()

@@ -73,6 +73,10 @@ class DFlashWorker:
         if fc_quant == "mxfp8":
             draft_runner.model.quantize_fc_mxfp8()
         self.staged_min_tokens = server_args.dflash_staged_projection_min_tokens
+        # streamed: prefills project each aux state into the draft fc's fp32 accumulator as the
+        # target taps it (DFlashDraftModel.new_streamed_projection); verify graphs stay packed
+        # until the GPU step loop commits draft context inside the graph.
+        self.streamed_aux = server_args.speculative_dflash_aux_projection == "streamed"
         self._staged_logged = False
         draft_runner.model.set_target_modules(
             self.target_runner.model.get_input_embeddings(), self.target_runner.model.lm_head_weight
@@ -104,7 +108,9 @@ class DFlashWorker:
         self.sampling_rows.set([r.req_pool_idx for r in reqs],
                                [r.sampling_params for r in reqs], [r.seed for r in reqs])
         fb = build_extend_batch(self.target_runner, reqs)
-        fb.aux_projection = self._staged_projection_for(fb.num_tokens)
+        fb.aux_projection = (self.draft_runner.model.new_streamed_projection(
+            fb.num_tokens, self.target_runner.model_config.dtype) if self.streamed_aux
+            else self._staged_projection_for(fb.num_tokens))
         out = self.target_runner.forward(fb)
         if fb.aux_projection is not None:
             self.draft_runner.model.write_projected_context_kv(

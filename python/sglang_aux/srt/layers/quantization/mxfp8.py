@@ -13,8 +13,8 @@ NOTE: all-zero blocks (including blocks of -0.0) get scale byte 0 (2^-127), whic
 bit trick yields for amax == 0; their elements stay (signed) zeros. Non-finite inputs are out
 of contract.
 
-Devices: CUDA tensors run the Triton kernels (`mxfp8_kernels`), other devices the torch
-reference below. Both are exposed as custom ops so that CUDA graphs and
+Devices: CUDA tensors run the Triton kernels (`mxfp8_kernels`, `accumulating_gemm`), other
+devices the torch reference below. Both are exposed as custom ops so that CUDA graphs and
 `torch.compile(fullgraph=True)` see one opaque, in-place call per quantize/GEMM.
 """
 
@@ -27,6 +27,7 @@ ZERO_BLOCK_SCALE_BYTE = 0
 FP32_MANTISSA_BITS = 23
 VALUES_DTYPE = torch.float8_e4m3fn
 SCALES_DTYPE = torch.uint8
+GEMM_KERNELS = ("fp8_dot", "bf16_dequant")
 
 
 def _check_quantized_pair(values: torch.Tensor, scales: torch.Tensor, name: str) -> None:
@@ -100,19 +101,25 @@ def _(x: torch.Tensor, values: torch.Tensor, scales: torch.Tensor) -> None:
 
 @torch.library.custom_op("sglang_aux::mxfp8_gemm", mutates_args=("out",))
 def _gemm_op(
-    xq: torch.Tensor, xs: torch.Tensor, wq: torch.Tensor, ws: torch.Tensor, out: torch.Tensor
+    xq: torch.Tensor, xs: torch.Tensor, wq: torch.Tensor, ws: torch.Tensor, out: torch.Tensor,
+    kernel: str,
 ) -> None:
-    if xq.is_cuda:
+    if not xq.is_cuda:
+        mxfp8_gemm_reference(xq, xs, wq, ws, out)
+    elif kernel == "fp8_dot":
+        from sglang_aux.srt.layers.quantization.accumulating_gemm import mxfp8_gemm_accumulate
+
+        mxfp8_gemm_accumulate(xq, xs, wq, ws, out)
+    else:
         from sglang_aux.srt.layers.quantization.mxfp8_kernels import mxfp8_gemm_triton
 
         mxfp8_gemm_triton(xq, xs, wq, ws, out)
-    else:
-        mxfp8_gemm_reference(xq, xs, wq, ws, out)
 
 
 @_gemm_op.register_fake
 def _(
-    xq: torch.Tensor, xs: torch.Tensor, wq: torch.Tensor, ws: torch.Tensor, out: torch.Tensor
+    xq: torch.Tensor, xs: torch.Tensor, wq: torch.Tensor, ws: torch.Tensor, out: torch.Tensor,
+    kernel: str,
 ) -> None:
     return None
 
@@ -159,12 +166,17 @@ def mxfp8_gemm(
     ws: torch.Tensor,
     out: torch.Tensor | None = None,
     out_dtype: torch.dtype = torch.bfloat16,
+    kernel: str = "fp8_dot",
 ) -> torch.Tensor:
     """out[M, N] = dequant(xq, xs)[M, K] @ dequant(wq, ws)[N, K]^T, fp32 accumulation.
 
     Deterministic for given bytes and shapes, so callers that feed identical bytes (the staged
-    and the concat path) get identical bits.
+    and the concat path) get identical bits. CUDA kernels (`kernel`): "fp8_dot" (FP8 tensor-core
+    dots, per-group fp32 scaling; `accumulating_gemm`) or "bf16_dequant" (tiles dequantized to
+    BF16, exact products, ~3x slower on sm_90; `mxfp8_kernels`). CPU: the exact reference.
     """
+    if kernel not in GEMM_KERNELS:
+        raise ValueError(f"mxfp8_gemm: kernel must be one of {GEMM_KERNELS}, got {kernel!r}")
     _check_quantized_pair(xq, xs, "mxfp8_gemm input")
     _check_quantized_pair(wq, ws, "mxfp8_gemm weight")
     if xq.dim() != 2 or wq.dim() != 2 or xq.shape[1] != wq.shape[1]:
@@ -175,5 +187,5 @@ def mxfp8_gemm(
         out = torch.empty(shape, dtype=out_dtype, device=xq.device)
     elif tuple(out.shape) != shape:
         raise ValueError(f"mxfp8_gemm: out shape {tuple(out.shape)} != expected {shape}")
-    torch.ops.sglang_aux.mxfp8_gemm(xq, xs, wq, ws, out)
+    torch.ops.sglang_aux.mxfp8_gemm(xq, xs, wq, ws, out, kernel)
     return out

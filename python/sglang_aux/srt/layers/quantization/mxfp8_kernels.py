@@ -1,7 +1,9 @@
-"""Triton kernels for MXFP8: the quantizer and the block-scaled GEMM for sm_90.
+"""Triton kernels for MXFP8: the quantizer and the exact-products block-scaled GEMM for sm_90.
 
-Hopper has no MX tensor cores (and `torch._scaled_mm` rejects 1x32 block scales there), so the
-GEMM dequantizes each tile to BF16 in registers and runs a BF16 `tl.dot` with fp32 accumulation.
+Hopper has no MX tensor cores (and `torch._scaled_mm` rejects 1x32 block scales there). This
+GEMM dequantizes each tile to BF16 in registers and runs a BF16 `tl.dot` with fp32 accumulation
+(`mxfp8_gemm(kernel="bf16_dequant")`); the faster default applies the scales to FP8 dots
+(`accumulating_gemm`).
 That dequantization is exact whenever BF16 can hold value * 2^(byte - 127): an E4M3 value has
 4 significant bits and an exponent in [-9, 8], so every scale byte in [3, 246] qualifies. So
 does every block quantized from BF16 data with |x| < 2^127: its elements are multiples of
