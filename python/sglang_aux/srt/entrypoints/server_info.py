@@ -14,7 +14,7 @@ from sglang_aux.srt.model_executor.model_runner_components.misc_utils import (
 from sglang_aux.srt.model_executor.runner.decode_cuda_graph_runner import DecodeCudaGraphRunner
 
 METRIC_PREFIX = "sglang_aux:"
-GRAPH_KEYS = ("forward_mode", "capture_bs", "graph_memory_bytes", "aux_buffer_bytes",
+GRAPH_KEYS = ("forward_mode", "capture_bs", "graph_memory_bytes", "aux_path", "aux_buffer_bytes",
               "aux_per_graph_bytes", "aux_bytes_saved")
 
 
@@ -35,8 +35,9 @@ def model_info(engine: Engine) -> dict:
 def graph_memory(graph_runner: DecodeCudaGraphRunner | None) -> dict:
     """Capture sizes and the aux-state memory of the target's decode graphs; nulls without
     graphs. `aux_per_graph_bytes` is what one aux output per captured graph would retain,
-    sum(bs * tokens per request * aux width * element size); the shared buffer saves that
-    less its own size (nothing when sharing is off)."""
+    sum(bs * tokens per request * aux width * element size); the shared buffer (or the
+    streamed projection's fp32 accumulator, `aux_path` "streamed") saves that less its own
+    size (nothing when sharing is off)."""
     if graph_runner is None:
         return dict.fromkeys(GRAPH_KEYS)
     runner = graph_runner.model_runner
@@ -53,6 +54,7 @@ def graph_memory(graph_runner: DecodeCudaGraphRunner | None) -> dict:
         "forward_mode": graph_runner.forward_mode.name,
         "capture_bs": list(graph_runner.capture_bs),
         "graph_memory_bytes": stats.get("free_memory_drop_bytes"),
+        "aux_path": graph_runner.buffers.aux_path,
         "aux_buffer_bytes": shared,
         "aux_per_graph_bytes": per_graph,
         "aux_bytes_saved": per_graph - shared if shared else 0,

@@ -25,6 +25,7 @@ from sglang_aux.srt.model_executor.model_runner_components.misc_utils import (
 from sglang_aux.srt.model_executor.model_runner_components.sizing import kv_pool_size
 from sglang_aux.srt.model_executor.runner.decode_cuda_graph_runner import DecodeCudaGraphRunner
 from sglang_aux.srt.model_executor.runner.epilogue import Epilogue
+from sglang_aux.srt.model_executor.runner.streamed_aux import StreamedAux
 from sglang_aux.srt.model_executor.runner_backend.base import GraphBackend
 from sglang_aux.srt.model_executor.runner_backend.eager_replay_backend import EagerReplayBackend
 from sglang_aux.srt.model_executor.runner_utils.capture_sizes import get_capture_bs
@@ -103,10 +104,12 @@ class ModelRunner:
         self.attn_backend = make_attn_backend(server_args.resolved_attention_backend())
         self.graph_runner: DecodeCudaGraphRunner | None = None
         self.epilogue: Epilogue | None = None
+        self.streamed_aux: StreamedAux | None = None
 
     def get_aux_hidden_states_width(self) -> int:
-        """Width of the runner-owned aux buffer its decode graphs share (0: none)."""
-        if self.server_args.disable_shared_aux_buffer:
+        """Width of the runner-owned aux buffer its decode graphs share (0: none, also when
+        they stream their aux states into a projection)."""
+        if self.server_args.disable_shared_aux_buffer or self.streamed_aux is not None:
             return 0
         return resolve_aux_hidden_states_width(
             model=self.model, spec_algorithm=self.spec_algorithm,
@@ -114,11 +117,14 @@ class ModelRunner:
         )
 
     def init_decode_graphs(self, forward_mode: ForwardMode, captured_req_width: int,
-                           epilogue: Epilogue | None = None) -> None:
+                           epilogue: Epilogue | None = None,
+                           streamed_aux: StreamedAux | None = None) -> None:
         """Capture the decode-step graphs, unless disabled. `epilogue` runs after every
-        `forward_mode` forward, inside its graph when one replays, eagerly otherwise."""
+        `forward_mode` forward, inside its graph when one replays, eagerly otherwise; so does
+        the `streamed_aux` projection (before the model)."""
         args = self.server_args
         self.epilogue = epilogue
+        self.streamed_aux = streamed_aux
         if args.disable_decode_cuda_graph:
             return
         default_max_bs = args.max_running_requests
@@ -135,6 +141,7 @@ class ModelRunner:
         self.graph_runner = DecodeCudaGraphRunner(
             self, forward_mode=forward_mode, captured_req_width=captured_req_width,
             capture_bs=capture_bs, backend=make_graph_backend(self.device), epilogue=epilogue,
+            streamed_aux=streamed_aux,
         )
         self.graph_runner.capture()
 
@@ -144,6 +151,12 @@ class ModelRunner:
         if self.graph_runner is not None and self.graph_runner.can_run_graph(forward_batch):
             return self.graph_runner.execute(forward_batch)
         self.attn_backend.init_forward_metadata(forward_batch)
+        streamed = self.streamed_aux
+        if streamed is not None and streamed.mode == forward_batch.forward_mode:
+            forward_batch.aux_projection = streamed.new(
+                forward_batch.num_tokens, self.model_config.dtype, None)
+        if forward_batch.aux_projection is not None:
+            forward_batch.aux_projection.reset()
         out = self.model.forward(forward_batch.input_ids, forward_batch.positions, forward_batch)
         if self.epilogue is not None and self.epilogue.mode == forward_batch.forward_mode:
             self.epilogue(forward_batch, out)

@@ -3,8 +3,9 @@
 Per decode step and batch, all on the device: (1) the draft proposes B-1 tokens per request
 from `[anchor, MASK x (B-1)]` (its DRAFT_BLOCK graph emits the argmax proposals; sampled
 requests draw theirs after it); (2) the target verifies `[anchor, drafts]`: its TARGET_VERIFY
-graph writes the packed aux states into the runner's shared buffer, then, in the same graph,
-commits every block row's draft context K/V (`commit_draft_context`) and runs greedy
+graph writes the packed aux states into the runner's shared buffer (or, streamed, projects them
+into the draft fc's fp32 accumulator as they are tapped), then, in the same graph, commits
+every block row's draft context K/V (`commit_draft_context`) and runs greedy
 acceptance; sampled requests get rejection sampling after it; (3) one readback gives the host
 each request's accepted count and tokens. Block rows past the accepted prefix leave K/V at
 positions past the new kv_len, never read before the next step writes them again (the
@@ -21,6 +22,7 @@ import torch
 from torch.nn import functional as F
 
 from sglang_aux.srt.configs.model_config import ModelConfig
+from sglang_aux.srt.layers.aux_hidden_states import AuxProjection
 from sglang_aux.srt.layers.logits_processor import LogitsProcessorOutput
 from sglang_aux.srt.managers.schedule_batch import (
     Req,
@@ -31,6 +33,7 @@ from sglang_aux.srt.managers.schedule_batch import (
 from sglang_aux.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
 from sglang_aux.srt.model_executor.model_runner import ModelRunner
 from sglang_aux.srt.model_executor.runner.epilogue import Epilogue
+from sglang_aux.srt.model_executor.runner.streamed_aux import StreamedAux
 from sglang_aux.srt.model_executor.runner_utils.host_transfer import HostReadback
 from sglang_aux.srt.sampling.sampler import (
     Lane,
@@ -73,9 +76,8 @@ class DFlashWorker:
         if fc_quant == "mxfp8":
             draft_runner.model.quantize_fc_mxfp8()
         self.staged_min_tokens = server_args.dflash_staged_projection_min_tokens
-        # streamed: prefills project each aux state into the draft fc's fp32 accumulator as the
-        # target taps it (DFlashDraftModel.new_streamed_projection); verify graphs stay packed
-        # until the GPU step loop commits draft context inside the graph.
+        # streamed: prefills and verify forwards project each aux state into the draft fc's
+        # fp32 accumulator as the target taps it (DFlashDraftModel.new_streamed_projection).
         self.streamed_aux = server_args.speculative_dflash_aux_projection == "streamed"
         self._staged_logged = False
         draft_runner.model.set_target_modules(
@@ -96,7 +98,12 @@ class DFlashWorker:
         self._draft_argmax = torch.zeros((rows, b - 1), dtype=torch.int64, device=device)
         self._greedy_verdict = torch.zeros((rows, b + 1), dtype=torch.int64, device=device)
         verify, block = ForwardMode.TARGET_VERIFY, ForwardMode.DRAFT_BLOCK
-        self.target_runner.init_decode_graphs(verify, b, Epilogue(verify, self._verify_epilogue))
+        streamed = None
+        if self.streamed_aux:
+            draft = draft_runner.model
+            streamed = StreamedAux(verify, draft.fc.out_features, draft.new_streamed_projection)
+        self.target_runner.init_decode_graphs(verify, b, Epilogue(verify, self._verify_epilogue),
+                                              streamed_aux=streamed)
         draft_runner.init_decode_graphs(block, b, Epilogue(block, self._draft_epilogue))
 
     @property
@@ -112,12 +119,7 @@ class DFlashWorker:
             fb.num_tokens, self.target_runner.model_config.dtype) if self.streamed_aux
             else self._staged_projection_for(fb.num_tokens))
         out = self.target_runner.forward(fb)
-        if fb.aux_projection is not None:
-            self.draft_runner.model.write_projected_context_kv(
-                fb.aux_projection.result(), fb.positions, fb.out_cache_loc,
-                self.draft_runner.token_to_kv_pool)
-        else:
-            self.commit_draft_context(out.aux_hidden_states, fb.positions, fb.out_cache_loc)
+        self.commit_draft_context(_aux_of(fb, out), fb.positions, fb.out_cache_loc)
         all_greedy = all(r.sampling_params.is_greedy for r in reqs)
         params = None if all_greedy else self.sampling_rows.gather(fb.req_pool_indices)
         tokens = sample(out.next_token_logits, params, fb.seq_lens, all_greedy)
@@ -150,18 +152,22 @@ class DFlashWorker:
             new_tokens.append(row[1 : row[0] + 2])
         return new_tokens
 
-    def commit_draft_context(self, aux: torch.Tensor, positions: torch.Tensor,
+    def commit_draft_context(self, aux: torch.Tensor | AuxProjection, positions: torch.Tensor,
                              out_cache_loc: torch.Tensor) -> None:
-        """Draft context K/V of the tokens at `positions`, from their aux rows `[N, K * H]`,
+        """Draft context K/V of the tokens at `positions`, from their aux rows `[N, K * H]` or
+        from the projection the forward fed (its `result()` is the fc output `[N, H_draft]`),
         into the draft KV cache at `out_cache_loc`: the one commit of graph and eager paths."""
-        self.draft_runner.model.write_context_kv(aux, positions, out_cache_loc,
-                                                 self.draft_runner.token_to_kv_pool)
+        draft, pool = self.draft_runner.model, self.draft_runner.token_to_kv_pool
+        if isinstance(aux, torch.Tensor):
+            draft.write_context_kv(aux, positions, out_cache_loc, pool)
+        else:
+            draft.write_projected_context_kv(aux.result(), positions, out_cache_loc, pool)
 
     def _verify_epilogue(self, fb: ForwardBatch, out: LogitsProcessorOutput) -> None:
-        """Inside the TARGET_VERIFY graph: consume the aux rows the forward just wrote, and
-        accept greedily (`_greedy_verdict[:bs]`)."""
+        """Inside the TARGET_VERIFY graph: consume the aux rows (or the streamed projection)
+        the forward just wrote, and accept greedily (`_greedy_verdict[:bs]`)."""
         bs, b = fb.batch_size, self.block_size
-        self.commit_draft_context(out.aux_hidden_states, fb.positions, fb.out_cache_loc)
+        self.commit_draft_context(_aux_of(fb, out), fb.positions, fb.out_cache_loc)
         target_argmax = out.next_token_logits.view(bs, b, -1).argmax(-1)
         drafts = fb.input_ids.view(bs, b)[:, 1:]
         self._greedy_verdict[:bs] = greedy_verify(drafts, target_argmax).packed()
@@ -211,3 +217,8 @@ class DFlashWorker:
             logger.info("Staged MXFP8 aux projection active: %d tokens, width %d, %d slices",
                         num_tokens, acc.hidden_size * acc.num_slices, acc.num_slices)
         return acc
+
+
+def _aux_of(fb: ForwardBatch, out: LogitsProcessorOutput) -> torch.Tensor | AuxProjection:
+    """What a target forward left for the draft commit: its projection, else its packed rows."""
+    return fb.aux_projection if fb.aux_projection is not None else out.aux_hidden_states

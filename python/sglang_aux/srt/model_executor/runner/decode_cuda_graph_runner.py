@@ -18,6 +18,7 @@ from sglang_aux.srt.model_executor.forward_batch_info import (
     ForwardMode,
 )
 from sglang_aux.srt.model_executor.runner.epilogue import Epilogue
+from sglang_aux.srt.model_executor.runner.streamed_aux import StreamedAux
 from sglang_aux.srt.model_executor.runner_backend.base import GraphBackend
 from sglang_aux.srt.model_executor.runner_utils.buffers import DecodeInputBuffers
 from sglang_aux.srt.model_executor.runner_utils.memory_probe import MemoryProbe
@@ -32,16 +33,21 @@ NUM_WARMUPS = 2
 
 class DecodeCudaGraphRunner:
     """Graphs for `forward_mode` with `captured_req_width` tokens per request
-    (1 for DECODE, the block size for TARGET_VERIFY and DRAFT_BLOCK)."""
+    (1 for DECODE, the block size for TARGET_VERIFY and DRAFT_BLOCK). With `streamed_aux`,
+    each graph projects its aux states into a row prefix of one runner-owned accumulator."""
 
     def __init__(self, model_runner: ModelRunner, *, forward_mode: ForwardMode,
                  captured_req_width: int, capture_bs: list[int], backend: GraphBackend,
-                 epilogue: Epilogue | None = None):
+                 epilogue: Epilogue | None = None, streamed_aux: StreamedAux | None = None):
         if not forward_mode.is_cuda_graph():
             raise ValueError(f"{forward_mode.name} has no fixed layout to capture")
         if epilogue is not None and epilogue.mode != forward_mode:
             raise ValueError(f"a {epilogue.mode.name} epilogue on {forward_mode.name} graphs")
+        if streamed_aux is not None and streamed_aux.mode != forward_mode:
+            raise ValueError(f"a {streamed_aux.mode.name} streamed projection on "
+                             f"{forward_mode.name} graphs")
         self.epilogue = epilogue
+        self.streamed_aux = streamed_aux
         self.model_runner = model_runner
         self.forward_mode = forward_mode
         self.captured_req_width = captured_req_width
@@ -58,6 +64,7 @@ class DecodeCudaGraphRunner:
             dtype=cfg.dtype,
             device=model_runner.device,
             aux_hidden_states_width=model_runner.get_aux_hidden_states_width(),
+            aux_projection_width=0 if streamed_aux is None else streamed_aux.width,
             pp_size=model_runner.pp_size,
         )
         model_runner.attn_backend.init_cuda_graph_state(self.max_bs, self.max_num_token)
@@ -69,6 +76,10 @@ class DecodeCudaGraphRunner:
     def capture_prepare(self, bs: int) -> ForwardBatch:
         """A ForwardBatch of row-prefix views of the buffers for `bs` requests."""
         b, n = self.buffers, bs * self.captured_req_width
+        projection = None
+        if self.streamed_aux is not None:
+            projection = self.streamed_aux.new(n, self.model_runner.model_config.dtype,
+                                               b.aux_projection_acc[:n])
         return ForwardBatch(
             forward_mode=self.forward_mode,
             batch_size=bs,
@@ -85,6 +96,7 @@ class DecodeCudaGraphRunner:
             next_token_logits_buffer=b.next_token_logits_buffer[:n],
             aux_hidden_states_buffer=None if b.aux_hidden_states is None
             else b.aux_hidden_states[:n],
+            aux_projection=projection,
             pp_proxy_tensors=None if b.pp_proxy_tensors is None
             else {k: v[:n] for k, v in b.pp_proxy_tensors.items()},
             is_capturing=True,
@@ -101,6 +113,8 @@ class DecodeCudaGraphRunner:
             self.model_runner.attn_backend.init_forward_metadata_capture_cuda_graph(fb)
 
             def run(fb: ForwardBatch = fb) -> LogitsProcessorOutput:
+                if fb.aux_projection is not None:
+                    fb.aux_projection.reset()  # host state only: the replay starts at slice 0
                 out = model.forward(fb.input_ids, fb.positions, fb)
                 if self.epilogue is not None:
                     self.epilogue(fb, out)
@@ -119,11 +133,12 @@ class DecodeCudaGraphRunner:
             **probe.delta(),
             "aux_buffer_bytes": self.buffers.aux_nbytes(),
             "aux_shared": self.buffers.aux_hidden_states is not None,
+            "aux_path": self.buffers.aux_path,
         }
         logger.info(
             "Captured %s graphs for bs %s in %.2f s; free memory dropped %.1f MiB; "
-            "shared aux buffer %.1f MiB", self.forward_mode.name, self.capture_bs, seconds,
-            self.capture_stats["free_memory_drop_bytes"] / 2**20,
+            "retained aux (%s) %.1f MiB", self.forward_mode.name, self.capture_bs, seconds,
+            self.capture_stats["free_memory_drop_bytes"] / 2**20, self.buffers.aux_path,
             self.buffers.aux_nbytes() / 2**20,
         )
 

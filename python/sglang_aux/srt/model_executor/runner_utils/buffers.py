@@ -32,6 +32,9 @@ class DecodeInputBuffers:
     # the runner does not share (width 0). The DFlash worker must consume rows [:num_tokens]
     # (write them into the draft KV cache) before the next replay of any size overwrites them.
     aux_hidden_states: torch.Tensor | None
+    # [max_num_token, H_draft] fp32, the streamed projection's accumulator (then no aux buffer);
+    # the verify graph's epilogue consumes rows [:num_tokens] inside the same replay.
+    aux_projection_acc: torch.Tensor | None
     pp_proxy_tensors: dict[str, torch.Tensor] | None  # [max_num_token, hidden] each, pp > 1
     tokens_per_req: int
     seq_len_fill_value: int
@@ -48,6 +51,7 @@ class DecodeInputBuffers:
         dtype: torch.dtype,
         device: torch.device | str,
         aux_hidden_states_width: int = 0,
+        aux_projection_width: int = 0,
         pp_size: int = 1,
     ) -> DecodeInputBuffers:
         max_num_token = max_bs * tokens_per_req
@@ -55,6 +59,13 @@ class DecodeInputBuffers:
         aux = None
         if aux_hidden_states_width > 0:
             aux = torch.zeros((max_num_token, aux_hidden_states_width), dtype=dtype, device=device)
+        acc = None
+        if aux_projection_width > 0:
+            if aux is not None:
+                raise ValueError("a runner streams its aux states or shares a packed buffer, "
+                                 "not both")
+            acc = torch.zeros((max_num_token, aux_projection_width), dtype=torch.float32,
+                              device=device)
         proxy = None
         if pp_size > 1:
             proxy = {name: torch.zeros((max_num_token, hidden_size), dtype=dtype, device=device)
@@ -70,6 +81,7 @@ class DecodeInputBuffers:
             next_token_logits_buffer=torch.zeros((max_num_token, vocab_size), dtype=dtype,
                                                  device=device),
             aux_hidden_states=aux,
+            aux_projection_acc=acc,
             pp_proxy_tensors=proxy,
             tokens_per_req=tokens_per_req,
             # A padded request holds one block at positions [0, B): every query sees a key.
@@ -84,8 +96,15 @@ class DecodeInputBuffers:
         return self.req_pool_indices.shape[0]
 
     def aux_nbytes(self) -> int:
-        aux = self.aux_hidden_states
-        return 0 if aux is None else aux.numel() * aux.element_size()
+        """Bytes of the retained aux storage: the shared buffer or the streamed accumulator."""
+        return sum(t.numel() * t.element_size()
+                   for t in (self.aux_hidden_states, self.aux_projection_acc) if t is not None)
+
+    @property
+    def aux_path(self) -> str:
+        if self.aux_projection_acc is not None:
+            return "streamed"
+        return "per-graph" if self.aux_hidden_states is None else "shared"
 
     def load(self, batch: ForwardBatch, bs: int) -> None:
         """Copy `batch` into rows `[:batch.batch_size]` and pad rows up to `bs` inertly:
