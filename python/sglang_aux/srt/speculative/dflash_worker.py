@@ -98,12 +98,16 @@ class DFlashWorker:
         self._draft_argmax = torch.zeros((rows, b - 1), dtype=torch.int64, device=device)
         self._greedy_verdict = torch.zeros((rows, b + 1), dtype=torch.int64, device=device)
         verify, block = ForwardMode.TARGET_VERIFY, ForwardMode.DRAFT_BLOCK
-        streamed = None
+        # What the target's verify graphs contain besides the model (bench_graph_memory.py
+        # captures them too): the commit + acceptance epilogue, and the streamed projection.
+        self.verify_epilogue = Epilogue(verify, self._verify_epilogue)
+        self.verify_streamed_aux: StreamedAux | None = None
         if self.streamed_aux:
             draft = draft_runner.model
-            streamed = StreamedAux(verify, draft.fc.out_features, draft.new_streamed_projection)
-        self.target_runner.init_decode_graphs(verify, b, Epilogue(verify, self._verify_epilogue),
-                                              streamed_aux=streamed)
+            self.verify_streamed_aux = StreamedAux(verify, draft.fc.out_features,
+                                                   draft.new_streamed_projection)
+        self.target_runner.init_decode_graphs(verify, b, self.verify_epilogue,
+                                              streamed_aux=self.verify_streamed_aux)
         draft_runner.init_decode_graphs(block, b, Epilogue(block, self._draft_epilogue))
 
     @property
