@@ -9,10 +9,11 @@ the first `--num-prompts-bs1` of them (sequential decoding is slow for the basel
 Greedy, static batches of `bs` prompts, two modes: `forced` (`--max-new-tokens` new tokens,
 EOS ignored / `min_new_tokens`) and `natural` (stop at "Question", EOS, or the limit).
 Engines: transformers `generate(cache_implementation="static")` in the model dtype (the
-baseline), ours target-only (decode graphs), ours DFLASH with the shared aux buffer, and with
-`--disable-shared-aux-buffer`. tokens/s = generated tokens / wall time of the timed calls
-(prefill included). GPU busy: the union of GPU kernel intervals over the wall time of one
-profiled chunk of `--profile-tokens` new tokens.
+baseline), ours target-only (decode graphs), ours DFLASH with the shared aux buffer, with
+`--disable-shared-aux-buffer`, and with `--speculative-dflash-aux-projection streamed` (verify
+graphs and prefills project aux states into the draft fc's accumulator). tokens/s = generated
+tokens / wall time of the timed calls (prefill included). GPU busy: the union of GPU kernel
+intervals over the wall time of one profiled chunk of `--profile-tokens` new tokens.
 """
 
 from __future__ import annotations
@@ -39,6 +40,8 @@ OURS = {
     "target": {},
     "dflash": {"speculative_algorithm": "DFLASH"},
     "dflash_noshare": {"speculative_algorithm": "DFLASH", "disable_shared_aux_buffer": True},
+    "dflash_streamed": {"speculative_algorithm": "DFLASH",
+                        "speculative_dflash_aux_projection": "streamed"},
 }
 
 
