@@ -87,7 +87,8 @@ class DFlashWorker:
         self.mask_token_id = dc.mask_token_id
         self.tokens_per_step = self.block_size
         self.propose: Proposer = self._draft_propose
-        # Called after each step's aux rows are consumed (tests poison the buffer here).
+        # Called after each step's aux rows (or streamed accumulator) are consumed (tests poison
+        # the storage here).
         self.on_aux_consumed: Callable[[], None] | None = None
         device = self.target_runner.device
         # a batch never exceeds the running limit, but a padded graph may
