@@ -10,10 +10,10 @@ Greedy, static batches of `bs` prompts, two modes: `forced` (`--max-new-tokens` 
 EOS ignored / `min_new_tokens`) and `natural` (stop at "Question", EOS, or the limit).
 Engines: transformers `generate(cache_implementation="static")` in the model dtype (the
 baseline), ours target-only (decode graphs), ours DFLASH with the shared aux buffer, with
-`--disable-shared-aux-buffer`, and with `--speculative-dflash-aux-projection streamed` (verify
-graphs and prefills project aux states into the draft fc's accumulator). tokens/s = generated
-tokens / wall time of the timed calls (prefill included). GPU busy: the union of GPU kernel
-intervals over the wall time of one profiled chunk of `--profile-tokens` new tokens.
+`--disable-shared-aux-buffer`, and with the streamed projection (no `[T, K*H]` tensor).
+tokens/s = generated tokens / wall time of the timed calls (prefill included). GPU busy: the
+union of GPU kernel intervals over the wall time of one profiled chunk of `--profile-tokens`
+new tokens.
 """
 
 from __future__ import annotations
