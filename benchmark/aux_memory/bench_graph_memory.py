@@ -8,12 +8,12 @@ Every (max bs, path) configuration runs in its own process, so each starts from 
 allocator; within one, the same model, sizes and capture order. Paths:
 - per-graph: every graph keeps its own packed `[T, K*H]` aux output (the baseline);
 - shared: one `[max_num_token, K*H]` buffer, row-sliced per size (seed 1);
-- streamed: no packed aux at all; each graph's target projects every tapped aux state into the
-  draft fc's fp32 accumulator, one `[max_num_token, H_draft]` buffer shared by all sizes
-  (theory: 4 * H_draft / (2 * K * H) of the shared bytes, 1/3 at K3 dims). The DFlash worker
-  does not yet consume that accumulator inside the verify graph (the GPU step loop, issue 11,
-  commits the draft context there); until it does, this script attaches the projection to the
-  target's verify graphs itself, which is what the retained-memory figures need.
+- streamed: no packed aux at all (`--speculative-dflash-aux-projection streamed`); each graph's
+  target projects every tapped aux state into the draft fc's fp32 accumulator, one
+  `[max_num_token, H_draft]` buffer the runner owns for all sizes (theory: 4 * H_draft /
+  (2 * K * H) of the shared bytes, 1/3 at K3 dims).
+Each path captures the DFlash worker's own TARGET_VERIFY graphs (model, draft-context commit and
+greedy acceptance; the worker is built with graphs off, outside the measured window).
 Reported: the drop in free device memory across runner set-up + capture, the allocator's
 reserved and allocated deltas, retained aux bytes measured and theoretical.
 """
@@ -21,6 +21,7 @@ reserved and allocated deltas, retained aux bytes measured and theoretical.
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import subprocess
 import sys
@@ -28,106 +29,72 @@ import sys
 import torch
 
 from sglang_aux.srt.configs.model_config import ModelConfig
-from sglang_aux.srt.layers.quantization.streamed_projection import StreamedProjection
-from sglang_aux.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
-from sglang_aux.srt.model_executor.model_runner import ModelRunner, make_graph_backend
+from sglang_aux.srt.model_executor.forward_batch_info import ForwardMode
+from sglang_aux.srt.model_executor.model_runner import make_graph_backend
 from sglang_aux.srt.model_executor.runner.decode_cuda_graph_runner import DecodeCudaGraphRunner
 from sglang_aux.srt.model_executor.runner_utils.capture_sizes import get_capture_bs
 from sglang_aux.srt.model_executor.runner_utils.memory_probe import MemoryProbe
 from sglang_aux.srt.server_args import ServerArgs
+from sglang_aux.srt.speculative.dflash_worker import DFlashWorker
 from sglang_aux.tools.presets import PRESETS
 
 PATHS = ("per-graph", "shared", "streamed")
 
 
-class PerForwardProjection:
-    """A streamed projection restarted at the first capture of each forward: the graph runner's
-    job (reset before every warm-up and the capture) once it owns streamed projections."""
-
-    def __init__(self, projection: StreamedProjection):
-        self.projection = projection
-        self.num_slices = projection.num_slices
-
-    @property
-    def num_accumulated(self) -> int:
-        return self.projection.num_accumulated
-
-    def accumulate(self, hidden: torch.Tensor) -> None:
-        if self.projection.num_accumulated == self.num_slices:
-            self.projection.reset()
-        self.projection.accumulate(hidden)
-
-
-class StreamedVerifyGraphs(DecodeCudaGraphRunner):
-    """Verify graphs whose target streams its aux states into `acc[:num_tokens]`."""
-
-    def __init__(self, *args, fc_weight: torch.Tensor, hidden: int, num_aux: int, **kw):
-        super().__init__(*args, **kw)
-        self.fc_weight, self.hidden, self.num_aux = fc_weight, hidden, num_aux
-        self.acc = torch.empty(self.max_num_token, fc_weight.shape[0], dtype=torch.float32,
-                               device=fc_weight.device)  # [max_num_token, H_draft]
-
-    def capture_prepare(self, bs: int) -> ForwardBatch:
-        fb = super().capture_prepare(bs)
-        n, dtype = bs * self.captured_req_width, self.fc_weight.dtype
-        fb.aux_projection = PerForwardProjection(StreamedProjection(
-            self.fc_weight, self.acc[:n], self.hidden, self.num_aux, dtype=dtype,
-            out_dtype=dtype))
-        return fb
-
-
-def model_config(a: argparse.Namespace) -> tuple[ModelConfig, list[int]]:
+def model_configs(a: argparse.Namespace) -> tuple[ModelConfig, ModelConfig]:
+    """The target and its DFlash draft (random weights for presets)."""
     if a.model_path:
-        cfg = ModelConfig.from_pretrained(a.model_path)
-        draft = ModelConfig.from_pretrained(a.draft_path).hf_config
-        return cfg, list(draft.dflash_config["target_layer_ids"])
-    cfg = ModelConfig.from_dict(dict(PRESETS[a.preset]), a.preset, context_length=1024)
-    if a.num_aux is not None:
-        return cfg, list(range(a.num_aux))
+        return ModelConfig.from_pretrained(a.model_path), ModelConfig.from_pretrained(a.draft_path)
+    target = ModelConfig.from_dict(dict(PRESETS[a.preset]), a.preset, context_length=1024)
     # The preset's own DFlash draft picks the layers (k3-shaped: 0..5; smollm2-shaped: 5 of 30).
-    return cfg, list(PRESETS[f"{a.preset}-dflash"]["dflash_config"]["target_layer_ids"])
+    draft = copy.deepcopy(PRESETS[f"{a.preset}-dflash"])
+    if a.num_aux is not None:
+        draft["dflash_config"]["target_layer_ids"] = list(range(a.num_aux))
+    return target, ModelConfig.from_dict(draft, f"{a.preset}-dflash", context_length=1024)
 
 
 def run_one(a: argparse.Namespace, max_bs: int, path: str) -> dict:
-    cfg, aux_layers = model_config(a)
-    h, k = cfg.hf_config.hidden_size, len(aux_layers)
-    fc_weight = None
-    if path == "streamed":  # the draft fc [H_draft, K*H]; outside the measured window
-        fc_weight = (torch.randn(h, k * h, device=a.device) * 0.02).to(cfg.dtype)
+    cfg, draft_cfg = model_configs(a)
     args = ServerArgs(
         model_path=a.model_path or a.preset, device=a.device, load_format="dummy",
         speculative_algorithm="DFLASH", speculative_num_draft_tokens=a.block,
         max_running_requests=max_bs, cuda_graph_max_bs_decode=max_bs, max_total_tokens=8192,
         disable_shared_aux_buffer=path != "shared", disable_decode_cuda_graph=True,
+        speculative_dflash_aux_projection="streamed" if path == "streamed" else "packed",
     )
-    runner = ModelRunner(cfg, args, aux_layer_ids=aux_layers)
+    worker = DFlashWorker(cfg, draft_cfg, args)
+    runner = worker.target_runner
+    h, k = cfg.hf_config.hidden_size, len(runner.model.model.layers_to_capture)
+    h_draft = worker.draft_runner.model.fc.out_features
     probe = MemoryProbe(a.device)
     sizes = get_capture_bs(max_bs=max_bs, speculative=True, override=None)
-    kind, extra = DecodeCudaGraphRunner, {}
-    if path == "streamed":
-        kind, extra = StreamedVerifyGraphs, {"fc_weight": fc_weight, "hidden": h, "num_aux": k}
-    gr = kind(runner, forward_mode=ForwardMode.TARGET_VERIFY, captured_req_width=a.block,
-              capture_bs=sizes, backend=make_graph_backend(runner.device), **extra)
+    gr = DecodeCudaGraphRunner(runner, forward_mode=ForwardMode.TARGET_VERIFY,
+                               captured_req_width=a.block, capture_bs=sizes,
+                               backend=make_graph_backend(runner.device),
+                               epilogue=worker.verify_epilogue,
+                               streamed_aux=worker.verify_streamed_aux)
     gr.capture()
     total = probe.delta()
     outs = [o.aux_hidden_states for o in gr.outputs.values() if o.aux_hidden_states is not None]
     storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in outs}
+    owned = [t for t in (gr.buffers.aux_hidden_states, gr.buffers.aux_projection_acc)
+             if t is not None]  # the shared buffer or the streamed accumulator
+    retained = {**storages, **{t.untyped_storage().data_ptr(): t.untyped_storage().nbytes()
+                               for t in owned}}
     elt = torch.empty((), dtype=cfg.dtype).element_size()
     if path == "streamed":
-        measured = gr.acc.untyped_storage().nbytes() + sum(storages.values())
-        theory = max(sizes) * a.block * h * 4
+        theory = max(sizes) * a.block * h_draft * 4
     elif path == "shared":
-        measured = gr.buffers.aux_nbytes()
         theory = max(sizes) * a.block * k * h * elt
     else:
-        measured = sum(storages.values())
         theory = sum(sizes) * a.block * k * h * elt
+    assert gr.buffers.aux_path == path, (gr.buffers.aux_path, path)
     return {
         "model": a.model_path or a.preset, "max_bs": max_bs, "path": path, "block": a.block,
-        "num_aux": k, "hidden": h, "num_sizes": len(sizes), "capture_bs": sizes,
-        "setup_and_capture": total, "capture_only": gr.capture_stats,
-        "aux_retained_measured_bytes": measured, "aux_retained_theoretical_bytes": theory,
-        "aux_output_storages": len(storages),
+        "num_aux": k, "hidden": h, "hidden_draft": h_draft, "num_sizes": len(sizes),
+        "capture_bs": sizes, "setup_and_capture": total, "capture_only": gr.capture_stats,
+        "aux_retained_measured_bytes": sum(retained.values()),
+        "aux_retained_theoretical_bytes": theory, "aux_output_storages": len(storages),
     }
 
 

@@ -87,7 +87,8 @@ class DFlashWorker:
         self.mask_token_id = dc.mask_token_id
         self.tokens_per_step = self.block_size
         self.propose: Proposer = self._draft_propose
-        # Called after each step's aux rows are consumed (tests poison the buffer here).
+        # Called after each step's aux rows (or streamed accumulator) are consumed (tests poison
+        # the storage here).
         self.on_aux_consumed: Callable[[], None] | None = None
         device = self.target_runner.device
         # a batch never exceeds the running limit, but a padded graph may
@@ -98,12 +99,16 @@ class DFlashWorker:
         self._draft_argmax = torch.zeros((rows, b - 1), dtype=torch.int64, device=device)
         self._greedy_verdict = torch.zeros((rows, b + 1), dtype=torch.int64, device=device)
         verify, block = ForwardMode.TARGET_VERIFY, ForwardMode.DRAFT_BLOCK
-        streamed = None
+        # What the target's verify graphs contain besides the model (bench_graph_memory.py
+        # captures them too): the commit + acceptance epilogue, and the streamed projection.
+        self.verify_epilogue = Epilogue(verify, self._verify_epilogue)
+        self.verify_streamed_aux: StreamedAux | None = None
         if self.streamed_aux:
             draft = draft_runner.model
-            streamed = StreamedAux(verify, draft.fc.out_features, draft.new_streamed_projection)
-        self.target_runner.init_decode_graphs(verify, b, Epilogue(verify, self._verify_epilogue),
-                                              streamed_aux=streamed)
+            self.verify_streamed_aux = StreamedAux(verify, draft.fc.out_features,
+                                                   draft.new_streamed_projection)
+        self.target_runner.init_decode_graphs(verify, b, self.verify_epilogue,
+                                              streamed_aux=self.verify_streamed_aux)
         draft_runner.init_decode_graphs(block, b, Epilogue(block, self._draft_epilogue))
 
     @property
