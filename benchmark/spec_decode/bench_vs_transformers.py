@@ -75,18 +75,21 @@ def gpu_busy(fn) -> float | None:
 class HFEngine:
     """transformers' model and generate, the baseline a user would pick instead."""
 
-    def __init__(self, folder: str, dtype: torch.dtype, device: str):
+    def __init__(self, folder: str, dtype: torch.dtype, device: str, pad_to: int):
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         self.model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype).to(device).eval()
         self.tokenizer = AutoTokenizer.from_pretrained(folder)
         self.device = device
+        # One prompt width for every call: the static cache's shape (and the forward that
+        # generate compiles for it) stays fixed instead of recompiling per prompt length.
+        self.pad_to = pad_to
         self.pad = self.tokenizer.pad_token_id
         if self.pad is None:
             self.pad = self.tokenizer.eos_token_id
 
     def generate(self, ids: list[list[int]], max_new: int, natural: bool) -> list[list[int]]:
-        width = max(map(len, ids))
+        width = self.pad_to
         # Left padding: every row's last prompt token sits at the same column.
         input_ids = torch.tensor([[self.pad] * (width - len(x)) + x for x in ids])
         mask = torch.tensor([[0] * (width - len(x)) + [1] * len(x) for x in ids])
@@ -168,7 +171,7 @@ def main() -> None:
     rows = []
     for name in a.engines:
         if name == "transformers":
-            eng = HFEngine(folder, getattr(torch, a.dtype), a.device)
+            eng = HFEngine(folder, getattr(torch, a.dtype), a.device, max(map(len, ids)))
         else:
             extra = dict(OURS[name])
             if "speculative_algorithm" in extra:
