@@ -16,6 +16,7 @@ from sglang_aux.srt.layers.quantization.mxfp8 import (
     quantize_mxfp8,
 )
 from sglang_aux.srt.layers.quantization.mxfp8_linear import MXFP8Linear
+from sglang_aux.srt.layers.quantization.slice_sequence import SliceSequence
 
 
 def allocate_retained_input(
@@ -27,7 +28,7 @@ def allocate_retained_input(
     return values, scales
 
 
-class MXFP8InputAccumulator:
+class MXFP8InputAccumulator(SliceSequence):
     """Quantizes K slices [T, H] into a retained MXFP8 input [T, K*H]; the K-th slice runs
     `linear` once into the caller's `out` [T, N].
 
@@ -73,52 +74,21 @@ class MXFP8InputAccumulator:
         self.out = out  # [T, N], caller-owned
         self.values = values  # [T, K*H] e4m3fn
         self.scales = scales  # [T, K*H/32] uint8
-        self.hidden_size = hidden_size
-        self.num_slices = num_slices
-        self.num_tokens = num_tokens
-        self.dtype = out.dtype if dtype is None else dtype
-        self._count = 0
-        self._consumed = False
-
-    @property
-    def num_accumulated(self) -> int:
-        return self._count
-
-    def reset(self) -> None:
-        """Starts a new forward; the retained bytes are simply overwritten."""
-        self._count = 0
-        self._consumed = False
+        super().__init__(num_tokens, hidden_size, num_slices,
+                         out.dtype if dtype is None else dtype)
 
     def accumulate(self, hidden: torch.Tensor) -> None:
-        """Quantizes slice `_count` ([T, H], model dtype) into its columns of the retained
+        """Quantizes the next slice ([T, H], model dtype) into its columns of the retained
         input; the caller may free `hidden` afterwards. Runs the GEMM after the K-th slice."""
-        if self._count == self.num_slices:
-            raise RuntimeError(f"accumulate: all {self.num_slices} slices already received; "
-                               "call reset() before the next forward")
-        if hidden.dtype != self.dtype:
-            raise ValueError(f"accumulate: expected dtype {self.dtype}, got {hidden.dtype}")
-        if hidden.dim() != 2 or hidden.shape[1] != self.hidden_size:
-            raise ValueError(f"accumulate: expected width (hidden size) {self.hidden_size}, "
-                             f"got shape {tuple(hidden.shape)}")
-        if hidden.shape[0] != self.num_tokens:
-            raise ValueError(f"accumulate: expected {self.num_tokens} rows, got "
-                             f"{hidden.shape[0]}")
-        lo = self._count * self.hidden_size
-        hi = lo + self.hidden_size
+        lo, hi = self._next_columns(hidden)
         quantize_mxfp8(hidden, out=(self.values[:, lo:hi],
                                     self.scales[:, lo // MXFP8_BLOCK:hi // MXFP8_BLOCK]))
-        self._count += 1
-        if self._count == self.num_slices:
+        if self._slice_done():
             self.linear.forward_quantized(self.values, self.scales, self.out)
 
     def result(self) -> torch.Tensor:
         """The projected output [T, N] (the caller's `out`); readable once per forward."""
-        if self._count != self.num_slices:
-            raise RuntimeError(f"result: only {self._count} of {self.num_slices} slices "
-                               "accumulated")
-        if self._consumed:
-            raise RuntimeError("result: already read for this forward; call reset() first")
-        self._consumed = True
+        self._consume()
         return self.out
 
 

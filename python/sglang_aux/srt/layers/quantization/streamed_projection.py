@@ -22,6 +22,7 @@ from sglang_aux.srt.layers.quantization.mxfp8 import (
     quantize_mxfp8,
 )
 from sglang_aux.srt.layers.quantization.mxfp8_linear import MXFP8Linear
+from sglang_aux.srt.layers.quantization.slice_sequence import SliceSequence
 
 
 @torch.library.custom_op("sglang_aux::gemm_accumulate", mutates_args=("acc",))
@@ -62,14 +63,13 @@ def _(xq: torch.Tensor, xs: torch.Tensor, wq: torch.Tensor, ws: torch.Tensor,
     return None
 
 
-class StreamedProjection:
+class StreamedProjection(SliceSequence):
     """Accumulates `W_i a_i` for K slices [T, H] into `acc` [T, N] fp32 (caller-owned).
 
     `weight` is the fc weight [N, K*H] (dense) or an `MXFP8Linear` (each slice is quantized
     to MXFP8 as it arrives, as the concat path quantizes the concat: the same bytes).
     Life cycle: `accumulate` x K -> `result()` once -> `reset()` before the next forward.
-    Checks run on Python ints and dtypes only, so a capture is one or two opaque in-place ops
-    (CUDA graph capture and `torch.compile(fullgraph=True)` see no host syncs).
+    A capture is one or two opaque in-place ops (no host syncs, see `SliceSequence`).
     NOTE: under graph replay the Python state reflects the capture; replays rewrite `acc` in
     place, and its consumer must read it before the next replay.
     """
@@ -88,39 +88,16 @@ class StreamedProjection:
         if acc.dim() != 2 or acc.shape[1] != n or acc.dtype != torch.float32:
             raise ValueError(f"acc must be float32 [T, {n}], got {acc.dtype} "
                              f"{tuple(acc.shape)}")
+        super().__init__(acc.shape[0], hidden_size, num_slices, dtype)
         self.weight = weight
-        self.acc = acc  # [T, N] fp32
-        self.hidden_size = hidden_size
-        self.num_slices = num_slices
-        self.num_tokens = acc.shape[0]
-        self.dtype = dtype  # the aux slices' dtype
+        self.acc = acc  # [T, N] fp32; the first slice overwrites it
         self.out_dtype = out_dtype  # the fc output's dtype, as the concat path returns it
-        self._count = 0
-        self._consumed = False
-
-    @property
-    def num_accumulated(self) -> int:
-        return self._count
-
-    def reset(self) -> None:
-        """Starts a new forward; the first slice overwrites the accumulator."""
-        self._count = 0
-        self._consumed = False
 
     def accumulate(self, hidden: torch.Tensor) -> None:
         """Adds `W_i @ hidden` for slice i = the number of slices so far; `hidden` [T, H] may
         be freed right after."""
-        if self._count == self.num_slices:
-            raise RuntimeError(f"accumulate: all {self.num_slices} slices already received; "
-                               "call reset() before the next forward")
-        if hidden.dtype != self.dtype:
-            raise ValueError(f"accumulate: expected dtype {self.dtype}, got {hidden.dtype}")
-        expected = (self.num_tokens, self.hidden_size)
-        if tuple(hidden.shape) != expected:
-            raise ValueError(f"accumulate: slice {self._count} must be [T, H] = {expected}, got "
-                             f"{tuple(hidden.shape)}")
-        lo, hi = self._count * self.hidden_size, (self._count + 1) * self.hidden_size
-        first = self._count == 0
+        lo, hi = self._next_columns(hidden)
+        first = self.num_accumulated == 0
         if isinstance(self.weight, MXFP8Linear):
             xq, xs = quantize_mxfp8(hidden)
             g = slice(lo // MXFP8_BLOCK, hi // MXFP8_BLOCK)
@@ -130,17 +107,12 @@ class StreamedProjection:
         else:
             w = self.weight[:, lo:hi]
             torch.ops.sglang_aux.gemm_accumulate(hidden.to(w.dtype), w, self.acc, not first)
-        self._count += 1
+        self._slice_done()
 
     def result(self, out: torch.Tensor | None = None) -> torch.Tensor:
         """The fc output [T, N] in `out_dtype` (written into `out` when given); once per
         forward. With `out_dtype` float32 and no `out`, the accumulator itself."""
-        if self._count != self.num_slices:
-            raise RuntimeError(f"result: only {self._count} of {self.num_slices} slices "
-                               "accumulated")
-        if self._consumed:
-            raise RuntimeError("result: already read for this forward; call reset() first")
-        self._consumed = True
+        self._consume()
         if out is not None:
             if tuple(out.shape) != tuple(self.acc.shape) or out.dtype != self.out_dtype:
                 raise ValueError(f"result: out must be {self.out_dtype} "
