@@ -45,7 +45,7 @@ def root(tmp_path_factory):
     return tmp_path_factory.mktemp("hf")
 
 
-def _check_against(hf_model, path: str) -> None:
+def _assert_matches_hf(hf_model, path: str) -> None:
     engine = Engine(model_path=path, device="cpu", max_total_tokens=2048,
                     cuda_graph_bs_decode=[1, 2, 4])
     ids = [engine.tokenizer.encode(p) for p in PROMPTS]
@@ -67,7 +67,7 @@ def test_transformers_checkpoint_greedy_equals_transformers(root, case):
     config = edit_config(out)  # as written
     assert "rope_theta" not in config and config["rope_parameters"]["rope_theta"]
     assert config["dtype"] == "float32" and config["tie_word_embeddings"] is False
-    _check_against(hf_model, str(out))
+    _assert_matches_hf(hf_model, str(out))
 
 
 def test_legacy_rope_theta_and_rope_scaling(root):
@@ -78,7 +78,7 @@ def test_legacy_rope_theta_and_rope_scaling(root):
     edit_config(out, rope_parameters=None, rope_theta=5e5,
                 rope_scaling={"type": "linear", "factor": 2.0}, dtype=None,
                 torch_dtype="float32")
-    _check_against(hf_model, str(out))
+    _assert_matches_hf(hf_model, str(out))
 
 
 if __name__ == "__main__":

@@ -105,10 +105,11 @@ def _qwen3(**kw) -> SimpleNamespace:
 
 
 def test_decoder_fields_accepted_as_transformers_writes_them():
-    check_decoder_config(_qwen3())
-    check_decoder_config(_qwen3(use_sliding_window=True, sliding_window=64,
-                                layer_types=["full_attention"] * 2))
-    check_decoder_config(SimpleNamespace(**transformers.LlamaConfig(**BASE).to_dict()))
+    accepted = [_qwen3(), _qwen3(use_sliding_window=True, sliding_window=64,
+                                 layer_types=["full_attention"] * 2),
+                SimpleNamespace(**transformers.LlamaConfig(**BASE).to_dict())]
+    for config in accepted:
+        assert check_decoder_config(config) is None  # raises when a field is refused
 
 
 @pytest.mark.parametrize("config, words", [

@@ -47,7 +47,7 @@ def fresh_seed() -> int:
     return seed
 
 
-def close(actual, expected, dtype, seed, what, atol: float = 0.0):
+def assert_near(actual, expected, dtype, seed, what, atol: float = 0.0):
     tol = {k: max(v, atol) for k, v in TOL[dtype].items()}
     torch.testing.assert_close(actual.float(), expected.float(), **tol,
                                msg=lambda m: f"{what} (seed {seed}): {m}")
@@ -83,12 +83,12 @@ def test_rms_norm_kernel(dtype, n, with_residual):
     twin = norm.forward_native(x, residual)
     assert torch.equal(x, x_in) and (residual is None or torch.equal(residual, r_in))
     if residual is None:
-        close(out, twin, dtype, seed, "normed vs twin")
-        close(out, ref_rms(x, norm.weight, 1e-5), dtype, seed, "normed vs fp64")
+        assert_near(out, twin, dtype, seed, "normed vs twin")
+        assert_near(out, ref_rms(x, norm.weight, 1e-5), dtype, seed, "normed vs fp64")
         return
-    close(out[0], twin[0], dtype, seed, "normed vs twin")
+    assert_near(out[0], twin[0], dtype, seed, "normed vs twin")
     assert torch.equal(out[1], twin[1]), f"new residual is the exact sum (seed {seed})"
-    close(out[0], ref_rms(x + residual, norm.weight, 1e-5), dtype, seed, "normed vs fp64")
+    assert_near(out[0], ref_rms(x + residual, norm.weight, 1e-5), dtype, seed, "normed vs fp64")
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -97,9 +97,9 @@ def test_silu_and_mul_kernel(dtype, inter):
     seed = fresh_seed()
     x = torch.randn(5, 2 * inter, dtype=dtype) * 3
     out = silu_and_mul(x)
-    close(out, SiluAndMul.forward_native(x), dtype, seed, "vs twin")
+    assert_near(out, SiluAndMul.forward_native(x), dtype, seed, "vs twin")
     g, u = x.double().chunk(2, -1)
-    close(out, g * torch.sigmoid(g) * u, dtype, seed, "vs fp64")
+    assert_near(out, g * torch.sigmoid(g) * u, dtype, seed, "vs fp64")
 
 
 def _qkv(tokens: int, heads: int, kv_heads: int, d: int, dtype):
@@ -126,8 +126,8 @@ def test_rope_kernel_in_place(dtype, heads, kv_heads, d, qk_norm):
     args = (norms[0].weight, norms[1].weight, 1e-6) if qk_norm else ()
     rope_store(positions, q, k, rope.cos_sin_cache, *args)
     for name, got, twin, src in (("q", q, twin_q, ref_in[0]), ("k", k, twin_k, ref_in[1])):
-        close(got, twin, dtype, seed, f"{name} vs twin")
-        close(got.reshape(6, -1, d), ref_rope(src, positions, d, 10000.0), dtype, seed,
+        assert_near(got, twin, dtype, seed, f"{name} vs twin")
+        assert_near(got.reshape(6, -1, d), ref_rope(src, positions, d, 10000.0), dtype, seed,
               f"{name} vs fp64 rotate_half", atol=CACHE_ANGLE_ATOL)
 
 
@@ -152,13 +152,13 @@ def test_rope_kernel_stores_kv_at_slots(dtype, with_q):
     rope_store(positions, q, k, rope.cos_sin_cache, q_norm.weight if with_q else None,
                k_norm.weight, 1e-6, v=v, k_cache=k_cache, v_cache=v_cache, loc=loc)
     assert torch.equal(k, k_before), f"a stored k is left as it was (seed {seed})"
-    close(k_cache[loc].view(5, -1), twin_k, dtype, seed, "stored k vs twin")
+    assert_near(k_cache[loc].view(5, -1), twin_k, dtype, seed, "stored k vs twin")
     assert torch.equal(v_cache[loc].view(5, -1), v), f"v is copied exactly (seed {seed})"
     others = torch.ones(slots, dtype=torch.bool)
     others[loc] = False
     assert k_cache[others].isnan().all() and v_cache[others].isnan().all(), "only `loc` written"
     if with_q:
-        close(q, twin_q, dtype, seed, "q vs twin")
+        assert_near(q, twin_q, dtype, seed, "q vs twin")
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -171,10 +171,10 @@ def test_attn_res_mix_kernel(dtype, num_sources, n):
     norm.weight.data.normal_()
     query = torch.randn(n) * 3 / n**0.5  # scores of O(3): a clearly non-uniform softmax
     out = attn_res_mix(sources, query, norm.weight, 1e-6)
-    close(out, attn_res_mix_twin(sources, query, norm), dtype, seed, "vs twin")
+    assert_near(out, attn_res_mix_twin(sources, query, norm), dtype, seed, "vs twin")
     scores = torch.stack([ref_rms(s, norm.weight, 1e-6) @ query.double() for s in sources])
     w = scores.softmax(0)
-    close(out, sum(wi[:, None] * s.double() for wi, s in zip(w, sources, strict=True)), dtype,
+    assert_near(out, sum(wi[:, None] * s.double() for wi, s in zip(w, sources, strict=True)), dtype,
           seed, "vs fp64")
 
 
