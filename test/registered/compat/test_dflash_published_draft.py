@@ -112,6 +112,15 @@ def test_wrong_fc_shape_names_both_shapes(target, tmp_path):
                speculative_draft_model_path=draft, **COMMON)
 
 
+def test_mask_token_outside_target_vocab_is_refused(target, tmp_path):
+    vocab = HF_TINY["vocab_size"]
+    config = {**PUBLISHED_CONFIG, "dflash_config": {"mask_token_id": vocab}}
+    draft = write_draft(tmp_path / "draft", config)
+    with pytest.raises(ValueError, match=rf"mask_token_id {vocab} is outside .*\[0, {vocab}\)"):
+        Engine(model_path=target, speculative_algorithm="DFLASH",
+               speculative_draft_model_path=draft, **COMMON)
+
+
 def _config(**fields) -> SimpleNamespace:
     return SimpleNamespace(**{**PUBLISHED_CONFIG, **fields})
 

@@ -62,6 +62,10 @@ class DFlashWorker:
                  server_args: ServerArgs, token_to_id: Callable[[str], int | None] | None = None):
         dc = DFlashConfig.from_hf_config(draft_config.hf_config, token_to_id=token_to_id,
                                          num_target_layers=target_config.num_layers)
+        vocab = target_config.hf_config.vocab_size
+        if not 0 <= dc.mask_token_id < vocab:
+            raise ValueError(f"the draft's mask_token_id {dc.mask_token_id} is outside the "
+                             f"target's vocabulary [0, {vocab})")
         draft_config.hf_config.dflash_config = dc.as_dflash_config()  # the draft reads it whole
         self.target_runner = ModelRunner(target_config, server_args,
                                          aux_layer_ids=dc.target_layer_ids)
