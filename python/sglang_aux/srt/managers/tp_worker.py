@@ -9,7 +9,6 @@ from sglang_aux.srt.managers.schedule_batch import Req, build_extend_batch, buil
 from sglang_aux.srt.model_executor.forward_batch_info import ForwardMode
 from sglang_aux.srt.model_executor.model_runner import ModelRunner
 from sglang_aux.srt.model_executor.runner_utils.host_transfer import HostReadback
-from sglang_aux.srt.sampling.sampler import sample
 from sglang_aux.srt.sampling.sampling_rows import SamplingRows
 from sglang_aux.srt.server_args import ServerArgs
 
@@ -50,6 +49,6 @@ class TpModelWorker:
     def _sample(self, logits: torch.Tensor, reqs: list[Req], rows: torch.Tensor,
                 positions: torch.Tensor) -> list[list[int]]:
         all_greedy = all(r.sampling_params.is_greedy for r in reqs)
-        params = None if all_greedy else self.sampling_rows.gather(rows)
-        tokens = sample(logits, params, positions, all_greedy)
+        tokens = self.sampling_rows.sample(logits, rows, positions, all_greedy)
+        # the step's one device-to-host copy; .tolist() then reads host memory
         return [[t] for t in self.readback.fetch(tokens).tolist()]

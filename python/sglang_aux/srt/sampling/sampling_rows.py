@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from sglang_aux.srt.sampling.sampler import SamplingTensors
+from sglang_aux.srt.sampling.sampler import SamplingTensors, sample
 from sglang_aux.srt.sampling.sampling_params import GREEDY_EPS, SamplingParams
 
 
@@ -29,6 +29,16 @@ class SamplingRows:
         index = torch.tensor(rows, dtype=torch.int64)
         self.floats.index_copy_(0, index.to(self.device), floats.to(self.device))
         self.ints.index_copy_(0, index.to(self.device), ints.to(self.device))
+
+    def for_batch(self, rows: torch.Tensor, all_greedy: bool) -> SamplingTensors | None:
+        """The parameters of `rows`, or None when every request is greedy (argmax only)."""
+        return None if all_greedy else self.gather(rows)
+
+    def sample(self, logits: torch.Tensor, rows: torch.Tensor, positions: torch.Tensor,
+               all_greedy: bool) -> torch.Tensor:
+        """Next tokens `[bs]` (device) for `rows` from `logits` `[bs, vocab]`, seeded at
+        `positions`."""
+        return sample(logits, self.for_batch(rows, all_greedy), positions, all_greedy)
 
     def gather(self, rows: torch.Tensor) -> SamplingTensors:
         """The parameters of `rows` `[bs]` (device int64)."""

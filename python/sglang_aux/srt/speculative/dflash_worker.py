@@ -38,7 +38,6 @@ from sglang_aux.srt.model_executor.runner_utils.host_transfer import HostReadbac
 from sglang_aux.srt.sampling.sampler import (
     Lane,
     SamplingTensors,
-    sample,
     sample_from_probs,
     sampling_probs,
     uniform,
@@ -130,8 +129,9 @@ class DFlashWorker:
         out = self.target_runner.forward(fb)
         self.commit_draft_context(_aux_of(fb, out), fb.positions, fb.out_cache_loc)
         all_greedy = all(r.sampling_params.is_greedy for r in reqs)
-        params = None if all_greedy else self.sampling_rows.gather(fb.req_pool_indices)
-        tokens = sample(out.next_token_logits, params, fb.seq_lens, all_greedy)
+        tokens = self.sampling_rows.sample(out.next_token_logits, fb.req_pool_indices,
+                                           fb.seq_lens, all_greedy)
+        # the prefill's one device-to-host copy; .tolist() then reads host memory
         return [[t] for t in self.readback.fetch(tokens).tolist()]
 
     def decode(self, reqs: list[Req]) -> list[list[int]]:
@@ -139,7 +139,7 @@ class DFlashWorker:
         draft_fb = build_step_batch(self.draft_runner, reqs, ForwardMode.DRAFT_BLOCK, b,
                                     fill_token_id=self.mask_token_id)
         all_greedy = all(r.sampling_params.is_greedy for r in reqs)
-        params = None if all_greedy else self.sampling_rows.gather(draft_fb.req_pool_indices)
+        params = self.sampling_rows.for_batch(draft_fb.req_pool_indices, all_greedy)
         draft_logits = self.draft_runner.forward(draft_fb).next_token_logits
         drafts, draft_probs = self.propose(reqs, draft_fb, draft_logits, params)
         anchors = draft_fb.input_ids.view(bs, b)[:, :1]
@@ -155,6 +155,7 @@ class DFlashWorker:
             sampled = self._rejection_verdicts(verify_fb, logits, drafts, draft_probs, params)
             verdicts = torch.where(params.is_greedy[:, None], verdicts, sampled)
         new_tokens = []
+        # the step's one device-to-host copy; .tolist() then reads host memory
         for r, row in zip(reqs, self.readback.fetch(verdicts).tolist(), strict=True):
             r.kv_len += row[0] + 1
             r.record_spec_verify(row[0], b)
