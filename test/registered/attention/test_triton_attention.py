@@ -9,7 +9,6 @@ import os
 # NOTE: must precede any @triton.jit definition, i.e. any import of triton or the backend.
 os.environ["TRITON_INTERPRET"] = "1"
 
-import random  # noqa: E402
 import sys  # noqa: E402
 
 import pytest  # noqa: E402
@@ -26,6 +25,7 @@ from sglang_aux.srt.mem_cache.memory_pool import (  # noqa: E402
 )
 from sglang_aux.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode  # noqa: E402
 from sglang_aux.test.ci.ci_register import register_cpu_ci  # noqa: E402
+from sglang_aux.test.kernel_checks import fresh_seed
 
 register_cpu_ci(est_time=60, suite="default")
 
@@ -43,12 +43,6 @@ HEAD_CONFIGS = [(4, 2, 32), (6, 2, 16)]
 FIXED_SEQ_LENS = [BLOCK, 37, 130, 200]
 FIXED_MODES = [(ForwardMode.DECODE, 1), (ForwardMode.TARGET_VERIFY, BLOCK),
                (ForwardMode.DRAFT_BLOCK, BLOCK)]
-
-
-def fresh_seed() -> int:
-    seed = random.randrange(2**31)
-    torch.manual_seed(seed)
-    return seed
 
 
 def make_pools(num_kv_heads: int, head_dim: int, dtype: torch.dtype):

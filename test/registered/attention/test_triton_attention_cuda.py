@@ -7,7 +7,6 @@ test) the kernels would be interpreted, so the tests skip.
 """
 
 import os
-import random
 import sys
 
 import pytest
@@ -23,6 +22,7 @@ from sglang_aux.srt.mem_cache.memory_pool import (
 )
 from sglang_aux.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
 from sglang_aux.test.ci.ci_register import register_cuda_ci
+from sglang_aux.test.kernel_checks import fresh_seed
 
 try:
     import triton
@@ -51,12 +51,6 @@ HEAD_CONFIGS = [(9, 3, 64), (32, 8, 128)]
 FIXED_MODES = [(ForwardMode.DECODE, 1), (ForwardMode.TARGET_VERIFY, 8),
                (ForwardMode.DRAFT_BLOCK, 16)]
 FIXED_MODE_IDS = [mode.name for mode, _ in FIXED_MODES]
-
-
-def fresh_seed() -> int:
-    seed = random.randrange(2**31)
-    torch.manual_seed(seed)
-    return seed
 
 
 def make_pools(num_slots: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype):

@@ -10,7 +10,6 @@ import os
 # NOTE: must precede any @triton.jit definition, i.e. any import of the layers.
 os.environ["TRITON_INTERPRET"] = "1"
 
-import random  # noqa: E402
 import sys  # noqa: E402
 
 import pytest  # noqa: E402
@@ -18,7 +17,6 @@ import torch  # noqa: E402
 
 from sglang_aux.srt.layers.activation import SiluAndMul  # noqa: E402
 from sglang_aux.srt.layers.layernorm import RMSNorm  # noqa: E402
-from sglang_aux.srt.layers.rope_scaling import RopeScaling  # noqa: E402
 from sglang_aux.srt.layers.rotary_embedding import RotaryEmbedding  # noqa: E402
 from sglang_aux.srt.layers.triton_ops.attn_res_mix import MAX_SOURCES, attn_res_mix  # noqa: E402
 from sglang_aux.srt.layers.triton_ops.rms_norm import rms_norm  # noqa: E402
@@ -26,6 +24,7 @@ from sglang_aux.srt.layers.triton_ops.rope_store import rope_store  # noqa: E402
 from sglang_aux.srt.layers.triton_ops.silu_and_mul import silu_and_mul  # noqa: E402
 from sglang_aux.srt.models.kimi_k3 import attn_res_mix as attn_res_mix_twin  # noqa: E402
 from sglang_aux.test.ci.ci_register import register_cpu_ci  # noqa: E402
+from sglang_aux.test.kernel_checks import default_rope, fresh_seed
 
 register_cpu_ci(est_time=30, suite="default")
 
@@ -35,16 +34,6 @@ DTYPES = [torch.float32, torch.float16]
 POISON = float("nan")
 # The cos/sin cache holds fp32 angles: at positions < 512 they are off by ~512 * 2^-24 rad.
 CACHE_ANGLE_ATOL = 1e-4
-
-
-def default_rope(theta: float, max_position: int) -> RopeScaling:
-    return RopeScaling("default", theta, max_position)
-
-
-def fresh_seed() -> int:
-    seed = random.randrange(2**31)
-    torch.manual_seed(seed)
-    return seed
 
 
 def assert_near(actual, expected, dtype, seed, what, atol: float = 0.0):

@@ -1,7 +1,6 @@
 """Fused-layer kernels on the H200: bf16 outputs vs fp32 references at SmolLM2's shapes,
 fp32 kernels vs their torch twins, and a tiny model fused vs unfused on CUDA."""
 
-import random
 import sys
 
 import pytest
@@ -9,7 +8,6 @@ import torch
 
 from sglang_aux.srt.layers.activation import SiluAndMul
 from sglang_aux.srt.layers.layernorm import RMSNorm
-from sglang_aux.srt.layers.rope_scaling import RopeScaling
 from sglang_aux.srt.layers.rotary_embedding import RotaryEmbedding
 from sglang_aux.srt.layers.triton_ops.attn_res_mix import MAX_SOURCES, attn_res_mix
 from sglang_aux.srt.layers.triton_ops.dispatch import ENV_VAR
@@ -19,6 +17,7 @@ from sglang_aux.srt.layers.triton_ops.silu_and_mul import silu_and_mul
 from sglang_aux.srt.model_executor.forward_batch_info import ForwardMode
 from sglang_aux.srt.models.kimi_k3 import attn_res_mix as attn_res_mix_twin
 from sglang_aux.test.ci.ci_register import register_cuda_ci
+from sglang_aux.test.kernel_checks import default_rope, fresh_seed
 from sglang_aux.test.runtime_utils import (
     eager_forward,
     fixed_batch,
@@ -35,16 +34,6 @@ K3_HIDDEN = 7168
 # bf16 output rounding (2^-8 relative) on O(1..10) values; fp32: summation order only.
 BF16_TOL = {"atol": 4e-2, "rtol": 1.6e-2}
 FP32_TOL = {"atol": 1e-5, "rtol": 1e-5}
-
-
-def default_rope(theta: float, max_position: int) -> RopeScaling:
-    return RopeScaling("default", theta, max_position)
-
-
-def fresh_seed() -> int:
-    seed = random.randrange(2**31)
-    torch.manual_seed(seed)
-    return seed
 
 
 @pytest.mark.parametrize("tokens", [1, 8, 256])

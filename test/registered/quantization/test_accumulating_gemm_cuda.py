@@ -2,7 +2,6 @@
 concat call bit for bit; accuracy against float64; cuBLAS is close, not bitwise; the streamed
 projection under CUDA graph replay and torch.compile. Fresh random inputs per run."""
 
-import os
 import random
 import sys
 
@@ -14,14 +13,11 @@ from sglang_aux.srt.layers.quantization.mxfp8 import dequantize_mxfp8, mxfp8_gem
 from sglang_aux.srt.layers.quantization.mxfp8_linear import MXFP8Linear
 from sglang_aux.srt.layers.quantization.streamed_projection import StreamedProjection
 from sglang_aux.test.ci.ci_register import register_cuda_ci
+from sglang_aux.test.kernel_checks import REAL_TRITON_ON_CUDA
 
 register_cuda_ci(est_time=120, suite="default")
 
-pytestmark = [
-    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),
-    pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") == "1",
-                       reason="real Triton kernels; unset TRITON_INTERPRET"),
-]
+pytestmark = REAL_TRITON_ON_CUDA
 CUDA = "cuda"
 FP8_MMA_SLACK = 2.0**-9
 # (tokens, hidden, slices, out features): ragged M, the K3 fc at the end.

@@ -1,6 +1,5 @@
 """MXFP8 on CUDA: real Triton kernels with bf16 data, CUDA graph replay and torch.compile."""
 
-import os
 import sys
 
 import pytest
@@ -22,14 +21,11 @@ from sglang_aux.srt.layers.quantization.staged_input import (
     concat_then_project,
 )
 from sglang_aux.test.ci.ci_register import register_cuda_ci
+from sglang_aux.test.kernel_checks import REAL_TRITON_ON_CUDA
 
 register_cuda_ci(est_time=120, suite="default")
 
-pytestmark = [
-    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),
-    pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") == "1",
-                       reason="real Triton kernels; unset TRITON_INTERPRET"),
-]
+pytestmark = REAL_TRITON_ON_CUDA
 CUDA = "cuda"
 
 
