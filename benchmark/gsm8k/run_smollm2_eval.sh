@@ -1,25 +1,26 @@
 #!/usr/bin/env bash
 # GSM8K 5-shot on SmolLM2-135M-Instruct: target-only vs DFlash (block 8), shared aux buffer on
 # and off, each against its own server; then tokens/s at 1, 8 and 32 concurrent requests.
-#   bash benchmark/gsm8k/run_smollm2_eval.sh DRAFT_DIR OUT_DIR [NUM_QUESTIONS]
+#   bash benchmark/gsm8k/run_smollm2_eval.sh DRAFT_DIR OUT_DIR [NUM_QUESTIONS [CONFIGS]]
+# CONFIGS: a space-separated subset of "target dflash dflash_noshare" (default: all three).
 # Needs the imported target (`smollm2-135m-instruct`) and GSM8K (SGLANG_AUX_GSM8K_DIR).
 set -uo pipefail
-draft=$1; out=$2; n=${3:-1319}
+draft=$1; out=$2; n=${3:-1319}; configs=${4:-target dflash dflash_noshare}
 mkdir -p "$out"
 port=31000
 serve() {  # name, extra flags...
   local name=$1; shift
-  python -m sglang_aux.launch_server --model-path smollm2-135m-instruct --port $port \
+  ${PYTHON:-python3} -m sglang_aux.launch_server --model-path smollm2-135m-instruct --port $port \
     --context-length 2048 --max-running-requests 64 "$@" > "$out/server_$name.log" 2>&1 &
   pid=$!
   for _ in $(seq 240); do curl -sf localhost:$port/health > /dev/null && return 0; sleep 0.5; done
   echo "server $name did not start"; tail -20 "$out/server_$name.log"; return 1
 }
 harness() {  # name, num questions, parallel
-  python -m sglang_aux.test.few_shot_gsm8k --port $port --num-questions "$2" --parallel "$3" \
+  ${PYTHON:-python3} -m sglang_aux.test.few_shot_gsm8k --port $port --num-questions "$2" --parallel "$3" \
     --max-new-tokens 512 --result-file "$out/results.jsonl" 2>&1 | tail -6 | sed "s/^/[$1 n=$2 p=$3] /"
 }
-for cfg in target dflash dflash_noshare; do
+for cfg in $configs; do
   case $cfg in
     target) flags=(--speculative-algorithm NONE) ;;
     dflash) flags=(--speculative-algorithm DFLASH --speculative-draft-model-path "$draft") ;;

@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# The H200 half of a session: CUDA tests and the figures of docs/benchmarks.md, one phase per
+# device call (each well under the 10-minute limit), run from the repository root.
+#
+#   bash scripts/device/run_h200_figures.sh PHASE OUT_DIR
+#
+# PHASE: tests (every register_cuda_ci file, in parallel groups: one GPU, 16 CPU cores for the
+# Triton compiles), speed (sections 7 and 9), harness (section 5's GSM8K rows), load (the
+# server load test), gemm (section 8's MXFP8 GEMM sweep), memory (section 8's graph memory).
+# Needs, for all but tests/gemm/memory: SmolLM2 staged (stage_smollm2_gguf.sh --join) and
+# GSM8K in $SGLANG_AUX_GSM8K_DIR; for harness/load the server wheels in /tmp/site
+# (fetch_server_wheels.sh, then pip install --target /tmp/site).
+set -uo pipefail
+phase=$1; out=$2
+mkdir -p "$out"
+export PYTHONPATH=/tmp/site:python
+export SGLANG_AUX_GSM8K_DIR=${SGLANG_AUX_GSM8K_DIR:-$PWD/.carry/gsm8k}
+py=python3
+case $phase in
+  tests)
+    groups=(
+      "test/registered/attention/test_triton_attention_cuda.py"
+      "test/registered/layers/test_fused_kernels_cuda.py test/registered/models/test_qwen2_cuda.py"
+      "test/registered/quantization/test_accumulating_gemm_cuda.py test/registered/quantization/test_mxfp8_cuda.py test/registered/speculative/test_staged_projection_cuda.py"
+      "test/registered/managers/test_step_loop_cuda.py test/registered/model_executor/test_prefill_graph_runner_cuda.py"
+      "test/registered/speculative/test_dflash_cuda.py test/registered/model_executor/test_decode_graph_runner_cuda.py"
+      "test/registered/speculative/test_streamed_projection_cuda.py test/registered/speculative/test_streamed_verify_cuda.py"
+      "test/registered/core/test_basic_sanity_dflash_cuda.py test/registered/core/test_qwen25_coder_cuda.py"
+    )
+    pids=()
+    for i in "${!groups[@]}"; do
+      # shellcheck disable=SC2086
+      $py -m pytest -q ${groups[$i]} > "$out/tests_$i.log" 2>&1 &
+      pids+=($!)
+    done
+    rc=0
+    for i in "${!pids[@]}"; do
+      wait "${pids[$i]}" || rc=1
+      echo "[group $i] ${groups[$i]}: $(tail -1 "$out/tests_$i.log")"
+    done
+    exit $rc ;;
+  speed)
+    $py benchmark/spec_decode/bench_vs_transformers.py --bs 1 8 32 --num-prompts 64 \
+      --num-prompts-bs1 12 --out "$out/vs_transformers.json" 2>&1 | grep -v Warning | tail -40
+    $py benchmark/spec_decode/bench_request_breakdown.py --num-prompts 12 \
+      --out "$out/request_breakdown.json" 2>&1 | grep "^{" ;;
+  harness)
+    bash benchmark/gsm8k/run_smollm2_eval.sh smollm2-135m-instruct-dflash-b8 "$out" \
+      "${NUM_QUESTIONS:-1319}" "${CONFIGS:-target dflash dflash_noshare}" ;;
+  load)
+    $py benchmark/spec_decode/load_test_server.py --out "$out/load_test.json" -- \
+      --model-path smollm2-135m-instruct --speculative-algorithm DFLASH \
+      --speculative-draft-model-path smollm2-135m-instruct-dflash-b8 --dtype float32 \
+      --max-running-requests 128 --context-length 2048 2>&1 | tail -25 ;;
+  gemm)
+    $py benchmark/aux_memory/bench_mxfp8_gemm.py --out "$out/mxfp8_gemm.json" 2>&1 | tail -40 ;;
+  memory)
+    $py benchmark/aux_memory/bench_graph_memory.py --max-bs 48 64 72 \
+      --out "$out/graph_memory.json" 2>&1 | tail -12 ;;
+  *)
+    echo "unknown phase $phase"; exit 2 ;;
+esac
