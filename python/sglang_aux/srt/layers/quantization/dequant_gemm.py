@@ -50,11 +50,16 @@ class DequantConfig:
     tma: bool = False
     persistent: bool = False
     group_m: int = 8
+    # MXFP8 weights: 0 dequantizes weight tiles inside the GEMM loop (staged through shared
+    # memory); R > 0 first dequantizes R weight rows at a time to a BF16 scratch [R, K], then
+    # runs the bf16-weight loop on those output columns.
+    weight_chunk: int = 0
 
 
 def _name(c: DequantConfig) -> str:
     kind = ("tma_" if c.tma else "ptr_") + ("p_" if c.persistent else "")
-    return f"{kind}m{c.block_m}n{c.block_n}k{c.block_k}w{c.num_warps}s{c.num_stages}"
+    chunk = f"_wc{c.weight_chunk}" if c.weight_chunk else ""
+    return f"{kind}m{c.block_m}n{c.block_n}k{c.block_k}w{c.num_warps}s{c.num_stages}{chunk}"
 
 
 # Candidates for sm_90, from offline triton 3.6 builds (registers, spills, shared memory:
@@ -70,11 +75,22 @@ BF16_DOT_CANDIDATES = {_name(c): c for c in [
     DequantConfig(128, 256, 128, 8, 2, tma=True, persistent=True),
     DequantConfig(64, 128, 64, 4, 4, tma=True, persistent=True),
     DequantConfig(64, 256, 64, 4, 3, tma=True, persistent=True),
+    DequantConfig(256, 128, 64, 8, 3, tma=True, persistent=True),  # MXFP8 w: half the B work
     DequantConfig(128, 128, 64, 8, 3, tma=True),
     DequantConfig(128, 256, 64, 8, 3),
     DequantConfig(128, 128, 64, 8, 3),
     DequantConfig(64, 64, 64, 4, 4),
 ]}
+# MXFP8 weights through a BF16 scratch of 1024 / 2048 rows (14.7 / 29 MiB per 7168 columns of
+# K): one extra pass over the weight (1 byte read, 2 written per element), and the GEMM loop
+# is the bf16-weight one.
+WEIGHT_CHUNK_CANDIDATES = {_name(c): c for c in [
+    DequantConfig(128, 128, 64, 8, 3, tma=True, persistent=True, weight_chunk=1024),
+    DequantConfig(128, 128, 64, 8, 3, tma=True, persistent=True, weight_chunk=2048),
+    DequantConfig(128, 256, 64, 8, 3, tma=True, persistent=True, weight_chunk=2048),
+    DequantConfig(128, 256, 128, 8, 2, tma=True, persistent=True, weight_chunk=2048),
+]}
+_DEQUANT_ROWS, _DEQUANT_COLS = 32, 256  # tile of the weight pre-pass
 
 
 @triton.jit
@@ -130,6 +146,22 @@ def _dequant_dot_kernel(
         _store_tile(out_ptr, stride_out, rows, cols, M, N, acc)
 
 
+@triton.jit
+def _dequant_rows_kernel(q_ptr, s_ptr, out_ptr, R, K, stride_q, stride_s, stride_out,
+                         GROUP: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr,
+                         OPERAND: tl.constexpr):
+    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    ks = tl.program_id(1) * BLOCK_K + tl.arange(0, BLOCK_K)
+    gs = tl.program_id(1) * (BLOCK_K // GROUP) + tl.arange(0, BLOCK_K // GROUP)
+    rows64 = rows.to(tl.int64)[:, None]
+    row_ok = rows[:, None] < R
+    q = tl.load(q_ptr + rows64 * stride_q + ks[None, :], mask=row_ok & (ks < K)[None, :])
+    b = tl.load(s_ptr + rows64 * stride_s + gs[None, :],
+                mask=row_ok & (gs < K // GROUP)[None, :], other=0)
+    tl.store(out_ptr + rows64 * stride_out + ks[None, :],
+             _dequant(q, b, BLOCK_R, BLOCK_K, GROUP, OPERAND), mask=row_ok & (ks < K)[None, :])
+
+
 def _num_programs(device: torch.device, num_tiles: int, cfg: DequantConfig) -> int:
     if not cfg.persistent:
         return num_tiles
@@ -166,16 +198,36 @@ def bf16_dot_gemm_accumulate(xq: torch.Tensor, xs: torch.Tensor,
         raise ValueError(f"a dense weight must be bfloat16 (float32 for exact runs), got "
                          f"{wv.dtype}: e4m3 x 2^k is exact in BF16, not in fp16")
     _check_acc(acc, out, m, n)
-    cfg = config
+    fp32 = _INTERPRETED or (not w_mxfp8 and wv.dtype == torch.float32)
+    if not (w_mxfp8 and config.weight_chunk):
+        _launch(xq, xs, wv, ws if w_mxfp8 else None, out, acc, config, fp32)
+        return
+    rows = min(n, config.weight_chunk)
+    scratch = torch.empty(rows, k, device=wv.device,
+                          dtype=torch.float32 if fp32 else torch.bfloat16)  # [R, K]
+    for n0 in range(0, n, rows):
+        n1 = min(n, n0 + rows)
+        wb = scratch[:n1 - n0]
+        _dequant_rows_kernel[(triton.cdiv(n1 - n0, _DEQUANT_ROWS), triton.cdiv(k, _DEQUANT_COLS))](
+            wv[n0:n1], ws[n0:n1], wb, n1 - n0, k, wv.stride(0), ws.stride(0), wb.stride(0),
+            GROUP=MXFP8_BLOCK, BLOCK_R=_DEQUANT_ROWS, BLOCK_K=_DEQUANT_COLS,
+            OPERAND=tl.float32 if fp32 else tl.bfloat16)
+        _launch(xq, xs, wb, None, out[:, n0:n1], None if acc is None else acc[:, n0:n1],
+                config, fp32)
+
+
+def _launch(xq: torch.Tensor, xs: torch.Tensor, wv: torch.Tensor, ws: torch.Tensor | None,
+            out: torch.Tensor, acc: torch.Tensor | None, cfg: DequantConfig, fp32: bool) -> None:
+    (m, k), n = xq.shape, wv.shape[0]
     num_tiles = triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n)
     programs = _num_programs(xq.device, num_tiles, cfg)
-    fp32 = _INTERPRETED or (not w_mxfp8 and wv.dtype == torch.float32)
     _dequant_dot_kernel[(programs,)](
-        _source(xq, cfg.block_m, cfg), xs, _source(wv, cfg.block_n, cfg), ws,
+        _source(xq, cfg.block_m, cfg), xs, _source(wv, cfg.block_n, cfg),
+        xs if ws is None else ws,  # never read for a bf16 weight
         out if acc is None else acc, out, m, n, k,
-        xq.stride(0), xs.stride(0), wv.stride(0), ws.stride(0),
+        xq.stride(0), xs.stride(0), wv.stride(0), 0 if ws is None else ws.stride(0),
         0 if acc is None else acc.stride(0), out.stride(0), programs,
-        LOAD_ACC=acc is not None, W_MXFP8=w_mxfp8, TMA=cfg.tma,
+        LOAD_ACC=acc is not None, W_MXFP8=ws is not None, TMA=cfg.tma,
         OPERAND=tl.float32 if fp32 else tl.bfloat16,
         PRECISION="ieee", GROUP=MXFP8_BLOCK, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
         BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m, num_warps=cfg.num_warps,

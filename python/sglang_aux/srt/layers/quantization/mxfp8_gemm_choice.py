@@ -4,14 +4,15 @@ Candidates (names as the H200 sweep `benchmark/aux_memory/bench_mxfp8_gemm.py` p
 - "fp8dot_<cfg>": FP8 tensor-core dots per 32-wide scale group (`accumulating_gemm`), MXFP8
   weights only;
 - "bf16dot_<cfg>": operands dequantized to BF16 in registers, exact products
-  (`dequant_gemm`), either weight format.
+  (`dequant_gemm`), either weight format; "..._wc<R>": MXFP8 weights dequantized R rows at a
+  time to a BF16 scratch first.
 The choice depends on M and the weight format only, never on K, so the staged, streamed and
 concat calls of one projection run one kernel with one config and agree bit for bit.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 import torch
@@ -30,8 +31,10 @@ class Candidate:
 
 _FP8_DOT = {f"fp8dot_{n}": Candidate("fp8_dot", c) for n, c in ag.FP8_DOT_CANDIDATES.items()}
 _BF16_DOT = {f"bf16dot_{n}": Candidate("bf16_dot", c) for n, c in dg.BF16_DOT_CANDIDATES.items()}
+_CHUNKED = {f"bf16dot_{n}": Candidate("bf16_dot", c)
+            for n, c in dg.WEIGHT_CHUNK_CANDIDATES.items()}
 CANDIDATES: dict[WeightFormat, dict[str, Candidate]] = {
-    "mxfp8": {**_FP8_DOT, **_BF16_DOT},
+    "mxfp8": {**_FP8_DOT, **_BF16_DOT, **_CHUNKED},
     "bf16": _BF16_DOT,
 }
 # The production choice for more than SMALL_M rows: set each entry to the "best" line of the
@@ -74,7 +77,7 @@ def mxfp8_gemm_accumulate(xq: torch.Tensor, xs: torch.Tensor,
         ag.fp8_dot_gemm_accumulate(xq, xs, *w, out, acc, cfg)
     else:
         cfg = choice.config
-        if ag._INTERPRETED:  # small tiles on CPU, the variant (TMA, persistent) kept
-            cfg = dg.DequantConfig(16, 16, 32, 4, 1, tma=cfg.tma, persistent=cfg.persistent,
-                                   group_m=2)
+        if ag._INTERPRETED:  # small tiles on CPU, the variant (TMA, persistent, chunks) kept
+            cfg = replace(cfg, block_m=16, block_n=16, block_k=32, num_warps=4, num_stages=1,
+                          group_m=2, weight_chunk=min(cfg.weight_chunk, 16))
         dg.bf16_dot_gemm_accumulate(xq, xs, w, out, acc, cfg)
