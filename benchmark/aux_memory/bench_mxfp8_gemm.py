@@ -1,14 +1,18 @@
-"""Draft-fc GEMM on the H200: cuBLAS BF16 / FP8 per-tensor against our MXFP8 and BF16 kernels.
+"""Draft-fc GEMM on the H200: cuBLAS BF16 / FP8 per-tensor against every MXFP8 GEMM candidate.
 
-    python benchmark/aux_memory/bench_mxfp8_gemm.py --out mxfp8_gemm.json     # ~1-2 min
+    python benchmark/aux_memory/bench_mxfp8_gemm.py --out mxfp8_gemm.json     # ~2-3 min
 
 Shape M x N x K (default the K3 prefill fc: 4096 x 7168 x 43008, i.e. six 7168-wide slices).
 Rows: cuBLAS BF16 (`torch.mm`), cuBLAS FP8 per-tensor (`torch._scaled_mm`, the FP8 ceiling),
-ours MXFP8 "bf16_dequant" (the seed's kernel: tiles dequantized to BF16), ours MXFP8 FP8-dot
-(per-group scaled FP8 tensor-core dots) for every candidate tile config, ours dense BF16 for
-every candidate, and the streamed form of both (one call per slice, fp32 accumulator through
-memory). Inputs are fresh random every run; each output is poisoned (NaN) before it is timed
-and then checked against a float64 reference of the exact dequantized operands on a row sample.
+our dense BF16 kernel (the streamed bf16 path), then MXFP8 activations with each weight format
+("mxfp8": MXFP8 fc weight, "bf16": the fc kept in BF16) for every candidate of
+`mxfp8_gemm_choice.CANDIDATES` (the concat call, bf16 out). Inputs are fresh random every run;
+each output is poisoned (NaN) before it is timed and checked against a float64 reference of the
+exact dequantized operands on a row sample. For the fastest passing candidate of each format,
+the staged call (slices quantized into a retained input), the streamed chain (one call per
+slice, fp32 accumulator through memory) and the concat call must agree bit for bit; the chain
+is timed too. The last lines name the best candidate per format and the one-line change that
+makes it the production choice.
 """
 
 from __future__ import annotations
@@ -21,9 +25,11 @@ import torch
 from triton.testing import do_bench
 
 from sglang_aux.srt.layers.quantization import accumulating_gemm as ag
-from sglang_aux.srt.layers.quantization.mxfp8 import dequantize_mxfp8, mxfp8_gemm, quantize_mxfp8
+from sglang_aux.srt.layers.quantization import mxfp8_gemm_choice as choice
+from sglang_aux.srt.layers.quantization.mxfp8 import dequantize_mxfp8, quantize_mxfp8
+from sglang_aux.srt.layers.quantization.staged_input import allocate_retained_input
 
-BF16_DENSE_FLOPS = 790e12  # H200 dense BF16; FP8 is twice that
+BF16_DENSE_FLOPS = 790e12  # H200 dense BF16 as measured here; FP8 is twice that
 E4M3_MAX = 448.0
 CHECK_ROWS = 256
 # Relative to sum |a||b|: Hopper's FP8 MMA keeps ~14 bits while summing a k32 group.
@@ -46,47 +52,76 @@ def timed(fn, out: torch.Tensor) -> float:
     out.fill_(float("nan"))
     fn()  # compile / warm up, then time; the checked output is the last timed run's
     out.fill_(float("nan"))
-    return do_bench(fn, warmup=25, rep=200, return_mode="median")
+    return do_bench(fn, warmup=25, rep=150, return_mode="median")
 
 
-def bench(m: int, n: int, num_slices: int, hidden: int, seed: int) -> list[dict]:
+class Bench:
+    def __init__(self, m: int, n: int, k: int, rows: torch.Tensor) -> None:
+        self.flops, self.rows, self.results = 2 * m * n * k, rows, []
+
+    def record(self, name: str, fn, result: torch.Tensor, a, b, slack: float, **info) -> None:
+        try:
+            ms = timed(fn, result)
+            row = {"kernel": name, "ms": ms, "tflops": self.flops / ms / 1e9,
+                   "check": check(result, a, b, self.rows, slack), **info}
+        except Exception as e:  # a candidate may not compile or fit: report it, go on
+            row = {"kernel": name, "error": f"{type(e).__name__}: {e}"[:300], **info}
+        self.results.append(row)
+
+
+def bitwise_paths(x: torch.Tensor, w, num_slices: int, hidden: int, name: str, acc, out32):
+    """Staged, streamed and concat calls of candidate `name`; returns (equal, streamed_fn)."""
+    m, h, g = x.shape[0], hidden, hidden // 32
+    values, scales = allocate_retained_input(m, x.shape[1], x.device)  # the staged input
+    parts = []
+    for i in range(num_slices):
+        part = x[:, i * h:(i + 1) * h]
+        quantize_mxfp8(part, out=(values[:, i * h:(i + 1) * h], scales[:, i * g:(i + 1) * g]))
+        parts.append(quantize_mxfp8(part))
+
+    def w_slice(i: int):
+        if isinstance(w, tuple):
+            return w[0][:, i * h:(i + 1) * h], w[1][:, i * g:(i + 1) * g]
+        return w[:, i * h:(i + 1) * h]
+
+    def streamed() -> None:
+        for i, (pq, ps) in enumerate(parts):
+            choice.mxfp8_gemm_accumulate(pq, ps, w_slice(i), acc, None if i == 0 else acc, name)
+
+    xq, xs = quantize_mxfp8(x)
+    results = {}
+    for label, (q, s) in (("concat", (xq, xs)), ("staged", (values, scales))):
+        out32.fill_(float("nan"))
+        choice.mxfp8_gemm_accumulate(q, s, w, out32, candidate=name)
+        results[label] = out32.clone()
+    acc.fill_(float("nan"))
+    streamed()
+    equal = {"staged==concat": torch.equal(results["staged"], results["concat"]),
+             "streamed==concat": torch.equal(acc, results["concat"])}
+    return equal, streamed
+
+
+def bench(m: int, n: int, num_slices: int, hidden: int, seed: int, formats: list[str]) -> dict:
     k = num_slices * hidden
     gen = torch.Generator(device="cuda").manual_seed(seed)
     x = torch.randn(m, k, device="cuda", generator=gen, dtype=torch.bfloat16)
     w = (torch.randn(n, k, device="cuda", generator=gen) * 0.02).bfloat16()
-    rows = torch.randperm(m, device="cuda", generator=gen)[:CHECK_ROWS]
+    b = Bench(m, n, k, torch.randperm(m, device="cuda", generator=gen)[:CHECK_ROWS])
     out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
     acc = torch.empty(m, n, device="cuda", dtype=torch.float32)
-    flops = 2 * m * n * k
-    results = []
-
-    def record(name: str, fn, result: torch.Tensor, a, b, slack: float, **info) -> None:
-        try:
-            ms = timed(fn, result)
-            row = {"kernel": name, "ms": ms, "tflops": flops / ms / 1e9,
-                   "check": check(result, a, b, rows, slack), **info}
-        except Exception as e:  # a candidate config may not compile or fit: report it
-            row = {"kernel": name, "error": f"{type(e).__name__}: {e}"[:300], **info}
-        results.append(row)
 
     xd, wd = x.double(), w.double()
-    record("cublas_bf16", lambda: torch.mm(x, w.T, out=out), out, xd, wd, 0.0)
-    for name, cfg in ag.DENSE_CANDIDATES.items():
-        record(f"ours_bf16[{name}]", lambda c=cfg: ag.dense_gemm_accumulate(x, w, acc, config=c),
-               acc, xd, wd, 0.0)
-
-    def dense_streamed() -> None:
-        for i in range(num_slices):
-            cols = slice(i * hidden, (i + 1) * hidden)
-            ag.dense_gemm_accumulate(x[:, cols], w[:, cols], acc, None if i == 0 else acc)
-
-    record("ours_bf16_streamed[default]", dense_streamed, acc, xd, wd, 0.0)
-    del xd, wd
+    b.record("cublas_bf16", lambda: torch.mm(x, w.T, out=out), out, xd, wd, 0.0)
+    cfg = ag.default_dense_config(m)
+    b.record("ours_dense_bf16[default]", lambda: ag.dense_gemm_accumulate(x, w, acc, config=cfg),
+             acc, xd, wd, 0.0)
+    del xd
 
     # cuBLAS FP8 per-tensor: one scale per operand, the layout _scaled_mm wants (b column-major).
     sx, sw = x.abs().amax().float() / E4M3_MAX, w.abs().amax().float() / E4M3_MAX
     x8, w8 = (x / sx).to(torch.float8_e4m3fn), (w / sw).to(torch.float8_e4m3fn)
     a8, b8 = x8.double() * sx.double(), w8.double() * sw.double()
+
     def scaled_mm(fast: bool, **kw) -> torch.Tensor:
         return torch._scaled_mm(x8, w8.T, scale_a=sx, scale_b=sw, out_dtype=torch.bfloat16,
                                 use_fast_accum=fast, **kw)
@@ -97,32 +132,63 @@ def bench(m: int, n: int, num_slices: int, hidden: int, seed: int) -> list[dict]
             fn = lambda f=fast: scaled_mm(f, out=out)  # noqa: E731
         except (TypeError, RuntimeError):  # no out= overload: one extra bf16 copy
             fn = lambda f=fast: out.copy_(scaled_mm(f))  # noqa: E731
-        record(f"cublas_fp8_per_tensor[fast_accum={fast}]", fn, out, a8, b8, FP8_MMA_SLACK)
+        b.record(f"cublas_fp8_per_tensor[fast_accum={fast}]", fn, out, a8, b8, FP8_MMA_SLACK)
     del a8, b8
 
     xq, xs = quantize_mxfp8(x)
-    wq, ws = quantize_mxfp8(w)
-    a, b = dequantize_mxfp8(xq, xs).double(), dequantize_mxfp8(wq, ws).double()
-    record("ours_mxfp8_bf16_dequant[autotuned]",
-           lambda: mxfp8_gemm(xq, xs, wq, ws, out, kernel="bf16_dequant"), out, a, b, 0.0)
-    for name, cfg in ag.MXFP8_CANDIDATES.items():
-        record(f"ours_mxfp8_fp8_dot[{name}]",
-               lambda c=cfg: ag.mxfp8_gemm_accumulate(xq, xs, wq, ws, out, config=c),
-               out, a, b, FP8_MMA_SLACK, default=cfg == ag.default_config(m, mxfp8=True))
-    parts = [quantize_mxfp8(x[:, i * hidden:(i + 1) * hidden]) for i in range(num_slices)]
-    g = hidden // 32
+    a = dequantize_mxfp8(xq, xs).double()
+    weights = {"mxfp8": quantize_mxfp8(w), "bf16": w}
+    best = {}
+    for fmt in formats:
+        wf = weights[fmt]
+        bd = dequantize_mxfp8(*wf).double() if fmt == "mxfp8" else wd
+        default = choice.choose(m, fmt)
+        for name, cand in choice.CANDIDATES[fmt].items():
+            slack = FP8_MMA_SLACK if cand.kernel == "fp8_dot" else 0.0
 
-    def mxfp8_streamed() -> None:
-        for i, (pq, ps) in enumerate(parts):
-            ag.mxfp8_gemm_accumulate(pq, ps, wq[:, i * hidden:(i + 1) * hidden],
-                                     ws[:, i * g:(i + 1) * g], acc, None if i == 0 else acc)
+            def run(c=name, wc=wf) -> None:
+                choice.mxfp8_gemm_accumulate(xq, xs, wc, out, candidate=c)
 
-    record("ours_mxfp8_fp8_dot_streamed[default]", mxfp8_streamed, acc, a, b, FP8_MMA_SLACK)
-    ref_ms = next(r["ms"] for r in results if r["kernel"] == "cublas_bf16")
-    for r in results:
+            b.record(f"{fmt}_weight:{name}", run, out, a, bd, slack, weight=fmt,
+                     candidate=name, default=cand == default)
+        ok = [r for r in b.results if r.get("weight") == fmt and r.get("check", {}).get("ok")]
+        if not ok:
+            continue
+        top = min(ok, key=lambda r: r["ms"])
+        slack = FP8_MMA_SLACK if choice.CANDIDATES[fmt][top["candidate"]].kernel == "fp8_dot" \
+            else 0.0
+        out32 = torch.empty(m, n, device="cuda", dtype=torch.float32)
+        equal, streamed = bitwise_paths(x, wf, num_slices, hidden, top["candidate"], acc, out32)
+        del out32
+        b.record(f"{fmt}_weight:{top['candidate']}:streamed", streamed, acc, a, bd, slack,
+                 weight=fmt, streamed_of=top["candidate"])
+        best[fmt] = {"candidate": top["candidate"], "ms": top["ms"], "bitwise": equal}
+        del bd
+    ref_ms = next(r["ms"] for r in b.results if r["kernel"] == "cublas_bf16")
+    for r in b.results:
         if "ms" in r:
             r["over_cublas_bf16"] = r["ms"] / ref_ms
-    return results
+    return {"results": b.results, "best": best}
+
+
+def print_table(report: dict) -> None:
+    for s in report["shapes"]:
+        print(f"M={s['m']} N={s['n']} K={s['k']}  roofline bf16 {s['roofline_bf16_ms']:.2f} ms, "
+              f"fp8 {s['roofline_fp8_ms']:.2f} ms")
+        print(f"{'kernel':<52} {'ms':>8} {'TFLOP/s':>8} {'/cuBLAS':>8} {'check':>6} {'err/bnd':>8}")
+        for r in s["results"]:
+            if "error" in r:
+                print(f"{r['kernel'] + (' *' if r.get('default') else ''):<52} {r['error'][:70]}")
+                continue
+            c = r["check"]
+            print(f"{r['kernel'] + (' *' if r.get('default') else ''):<52} {r['ms']:>8.3f} "
+                  f"{r['tflops']:>8.1f} {r['over_cublas_bf16']:>8.2f} {str(c['ok']):>6} "
+                  f"{c['worst_err_over_bound']:>8.3f}")
+        print("* = today's production choice for this M")
+        for fmt, top in s["best"].items():
+            print(f"best {fmt} weight: {top['candidate']} {top['ms']:.3f} ms, bitwise "
+                  f"{top['bitwise']}; to make it the default: mxfp8_gemm_choice.LARGE_M_CHOICE"
+                  f"[{fmt!r}] = {top['candidate']!r}")
 
 
 def main() -> None:
@@ -131,6 +197,7 @@ def main() -> None:
     p.add_argument("--n", type=int, default=7168)
     p.add_argument("--hidden", type=int, default=7168, help="aux slice width H")
     p.add_argument("--num-slices", type=int, default=6, help="K slices; GEMM K = K * H")
+    p.add_argument("--weights", nargs="+", default=["mxfp8", "bf16"], choices=["mxfp8", "bf16"])
     p.add_argument("--out", default="benchmark/aux_memory/mxfp8_gemm.json")
     a = p.parse_args()
     if not torch.cuda.is_available():
@@ -143,29 +210,19 @@ def main() -> None:
         report["shapes"].append({
             "m": m, "n": a.n, "k": k, "roofline_bf16_ms": 2 * m * a.n * k / BF16_DENSE_FLOPS * 1e3,
             "roofline_fp8_ms": m * a.n * k / BF16_DENSE_FLOPS * 1e3,
-            "results": bench(m, a.n, a.num_slices, a.hidden, seed)})
-    with open(a.out, "w") as f:
-        json.dump(report, f, indent=2)
+            **bench(m, a.n, a.num_slices, a.hidden, seed, a.weights)})
+        with open(a.out, "w") as f:  # after every shape: a later failure keeps the numbers
+            json.dump(report, f, indent=2)
     print(f"wrote {a.out} (seed {seed})")
-    for s in report["shapes"]:
-        print(f"M={s['m']} N={s['n']} K={s['k']}  roofline bf16 {s['roofline_bf16_ms']:.2f} ms, "
-              f"fp8 {s['roofline_fp8_ms']:.2f} ms")
-        print(f"{'kernel':<44} {'ms':>8} {'TFLOP/s':>8} {'/cuBLAS':>8} {'check':>6} {'err/bnd':>8}")
-        for r in s["results"]:
-            if "error" in r:
-                print(f"{r['kernel']:<44} {r['error'][:60]}")
-                continue
-            c = r["check"]
-            print(f"{r['kernel'] + (' *' if r.get('default') else ''):<44} {r['ms']:>8.3f} "
-                  f"{r['tflops']:>8.1f} {r['over_cublas_bf16']:>8.2f} {str(c['ok']):>6} "
-                  f"{c['worst_err_over_bound']:>8.3f}")
-    print("* = the default config for this M")
+    print_table(report)
     # cuBLAS fast-accum FP8 sums in the MMA's reduced precision over all of K, so it may exceed
-    # the per-group bound; only our kernels must meet it.
+    # the per-group bound; only our kernels must meet it, and the best must be bitwise.
     bad = [r["kernel"] for s in report["shapes"] for r in s["results"]
-           if r["kernel"].startswith("ours") and not r.get("check", {"ok": False})["ok"]]
+           if not r["kernel"].startswith("cublas") and "error" not in r and not r["check"]["ok"]]
+    bad += [f"{fmt}: {t['bitwise']}" for s in report["shapes"] for fmt, t in s["best"].items()
+            if not all(t["bitwise"].values())]
     if bad:
-        raise SystemExit(f"outside the error bound or failed: {bad}")
+        raise SystemExit(f"outside the error bound or not bitwise: {bad}")
 
 
 if __name__ == "__main__":

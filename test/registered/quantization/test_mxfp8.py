@@ -22,6 +22,7 @@ from sglang_aux.srt.layers.quantization.mxfp8 import (
     mxfp8_gemm,
     quantize_mxfp8,
 )
+from sglang_aux.srt.layers.quantization.mxfp8_gemm_choice import mxfp8_gemm_accumulate
 from sglang_aux.srt.layers.quantization.mxfp8_linear import MXFP8Linear
 from sglang_aux.srt.layers.quantization.staged_input import (
     MXFP8InputAccumulator,
@@ -182,10 +183,11 @@ def test_reference_gemm_error_bound() -> None:
 
 
 @interpreted
-def test_triton_gemm_error_bound() -> None:
+@pytest.mark.parametrize("candidate", [None, "bf16dot_tma_p_m128n128k64w8s3"])
+def test_triton_gemm_error_bound(candidate: str | None) -> None:
     xq, xs, wq, ws = gemm_inputs(37, 24, 320, seed=2)  # ragged M, N and K tiles
     out = torch.full((37, 24), float("nan"))  # fp32 out: interpreter bf16 casts truncate
-    mxfp8_kernels.mxfp8_gemm_triton(xq, xs, wq, ws, out)
+    mxfp8_gemm_accumulate(xq, xs, (wq, ws), out, candidate=candidate)
     assert_gemm_close(out, xq, xs, wq, ws, out_rel=0.0)
 
 
@@ -214,6 +216,21 @@ def test_staged_bitwise_equals_concat_then_project(staged) -> None:
         acc.out.fill_(float("nan"))
         out = staged(acc, slices)
         assert out is acc.out and torch.equal(out.view(torch.int16), ref.view(torch.int16))
+
+
+def test_staged_with_a_bf16_weight_equals_the_concat_gemm() -> None:
+    # MXFP8 activations x the bf16 fc weight: the same GEMM over the concat's bytes.
+    _, linear, slices = make_staged()
+    weight = torch.randn(40, 192, generator=torch.Generator().manual_seed(4)).bfloat16()
+    out = torch.full((24, 40), float("nan"), dtype=torch.bfloat16)
+    acc = MXFP8InputAccumulator(weight, out, hidden_size=64, num_slices=3)
+    xq, xs = quantize_mxfp8(torch.cat(slices, dim=-1))
+    ref = mxfp8_gemm(xq, xs, weight, None)
+    assert torch.equal(run_staged(acc, slices).view(torch.int16), ref.view(torch.int16))
+    exact = dequantize_mxfp8(xq, xs).double() @ weight.double().T
+    torch.testing.assert_close(ref.double(), exact, rtol=2**-8, atol=1e-6)
+    with pytest.raises(ValueError, match="in_features 192"):
+        MXFP8InputAccumulator(weight, out, hidden_size=96, num_slices=3)
 
 
 def test_staged_errors() -> None:

@@ -18,7 +18,10 @@ Two operand formats:
   or overflows); the roundings are the tensor core's inside one group and one fp32 add per group.
   The K step is one scale group, so any H % 32 == 0 gives bitwise slice == concat.
   Hopper's FP8 MMA accumulates with reduced precision; promoting to fp32 after every 32 products
-  keeps that error at the group level instead of growing with K.
+  keeps that error at the group level instead of growing with K. Its cost bounds this design:
+  an FMUL and an FFMA per output element and group are, at M 4096, N 7168, K 43008, 7.9e10
+  lane instructions, ~2.4 ms of issue on all 528 H200 schedulers before any MMA.
+`dequant_gemm` (MXFP8 on BF16 tensor cores) shares the tile walk and the accumulator load/store.
 
 Under TRITON_INTERPRET=1 (CPU CI) operands are widened to fp32 before the dot (the interpreter's
 fp8/bf16 math is unreliable); the tile walk, and so the bitwise property, is the same.
@@ -48,17 +51,15 @@ class GemmConfig:
     group_m: int = 8  # output-tile rows swept together, for L2 reuse of the weight tiles
 
 
-# Hand-picked for sm_90 (H100/H200), not autotuned: the MXFP8 kernel holds the accumulator and a
-# fresh dot result per tile (2 * BM * BN fp32 over the warps' registers), so BM * BN / num_warps
+# Hand-picked for sm_90 (H100/H200), not autotuned: the FP8-dot kernel holds the accumulator and
+# a fresh dot result per tile (2 * BM * BN fp32 over the warps' registers), so BM * BN / num_warps
 # stays at or below 2048 (128 registers a thread for both); BLOCK_K is one scale group, so
-# 4-6 stages of (BM + BN) * 32 bytes stay small. benchmark/aux_memory/bench_mxfp8_gemm.py times
-# these candidates.
-MXFP8_CANDIDATES = {
-    "m128n128w8s4": GemmConfig(128, 128, 8, 4),
-    "m128n128w8s6": GemmConfig(128, 128, 8, 6),
+# 4-6 stages of (BM + BN) * 32 bytes stay small. `mxfp8_gemm_choice` names them and picks one;
+# benchmark/aux_memory/bench_mxfp8_gemm.py times them. At M 4096, N 7168, K 43008 the H200 gave
+# 7.67 / 9.65 / 10.89 ms for these three; m128n128w8s4/s6 and m64n256w8s4 (10.5-12.6) dropped.
+FP8_DOT_CANDIDATES = {
     "m64n128w4s6": GemmConfig(64, 128, 4, 6),
     "m128n64w4s6": GemmConfig(128, 64, 4, 6),
-    "m64n256w8s4": GemmConfig(64, 256, 8, 4),
     "m64n64w4s6": GemmConfig(64, 64, 4, 6),
 }
 DENSE_CANDIDATES = {
@@ -68,28 +69,24 @@ DENSE_CANDIDATES = {
 }
 # Up to this many rows (verify-sized forwards) the GEMM streams the weight: narrow tiles give
 # N/64 programs, enough to keep every SM loading.
-_SMALL_M = 64
-# Large-M MXFP8 default: the fastest candidate on the H200 at M 4096, N 7168, K 43008 (7.67 ms vs
-# 12.56 for m128n128w8s4; docs/data/mxfp8_gemm_h200.json).
-_DEFAULTS = {(True, False): "m64n128w4s6", (True, True): "m64n64w4s6",
-             (False, False): "m128n256w8s3", (False, True): "m64n64w4s4"}
-_INTERPRETER_CONFIG = GemmConfig(16, 16, 4, 1, group_m=2)
+SMALL_M = 64
+_DENSE_DEFAULTS = {False: "m128n256w8s3", True: "m64n64w4s4"}  # key: fp32 or M <= SMALL_M
+INTERPRETER_CONFIG = GemmConfig(16, 16, 4, 1, group_m=2)
 
 
-def default_config(m: int, mxfp8: bool, fp32: bool = False) -> GemmConfig:
-    """The tile config for an M-row GEMM: depends on M and the operand format, never on K
-    (see the module doc). fp32 operands (exact-comparison runs) take the small tile: wide fp32
+def default_dense_config(m: int, fp32: bool = False) -> GemmConfig:
+    """The dense tile config for an M-row GEMM: depends on M and the dtype, never on K (see
+    the module doc). fp32 operands (exact-comparison runs) take the small tile: wide fp32
     tiles spill on sm_90."""
     if _INTERPRETED:
-        return _INTERPRETER_CONFIG
-    table = MXFP8_CANDIDATES if mxfp8 else DENSE_CANDIDATES
-    return table[_DEFAULTS[(mxfp8, fp32 or m <= _SMALL_M)]]
+        return INTERPRETER_CONFIG
+    return DENSE_CANDIDATES[_DENSE_DEFAULTS[fp32 or m <= SMALL_M]]
 
 
 @triton.jit
-def _tile_origin(M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
-    """Grouped program order: GROUP_M tile rows share each weight tile while it is in L2."""
-    pid = tl.program_id(0)
+def _tile_coords(pid, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
+    """First row and column of output tile `pid` in grouped order: GROUP_M tile rows share
+    each weight tile while it is in L2."""
     num_m = tl.cdiv(M, BLOCK_M)
     num_n = tl.cdiv(N, BLOCK_N)
     per_group = GROUP_M * num_n
@@ -97,7 +94,14 @@ def _tile_origin(M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl
     size_m = tl.minimum(num_m - first_m, GROUP_M)
     pid_m = first_m + (pid % per_group) % size_m
     pid_n = (pid % per_group) // size_m
-    return pid_m * BLOCK_M + tl.arange(0, BLOCK_M), pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    return pid_m * BLOCK_M, pid_n * BLOCK_N
+
+
+@triton.jit
+def _tile_origin(M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
+    """Rows and columns of this program's output tile (one program per tile)."""
+    row0, col0 = _tile_coords(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
+    return row0 + tl.arange(0, BLOCK_M), col0 + tl.arange(0, BLOCK_N)
 
 
 @triton.jit
@@ -211,7 +215,7 @@ def dense_gemm_accumulate(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor,
                          "must share K and dtype")
     _check_acc(acc, out, m, n)
     fp32 = x.dtype == torch.float32
-    cfg = config or default_config(m, mxfp8=False, fp32=fp32)
+    cfg = config or default_dense_config(m, fp32)
     _dense_kernel[_grid(m, n, cfg)](
         x, w, out if acc is None else acc, out, m, n, k,
         x.stride(0), w.stride(0), 0 if acc is None else acc.stride(0), out.stride(0),
@@ -223,9 +227,9 @@ def dense_gemm_accumulate(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor,
     )
 
 
-def mxfp8_gemm_accumulate(xq: torch.Tensor, xs: torch.Tensor, wq: torch.Tensor,
-                          ws: torch.Tensor, out: torch.Tensor, acc: torch.Tensor | None = None,
-                          config: GemmConfig | None = None) -> None:
+def fp8_dot_gemm_accumulate(xq: torch.Tensor, xs: torch.Tensor, wq: torch.Tensor,
+                            ws: torch.Tensor, out: torch.Tensor, acc: torch.Tensor | None,
+                            config: GemmConfig) -> None:
     """out[M, N] = acc + dequant(xq, xs)[M, K] @ dequant(wq, ws)[N, K]^T with FP8 dots per
     scale group. Operands may be column slices of wider buffers (K and offsets multiples of 32)."""
     for name, t in (("xq", xq), ("xs", xs), ("wq", wq), ("ws", ws)):
@@ -235,7 +239,7 @@ def mxfp8_gemm_accumulate(xq: torch.Tensor, xs: torch.Tensor, wq: torch.Tensor,
         raise ValueError(f"xq {tuple(xq.shape)} and wq {tuple(wq.shape)} must share a K that "
                          f"is a multiple of {MXFP8_BLOCK}")
     _check_acc(acc, out, m, n)
-    cfg = config or default_config(m, mxfp8=True)
+    cfg = config
     sx, sw = _scale_factors(xs), _scale_factors(ws)  # [K/32, M], [K/32, N]
     _mxfp8_kernel[_grid(m, n, cfg)](
         xq, sx, wq, sw, out if acc is None else acc, out, m, n, k,

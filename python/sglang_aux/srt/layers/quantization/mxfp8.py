@@ -13,9 +13,10 @@ NOTE: all-zero blocks (including blocks of -0.0) get scale byte 0 (2^-127), whic
 bit trick yields for amax == 0; their elements stay (signed) zeros. Non-finite inputs are out
 of contract.
 
-Devices: CUDA tensors run the Triton kernels (`mxfp8_kernels`, `accumulating_gemm`), other
-devices the torch reference below. Both are exposed as custom ops so that CUDA graphs and
-`torch.compile(fullgraph=True)` see one opaque, in-place call per quantize/GEMM.
+Devices: CUDA tensors run the Triton kernels (`mxfp8_kernels` quantizes, `mxfp8_gemm_choice`
+picks the GEMM kernel), other devices the torch reference below. Both are exposed as custom ops
+so that CUDA graphs and `torch.compile(fullgraph=True)` see one opaque, in-place call per
+quantize/GEMM.
 """
 
 import torch
@@ -27,7 +28,6 @@ ZERO_BLOCK_SCALE_BYTE = 0
 FP32_MANTISSA_BITS = 23
 VALUES_DTYPE = torch.float8_e4m3fn
 SCALES_DTYPE = torch.uint8
-GEMM_KERNELS = ("fp8_dot", "bf16_dequant")
 
 
 def _check_quantized_pair(values: torch.Tensor, scales: torch.Tensor, name: str) -> None:
@@ -78,10 +78,13 @@ def dequantize_mxfp8(
 
 
 def mxfp8_gemm_reference(
-    xq: torch.Tensor, xs: torch.Tensor, wq: torch.Tensor, ws: torch.Tensor, out: torch.Tensor
+    xq: torch.Tensor, xs: torch.Tensor, wq: torch.Tensor, ws: torch.Tensor | None,
+    out: torch.Tensor,
 ) -> None:
-    """CPU path: exact dequant to fp32, fp32 matmul, one cast into `out` [M, N]."""
-    out.copy_(dequantize_mxfp8(xq, xs) @ dequantize_mxfp8(wq, ws).T)
+    """CPU path: exact dequant to fp32, fp32 matmul, one cast into `out` [M, N]. `ws` None:
+    `wq` is a bf16 weight."""
+    w = wq.float() if ws is None else dequantize_mxfp8(wq, ws)
+    out.copy_(dequantize_mxfp8(xq, xs) @ w.T)
 
 
 @torch.library.custom_op("sglang_aux::mxfp8_quantize", mutates_args=("values", "scales"))
@@ -101,25 +104,22 @@ def _(x: torch.Tensor, values: torch.Tensor, scales: torch.Tensor) -> None:
 
 @torch.library.custom_op("sglang_aux::mxfp8_gemm", mutates_args=("out",))
 def _gemm_op(
-    xq: torch.Tensor, xs: torch.Tensor, wq: torch.Tensor, ws: torch.Tensor, out: torch.Tensor,
-    kernel: str,
+    xq: torch.Tensor, xs: torch.Tensor, wq: torch.Tensor, ws: torch.Tensor | None,
+    out: torch.Tensor, candidate: str,
 ) -> None:
     if not xq.is_cuda:
         mxfp8_gemm_reference(xq, xs, wq, ws, out)
-    elif kernel == "fp8_dot":
-        from sglang_aux.srt.layers.quantization.accumulating_gemm import mxfp8_gemm_accumulate
+        return
+    from sglang_aux.srt.layers.quantization.mxfp8_gemm_choice import mxfp8_gemm_accumulate
 
-        mxfp8_gemm_accumulate(xq, xs, wq, ws, out)
-    else:
-        from sglang_aux.srt.layers.quantization.mxfp8_kernels import mxfp8_gemm_triton
-
-        mxfp8_gemm_triton(xq, xs, wq, ws, out)
+    mxfp8_gemm_accumulate(xq, xs, wq if ws is None else (wq, ws), out,
+                          candidate=candidate or None)
 
 
 @_gemm_op.register_fake
 def _(
-    xq: torch.Tensor, xs: torch.Tensor, wq: torch.Tensor, ws: torch.Tensor, out: torch.Tensor,
-    kernel: str,
+    xq: torch.Tensor, xs: torch.Tensor, wq: torch.Tensor, ws: torch.Tensor | None,
+    out: torch.Tensor, candidate: str,
 ) -> None:
     return None
 
@@ -163,22 +163,25 @@ def mxfp8_gemm(
     xq: torch.Tensor,
     xs: torch.Tensor,
     wq: torch.Tensor,
-    ws: torch.Tensor,
+    ws: torch.Tensor | None,
     out: torch.Tensor | None = None,
     out_dtype: torch.dtype = torch.bfloat16,
-    kernel: str = "fp8_dot",
+    candidate: str | None = None,
 ) -> torch.Tensor:
-    """out[M, N] = dequant(xq, xs)[M, K] @ dequant(wq, ws)[N, K]^T, fp32 accumulation.
+    """out[M, N] = dequant(xq, xs)[M, K] @ W[N, K]^T, fp32 accumulation; W = dequant(wq, ws),
+    or with `ws` None the bf16 weight `wq` itself.
 
     Deterministic for given bytes and shapes, so callers that feed identical bytes (the staged
-    and the concat path) get identical bits. CUDA kernels (`kernel`): "fp8_dot" (FP8 tensor-core
-    dots, per-group fp32 scaling; `accumulating_gemm`) or "bf16_dequant" (tiles dequantized to
-    BF16, exact products, ~3x slower on sm_90; `mxfp8_kernels`). CPU: the exact reference.
+    and the concat path) get identical bits. CUDA: the kernel and tile config that
+    `mxfp8_gemm_choice` picks for M and the weight format, or the named `candidate`. CPU: the
+    exact reference.
     """
-    if kernel not in GEMM_KERNELS:
-        raise ValueError(f"mxfp8_gemm: kernel must be one of {GEMM_KERNELS}, got {kernel!r}")
     _check_quantized_pair(xq, xs, "mxfp8_gemm input")
-    _check_quantized_pair(wq, ws, "mxfp8_gemm weight")
+    if ws is not None:
+        _check_quantized_pair(wq, ws, "mxfp8_gemm weight")
+    elif wq.dtype not in (torch.bfloat16, torch.float32):
+        raise ValueError(f"mxfp8_gemm: a dense weight must be bfloat16 (float32 for exact "
+                         f"runs), got {wq.dtype}")
     if xq.dim() != 2 or wq.dim() != 2 or xq.shape[1] != wq.shape[1]:
         raise ValueError(f"mxfp8_gemm: expected x [M, K] and w [N, K], got x {tuple(xq.shape)} "
                          f"and w {tuple(wq.shape)}")
@@ -187,5 +190,5 @@ def mxfp8_gemm(
         out = torch.empty(shape, dtype=out_dtype, device=xq.device)
     elif tuple(out.shape) != shape:
         raise ValueError(f"mxfp8_gemm: out shape {tuple(out.shape)} != expected {shape}")
-    torch.ops.sglang_aux.mxfp8_gemm(xq, xs, wq, ws, out, kernel)
+    torch.ops.sglang_aux.mxfp8_gemm(xq, xs, wq, ws, out, candidate or "")
     return out

@@ -1,18 +1,17 @@
-"""Triton kernels for MXFP8: the quantizer and the exact-products block-scaled GEMM for sm_90.
+"""Triton MXFP8 quantizer, and why dequantizing MXFP8 to BF16 is exact.
 
-Hopper has no MX tensor cores (and `torch._scaled_mm` rejects 1x32 block scales there). This
-GEMM dequantizes each tile to BF16 in registers and runs a BF16 `tl.dot` with fp32 accumulation
-(`mxfp8_gemm(kernel="bf16_dequant")`); the faster default applies the scales to FP8 dots
-(`accumulating_gemm`).
-That dequantization is exact whenever BF16 can hold value * 2^(byte - 127): an E4M3 value has
+Hopper has no MX tensor cores (and `torch._scaled_mm` rejects 1x32 block scales there), so the
+GEMMs are ours: `dequant_gemm` dequantizes tiles to BF16 in registers, `accumulating_gemm`
+applies the scales to FP8 dots; `mxfp8_gemm_choice` picks one.
+Dequantizing is exact whenever BF16 can hold value * 2^(byte - 127): an E4M3 value has
 4 significant bits and an exponent in [-9, 8], so every scale byte in [3, 246] qualifies. So
 does every block quantized from BF16 data with |x| < 2^127: its elements are multiples of
 2^-133, so each rounded element is either the element itself or a multiple of a grid step
 >= 2^-133 with at most 4 significant bits.
 
-Both kernels also run under TRITON_INTERPRET=1 on CPU tensors (CI). The interpreter's BF16 math
-and its fp32 -> fp8 rounding are unreliable, so the quantizer rounds to the E4M3 grid itself
-(the final cast only sees representable values) and the GEMM uses fp32 dot operands there.
+The quantizer also runs under TRITON_INTERPRET=1 on CPU tensors (CI). The interpreter's fp32 ->
+fp8 rounding is unreliable, so it rounds to the E4M3 grid itself (the final cast only sees
+representable values).
 """
 
 import os
@@ -90,85 +89,4 @@ def quantize_mxfp8_triton(x: torch.Tensor, values: torch.Tensor, scales: torch.T
         BLOCK_ROWS=_QUANT_BLOCK_ROWS, BLOCK_GROUPS=_QUANT_BLOCK_GROUPS, GROUP=MXFP8_BLOCK,
         MAX_VAL=E4M3_MAX, MIN_NORMAL_FIELD=_E4M3_MIN_NORMAL_EXP_FIELD,
         MANT_BITS=_E4M3_MANTISSA_BITS,
-    )
-
-
-def _gemm_configs() -> list[triton.Config]:
-    # All spill-free for sm_90 with triton 3.6 (cuobjdump -res-usage of offline builds); the
-    # fp8 tile loads are cp.async-pipelined there once pointers are 16-byte aligned.
-    if _INTERPRETED:  # autotuning times kernels with CUDA events; one small tile on CPU
-        return [triton.Config({"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 64}, num_warps=4)]
-    return [
-        triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk}, num_warps=w, num_stages=s)
-        for bm, bn, bk, w, s in [
-            (128, 128, 64, 8, 3),
-            (128, 128, 128, 8, 3),
-            (128, 256, 64, 8, 3),
-            (64, 128, 128, 4, 4),
-            (64, 128, 64, 4, 4),
-        ]
-    ]
-
-
-@triton.jit
-def _dequant_tile(q_ptrs, s_ptrs, rows_ok, k_ok, g_ok,
-                  ROWS: tl.constexpr, BLOCK_K: tl.constexpr, GROUP: tl.constexpr,
-                  OPERAND: tl.constexpr):
-    """Loads a [ROWS, BLOCK_K] e4m3 tile and its [ROWS, BLOCK_K/GROUP] scales; returns
-    value * 2^(byte - 127) in OPERAND dtype. Byte 0 is 2^-127 (an fp32 subnormal)."""
-    q = tl.load(q_ptrs, mask=rows_ok[:, None] & k_ok[None, :], other=0.0).to(tl.float32)
-    byte = tl.load(s_ptrs, mask=rows_ok[:, None] & g_ok[None, :], other=0).to(tl.int32)
-    scale = tl.where(byte == 0, 0x400000, byte << 23).to(tl.float32, bitcast=True)
-    q = tl.reshape(q, (ROWS, BLOCK_K // GROUP, GROUP)) * scale[:, :, None]
-    return tl.reshape(q, (ROWS, BLOCK_K)).to(OPERAND)
-
-
-@triton.autotune(configs=_gemm_configs(), key=["N", "K"])
-@triton.jit
-def _gemm_kernel(
-    xq_ptr, xs_ptr, wq_ptr, ws_ptr, out_ptr, M, N, K,
-    stride_xq, stride_xs, stride_wq, stride_ws, stride_out,
-    GROUP: tl.constexpr, OPERAND: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-):
-    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    ks = tl.arange(0, BLOCK_K)
-    gs = tl.arange(0, BLOCK_K // GROUP)
-    rows64 = rows.to(tl.int64)[:, None]  # T * K*H can pass 2^31 in long prefills
-    cols64 = cols.to(tl.int64)[:, None]
-    xq_ptrs = xq_ptr + rows64 * stride_xq + ks[None, :]
-    xs_ptrs = xs_ptr + rows64 * stride_xs + gs[None, :]
-    wq_ptrs = wq_ptr + cols64 * stride_wq + ks[None, :]
-    ws_ptrs = ws_ptr + cols64 * stride_ws + gs[None, :]
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        k_ok = k0 + ks < K
-        g_ok = k0 // GROUP + gs < K // GROUP
-        a = _dequant_tile(xq_ptrs + k0, xs_ptrs + k0 // GROUP, rows < M, k_ok, g_ok,
-                          BLOCK_M, BLOCK_K, GROUP, OPERAND)
-        b = _dequant_tile(wq_ptrs + k0, ws_ptrs + k0 // GROUP, cols < N, k_ok, g_ok,
-                          BLOCK_N, BLOCK_K, GROUP, OPERAND)
-        acc = tl.dot(a, tl.trans(b), acc)
-    out_ptrs = out_ptr + rows64 * stride_out + cols[None, :]
-    tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty),
-             mask=(rows[:, None] < M) & (cols[None, :] < N))
-
-
-def mxfp8_gemm_triton(
-    xq: torch.Tensor, xs: torch.Tensor, wq: torch.Tensor, ws: torch.Tensor, out: torch.Tensor
-) -> None:
-    """out[M, N] = dequant(xq, xs) @ dequant(wq, ws)^T with fp32 accumulation (all 2-D, last-dim
-    stride 1). BF16 operands on GPU; fp32 operands under the interpreter (see module doc)."""
-    for name, t in (("xq", xq), ("xs", xs), ("wq", wq), ("ws", ws), ("out", out)):
-        if t.stride(-1) != 1:
-            raise ValueError(f"mxfp8_gemm_triton: {name} needs last-dim stride 1, "
-                             f"got strides {t.stride()}")
-    m, k = xq.shape
-    n = wq.shape[0]
-    grid = lambda meta: (triton.cdiv(m, meta["BLOCK_M"]), triton.cdiv(n, meta["BLOCK_N"]))
-    _gemm_kernel[grid](
-        xq, xs, wq, ws, out, m, n, k,
-        xq.stride(0), xs.stride(0), wq.stride(0), ws.stride(0), out.stride(0),
-        GROUP=MXFP8_BLOCK, OPERAND=tl.float32 if _INTERPRETED else tl.bfloat16,
     )

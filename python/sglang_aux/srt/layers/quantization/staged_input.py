@@ -13,6 +13,7 @@ from sglang_aux.srt.layers.quantization.mxfp8 import (
     MXFP8_BLOCK,
     SCALES_DTYPE,
     VALUES_DTYPE,
+    mxfp8_gemm,
     quantize_mxfp8,
 )
 from sglang_aux.srt.layers.quantization.mxfp8_linear import MXFP8Linear
@@ -30,7 +31,8 @@ def allocate_retained_input(
 
 class MXFP8InputAccumulator(SliceSequence):
     """Quantizes K slices [T, H] into a retained MXFP8 input [T, K*H]; the K-th slice runs
-    `linear` once into the caller's `out` [T, N].
+    the GEMM once into the caller's `out` [T, N]: `linear`'s MXFP8 weight, or a bf16 fc weight
+    [N, K*H] (MXFP8 activations x BF16 weight, `mxfp8_gemm` with `ws=None`).
 
     Life cycle: `accumulate` x K -> `result()` once -> `reset()` before the next forward.
     All checks are on Python ints, dtypes and a Python slice counter, so the per-slice path is
@@ -42,7 +44,7 @@ class MXFP8InputAccumulator(SliceSequence):
 
     def __init__(
         self,
-        linear: MXFP8Linear,
+        linear: MXFP8Linear | torch.Tensor,
         out: torch.Tensor,
         hidden_size: int,
         num_slices: int,
@@ -51,14 +53,16 @@ class MXFP8InputAccumulator(SliceSequence):
         scales: torch.Tensor | None = None,
     ) -> None:
         width = hidden_size * num_slices
+        n, in_features = ((linear.out_features, linear.in_features)
+                          if isinstance(linear, MXFP8Linear) else tuple(linear.shape))
         if hidden_size % MXFP8_BLOCK != 0:
             raise ValueError(f"hidden_size must be a multiple of {MXFP8_BLOCK} so slices map "
                              f"to whole scale blocks, got {hidden_size}")
-        if linear.in_features != width:
-            raise ValueError(f"linear.in_features {linear.in_features} != num_slices * "
+        if in_features != width:
+            raise ValueError(f"fc in_features {in_features} != num_slices * "
                              f"hidden_size = {num_slices} * {hidden_size} = {width}")
-        if out.dim() != 2 or out.shape[1] != linear.out_features:
-            raise ValueError(f"out must be [T, {linear.out_features}], got {tuple(out.shape)}")
+        if out.dim() != 2 or out.shape[1] != n:
+            raise ValueError(f"out must be [T, {n}], got {tuple(out.shape)}")
         num_tokens = out.shape[0]
         if values is None or scales is None:
             values, scales = allocate_retained_input(num_tokens, width, out.device)
@@ -83,8 +87,12 @@ class MXFP8InputAccumulator(SliceSequence):
         lo, hi = self._next_columns(hidden)
         quantize_mxfp8(hidden, out=(self.values[:, lo:hi],
                                     self.scales[:, lo // MXFP8_BLOCK:hi // MXFP8_BLOCK]))
-        if self._slice_done():
+        if not self._slice_done():
+            return
+        if isinstance(self.linear, MXFP8Linear):
             self.linear.forward_quantized(self.values, self.scales, self.out)
+        else:
+            mxfp8_gemm(self.values, self.scales, self.linear, None, self.out)
 
     def result(self) -> torch.Tensor:
         """The projected output [T, N] (the caller's `out`); readable once per forward."""

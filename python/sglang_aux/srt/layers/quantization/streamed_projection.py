@@ -46,9 +46,9 @@ def _(x: torch.Tensor, w: torch.Tensor, acc: torch.Tensor, accumulate: bool) -> 
 def _mxfp8_op(xq: torch.Tensor, xs: torch.Tensor, wq: torch.Tensor, ws: torch.Tensor,
               acc: torch.Tensor, accumulate: bool) -> None:
     if xq.is_cuda:
-        from sglang_aux.srt.layers.quantization.accumulating_gemm import mxfp8_gemm_accumulate
+        from sglang_aux.srt.layers.quantization.mxfp8_gemm_choice import mxfp8_gemm_accumulate
 
-        mxfp8_gemm_accumulate(xq, xs, wq, ws, acc, acc if accumulate else None)
+        mxfp8_gemm_accumulate(xq, xs, (wq, ws), acc, acc if accumulate else None)
         return
     prod = dequantize_mxfp8(xq, xs) @ dequantize_mxfp8(wq, ws).T
     if accumulate:
