@@ -17,25 +17,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 
-import torch
+from bench_graph_replay import replay_ms  # this script's folder is on sys.path
 
 from sglang_aux.srt.entrypoints.engine import Engine
-
-
-def _replay_ms(backend, handle, iters: int) -> float:
-    for _ in range(10):
-        backend.replay(handle)
-    times = []
-    for _ in range(iters):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        backend.replay(handle)
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
 
 
 def _check(engine: Engine, vocab: int) -> None:
@@ -51,13 +36,14 @@ def main() -> None:
     p.add_argument("--preset", default="smollm2-shaped")
     p.add_argument("--bs", type=int, nargs="+", default=[1, 8, 32])
     p.add_argument("--iters", type=int, default=100)
+    p.add_argument("--device", default="cuda")
     p.add_argument("--out", default="benchmark/spec_decode/sampling_tail.json")
     args = p.parse_args()
-    engine = Engine(model_path=args.preset, load_format="dummy", device="cuda",
+    engine = Engine(model_path=args.preset, load_format="dummy", device=args.device,
                     speculative_algorithm="DFLASH",
                     speculative_draft_model_path=f"{args.preset}-dflash",
                     max_running_requests=max(args.bs), cuda_graph_bs_decode=sorted(args.bs))
-    worker = engine.worker
+    worker, cuda = engine.worker, args.device == "cuda"
     vocab = engine.model_config.hf_config.vocab_size
     _check(engine, vocab)
     probs = worker._draft_probs
@@ -72,8 +58,9 @@ def main() -> None:
                         "tail_capture_s": stats["sampling_tail"]["seconds"]}
         for bs in gr.capture_bs:
             rows.append({"graph": mode, "bs": bs, "tokens": bs * gr.captured_req_width,
-                         "main_ms": _replay_ms(gr.backend, gr.graphs[bs], args.iters),
-                         "tail_ms": _replay_ms(gr.backend, gr.sampling_graphs[bs], args.iters)})
+                         "main_ms": replay_ms(gr.backend, gr.graphs[bs], args.iters, cuda),
+                         "tail_ms": replay_ms(gr.backend, gr.sampling_graphs[bs], args.iters,
+                                              cuda)})
     mib = 2.0**-20
     print(f"draft distributions buffer: {memory['draft_probs_bytes'] * mib:.1f} MiB")
     for mode in ("DRAFT_BLOCK", "TARGET_VERIFY"):
