@@ -164,7 +164,11 @@ class DecodeCudaGraphRunner:
                 tail()
             self.backend.synchronize()
             self.sampling_graphs[bs], _ = self.backend.capture(tail)
-        return {"seconds": round(time.perf_counter() - start, 3), **probe.delta()}
+        stats = {"seconds": round(time.perf_counter() - start, 3), **probe.delta()}
+        logger.info("Captured %s sampling tails in %.2f s; free memory dropped %.1f MiB",
+                    self.forward_mode.name, stats["seconds"],
+                    stats["free_memory_drop_bytes"] / 2**20)
+        return stats
 
     def can_run_graph(self, batch: ForwardBatch) -> bool:
         return (
