@@ -92,6 +92,9 @@ class ForwardBatch:
     is_capturing: bool = False
     # Some request samples (T > 0): the epilogue's sampling step runs too (runner/epilogue.py).
     has_sampling: bool = False
+    # The captured size whose static step buffer already holds this batch (a graph runner's
+    # `prepare_step`): its tensors are views its graph's prologue fills at replay.
+    prepared_graph_bs: int | None = None
 
     @property
     def num_tokens(self) -> int:
