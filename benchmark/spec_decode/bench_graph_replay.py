@@ -47,22 +47,22 @@ def _load_live_inputs(runner, graph_runner, bs: int, context: int) -> None:
     b.input_ids[: bs * w].random_(0, runner.model_config.hf_config.vocab_size)
 
 
-def _replay_ms(graph_runner, bs: int, iters: int) -> float:
-    graph, backend = graph_runner.graphs[bs], graph_runner.backend
+def replay_ms(backend, handle, iters: int, cuda: bool) -> float:
+    """Median ms of one replay of captured `handle` (CUDA events; wall time off the GPU)."""
     for _ in range(10):
-        backend.replay(graph)
-    if graph_runner.model_runner.device.type != "cuda":
+        backend.replay(handle)
+    if not cuda:
         times = []
         for _ in range(iters):
             t0 = time.perf_counter()
-            backend.replay(graph)
+            backend.replay(handle)
             times.append((time.perf_counter() - t0) * 1e3)
         return statistics.median(times)
     times = []
     for _ in range(iters):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
-        backend.replay(graph)
+        backend.replay(handle)
         end.record()
         end.synchronize()
         times.append(start.elapsed_time(end))
@@ -98,7 +98,7 @@ def measure(preset: str, verify: bool, sizes: list[int], args) -> list[dict]:
     rows = []
     for bs in sizes:
         _load_live_inputs(runner, gr, bs, args.context)
-        ms = _replay_ms(gr, bs, args.iters)
+        ms = replay_ms(gr.backend, gr.graphs[bs], args.iters, runner.device.type == "cuda")
         kernels = _kernels(runner, gr, bs)
         rows.append({"preset": preset, "graph": gr.forward_mode.name, "bs": bs,
                      "tokens_per_req": gr.captured_req_width, "context": args.context,

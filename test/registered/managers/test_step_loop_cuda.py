@@ -1,6 +1,6 @@
 """The device step loop with real CUDA graphs (run on the H200): a decode step's only host
-sync is its one readback, graphs (with their epilogues) give the eager path's greedy tokens,
-and a long run holds allocated device memory flat."""
+sync is its one readback, graphs (with their epilogues and sampling tails) give the eager
+path's greedy and seeded sampled tokens, and a long run holds allocated device memory flat."""
 
 import sys
 
@@ -74,8 +74,10 @@ def test_graph_steps_equal_eager_steps(tmp_path, kind):
     for x, y in zip(a, b, strict=True):
         assert x["output_ids"] == y["output_ids"]
         assert x["meta_info"]["spec_accept_length"] == y["meta_info"]["spec_accept_length"]
-    sampled = graphs.generate(PROMPTS, _mixed())
-    assert all(len(o["output_ids"]) == GREEDY["max_new_tokens"] for o in sampled)
+    sampled, eager_sampled = graphs.generate(PROMPTS, _mixed()), eager.generate(PROMPTS, _mixed())
+    for x, y in zip(sampled, eager_sampled, strict=True):  # seeded: the same draws
+        assert len(x["output_ids"]) == GREEDY["max_new_tokens"]
+        assert x["output_ids"] == y["output_ids"]
 
 
 @pytest.mark.parametrize("kind", KINDS)

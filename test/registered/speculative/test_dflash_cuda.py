@@ -1,4 +1,6 @@
-"""DFlash with real CUDA graphs on the H200: greedy output equals target-only greedy."""
+"""DFlash with real CUDA graphs on the H200: greedy output equals target-only greedy, and
+sampled or mixed batches (sampling tails inside the graphs) equal the eager path's at every
+captured size and at padded sizes."""
 
 import sys
 
@@ -31,6 +33,38 @@ def test_dflash_greedy_equals_target_only_with_cuda_graphs(tmp_path, target, sha
     for r, o in zip(ref, outs, strict=True):
         assert o["output_ids"] == r["output_ids"]
         assert o["meta_info"]["spec_verify_ct"] > 0
+
+
+SAMPLED = [{"temperature": 0.8, "top_p": 0.9, "top_k": 20}, {"temperature": 1.3},
+           {"temperature": 0.6, "top_k": 5}, {"temperature": 1.0, "top_p": 0.7}]
+
+
+@pytest.mark.parametrize("mixed", [False, True])
+def test_sampled_graphs_equal_eager_at_every_size(tmp_path, mixed):
+    common = dict(device="cuda", dtype="float32", max_total_tokens=8192, max_running_requests=8,
+                  cuda_graph_bs_decode=[1, 2, 4, 8], model_path=tiny_checkpoint("tiny-llama",
+                  tmp_path), speculative_algorithm="DFLASH",
+                  speculative_draft_model_path=tiny_checkpoint("tiny-llama-dflash", tmp_path))
+    graphs, eager = Engine(**common), Engine(**common, disable_decode_cuda_graph=True)
+    for runner in (graphs.worker.draft_runner, graphs.worker.target_runner):
+        gr = runner.graph_runner
+        assert type(gr.backend).__name__ == "CudaGraphBackend"
+        assert gr.sampling_graphs.keys() == {1, 2, 4, 8}
+        tail = gr.capture_stats["sampling_tail"]
+        print(f"{gr.forward_mode.name}: main graphs {gr.capture_stats['free_memory_drop_bytes']}"
+              f" B, sampling tails {tail['free_memory_drop_bytes']} B in {tail['seconds']} s")
+    rejected = 0
+    for bs in range(1, 9):  # 3, 5, 6, 7 replay padded graphs
+        params = [dict(GREEDY) if mixed and i % 2 else dict(GREEDY, **SAMPLED[i % 4], seed=i)
+                  for i in range(bs)]
+        prompts = (PROMPTS * 2)[:bs]
+        for x, y in zip(graphs.generate(prompts, params), eager.generate(prompts, params),
+                        strict=True):
+            assert x["output_ids"] == y["output_ids"], bs
+            hist = x["meta_info"]["spec_accept_histogram"]
+            assert hist == y["meta_info"]["spec_accept_histogram"]
+            rejected += hist[0]
+    assert rejected > 0, "no draft was rejected: the rejection path went untested"
 
 
 if __name__ == "__main__":

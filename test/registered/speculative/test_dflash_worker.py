@@ -55,7 +55,7 @@ def test_greedy_dflash_equals_target_only(ckpts, target_only, target, shared):
 def _oracle(worker, references: dict[str, list[int]], corrupt_at: int | None):
     """Proposals read from the target-only output; `corrupt_at` (1-based) breaks one."""
 
-    def propose(reqs, fb, _logits, _params):
+    def propose(reqs, fb):
         drafts = []
         for r in reqs:
             ref = references[r.rid]
@@ -65,7 +65,7 @@ def _oracle(worker, references: dict[str, list[int]], corrupt_at: int | None):
             if corrupt_at is not None:
                 d[corrupt_at - 1] = (d[corrupt_at - 1] + 1) % 300
             drafts.append(d)
-        return torch.tensor(drafts, device=fb.input_ids.device), None
+        return torch.tensor(drafts, device=fb.input_ids.device)
 
     return propose
 

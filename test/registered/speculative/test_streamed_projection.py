@@ -11,6 +11,7 @@ from sglang_aux.srt.entrypoints.engine import Engine
 from sglang_aux.srt.layers.aux_hidden_states import ProjectedAuxCapture, finish_aux_hidden_states
 from sglang_aux.srt.layers.quantization.mxfp8_linear import MXFP8Linear
 from sglang_aux.srt.layers.quantization.streamed_projection import StreamedProjection
+from sglang_aux.srt.models.dflash import DFlashDraftModel
 from sglang_aux.srt.server_args import ServerArgs
 from sglang_aux.test.ci.ci_register import register_cpu_ci
 from sglang_aux.test.runtime_utils import (
@@ -161,15 +162,17 @@ def test_target_feeds_the_streamed_projection(tmp_path, device, target: str, mxf
 
 @pytest.mark.parametrize("target,mxfp8", [("tiny-k3", False), ("tiny-k3", True),
                                           ("tiny-llama", False)])
-def test_dflash_greedy_equals_target_only_with_streamed_prefill(tmp_path, device, target, mxfp8):
+def test_dflash_greedy_equals_target_only_with_streamed_prefill(tmp_path, device, target, mxfp8,
+                                                               monkeypatch):
     ref = Engine(model_path=tiny_checkpoint(target, tmp_path), device=device,
                  max_total_tokens=4096, cuda_graph_bs_decode=[1, 2, 4]).generate(PROMPTS, GREEDY)
+    # the worker binds the factory at start (prefill and verify graphs capture with it)
+    made = []
+    make = DFlashDraftModel.new_streamed_projection
+    monkeypatch.setattr(DFlashDraftModel, "new_streamed_projection",
+                        lambda self, *a, **k: made.append(make(self, *a, **k)) or made[-1])
     engine = _engine(tmp_path, device, target, mxfp8,
                      speculative_dflash_aux_projection="streamed")
-    draft = engine.worker.draft_runner.model
-    made = []
-    make = draft.new_streamed_projection
-    draft.new_streamed_projection = lambda *a, **k: made.append(make(*a, **k)) or made[-1]
     outs = engine.generate(PROMPTS, GREEDY)
     assert made and all(p.num_accumulated == p.num_slices for p in made), "never streamed"
     for a, b in zip(ref, outs, strict=True):

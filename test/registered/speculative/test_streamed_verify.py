@@ -112,7 +112,7 @@ def test_replay_equals_eager_at_every_size_and_padded(tmp_path, device, dtype, t
             logits = runner.forward(fb).next_token_logits.clone()
             runner.graph_runner = gr
             ctx = [k[fb.out_cache_loc].clone() for k in pool.k_buffer]
-            got.append((logits, ctx, worker._greedy_verdict[:bs].clone()))
+            got.append((logits, ctx, worker._verdicts[:bs].clone()))
         (logits, ctx, verdict), (e_logits, e_ctx, e_verdict) = got
         assert logits.shape[0] == bs * block
         torch.testing.assert_close(logits, e_logits, rtol=tol, atol=tol)

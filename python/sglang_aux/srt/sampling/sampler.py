@@ -62,20 +62,27 @@ class SamplingTensors:
             self.temperature, self.top_k, self.top_p, self.seed, self.is_greedy)))
 
 
-def sampling_probs(logits: torch.Tensor, params: SamplingTensors) -> torch.Tensor:
+def sampling_probs(logits: torch.Tensor, params: SamplingTensors,
+                   out: torch.Tensor | None = None) -> torch.Tensor:
     """The distribution each row samples from: softmax(logits / T) restricted to its top-k,
-    then to its top-p nucleus, renormalized. `logits` `[rows, vocab]`, float32 result."""
+    then to its top-p nucleus, renormalized. `logits` `[rows, vocab]`; the float32 result goes
+    into `out` when given. In place where possible: inside a graph every temporary is pool
+    memory held for the graph's life."""
     temperature = params.temperature.clamp_min(GREEDY_EPS)[:, None]
     probs = torch.softmax(logits.float() / temperature, dim=-1)
-    sorted_p, order = probs.sort(dim=-1, descending=True)
-    rank = torch.arange(probs.shape[-1], device=probs.device)
-    sorted_p = sorted_p.masked_fill(rank >= params.top_k[:, None], 0.0)
+    # stable: tied tokens keep vocabulary order whatever kernel the row count picks
+    sorted_p, order = probs.sort(dim=-1, descending=True, stable=True)
+    del probs
+    rank = torch.arange(sorted_p.shape[-1], device=sorted_p.device)
+    sorted_p.masked_fill_(rank >= params.top_k[:, None], 0.0)
     # keep a token while the mass before it is below top_p of the top-k mass (the first stays)
-    before = sorted_p.cumsum(-1) - sorted_p
+    before = sorted_p.cumsum(-1).sub_(sorted_p)
     drop = before >= params.top_p[:, None] * sorted_p.sum(-1, keepdim=True)
-    sorted_p = sorted_p.masked_fill(drop, 0.0)
-    probs = torch.zeros_like(probs).scatter_(-1, order, sorted_p)
-    return probs / probs.sum(-1, keepdim=True)
+    del before
+    sorted_p.masked_fill_(drop, 0.0)
+    out = torch.empty_like(sorted_p) if out is None else out
+    out.scatter_(-1, order, sorted_p)  # `order` is a permutation: every entry is written
+    return out.div_(out.sum(-1, keepdim=True))
 
 
 def sample_from_probs(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:

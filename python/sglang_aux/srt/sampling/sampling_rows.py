@@ -18,8 +18,10 @@ class SamplingRows:
         self.device = torch.device(device)
         # [num_rows + 1] each (row 0 pads); columns of `floats`: temperature, top_p
         self.floats = torch.ones((num_rows + 1, 2), dtype=torch.float32, device=device)
-        # columns of `ints`: top_k, seed
+        # columns of `ints`: top_k, seed. Top-k starts off, so the padding row a graph's
+        # padded requests read samples from a finite distribution (its results are dropped).
         self.ints = torch.zeros((num_rows + 1, 2), dtype=torch.int64, device=device)
+        self.ints[:, 0] = vocab_size
 
     def set(self, rows: list[int], params: list[SamplingParams], seeds: list[int]) -> None:
         """Store the parameters of newly admitted requests (one copy per table)."""

@@ -53,9 +53,10 @@ def rejection_verify(drafts: torch.Tensor, draft_probs: torch.Tensor,
     accepted = ok.long().cumprod(-1).sum(-1)  # [bs]
     at = accepted[:, None, None].expand(bs, 1, vocab)
     p_next = target_probs.gather(1, at)[:, 0]  # [bs, V]
-    no_draft = torch.zeros((bs, 1, vocab), dtype=draft_probs.dtype, device=draft_probs.device)
-    q_next = torch.cat([draft_probs, no_draft], dim=1).gather(1, at)[:, 0]
-    residual = (p_next - q_next).clamp_min(0)
+    # after all B-1 drafts there is no draft distribution: the bonus draws from p alone
+    q_next = draft_probs.gather(1, at.clamp_max(num_drafts - 1))[:, 0]
+    q_next = torch.where((accepted < num_drafts)[:, None], q_next, 0.0)
+    residual = (p_next - q_next).clamp_min_(0)
     # p == q: a rejection has probability zero; should rounding produce one, draw from p
     residual = torch.where(residual.sum(-1, keepdim=True) > 0, residual, p_next)
     last = sample_from_probs(residual, u_residual.gather(1, accepted[:, None])[:, 0])

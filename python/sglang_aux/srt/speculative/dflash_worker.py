@@ -1,16 +1,17 @@
 """DFlash speculative decoding: a target runner and a draft runner sharing KV slots.
 
 Per decode step and batch, all on the device: (1) the draft proposes B-1 tokens per request
-from `[anchor, MASK x (B-1)]` (its DRAFT_BLOCK graph emits the argmax proposals; sampled
-requests draw theirs after it); (2) the target verifies `[anchor, drafts]`: its TARGET_VERIFY
+from `[anchor, MASK x (B-1)]`: its DRAFT_BLOCK graph emits the argmax proposals, and when a
+request samples, the graph's sampling tail draws that request's proposals and keeps the
+distributions they came from; (2) the target verifies `[anchor, drafts]`: its TARGET_VERIFY
 graph writes the packed aux states into the runner's shared buffer (or, streamed, projects them
 into the draft fc's fp32 accumulator as they are tapped), then, in the same graph, commits
-every block row's draft context K/V (`commit_draft_context`) and runs greedy
-acceptance; sampled requests get rejection sampling after it; (3) one readback gives the host
-each request's accepted count and tokens. Block rows past the accepted prefix leave K/V at
-positions past the new kv_len, never read before the next step writes them again (the
-invariant in schedule_batch.py). The scheduler owns the KV slots; this worker only advances
-each request's kv_len.
+every block row's draft context K/V (`commit_draft_context`) and runs greedy acceptance; its
+sampling tail runs lossless rejection sampling for the sampled requests; (3) one readback
+gives the host each request's accepted count and tokens. Block rows past the accepted prefix
+leave K/V at positions past the new kv_len, never read before the next step writes them again
+(the invariant in schedule_batch.py). The scheduler owns the KV slots; this worker only
+advances each request's kv_len.
 """
 
 from __future__ import annotations
@@ -19,7 +20,6 @@ import logging
 from collections.abc import Callable
 
 import torch
-from torch.nn import functional as F
 
 from sglang_aux.srt.configs.model_config import ModelConfig
 from sglang_aux.srt.layers.aux_hidden_states import AuxProjection
@@ -35,13 +35,7 @@ from sglang_aux.srt.model_executor.model_runner import ModelRunner
 from sglang_aux.srt.model_executor.runner.epilogue import Epilogue
 from sglang_aux.srt.model_executor.runner.streamed_aux import StreamedAux
 from sglang_aux.srt.model_executor.runner_utils.host_transfer import HostReadback
-from sglang_aux.srt.sampling.sampler import (
-    Lane,
-    SamplingTensors,
-    sample_from_probs,
-    sampling_probs,
-    uniform,
-)
+from sglang_aux.srt.sampling.sampler import Lane, sample_from_probs, sampling_probs, uniform
 from sglang_aux.srt.sampling.sampling_rows import SamplingRows
 from sglang_aux.srt.server_args import ServerArgs
 from sglang_aux.srt.speculative.dflash_info import greedy_verify, rejection_verify
@@ -49,11 +43,10 @@ from sglang_aux.srt.speculative.dflash_utils import DFlashConfig
 
 logger = logging.getLogger(__name__)
 
-# (requests, their DRAFT_BLOCK batch, its logits `[bs * B, vocab]`, sampling parameters or
-# None when all are greedy) -> (drafts `[bs, B-1]`, the distributions they were drawn from
-# `[bs, B-1, vocab]`, or None for point masses)
-Proposer = Callable[[list[Req], ForwardBatch, torch.Tensor, SamplingTensors | None],
-                    tuple[torch.Tensor, torch.Tensor | None]]
+# (requests, their DRAFT_BLOCK batch, after its forward) -> drafts `[bs, B-1]`. Sampled
+# requests are verified against the distributions the draft forward left in `_draft_probs`,
+# so a replacement proposer (tests) serves greedy requests.
+Proposer = Callable[[list[Req], ForwardBatch], torch.Tensor]
 
 
 class DFlashWorker:
@@ -89,7 +82,7 @@ class DFlashWorker:
         self.block_size = b = server_args.speculative_num_draft_tokens or dc.block_size
         self.mask_token_id = dc.mask_token_id
         self.tokens_per_step = self.block_size
-        self.propose: Proposer = self._draft_propose
+        self.propose: Proposer = self._graph_proposals
         # Called after each step's aux rows (or streamed accumulator) are consumed (tests poison
         # the storage here).
         self.on_aux_consumed: Callable[[], None] | None = None
@@ -99,12 +92,16 @@ class DFlashWorker:
         self.sampling_rows = SamplingRows(rows, target_config.hf_config.vocab_size, device)
         self.readback = HostReadback(device)
         # Epilogue outputs, row prefixes per batch; borrowed until the runner's next forward.
-        self._draft_argmax = torch.zeros((rows, b - 1), dtype=torch.int64, device=device)
-        self._greedy_verdict = torch.zeros((rows, b + 1), dtype=torch.int64, device=device)
+        self._drafts = torch.zeros((rows, b - 1), dtype=torch.int64, device=device)
+        # what sampled drafts were drawn from, `[rows, B-1, vocab]`, for the rejection test
+        self._draft_probs = torch.zeros((rows, b - 1, vocab), dtype=torch.float32,
+                                        device=device)
+        self._verdicts = torch.zeros((rows, b + 1), dtype=torch.int64, device=device)
         verify, block = ForwardMode.TARGET_VERIFY, ForwardMode.DRAFT_BLOCK
         # What the target's verify graphs contain besides the model (bench_graph_memory.py
-        # captures them too): the commit + acceptance epilogue, and the streamed projection.
-        self.verify_epilogue = Epilogue(verify, self._verify_epilogue)
+        # captures them too): the commit + acceptance epilogue (and its rejection-sampling
+        # tail), and the streamed projection.
+        self.verify_epilogue = Epilogue(verify, self._verify_epilogue, self._verify_sampling)
         self.verify_streamed_aux: StreamedAux | None = None
         if self.streamed_aux:
             draft = draft_runner.model
@@ -119,7 +116,8 @@ class DFlashWorker:
             streamed_aux=None if not self.streamed_aux else StreamedAux(
                 extend, draft_runner.model.fc.out_features,
                 draft_runner.model.new_streamed_projection))
-        draft_runner.init_decode_graphs(block, b, Epilogue(block, self._draft_epilogue))
+        draft_runner.init_decode_graphs(
+            block, b, Epilogue(block, self._draft_epilogue, self._draft_sampling))
 
     @property
     def model_runner(self) -> ModelRunner:
@@ -143,25 +141,20 @@ class DFlashWorker:
         bs, b = len(reqs), self.block_size
         draft_fb = build_step_batch(self.draft_runner, reqs, ForwardMode.DRAFT_BLOCK, b,
                                     fill_token_id=self.mask_token_id)
-        all_greedy = all(r.sampling_params.is_greedy for r in reqs)
-        params = self.sampling_rows.for_batch(draft_fb.req_pool_indices, all_greedy)
-        draft_logits = self.draft_runner.forward(draft_fb).next_token_logits
-        drafts, draft_probs = self.propose(reqs, draft_fb, draft_logits, params)
+        # known on the host: only then do the epilogues' sampling steps (graph tails) run
+        draft_fb.has_sampling = not all(r.sampling_params.is_greedy for r in reqs)
+        self.draft_runner.forward(draft_fb)  # proposals in `_drafts[:bs]`
+        drafts = self.propose(reqs, draft_fb)
         anchors = draft_fb.input_ids.view(bs, b)[:, :1]
         verify_fb = rebind_batch(draft_fb, self.target_runner, ForwardMode.TARGET_VERIFY,
                                  torch.cat([anchors, drafts], dim=1).view(-1))
-        # The graph (or the eager forward) already committed the draft context and the
-        # greedy verdicts; the logits are borrowed until the target's next forward.
-        logits = self.target_runner.forward(verify_fb).next_token_logits
+        # The graph (or the eager forward) commits the draft context and leaves the verdicts.
+        self.target_runner.forward(verify_fb)
         if self.on_aux_consumed is not None:
             self.on_aux_consumed()
-        verdicts = self._greedy_verdict[:bs]
-        if params is not None:
-            sampled = self._rejection_verdicts(verify_fb, logits, drafts, draft_probs, params)
-            verdicts = torch.where(params.is_greedy[:, None], verdicts, sampled)
         new_tokens = []
         # the step's one device-to-host copy; .tolist() then reads host memory
-        for r, row in zip(reqs, self.readback.fetch(verdicts).tolist(), strict=True):
+        for r, row in zip(reqs, self.readback.fetch(self._verdicts[:bs]).tolist(), strict=True):
             r.kv_len += row[0] + 1
             r.record_spec_verify(row[0], b)
             new_tokens.append(row[1 : row[0] + 2])
@@ -185,45 +178,48 @@ class DFlashWorker:
 
     def _verify_epilogue(self, fb: ForwardBatch, out: LogitsProcessorOutput) -> None:
         """Inside the TARGET_VERIFY graph: consume the aux rows (or the streamed projection)
-        the forward just wrote, and accept greedily (`_greedy_verdict[:bs]`)."""
+        the forward just wrote, and accept greedily (`_verdicts[:bs]`)."""
         bs, b = fb.batch_size, self.block_size
         self.commit_draft_context(_aux_of(fb, out), fb.positions, fb.out_cache_loc)
         target_argmax = out.next_token_logits.view(bs, b, -1).argmax(-1)
         drafts = fb.input_ids.view(bs, b)[:, 1:]
-        self._greedy_verdict[:bs] = greedy_verify(drafts, target_argmax).packed()
+        self._verdicts[:bs] = greedy_verify(drafts, target_argmax).packed()
+
+    def _verify_sampling(self, fb: ForwardBatch, out: LogitsProcessorOutput) -> None:
+        """The TARGET_VERIFY sampling tail: lossless rejection sampling of the drafts against
+        `_draft_probs[:bs]`; greedy requests keep their greedy verdicts."""
+        bs, b = fb.batch_size, self.block_size
+        params = self.sampling_rows.gather(fb.req_pool_indices)
+        p = sampling_probs(out.next_token_logits, params.repeat_interleave(b)).view(bs, b, -1)
+        positions, seed = fb.positions.view(bs, b), params.seed[:, None]
+        sampled = rejection_verify(fb.input_ids.view(bs, b)[:, 1:], self._draft_probs[:bs], p,
+                                   uniform(seed, positions[:, 1:], Lane.ACCEPT),
+                                   uniform(seed, positions + 1, Lane.RESIDUAL)).packed()
+        verdicts = self._verdicts[:bs]
+        verdicts.copy_(torch.where(params.is_greedy[:, None], verdicts, sampled))
+
+    def _graph_proposals(self, reqs: list[Req], _fb: ForwardBatch) -> torch.Tensor:
+        return self._drafts[: len(reqs)]
 
     def _draft_epilogue(self, fb: ForwardBatch, out: LogitsProcessorOutput) -> None:
         """Inside the DRAFT_BLOCK graph: block offsets 1..B-1 propose the tokens at those
-        offsets (no shift); greedy proposals land in `_draft_argmax[:bs]`."""
+        offsets (no shift); greedy proposals land in `_drafts[:bs]`."""
         bs, b = fb.batch_size, self.block_size
-        self._draft_argmax[:bs] = out.next_token_logits.view(bs, b, -1)[:, 1:].argmax(-1)
+        self._drafts[:bs] = out.next_token_logits.view(bs, b, -1)[:, 1:].argmax(-1)
 
-    def _draft_propose(self, reqs: list[Req], fb: ForwardBatch, logits: torch.Tensor,
-                       params: SamplingTensors | None):
-        bs, b = len(reqs), self.block_size
-        greedy = self._draft_argmax[:bs]
-        if params is None:
-            return greedy, None
+    def _draft_sampling(self, fb: ForwardBatch, out: LogitsProcessorOutput) -> None:
+        """The DRAFT_BLOCK sampling tail: sampled requests draw their proposals instead, from
+        the distributions it leaves in `_draft_probs[:bs]`."""
+        bs, b = fb.batch_size, self.block_size
+        params = self.sampling_rows.gather(fb.req_pool_indices)
         rows = params.repeat_interleave(b - 1)
-        q = sampling_probs(logits.view(bs, b, -1)[:, 1:].reshape(bs * (b - 1), -1), rows)
+        q = self._draft_probs[:bs].view(bs * (b - 1), -1)
+        logits = out.next_token_logits.view(bs, b, -1)[:, 1:].reshape(bs * (b - 1), -1)
+        sampling_probs(logits, rows, out=q)
         positions = fb.positions.view(bs, b)[:, 1:].reshape(-1)
         drawn = sample_from_probs(q, uniform(rows.seed, positions, Lane.DRAFT)).view(bs, b - 1)
-        return torch.where(params.is_greedy[:, None], greedy, drawn), q.view(bs, b - 1, -1)
-
-    def _rejection_verdicts(self, fb: ForwardBatch, logits: torch.Tensor, drafts: torch.Tensor,
-                            draft_probs: torch.Tensor | None, params: SamplingTensors
-                            ) -> torch.Tensor:
-        """Packed verdicts `[bs, B + 1]` of lossless rejection sampling for every row."""
-        bs, b = drafts.shape[0], self.block_size
-        vocab = logits.shape[-1]
-        p = sampling_probs(logits, params.repeat_interleave(b)).view(bs, b, vocab)
-        if draft_probs is None:  # a proposer without distributions: point masses
-            draft_probs = F.one_hot(drafts, vocab).float()
-        positions = fb.positions.view(bs, b)
-        seed = params.seed[:, None]
-        u_accept = uniform(seed, positions[:, 1:], Lane.ACCEPT)
-        u_residual = uniform(seed, positions + 1, Lane.RESIDUAL)
-        return rejection_verify(drafts, draft_probs, p, u_accept, u_residual).packed()
+        drafts = self._drafts[:bs]
+        drafts.copy_(torch.where(params.is_greedy[:, None], drafts, drawn))
 
     def _staged_projection_for(self, num_tokens: int):
         """A staged MXFP8 fc input for a large prefill, else None (list + concat path)."""

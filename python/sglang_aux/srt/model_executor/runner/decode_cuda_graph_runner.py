@@ -21,7 +21,7 @@ from sglang_aux.srt.model_executor.forward_batch_info import (
     ForwardBatch,
     ForwardMode,
 )
-from sglang_aux.srt.model_executor.runner.epilogue import Epilogue
+from sglang_aux.srt.model_executor.runner.epilogue import Epilogue, EpilogueFn
 from sglang_aux.srt.model_executor.runner.step_prologue import StepPrologue
 from sglang_aux.srt.model_executor.runner.streamed_aux import StreamedAux
 from sglang_aux.srt.model_executor.runner_backend.base import GraphBackend
@@ -80,6 +80,8 @@ class DecodeCudaGraphRunner:
         )
         model_runner.attn_backend.init_cuda_graph_state(self.max_bs, self.max_num_token)
         self.graphs: dict[int, object] = {}
+        # per size, the epilogue's sampling step (empty without one); replayed after graphs[bs]
+        self.sampling_graphs: dict[int, object] = {}
         self.outputs: dict[int, LogitsProcessorOutput] = {}
         self.forward_batches: dict[int, ForwardBatch] = {}
         self.capture_stats: dict[str, object] = {}
@@ -115,7 +117,7 @@ class DecodeCudaGraphRunner:
 
     def capture(self) -> None:
         """Capture every size, largest first, two eager warm-ups before each; the epilogue,
-        if any, is part of every graph."""
+        if any, is part of every graph, and its sampling step gets a tail graph per size."""
         probe = MemoryProbe(self.model_runner.device)
         start = time.perf_counter()
         model = self.model_runner.model
@@ -148,12 +150,38 @@ class DecodeCudaGraphRunner:
             "aux_shared": self.buffers.aux_hidden_states is not None,
             "aux_path": self.buffers.aux_path,
         }
+        if self.epilogue is not None and self.epilogue.sampling_fn is not None:
+            self.capture_stats["sampling_tail"] = self._capture_sampling_tails(
+                self.epilogue.sampling_fn)
         logger.info(
             "Captured %s graphs for bs %s in %.2f s; free memory dropped %.1f MiB; "
             "retained aux (%s) %.1f MiB", self.forward_mode.name, self.capture_bs, seconds,
             self.capture_stats["free_memory_drop_bytes"] / 2**20, self.buffers.aux_path,
             self.buffers.aux_nbytes() / 2**20,
         )
+
+    def _capture_sampling_tails(self, sampling_fn: EpilogueFn) -> dict[str, object]:
+        """One tail graph per size, after every main graph (so its memory is measured on its
+        own): the sampling step over that size's static inputs and outputs."""
+        probe = MemoryProbe(self.model_runner.device)
+        start = time.perf_counter()
+        for bs in reversed(self.capture_bs):
+            fb, out = self.forward_batches[bs], self.outputs[bs]
+
+            def tail(fb: ForwardBatch = fb, out: LogitsProcessorOutput = out
+                     ) -> LogitsProcessorOutput:
+                sampling_fn(fb, out)
+                return out
+
+            for _ in range(NUM_WARMUPS):
+                tail()
+            self.backend.synchronize()
+            self.sampling_graphs[bs], _ = self.backend.capture(tail)
+        stats = {"seconds": round(time.perf_counter() - start, 3), **probe.delta()}
+        logger.info("Captured %s sampling tails in %.2f s; free memory dropped %.1f MiB",
+                    self.forward_mode.name, stats["seconds"],
+                    stats["free_memory_drop_bytes"] / 2**20)
+        return stats
 
     def can_run_graph(self, batch: ForwardBatch) -> bool:
         if self.step_prologue is not None and batch.prepared_graph_bs is None:
@@ -204,8 +232,9 @@ class DecodeCudaGraphRunner:
         return bs
 
     def execute(self, batch: ForwardBatch) -> LogitsProcessorOutput:
-        """Replay for `batch`. The outputs are views `[:num_tokens]` of static storage, valid
-        until the next replay of this runner: copy what must outlive it."""
+        """Replay for `batch`, then its sampling tail when a request samples. The outputs
+        are views `[:num_tokens]` of static storage, valid until the next replay of this
+        runner: copy what must outlive it."""
         if batch.prepared_graph_bs is None:
             bs = self.load_batch(batch)
         else:
@@ -213,6 +242,8 @@ class DecodeCudaGraphRunner:
             self.model_runner.attn_backend.init_forward_metadata_replay_cuda_graph(
                 self.forward_batches[bs])
         self.backend.replay(self.graphs[bs])
+        if batch.has_sampling and self.sampling_graphs:
+            self.backend.replay(self.sampling_graphs[bs])
         out, n = self.outputs[bs], batch.num_tokens
         return LogitsProcessorOutput(
             next_token_logits=out.next_token_logits[:n],

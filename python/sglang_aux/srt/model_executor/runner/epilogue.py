@@ -6,6 +6,12 @@ acceptance, draft argmax) runs right after the model forward in the same closure
 captured with the graph and replayed with it; an eager forward of the same mode runs the same
 function after the model. The epilogue writes its results into storage its owner allocated
 once for the largest batch (row prefixes `[:forward_batch.batch_size]`).
+
+Sampling (softmax, sort, draws over the vocabulary) is a separate step, `sampling_fn`, for
+batches with a sampled request only (`ForwardBatch.has_sampling`): it runs after `fn`, reads
+the logits and `fn`'s results (all in static storage) and overwrites the rows that sample. A
+graph runner captures it as a tail graph per size, replayed right after that size's graph
+into the same pool, so greedy batches replay exactly the graph they would without it.
 """
 
 from __future__ import annotations
@@ -16,11 +22,18 @@ from dataclasses import dataclass
 from sglang_aux.srt.layers.logits_processor import LogitsProcessorOutput
 from sglang_aux.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
 
+EpilogueFn = Callable[[ForwardBatch, LogitsProcessorOutput], None]
+
 
 @dataclass(frozen=True)
 class Epilogue:
     mode: ForwardMode  # the forwards it follows
-    fn: Callable[[ForwardBatch, LogitsProcessorOutput], None]
+    fn: EpilogueFn
+    sampling_fn: EpilogueFn | None = None
 
     def __call__(self, forward_batch: ForwardBatch, out: LogitsProcessorOutput) -> None:
+        """Everything a replay of `forward_batch` runs after the model (its graph, then its
+        sampling tail): the eager path's one implementation of both."""
         self.fn(forward_batch, out)
+        if forward_batch.has_sampling and self.sampling_fn is not None:
+            self.sampling_fn(forward_batch, out)
