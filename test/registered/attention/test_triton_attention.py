@@ -32,7 +32,7 @@ from sglang_aux.srt.model_executor.forward_batch_info import ForwardBatch, Forwa
 from sglang_aux.test.ci.ci_register import register_cpu_ci  # noqa: E402
 from sglang_aux.test.kernel_checks import fresh_seed
 
-register_cpu_ci(est_time=60, suite="default")
+register_cpu_ci(est_time=120, suite="default")
 
 # Max |triton - torch_native| over max |torch_native| (seen: ~3e-7 fp32, ~4e-4 fp16). fp32
 # differs only in summation order; in fp16 both round P to fp16, at different points.
