@@ -60,6 +60,7 @@ def run_one(a: argparse.Namespace, max_bs: int, path: str) -> dict:
         speculative_algorithm="DFLASH", speculative_num_draft_tokens=a.block,
         max_running_requests=max_bs, cuda_graph_max_bs_decode=max_bs, max_total_tokens=8192,
         disable_shared_aux_buffer=path != "shared", disable_decode_cuda_graph=True,
+        disable_prefill_cuda_graph=True,  # the verify graphs alone, captured below
         speculative_dflash_aux_projection="streamed" if path == "streamed" else "packed",
     )
     worker = DFlashWorker(cfg, draft_cfg, args)

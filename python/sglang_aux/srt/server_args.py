@@ -45,6 +45,13 @@ class ServerArgs:
     cuda_graph_max_bs_decode: int | None = None
     cuda_graph_bs_decode: list[int] | None = None
     disable_decode_cuda_graph: bool = False
+    # Prefill graphs, one per token count up to the max (None: 2048 on CUDA for models of
+    # hidden size <= 2048, else none), each for up to `cuda_graph_max_bs_prefill` requests
+    # (None: min(max running, 4)); see runner_utils/capture_sizes.py.
+    cuda_graph_max_tokens_prefill: int | None = None
+    cuda_graph_tokens_prefill: list[int] | None = None
+    cuda_graph_max_bs_prefill: int | None = None
+    disable_prefill_cuda_graph: bool = False
     disable_shared_aux_buffer: bool = False
     enable_two_batch_overlap: bool = False
     host: str = "127.0.0.1"
@@ -85,6 +92,11 @@ class ServerArgs:
             raise ValueError("--dflash-staged-projection-min-tokens must be >= 1")
         if self.cuda_graph_bs_decode is not None and not self.cuda_graph_bs_decode:
             raise ValueError("--cuda-graph-bs-decode needs at least one size")
+        if self.cuda_graph_tokens_prefill is not None and not self.cuda_graph_tokens_prefill:
+            raise ValueError("--cuda-graph-tokens-prefill needs at least one size")
+        for name in ("cuda_graph_max_tokens_prefill", "cuda_graph_max_bs_prefill"):
+            if getattr(self, name) is not None and getattr(self, name) < 0:
+                raise ValueError(f"--{name.replace('_', '-')} must be >= 0")
         if algo.is_dflash_family():
             self._check_dflash(algo)
 
@@ -161,6 +173,15 @@ class ServerArgs:
         add("--cuda-graph-max-bs-decode", type=int, default=None)
         add("--cuda-graph-bs-decode", type=int, nargs="+", default=None)
         add("--disable-decode-cuda-graph", action="store_true")
+        add("--cuda-graph-max-tokens-prefill", type=int, default=None,
+            help="capture prefill graphs up to this many tokens (default: 2048 on CUDA for "
+                 "models of hidden size <= 2048, else 0 = none); a prefill pads to the next "
+                 "captured count")
+        add("--cuda-graph-tokens-prefill", type=int, nargs="+", default=None,
+            help="the token counts to capture prefill graphs for (default: ~1.5x apart)")
+        add("--cuda-graph-max-bs-prefill", type=int, default=None,
+            help="requests one prefill graph takes (default min(max running requests, 4))")
+        add("--disable-prefill-cuda-graph", action="store_true")
         add("--disable-shared-aux-buffer", action="store_true",
             help="give every captured decode graph its own aux output (the baseline)")
         add("--enable-two-batch-overlap", action="store_true")

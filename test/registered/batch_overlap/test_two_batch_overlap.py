@@ -41,10 +41,15 @@ def test_children_get_no_aux_buffer_and_the_right_rows():
 
 
 def test_extend_split_follows_request_lengths():
-    parent = _batch(ForwardMode.EXTEND, [3, 5, 2, 6])
+    parent = _batch(ForwardMode.EXTEND, [3, 5, 2, 6], extend_seq_lens=torch.tensor([3, 5, 2, 6]),
+                    extend_prefix_lens=torch.full((4,), 10),
+                    extend_start_loc=torch.tensor([0, 3, 8, 10]))
     a, b = split_batch(parent)
     assert a.num_tokens == 8 and b.num_tokens == 8
     assert a.extend_seq_lens_cpu == [3, 5] and b.extend_seq_lens_cpu == [2, 6]
+    assert b.extend_seq_lens.tolist() == [2, 6] and b.extend_prefix_lens.tolist() == [10, 10]
+    # each child's start rows index its own tokens
+    assert a.extend_start_loc.tolist() == [0, 3] and b.extend_start_loc.tolist() == [0, 2]
 
 
 def test_unhandled_parent_field_raises():

@@ -15,7 +15,9 @@ from sglang_aux.srt.model_executor.forward_batch_info import ForwardBatch
 
 _TOKEN_FIELDS = {"input_ids", "out_cache_loc", "positions"}
 _REQUEST_FIELDS = {"req_pool_indices", "seq_lens", "seq_lens_cpu"}
-_REQUEST_LIST_FIELDS = {"extend_prefix_lens_cpu", "extend_seq_lens_cpu"}
+# EXTEND only (None otherwise)
+_REQUEST_LIST_FIELDS = {"extend_prefix_lens_cpu", "extend_seq_lens_cpu", "extend_prefix_lens",
+                        "extend_seq_lens"}
 _SHARED_FIELDS = {"forward_mode", "req_to_token_pool", "token_to_kv_pool", "attn_backend",
                   "capture_hidden_mode", "is_capturing"}
 _PARENT_ONLY_FIELDS = {"aux_hidden_states_buffer", "next_token_logits_buffer", "aux_projection"}
@@ -31,6 +33,8 @@ def filter_batch(parent: ForwardBatch, *, start_req: int, end_req: int, start_to
             child[f.name] = end_req - start_req
         elif f.name in _TOKEN_FIELDS:
             child[f.name] = value[start_token:end_token]
+        elif f.name == "extend_start_loc" and value is not None:
+            child[f.name] = value[start_req:end_req] - start_token  # rows of the child's tokens
         elif f.name in _REQUEST_FIELDS or (f.name in _REQUEST_LIST_FIELDS and value is not None):
             child[f.name] = value[start_req:end_req]
         elif f.name in _SHARED_FIELDS:

@@ -29,8 +29,11 @@ class LogitsProcessor:
                  aux_hidden_states: torch.Tensor | None = None) -> LogitsProcessorOutput:
         rows = hidden
         if forward_batch.forward_mode.is_extend():
-            ext = torch.tensor(forward_batch.extend_seq_lens_cpu, device=hidden.device)
-            rows = hidden[ext.cumsum(0) - 1]
+            ext = forward_batch.extend_seq_lens
+            if ext is None:  # a batch built by hand with host lists only
+                ext = torch.tensor(forward_batch.extend_seq_lens_cpu, device=hidden.device)
+            # a padded request (0 new tokens) repeats the previous row; its logits are unused
+            rows = hidden[(ext.cumsum(0) - 1).clamp_min(0)]
         out = forward_batch.next_token_logits_buffer
         if out is None:
             logits = torch.matmul(rows, lm_head_weight.t())

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
+from itertools import accumulate
 
 import torch
 
@@ -24,7 +25,10 @@ from sglang_aux.srt.model_executor.forward_batch_info import (
     ForwardMode,
 )
 from sglang_aux.srt.model_executor.model_runner import ModelRunner
-from sglang_aux.srt.model_executor.runner_utils.host_transfer import to_device
+from sglang_aux.srt.model_executor.runner_utils.host_transfer import (
+    to_device,
+    to_device_parts,
+)
 from sglang_aux.srt.sampling.sampling_params import SamplingParams
 
 
@@ -93,34 +97,41 @@ def build_extend_batch(runner: ModelRunner, reqs: list[Req],
                        capture_hidden_mode: CaptureHiddenMode = CaptureHiddenMode.NULL
                        ) -> ForwardBatch:
     """Prefill every request's uncached tokens (reserving slots where the reservation is
-    short)."""
-    dev = runner.device
-    ids, positions, locs, prefix, ext = [], [], [], [], []
+    short). The host sends one copy; the slots are gathered from the request rows on the
+    device."""
+    ids, positions, token_rows, prefix, ext = [], [], [], [], []
     for r in reqs:
         tokens = (r.origin_input_ids + r.output_ids)[r.kv_len:]
         reserve_kv(runner, r, r.kv_len + len(tokens))
-        locs.append(runner.req_to_token_pool.req_to_token[r.req_pool_idx,
-                                                          r.kv_len : r.kv_len + len(tokens)])
         ids += tokens
         positions += range(r.kv_len, r.kv_len + len(tokens))
+        token_rows += [r.req_pool_idx] * len(tokens)
         prefix.append(r.kv_len)
         ext.append(len(tokens))
         r.kv_len += len(tokens)
     seq_lens = [r.kv_len for r in reqs]
+    start_loc = [0, *accumulate(ext)][:-1]
+    (input_ids, positions_t, token_rows_t, rows, seq_lens_t, prefix_t, ext_t,
+     start_t) = to_device_parts([ids, positions, token_rows, [r.req_pool_idx for r in reqs],
+                                 seq_lens, prefix, ext, start_loc], runner.device)
     return ForwardBatch(
         forward_mode=ForwardMode.EXTEND,
         batch_size=len(reqs),
-        input_ids=_ints(ids, dev),
-        req_pool_indices=_ints([r.req_pool_idx for r in reqs], dev),
-        seq_lens=_ints(seq_lens, dev),
+        input_ids=input_ids,
+        req_pool_indices=rows,
+        seq_lens=seq_lens_t,
         seq_lens_cpu=torch.tensor(seq_lens, dtype=torch.int64),
-        out_cache_loc=torch.cat(locs).to(torch.int64),
-        positions=_ints(positions, dev),
+        out_cache_loc=runner.req_to_token_pool.req_to_token[token_rows_t, positions_t].to(
+            torch.int64),
+        positions=positions_t,
         req_to_token_pool=runner.req_to_token_pool,
         token_to_kv_pool=runner.token_to_kv_pool,
         attn_backend=runner.attn_backend,
         extend_prefix_lens_cpu=prefix,
         extend_seq_lens_cpu=ext,
+        extend_prefix_lens=prefix_t,
+        extend_seq_lens=ext_t,
+        extend_start_loc=start_t,
         capture_hidden_mode=capture_hidden_mode,
     )
 

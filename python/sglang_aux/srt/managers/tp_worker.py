@@ -18,7 +18,8 @@ class TpModelWorker:
     request's new tokens; the scheduler appends them and decides when a request ends.
 
     A decode step issues no per-request device work: one input copy (`build_step_batch`),
-    the forward (a graph replay when one fits), sampling on the device, one readback.
+    the forward (a graph replay when one fits), sampling on the device, one readback. A
+    prefill likewise: one input copy, a prefill graph when one fits, sampling, one readback.
     """
 
     tokens_per_step = 1
@@ -27,6 +28,7 @@ class TpModelWorker:
                  model_runner: ModelRunner | None = None):
         self.model_runner = runner = model_runner or ModelRunner(model_config, server_args)
         runner.init_decode_graphs(ForwardMode.DECODE, captured_req_width=1)
+        runner.init_prefill_graphs()
         self.sampling_rows = SamplingRows(server_args.max_running_requests,
                                           model_config.hf_config.vocab_size, runner.device)
         self.readback = HostReadback(runner.device)

@@ -52,7 +52,8 @@ class ForwardBatch:
     """Inputs of one forward. Token-major tensors are `[num_tokens]`, request-major `[bs]`.
 
     `seq_lens` counts every token of a request once this forward has run (prefix + new).
-    `extend_prefix_lens_cpu` / `extend_seq_lens_cpu` describe EXTEND batches only.
+    The `extend_*` fields describe EXTEND batches only; a captured EXTEND graph pads its
+    tokens past the live ones and its requests with `extend_seq_lens` 0.
     """
 
     forward_mode: ForwardMode
@@ -68,6 +69,11 @@ class ForwardBatch:
     attn_backend: AttentionBackend
     extend_prefix_lens_cpu: list[int] | None = None
     extend_seq_lens_cpu: list[int] | None = None
+    # EXTEND on the device, `[bs]` each: cached tokens before this forward, new tokens, and
+    # the first row of each request's new tokens. What kernels and graphs read.
+    extend_prefix_lens: torch.Tensor | None = None
+    extend_seq_lens: torch.Tensor | None = None
+    extend_start_loc: torch.Tensor | None = None
     capture_hidden_mode: CaptureHiddenMode = CaptureHiddenMode.NULL
     # Graph-owned output storage. When set, the LM head writes `[num_tokens, vocab]` logits
     # here and the aux packer writes `[num_tokens, K * hidden]` here (see AuxHiddenStatePacker).

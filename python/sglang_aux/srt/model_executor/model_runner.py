@@ -25,10 +25,15 @@ from sglang_aux.srt.model_executor.model_runner_components.misc_utils import (
 from sglang_aux.srt.model_executor.model_runner_components.sizing import kv_pool_size
 from sglang_aux.srt.model_executor.runner.decode_cuda_graph_runner import DecodeCudaGraphRunner
 from sglang_aux.srt.model_executor.runner.epilogue import Epilogue
+from sglang_aux.srt.model_executor.runner.prefill_cuda_graph_runner import PrefillCudaGraphRunner
 from sglang_aux.srt.model_executor.runner.streamed_aux import StreamedAux
 from sglang_aux.srt.model_executor.runner_backend.base import GraphBackend
 from sglang_aux.srt.model_executor.runner_backend.eager_replay_backend import EagerReplayBackend
-from sglang_aux.srt.model_executor.runner_utils.capture_sizes import get_capture_bs
+from sglang_aux.srt.model_executor.runner_utils.capture_sizes import (
+    get_capture_bs,
+    prefill_graph_plan,
+)
+from sglang_aux.srt.model_executor.runner_utils.prefill_buffers import PrefillInputBuffers
 from sglang_aux.srt.model_loader.loader import get_model
 from sglang_aux.srt.server_args import ServerArgs
 
@@ -103,13 +108,19 @@ class ModelRunner:
         )
         self.attn_backend = make_attn_backend(server_args.resolved_attention_backend())
         self.graph_runner: DecodeCudaGraphRunner | None = None
-        self.epilogue: Epilogue | None = None
-        self.streamed_aux: StreamedAux | None = None
+        self.prefill_graph_runner: PrefillCudaGraphRunner | None = None
+        self.prefill_capture_tokens, self.prefill_capture_bs = prefill_graph_plan(
+            server_args, on_cuda=self.device.type == "cuda",
+            hidden_size=model_config.hf_config.hidden_size)
+        # What every forward of a mode runs besides the model, inside its graph when one
+        # replays: the epilogue after it, the streamed projection it feeds.
+        self.epilogues: dict[ForwardMode, Epilogue] = {}
+        self.streamed_aux: dict[ForwardMode, StreamedAux] = {}
 
     def get_aux_hidden_states_width(self) -> int:
         """Width of the runner-owned aux buffer its decode graphs share (0: none, also when
         they stream their aux states into a projection)."""
-        if self.server_args.disable_shared_aux_buffer or self.streamed_aux is not None:
+        if self.server_args.disable_shared_aux_buffer or self.streamed_aux:
             return 0
         return resolve_aux_hidden_states_width(
             model=self.model, spec_algorithm=self.spec_algorithm,
@@ -123,8 +134,7 @@ class ModelRunner:
         `forward_mode` forward, inside its graph when one replays, eagerly otherwise; so does
         the `streamed_aux` projection (before the model)."""
         args = self.server_args
-        self.epilogue = epilogue
-        self.streamed_aux = streamed_aux
+        self._register(forward_mode, epilogue, streamed_aux)
         if args.disable_decode_cuda_graph:
             return
         default_max_bs = args.max_running_requests
@@ -142,22 +152,67 @@ class ModelRunner:
             self, forward_mode=forward_mode, captured_req_width=captured_req_width,
             capture_bs=capture_bs, backend=make_graph_backend(self.device), epilogue=epilogue,
             streamed_aux=streamed_aux,
+            # the prefill graphs write the same shared aux buffer
+            aux_rows=max(self.prefill_capture_tokens, default=0),
         )
         self.graph_runner.capture()
+
+    def init_prefill_graphs(self, epilogue: Epilogue | None = None,
+                            streamed_aux: StreamedAux | None = None) -> None:
+        """Capture the prefill (EXTEND) graphs `prefill_graph_plan` asks for; `epilogue` and
+        `streamed_aux` as in `init_decode_graphs`. Call after `init_decode_graphs`: the
+        prefill graphs borrow the decode graphs' shared aux storage."""
+        self._register(ForwardMode.EXTEND, epilogue, streamed_aux)
+        tokens, max_bs = self.prefill_capture_tokens, self.prefill_capture_bs
+        if not tokens:
+            return
+        if self.device.type == "cuda" and not self.attn_backend.extend_graph_safe:
+            logger.info("No prefill graphs: the %s attention backend reads host lists",
+                        type(self.attn_backend).__name__)
+            return
+        decode = None if self.graph_runner is None else self.graph_runner.buffers
+        aux = None if decode is None else decode.aux_hidden_states
+        acc = None if decode is None else decode.aux_projection_acc
+        if aux is None and self.get_aux_hidden_states_width() > 0:
+            aux = torch.zeros((tokens[-1], self.get_aux_hidden_states_width()),
+                              dtype=self.model_config.dtype, device=self.device)
+        if acc is None and streamed_aux is not None:
+            acc = torch.zeros((tokens[-1], streamed_aux.width), dtype=torch.float32,
+                              device=self.device)
+        buffers = PrefillInputBuffers.create(
+            max_tokens=tokens[-1], max_bs=max_bs, vocab_size=self.model_config.hf_config.vocab_size,
+            dtype=self.model_config.dtype, device=self.device, aux_hidden_states=aux,
+            aux_projection_acc=acc)
+        self.prefill_graph_runner = PrefillCudaGraphRunner(
+            self, capture_tokens=tokens, max_bs=max_bs, backend=make_graph_backend(self.device),
+            buffers=buffers, epilogue=epilogue, streamed_aux=streamed_aux)
+        self.prefill_graph_runner.capture()
+
+    def _register(self, mode: ForwardMode, epilogue: Epilogue | None,
+                  streamed_aux: StreamedAux | None) -> None:
+        for part, registry in ((epilogue, self.epilogues), (streamed_aux, self.streamed_aux)):
+            if part is not None and part.mode != mode:
+                raise ValueError(f"a {part.mode.name} {type(part).__name__} for {mode.name}")
+            registry.pop(mode, None)
+            if part is not None:
+                registry[mode] = part
 
     def forward(self, forward_batch: ForwardBatch) -> LogitsProcessorOutput:
         """Replays a graph when one fits (its outputs are borrowed until the next replay),
         else runs eagerly."""
-        if self.graph_runner is not None and self.graph_runner.can_run_graph(forward_batch):
-            return self.graph_runner.execute(forward_batch)
+        for graphs in (self.graph_runner, self.prefill_graph_runner):
+            if graphs is not None and graphs.can_run_graph(forward_batch):
+                return graphs.execute(forward_batch)
+        mode = forward_batch.forward_mode
         self.attn_backend.init_forward_metadata(forward_batch)
-        streamed = self.streamed_aux
-        if streamed is not None and streamed.mode == forward_batch.forward_mode:
+        streamed = self.streamed_aux.get(mode)
+        if streamed is not None:
             forward_batch.aux_projection = streamed.new(
                 forward_batch.num_tokens, self.model_config.dtype, None)
         if forward_batch.aux_projection is not None:
             forward_batch.aux_projection.reset()
         out = self.model.forward(forward_batch.input_ids, forward_batch.positions, forward_batch)
-        if self.epilogue is not None and self.epilogue.mode == forward_batch.forward_mode:
-            self.epilogue(forward_batch, out)
+        epilogue = self.epilogues.get(mode)
+        if epilogue is not None:
+            epilogue(forward_batch, out)
         return out

@@ -26,9 +26,15 @@ class SamplingRows:
         floats = torch.tensor([[p.temperature, p.top_p] for p in params], dtype=torch.float32)
         ints = torch.tensor([[p.top_k if p.top_k > 0 else self.vocab_size, s]
                              for p, s in zip(params, seeds, strict=True)], dtype=torch.int64)
-        index = torch.tensor(rows, dtype=torch.int64)
-        self.floats.index_copy_(0, index.to(self.device), floats.to(self.device))
-        self.ints.index_copy_(0, index.to(self.device), ints.to(self.device))
+        index = self._to_device(torch.tensor(rows, dtype=torch.int64))
+        self.floats.index_copy_(0, index, self._to_device(floats))
+        self.ints.index_copy_(0, index, self._to_device(ints))
+
+    def _to_device(self, host: torch.Tensor) -> torch.Tensor:
+        # pinned and non-blocking: a pageable copy would wait for the device
+        if self.device.type != "cuda":
+            return host
+        return host.pin_memory().to(self.device, non_blocking=True)
 
     def for_batch(self, rows: torch.Tensor, all_greedy: bool) -> SamplingTensors | None:
         """The parameters of `rows`, or None when every request is greedy (argmax only)."""

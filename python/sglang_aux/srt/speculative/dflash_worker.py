@@ -112,6 +112,13 @@ class DFlashWorker:
                                                    draft.new_streamed_projection)
         self.target_runner.init_decode_graphs(verify, b, self.verify_epilogue,
                                               streamed_aux=self.verify_streamed_aux)
+        # Prefills commit the prompt's draft context in their own forward (graph or eager).
+        extend = ForwardMode.EXTEND
+        self.target_runner.init_prefill_graphs(
+            Epilogue(extend, self._prefill_epilogue),
+            streamed_aux=None if not self.streamed_aux else StreamedAux(
+                extend, draft_runner.model.fc.out_features,
+                draft_runner.model.new_streamed_projection))
         draft_runner.init_decode_graphs(block, b, Epilogue(block, self._draft_epilogue))
 
     @property
@@ -123,11 +130,9 @@ class DFlashWorker:
         self.sampling_rows.set([r.req_pool_idx for r in reqs],
                                [r.sampling_params for r in reqs], [r.seed for r in reqs])
         fb = build_extend_batch(self.target_runner, reqs)
-        fb.aux_projection = (self.draft_runner.model.new_streamed_projection(
-            fb.num_tokens, self.target_runner.model_config.dtype) if self.streamed_aux
-            else self._staged_projection_for(fb.num_tokens))
-        out = self.target_runner.forward(fb)
-        self.commit_draft_context(_aux_of(fb, out), fb.positions, fb.out_cache_loc)
+        if not self.streamed_aux:  # streamed: the runner feeds the projection
+            fb.aux_projection = self._staged_projection_for(fb.num_tokens)
+        out = self.target_runner.forward(fb)  # its epilogue committed the draft context
         all_greedy = all(r.sampling_params.is_greedy for r in reqs)
         tokens = self.sampling_rows.sample(out.next_token_logits, fb.req_pool_indices,
                                            fb.seq_lens, all_greedy)
@@ -172,6 +177,11 @@ class DFlashWorker:
             draft.write_context_kv(aux, positions, out_cache_loc, pool)
         else:
             draft.write_projected_context_kv(aux.result(), positions, out_cache_loc, pool)
+
+    def _prefill_epilogue(self, fb: ForwardBatch, out: LogitsProcessorOutput) -> None:
+        """After every target prefill, inside its graph when one replays: the prompt's draft
+        context from the aux rows (or projection) the forward just wrote."""
+        self.commit_draft_context(_aux_of(fb, out), fb.positions, fb.out_cache_loc)
 
     def _verify_epilogue(self, fb: ForwardBatch, out: LogitsProcessorOutput) -> None:
         """Inside the TARGET_VERIFY graph: consume the aux rows (or the streamed projection)

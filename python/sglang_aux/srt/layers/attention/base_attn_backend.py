@@ -21,6 +21,10 @@ class AttentionBackend(ABC):
     a graph reads lives in static storage the backend owns.
     """
 
+    # Whether a real CUDA graph of an EXTEND batch replays correctly for another batch: its
+    # work must follow the batch's device tensors, not host lists read at capture.
+    extend_graph_safe = False
+
     def init_forward_metadata(self, forward_batch: ForwardBatch) -> None:
         """Prepare an eager forward."""
 

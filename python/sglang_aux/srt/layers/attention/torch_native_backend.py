@@ -56,10 +56,12 @@ class TorchNativeAttnBackend(AttentionBackend):
     def _forward_extend(self, q: torch.Tensor, layer: RadixAttention,
                         fb: ForwardBatch) -> torch.Tensor:
         pool = fb.token_to_kv_pool
-        out = torch.empty_like(q)
+        out = torch.zeros_like(q)  # rows of no request (a graph's padding) stay finite
         start = 0
         for i in range(fb.batch_size):
             prefix, ext = fb.extend_prefix_lens_cpu[i], fb.extend_seq_lens_cpu[i]
+            if ext == 0:  # a padded request of a captured EXTEND graph
+                continue
             slots = fb.req_to_token_pool.req_to_token[fb.req_pool_indices[i], : prefix + ext]
             keys = pool.k_buffer[layer.layer_id][slots].to(q.dtype)  # [L, KVH, D]
             vals = pool.v_buffer[layer.layer_id][slots].to(q.dtype)

@@ -29,17 +29,22 @@ class ExtendMetadata:
     q_start: torch.Tensor  # first query row of each request
     prefix_lens: torch.Tensor  # cached tokens before this forward
     extend_lens: torch.Tensor  # new tokens in this forward
-    max_extend_len: int  # sizes the grid; host-side, fine because EXTEND is never captured
+    # Sizes the grid, from the host lists: the live batch's longest request eagerly; a
+    # captured graph's lists hold its token bucket, so the grid covers any batch it replays.
+    max_extend_len: int
 
     @classmethod
     def build(cls, fb: ForwardBatch) -> ExtendMetadata:
         if fb.extend_prefix_lens_cpu is None or fb.extend_seq_lens_cpu is None:
             raise ValueError("an EXTEND batch needs extend_prefix_lens_cpu and extend_seq_lens_cpu")
         extend = fb.extend_seq_lens_cpu
-        q_start = [0, *accumulate(extend)][:-1]
-        as_tensor = lambda xs: torch.tensor(xs, dtype=torch.int32, device=fb.seq_lens.device)
-        return cls(fb, as_tensor(q_start), as_tensor(fb.extend_prefix_lens_cpu),
-                   as_tensor(extend), max(extend, default=0))
+        if fb.extend_start_loc is not None:
+            q_start, prefix, ext = fb.extend_start_loc, fb.extend_prefix_lens, fb.extend_seq_lens
+        else:  # a batch built by hand with host lists only
+            as_tensor = lambda xs: torch.tensor(xs, dtype=torch.int32, device=fb.seq_lens.device)
+            q_start = as_tensor([0, *accumulate(extend)][:-1])
+            prefix, ext = as_tensor(fb.extend_prefix_lens_cpu), as_tensor(extend)
+        return cls(fb, q_start, prefix, ext, max(extend, default=0))
 
 
 class TritonAttnBackend(AttentionBackend):
@@ -56,11 +61,15 @@ class TritonAttnBackend(AttentionBackend):
     `req_pool_indices`, `seq_lens` and `positions` straight from the ForwardBatch, whose
     tensors the graph runner keeps static and refreshes in place before each replay, and
     their grid and key split depend only on (bs, heads, tokens per request). So no metadata
-    needs copying at replay and nothing in those paths syncs with the host.
+    needs copying at replay and nothing in those paths syncs with the host. A captured
+    EXTEND graph reads the batch's `extend_*` device tensors the same way; its grid covers
+    the graph's token bucket, and programs past a request's new tokens store nothing.
 
     `num_kv_splits` fixes the key split of the fixed-layout modes (None: enough splits to
     fill the device's SMs; tests force a value to cover the merge path).
     """
+
+    extend_graph_safe = True
 
     def __init__(self, num_kv_splits: int | None = None):
         if num_kv_splits is not None and num_kv_splits < 1:
@@ -102,6 +111,7 @@ class TritonAttnBackend(AttentionBackend):
         req_to_token = forward_batch.req_to_token_pool.req_to_token
         mode = forward_batch.forward_mode
         if mode.is_extend():
+            out.zero_()  # rows of no request (a graph's padding) stay finite
             meta = self._extend_metadata(forward_batch)
             extend_attention_fwd(q, k_buffer, v_buffer, out, req_to_token,
                                  forward_batch.req_pool_indices, meta.q_start, meta.prefix_lens,
@@ -124,7 +134,11 @@ class TritonAttnBackend(AttentionBackend):
             self._extend = ExtendMetadata.build(fb)
         return self._extend
 
-    @staticmethod
-    def _check_graph_mode(fb: ForwardBatch) -> None:
-        if not fb.forward_mode.is_cuda_graph():
+    def _check_graph_mode(self, fb: ForwardBatch) -> None:
+        self._extend = None
+        if fb.forward_mode.is_extend():
+            if fb.extend_start_loc is None:
+                raise ValueError("a captured EXTEND batch needs its extend_* device tensors")
+            self._extend = ExtendMetadata.build(fb)
+        elif not fb.forward_mode.is_cuda_graph():
             raise ValueError(f"{fb.forward_mode.name} batches cannot be captured in a graph")

@@ -34,11 +34,13 @@ NUM_WARMUPS = 2
 class DecodeCudaGraphRunner:
     """Graphs for `forward_mode` with `captured_req_width` tokens per request
     (1 for DECODE, the block size for TARGET_VERIFY and DRAFT_BLOCK). With `streamed_aux`,
-    each graph projects its aux states into a row prefix of one runner-owned accumulator."""
+    each graph projects its aux states into a row prefix of one runner-owned accumulator.
+    The aux storage has at least `aux_rows` rows: the runner's prefill graphs borrow it."""
 
     def __init__(self, model_runner: ModelRunner, *, forward_mode: ForwardMode,
                  captured_req_width: int, capture_bs: list[int], backend: GraphBackend,
-                 epilogue: Epilogue | None = None, streamed_aux: StreamedAux | None = None):
+                 epilogue: Epilogue | None = None, streamed_aux: StreamedAux | None = None,
+                 aux_rows: int = 0):
         if not forward_mode.is_cuda_graph():
             raise ValueError(f"{forward_mode.name} has no fixed layout to capture")
         if epilogue is not None and epilogue.mode != forward_mode:
@@ -66,6 +68,7 @@ class DecodeCudaGraphRunner:
             aux_hidden_states_width=model_runner.get_aux_hidden_states_width(),
             aux_projection_width=0 if streamed_aux is None else streamed_aux.width,
             pp_size=model_runner.pp_size,
+            aux_rows=aux_rows,
         )
         model_runner.attn_backend.init_cuda_graph_state(self.max_bs, self.max_num_token)
         self.graphs: dict[int, object] = {}

@@ -28,9 +28,10 @@ class DecodeInputBuffers:
     # Tree-verify attention mask; DFlash verifies a chain, so it stays None here.
     custom_mask: torch.Tensor | None
     next_token_logits_buffer: torch.Tensor  # [max_num_token, vocab]
-    # [max_num_token, K * hidden] in the model dtype, shared by every captured size; None when
-    # the runner does not share (width 0). The DFlash worker must consume rows [:num_tokens]
-    # (write them into the draft KV cache) before the next replay of any size overwrites them.
+    # [max_num_token, K * hidden] in the model dtype (more rows when the runner's prefill graphs
+    # share it), shared by every captured size; None when the runner does not share (width
+    # 0). The DFlash worker must consume rows [:num_tokens] (write them into the draft KV
+    # cache) before the next replay of any size overwrites them.
     aux_hidden_states: torch.Tensor | None
     # [max_num_token, H_draft] fp32, the streamed projection's accumulator (then no aux buffer);
     # the verify graph's epilogue consumes rows [:num_tokens] inside the same replay.
@@ -53,19 +54,22 @@ class DecodeInputBuffers:
         aux_hidden_states_width: int = 0,
         aux_projection_width: int = 0,
         pp_size: int = 1,
+        aux_rows: int = 0,
     ) -> DecodeInputBuffers:
+        """`aux_rows`: the aux storage's rows when more than `max_num_token` (the same
+        runner's prefill graphs write it too)."""
         max_num_token = max_bs * tokens_per_req
+        rows = max(max_num_token, aux_rows)
         ints = dict(dtype=torch.int64, device=device)
         aux = None
         if aux_hidden_states_width > 0:
-            aux = torch.zeros((max_num_token, aux_hidden_states_width), dtype=dtype, device=device)
+            aux = torch.zeros((rows, aux_hidden_states_width), dtype=dtype, device=device)
         acc = None
         if aux_projection_width > 0:
             if aux is not None:
                 raise ValueError("a runner streams its aux states or shares a packed buffer, "
                                  "not both")
-            acc = torch.zeros((max_num_token, aux_projection_width), dtype=torch.float32,
-                              device=device)
+            acc = torch.zeros((rows, aux_projection_width), dtype=torch.float32, device=device)
         proxy = None
         if pp_size > 1:
             proxy = {name: torch.zeros((max_num_token, hidden_size), dtype=dtype, device=device)

@@ -1,6 +1,11 @@
-"""Which batch sizes a decode graph runner captures."""
+"""Which batch sizes a decode graph runner captures, and which token counts a prefill one."""
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from sglang_aux.srt.server_args import ServerArgs
 
 # SGLang's default lists, before the cut at the maximum batch size.
 _SPECULATIVE_BS = [
@@ -22,3 +27,47 @@ def get_capture_bs(
         return sorted(set(override))
     base = _SPECULATIVE_BS if speculative else _DECODE_BS
     return sorted({bs for bs in base if bs <= max_bs} | {max_bs})
+
+
+# About 1.5x apart: a prefill pads to the next size, so at most a third of a graph's tokens
+# are padding.
+_PREFILL_TOKENS = [16, 32, 64, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096,
+                   6144, 8192, 12288, 16384]
+
+
+def get_capture_prefill_tokens(*, max_tokens: int, override: list[int] | None = None
+                               ) -> list[int]:
+    """Sorted token counts to capture: `override` as given, else the default list cut at
+    `max_tokens` with `max_tokens` itself always included."""
+    if max_tokens < 1:
+        raise ValueError(f"max prefill capture tokens must be >= 1, got {max_tokens}")
+    if override is not None:
+        if any(n < 1 for n in override):
+            raise ValueError(f"prefill capture token counts must be >= 1, got {override}")
+        return sorted(set(override))
+    return sorted({n for n in _PREFILL_TOKENS if n <= max_tokens} | {max_tokens})
+
+
+# Unset, prefill graphs go up to this many tokens for models up to this hidden size on CUDA:
+# their prefills are host-bound (SmolLM2, 900 tokens: ~2 ms of kernels, 24-30 ms eager).
+# Wider models are GPU-bound there, and a graph's activations and aux rows grow with the width.
+DEFAULT_PREFILL_GRAPH_TOKENS = 2048
+DEFAULT_PREFILL_GRAPH_MAX_HIDDEN = 2048
+
+
+def prefill_graph_plan(args: ServerArgs, on_cuda: bool, hidden_size: int
+                       ) -> tuple[list[int], int]:
+    """(token counts, requests per graph) of a runner's prefill graphs; no counts: none.
+    Off on CPU unless asked for: replay buys no speed there."""
+    max_tokens = args.cuda_graph_max_tokens_prefill
+    if max_tokens is None:
+        default = (DEFAULT_PREFILL_GRAPH_TOKENS
+                   if on_cuda and hidden_size <= DEFAULT_PREFILL_GRAPH_MAX_HIDDEN else 0)
+        max_tokens = max(args.cuda_graph_tokens_prefill or [default])
+    max_bs = args.cuda_graph_max_bs_prefill
+    max_bs = min(args.max_running_requests, 4 if max_bs is None else max_bs)
+    if args.disable_prefill_cuda_graph or max_tokens == 0 or max_bs == 0:
+        return [], 0
+    tokens = get_capture_prefill_tokens(max_tokens=max_tokens,
+                                        override=args.cuda_graph_tokens_prefill)
+    return [n for n in tokens if n <= max_tokens], max_bs

@@ -17,6 +17,13 @@ def to_device(rows: list[list[int]], device: torch.device) -> torch.Tensor:
     return host.to(device, non_blocking=pinned)
 
 
+def to_device_parts(parts: list[list[int]], device: torch.device) -> list[torch.Tensor]:
+    """Host integer lists of any lengths as int64 device tensors, in one copy (views of it)."""
+    flat = [x for part in parts for x in part]
+    whole = to_device([flat], device)[0]
+    return list(whole.split([len(part) for part in parts]))
+
+
 class HostReadback:
     def __init__(self, device: torch.device):
         self.device = device

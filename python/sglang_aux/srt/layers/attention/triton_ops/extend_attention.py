@@ -9,8 +9,9 @@ already be in the pool (the backend writes them to `out_cache_loc` first).
 
 One program owns (request, query head, tile of BLOCK_M new tokens); the key loop starts at the
 tile's window (keys before it are never loaded) and, when causal, stops at the tile's last
-position. EXTEND is never captured in a graph, so the grid may use the
-batch's largest extend length, known on the host.
+position. The grid covers `max_extend_len` new tokens per request, a host bound: the batch's
+longest request eagerly, the token bucket in a captured graph. Query rows outside every
+request (a graph's padding) are not written.
 """
 
 from __future__ import annotations
