@@ -30,9 +30,10 @@ NUM_STAGES = 2
 def window_start(first_q_pos, seq_len, SLIDING_WINDOW_SIZE: tl.constexpr):
     """The first key position a tile whose earliest query sits at `first_q_pos` can see (0
     without a window), at most `seq_len`."""
+    start = first_q_pos * 0  # one return statement: no reliance on early-return support
     if SLIDING_WINDOW_SIZE >= 0:
-        return tl.minimum(tl.maximum(first_q_pos - SLIDING_WINDOW_SIZE, 0), seq_len)
-    return 0
+        start = tl.minimum(tl.maximum(first_q_pos - SLIDING_WINDOW_SIZE, 0), seq_len)
+    return start
 
 
 def check_head_dim(head_dim: int) -> None:
