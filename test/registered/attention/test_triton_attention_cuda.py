@@ -179,9 +179,13 @@ def test_extend_matches_torch_native(heads, kv_heads, head_dim, dtype, window, a
     assert_close(out, reference(fb, layer, q, k, v), seed, f"EXTEND window {window}")
 
 
-@pytest.mark.parametrize("window", [FULL_CONTEXT, WINDOW])
-@pytest.mark.parametrize("num_kv_splits", [None, 1])
-@pytest.mark.parametrize("bs", [1, 7, 32])
+# (bs, key splits, window): every batch shape with full layers; windows on a split and an
+# unsplit shape (each window is another compiled kernel, so not the whole grid again)
+FIXED_SHAPES = [(bs, splits, FULL_CONTEXT) for bs in (1, 7, 32) for splits in (None, 1)] + [
+    (7, None, WINDOW), (32, 1, WINDOW)]
+
+
+@pytest.mark.parametrize("bs,num_kv_splits,window", FIXED_SHAPES)
 @pytest.mark.parametrize("dtype", DTYPES, ids=["bf16", "fp16"])
 @pytest.mark.parametrize("heads,kv_heads,head_dim", HEAD_CONFIGS)
 @pytest.mark.parametrize("mode,q_len,attn_type", FIXED_MODES, ids=FIXED_MODE_IDS)
