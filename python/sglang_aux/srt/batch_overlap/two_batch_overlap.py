@@ -20,7 +20,8 @@ _REQUEST_LIST_FIELDS = {"extend_prefix_lens_cpu", "extend_seq_lens_cpu", "extend
                         "extend_seq_lens"}
 _SHARED_FIELDS = {"forward_mode", "req_to_token_pool", "token_to_kv_pool", "attn_backend",
                   "capture_hidden_mode", "is_capturing"}
-_PARENT_ONLY_FIELDS = {"aux_hidden_states_buffer", "next_token_logits_buffer", "aux_projection"}
+_PARENT_ONLY_FIELDS = {"aux_hidden_states_buffer", "next_token_logits_buffer", "aux_projection",
+                       "prepared_graph_bs"}
 
 
 def filter_batch(parent: ForwardBatch, *, start_req: int, end_req: int, start_token: int,

@@ -25,6 +25,7 @@ from sglang_aux.srt.model_executor.forward_batch_info import (
     ForwardMode,
 )
 from sglang_aux.srt.model_executor.model_runner import ModelRunner
+from sglang_aux.srt.model_executor.runner.step_prologue import StepPrologue
 from sglang_aux.srt.model_executor.runner_utils.host_transfer import (
     to_device,
     to_device_parts,
@@ -161,34 +162,46 @@ def build_fixed_batch(runner: ModelRunner, reqs: list[Req], mode: ForwardMode,
 
 
 def build_step_batch(runner: ModelRunner, reqs: list[Req], mode: ForwardMode, width: int,
-                     fill_token_id: int = 0) -> ForwardBatch:
-    """A decode step: `width` tokens per request at positions `[kv_len, kv_len + width)`,
-    the request's last token first, then `fill_token_id`. The host sends one copy (rows,
-    lengths, last tokens); positions, slots and lengths are derived on the device."""
+                     fill_token_id: int = 0, block_tokens: torch.Tensor | None = None
+                     ) -> ForwardBatch:
+    """A decode step: `width` tokens per request at positions `[kv_len, kv_len + width)`, the
+    request's last token first, then `block_tokens` `[bs, width - 1]` or `fill_token_id`. The
+    host sends one copy (rows, lengths, last tokens); the rest is derived on the device by
+    `StepPrologue`: inside the graph when the runner's graphs have one and one fits (the
+    prologue then reads the block tokens from its own static storage), else right here."""
     bs = len(reqs)
     for r in reqs:
         if r.kv_len + width > r.kv_reserved:
             raise RuntimeError(f"request {r.rid}: a {width}-token step at {r.kv_len} passes "
                                f"its {r.kv_reserved} reserved slots")
     host = [[r.req_pool_idx for r in reqs], [r.kv_len for r in reqs], [r.last_token for r in reqs]]
-    rows, kv_lens, last = to_device(host, runner.device)
-    positions = kv_lens[:, None] + torch.arange(width, device=runner.device)  # [bs, width]
-    slots = runner.req_to_token_pool.req_to_token[rows[:, None], positions]
-    input_ids = torch.full((bs, width), fill_token_id, dtype=torch.int64, device=runner.device)
-    input_ids[:, 0] = last
-    return ForwardBatch(
+    graphs = runner.graph_runner
+    if graphs is not None and graphs.forward_mode == mode and graphs.fits_step(bs):
+        prologue = graphs.step_prologue
+        if block_tokens is not None and (
+                prologue.block_tokens is None
+                or prologue.block_tokens(bs).data_ptr() != block_tokens.data_ptr()):
+            raise ValueError("block tokens a graph's prologue does not read: pass the storage "
+                             "its block_tokens returns")
+        return graphs.prepare_step(*host)
+    dev, n = runner.device, bs * width
+    ints = dict(dtype=torch.int64, device=dev)
+    fb = ForwardBatch(
         forward_mode=mode,
         batch_size=bs,
-        input_ids=input_ids.view(-1),
-        req_pool_indices=rows,
-        seq_lens=kv_lens + width,
+        input_ids=torch.empty(n, **ints),
+        req_pool_indices=torch.empty(bs, **ints),
+        seq_lens=torch.empty(bs, **ints),
         seq_lens_cpu=torch.tensor(host[1], dtype=torch.int64) + width,
-        out_cache_loc=slots.view(-1).to(torch.int64),
-        positions=positions.view(-1),
+        out_cache_loc=torch.empty(n, **ints),
+        positions=torch.empty(n, **ints),
         req_to_token_pool=runner.req_to_token_pool,
         token_to_kv_pool=runner.token_to_kv_pool,
         attn_backend=runner.attn_backend,
     )
+    tokens = None if block_tokens is None else (lambda _: block_tokens)
+    StepPrologue(fill_token_id, tokens)(fb, to_device(host, dev))
+    return fb
 
 
 def rebind_batch(fb: ForwardBatch, runner: ModelRunner, mode: ForwardMode,

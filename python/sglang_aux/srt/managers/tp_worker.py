@@ -8,6 +8,7 @@ from sglang_aux.srt.configs.model_config import ModelConfig
 from sglang_aux.srt.managers.schedule_batch import Req, build_extend_batch, build_step_batch
 from sglang_aux.srt.model_executor.forward_batch_info import ForwardMode
 from sglang_aux.srt.model_executor.model_runner import ModelRunner
+from sglang_aux.srt.model_executor.runner.step_prologue import StepPrologue
 from sglang_aux.srt.model_executor.runner_utils.host_transfer import HostReadback
 from sglang_aux.srt.sampling.sampling_rows import SamplingRows
 from sglang_aux.srt.server_args import ServerArgs
@@ -17,8 +18,9 @@ class TpModelWorker:
     """The worker interface the scheduler drives: `prefill` and `decode` return each
     request's new tokens; the scheduler appends them and decides when a request ends.
 
-    A decode step issues no per-request device work: one input copy (`build_step_batch`),
-    the forward (a graph replay when one fits), sampling on the device, one readback. A
+    A decode step issues no per-request device work: one input copy (`build_step_batch`;
+    a graph derives the rest in its prologue), the forward (a graph replay when one fits),
+    sampling on the device, one readback. A
     prefill likewise: one input copy, a prefill graph when one fits, sampling, one readback.
     """
 
@@ -27,7 +29,8 @@ class TpModelWorker:
     def __init__(self, model_config: ModelConfig, server_args: ServerArgs,
                  model_runner: ModelRunner | None = None):
         self.model_runner = runner = model_runner or ModelRunner(model_config, server_args)
-        runner.init_decode_graphs(ForwardMode.DECODE, captured_req_width=1)
+        runner.init_decode_graphs(ForwardMode.DECODE, captured_req_width=1,
+                                  step_prologue=StepPrologue())
         runner.init_prefill_graphs()
         self.sampling_rows = SamplingRows(server_args.max_running_requests,
                                           model_config.hf_config.vocab_size, runner.device)

@@ -87,6 +87,9 @@ class ForwardBatch:
     pp_proxy_tensors: dict[str, torch.Tensor] | None = None
     # Set by the runner while a graph is captured; models keep graph-unsafe paths off then.
     is_capturing: bool = False
+    # The captured size whose static step buffer already holds this batch (a graph runner's
+    # `prepare_step`): its tensors are views its graph's prologue fills at replay.
+    prepared_graph_bs: int | None = None
 
     @property
     def num_tokens(self) -> int:

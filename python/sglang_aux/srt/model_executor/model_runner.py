@@ -26,6 +26,7 @@ from sglang_aux.srt.model_executor.model_runner_components.sizing import kv_pool
 from sglang_aux.srt.model_executor.runner.decode_cuda_graph_runner import DecodeCudaGraphRunner
 from sglang_aux.srt.model_executor.runner.epilogue import Epilogue
 from sglang_aux.srt.model_executor.runner.prefill_cuda_graph_runner import PrefillCudaGraphRunner
+from sglang_aux.srt.model_executor.runner.step_prologue import StepPrologue
 from sglang_aux.srt.model_executor.runner.streamed_aux import StreamedAux
 from sglang_aux.srt.model_executor.runner_backend.base import GraphBackend
 from sglang_aux.srt.model_executor.runner_backend.eager_replay_backend import EagerReplayBackend
@@ -129,10 +130,13 @@ class ModelRunner:
 
     def init_decode_graphs(self, forward_mode: ForwardMode, captured_req_width: int,
                            epilogue: Epilogue | None = None,
-                           streamed_aux: StreamedAux | None = None) -> None:
+                           streamed_aux: StreamedAux | None = None,
+                           step_prologue: StepPrologue | None = None) -> None:
         """Capture the decode-step graphs, unless disabled. `epilogue` runs after every
         `forward_mode` forward, inside its graph when one replays, eagerly otherwise; so does
-        the `streamed_aux` projection (before the model)."""
+        the `streamed_aux` projection (before the model). With `step_prologue` the graphs
+        derive their inputs from three values per request (`schedule_batch.build_step_batch`
+        hands them over)."""
         args = self.server_args
         self._register(forward_mode, epilogue, streamed_aux)
         if args.disable_decode_cuda_graph:
@@ -153,7 +157,7 @@ class ModelRunner:
             capture_bs=capture_bs, backend=make_graph_backend(self.device), epilogue=epilogue,
             streamed_aux=streamed_aux,
             # the prefill graphs write the same shared aux buffer
-            aux_rows=max(self.prefill_capture_tokens, default=0),
+            aux_rows=max(self.prefill_capture_tokens, default=0), step_prologue=step_prologue,
         )
         self.graph_runner.capture()
 

@@ -7,17 +7,22 @@ replay mechanism behind `GraphBackend`, model specifics in the model.
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import logging
 import time
 from typing import TYPE_CHECKING
 
+import torch
+
 from sglang_aux.srt.layers.logits_processor import LogitsProcessorOutput
+from sglang_aux.srt.mem_cache.memory_pool import PADDING_REQ_ROW
 from sglang_aux.srt.model_executor.forward_batch_info import (
     CaptureHiddenMode,
     ForwardBatch,
     ForwardMode,
 )
 from sglang_aux.srt.model_executor.runner.epilogue import Epilogue
+from sglang_aux.srt.model_executor.runner.step_prologue import StepPrologue
 from sglang_aux.srt.model_executor.runner.streamed_aux import StreamedAux
 from sglang_aux.srt.model_executor.runner_backend.base import GraphBackend
 from sglang_aux.srt.model_executor.runner_utils.buffers import DecodeInputBuffers
@@ -40,7 +45,7 @@ class DecodeCudaGraphRunner:
     def __init__(self, model_runner: ModelRunner, *, forward_mode: ForwardMode,
                  captured_req_width: int, capture_bs: list[int], backend: GraphBackend,
                  epilogue: Epilogue | None = None, streamed_aux: StreamedAux | None = None,
-                 aux_rows: int = 0):
+                 aux_rows: int = 0, step_prologue: StepPrologue | None = None):
         if not forward_mode.is_cuda_graph():
             raise ValueError(f"{forward_mode.name} has no fixed layout to capture")
         if epilogue is not None and epilogue.mode != forward_mode:
@@ -50,6 +55,9 @@ class DecodeCudaGraphRunner:
                              f"{forward_mode.name} graphs")
         self.epilogue = epilogue
         self.streamed_aux = streamed_aux
+        # With one, every graph derives its inputs from `buffers.step` and replays only
+        # batches `prepare_step` made (any other batch runs eagerly).
+        self.step_prologue = step_prologue
         self.model_runner = model_runner
         self.forward_mode = forward_mode
         self.captured_req_width = captured_req_width
@@ -116,6 +124,8 @@ class DecodeCudaGraphRunner:
             self.model_runner.attn_backend.init_forward_metadata_capture_cuda_graph(fb)
 
             def run(fb: ForwardBatch = fb) -> LogitsProcessorOutput:
+                if self.step_prologue is not None:
+                    self.step_prologue(fb, self.buffers.step)
                 if fb.aux_projection is not None:
                     fb.aux_projection.reset()  # host state only: the replay starts at slice 0
                 out = model.forward(fb.input_ids, fb.positions, fb)
@@ -146,6 +156,8 @@ class DecodeCudaGraphRunner:
         )
 
     def can_run_graph(self, batch: ForwardBatch) -> bool:
+        if self.step_prologue is not None and batch.prepared_graph_bs is None:
+            return False
         return (
             batch.forward_mode == self.forward_mode
             and 0 < batch.batch_size <= self.max_bs
@@ -156,6 +168,31 @@ class DecodeCudaGraphRunner:
 
     def padded_bs(self, raw_bs: int) -> int:
         return self.capture_bs[bisect.bisect_left(self.capture_bs, raw_bs)]
+
+    def fits_step(self, bs: int) -> bool:
+        """Whether `prepare_step` takes a step of `bs` requests."""
+        return self.step_prologue is not None and bool(self.graphs) and 0 < bs <= self.max_bs
+
+    def prepare_step(self, rows: list[int], kv_lens: list[int], last_tokens: list[int]
+                     ) -> ForwardBatch:
+        """Queue a step's per-request values into the static step buffer of the smallest
+        size that fits (one pinned copy, padding included) and return its batch: row-prefix
+        views of that size's static inputs, which the replay's prologue fills."""
+        bs = len(rows)
+        padded = self.padded_bs(bs)
+        pad = padded - bs
+        host = torch.tensor([[*rows, *[PADDING_REQ_ROW] * pad], [*kv_lens, *[0] * pad],
+                             [*last_tokens, *[0] * pad]], dtype=torch.int64,
+                            pin_memory=self.buffers.step.is_cuda)
+        self.buffers.load_step(host)
+        static, n = self.forward_batches[padded], bs * self.captured_req_width
+        return dataclasses.replace(
+            static, batch_size=bs, input_ids=static.input_ids[:n],
+            req_pool_indices=static.req_pool_indices[:bs], seq_lens=static.seq_lens[:bs],
+            seq_lens_cpu=static.seq_lens_cpu[:bs], out_cache_loc=static.out_cache_loc[:n],
+            positions=static.positions[:n], next_token_logits_buffer=None,
+            aux_hidden_states_buffer=None, aux_projection=None, is_capturing=False,
+            prepared_graph_bs=padded)
 
     def load_batch(self, batch: ForwardBatch) -> int:
         """Copy `batch` into the static buffers of the smallest captured size that fits."""
@@ -169,7 +206,12 @@ class DecodeCudaGraphRunner:
     def execute(self, batch: ForwardBatch) -> LogitsProcessorOutput:
         """Replay for `batch`. The outputs are views `[:num_tokens]` of static storage, valid
         until the next replay of this runner: copy what must outlive it."""
-        bs = self.load_batch(batch)
+        if batch.prepared_graph_bs is None:
+            bs = self.load_batch(batch)
+        else:
+            bs = batch.prepared_graph_bs
+            self.model_runner.attn_backend.init_forward_metadata_replay_cuda_graph(
+                self.forward_batches[bs])
         self.backend.replay(self.graphs[bs])
         out, n = self.outputs[bs], batch.num_tokens
         return LogitsProcessorOutput(
