@@ -1,7 +1,8 @@
 """TritonAttnBackend == TorchNativeAttnBackend in every mode, via Triton's CPU interpreter.
 
 Fresh random K/V every run (the seed is in every failure message), scattered pool slots,
-requests of different lengths, GQA, padded graph rows, and the split-K merge path.
+requests of different lengths, GQA, padded graph rows, the split-K merge path, causal and
+bidirectional layers, sliding windows, and keys before a window never read (NaN there).
 """
 
 import os
@@ -16,7 +17,11 @@ import torch  # noqa: E402
 
 from sglang_aux.srt.layers.attention.torch_native_backend import TorchNativeAttnBackend  # noqa: E402
 from sglang_aux.srt.layers.attention.triton_backend import TritonAttnBackend  # noqa: E402
-from sglang_aux.srt.layers.radix_attention import RadixAttention  # noqa: E402
+from sglang_aux.srt.layers.radix_attention import (  # noqa: E402
+    FULL_CONTEXT,
+    AttentionType,
+    RadixAttention,
+)
 from sglang_aux.srt.mem_cache.memory_pool import (  # noqa: E402
     PADDING_REQ_ROW,
     PADDING_SLOT,
@@ -27,7 +32,7 @@ from sglang_aux.srt.model_executor.forward_batch_info import ForwardBatch, Forwa
 from sglang_aux.test.ci.ci_register import register_cpu_ci  # noqa: E402
 from sglang_aux.test.kernel_checks import fresh_seed
 
-register_cpu_ci(est_time=60, suite="default")
+register_cpu_ci(est_time=120, suite="default")
 
 # Max |triton - torch_native| over max |torch_native| (seen: ~3e-7 fp32, ~4e-4 fp16). fp32
 # differs only in summation order; in fp16 both round P to fp16, at different points.
@@ -41,8 +46,16 @@ BLOCK = 4  # tokens per request in TARGET_VERIFY / DRAFT_BLOCK
 HEAD_CONFIGS = [(4, 2, 32), (6, 2, 16)]
 # Context lengths long enough that 3 key splits leave one split empty and merge two others.
 FIXED_SEQ_LENS = [BLOCK, 37, 130, 200]
-FIXED_MODES = [(ForwardMode.DECODE, 1), (ForwardMode.TARGET_VERIFY, BLOCK),
-               (ForwardMode.DRAFT_BLOCK, BLOCK)]
+DECODER, ENCODER_ONLY = AttentionType.DECODER, AttentionType.ENCODER_ONLY
+# (mode, tokens per request, layer type): DFlash draft layers are bidirectional in the block,
+# or causal (sliding_attention layers, as SGLang runs them)
+FIXED_MODES = [(ForwardMode.DECODE, 1, DECODER), (ForwardMode.TARGET_VERIFY, BLOCK, DECODER),
+               (ForwardMode.DRAFT_BLOCK, BLOCK, ENCODER_ONLY),
+               (ForwardMode.DRAFT_BLOCK, BLOCK, DECODER)]
+FIXED_IDS = [f"{m.name}-{t.name}" for m, _, t in FIXED_MODES]
+# keys left of the query a layer sees: all, a window shorter than BLOCK_N and the block (so a
+# split starts mid-tile), and a longer one
+WINDOWS = [FULL_CONTEXT, 2, 45]
 
 
 def make_pools(num_kv_heads: int, head_dim: int, dtype: torch.dtype):
@@ -125,26 +138,39 @@ def assert_close(out: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype, seed:
     assert err < REL_ERR_BOUND[dtype], f"rel err {err:.2e} (seed {seed})"
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
-@pytest.mark.parametrize("heads,kv_heads,head_dim", HEAD_CONFIGS)
-def test_extend_matches_torch_native_and_writes_kv(heads, kv_heads, head_dim, dtype):
-    seed = fresh_seed()
-    req_pool, kv_pool = make_pools(kv_heads, head_dim, dtype)
-    prefix_lens, extend_lens = [0, 5, 23], [9, 1, 17]
+def extend_batch(req_pool, kv_pool, backend, prefix_lens: list[int],
+                 extend_lens: list[int]) -> ForwardBatch:
     seq_lens = [p + e for p, e in zip(prefix_lens, extend_lens, strict=True)]
     rows = place_requests(req_pool, seq_lens)
     locs = torch.cat([req_pool.req_to_token[r, p:n].long()
                       for r, p, n in zip(rows, prefix_lens, seq_lens, strict=True)])
     positions = torch.cat([torch.arange(p, n) for p, n in zip(prefix_lens, seq_lens,
                                                               strict=True)])
+    return make_batch(ForwardMode.EXTEND, req_pool, kv_pool, rows, seq_lens, positions, locs,
+                      backend, prefix_lens, extend_lens)
+
+
+# the last request's 70 new tokens span two query tiles
+EXTEND_PREFIX_LENS, EXTEND_LENS = [0, 5, 23, 40], [9, 1, 17, 70]
+
+
+@pytest.mark.parametrize("window", WINDOWS)
+@pytest.mark.parametrize("attn_type", [DECODER, ENCODER_ONLY], ids=lambda t: t.name)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
+@pytest.mark.parametrize("heads,kv_heads,head_dim", HEAD_CONFIGS)
+def test_extend_matches_torch_native_and_writes_kv(heads, kv_heads, head_dim, dtype, attn_type,
+                                                   window):
+    seed = fresh_seed()
+    req_pool, kv_pool = make_pools(kv_heads, head_dim, dtype)
     backend = TritonAttnBackend()
-    fb = make_batch(ForwardMode.EXTEND, req_pool, kv_pool, rows, seq_lens, positions, locs,
-                    backend, prefix_lens, extend_lens)
+    fb = extend_batch(req_pool, kv_pool, backend, EXTEND_PREFIX_LENS, EXTEND_LENS)
+    locs = fb.out_cache_loc
     q, k, v = random_qkv(locs.numel(), heads, kv_heads, head_dim, dtype)
     # Poison the new slots: a backend that attends before (or without) writing reads NaN.
     kv_pool.k_buffer[LAYER_ID][locs] = float("nan")
     kv_pool.v_buffer[LAYER_ID][locs] = float("nan")
-    layer = RadixAttention(heads, head_dim, head_dim**-0.5, kv_heads, LAYER_ID)
+    layer = RadixAttention(heads, head_dim, head_dim**-0.5, kv_heads, LAYER_ID, window,
+                           attn_type)
     out, ref = run_both(fb, backend, layer, q, k, v)
     torch.testing.assert_close(kv_pool.k_buffer[LAYER_ID][locs],
                                k.view(-1, kv_heads, head_dim), rtol=0, atol=0)
@@ -153,23 +179,58 @@ def test_extend_matches_torch_native_and_writes_kv(heads, kv_heads, head_dim, dt
     assert_close(out, ref, dtype, seed)
 
 
+@pytest.mark.parametrize("window", WINDOWS)
 @pytest.mark.parametrize("num_kv_splits", [None, 3])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
 @pytest.mark.parametrize("heads,kv_heads,head_dim", HEAD_CONFIGS)
-@pytest.mark.parametrize("mode,q_len", FIXED_MODES, ids=[m.name for m, _ in FIXED_MODES])
-def test_fixed_layout_matches_torch_native(mode, q_len, heads, kv_heads, head_dim, dtype,
-                                           num_kv_splits):
+@pytest.mark.parametrize("mode,q_len,attn_type", FIXED_MODES, ids=FIXED_IDS)
+def test_fixed_layout_matches_torch_native(mode, q_len, attn_type, heads, kv_heads, head_dim,
+                                           dtype, num_kv_splits, window):
     seed = fresh_seed()
     req_pool, kv_pool = make_pools(kv_heads, head_dim, dtype)
     backend = TritonAttnBackend(num_kv_splits=num_kv_splits)
     fb = fixed_layout_batch(mode, q_len, req_pool, kv_pool, backend)
     q, k, v = random_qkv(fb.num_tokens, heads, kv_heads, head_dim, dtype)
-    layer = RadixAttention(heads, head_dim, 0.3, kv_heads, LAYER_ID)
+    layer = RadixAttention(heads, head_dim, 0.3, kv_heads, LAYER_ID, window, attn_type)
     out, ref = run_both(fb, backend, layer, q, k, v)
     live = fb.out_cache_loc != PADDING_SLOT
     assert torch.equal(kv_pool.k_buffer[LAYER_ID][fb.out_cache_loc[live]],
                        k.view(-1, kv_heads, head_dim)[live]), f"new K not written (seed {seed})"
     assert_close(out, ref, dtype, seed)
+
+
+@pytest.mark.parametrize("mode,q_len,attn_type", [*FIXED_MODES, (ForwardMode.EXTEND, 0, DECODER)],
+                         ids=[*FIXED_IDS, "EXTEND"])
+def test_keys_before_the_window_are_never_read(mode, q_len, attn_type):
+    """K/V before every query's window are NaN: a kernel that loads them (and only masks
+    them) turns NaN; one that starts its key loop at the window equals the reference computed
+    before the poisoning."""
+    seed = fresh_seed()
+    heads, kv_heads, head_dim = HEAD_CONFIGS[0]
+    window = 45
+    req_pool, kv_pool = make_pools(kv_heads, head_dim, torch.float32)
+    backend = TritonAttnBackend(num_kv_splits=3)
+    if mode.is_extend():
+        fb = extend_batch(req_pool, kv_pool, backend, [60, 100, 130], [1, 17, 70])
+        first_pos = torch.tensor([60, 100, 130])
+    else:
+        fb = fixed_layout_batch(mode, q_len, req_pool, kv_pool, backend)
+        first_pos = fb.positions.view(fb.batch_size, q_len)[:, 0]
+    q, k, v = random_qkv(fb.num_tokens, heads, kv_heads, head_dim, torch.float32)
+    layer = RadixAttention(heads, head_dim, 0.3, kv_heads, LAYER_ID, window, attn_type)
+    fb.token_to_kv_pool.set_kv(LAYER_ID, fb.out_cache_loc, k.view(-1, kv_heads, head_dim),
+                               v.view(-1, kv_heads, head_dim))
+    reference = TorchNativeAttnBackend()
+    reference.init_forward_metadata(fb)
+    ref = reference.forward(q, None, None, layer, fb, save_kv_cache=False)
+    for row, start in zip(fb.req_pool_indices.tolist(), first_pos.tolist(), strict=True):
+        if row != PADDING_REQ_ROW and start > window:
+            stale = req_pool.req_to_token[row, : start - window].long()
+            kv_pool.k_buffer[LAYER_ID][stale] = float("nan")
+            kv_pool.v_buffer[LAYER_ID][stale] = float("nan")
+    backend.init_forward_metadata(fb)
+    out = backend.forward(q, None, None, layer, fb, save_kv_cache=False)
+    assert_close(out, ref, torch.float32, seed)
 
 
 def test_replay_reads_batch_tensors_in_place():

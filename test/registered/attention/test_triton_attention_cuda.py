@@ -1,9 +1,11 @@
 """TritonAttnBackend on CUDA: bf16/fp16 against TorchNativeAttnBackend, CUDA-graph replay.
 
 Larger shapes than the CPU interpreter test: contexts up to 2k, batches up to 32, head_dim
-64 and 128, automatic key splits. Fresh random inputs every run (the seed is in every
-failure message). Run this file in its own process: under TRITON_INTERPRET=1 (set by the CPU
-test) the kernels would be interpreted, so the tests skip.
+64 and 128, automatic key splits, causal and bidirectional layers, sliding windows (checked,
+replayed in graphs, and timed: at 16k context a windowed layer must beat a full one). Fresh
+random inputs every run (the seed is in every failure message). Run this file in its own
+process: under TRITON_INTERPRET=1 (set by the CPU test) the kernels would be interpreted, so
+the tests skip.
 """
 
 import os
@@ -13,7 +15,7 @@ import pytest
 import torch
 
 from sglang_aux.srt.layers.attention.torch_native_backend import TorchNativeAttnBackend
-from sglang_aux.srt.layers.radix_attention import RadixAttention
+from sglang_aux.srt.layers.radix_attention import FULL_CONTEXT, AttentionType, RadixAttention
 from sglang_aux.srt.mem_cache.memory_pool import (
     PADDING_REQ_ROW,
     PADDING_SLOT,
@@ -31,7 +33,7 @@ try:
 except ImportError:  # no triton: the skip below says why
     triton = None
 
-register_cuda_ci(est_time=180, suite="default")
+register_cuda_ci(est_time=300, suite="default")
 
 pytestmark = pytest.mark.skipif(
     triton is None or not torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1",
@@ -48,13 +50,19 @@ MAX_CONTEXT = 2048
 NUM_REQ_ROWS = 96
 # (q heads, kv heads, head_dim): SmolLM2-135M's layout and a Llama-8B-like one
 HEAD_CONFIGS = [(9, 3, 64), (32, 8, 128)]
-FIXED_MODES = [(ForwardMode.DECODE, 1), (ForwardMode.TARGET_VERIFY, 8),
-               (ForwardMode.DRAFT_BLOCK, 16)]
-FIXED_MODE_IDS = [mode.name for mode, _ in FIXED_MODES]
+DECODER, ENCODER_ONLY = AttentionType.DECODER, AttentionType.ENCODER_ONLY
+# (mode, tokens per request, layer type): DFlash draft layers are bidirectional in the block,
+# or causal (sliding_attention layers)
+FIXED_MODES = [(ForwardMode.DECODE, 1, DECODER), (ForwardMode.TARGET_VERIFY, 8, DECODER),
+               (ForwardMode.DRAFT_BLOCK, 16, ENCODER_ONLY),
+               (ForwardMode.DRAFT_BLOCK, 16, DECODER)]
+FIXED_MODE_IDS = [f"{mode.name}-{t.name}" for mode, _, t in FIXED_MODES]
+WINDOW = 255  # keys left of the query a sliding layer sees (HF sliding_window 256)
 
 
-def make_pools(num_slots: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype):
-    req_pool = ReqToTokenPool(NUM_REQ_ROWS, MAX_CONTEXT, DEVICE)
+def make_pools(num_slots: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype,
+               max_context: int = MAX_CONTEXT):
+    req_pool = ReqToTokenPool(NUM_REQ_ROWS, max_context, DEVICE)
     kv_pool = MHATokenToKVPool(num_slots, NUM_LAYERS, num_kv_heads, head_dim, dtype, DEVICE)
     for buf in (*kv_pool.k_buffer, *kv_pool.v_buffer):  # padding slot included
         buf.normal_()
@@ -70,10 +78,10 @@ def place_requests(req_pool: ReqToTokenPool, num_slots: int, lens: list[int]) ->
     return rows
 
 
-def random_lens(bs: int, low: int) -> list[int]:
-    """Fresh lengths in [low, MAX_CONTEXT], always including both ends."""
-    lens = torch.randint(low, MAX_CONTEXT + 1, (bs,)).tolist()
-    lens[0] = MAX_CONTEXT
+def random_lens(bs: int, low: int, high: int = MAX_CONTEXT) -> list[int]:
+    """Fresh lengths in [low, high], always including both ends."""
+    lens = torch.randint(low, high + 1, (bs,)).tolist()
+    lens[0] = high
     if bs > 1:
         lens[-1] = low
     return lens
@@ -136,9 +144,11 @@ def assert_kv_written(kv_pool, fb: ForwardBatch, k: torch.Tensor, seed: int) -> 
     assert torch.equal(stored, expected), f"new K not at out_cache_loc (seed {seed})"
 
 
+@pytest.mark.parametrize("window,attn_type", [(FULL_CONTEXT, DECODER), (WINDOW, DECODER),
+                                               (WINDOW, ENCODER_ONLY)])
 @pytest.mark.parametrize("dtype", DTYPES, ids=["bf16", "fp16"])
 @pytest.mark.parametrize("heads,kv_heads,head_dim", HEAD_CONFIGS)
-def test_extend_matches_torch_native(heads, kv_heads, head_dim, dtype):
+def test_extend_matches_torch_native(heads, kv_heads, head_dim, dtype, window, attn_type):
     seed = fresh_seed()
     prefix_lens = [0, 1500, 37, 700, 1024, 5, 300, 1]
     extend_lens = [513, 1, 200, 64, 1024, 77, 129, 16]
@@ -161,20 +171,26 @@ def test_extend_matches_torch_native(heads, kv_heads, head_dim, dtype):
     q, k, v = random_qkv(locs.numel(), heads, kv_heads, head_dim, dtype)
     kv_pool.k_buffer[LAYER_ID][locs] = float("nan")  # attending before writing would read NaN
     kv_pool.v_buffer[LAYER_ID][locs] = float("nan")
-    layer = RadixAttention(heads, head_dim, head_dim**-0.5, kv_heads, LAYER_ID)
+    layer = RadixAttention(heads, head_dim, head_dim**-0.5, kv_heads, LAYER_ID, window,
+                           attn_type)
     backend.init_forward_metadata(fb)
     out = backend.forward(q, k, v, layer, fb, save_kv_cache=True)
     assert_kv_written(kv_pool, fb, k, seed)
-    assert_close(out, reference(fb, layer, q, k, v), seed, "EXTEND")
+    assert_close(out, reference(fb, layer, q, k, v), seed, f"EXTEND window {window}")
 
 
-@pytest.mark.parametrize("num_kv_splits", [None, 1])
-@pytest.mark.parametrize("bs", [1, 7, 32])
+# (bs, key splits, window): every batch shape with full layers; windows on a split and an
+# unsplit shape (each window is another compiled kernel, so not the whole grid again)
+FIXED_SHAPES = [(bs, splits, FULL_CONTEXT) for bs in (1, 7, 32) for splits in (None, 1)] + [
+    (7, None, WINDOW), (32, 1, WINDOW)]
+
+
+@pytest.mark.parametrize("bs,num_kv_splits,window", FIXED_SHAPES)
 @pytest.mark.parametrize("dtype", DTYPES, ids=["bf16", "fp16"])
 @pytest.mark.parametrize("heads,kv_heads,head_dim", HEAD_CONFIGS)
-@pytest.mark.parametrize("mode,q_len", FIXED_MODES, ids=FIXED_MODE_IDS)
-def test_fixed_layout_matches_torch_native(mode, q_len, heads, kv_heads, head_dim, dtype, bs,
-                                           num_kv_splits):
+@pytest.mark.parametrize("mode,q_len,attn_type", FIXED_MODES, ids=FIXED_MODE_IDS)
+def test_fixed_layout_matches_torch_native(mode, q_len, attn_type, heads, kv_heads, head_dim,
+                                           dtype, bs, num_kv_splits, window):
     seed = fresh_seed()
     num_live = max(bs - 1, 1)  # the last row is padding whenever there is room for it
     lens = random_lens(num_live, q_len)
@@ -185,16 +201,18 @@ def test_fixed_layout_matches_torch_native(mode, q_len, heads, kv_heads, head_di
     tensors = fixed_layout_tensors(req_pool, rows, lens, q_len, bs - num_live)
     fb = make_batch(mode, req_pool, kv_pool, backend, tensors)
     q, k, v = random_qkv(fb.num_tokens, heads, kv_heads, head_dim, dtype)
-    layer = RadixAttention(heads, head_dim, head_dim**-0.5, kv_heads, LAYER_ID)
+    layer = RadixAttention(heads, head_dim, head_dim**-0.5, kv_heads, LAYER_ID, window,
+                           attn_type)
     backend.init_forward_metadata(fb)
     out = backend.forward(q, k, v, layer, fb, save_kv_cache=True)
     assert_kv_written(kv_pool, fb, k, seed)
-    assert_close(out, reference(fb, layer, q, k, v), seed, mode.name)
+    assert_close(out, reference(fb, layer, q, k, v), seed, f"{mode.name} window {window}")
 
 
+@pytest.mark.parametrize("window", [FULL_CONTEXT, WINDOW])
 @pytest.mark.parametrize("dtype", DTYPES, ids=["bf16", "fp16"])
-@pytest.mark.parametrize("mode,q_len", FIXED_MODES[:2], ids=FIXED_MODE_IDS[:2])
-def test_cuda_graph_replay_matches_torch_native(mode, q_len, dtype):
+@pytest.mark.parametrize("mode,q_len,attn_type", FIXED_MODES, ids=FIXED_MODE_IDS)
+def test_cuda_graph_replay_matches_torch_native(mode, q_len, attn_type, dtype, window):
     """Capture once over static batch tensors; refresh them in place; every replay matches."""
     seed = fresh_seed()
     heads, kv_heads, head_dim = HEAD_CONFIGS[1]
@@ -207,7 +225,8 @@ def test_cuda_graph_replay_matches_torch_native(mode, q_len, dtype):
                                   q_len, num_padded=1)
     fb = make_batch(mode, req_pool, kv_pool, backend, static)
     q, k, v = random_qkv(fb.num_tokens, heads, kv_heads, head_dim, dtype)
-    layer = RadixAttention(heads, head_dim, head_dim**-0.5, kv_heads, LAYER_ID)
+    layer = RadixAttention(heads, head_dim, head_dim**-0.5, kv_heads, LAYER_ID, window,
+                           attn_type)
 
     backend.init_forward_metadata_capture_cuda_graph(fb)
     side = torch.cuda.Stream()
@@ -235,7 +254,7 @@ def test_cuda_graph_replay_matches_torch_native(mode, q_len, dtype):
         torch.cuda.synchronize()
         assert_kv_written(kv_pool, fb, k, seed)
         assert_close(out.clone(), reference(fb, layer, q, k, v), seed,
-                     f"{mode.name} replay with {num_live} live")
+                     f"{mode.name} window {window} replay with {num_live} live")
         for row in rows:
             req_pool.free(row)
 
@@ -265,6 +284,57 @@ def test_decode_faster_than_torch_native():
     assert triton_ms < native_ms, f"triton {triton_ms:.3f} ms >= native {native_ms:.3f} ms"
     assert_close(backend.forward(q, k, v, layer, fb, save_kv_cache=False),
                  native.forward(q, k, v, layer, fb, save_kv_cache=False), seed, "bench")
+
+
+LONG_CONTEXT = 16384
+LONG_WINDOW = 1023
+# A windowed layer reads LONG_WINDOW + 1 of LONG_CONTEXT keys per query (decode) or about that
+# many per prefill query instead of half the context; these bounds leave room for launch costs.
+MIN_DECODE_SPEEDUP = 3.0
+MIN_EXTEND_SPEEDUP = 2.0
+
+
+def test_sliding_window_skips_keys_at_long_context():
+    """Keys before the window are skipped, not only masked: at 16k context a layer with a
+    1k window decodes (bs 32) and prefills (one 8k prompt) clearly faster than a full one,
+    and still equals torch_native."""
+    seed = fresh_seed()
+    heads, kv_heads, head_dim = HEAD_CONFIGS[1]
+    bs, dtype = 32, torch.bfloat16
+    lens = [LONG_CONTEXT] * bs
+    num_slots = sum(lens) + 64
+    req_pool, kv_pool = make_pools(num_slots, kv_heads, head_dim, dtype, LONG_CONTEXT)
+    rows = place_requests(req_pool, num_slots, lens)
+    backend = TritonAttnBackend()
+    decode = make_batch(ForwardMode.DECODE, req_pool, kv_pool, backend,
+                        fixed_layout_tensors(req_pool, rows, lens, 1, num_padded=0))
+    prompt = LONG_CONTEXT // 2
+    locs = req_pool.req_to_token[rows[0], :prompt].long()
+    positions = torch.arange(prompt, device=DEVICE)
+    seq = torch.tensor([prompt], device=DEVICE)
+    extend = make_batch(ForwardMode.EXTEND, req_pool, kv_pool, backend, dict(
+        req_pool_indices=torch.tensor(rows[:1], device=DEVICE), seq_lens=seq,
+        seq_lens_cpu=seq.cpu(), out_cache_loc=locs, positions=positions), [0], [prompt])
+    full = RadixAttention(heads, head_dim, head_dim**-0.5, kv_heads, LAYER_ID)
+    windowed = RadixAttention(heads, head_dim, head_dim**-0.5, kv_heads, LAYER_ID, LONG_WINDOW)
+    report = []
+    for fb, min_speedup in ((decode, MIN_DECODE_SPEEDUP), (extend, MIN_EXTEND_SPEEDUP)):
+        q, k, v = random_qkv(fb.num_tokens, heads, kv_heads, head_dim, dtype)
+        backend.init_forward_metadata(fb)
+        ms = {layer.sliding_window_size: _median_ms(backend, fb, layer, q, k, v)
+              for layer in (full, windowed)}
+        report.append(f"{fb.forward_mode.name}: full {ms[FULL_CONTEXT] * 1e3:.0f} us, window "
+                      f"{LONG_WINDOW + 1}: {ms[LONG_WINDOW] * 1e3:.0f} us")
+        assert ms[LONG_WINDOW] * min_speedup < ms[FULL_CONTEXT], report[-1]
+        assert_close(backend.forward(q, k, v, windowed, fb, save_kv_cache=False),
+                     reference(fb, windowed, q, k, v), seed, f"{fb.forward_mode.name} window")
+    print(f"\nctx {LONG_CONTEXT}, bs {bs} decode / one {prompt}-token prefill: "
+          + "; ".join(report))
+
+
+def _median_ms(backend, fb: ForwardBatch, layer, q, k, v) -> float:
+    return triton.testing.do_bench(
+        lambda: backend.forward(q, k, v, layer, fb, save_kv_cache=False), return_mode="median")
 
 
 if __name__ == "__main__":

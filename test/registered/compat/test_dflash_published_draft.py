@@ -1,8 +1,9 @@
 """A DFlash draft folder in the published layout (SGLang's `DFlashDraftModel`, the z-lab
 `*-DFlash-b16` drafts, SpecForge): settings at the top level or in `dflash_config`, no
 `target_layer_ids` (the default spread), a `mask_token` string, tensor names with or without
-`model.`, an embedding and LM head that the target's replace. It loads beside a target saved
-by transformers, and DFlash greedy equals target-only greedy."""
+`model.`, an embedding and LM head that the target's replace, `layer_types` with sliding
+layers (read as SGLang reads them). It loads beside a target saved by transformers, and DFlash
+greedy equals target-only greedy."""
 
 import json
 import logging
@@ -14,9 +15,10 @@ import torch
 from safetensors.torch import save_file
 
 from sglang_aux.srt.entrypoints.engine import Engine
+from sglang_aux.srt.layers.radix_attention import FULL_CONTEXT, AttentionType, RadixAttention
 from sglang_aux.srt.model_loader.weight_utils import checkpoint_tensors, init_random_weights
 from sglang_aux.srt.models.dflash import DFlashDraftModel
-from sglang_aux.srt.speculative.dflash_utils import DFlashConfig
+from sglang_aux.srt.speculative.dflash_utils import DFlashConfig, dflash_layer_attention
 from sglang_aux.test.ci.ci_register import register_cpu_ci
 from sglang_aux.test.hf_checkpoints import HF_TINY, save_hf_model
 from sglang_aux.tools.presets import BYTE_VOCAB
@@ -151,13 +153,53 @@ def test_bad_draft_configs_are_refused(fields, words):
                                     token_to_id=lambda token: None)
 
 
-def test_sliding_window_draft_layers_are_refused(target, tmp_path):
-    config = {**PUBLISHED_CONFIG, "sliding_window": 8,
-              "layer_types": ["sliding_attention", "full_attention"]}
-    draft = write_draft(tmp_path / "draft", config)
-    with pytest.raises(ValueError, match="sliding_attention"):
-        Engine(model_path=target, speculative_algorithm="DFLASH",
-               speculative_draft_model_path=draft, **COMMON)
+SLIDING_DRAFT = {**PUBLISHED_CONFIG, "use_sliding_window": True, "sliding_window": 8,
+                 "layer_types": ["sliding_attention", "full_attention"]}
+DECODER, ENCODER_ONLY = AttentionType.DECODER, AttentionType.ENCODER_ONLY
+
+
+def _draft_attention(model) -> list[tuple[int, AttentionType]]:
+    return [(m.sliding_window_size, m.attn_type) for m in model.modules()
+            if isinstance(m, RadixAttention)]
+
+
+def test_sliding_draft_layers_load_and_are_lossless(target, target_only, tmp_path):
+    """`layer_types` as the published sliding-window drafts write them, read as SGLang reads
+    them: the sliding layer is causal and sees the query and the 7 positions before it, the
+    full layer sees all context and the whole block. Prompts and outputs run past the window;
+    DFlash greedy still equals target-only greedy."""
+    draft = write_draft(tmp_path / "draft", SLIDING_DRAFT)
+    engine = Engine(model_path=target, speculative_algorithm="DFLASH",
+                    speculative_draft_model_path=draft, **COMMON)
+    model = engine.worker.draft_runner.model
+    assert _draft_attention(model) == [(7, DECODER), (FULL_CONTEXT, ENCODER_ONLY)]
+    outs = engine.generate(PROMPTS, GREEDY)
+    for ref, out in zip(target_only, outs, strict=True):
+        assert out["output_ids"] == ref["output_ids"]
+        assert out["meta_info"]["spec_verify_ct"] > 0
+
+
+@pytest.mark.parametrize("fields, expected", [
+    ({"layer_types": None}, [(FULL_CONTEXT, ENCODER_ONLY)] * 2),  # none: all full, as SGLang
+    ({**SLIDING_DRAFT, "use_sliding_window": False}, [(7, DECODER), (FULL_CONTEXT, ENCODER_ONLY)]),
+    ({**SLIDING_DRAFT, "is_causal": True}, [(7, DECODER), (FULL_CONTEXT, DECODER)]),
+    ({**SLIDING_DRAFT, "is_causal": False}, [(7, ENCODER_ONLY), (FULL_CONTEXT, ENCODER_ONLY)]),
+])
+def test_draft_layer_attention_follows_sglang(fields, expected):
+    layers = dflash_layer_attention(_config(**fields))
+    assert [(a.sliding_window_size, a.attn_type) for a in layers] == expected
+
+
+@pytest.mark.parametrize("fields, words", [
+    ({"layer_types": ["sliding_attention", "full_attention"]}, "no sliding_window"),
+    ({"layer_types": ["sliding_attention"]}, "each of the 2 layers"),
+    ({"layer_types": ["linear_attention", "full_attention"]}, "linear_attention"),
+    ({**SLIDING_DRAFT, "is_causal": False, "sliding_window": BLOCK - 1}, "below block_size"),
+    ({**SLIDING_DRAFT, "is_causal": "no"}, "is_causal"),
+])
+def test_unsupported_draft_layer_attention_is_refused(fields, words):
+    with pytest.raises(ValueError, match=words):
+        dflash_layer_attention(_config(**fields))
 
 
 if __name__ == "__main__":

@@ -1,7 +1,8 @@
 """RoPE settings as transformers reads them: our inverse frequencies and cos/sin factor equal
 transformers' own rotary embedding's (`LlamaRotaryEmbedding`, built from a transformers config)
 bit for bit for every supported type, and every field we do not compute is refused by name,
-never ignored (rope types, keys, sliding windows, MLP biases, activations)."""
+never ignored (rope types, keys, window fields transformers' Llama ignores, sliding layers
+without a window, unknown layer types, bidirectional targets, MLP biases, activations)."""
 
 import sys
 from types import SimpleNamespace
@@ -104,19 +105,52 @@ def _qwen3(**kw) -> SimpleNamespace:
     return SimpleNamespace(**config.to_dict())
 
 
+def _llama(**kw) -> SimpleNamespace:
+    return SimpleNamespace(**{**transformers.LlamaConfig(**BASE).to_dict(), **kw})
+
+
+def _edited(config: SimpleNamespace, **kw) -> SimpleNamespace:
+    """A config.json transformers would not write (its validation refuses some)."""
+    return SimpleNamespace(**{**vars(config), **kw})
+
+
+def _build(config: SimpleNamespace):
+    return get_model_class(config.architectures[0])(config)
+
+
 def test_decoder_fields_accepted_as_transformers_writes_them():
-    accepted = [_qwen3(), _qwen3(use_sliding_window=True, sliding_window=64,
-                                 layer_types=["full_attention"] * 2),
-                SimpleNamespace(**transformers.LlamaConfig(**BASE).to_dict())]
+    accepted = [_qwen3(), _qwen3(use_sliding_window=True, sliding_window=64),
+                _qwen3(use_sliding_window=True, sliding_window=64,
+                       layer_types=["full_attention"] * 2), _llama()]
     for config in accepted:
+        config.architectures = [f"{config.model_type.capitalize()}ForCausalLM"]
         assert check_decoder_config(config) is None  # raises when a field is refused
+        _build(config)  # the attention pattern is read (or refused) as the layers are made
 
 
 @pytest.mark.parametrize("config, words", [
-    (_qwen3(use_sliding_window=True, sliding_window=64), "sliding_attention"),
-    (SimpleNamespace(**BASE, use_sliding_window=True, sliding_window=64), "use_sliding_window"),
-    (SimpleNamespace(**BASE, sliding_window=64), "sliding_window 64"),
-    (SimpleNamespace(**BASE, layer_types=["full_attention"]), "1 entries for 2 layers"),
+    # transformers' Llama ignores window fields: refused rather than served either way
+    (_llama(layer_types=["sliding_attention", "full_attention"], sliding_window=64),
+     "computes full attention"),
+    (_llama(use_sliding_window=True, sliding_window=64), "use_sliding_window True"),
+    (_llama(sliding_window=64), "sliding_window 64"),
+    # transformers nulls the window without use_sliding_window, then fails on such a config
+    (_qwen3(sliding_window=64, layer_types=["sliding_attention", "full_attention"]),
+     "no window"),
+    (_edited(_qwen3(), layer_types=["full_attention"]), "each of the 2 layers"),
+    (_edited(_qwen3(), layer_types=["chunked_attention", "full_attention"]),
+     "chunked_attention"),
+    (_edited(_qwen3(), is_causal=False), "bidirectional target"),
+    (_edited(_qwen3(), use_sliding_window=True, sliding_window=0,
+             layer_types=["sliding_attention", "full_attention"]), "positive integer"),
+])
+def test_unsupported_attention_fields_are_refused(config, words):
+    config.architectures = [f"{config.model_type.capitalize()}ForCausalLM"]
+    with pytest.raises(ValueError, match=words):
+        _build(config)
+
+
+@pytest.mark.parametrize("config, words", [
     (SimpleNamespace(**BASE, mlp_bias=True), "mlp_bias"),
     (SimpleNamespace(**BASE, hidden_act="gelu"), "gelu"),
 ])

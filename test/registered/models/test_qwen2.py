@@ -128,17 +128,5 @@ def test_dflash_is_lossless_over_the_shared_buffer(folder, engine, device, tmp_p
         assert s["meta_info"]["spec_verify_ct"] > 0
 
 
-def test_sliding_window_is_refused(folder, tmp_path):
-    cfg = json.loads((folder / "config.json").read_text())
-    # an older config: windows switched on by the flag, no per-layer `layer_types`
-    cfg.update(use_sliding_window=True, sliding_window=16, max_window_layers=0)
-    cfg.pop("layer_types", None)
-    (tmp_path / "config.json").write_text(json.dumps(cfg))
-    for f in ("model.safetensors", "tokenizer.json", "tokenizer_config.json"):
-        (tmp_path / f).symlink_to(folder / f)
-    with pytest.raises(ValueError, match="use_sliding_window"):
-        Engine(model_path=str(tmp_path), device="cpu", max_total_tokens=256)
-
-
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-q"]))

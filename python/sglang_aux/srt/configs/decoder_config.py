@@ -1,17 +1,44 @@
-"""Fields of a Llama-family `config.json` that change what the decoder computes, refused when
-the runtime does not compute them (silently ignoring one would serve a different model).
+"""Fields of a Llama-family `config.json` that change what the decoder computes: read as
+transformers reads them for the model type, or refused when the runtime does not compute them
+(silently ignoring one would serve a different model).
 
 What the decoder does implement is read where it is used: RoPE in `layers/rope_scaling.py`,
 `head_dim` and `attention_bias` (q/k/v and o_proj biases, as HF Llama and Qwen3 define it) in
-the attention constructor.
+the attention constructor, and each layer's attention pattern (`LayerAttention`) here, by
+the reading its model names (the DFlash draft's follows SGLang: `speculative/dflash_utils.py`).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from types import SimpleNamespace
 
+from sglang_aux.srt.layers.radix_attention import FULL_CONTEXT, AttentionType
+
 FULL_ATTENTION = "full_attention"
+SLIDING_ATTENTION = "sliding_attention"
+LAYER_TYPES = (FULL_ATTENTION, SLIDING_ATTENTION)
 SUPPORTED_ACTIVATIONS = ("silu",)
+# transformers' Qwen2Config / Qwen3Config defaults for keys a config.json leaves out
+QWEN_DEFAULT_SLIDING_WINDOW = 4096
+QWEN_DEFAULT_MAX_WINDOW_LAYERS = 28
+
+
+@dataclass(frozen=True)
+class LayerAttention:
+    """Which keys one layer's queries see: RadixAttention's `sliding_window_size` (keys left
+    of the query, FULL_CONTEXT for all) and `attn_type` (causal or not)."""
+
+    sliding_window_size: int = FULL_CONTEXT
+    attn_type: AttentionType = AttentionType.DECODER
+
+    @classmethod
+    def sliding(cls, window: int, attn_type: AttentionType = AttentionType.DECODER
+                ) -> LayerAttention:
+        """HF's `sliding_window` W: the query and the W - 1 keys before it."""
+        if isinstance(window, bool) or not isinstance(window, int) or window < 1:
+            raise ValueError(f"sliding_window must be a positive integer, got {window!r}")
+        return cls(window - 1, attn_type)
 
 
 def check_decoder_config(config: SimpleNamespace) -> None:
@@ -21,31 +48,63 @@ def check_decoder_config(config: SimpleNamespace) -> None:
         raise ValueError(f"hidden_act {act!r} is not supported (only {SUPPORTED_ACTIVATIONS})")
     if getattr(config, "mlp_bias", False):
         raise ValueError("mlp_bias=true (biases on gate/up/down_proj) is not supported")
-    check_full_attention(config)
 
 
-def check_full_attention(config: SimpleNamespace) -> None:
-    """Every layer attends to the whole context: no sliding windows.
-
-    transformers decides per layer from `layer_types` when present; older Qwen-style configs
-    switch windows on with `use_sliding_window` (for layers from `max_window_layers` on).
-    """
+def layer_types_of(config: SimpleNamespace) -> list[str] | None:
+    """`layer_types` as given (None when absent), one known type per layer."""
+    types = getattr(config, "layer_types", None)
+    if types is None:
+        return None
     num_layers = config.num_hidden_layers
-    layer_types = getattr(config, "layer_types", None)
+    if isinstance(types, str) or len(types) != num_layers:
+        raise ValueError(f"layer_types {types!r} must list one type for each of the "
+                         f"{num_layers} layers")
+    unknown = sorted({t for t in types if t not in LAYER_TYPES})
+    if unknown:
+        raise ValueError(f"layer_types {unknown} are not supported (only {list(LAYER_TYPES)})")
+    return list(types)
+
+
+def full_attention_layers(config: SimpleNamespace) -> list[LayerAttention]:
+    """transformers' Llama (and our Kimi-K3-style target): causal, no sliding window. Its
+    modeling code ignores window fields, so one that asks for a window is refused rather than
+    served either way."""
+    _check_causal_target(config)
+    types = layer_types_of(config) or []
     window = getattr(config, "sliding_window", None)
-    if layer_types is not None:
-        if len(layer_types) != num_layers:
-            raise ValueError(f"layer_types has {len(layer_types)} entries for {num_layers} "
-                             "layers")
-        other = sorted({t for t in layer_types if t != FULL_ATTENTION})
-        if other:
-            raise ValueError(f"layer_types {other} (sliding_window {window}) are not supported: "
-                             f"every layer must be {FULL_ATTENTION!r}")
-        return
     use_window = getattr(config, "use_sliding_window", None)
-    first_windowed = getattr(config, "max_window_layers", 0) or 0
-    if use_window and window is not None and first_windowed < num_layers:
-        raise ValueError(f"use_sliding_window with sliding_window {window} from layer "
-                         f"{first_windowed} on is not supported (full attention only)")
-    if use_window is None and window is not None:
-        raise ValueError(f"sliding_window {window} is not supported (full attention only)")
+    if SLIDING_ATTENTION in types or use_window or (use_window is None and window is not None):
+        raise ValueError(
+            f"sliding windows (layer_types {types or None}, sliding_window {window}, "
+            f"use_sliding_window {use_window}) are not supported for model_type "
+            f"{getattr(config, 'model_type', None)!r}: transformers computes full attention "
+            "there (Qwen2 / Qwen3 configs get sliding windows)")
+    return [LayerAttention()] * config.num_hidden_layers
+
+
+def qwen_layer_attention(config: SimpleNamespace) -> list[LayerAttention]:
+    """transformers' Qwen2 / Qwen3: `sliding_window` counts only with `use_sliding_window`;
+    layers follow `layer_types` when given, else slide from `max_window_layers` on."""
+    _check_causal_target(config)
+    num_layers = config.num_hidden_layers
+    window = None
+    if getattr(config, "use_sliding_window", False):
+        window = getattr(config, "sliding_window", QWEN_DEFAULT_SLIDING_WINDOW)
+    types = layer_types_of(config)
+    if types is None:
+        first = getattr(config, "max_window_layers", QWEN_DEFAULT_MAX_WINDOW_LAYERS)
+        types = [SLIDING_ATTENTION if window is not None and i >= first else FULL_ATTENTION
+                 for i in range(num_layers)]
+    if SLIDING_ATTENTION in types and window is None:
+        raise ValueError(
+            f"layer_types has {SLIDING_ATTENTION} layers but no window: use_sliding_window "
+            f"{getattr(config, 'use_sliding_window', None)}, sliding_window "
+            f"{getattr(config, 'sliding_window', None)} (transformers cannot run it either)")
+    return [LayerAttention.sliding(window) if t == SLIDING_ATTENTION else LayerAttention()
+            for t in types]
+
+
+def _check_causal_target(config: SimpleNamespace) -> None:
+    if getattr(config, "is_causal", True) is not True:
+        raise ValueError(f"is_causal {config.is_causal!r}: a bidirectional target is not "
+                         "supported (causal decoders only)")

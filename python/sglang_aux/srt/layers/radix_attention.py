@@ -2,24 +2,51 @@
 
 from __future__ import annotations
 
+from enum import Enum
+
 import torch
 from torch import nn
 
 from sglang_aux.srt.layers.kv_store import KVStore
 from sglang_aux.srt.model_executor.forward_batch_info import ForwardBatch
 
+FULL_CONTEXT = -1  # `sliding_window_size` of a layer that sees every earlier key
+
+
+class AttentionType(Enum):
+    """Which keys after a query it sees (SGLang's names)."""
+
+    DECODER = "decoder"  # causal: none (targets; DFlash draft layers that are causal)
+    ENCODER_ONLY = "encoder_only"  # bidirectional: all (DFlash draft layers in the block)
+
 
 class RadixAttention(nn.Module):
-    """Paged attention over the batch's KV pool for one layer (no weights of its own)."""
+    """Paged attention over the batch's KV pool for one layer (no weights of its own).
+
+    A query at position p sees key positions j < seq_len, with j <= p when `attn_type` is
+    DECODER, and p - j <= `sliding_window_size` unless that is FULL_CONTEXT. As in SGLang the
+    window counts the keys left of the query it still sees: HF's `sliding_window` W (the query
+    plus W - 1 earlier keys) is `sliding_window_size = W - 1`.
+    """
 
     def __init__(self, num_heads: int, head_dim: int, scaling: float, num_kv_heads: int,
-                 layer_id: int):
+                 layer_id: int, sliding_window_size: int = FULL_CONTEXT,
+                 attn_type: AttentionType = AttentionType.DECODER):
         super().__init__()
+        if sliding_window_size < FULL_CONTEXT:
+            raise ValueError(f"sliding_window_size must be >= {FULL_CONTEXT} (full context), "
+                             f"got {sliding_window_size}")
         self.tp_q_head_num = num_heads
         self.tp_k_head_num = num_kv_heads
         self.head_dim = head_dim
         self.scaling = scaling
         self.layer_id = layer_id
+        self.sliding_window_size = sliding_window_size
+        self.attn_type = attn_type
+
+    @property
+    def is_causal(self) -> bool:
+        return self.attn_type is AttentionType.DECODER
 
     def kv_store(self, forward_batch: ForwardBatch) -> KVStore | None:
         """Where this layer's new K/V go, for a caller that stores them itself (the fused

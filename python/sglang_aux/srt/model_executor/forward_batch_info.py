@@ -18,7 +18,7 @@ class ForwardMode(IntEnum):
     EXTEND = auto()  # prefill: new tokens per request, causal over the cached prefix
     DECODE = auto()  # one token per request
     TARGET_VERIFY = auto()  # B tokens per request, causal over prefix and block
-    DRAFT_BLOCK = auto()  # DFlash draft: B block queries, non-causal inside the block
+    DRAFT_BLOCK = auto()  # DFlash draft: B block queries (causality per layer: attn_type)
     IDLE = auto()  # no tokens (a pipeline or overlap peer with nothing to do)
 
     def is_extend(self) -> bool:
@@ -39,9 +39,6 @@ class ForwardMode(IntEnum):
     def is_cuda_graph(self) -> bool:
         """Modes whose token layout is fixed per request, so a graph can be captured."""
         return self in (ForwardMode.DECODE, ForwardMode.TARGET_VERIFY, ForwardMode.DRAFT_BLOCK)
-
-    def is_causal(self) -> bool:
-        return self != ForwardMode.DRAFT_BLOCK
 
 
 class CaptureHiddenMode(IntEnum):

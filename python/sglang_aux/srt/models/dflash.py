@@ -4,9 +4,10 @@ Context: the target's K aux states of a committed token, `[K * H_target]`, are p
 by `fc` and `hidden_norm`; every draft layer turns that projection into K/V with its own k/v
 weights (k_norm, RoPE at the token's position) and stores them in the draft KV cache at the
 slot the target gave the token. Drafting: the block `[anchor, MASK x (B-1)]`, embedded by the
-target's embedding, attends to all cached context and to the whole block (DRAFT_BLOCK mode:
-non-causal inside the block); block offset j predicts the token at offset j through the
-target's LM head, so one forward proposes B-1 tokens.
+target's embedding, attends to the cached context and to the block (DRAFT_BLOCK mode) as each
+layer's `layer_types` entry says (`dflash_layer_attention`: full layers see everything and are
+non-causal inside the block, sliding layers are causal and windowed); block offset j predicts
+the token at offset j through the target's LM head, so one forward proposes B-1 tokens.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from sglang_aux.srt.configs.decoder_config import check_decoder_config
+from sglang_aux.srt.configs.decoder_config import LayerAttention, check_decoder_config
 from sglang_aux.srt.layers.kv_store import KVStore
 from sglang_aux.srt.layers.layernorm import RMSNorm
 from sglang_aux.srt.layers.logits_processor import LogitsProcessor, LogitsProcessorOutput
@@ -29,10 +30,20 @@ from sglang_aux.srt.mem_cache.memory_pool import MHATokenToKVPool
 from sglang_aux.srt.model_executor.forward_batch_info import ForwardBatch
 from sglang_aux.srt.model_loader.weight_utils import load_named_weights
 from sglang_aux.srt.models.llama import run_decoder_layers
-from sglang_aux.srt.models.qwen3 import Qwen3DecoderLayer
-from sglang_aux.srt.speculative.dflash_utils import DFlashConfig
+from sglang_aux.srt.models.qwen3 import Qwen3Attention, Qwen3DecoderLayer
+from sglang_aux.srt.speculative.dflash_utils import DFlashConfig, dflash_layer_attention
 
 BORROWED_FROM_TARGET = ("embed_tokens", "lm_head")
+
+
+class DFlashAttention(Qwen3Attention):
+    @staticmethod
+    def layer_attention(config: SimpleNamespace, layer_id: int) -> LayerAttention:
+        return dflash_layer_attention(config)[layer_id]
+
+
+class DFlashDecoderLayer(Qwen3DecoderLayer):
+    attention_cls = DFlashAttention
 
 
 class DFlashDraftModel(nn.Module):
@@ -46,7 +57,7 @@ class DFlashDraftModel(nn.Module):
         self.fc = nn.Linear(len(dc.target_layer_ids) * dc.target_hidden_size, h, bias=False)
         self.hidden_norm = RMSNorm(h, config.rms_norm_eps)
         self.layers = nn.ModuleList(
-            [Qwen3DecoderLayer(config, i) for i in range(config.num_hidden_layers)]
+            [DFlashDecoderLayer(config, i) for i in range(config.num_hidden_layers)]
         )
         self.norm = RMSNorm(h, config.rms_norm_eps)
         self.logits_processor = LogitsProcessor()

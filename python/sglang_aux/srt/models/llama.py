@@ -13,7 +13,11 @@ from types import SimpleNamespace
 import torch
 from torch import nn
 
-from sglang_aux.srt.configs.decoder_config import check_decoder_config
+from sglang_aux.srt.configs.decoder_config import (
+    LayerAttention,
+    check_decoder_config,
+    full_attention_layers,
+)
 from sglang_aux.srt.layers.activation import SiluAndMul
 from sglang_aux.srt.layers.aux_hidden_states import (
     AuxHiddenStateList,
@@ -54,7 +58,9 @@ class LlamaAttention(nn.Module):
         self.o_proj = nn.Linear(self.num_heads * d, h, bias=o_bias)
         self.rotary_emb = RotaryEmbedding(d, config.max_position_embeddings,
                                           RopeScaling.from_hf_config(config))
-        self.attn = RadixAttention(self.num_heads, d, d**-0.5, self.num_kv_heads, layer_id)
+        pattern = self.layer_attention(config, layer_id)
+        self.attn = RadixAttention(self.num_heads, d, d**-0.5, self.num_kv_heads, layer_id,
+                                   pattern.sliding_window_size, pattern.attn_type)
         self.q_norm: RMSNorm | None = None
         self.k_norm: RMSNorm | None = None
 
@@ -64,6 +70,12 @@ class LlamaAttention(nn.Module):
         overrides (q/k/v biases, none on o_proj)."""
         bias = getattr(config, "attention_bias", False)
         return bias, bias
+
+    @staticmethod
+    def layer_attention(config: SimpleNamespace, layer_id: int) -> LayerAttention:
+        """Which keys this layer's queries see, read as transformers reads the model type:
+        Llama has no sliding windows; Qwen2 / Qwen3 and the DFlash draft override."""
+        return full_attention_layers(config)[layer_id]
 
     def forward(self, positions: torch.Tensor, x: torch.Tensor,
                 forward_batch: ForwardBatch) -> torch.Tensor:

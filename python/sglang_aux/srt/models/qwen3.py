@@ -1,10 +1,11 @@
 """Qwen3 (`Qwen3ForCausalLM`): the Llama decoder with per-head RMSNorm on q and k (fused into
-the RoPE step by `LlamaAttention`)."""
+the RoPE step by `LlamaAttention`) and transformers' Qwen sliding windows."""
 
 from __future__ import annotations
 
 from types import SimpleNamespace
 
+from sglang_aux.srt.configs.decoder_config import LayerAttention, qwen_layer_attention
 from sglang_aux.srt.layers.layernorm import RMSNorm
 from sglang_aux.srt.models.llama import (
     LlamaAttention,
@@ -19,6 +20,10 @@ class Qwen3Attention(LlamaAttention):
         super().__init__(config, layer_id)
         self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
         self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
+
+    @staticmethod
+    def layer_attention(config: SimpleNamespace, layer_id: int) -> LayerAttention:
+        return qwen_layer_attention(config)[layer_id]
 
 
 class Qwen3DecoderLayer(LlamaDecoderLayer):

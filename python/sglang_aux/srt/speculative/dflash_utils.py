@@ -1,4 +1,5 @@
-"""DFlash draft configuration: which target layers feed the draft, block size, mask token."""
+"""DFlash draft configuration: which target layers feed the draft, block size, mask token, and
+each draft layer's attention pattern."""
 
 from __future__ import annotations
 
@@ -6,6 +7,14 @@ import logging
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from types import SimpleNamespace
+
+from sglang_aux.srt.configs.decoder_config import (
+    FULL_ATTENTION,
+    SLIDING_ATTENTION,
+    LayerAttention,
+    layer_types_of,
+)
+from sglang_aux.srt.layers.radix_attention import AttentionType
 
 logger = logging.getLogger(__name__)
 
@@ -100,3 +109,36 @@ def _mask_token_id(config: SimpleNamespace, token_to_id: Callable[[str], int | N
         raise ValueError(f"the draft config has no mask_token_id and mask token {token!r} is "
                          "not in the tokenizer")
     return resolved
+
+
+def dflash_layer_attention(config: SimpleNamespace) -> list[LayerAttention]:
+    """Each draft layer's attention over cached context + block, as SGLang's DFlashDraftModel
+    reads `layer_types`: `full_attention` sees the whole context and the whole block
+    (bidirectional); `sliding_attention` is causal inside the block and sees the query and
+    the `sliding_window - 1` positions before it (`use_sliding_window` is not consulted). An
+    explicit `is_causal` sets every layer's causality. No `layer_types`: all full.
+
+    A bidirectional layer's window bounds keys on the left only; with a window smaller than
+    the block, references disagree on the right side, so that case is refused.
+    """
+    types = layer_types_of(config) or [FULL_ATTENTION] * config.num_hidden_layers
+    is_causal = getattr(config, "is_causal", None)
+    if is_causal is not None and not isinstance(is_causal, bool):
+        raise ValueError(f"is_causal must be true, false or absent, got {is_causal!r}")
+    window = getattr(config, "sliding_window", None)
+    if SLIDING_ATTENTION in types and window is None:
+        raise ValueError(f"DFlash draft layer_types {types} has {SLIDING_ATTENTION} layers "
+                         "but the config has no sliding_window")
+    block_size = int(dflash_field(config, "block_size") or DEFAULT_BLOCK_SIZE)
+    out = []
+    for layer_type in types:
+        causal = layer_type == SLIDING_ATTENTION if is_causal is None else is_causal
+        attn_type = AttentionType.DECODER if causal else AttentionType.ENCODER_ONLY
+        if layer_type == FULL_ATTENTION:
+            out.append(LayerAttention(attn_type=attn_type))
+            continue
+        if not causal and window < block_size:
+            raise ValueError(f"a bidirectional sliding layer with sliding_window {window} "
+                             f"below block_size {block_size} is not supported")
+        out.append(LayerAttention.sliding(window, attn_type))
+    return out

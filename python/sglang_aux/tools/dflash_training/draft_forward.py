@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from sglang_aux.srt.layers.radix_attention import FULL_CONTEXT
 from sglang_aux.srt.models.dflash import DFlashDraftModel
 
 
@@ -32,6 +33,9 @@ class DenseBlockAttention:
 
     def forward(self, q, k, v, layer, forward_batch, save_kv_cache: bool = True) -> torch.Tensor:
         del forward_batch, save_kv_cache  # nothing is cached in training
+        if layer.is_causal or layer.sliding_window_size != FULL_CONTEXT:
+            raise NotImplementedError(f"training draft layer {layer.layer_id}: only full, "
+                                      "bidirectional layers (no sliding_attention)")
         n, num_q = self.mask.shape[:2]
         ctx_k, ctx_v = self.ctx_kv[layer.layer_id]
         keys = torch.cat([ctx_k, k.view(n, num_q, *ctx_k.shape[2:]).to(ctx_k.dtype)], dim=1)

@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from sglang_aux.srt.layers.attention.base_attn_backend import AttentionBackend
+from sglang_aux.srt.layers.radix_attention import FULL_CONTEXT
 
 if TYPE_CHECKING:
     from sglang_aux.srt.layers.radix_attention import RadixAttention
@@ -19,7 +20,8 @@ class TorchNativeAttnBackend(AttentionBackend):
     gather every request's keys at once and mask by position.
 
     A query at position p of a request with `seq_len` tokens sees key positions `j < seq_len`,
-    and `j <= p` too unless the mode is DRAFT_BLOCK (non-causal inside the draft block). Under
+    `j <= p` too when the layer is causal (`attn_type` DECODER), and `p - j <=
+    sliding_window_size` when the layer has a window (RadixAttention's contract). Under
     a CUDA graph the gathered key length is the static context bound instead of the batch
     maximum, so the captured work does not depend on the batch; the CPU's eager replay re-runs
     host code and keeps the batch maximum.
@@ -64,8 +66,8 @@ class TorchNativeAttnBackend(AttentionBackend):
             keys = pool.k_buffer[layer.layer_id][slots].to(q.dtype)  # [L, KVH, D]
             vals = pool.v_buffer[layer.layer_id][slots].to(q.dtype)
             qi = q[start : start + ext]  # [ext, H, D]
-            q_pos = torch.arange(prefix, prefix + ext, device=q.device)
-            mask = torch.arange(prefix + ext, device=q.device)[None, :] <= q_pos[:, None]
+            q_pos = torch.arange(prefix, prefix + ext, device=q.device)[:, None]
+            mask = _visible(q_pos, torch.arange(prefix + ext, device=q.device), layer)
             out[start : start + ext] = _sdpa(qi[None], keys[None], vals[None], mask[None],
                                              layer.scaling)[0]
             start += ext
@@ -80,11 +82,18 @@ class TorchNativeAttnBackend(AttentionBackend):
         slots = fb.req_to_token_pool.req_to_token[fb.req_pool_indices, :kv_len]  # [bs, L]
         keys = fb.token_to_kv_pool.k_buffer[layer.layer_id][slots].to(q.dtype)  # [bs, L, KVH, D]
         vals = fb.token_to_kv_pool.v_buffer[layer.layer_id][slots].to(q.dtype)
-        key_pos = torch.arange(kv_len, device=q.device)[None, None, :]
-        mask = key_pos < fb.seq_lens[:, None, None]  # [bs, 1, L]
-        if fb.forward_mode.is_causal():
-            mask = mask & (key_pos <= fb.positions.view(bs, q_len, 1))
+        key_pos = torch.arange(kv_len, device=q.device)
+        mask = _visible(fb.positions.view(bs, q_len, 1), key_pos, layer)  # [bs, Q, L]
+        mask = mask & (key_pos < fb.seq_lens[:, None, None])
         return _sdpa(q.view(bs, q_len, *q.shape[1:]), keys, vals, mask, layer.scaling).flatten(0, 1)
+
+
+def _visible(q_pos: torch.Tensor, key_pos: torch.Tensor, layer: RadixAttention) -> torch.Tensor:
+    """Which key positions `[L]` each query position `[..., Q, 1]` sees: `[..., Q, L]`."""
+    visible = (key_pos <= q_pos) if layer.is_causal else torch.ones_like(key_pos <= q_pos)
+    if layer.sliding_window_size != FULL_CONTEXT:
+        visible = visible & (q_pos - key_pos <= layer.sliding_window_size)
+    return visible
 
 
 def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,

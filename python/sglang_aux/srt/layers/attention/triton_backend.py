@@ -51,7 +51,8 @@ class TritonAttnBackend(AttentionBackend):
     """Paged attention in Triton for EXTEND, DECODE, TARGET_VERIFY and DRAFT_BLOCK.
 
     A query at position p of a request with `seq_len` tokens sees key positions `j < seq_len`,
-    and `j <= p` too unless the mode is DRAFT_BLOCK; EXTEND queries sit at
+    `j <= p` too when the layer is causal, and `p - j <= layer.sliding_window_size` when it
+    has a window (kernels skip key tiles before the window); EXTEND queries sit at
     `prefix_len + i`. Scores use `layer.scaling` with fp32 softmax accumulation; the output has
     q's dtype. Requires head_dim a power of two in [16, 256] and GQA (q heads a multiple of kv
     heads).
@@ -114,15 +115,16 @@ class TritonAttnBackend(AttentionBackend):
             meta = self._extend_metadata(forward_batch)
             extend_attention_fwd(q, k_buffer, v_buffer, out, req_to_token,
                                  forward_batch.req_pool_indices, meta.q_start, meta.prefix_lens,
-                                 meta.extend_lens, meta.max_extend_len, layer.scaling)
+                                 meta.extend_lens, meta.max_extend_len, layer.scaling,
+                                 layer.is_causal, layer.sliding_window_size)
         else:
             bs = forward_batch.batch_size
             if q.shape[0] % bs:
                 raise ValueError(f"{q.shape[0]} tokens do not split evenly over {bs} requests")
             decode_attention_fwd(q, k_buffer, v_buffer, out, req_to_token,
                                  forward_batch.req_pool_indices, forward_batch.seq_lens,
-                                 forward_batch.positions, layer.scaling, mode.is_causal(),
-                                 self.num_kv_splits)
+                                 forward_batch.positions, layer.scaling, layer.is_causal,
+                                 self.num_kv_splits, layer.sliding_window_size)
         return out.view(-1, num_heads * head_dim)
 
     def _extend_metadata(self, fb: ForwardBatch) -> ExtendMetadata:

@@ -3,16 +3,19 @@
 Every request has the same number `q_len` of queries (1 for DECODE, the block size B for
 TARGET_VERIFY and DRAFT_BLOCK), stored request-major: token `b * q_len + i`. A query at
 position p of a request with `seq_len` tokens sees key positions `j < seq_len`, and `j <= p`
-too when causal (all modes but DRAFT_BLOCK). Keys and values are gathered from the paged pool
-through `req_to_token[req_pool_indices[b], j]`.
+too when causal, and `p - j <= sliding_window_size` with a window. Keys and values are
+gathered from the paged pool through `req_to_token[req_pool_indices[b], j]`.
 
 One program owns (request, kv head, row tile, key split). Its rows are the `q_len * group`
 query heads that share the kv head, so each K/V tile is loaded once for the whole GQA group
-and multiplied with tl.dot. The key axis is cut into `num_kv_splits` equal chunks so a small
-batch still launches enough programs; `merge_attn_states` then combines the chunks.
+and multiplied with tl.dot. The key axis the tile can see (from its window's start, 0 without
+one, to `seq_len`) is cut into `num_kv_splits` equal chunks so a small batch still launches
+enough programs; `merge_attn_states` then combines the chunks. Keys before the window are
+never loaded, so a windowed layer's cost is bounded by the window, not the context.
 
 NOTE: CUDA-graph safe. The grid depends only on (bs, heads, q_len, num_kv_splits), the key
-loop bound is read from `seq_lens` inside the kernel, and nothing here syncs with the host.
+loop bounds are read from `seq_lens` and `positions` inside the kernel (the window is a
+compile-time constant of the layer), and nothing here syncs with the host.
 """
 
 from __future__ import annotations
@@ -40,8 +43,9 @@ def _decode_attention_kernel(
     stride_ot, stride_oh, stride_pt, stride_ph, stride_ps, stride_lt, stride_lh,
     stride_req,
     Q_LEN: tl.constexpr, GROUP: tl.constexpr, M_TILES: tl.constexpr,
-    NUM_KV_SPLITS: tl.constexpr, CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    NUM_KV_SPLITS: tl.constexpr, CAUSAL: tl.constexpr, SLIDING_WINDOW_SIZE: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
 ):
     b = tl.program_id(0)
     kv_head = tl.program_id(1) // M_TILES
@@ -60,14 +64,16 @@ def _decode_attention_kernel(
 
     seq_len = tl.load(Seq_Lens + b)
     req_row = tl.load(Req_Pool_Indices + b).to(tl.int64)
-    chunk = tl.cdiv(tl.cdiv(seq_len, NUM_KV_SPLITS), BLOCK_N) * BLOCK_N
-    kv_start = split * chunk
+    kv_lo = tiling.window_start(tl.min(tl.where(row_valid, pos, seq_len), 0), seq_len,
+                                SLIDING_WINDOW_SIZE)
+    chunk = tl.cdiv(tl.cdiv(seq_len - kv_lo, NUM_KV_SPLITS), BLOCK_N) * BLOCK_N
+    kv_start = kv_lo + split * chunk
     kv_end = tl.minimum(kv_start + chunk, seq_len)
 
     acc, l_i, m_i = attend_paged_kv(
         q, pos, row_valid, K_Buf, V_Buf, Req_To_Token, req_row, kv_head, kv_start, kv_end,
         sm_scale_log2, stride_kt, stride_kh, stride_vt, stride_vh, stride_req,
-        CAUSAL, DOT_PRECISION, HEAD_DIM, BLOCK_M, BLOCK_N)
+        CAUSAL, SLIDING_WINDOW_SIZE, DOT_PRECISION, HEAD_DIM, BLOCK_M, BLOCK_N)
 
     # Rows that saw no key (an empty split) give 0 and a NO_KEYS log-sum-exp, never NaN.
     has_keys = l_i > 0.0
@@ -105,8 +111,10 @@ def decode_attention_fwd(
     sm_scale: float,
     causal: bool,
     num_kv_splits: int | None = None,
+    sliding_window_size: int = -1,
 ) -> None:
-    """Fixed-layout paged attention; `num_kv_splits=None` picks the split from the device."""
+    """Fixed-layout paged attention; `num_kv_splits=None` picks the split from the device;
+    `sliding_window_size` keys left of each query are seen (-1: all)."""
     bs = req_pool_indices.shape[0]
     num_tokens, num_heads, head_dim = q.shape
     num_kv_heads = k_buffer.shape[1]
@@ -134,7 +142,8 @@ def decode_attention_fwd(
         partial_lse.stride(0), partial_lse.stride(1),
         req_to_token.stride(0),
         Q_LEN=q_len, GROUP=group, M_TILES=m_tiles, NUM_KV_SPLITS=num_kv_splits, CAUSAL=causal,
-        DOT_PRECISION=tiling.dot_precision(q.dtype), HEAD_DIM=head_dim,
+        SLIDING_WINDOW_SIZE=sliding_window_size, DOT_PRECISION=tiling.dot_precision(q.dtype),
+        HEAD_DIM=head_dim,
         BLOCK_M=block_m, BLOCK_N=tiling.kv_block(head_dim),
         num_warps=tiling.num_warps(block_m, head_dim), num_stages=tiling.NUM_STAGES,
     )

@@ -2,14 +2,16 @@
 
 Queries are packed request after request (`q_start[b]` is the first row of request b); the
 i-th new token of a request sits at position `prefix_len + i` and sees key positions up to and
-including its own. Every key, prefix and new alike, is gathered from the paged pool through
-`req_to_token[req_pool_indices[b], j]`, so the new tokens' K/V must already be in the pool
-(the backend writes them to `out_cache_loc` first).
+including its own (every key of the request when not causal), and with a window only the
+`sliding_window_size` positions before it. Every key, prefix and new alike, is gathered from
+the paged pool through `req_to_token[req_pool_indices[b], j]`, so the new tokens' K/V must
+already be in the pool (the backend writes them to `out_cache_loc` first).
 
-One program owns (request, query head, tile of BLOCK_M new tokens); the key loop stops at the
-tile's last causal position. The grid covers `max_extend_len` new tokens per request, a
-host bound: the batch's longest request eagerly, the token bucket in a captured graph.
-Query rows outside every request (a graph's padding) are not written.
+One program owns (request, query head, tile of BLOCK_M new tokens); the key loop starts at the
+tile's window (keys before it are never loaded) and, when causal, stops at the tile's last
+position. The grid covers `max_extend_len` new tokens per request, a host bound: the batch's
+longest request eagerly, the token bucket in a captured graph. Query rows outside every
+request (a graph's padding) are not written.
 """
 
 from __future__ import annotations
@@ -29,8 +31,9 @@ def _extend_attention_kernel(
     sm_scale_log2,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,
     stride_req,
-    GROUP: tl.constexpr, DOT_PRECISION: tl.constexpr, HEAD_DIM: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    GROUP: tl.constexpr, CAUSAL: tl.constexpr, SLIDING_WINDOW_SIZE: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
 ):
     b = tl.program_id(0)
     head = tl.program_id(1)
@@ -52,13 +55,17 @@ def _extend_attention_kernel(
 
     # Keys past the tile's last query are causally invisible; a tile past the request's new
     # tokens (the grid covers the longest request) runs no loop and stores nothing.
-    kv_end = prefix_len + tl.minimum((m_tile + 1) * BLOCK_M, extend_len)
+    if CAUSAL:
+        kv_end = prefix_len + tl.minimum((m_tile + 1) * BLOCK_M, extend_len)
+    else:
+        kv_end = prefix_len + extend_len
     kv_end = tl.where(m_tile * BLOCK_M < extend_len, kv_end, 0)
+    kv_start = tiling.window_start(prefix_len + m_tile * BLOCK_M, kv_end, SLIDING_WINDOW_SIZE)
 
     acc, l_i, _ = attend_paged_kv(
-        q, q_pos, row_valid, K_Buf, V_Buf, Req_To_Token, req_row, kv_head, 0, kv_end,
+        q, q_pos, row_valid, K_Buf, V_Buf, Req_To_Token, req_row, kv_head, kv_start, kv_end,
         sm_scale_log2, stride_kt, stride_kh, stride_vt, stride_vh, stride_req,
-        True, DOT_PRECISION, HEAD_DIM, BLOCK_M, BLOCK_N)
+        CAUSAL, SLIDING_WINDOW_SIZE, DOT_PRECISION, HEAD_DIM, BLOCK_M, BLOCK_N)
 
     acc = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]
     tl.store(Out + tok[:, None] * stride_ot + head * stride_oh + d[None, :],
@@ -77,7 +84,10 @@ def extend_attention_fwd(
     extend_lens: torch.Tensor,  # [bs]
     max_extend_len: int,
     sm_scale: float,
+    causal: bool = True,
+    sliding_window_size: int = -1,
 ) -> None:
+    """`sliding_window_size` keys left of each query are seen (-1: all)."""
     bs = req_pool_indices.shape[0]
     _, num_heads, head_dim = q.shape
     group = num_heads // k_buffer.shape[1]
@@ -90,7 +100,8 @@ def extend_attention_fwd(
         q.stride(0), q.stride(1), k_buffer.stride(0), k_buffer.stride(1),
         v_buffer.stride(0), v_buffer.stride(1), out.stride(0), out.stride(1),
         req_to_token.stride(0),
-        GROUP=group, DOT_PRECISION=tiling.dot_precision(q.dtype), HEAD_DIM=head_dim,
+        GROUP=group, CAUSAL=causal, SLIDING_WINDOW_SIZE=sliding_window_size,
+        DOT_PRECISION=tiling.dot_precision(q.dtype), HEAD_DIM=head_dim,
         BLOCK_M=block_m, BLOCK_N=tiling.kv_block(head_dim),
         num_warps=tiling.num_warps(block_m, head_dim), num_stages=tiling.NUM_STAGES,
     )

@@ -12,11 +12,13 @@ from sglang_aux.srt.layers.attention.triton_ops.tiling import NO_KEYS
 def attend_paged_kv(
     q, q_pos, row_valid, K_Buf, V_Buf, Req_To_Token, req_row, kv_head, kv_start, kv_end,
     sm_scale_log2, stride_kt, stride_kh, stride_vt, stride_vh, stride_req,
-    CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr, HEAD_DIM: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    CAUSAL: tl.constexpr, SLIDING_WINDOW_SIZE: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     """A query tile `q` `[BLOCK_M, HEAD_DIM]` attends to key positions `[kv_start, kv_end)`
-    of request row `req_row` (and, when CAUSAL, only to positions <= its `q_pos`).
+    of request row `req_row`; when CAUSAL, only to positions <= its `q_pos`, and with a
+    window (SLIDING_WINDOW_SIZE >= 0) only to positions >= `q_pos - SLIDING_WINDOW_SIZE`.
+    Callers start `kv_start` at the tile's window, so keys before it are never loaded.
 
     Returns the unnormalized `acc` `[BLOCK_M, HEAD_DIM]`, the softmax denominators `l_i` and
     the running maxima `m_i` (log2 domain; NO_KEYS for rows that saw no key).
@@ -36,6 +38,8 @@ def attend_paged_kv(
         visible = row_valid[:, None] & col_valid[None, :]
         if CAUSAL:
             visible = visible & (cols[None, :] <= q_pos[:, None])
+        if SLIDING_WINDOW_SIZE >= 0:
+            visible = visible & (q_pos[:, None] - cols[None, :] <= SLIDING_WINDOW_SIZE)
         qk = tl.where(visible, qk, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(qk, 1))
         p = tl.exp2(qk - m_new[:, None])

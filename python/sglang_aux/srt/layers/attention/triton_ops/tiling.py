@@ -26,6 +26,16 @@ MERGE_NUM_WARPS = 4
 NUM_STAGES = 2
 
 
+@triton.jit
+def window_start(first_q_pos, seq_len, SLIDING_WINDOW_SIZE: tl.constexpr):
+    """The first key position a tile whose earliest query sits at `first_q_pos` can see (0
+    without a window), at most `seq_len`."""
+    start = first_q_pos * 0  # one return statement: no reliance on early-return support
+    if SLIDING_WINDOW_SIZE >= 0:
+        start = tl.minimum(tl.maximum(first_q_pos - SLIDING_WINDOW_SIZE, 0), seq_len)
+    return start
+
+
 def check_head_dim(head_dim: int) -> None:
     """The kernels tile the head dimension as one power-of-two block."""
     if not (MIN_HEAD_DIM <= head_dim <= MAX_HEAD_DIM and head_dim & (head_dim - 1) == 0):
