@@ -13,7 +13,6 @@ drafts fall past the new `kv_len`, so the next step overwrites them before any r
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 from itertools import accumulate
 
@@ -202,12 +201,3 @@ def build_step_batch(runner: ModelRunner, reqs: list[Req], mode: ForwardMode, wi
     tokens = None if block_tokens is None else (lambda _: block_tokens)
     StepPrologue(fill_token_id, tokens)(fb, to_device(host, dev))
     return fb
-
-
-def rebind_batch(fb: ForwardBatch, runner: ModelRunner, mode: ForwardMode,
-                 input_ids: torch.Tensor) -> ForwardBatch:
-    """The same requests, positions and slots as `fb`, for another runner sharing its request
-    rows (the draft's block batch becomes the target's verify batch)."""
-    return dataclasses.replace(fb, forward_mode=mode, input_ids=input_ids,
-                               token_to_kv_pool=runner.token_to_kv_pool,
-                               attn_backend=runner.attn_backend)

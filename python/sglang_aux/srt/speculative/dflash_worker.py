@@ -1,6 +1,8 @@
 """DFlash speculative decoding: a target runner and a draft runner sharing KV slots.
 
-Per decode step and batch, all on the device: (1) the draft proposes B-1 tokens per request
+Per decode step and batch, all on the device after one copy per runner of (row, kv_len, last
+token) per request, from which each graph's prologue derives its inputs (StepPrologue):
+(1) the draft proposes B-1 tokens per request
 from `[anchor, MASK x (B-1)]`: its DRAFT_BLOCK graph emits the argmax proposals, and when a
 request samples, the graph's sampling tail draws that request's proposals and keeps the
 distributions they came from; (2) the target verifies `[anchor, drafts]`: its TARGET_VERIFY
@@ -28,11 +30,11 @@ from sglang_aux.srt.managers.schedule_batch import (
     Req,
     build_extend_batch,
     build_step_batch,
-    rebind_batch,
 )
 from sglang_aux.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
 from sglang_aux.srt.model_executor.model_runner import ModelRunner
 from sglang_aux.srt.model_executor.runner.epilogue import Epilogue
+from sglang_aux.srt.model_executor.runner.step_prologue import StepPrologue
 from sglang_aux.srt.model_executor.runner.streamed_aux import StreamedAux
 from sglang_aux.srt.model_executor.runner_utils.host_transfer import HostReadback
 from sglang_aux.srt.sampling.sampler import Lane, sample_from_probs, sampling_probs, uniform
@@ -107,8 +109,9 @@ class DFlashWorker:
             draft = draft_runner.model
             self.verify_streamed_aux = StreamedAux(verify, draft.fc.out_features,
                                                    draft.new_streamed_projection)
-        self.target_runner.init_decode_graphs(verify, b, self.verify_epilogue,
-                                              streamed_aux=self.verify_streamed_aux)
+        self.target_runner.init_decode_graphs(
+            verify, b, self.verify_epilogue, streamed_aux=self.verify_streamed_aux,
+            step_prologue=StepPrologue(block_tokens=lambda bs: self._drafts[:bs]))
         # Prefills commit the prompt's draft context in their own forward (graph or eager).
         extend = ForwardMode.EXTEND
         self.target_runner.init_prefill_graphs(
@@ -117,7 +120,8 @@ class DFlashWorker:
                 extend, draft_runner.model.fc.out_features,
                 draft_runner.model.new_streamed_projection))
         draft_runner.init_decode_graphs(
-            block, b, Epilogue(block, self._draft_epilogue, self._draft_sampling))
+            block, b, Epilogue(block, self._draft_epilogue, self._draft_sampling),
+            step_prologue=StepPrologue(fill_token_id=self.mask_token_id))
 
     @property
     def model_runner(self) -> ModelRunner:
@@ -139,15 +143,19 @@ class DFlashWorker:
 
     def decode(self, reqs: list[Req]) -> list[list[int]]:
         bs, b = len(reqs), self.block_size
+        # known on the host: only then do the epilogues' sampling steps (graph tails) run
+        has_sampling = not all(r.sampling_params.is_greedy for r in reqs)
         draft_fb = build_step_batch(self.draft_runner, reqs, ForwardMode.DRAFT_BLOCK, b,
                                     fill_token_id=self.mask_token_id)
-        # known on the host: only then do the epilogues' sampling steps (graph tails) run
-        draft_fb.has_sampling = not all(r.sampling_params.is_greedy for r in reqs)
+        draft_fb.has_sampling = has_sampling
         self.draft_runner.forward(draft_fb)  # proposals in `_drafts[:bs]`
         drafts = self.propose(reqs, draft_fb)
-        anchors = draft_fb.input_ids.view(bs, b)[:, :1]
-        verify_fb = rebind_batch(draft_fb, self.target_runner, ForwardMode.TARGET_VERIFY,
-                                 torch.cat([anchors, drafts], dim=1).view(-1))
+        if drafts.data_ptr() != self._drafts.data_ptr():  # a proposer with its own storage
+            self._drafts[:bs].copy_(drafts)
+        # `[anchor, drafts]` per request: the verify graph's prologue reads `_drafts` itself
+        verify_fb = build_step_batch(self.target_runner, reqs, ForwardMode.TARGET_VERIFY, b,
+                                     block_tokens=self._drafts[:bs])
+        verify_fb.has_sampling = has_sampling
         # The graph (or the eager forward) commits the draft context and leaves the verdicts.
         self.target_runner.forward(verify_fb)
         if self.on_aux_consumed is not None:
