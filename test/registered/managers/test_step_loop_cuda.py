@@ -2,6 +2,7 @@
 sync is its one readback, graphs (with their epilogues and sampling tails) give the eager
 path's greedy and seeded sampled tokens, and a long run holds allocated device memory flat."""
 
+import gc
 import sys
 
 import pytest
@@ -86,6 +87,7 @@ def test_long_run_holds_allocated_memory_flat(tmp_path, kind):
     params = [dict(p, max_new_tokens=600) for p in _mixed()]
     engine.generate(PROMPTS, params)  # warm-up
     torch.cuda.synchronize()
+    gc.collect()  # garbage a cycle holds would be freed at a collector's whim, not leaked
     idle_before = torch.cuda.memory_allocated()
     worker, decode = engine.worker, engine.worker.decode
     full_batch = []
@@ -98,6 +100,7 @@ def test_long_run_holds_allocated_memory_flat(tmp_path, kind):
     worker.decode = sampled_decode
     engine.generate(PROMPTS, params)
     torch.cuda.synchronize()
+    gc.collect()
     assert torch.cuda.memory_allocated() == idle_before
     steady = full_batch[3:]
     assert len(steady) > 50 and max(steady) == min(steady), (min(steady), max(steady))

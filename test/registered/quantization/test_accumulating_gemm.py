@@ -58,7 +58,7 @@ def chain_mxfp8(parts: list[tuple[torch.Tensor, torch.Tensor]], w, candidate: st
 
 
 # One candidate per kernel variant (the interpreter runs each with small tiles).
-BF16_WEIGHT_VARIANTS = ["bf16dot_ptr_m128n256k64w8s3", "bf16dot_tma_p_m128n128k64w8s3",
+BF16_WEIGHT_VARIANTS = ["bf16dot_ptr_m128n256k64w8s2", "bf16dot_tma_p_m128n128k64w8s3",
                         "bf16dot_tma_m128n128k64w8s3"]
 MXFP8_WEIGHT_VARIANTS = ["fp8dot_m64n128w4s6", *BF16_WEIGHT_VARIANTS,
                          "bf16dot_tma_p_m128n128k64w8s3_wc1024"]

@@ -27,10 +27,10 @@ FP8_MMA_SLACK = 2.0**-9
 SHAPES = [(1, 1024, 3, 768), (77, 2048, 3, 1536), (1000, 1024, 6, 1024), (1024, 7168, 6, 7168)]
 # One candidate per kernel variant, and the production choices (None: chosen from M).
 VARIANTS = {
-    "mxfp8": [None, "fp8dot_m64n128w4s6", "bf16dot_ptr_m128n256k64w8s3",
+    "mxfp8": [None, "fp8dot_m64n128w4s6", "bf16dot_ptr_m128n256k64w8s2",
               "bf16dot_tma_m128n128k64w8s3", "bf16dot_tma_p_m128n128k64w8s3",
               "bf16dot_tma_p_m128n128k64w8s3_wc1024"],
-    "bf16": [None, "bf16dot_ptr_m128n256k64w8s3", "bf16dot_tma_m128n128k64w8s3",
+    "bf16": [None, "bf16dot_ptr_m128n256k64w8s2", "bf16dot_tma_m128n128k64w8s3",
              "bf16dot_tma_p_m128n128k64w8s3"],
 }
 

@@ -12,9 +12,10 @@ from test_dflash_worker import _draft_context_error, _run_steps
 
 from sglang_aux.srt.entrypoints.engine import Engine
 from sglang_aux.srt.entrypoints.server_info import graph_memory
+from sglang_aux.srt.managers.schedule_batch import build_step_batch, reserve_kv
 from sglang_aux.srt.model_executor.forward_batch_info import ForwardMode
 from sglang_aux.test.ci.ci_register import register_cpu_ci
-from sglang_aux.test.runtime_utils import fixed_batch, prefill_random, release, tiny_checkpoint
+from sglang_aux.test.runtime_utils import prefill_random, release, tiny_checkpoint
 
 register_cpu_ci(est_time=90, suite="default")
 
@@ -79,7 +80,9 @@ def test_verify_runner_holds_only_the_accumulator(tmp_path, device, dtype):
     b = gr.buffers
     assert b.aux_hidden_states is None
     assert all(out.aux_hidden_states is None for out in gr.outputs.values())
-    assert b.aux_projection_acc.shape == (gr.max_num_token, draft.fc.out_features)
+    # the prefill graphs (CUDA) write the same accumulator: it has rows for the largest
+    rows = max([gr.max_num_token, *engine.worker.target_runner.prefill_capture_tokens])
+    assert b.aux_projection_acc.shape == (rows, draft.fc.out_features)
     assert b.aux_projection_acc.dtype == torch.float32
     for bs, fb in gr.forward_batches.items():  # row prefixes of the one accumulator
         acc = fb.aux_projection.acc
@@ -100,18 +103,27 @@ def test_replay_equals_eager_at_every_size_and_padded(tmp_path, device, dtype, t
     runner, pool = worker.target_runner, worker.draft_runner.token_to_kv_pool
     gr, block = runner.graph_runner, worker.block_size
     tol = 1e-5 if dtype == "float32" else 2e-2
+    g = torch.Generator().manual_seed(0)
+    vocab = runner.model_config.hf_config.vocab_size
     for bs in [1, 2, 3, 4]:  # 3 pads to 4
         reqs = prefill_random(runner, [5 + 3 * i for i in range(bs)], seed=bs)
-        fb = fixed_batch(runner, reqs, ForwardMode.TARGET_VERIFY, block, seed=100 + bs)
-        assert gr.can_run_graph(fb)
+        for r in reqs:
+            reserve_kv(runner, r, r.kv_len + block)
+        # random drafts where the verify graph's prologue reads them
+        worker._drafts[:bs] = torch.randint(0, vocab, (bs, block - 1), generator=g)
+        rows = runner.req_to_token_pool.req_to_token
+        slots = torch.cat([rows[r.req_pool_idx, r.kv_len : r.kv_len + block] for r in reqs]).long()
         got = []
         for eager in (False, True):
             for k in pool.k_buffer:
-                k[fb.out_cache_loc] = float("nan")
+                k[slots] = float("nan")
             runner.graph_runner = None if eager else gr  # None: ModelRunner's eager path
+            fb = build_step_batch(runner, reqs, ForwardMode.TARGET_VERIFY, block,
+                                  block_tokens=worker._drafts[:bs])
+            assert (fb.prepared_graph_bs is None) == eager
             logits = runner.forward(fb).next_token_logits.clone()
             runner.graph_runner = gr
-            ctx = [k[fb.out_cache_loc].clone() for k in pool.k_buffer]
+            ctx = [k[slots].clone() for k in pool.k_buffer]
             got.append((logits, ctx, worker._verdicts[:bs].clone()))
         (logits, ctx, verdict), (e_logits, e_ctx, e_verdict) = got
         assert logits.shape[0] == bs * block

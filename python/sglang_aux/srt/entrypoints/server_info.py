@@ -14,8 +14,8 @@ from sglang_aux.srt.model_executor.model_runner_components.misc_utils import (
 from sglang_aux.srt.model_executor.runner.decode_cuda_graph_runner import DecodeCudaGraphRunner
 
 METRIC_PREFIX = "sglang_aux:"
-GRAPH_KEYS = ("forward_mode", "capture_bs", "graph_memory_bytes", "aux_path", "aux_buffer_bytes",
-              "aux_per_graph_bytes", "aux_bytes_saved")
+GRAPH_KEYS = ("forward_mode", "capture_bs", "prefill_capture_tokens", "graph_memory_bytes",
+              "aux_path", "aux_buffer_bytes", "aux_per_graph_bytes", "aux_bytes_saved")
 
 
 def model_info(engine: Engine) -> dict:
@@ -35,7 +35,8 @@ def model_info(engine: Engine) -> dict:
 def graph_memory(graph_runner: DecodeCudaGraphRunner | None) -> dict:
     """Capture sizes and the aux-state memory of the target's decode graphs; nulls without
     graphs. `aux_per_graph_bytes` is what one aux output per captured graph would retain,
-    sum(bs * tokens per request * aux width * element size); the shared buffer (or the
+    sum(bs * tokens per request * aux width * element size), plus the prefill graphs'
+    token counts times the same row size; the shared buffer (or the
     streamed projection's fp32 accumulator, `aux_path` "streamed") saves that less its own
     size (nothing when sharing is off)."""
     if graph_runner is None:
@@ -46,13 +47,17 @@ def graph_memory(graph_runner: DecodeCudaGraphRunner | None) -> dict:
         is_draft_worker=runner.is_draft_worker,
     )
     elem = runner.model_config.dtype.itemsize
-    per_graph = sum(bs * graph_runner.captured_req_width * aux_width * elem
-                    for bs in graph_runner.capture_bs)
+    # the prefill graphs write the same storage; each would retain its own output otherwise
+    prefill = runner.prefill_graph_runner
+    prefill_tokens = [] if prefill is None else prefill.capture_tokens
+    per_graph = (sum(bs * graph_runner.captured_req_width for bs in graph_runner.capture_bs)
+                 + sum(prefill_tokens)) * aux_width * elem
     shared = graph_runner.buffers.aux_nbytes()
     stats = graph_runner.capture_stats
     return {
         "forward_mode": graph_runner.forward_mode.name,
         "capture_bs": list(graph_runner.capture_bs),
+        "prefill_capture_tokens": list(prefill_tokens),
         "graph_memory_bytes": stats.get("free_memory_drop_bytes"),
         "aux_path": graph_runner.buffers.aux_path,
         "aux_buffer_bytes": shared,
