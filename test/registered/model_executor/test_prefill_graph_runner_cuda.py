@@ -81,11 +81,12 @@ def test_cuda_prefill_syncs_only_in_its_readback(tmp_path):
     copies = []
 
     def allowed_fetch(t):
+        mode = torch.cuda.get_sync_debug_mode()  # strict inside a prefill, off in a decode step
         torch.cuda.set_sync_debug_mode(0)
         try:
             return fetch(t)
         finally:
-            torch.cuda.set_sync_debug_mode("error")
+            torch.cuda.set_sync_debug_mode(mode)
 
     def strict_prefill(reqs):
         before = readback.num_copies
@@ -97,9 +98,13 @@ def test_cuda_prefill_syncs_only_in_its_readback(tmp_path):
             copies.append(readback.num_copies - before)
 
     readback.fetch, worker.prefill = allowed_fetch, strict_prefill
-    for p in PROMPTS[:3]:
-        engine.generate(input_ids=p, sampling_params=GREEDY)
+    try:
+        for p in PROMPTS[:3]:
+            engine.generate(input_ids=p, sampling_params=GREEDY)
+    finally:
+        torch.cuda.set_sync_debug_mode(0)  # later tests in this process sync freely
     assert copies == [1, 1, 1]
+    assert torch.cuda.get_sync_debug_mode() == 0
 
 
 if __name__ == "__main__":

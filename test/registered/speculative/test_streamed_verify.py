@@ -93,7 +93,7 @@ def test_verify_runner_holds_only_the_accumulator(tmp_path, device, dtype):
     assert gr.capture_stats["aux_buffer_bytes"] == nbytes
     info = graph_memory(gr)
     assert info["aux_path"] == "streamed" and info["aux_buffer_bytes"] == nbytes
-    packed = gr.max_num_token * draft.fc.in_features * torch.finfo(torch.float32).bits // 8
+    packed = rows * draft.fc.in_features * torch.finfo(torch.float32).bits // 8
     assert nbytes < packed
 
 
