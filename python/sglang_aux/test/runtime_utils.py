@@ -37,6 +37,18 @@ def make_runner(model_path: str, *, aux_layer_ids: list[int] | None = None,
                        model=model)
 
 
+def new_requests(runner: ModelRunner, lens: list[int], seed: int) -> list[Req]:
+    """Requests with random prompts of the given lengths, each given a request row (no KV
+    slots yet: a prefill reserves them)."""
+    g = torch.Generator().manual_seed(seed)
+    vocab = runner.model_config.hf_config.vocab_size
+    reqs = [Req(f"r{i}", torch.randint(0, vocab, (n,), generator=g).tolist(), SamplingParams())
+            for i, n in enumerate(lens)]
+    for r in reqs:
+        r.req_pool_idx = runner.req_to_token_pool.alloc()
+    return reqs
+
+
 def extend_batch(runner: ModelRunner, prompts: list[list[int]]) -> tuple[list[Req], ForwardBatch]:
     """New requests for `prompts` with their slots allocated, and their EXTEND batch (not run;
     the attention backend is ready for an eager forward)."""

@@ -11,6 +11,7 @@ import torch
 from sglang_aux.srt.entrypoints.engine import Engine
 from sglang_aux.test.ci.ci_register import register_cuda_ci
 from sglang_aux.test.runtime_utils import tiny_checkpoint
+from sglang_aux.test.sync_checks import strict_sync
 
 register_cuda_ci(est_time=180, suite="default")
 
@@ -40,28 +41,8 @@ def _mixed():
 def test_decode_step_syncs_only_in_its_readback(tmp_path, kind):
     engine = _engine(tmp_path, kind)
     engine.generate(PROMPTS, _mixed())  # warm-up: lazy kernels and allocator growth
-    worker, readback = engine.worker, engine.worker.readback
-    fetch, decode = readback.fetch, worker.decode
-    copies = []
-
-    def allowed_fetch(t):
-        torch.cuda.set_sync_debug_mode(0)
-        try:
-            return fetch(t)
-        finally:
-            torch.cuda.set_sync_debug_mode("error")
-
-    def strict_decode(reqs):
-        before = readback.num_copies
-        torch.cuda.set_sync_debug_mode("error")
-        try:
-            return decode(reqs)
-        finally:
-            torch.cuda.set_sync_debug_mode(0)
-            copies.append(readback.num_copies - before)
-
-    readback.fetch, worker.decode = allowed_fetch, strict_decode
-    outs = engine.generate(PROMPTS, _mixed())
+    with strict_sync(engine.worker, "decode") as copies:
+        outs = engine.generate(PROMPTS, _mixed())
     assert copies and all(c == 1 for c in copies), copies
     assert all(len(o["output_ids"]) == GREEDY["max_new_tokens"] for o in outs)
 

@@ -9,14 +9,13 @@ import pytest
 import torch
 
 from sglang_aux.srt.entrypoints.engine import Engine
-from sglang_aux.srt.managers.schedule_batch import Req, build_extend_batch
+from sglang_aux.srt.managers.schedule_batch import build_extend_batch
 from sglang_aux.srt.mem_cache.memory_pool import PADDING_SLOT
 from sglang_aux.srt.model_executor.runner_utils.capture_sizes import prefill_graph_plan
 from sglang_aux.srt.model_executor.runner_utils.prefill_buffers import PrefillInputBuffers
-from sglang_aux.srt.sampling.sampling_params import SamplingParams
 from sglang_aux.srt.server_args import ServerArgs
 from sglang_aux.test.ci.ci_register import register_cpu_ci
-from sglang_aux.test.runtime_utils import make_runner, release, tiny_checkpoint
+from sglang_aux.test.runtime_utils import make_runner, new_requests, release, tiny_checkpoint
 
 register_cpu_ci(est_time=90, suite="default")
 
@@ -34,16 +33,6 @@ def ckpts(tmp_path_factory):
     root = tmp_path_factory.mktemp("ckpt")
     return {p: tiny_checkpoint(p, root) for p in ("tiny-llama", "tiny-qwen3", "tiny-k3",
                                                    "tiny-llama-dflash")}
-
-
-def _reqs(runner, lens, seed):
-    g = torch.Generator().manual_seed(seed)
-    vocab = runner.model_config.hf_config.vocab_size
-    reqs = [Req(f"r{i}", torch.randint(0, vocab, (n,), generator=g).tolist(), SamplingParams())
-            for i, n in enumerate(lens)]
-    for r in reqs:
-        r.req_pool_idx = runner.req_to_token_pool.alloc()
-    return reqs
 
 
 def _kv(runner, reqs):
@@ -79,7 +68,7 @@ def test_replay_equals_eager_at_every_size_and_padded(ckpts, model):
     assert graphs.prefill_graph_runner.capture_tokens == TOKENS
     assert eager.prefill_graph_runner is None
     for seed, lens in enumerate(BATCHES):
-        a, b = _reqs(graphs, lens, seed), _reqs(eager, lens, seed)
+        a, b = new_requests(graphs, lens, seed), new_requests(eager, lens, seed)
         fa, fb = build_extend_batch(graphs, a), build_extend_batch(eager, b)
         assert graphs.prefill_graph_runner.can_run_graph(fa)
         la, lb = graphs.forward(fa).next_token_logits, eager.forward(fb).next_token_logits
@@ -95,7 +84,7 @@ def test_prefill_after_a_cached_prefix(ckpts):
     graphs = make_runner(ckpts["tiny-llama"], **GRAPHS, **COMMON)
     graphs.init_prefill_graphs()
     eager = make_runner(ckpts["tiny-llama"], **COMMON)
-    a, b = _reqs(graphs, [30], 7), _reqs(eager, [30], 7)
+    a, b = new_requests(graphs, [30], 7), new_requests(eager, [30], 7)
     graphs.forward(build_extend_batch(graphs, a))
     eager.forward(build_extend_batch(eager, b))
     for r in (*a, *b):
@@ -109,7 +98,7 @@ def test_prefill_after_a_cached_prefix(ckpts):
 def test_padding_writes_only_the_padding_slot(ckpts):
     runner = make_runner(ckpts["tiny-llama"], **GRAPHS, **COMMON)
     runner.init_prefill_graphs()
-    reqs = _reqs(runner, [9, 4], 1)  # 13 tokens in the 16-token graph, 2 requests
+    reqs = new_requests(runner, [9, 4], 1)  # 13 tokens in the 16-token graph, 2 requests
     kv = runner.token_to_kv_pool
     before = [t.clone() for t in kv.k_buffer]
     runner.forward(build_extend_batch(runner, reqs))
@@ -126,7 +115,7 @@ def test_what_runs_eagerly(ckpts):
     runner.init_prefill_graphs()
     graphs = runner.prefill_graph_runner
     for lens, fits in (([65], False), ([3, 3, 3], False), ([3, 3], True)):
-        reqs = _reqs(runner, lens, 0)
+        reqs = new_requests(runner, lens, 0)
         assert graphs.can_run_graph(build_extend_batch(runner, reqs)) == fits, lens
         release(runner, reqs)
 

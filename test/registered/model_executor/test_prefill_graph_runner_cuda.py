@@ -8,10 +8,10 @@ import pytest
 import torch
 
 from sglang_aux.srt.entrypoints.engine import Engine
-from sglang_aux.srt.managers.schedule_batch import Req, build_extend_batch
-from sglang_aux.srt.sampling.sampling_params import SamplingParams
+from sglang_aux.srt.managers.schedule_batch import build_extend_batch
 from sglang_aux.test.ci.ci_register import register_cuda_ci
-from sglang_aux.test.runtime_utils import make_runner, release, tiny_checkpoint
+from sglang_aux.test.runtime_utils import make_runner, new_requests, release, tiny_checkpoint
+from sglang_aux.test.sync_checks import strict_sync
 
 register_cuda_ci(est_time=120, suite="default")
 
@@ -22,16 +22,6 @@ COMMON = dict(device="cuda", dtype="float32", max_running_requests=4, max_total_
 BATCHES = [[16], [20, 12], [64], [128], [10], [40, 7], [100, 3], [5]]
 
 
-def _reqs(runner, lens, seed):
-    g = torch.Generator().manual_seed(seed)
-    vocab = runner.model_config.hf_config.vocab_size
-    reqs = [Req(f"r{i}", torch.randint(0, vocab, (n,), generator=g).tolist(), SamplingParams())
-            for i, n in enumerate(lens)]
-    for r in reqs:
-        r.req_pool_idx = runner.req_to_token_pool.alloc()
-    return reqs
-
-
 @pytest.mark.parametrize("preset", ["tiny-llama", "tiny-qwen3", "tiny-k3"])
 def test_cuda_prefill_graph_replay_equals_eager(tmp_path, preset):
     path = tiny_checkpoint(preset, tmp_path)
@@ -40,7 +30,7 @@ def test_cuda_prefill_graph_replay_equals_eager(tmp_path, preset):
     assert type(graphs.prefill_graph_runner.backend).__name__ == "CudaGraphBackend"
     eager = make_runner(path, **{**COMMON, "disable_prefill_cuda_graph": True})
     for seed, lens in enumerate(BATCHES):
-        a, b = _reqs(graphs, lens, seed), _reqs(eager, lens, seed)
+        a, b = new_requests(graphs, lens, seed), new_requests(eager, lens, seed)
         fa, fb = build_extend_batch(graphs, a), build_extend_batch(eager, b)
         assert graphs.prefill_graph_runner.can_run_graph(fa)
         la = graphs.forward(fa).next_token_logits.clone()
@@ -76,33 +66,9 @@ def test_cuda_dflash_with_prefill_graphs_generates_the_same(tmp_path, projection
 def test_cuda_prefill_syncs_only_in_its_readback(tmp_path):
     engine = _engine(tmp_path)
     engine.generate(input_ids=PROMPTS[2], sampling_params=GREEDY)  # warm-up
-    worker, readback = engine.worker, engine.worker.readback
-    fetch, prefill = readback.fetch, worker.prefill
-    copies = []
-
-    def allowed_fetch(t):
-        mode = torch.cuda.get_sync_debug_mode()  # strict inside a prefill, off in a decode step
-        torch.cuda.set_sync_debug_mode(0)
-        try:
-            return fetch(t)
-        finally:
-            torch.cuda.set_sync_debug_mode(mode)
-
-    def strict_prefill(reqs):
-        before = readback.num_copies
-        torch.cuda.set_sync_debug_mode("error")
-        try:
-            return prefill(reqs)
-        finally:
-            torch.cuda.set_sync_debug_mode(0)
-            copies.append(readback.num_copies - before)
-
-    readback.fetch, worker.prefill = allowed_fetch, strict_prefill
-    try:
+    with strict_sync(engine.worker, "prefill") as copies:
         for p in PROMPTS[:3]:
             engine.generate(input_ids=p, sampling_params=GREEDY)
-    finally:
-        torch.cuda.set_sync_debug_mode(0)  # later tests in this process sync freely
     assert copies == [1, 1, 1]
     assert torch.cuda.get_sync_debug_mode() == 0
 
