@@ -33,7 +33,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-NUM_WARMUPS = 2
 
 
 class DecodeCudaGraphRunner:
@@ -135,10 +134,7 @@ class DecodeCudaGraphRunner:
                     self.epilogue(fb, out)
                 return out
 
-            for _ in range(NUM_WARMUPS):
-                run()
-            self.backend.synchronize()
-            self.graphs[bs], self.outputs[bs] = self.backend.capture(run)
+            self.graphs[bs], self.outputs[bs] = self.backend.warm_and_capture(run)
             self.forward_batches[bs] = fb
         seconds = time.perf_counter() - start
         self.capture_stats = {
@@ -173,10 +169,7 @@ class DecodeCudaGraphRunner:
                 sampling_fn(fb, out)
                 return out
 
-            for _ in range(NUM_WARMUPS):
-                tail()
-            self.backend.synchronize()
-            self.sampling_graphs[bs], _ = self.backend.capture(tail)
+            self.sampling_graphs[bs], _ = self.backend.warm_and_capture(tail)
         stats = {"seconds": round(time.perf_counter() - start, 3), **probe.delta()}
         logger.info("Captured %s sampling tails in %.2f s; free memory dropped %.1f MiB",
                     self.forward_mode.name, stats["seconds"],

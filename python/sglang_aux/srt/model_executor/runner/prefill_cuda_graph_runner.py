@@ -30,7 +30,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-NUM_WARMUPS = 2
 
 
 class PrefillCudaGraphRunner:
@@ -104,10 +103,7 @@ class PrefillCudaGraphRunner:
                     self.epilogue(fb, out)
                 return out
 
-            for _ in range(NUM_WARMUPS):
-                run()
-            self.backend.synchronize()
-            self.graphs[n], self.outputs[n] = self.backend.capture(run)
+            self.graphs[n], self.outputs[n] = self.backend.warm_and_capture(run)
             self.forward_batches[n] = fb
         seconds = time.perf_counter() - start
         self.capture_stats = {"forward_mode": "EXTEND", "capture_tokens": self.capture_tokens,

@@ -10,6 +10,9 @@ from sglang_aux.srt.layers.logits_processor import LogitsProcessorOutput
 
 CapturedFn = Callable[[], LogitsProcessorOutput]
 
+# Eager runs before each capture: lazy kernels compile and the allocator settles outside it.
+NUM_WARMUPS = 2
+
 
 class GraphBackend(ABC):
     """Captures a forward closure over static buffers and replays it.
@@ -27,3 +30,10 @@ class GraphBackend(ABC):
 
     def synchronize(self) -> None:
         """Wait for captured work (a no-op off the GPU)."""
+
+    def warm_and_capture(self, fn: CapturedFn) -> tuple[Any, LogitsProcessorOutput]:
+        """`NUM_WARMUPS` eager runs of `fn`, then `capture(fn)`."""
+        for _ in range(NUM_WARMUPS):
+            fn()
+        self.synchronize()
+        return self.capture(fn)
