@@ -53,6 +53,7 @@ class ServerArgs:
     cuda_graph_max_bs_prefill: int | None = None
     disable_prefill_cuda_graph: bool = False
     disable_shared_aux_buffer: bool = False
+    disable_radix_cache: bool = False  # the prefix cache (mem_cache/radix_cache.py) is on
     enable_two_batch_overlap: bool = False
     host: str = "127.0.0.1"
     port: int = 30000
@@ -184,6 +185,8 @@ class ServerArgs:
         add("--disable-prefill-cuda-graph", action="store_true")
         add("--disable-shared-aux-buffer", action="store_true",
             help="give every captured decode graph its own aux output (the baseline)")
+        add("--disable-radix-cache", action="store_true",
+            help="no prefix cache: every request prefills its whole prompt")
         add("--enable-two-batch-overlap", action="store_true")
         add("--host", default=d["host"].default)
         add("--port", type=int, default=d["port"].default)

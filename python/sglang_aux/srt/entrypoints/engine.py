@@ -11,6 +11,7 @@ import torch
 from sglang_aux.srt.managers.schedule_batch import Req
 from sglang_aux.srt.managers.scheduler import Scheduler
 from sglang_aux.srt.managers.tp_worker import TpModelWorker
+from sglang_aux.srt.mem_cache.radix_cache import RadixCache
 from sglang_aux.srt.model_loader.builtin import resolve_draft, resolve_model
 from sglang_aux.srt.sampling.sampling_params import SamplingParams
 from sglang_aux.srt.server_args import ServerArgs
@@ -65,6 +66,8 @@ class Engine:
             max_running_requests=args.max_running_requests,
             context_len=self.model_config.context_len,
             eos_token_ids=eos_ids,
+            tree_cache=None if args.disable_radix_cache
+            else RadixCache(self.worker.model_runner.token_to_kv_pool_allocator),
         )
         self._rids = itertools.count()
 
@@ -130,6 +133,7 @@ class Engine:
             "id": req.rid,
             "prompt_tokens": len(req.origin_input_ids),
             "completion_tokens": len(req.output_ids),
+            "cached_tokens": req.cached_tokens,
             "finish_reason": reason,
             **spec_meta_info(req),
         }

@@ -101,6 +101,17 @@ def create_app(server: SchedulerThread) -> FastAPI:
     async def get_server_info() -> dict:
         return server_info(server)
 
+    @app.api_route("/flush_cache", methods=["GET", "POST"])
+    async def flush_cache() -> dict:
+        """SGLang's route: empty the prefix cache, only while no request runs or waits."""
+        freed = await server.flush_cache()
+        if freed is None:
+            raise APIError(400, "cache not flushed: requests are running or waiting; retry "
+                                "when the server is idle")
+        what = ("the prefix cache is disabled" if server.engine.scheduler.tree_cache is None
+                else f"freed {freed} cached KV slots")
+        return {"success": True, "freed_tokens": freed, "message": f"Cache flushed: {what}."}
+
     @app.get("/metrics")
     async def metrics() -> PlainTextResponse:
         return PlainTextResponse(render_metrics(server),

@@ -83,6 +83,7 @@ def server_info(server: SchedulerThread) -> dict:
         "device_memory_allocated": torch.cuda.memory_allocated(runner.device)
         if runner.device.type == "cuda" else None,
         "scheduler_stats": dict(engine.scheduler.stats),
+        **engine.scheduler.prefix_cache_info(),
         # SGLang's per-scheduler figures (one scheduler here)
         "internal_states": [{
             "avg_spec_accept_length": server.metrics.mean_accept_length(),

@@ -5,6 +5,10 @@ K/V is written by the forward that consumes it. Its reservation, `kv_reserved` s
 once in its `req_to_token` row (`reserve_kv`), covers every position it can ever write, so a
 decode step allocates nothing: its slots are a gather from the row.
 
+With the prefix cache, positions `[0, cached_tokens)` of a row map to slots the cache owns
+(shared with other requests, read only: every forward writes at `>= kv_len` only) and the
+rest of the reservation is the request's own.
+
 Invariant (speculative steps): positions `[kv_len, kv_reserved)` hold K/V that no forward
 reads before writing it again. A step writes its whole block at `[kv_len, kv_len + width)`
 and attention reads only `< seq_lens`, its own block included; the positions of rejected
@@ -18,6 +22,7 @@ from itertools import accumulate
 
 import torch
 
+from sglang_aux.srt.mem_cache.radix_cache import TreeNode
 from sglang_aux.srt.model_executor.forward_batch_info import (
     CaptureHiddenMode,
     ForwardBatch,
@@ -41,6 +46,8 @@ class Req:
     req_pool_idx: int | None = None
     kv_len: int = 0
     kv_reserved: int = 0  # positions `[0, kv_reserved)` of the row have slots
+    cached_tokens: int = 0  # prompt tokens whose K/V came from the prefix cache
+    last_node: TreeNode | None = None  # the cached prefix's end, locked while the request runs
     finished_reason: dict | None = None
     seed: int = 0  # keys the request's random draws (with the token position)
     # speculative bookkeeping: verify steps and tokens they produced (accepted drafts + bonus)
@@ -84,11 +91,21 @@ def reserve_kv(runner: ModelRunner, req: Req, n: int) -> None:
     req.kv_reserved = n
 
 
-def release_kv(runner: ModelRunner, req: Req) -> None:
-    """Give back every slot of the reservation and the request row."""
+def map_cached_prefix(runner: ModelRunner, req: Req, slots: torch.Tensor) -> None:
+    """Positions `[0, len(slots))` of the request's fresh row read the cache's `slots`: the
+    request starts with that much K/V (target and, with DFlash, draft context) in place."""
+    if req.kv_reserved:
+        raise RuntimeError(f"request {req.rid} already holds {req.kv_reserved} slots")
+    runner.req_to_token_pool.write(req.req_pool_idx, 0, slots)
+    req.kv_len = req.kv_reserved = req.cached_tokens = slots.numel()
+
+
+def release_kv(runner: ModelRunner, req: Req, keep: int = 0) -> None:
+    """Give back the slots of positions `[keep, kv_reserved)` and the request row; the first
+    `keep` belong elsewhere now (the prefix cache)."""
     row = req.req_pool_idx
     pool = runner.req_to_token_pool
-    runner.token_to_kv_pool_allocator.free(pool.req_to_token[row, : req.kv_reserved])
+    runner.token_to_kv_pool_allocator.free(pool.req_to_token[row, keep : req.kv_reserved])
     pool.free(row)
     req.req_pool_idx, req.kv_reserved = None, 0
 

@@ -5,6 +5,14 @@ decode step of every running request. A request is given every KV slot it can ev
 it is admitted (one allocation, one row write: `reserve_kv`), so a running batch never runs out
 of slots mid-generation and a decode step allocates nothing; finishing or aborting gives the
 whole reservation back.
+
+With the prefix cache (`tree_cache`, SGLang's radix cache), admission first maps the longest
+cached prefix of the prompt into the request's row and reserves only the rest (evicting
+unlocked cached tokens when the pool is short); finishing or aborting hands the request's
+written K/V to the cache instead of freeing it. Cached positions are safe to share because
+every position below a request's kv_len holds final K/V for its token: the target's, and with
+DFlash the draft context too (its prefill epilogue and verify commit write both for every
+position they pass), and no forward writes below kv_len again.
 """
 
 from __future__ import annotations
@@ -14,8 +22,11 @@ from collections import deque
 from collections.abc import Callable
 from typing import Protocol
 
-from sglang_aux.srt.managers.schedule_batch import Req, release_kv, reserve_kv
+import torch
+
+from sglang_aux.srt.managers.schedule_batch import Req, map_cached_prefix, release_kv, reserve_kv
 from sglang_aux.srt.managers.tokenizer import Tokenizer
+from sglang_aux.srt.mem_cache.radix_cache import RadixCache
 
 logger = logging.getLogger(__name__)
 
@@ -31,7 +42,8 @@ class Worker(Protocol):
 class Scheduler:
     def __init__(self, worker: Worker, tokenizer: Tokenizer, *, max_running_requests: int,
                  context_len: int, eos_token_ids: set[int],
-                 on_update: Callable[[Req], None] | None = None):
+                 on_update: Callable[[Req], None] | None = None,
+                 tree_cache: RadixCache | None = None):
         self.worker = worker
         self.runner = runner = worker.model_runner
         self.req_to_token_pool = runner.req_to_token_pool
@@ -41,6 +53,9 @@ class Scheduler:
         self.context_len = context_len
         self.eos_token_ids = eos_token_ids
         self.on_update = on_update
+        self.tree_cache = tree_cache
+        self.cache_hit_tokens = 0  # prompt tokens admitted with their K/V already cached
+        self.admitted_prompt_tokens = 0
         self.waiting: deque[Req] = deque()
         self.running: list[Req] = []
         self.stats = {"prefill_steps": 0, "decode_steps": 0, "generated_tokens": 0}
@@ -75,21 +90,48 @@ class Scheduler:
         admitted = []
         while self.waiting and len(self.running) + len(admitted) < self.max_running_requests:
             req = self.waiting[0]
-            need = self._reservation(req)
-            if need > self.allocator.available_size():
-                break
-            self.waiting.popleft()
             if req.sampling_params.max_new_tokens == 0:
+                self.waiting.popleft()
                 req.finished_reason = {"type": "length", "length": 0}
                 self._notify(req)
                 continue
-            req.req_pool_idx = self.req_to_token_pool.alloc()
-            reserve_kv(self.runner, req, need)
+            if not self._take_kv(req):
+                break
+            self.waiting.popleft()
+            self.cache_hit_tokens += req.cached_tokens
+            self.admitted_prompt_tokens += len(req.origin_input_ids)
             admitted.append(req)
         return admitted
 
+    def _take_kv(self, req: Req) -> bool:
+        """Give `req` a row holding its cached prefix (locked) and fresh slots for the rest of
+        its reservation; False, taking nothing, when the pool is short even after eviction."""
+        need, cache = self._reservation(req), self.tree_cache
+        if cache is None:
+            if need > self.allocator.available_size():
+                return False
+            req.req_pool_idx = self.req_to_token_pool.alloc()
+            reserve_kv(self.runner, req, need)
+            return True
+        # At most len - 1 tokens (as SGLang): the prefill must run the last prompt token to
+        # yield the first output's logits.
+        match = cache.match_prefix(req.origin_input_ids[:-1])
+        cache.inc_lock_ref(match.last_node)  # before evicting: the match must stay
+        short = need - match.slots.numel() - self.allocator.available_size()
+        if short > cache.evictable_size():
+            cache.dec_lock_ref(match.last_node)
+            return False
+        if short > 0:
+            cache.evict(short)
+        req.req_pool_idx = self.req_to_token_pool.alloc()
+        req.last_node = match.last_node
+        map_cached_prefix(self.runner, req, match.slots)
+        reserve_kv(self.runner, req, need)
+        return True
+
     def abort(self, req: Req) -> None:
-        """Drop `req` (waiting or running) and give back its KV; call between steps."""
+        """Drop `req` (waiting or running) and release its KV (`_release`); call between
+        steps."""
         self.waiting = deque(r for r in self.waiting if r is not req)
         self.running = [r for r in self.running if r is not req]
         if req.req_pool_idx is not None:
@@ -140,7 +182,43 @@ class Scheduler:
         return None
 
     def _release(self, req: Req) -> None:
-        release_kv(self.runner, req)
+        """Finished or aborted, between steps: the K/V of its first min(kv_len, seq_len)
+        positions (written, for the tokens at those positions: a finish can drop accepted
+        tokens past seq_len) goes to the cache; the other slots and the row are freed."""
+        cache = self.tree_cache
+        if cache is None:
+            release_kv(self.runner, req)
+            return
+        n = min(req.kv_len, req.seq_len)
+        tokens = (req.origin_input_ids + req.output_ids)[:n]
+        slots = self.req_to_token_pool.req_to_token[req.req_pool_idx, :n].to(torch.int64)  # copy
+        cached = cache.insert(tokens, slots)
+        # `slots[:cached_tokens]` are the cache's own; up to `cached`, another request cached
+        # the same tokens meanwhile, so ours are duplicates
+        if cached > req.cached_tokens:
+            self.allocator.free(slots[req.cached_tokens : cached])
+        cache.dec_lock_ref(req.last_node)
+        req.last_node = None
+        release_kv(self.runner, req, keep=n)
+
+    def flush_cache(self) -> int | None:
+        """Free every cached KV slot, only when idle (as SGLang): the number freed, or None
+        while requests are waiting or running."""
+        if self.has_work():
+            return None
+        return 0 if self.tree_cache is None else self.tree_cache.reset()
+
+    def prefix_cache_info(self) -> dict:
+        """The cache's sizes in tokens (one slot each) and its hits since start."""
+        c = self.tree_cache
+        return {
+            "radix_cache_enabled": c is not None,
+            "radix_cache_tokens": 0 if c is None else c.total_size(),
+            "radix_cache_evictable_tokens": 0 if c is None else c.evictable_size(),
+            "radix_cache_protected_tokens": 0 if c is None else c.protected_size(),
+            "radix_cache_hit_tokens": self.cache_hit_tokens,
+            "radix_cache_admitted_prompt_tokens": self.admitted_prompt_tokens,
+        }
 
     def _notify(self, req: Req) -> None:
         if self.on_update is not None:

@@ -122,6 +122,14 @@ class SchedulerThread:
         """Drop a request whose client went away (a no-op once it has finished)."""
         self._inbox.put(("abort", rid))
 
+    async def flush_cache(self) -> int | None:
+        """`Scheduler.flush_cache` between steps: slots freed, None when busy; event loop
+        only."""
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[int | None] = loop.create_future()
+        self._inbox.put(("flush", lambda freed: loop.call_soon_threadsafe(done.set_result, freed)))
+        return await done
+
     def shutdown(self, timeout: float = 10.0) -> None:
         self._inbox.put(("stop",))
         self._thread.join(timeout)
@@ -157,6 +165,8 @@ class SchedulerThread:
                 if cmd[0] == "add":
                     self._live[cmd[1].req.rid] = cmd[1]
                     self.engine.scheduler.add_request(cmd[1].req)
+                elif cmd[0] == "flush":
+                    cmd[1](self.engine.scheduler.flush_cache())
                 else:
                     self._abort(cmd[1])
                 cmd = self._inbox.get_nowait()
@@ -176,6 +186,8 @@ class SchedulerThread:
                 del self._live[rid]
                 self.metrics.add(requests_failed=1)
                 live.deliver(RequestUpdate([], error=f"internal error: {e!r}"))
+            # the failed step may have left unwritten K/V under the dropped requests' kv_len
+            self.engine.scheduler.flush_cache()
 
     def _abort(self, rid: str) -> None:
         live = self._live.pop(rid, None)
