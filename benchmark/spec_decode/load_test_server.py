@@ -10,8 +10,9 @@ targets one already running instead. Phases: (1) every greedy prompt alone, one 
 lengths, every `--abort-every`-th streamed and dropped after a few chunks; greedy outputs must
 equal their references; seeded sampled ones are compared with their own sequential run too
 (draws are keyed by seed and position, not by batch) and reported, since a logit that moves
-in the last bit with the batch size may flip a draw; (3) the server must hold every KV slot
-and request row free again; (4) `--long-steps` decode steps of concurrent long requests; the
+in the last bit with the batch size may flip a draw (repeated prompts hit the prefix cache);
+(3) once the prefix cache is flushed, the server must hold every KV slot and request row free
+again; (4) `--long-steps` decode steps of concurrent long requests; the
 device's allocated bytes when idle must not grow. Use float32 for the equality checks: in
 bf16, GEMMs of different batch sizes may round near-ties differently.
 """
@@ -72,13 +73,16 @@ def _info(client: httpx.Client, url: str) -> dict:
 
 
 def _wait_idle(client: httpx.Client, url: str, timeout_s: float = 60.0) -> dict:
-    """Server info once no KV is held (aborts are applied between steps)."""
+    """Server info once no request holds KV (aborts are applied between steps; the prefix
+    cache's unlocked tokens are the only KV not free), after flushing that cache."""
     deadline = time.monotonic() + timeout_s
     while True:
         info = _info(client, url)
-        if (info["available_kv_tokens"] == info["max_total_num_tokens"]
-                and info["available_req_rows"] == info["max_req_rows"]):
-            return info
+        held = (info["max_total_num_tokens"] - info["available_kv_tokens"]
+                - info["radix_cache_evictable_tokens"])
+        if held == 0 and info["available_req_rows"] == info["max_req_rows"]:
+            client.post(f"{url}/flush_cache").raise_for_status()
+            return _info(client, url)
         if time.monotonic() > deadline:
             return info
         time.sleep(0.2)
@@ -132,6 +136,7 @@ def run(url: str, a: argparse.Namespace) -> dict:
         "device_memory_allocated_before": mem_before, "device_memory_allocated_after": mem_after,
         "idle_memory_samples": samples, "memory_growth_bytes": growth,
         "final_kv_slots_back": after["available_kv_tokens"] == after["max_total_num_tokens"],
+        "radix_cache_hit_tokens": after["radix_cache_hit_tokens"],
     }
     report["ok"] = (not greedy_mismatched and kv_back and rows_back
                     and report["final_kv_slots_back"]

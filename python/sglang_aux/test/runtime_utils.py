@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -19,6 +20,9 @@ from sglang_aux.srt.model_executor.model_runner import ModelRunner
 from sglang_aux.srt.sampling.sampling_params import SamplingParams
 from sglang_aux.srt.server_args import ServerArgs
 from sglang_aux.tools.make_checkpoint import write_checkpoint
+
+if TYPE_CHECKING:
+    from sglang_aux.srt.entrypoints.engine import Engine
 
 
 def tiny_checkpoint(preset: str, root: Path) -> str:
@@ -100,3 +104,19 @@ def fixed_batch(runner: ModelRunner, reqs: list[Req], mode: ForwardMode, width: 
 def eager_forward(runner: ModelRunner, fb: ForwardBatch):
     runner.attn_backend.init_forward_metadata(fb)
     return runner.model.forward(fb.input_ids, fb.positions, fb)
+
+
+def assert_kv_all_back(engine: Engine) -> None:
+    """Idle: no cached prefix is still locked, and once the prefix cache is flushed every KV
+    slot is free exactly once (none lost, none freed twice) and so is every request row."""
+    sched = engine.scheduler
+    assert not sched.has_work()
+    assert sched.prefix_cache_info()["radix_cache_protected_tokens"] == 0, "a lock leaked"
+    assert sched.flush_cache() is not None
+    runner = engine.worker.model_runner
+    alloc, rows = runner.token_to_kv_pool_allocator, runner.req_to_token_pool
+    assert alloc.available_size() == alloc.size, "KV slots leaked"
+    assert rows.available_size() == rows.size, "request rows leaked"
+    slots = alloc.alloc(alloc.size)
+    alloc.free(slots.flip(0))  # the free stack as it was
+    assert sorted(slots.tolist()) == list(range(1, alloc.size + 1)), "a KV slot was freed twice"

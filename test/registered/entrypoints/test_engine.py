@@ -7,7 +7,7 @@ import pytest
 
 from sglang_aux.srt.entrypoints.engine import Engine
 from sglang_aux.test.ci.ci_register import register_cpu_ci
-from sglang_aux.test.runtime_utils import prefill, release, tiny_checkpoint
+from sglang_aux.test.runtime_utils import assert_kv_all_back, prefill, release, tiny_checkpoint
 
 register_cpu_ci(est_time=60, suite="default")
 
@@ -44,10 +44,7 @@ def test_engine_greedy_equals_recompute_greedy(tmp_path, preset):
         assert out["meta_info"]["completion_tokens"] == MAX_NEW
         assert out["meta_info"]["prompt_tokens"] == len(ids)
     assert len({tuple(o["output_ids"]) for o in outs}) > 1
-    # every KV slot and request row came back
-    alloc = engine.worker.model_runner.token_to_kv_pool_allocator
-    assert alloc.available_size() == alloc.size
-    assert engine.worker.model_runner.req_to_token_pool.available_size() == 3
+    assert_kv_all_back(engine)
 
 
 def test_engine_rejects_bad_requests_and_keeps_working(tmp_path):

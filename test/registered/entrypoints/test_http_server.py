@@ -1,6 +1,8 @@
 """The HTTP server in a subprocess on a tiny checkpoint: native and OpenAI contracts (streamed
 pieces add up to the full text), greedy output equal to the offline Engine's, 64 concurrent
-requests batched together with bad requests interleaved, API keys, and the info routes."""
+requests batched together with bad requests interleaved, API keys, the info routes, and the
+prefix cache (cached_tokens, /flush_cache; test_scheduler_thread.py checks that it waits for
+idle)."""
 
 import asyncio
 import json
@@ -204,11 +206,35 @@ def test_concurrent_requests_batch_and_survive_bad_ones(client, server):
     info = client.get("/get_server_info").json()
     # one request at a time would take 3 decode steps each
     assert info["scheduler_stats"]["decode_steps"] - decode_before < NUM_CONCURRENT * 3 / 4
+    _assert_kv_back(client)
+
+
+def _assert_kv_back(client) -> None:
+    """Idle: the cache holds the only KV not free, none of it locked; flushed, all is free."""
+    info = client.get("/get_server_info").json()
+    assert info["radix_cache_protected_tokens"] == 0
+    assert info["available_kv_tokens"] + info["radix_cache_evictable_tokens"] == KV_TOKENS
+    flushed = client.post("/flush_cache").json()
+    assert flushed["success"] and flushed["freed_tokens"] == info["radix_cache_tokens"]
+    info = client.get("/get_server_info").json()
     assert info["available_kv_tokens"] == info["max_total_num_tokens"] == KV_TOKENS
+    assert info["available_req_rows"] == info["max_req_rows"]
+    assert info["radix_cache_tokens"] == 0
+
+
+def test_repeated_prompt_hits_the_cache(client):
+    body = {"text": PROMPTS[1], "sampling_params": GREEDY}
+    first, second = (client.post("/generate", json=body).json() for _ in range(2))
+    assert second["output_ids"] == first["output_ids"]
+    assert second["meta_info"]["cached_tokens"] == second["meta_info"]["prompt_tokens"] - 1
+    hits = client.get("/get_server_info").json()["radix_cache_hit_tokens"]
+    assert hits >= second["meta_info"]["cached_tokens"]
+    _assert_kv_back(client)
 
 
 ROUTES = [("GET", "/get_model_info"), ("GET", "/get_server_info"), ("GET", "/metrics"),
           ("GET", "/v1/models"), ("POST", "/generate"), ("POST", "/v1/completions"),
+          ("POST", "/flush_cache"),
           ("POST", "/v1/chat/completions")]
 
 
@@ -236,8 +262,7 @@ def test_client_going_away_aborts_its_request(client, stream):
     while _metrics(client)[aborted] == before and time.monotonic() < deadline:
         time.sleep(0.05)
     assert _metrics(client)[aborted] == before + 1
-    info = client.get("/get_server_info").json()
-    assert info["available_kv_tokens"] == KV_TOKENS, "the aborted request kept its KV"
+    _assert_kv_back(client)  # the aborted request kept none of its KV
     out = client.post("/generate", json={"text": "Hi", "sampling_params": GREEDY}).json()
     assert len(out["output_ids"]) == GREEDY["max_new_tokens"]
 
@@ -258,6 +283,7 @@ def test_model_and_server_info_and_metrics(client, ckpt):
     # no DFlash here: nothing captured, nothing shared, nothing saved
     assert info["aux_buffer_bytes"] == info["aux_per_graph_bytes"] == info["aux_bytes_saved"] == 0
     assert info["server_args"]["api_key"] == "<redacted>" and API_KEY not in json.dumps(info)
+    assert info["radix_cache_enabled"] and not info["server_args"]["disable_radix_cache"]
     before = _metrics(client)
     out = client.post("/generate", json={"text": "Hi", "sampling_params": GREEDY}).json()
     client.post("/generate", json={"text": ""})

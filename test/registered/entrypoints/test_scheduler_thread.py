@@ -1,6 +1,7 @@
 """The scheduler thread in-process: requests submitted from an event loop come back through it
-with the offline Engine's output, and a failing step fails the request in flight while the
-thread keeps serving (KV returned, counters right)."""
+with the offline Engine's output, the prefix cache is flushed between steps and only when
+idle, and a failing step fails the request in flight while the thread keeps serving (KV
+returned, the cache emptied of what the failed step may have left, counters right)."""
 
 import asyncio
 import sys
@@ -44,6 +45,22 @@ def test_requests_round_trip_and_stream(server):
         server.submit(text="", sampling_params=GREEDY)
 
 
+def test_flush_cache_waits_for_idle(server):
+    async def run():
+        stream = server.submit(text="Hello there", sampling_params=GREEDY)
+        busy = await server.flush_cache()  # queued behind the request: it is waiting
+        out = await stream.result()
+        again = await server.submit(text="Hello there", sampling_params=GREEDY).result()
+        return busy, out, again, await server.flush_cache(), await server.flush_cache()
+
+    busy, out, again, freed, nothing = asyncio.run(run())
+    assert busy is None
+    assert again["output_ids"] == out["output_ids"] and again["meta_info"]["cached_tokens"] > 0
+    assert freed >= again["meta_info"]["prompt_tokens"] and nothing == 0
+    alloc = server.engine.worker.model_runner.token_to_kv_pool_allocator
+    assert alloc.available_size() == alloc.size
+
+
 def test_failed_step_fails_its_request_and_the_thread_keeps_serving(server, monkeypatch):
     sched, real_step = server.engine.scheduler, server.engine.scheduler.step
     calls = []
@@ -64,11 +81,13 @@ def test_failed_step_fails_its_request_and_the_thread_keeps_serving(server, monk
 
     out = asyncio.run(run())
     assert len(out["output_ids"]) == GREEDY["max_new_tokens"]
+    assert out["meta_info"]["cached_tokens"] == 0, "the failed request's KV stayed cached"
     assert server.metrics.requests_failed == failed_before + 1
     deadline = time.monotonic() + 10  # the answer can arrive before its step has returned
     while sched.has_work() and time.monotonic() < deadline:
         time.sleep(0.01)
     assert not sched.running and not sched.waiting
+    assert asyncio.run(server.flush_cache()) > 0  # the second request's KV
     alloc = server.engine.worker.model_runner.token_to_kv_pool_allocator
     assert alloc.available_size() == alloc.size, "the failed request kept its KV"
 

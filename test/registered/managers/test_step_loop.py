@@ -11,7 +11,7 @@ import torch
 
 from sglang_aux.srt.entrypoints.engine import Engine
 from sglang_aux.test.ci.ci_register import register_cpu_ci
-from sglang_aux.test.runtime_utils import tiny_checkpoint
+from sglang_aux.test.runtime_utils import assert_kv_all_back, tiny_checkpoint
 
 register_cpu_ci(est_time=120, suite="default")
 
@@ -34,13 +34,6 @@ def _engine(ckpts, kind, **kw):
     return Engine(model_path=ckpts["tiny-k3"], **spec, **{**COMMON, **kw})
 
 
-def _assert_everything_returned(engine):
-    runner = engine.worker.model_runner
-    alloc, rows = runner.token_to_kv_pool_allocator, runner.req_to_token_pool
-    assert alloc.available_size() == alloc.size, "KV slots leaked"
-    assert rows.available_size() == rows.size, "request rows leaked"
-
-
 @pytest.mark.parametrize("kind", KINDS)
 def test_one_allocation_per_request_and_one_readback_per_step(ckpts, kind):
     engine = _engine(ckpts, kind)
@@ -61,7 +54,7 @@ def test_one_allocation_per_request_and_one_readback_per_step(ckpts, kind):
     engine.generate(PROMPTS, GREEDY)
     assert len(calls) == len(PROMPTS), f"allocations {calls}: one per admitted request"
     assert copies and all(c == 1 for c in copies), copies
-    _assert_everything_returned(engine)
+    assert_kv_all_back(engine)
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -118,7 +111,7 @@ def test_finish_and_abort_give_back_every_slot_and_row(ckpts, kind):
     for r, n in zip(reqs, lengths, strict=True):
         if r not in (running, waiting):
             assert len(r.output_ids) == n and r.finished_reason["type"] == "length"
-    _assert_everything_returned(engine)
+    assert_kv_all_back(engine)
 
 
 @pytest.mark.parametrize("kind", KINDS)

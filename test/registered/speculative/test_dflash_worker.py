@@ -10,7 +10,7 @@ from sglang_aux.srt.entrypoints.engine import Engine
 from sglang_aux.srt.managers.schedule_batch import Req, build_extend_batch, reserve_kv
 from sglang_aux.srt.sampling.sampling_params import SamplingParams
 from sglang_aux.test.ci.ci_register import register_cpu_ci
-from sglang_aux.test.runtime_utils import eager_forward, tiny_checkpoint
+from sglang_aux.test.runtime_utils import assert_kv_all_back, eager_forward, tiny_checkpoint
 
 register_cpu_ci(est_time=90, suite="default")
 
@@ -48,8 +48,7 @@ def test_greedy_dflash_equals_target_only(ckpts, target_only, target, shared):
         assert out["output_ids"] == ref["output_ids"]
         assert out["meta_info"]["spec_verify_ct"] > 0
         assert out["meta_info"]["spec_accept_length"] >= 1.0
-    alloc = runner.token_to_kv_pool_allocator
-    assert alloc.available_size() == alloc.size, "KV slots leaked"
+    assert_kv_all_back(engine)
 
 
 def _oracle(worker, references: dict[str, list[int]], corrupt_at: int | None):
@@ -104,8 +103,7 @@ def test_acceptance_under_known_proposals(ckpts, target_only, corrupt_at):
         assert m["spec_accept_length"] == m["completion_tokens"] / m["spec_verify_ct"]
     if corrupt_at is None:
         assert all(o["meta_info"]["spec_accept_rate"] == 1.0 for o in outs)
-    alloc = worker.target_runner.token_to_kv_pool_allocator
-    assert alloc.available_size() == alloc.size
+    assert_kv_all_back(engine)
 
 
 def _draft_context_error(worker, req: Req) -> float:

@@ -15,7 +15,12 @@ from sglang_aux.srt.entrypoints.server_info import graph_memory
 from sglang_aux.srt.managers.schedule_batch import build_step_batch, reserve_kv
 from sglang_aux.srt.model_executor.forward_batch_info import ForwardMode
 from sglang_aux.test.ci.ci_register import register_cpu_ci
-from sglang_aux.test.runtime_utils import prefill_random, release, tiny_checkpoint
+from sglang_aux.test.runtime_utils import (
+    assert_kv_all_back,
+    prefill_random,
+    release,
+    tiny_checkpoint,
+)
 
 register_cpu_ci(est_time=90, suite="default")
 
@@ -69,8 +74,7 @@ def test_greedy_streamed_verify_equals_target_only(tmp_path, device, dtype, targ
         assert b["meta_info"]["spec_verify_ct"] > 0
     for bs, fb in gr.forward_batches.items():  # every graph streamed all K slices
         assert fb.aux_projection.num_accumulated == fb.aux_projection.num_slices, bs
-    alloc = engine.worker.target_runner.token_to_kv_pool_allocator
-    assert alloc.available_size() == alloc.size, "KV slots leaked"
+    assert_kv_all_back(engine)
 
 
 def test_verify_runner_holds_only_the_accumulator(tmp_path, device, dtype):
