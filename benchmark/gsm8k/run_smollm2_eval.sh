@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # GSM8K 5-shot on SmolLM2-135M-Instruct: target-only vs DFlash (block 8), shared aux buffer on
-# and off, each against its own server; then tokens/s at 1, 8 and 32 concurrent requests.
+# and off, prefix cache on (default) and off, each against its own server; then tokens/s at 1,
+# 8 and 32 concurrent requests.
 #   bash benchmark/gsm8k/run_smollm2_eval.sh DRAFT_DIR OUT_DIR [NUM_QUESTIONS [CONFIGS]]
-# CONFIGS: a space-separated subset of "target dflash dflash_noshare" (default: all three).
+# CONFIGS: a space-separated subset of "target dflash dflash_noshare target_nocache
+# dflash_nocache" (default: the first three; *_nocache pass --disable-radix-cache).
 # Needs the imported target (`smollm2-135m-instruct`) and GSM8K (SGLANG_AUX_GSM8K_DIR).
 set -uo pipefail
 draft=$1; out=$2; n=${3:-1319}; configs=${4:-target dflash dflash_noshare}
@@ -26,13 +28,18 @@ for cfg in $configs; do
     dflash) flags=(--speculative-algorithm DFLASH --speculative-draft-model-path "$draft") ;;
     dflash_noshare) flags=(--speculative-algorithm DFLASH --speculative-draft-model-path "$draft"
                            --disable-shared-aux-buffer) ;;
+    target_nocache) flags=(--speculative-algorithm NONE --disable-radix-cache) ;;
+    dflash_nocache) flags=(--speculative-algorithm DFLASH --speculative-draft-model-path "$draft"
+                           --disable-radix-cache) ;;
   esac
   serve $cfg "${flags[@]}" || continue
   curl -s localhost:$port/get_server_info > "$out/server_info_$cfg.json"
   harness $cfg "$n" 32
-  if [ $cfg != dflash_noshare ]; then
+  if [ $cfg = target ] || [ $cfg = dflash ]; then
     harness $cfg 32 1
     harness $cfg 64 8
   fi
+  # prefix cache hits (radix_cache_hit_tokens / radix_cache_admitted_prompt_tokens)
+  curl -s localhost:$port/get_server_info > "$out/server_info_${cfg}_after.json"
   kill $pid; wait $pid 2>/dev/null
 done

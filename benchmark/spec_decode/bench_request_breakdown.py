@@ -7,6 +7,8 @@ GSM8K 5-shot test prompts through `Engine.generate` one at a time (bs 1, greedy,
 the host (each ends with its readback, so its GPU work is done); `scheduler` is the rest of
 `Scheduler.step` (appending tokens, stop checks); `engine` is the rest of `generate` (request
 validation, output decoding). With `--cprofile N`, the DFlash run's N costliest functions.
+The prefix cache is on (the prompts share their 5-shot prefix: `cached_tokens` counts the
+prompt tokens not prefilled) unless `--disable-radix-cache`.
 """
 
 from __future__ import annotations
@@ -53,15 +55,18 @@ def measure(engine: Engine, prompts: list[str], profile: int) -> dict:
     timed(engine.worker, "decode", decode)
     timed(engine.scheduler, "step", steps)
     prof = cProfile.Profile() if profile else None
-    tokens, start = 0, time.perf_counter()
+    tokens, cached, start = 0, 0, time.perf_counter()
     if prof:
         prof.enable()
     for text in prompts:
-        tokens += engine.generate(text, params)["meta_info"]["completion_tokens"]
+        meta = engine.generate(text, params)["meta_info"]
+        tokens += meta["completion_tokens"]
+        cached += meta["cached_tokens"]
     if prof:
         prof.disable()
     wall = time.perf_counter() - start
-    row = {"requests": len(prompts), "tokens": tokens, "wall_s": wall, "tok_per_s": tokens / wall,
+    row = {"requests": len(prompts), "tokens": tokens, "cached_tokens": cached,
+           "wall_s": wall, "tok_per_s": tokens / wall,
            "prefill_s": sum(prefill), "decode_s": sum(decode), "decode_steps": len(decode),
            "decode_ms_per_step": 1e3 * sum(decode) / max(len(decode), 1),
            "prefill_ms_per_request": 1e3 * sum(prefill) / max(len(prefill), 1),
@@ -83,6 +88,7 @@ def main() -> None:
     p.add_argument("--dtype", default="bfloat16")
     p.add_argument("--device", default="cuda")
     p.add_argument("--cprofile", type=int, default=0)
+    p.add_argument("--disable-radix-cache", action="store_true")
     p.add_argument("--out", default="benchmark/spec_decode/request_breakdown.json")
     a = p.parse_args()
     prefix = few_shot_prefix(read_jsonl(a.data_path.parent / "train.jsonl")[:5])
@@ -93,7 +99,8 @@ def main() -> None:
     for name, extra in {"target": {}, "dflash": {"speculative_algorithm": "DFLASH",
                                                  "speculative_draft_model_path": a.draft}}.items():
         engine = Engine(model_path=folder, dtype=a.dtype, device=a.device, max_running_requests=1,
-                        context_length=2048, **extra)
+                        context_length=2048, disable_radix_cache=a.disable_radix_cache,
+                        **extra)
         profile = a.cprofile if name == "dflash" else 0
         rows.append({"engine": name, **measure(engine, prompts, profile)})
         del engine

@@ -120,3 +120,29 @@ def assert_kv_all_back(engine: Engine) -> None:
     slots = alloc.alloc(alloc.size)
     alloc.free(slots.flip(0))  # the free stack as it was
     assert sorted(slots.tolist()) == list(range(1, alloc.size + 1)), "a KV slot was freed twice"
+
+
+def committed_tokens(req: Req) -> list[int]:
+    """The tokens whose K/V a finished or aborted request handed to the prefix cache."""
+    return (req.origin_input_ids + req.output_ids)[: min(req.kv_len, req.seq_len)]
+
+
+def cached_kv_error(engine: Engine, tokens: list[int]) -> float:
+    """Max |K/V - recomputed| over the cached slots of `tokens` (the target's, and with
+    DFlash the draft context), recomputed by an eager prefill of `tokens` into fresh slots."""
+    worker = engine.worker
+    runner = worker.model_runner
+    cached = engine.scheduler.tree_cache.match_prefix(tokens).slots
+    assert cached.numel() == len(tokens), "not all of it is cached"
+    fresh = Req("check", tokens, SamplingParams())
+    fresh.req_pool_idx = runner.req_to_token_pool.alloc()
+    fb = build_extend_batch(runner, [fresh])
+    out = eager_forward(runner, fb)
+    pools = [runner.token_to_kv_pool]
+    if hasattr(worker, "draft_runner"):
+        worker.commit_draft_context(out.aux_hidden_states, fb.positions, fb.out_cache_loc)
+        pools.append(worker.draft_runner.token_to_kv_pool)
+    err = max(float((buf[cached] - buf[fb.out_cache_loc]).abs().max())
+              for pool in pools for buf in (*pool.k_buffer, *pool.v_buffer))
+    release_kv(runner, fresh)
+    return err

@@ -10,11 +10,14 @@ import pytest
 import torch
 
 from sglang_aux.srt.entrypoints.engine import Engine
-from sglang_aux.srt.managers.schedule_batch import Req, build_extend_batch, release_kv
-from sglang_aux.srt.sampling.sampling_params import SamplingParams
 from sglang_aux.srt.server_args import ServerArgs
 from sglang_aux.test.ci.ci_register import register_cpu_ci
-from sglang_aux.test.runtime_utils import assert_kv_all_back, eager_forward, tiny_checkpoint
+from sglang_aux.test.runtime_utils import (
+    assert_kv_all_back,
+    cached_kv_error,
+    committed_tokens,
+    tiny_checkpoint,
+)
 
 register_cpu_ci(est_time=120, suite="default")
 
@@ -61,32 +64,6 @@ def reference(ckpts):
     return _run(_engine(ckpts, "target", disable_radix_cache=True))
 
 
-def _committed(req: Req) -> list[int]:
-    """The tokens whose K/V a finished or aborted request handed to the cache."""
-    return (req.origin_input_ids + req.output_ids)[: min(req.kv_len, req.seq_len)]
-
-
-def _cached_kv_error(engine, tokens: list[int]) -> float:
-    """Max |K/V - recomputed| over the cached slots of `tokens` (target, and the draft
-    context with DFlash), recomputed by a fresh prefill of `tokens` into new slots."""
-    worker = engine.worker
-    runner = worker.model_runner
-    cached = engine.scheduler.tree_cache.match_prefix(tokens).slots
-    assert cached.numel() == len(tokens), "not all of it is cached"
-    fresh = Req("check", tokens, SamplingParams())
-    fresh.req_pool_idx = runner.req_to_token_pool.alloc()
-    fb = build_extend_batch(runner, [fresh])
-    out = eager_forward(runner, fb)
-    pools = [runner.token_to_kv_pool]
-    if hasattr(worker, "draft_runner"):
-        worker.commit_draft_context(out.aux_hidden_states, fb.positions, fb.out_cache_loc)
-        pools.append(worker.draft_runner.token_to_kv_pool)
-    err = max(float((buf[cached] - buf[fb.out_cache_loc]).abs().max())
-              for pool in pools for buf in (*pool.k_buffer, *pool.v_buffer))
-    release_kv(runner, fresh)
-    return err
-
-
 @pytest.mark.parametrize("kind", KINDS)
 def test_shared_prefix_hits_and_outputs_equal_the_cache_off_run(ckpts, reference, kind):
     engine = _engine(ckpts, kind)
@@ -110,7 +87,7 @@ def test_shared_prefix_hits_and_outputs_equal_the_cache_off_run(ckpts, reference
     assert info["radix_cache_admitted_prompt_tokens"] == sum(
         o["meta_info"]["prompt_tokens"] for o in outs)
     for req in finished:  # every cached position holds its token's final K/V
-        assert _cached_kv_error(engine, _committed(req)) < CLOSE, req.rid
+        assert cached_kv_error(engine, committed_tokens(req)) < CLOSE, req.rid
     assert_kv_all_back(engine)
 
 
@@ -121,7 +98,7 @@ def test_kv_check_catches_a_corrupted_draft_context(ckpts):
     engine.generate(PROMPTS[0], GREEDY)
     slot = engine.scheduler.tree_cache.match_prefix(ids).slots[5]
     engine.worker.draft_runner.token_to_kv_pool.k_buffer[0][slot] += 0.5
-    assert not _cached_kv_error(engine, ids) < CLOSE
+    assert not cached_kv_error(engine, ids) < CLOSE
 
 
 def test_requests_never_write_cached_slots(ckpts):
@@ -176,7 +153,7 @@ def test_abort_mid_request_leaks_nothing(ckpts, reference):
     for r, ref in zip(reqs, reference[1:], strict=False):
         if r not in (running, waiting):
             assert r.output_ids == ref["output_ids"]
-    assert _cached_kv_error(engine, _committed(running)) < CLOSE  # what the abort cached
+    assert cached_kv_error(engine, committed_tokens(running)) < CLOSE  # what the abort cached
     assert_kv_all_back(engine)
 
 
