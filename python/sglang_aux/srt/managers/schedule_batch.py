@@ -47,7 +47,8 @@ class Req:
     kv_len: int = 0
     kv_reserved: int = 0  # positions `[0, kv_reserved)` of the row have slots
     cached_tokens: int = 0  # prompt tokens whose K/V came from the prefix cache
-    last_node: TreeNode | None = None  # the cached prefix's end, locked while the request runs
+    # the cached prefix's end in the tree, locked while the request runs
+    last_node: TreeNode | None = field(default=None, repr=False)
     finished_reason: dict | None = None
     seed: int = 0  # keys the request's random draws (with the token position)
     # speculative bookkeeping: verify steps and tokens they produced (accepted drafts + bonus)

@@ -25,8 +25,9 @@ from sglang_aux.srt.mem_cache.memory_pool import TokenToKVPoolAllocator
 class TreeNode:
     key: list[int]
     value: torch.Tensor  # [len(key)] KV slots of the key's tokens
-    parent: TreeNode | None
-    children: dict[int, TreeNode] = field(default_factory=dict)  # keyed by the child's 1st token
+    parent: TreeNode | None = field(repr=False)
+    # keyed by the child's first token
+    children: dict[int, TreeNode] = field(default_factory=dict, repr=False)
     lock_ref: int = 0  # requests reading this node (or a descendant)
     last_access: int = 0  # the tree's clock at the latest match or insert through this node
     id: int = 0  # orders equal access times in the eviction heap
