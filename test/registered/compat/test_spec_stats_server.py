@@ -63,8 +63,10 @@ def test_generate_meta_info_carries_sglang_spec_fields(client):
                                               "stream": True})
     events = [json.loads(line[len("data: "):]) for line in streamed.text.splitlines()
               if line.startswith("data: {")]
+    # the same prompt again: all of it but the last token comes from the prefix cache
     assert events[-1]["meta_info"] == {**outs[1]["meta_info"], "id": events[-1]["meta_info"]["id"],
-                                       "e2e_latency": events[-1]["meta_info"]["e2e_latency"]}
+                                       "e2e_latency": events[-1]["meta_info"]["e2e_latency"],
+                                       "cached_tokens": outs[1]["meta_info"]["prompt_tokens"] - 1}
 
 
 def test_server_info_internal_states(client):
