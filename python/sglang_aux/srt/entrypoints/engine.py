@@ -65,6 +65,7 @@ class Engine:
             max_running_requests=args.max_running_requests,
             context_len=self.model_config.context_len,
             eos_token_ids=eos_ids,
+            overlap=args.resolved_overlap_schedule(),
         )
         self._rids = itertools.count()
 
