@@ -55,6 +55,8 @@ class ServerArgs:
     disable_shared_aux_buffer: bool = False
     disable_radix_cache: bool = False  # the prefix cache (mem_cache/radix_cache.py) is on
     enable_two_batch_overlap: bool = False
+    # the host reads step n's tokens while the device runs step n+1; None: on for CUDA
+    disable_overlap_schedule: bool | None = None
     host: str = "127.0.0.1"
     port: int = 30000
     api_key: str | None = None
@@ -130,6 +132,13 @@ class ServerArgs:
             return "float32"
         return self.dtype
 
+    def resolved_overlap_schedule(self) -> bool:
+        """Overlap by default where the device runs apart from the host (CUDA); on the CPU
+        it only adds a step per finished request."""
+        if self.disable_overlap_schedule is not None:
+            return not self.disable_overlap_schedule
+        return self.resolved_device().startswith("cuda")
+
     def resolved_attention_backend(self) -> str:
         if self.attention_backend is not None:
             return self.attention_backend
@@ -188,6 +197,9 @@ class ServerArgs:
         add("--disable-radix-cache", action="store_true",
             help="no prefix cache: every request prefills its whole prompt")
         add("--enable-two-batch-overlap", action="store_true")
+        add("--disable-overlap-schedule", action="store_const", const=True, default=None,
+            help="read each step's tokens before launching the next (default: overlap on CUDA, "
+                 "where the host prepares step n+1 while the device runs step n)")
         add("--host", default=d["host"].default)
         add("--port", type=int, default=d["port"].default)
         add("--api-key", default=None)

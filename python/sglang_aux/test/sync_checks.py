@@ -10,20 +10,12 @@ import torch
 
 @contextmanager
 def strict_sync(worker, step: str) -> Iterator[list[int]]:
-    """Run `worker.<step>` (prefill or decode) under sync debug mode "error" except inside
-    the worker's readback; yields the list each call appends its readback count to. A
-    synchronizing op anywhere else in the step raises. Restores both methods and mode 0."""
-    readback = worker.readback
-    fetch, run = readback.fetch, getattr(worker, step)
+    """Run every launch `worker.<step>` (prefill or decode) under sync debug mode "error":
+    a synchronizing op anywhere in it raises (the step's tokens are waited for later, on its
+    readback's event). Yields the list each launch appends its count of queued readbacks
+    to. Restores the method and mode 0."""
+    readback, run = worker.readback, getattr(worker, step)
     counts: list[int] = []
-
-    def allowed_fetch(t):
-        mode = torch.cuda.get_sync_debug_mode()
-        torch.cuda.set_sync_debug_mode(0)
-        try:
-            return fetch(t)
-        finally:
-            torch.cuda.set_sync_debug_mode(mode)
 
     def strict(reqs):
         before = readback.num_copies
@@ -34,11 +26,9 @@ def strict_sync(worker, step: str) -> Iterator[list[int]]:
             torch.cuda.set_sync_debug_mode(0)
             counts.append(readback.num_copies - before)
 
-    readback.fetch = allowed_fetch
     setattr(worker, step, strict)
     try:
         yield counts
     finally:
-        readback.fetch = fetch
         setattr(worker, step, run)
         torch.cuda.set_sync_debug_mode(0)

@@ -73,6 +73,7 @@ def test_slots_past_kv_len_are_never_read(ckpts, kind):
 
     def decode_then_poison(reqs):
         new = decode(reqs)
+        new.tokens()  # the host's kv_len now counts the step
         for r in reqs:
             # the scheduler appends the new tokens next; the last of them is not in the KV yet
             slots = req_to_token[r.req_pool_idx, r.kv_len : r.kv_reserved].long()

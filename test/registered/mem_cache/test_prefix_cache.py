@@ -29,7 +29,7 @@ PROMPTS = [SHARED + q for q in QUESTIONS]
 GREEDY = {"temperature": 0, "max_new_tokens": 12, "ignore_eos": True}
 COMMON = dict(device="cpu", max_total_tokens=4096, cuda_graph_bs_decode=[1, 2, 4],
               max_running_requests=4)
-KINDS = ["target", "dflash", "dflash_prefill_graphs"]
+KINDS = ["target", "dflash", "dflash_prefill_graphs", "target_overlap", "dflash_overlap"]
 CLOSE = 1e-4  # fp32: the same K/V computed in batches of other shapes
 
 
@@ -40,10 +40,12 @@ def ckpts(tmp_path_factory):
 
 
 def _engine(ckpts, kind, **kw):
-    spec = {} if kind == "target" else dict(
+    spec = {} if kind.startswith("target") else dict(
         speculative_algorithm="DFLASH", speculative_draft_model_path=ckpts["tiny-k3-dflash"])
     if kind == "dflash_prefill_graphs":  # hits prefill ~20 tokens, misses ~150
         spec.update(cuda_graph_tokens_prefill=[16, 32, 64, 256], cuda_graph_max_bs_prefill=2)
+    if kind.endswith("_overlap"):  # a step still in flight when its requests finish
+        spec.update(disable_overlap_schedule=False)
     return Engine(model_path=ckpts["tiny-k3"], **spec, **{**COMMON, **kw})
 
 
@@ -75,6 +77,7 @@ def test_shared_prefix_hits_and_outputs_equal_the_cache_off_run(ckpts, reference
         graphs.execute = lambda b: graph_prefixes.extend(b.extend_prefix_lens_cpu) or execute(b)
     outs = _run(engine)
     assert (graphs is None) == (kind != "dflash_prefill_graphs")
+    assert engine.scheduler.overlap == kind.endswith("_overlap")
     assert graphs is None or max(graph_prefixes) > 0, "no graph replayed after a cached prefix"
     assert [o["output_ids"] for o in outs] == [o["output_ids"] for o in reference]
     cached = [o["meta_info"]["cached_tokens"] for o in outs]
@@ -82,9 +85,8 @@ def test_shared_prefix_hits_and_outputs_equal_the_cache_off_run(ckpts, reference
     assert cached[0] == 0 and all(c >= shared - 1 for c in cached[1:]), cached
     assert cached[-2] == outs[-2]["meta_info"]["prompt_tokens"] - 1  # all but the last token
     assert cached[-1] >= outs[0]["meta_info"]["prompt_tokens"] + 1  # the first turn's output
-    info = engine.scheduler.prefix_cache_info()
-    assert info["radix_cache_hit_tokens"] == sum(cached)
-    assert info["radix_cache_admitted_prompt_tokens"] == sum(
+    assert engine.scheduler.cache_hit_tokens == sum(cached)
+    assert engine.scheduler.admitted_prompt_tokens == sum(
         o["meta_info"]["prompt_tokens"] for o in outs)
     for req in finished:  # every cached position holds its token's final K/V
         assert cached_kv_error(engine, committed_tokens(req)) < CLOSE, req.rid
@@ -134,8 +136,9 @@ def test_eviction_under_a_small_pool(ckpts, kind):
     assert_kv_all_back(engine)
 
 
-def test_abort_mid_request_leaks_nothing(ckpts, reference):
-    engine = _engine(ckpts, "dflash", max_running_requests=2, cuda_graph_bs_decode=[1, 2])
+@pytest.mark.parametrize("kind", ["dflash", "dflash_overlap"])
+def test_abort_mid_request_leaks_nothing(ckpts, reference, kind):
+    engine = _engine(ckpts, kind, max_running_requests=2, cuda_graph_bs_decode=[1, 2])
     sched = engine.scheduler
     engine.generate(PROMPTS[0], GREEDY)
     reqs = [engine.make_request(text=p, sampling_params=dict(GREEDY)) for p in PROMPTS[1:]]
@@ -166,7 +169,6 @@ def test_disable_radix_cache(ckpts):
     assert engine.scheduler.tree_cache is None
     outs = [engine.generate(PROMPTS[0], GREEDY) for _ in range(2)]
     assert [o["meta_info"]["cached_tokens"] for o in outs] == [0, 0]
-    assert engine.scheduler.prefix_cache_info()["radix_cache_tokens"] == 0
     alloc = engine.worker.model_runner.token_to_kv_pool_allocator
     assert alloc.available_size() == alloc.size  # nothing held without the cache, no flush
 

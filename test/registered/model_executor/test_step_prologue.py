@@ -8,7 +8,7 @@ import sys
 import pytest
 import torch
 
-from sglang_aux.srt.managers.schedule_batch import build_step_batch, reserve_kv
+from sglang_aux.srt.managers.schedule_batch import build_step_batch, publish_rows, reserve_kv
 from sglang_aux.srt.model_executor.forward_batch_info import ForwardMode
 from sglang_aux.srt.model_executor.runner.step_prologue import StepPrologue
 from sglang_aux.test.ci.ci_register import register_cpu_ci
@@ -51,6 +51,8 @@ def test_prepared_steps_equal_eager_steps(path, mode, width, fill):
         for r, runner in [*((r, graphs) for r in a), *((r, eager) for r in b)]:
             r.output_ids.append(11 + r.kv_len)  # the token this step feeds
             reserve_kv(runner, r, r.kv_len + width)
+        publish_rows(graphs, a)
+        publish_rows(eager, b)
         fa = build_step_batch(graphs, a, mode, width, fill_token_id=fill)
         fb = build_step_batch(eager, b, mode, width, fill_token_id=fill)
         assert fa.prepared_graph_bs == graphs.graph_runner.padded_bs(bs)
@@ -71,6 +73,8 @@ def test_block_tokens_come_from_the_prologues_storage(path):
     a, b = prefill_random(graphs, [9, 14, 3]), prefill_random(eager, [9, 14, 3])
     for r, runner in [*((r, graphs) for r in a), *((r, eager) for r in b)]:
         reserve_kv(runner, r, r.kv_len + 4)
+    publish_rows(graphs, a)
+    publish_rows(eager, b)
     fa = build_step_batch(graphs, a, ForwardMode.TARGET_VERIFY, 4, block_tokens=drafts[:3])
     fb = build_step_batch(eager, b, ForwardMode.TARGET_VERIFY, 4, block_tokens=drafts[:3])
     graphs.forward(fa)

@@ -16,6 +16,7 @@ from sglang_aux.srt.layers.aux_hidden_states import SupportsSharedAuxHiddenState
 from sglang_aux.srt.managers.schedule_batch import (
     build_extend_batch,
     build_step_batch,
+    publish_rows,
     reserve_kv,
 )
 from sglang_aux.srt.model_executor.forward_batch_info import ForwardMode
@@ -185,6 +186,7 @@ def test_decode_and_chunked_prefill_match_one_prefill(ckpt: Path) -> None:
     for req, tok in zip(reqs, next_tokens, strict=True):
         req.output_ids.append(tok)
         reserve_kv(runner, req, req.kv_len + 1)
+    publish_rows(runner, reqs)
     fb = build_step_batch(runner, reqs, ForwardMode.DECODE, 1)
     runner.attn_backend.init_forward_metadata(fb)
     decoded = model(fb.input_ids, fb.positions, fb).next_token_logits

@@ -83,12 +83,12 @@ def test_acceptance_under_known_proposals(ckpts, target_only, corrupt_at):
 
     def decode(reqs):
         before = [r.kv_len for r in reqs]
-        new = orig_decode(reqs)
-        for r, k0, toks in zip(reqs, before, new, strict=True):
+        step = orig_decode(reqs)
+        for r, k0, toks in zip(reqs, before, step.tokens(), strict=True):
             lengths.append(len(toks))
             assert r.kv_len == k0 + len(toks)
             assert r.kv_len == len(r.origin_input_ids) + len(r.output_ids) + len(toks) - 1
-        return new
+        return step
 
     worker.decode = decode
     outs = engine.generate(PROMPTS, params)
@@ -130,10 +130,10 @@ def _run_steps(worker, prompt_ids, steps=4):
         r.req_pool_idx = worker.target_runner.req_to_token_pool.alloc()
         need = len(r.origin_input_ids) + (steps + 1) * worker.block_size
         reserve_kv(worker.target_runner, r, need)
-    for r, toks in zip(reqs, worker.prefill(reqs), strict=True):
+    for r, toks in zip(reqs, worker.prefill(reqs).tokens(), strict=True):
         r.output_ids += toks
     for _ in range(steps):
-        for r, toks in zip(reqs, worker.decode(reqs), strict=True):
+        for r, toks in zip(reqs, worker.decode(reqs).tokens(), strict=True):
             r.output_ids += toks
     return reqs
 

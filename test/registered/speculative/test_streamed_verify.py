@@ -12,7 +12,7 @@ from test_dflash_worker import _draft_context_error, _run_steps
 
 from sglang_aux.srt.entrypoints.engine import Engine
 from sglang_aux.srt.entrypoints.server_info import graph_memory
-from sglang_aux.srt.managers.schedule_batch import build_step_batch, reserve_kv
+from sglang_aux.srt.managers.schedule_batch import build_step_batch, publish_rows, reserve_kv
 from sglang_aux.srt.model_executor.forward_batch_info import ForwardMode
 from sglang_aux.test.ci.ci_register import register_cpu_ci
 from sglang_aux.test.runtime_utils import (
@@ -113,6 +113,7 @@ def test_replay_equals_eager_at_every_size_and_padded(tmp_path, device, dtype, t
         reqs = prefill_random(runner, [5 + 3 * i for i in range(bs)], seed=bs)
         for r in reqs:
             reserve_kv(runner, r, r.kv_len + block)
+        publish_rows(runner, reqs)
         # random drafts where the verify graph's prologue reads them
         worker._drafts[:bs] = torch.randint(0, vocab, (bs, block - 1), generator=g)
         rows = runner.req_to_token_pool.req_to_token

@@ -66,6 +66,7 @@ class Engine:
             max_running_requests=args.max_running_requests,
             context_len=self.model_config.context_len,
             eos_token_ids=eos_ids,
+            overlap=args.resolved_overlap_schedule(),
             tree_cache=None if args.disable_radix_cache
             else RadixCache(self.worker.model_runner.token_to_kv_pool_allocator),
         )

@@ -7,6 +7,7 @@ import dataclasses
 import torch
 
 from sglang_aux.srt.entrypoints.engine import Engine
+from sglang_aux.srt.managers.scheduler import Scheduler
 from sglang_aux.srt.managers.scheduler_thread import SchedulerThread
 from sglang_aux.srt.model_executor.model_runner_components.misc_utils import (
     resolve_aux_hidden_states_width,
@@ -66,6 +67,19 @@ def graph_memory(graph_runner: DecodeCudaGraphRunner | None) -> dict:
     }
 
 
+def prefix_cache_info(sched: Scheduler) -> dict:
+    """The prefix cache's sizes in tokens (one KV slot each) and its hits since start."""
+    c = sched.tree_cache
+    return {
+        "radix_cache_enabled": c is not None,
+        "radix_cache_tokens": 0 if c is None else c.total_size(),
+        "radix_cache_evictable_tokens": 0 if c is None else c.evictable_size(),
+        "radix_cache_protected_tokens": 0 if c is None else c.protected_size(),
+        "radix_cache_hit_tokens": sched.cache_hit_tokens,
+        "radix_cache_admitted_prompt_tokens": sched.admitted_prompt_tokens,
+    }
+
+
 def server_info(server: SchedulerThread) -> dict:
     engine = server.engine
     args = dataclasses.asdict(engine.server_args)
@@ -83,7 +97,7 @@ def server_info(server: SchedulerThread) -> dict:
         "device_memory_allocated": torch.cuda.memory_allocated(runner.device)
         if runner.device.type == "cuda" else None,
         "scheduler_stats": dict(engine.scheduler.stats),
-        **engine.scheduler.prefix_cache_info(),
+        **prefix_cache_info(engine.scheduler),
         # SGLang's per-scheduler figures (one scheduler here)
         "internal_states": [{
             "avg_spec_accept_length": server.metrics.mean_accept_length(),

@@ -49,6 +49,9 @@ class Req:
     cached_tokens: int = 0  # prompt tokens whose K/V came from the prefix cache
     # the cached prefix's end in the tree, locked while the request runs
     last_node: TreeNode | None = field(default=None, repr=False)
+    # the most that launched steps whose tokens the host has not read add to kv_len (the
+    # row's device kv_len is at most kv_len + pending_tokens)
+    pending_tokens: int = 0
     finished_reason: dict | None = None
     seed: int = 0  # keys the request's random draws (with the token position)
     # speculative bookkeeping: verify steps and tokens they produced (accepted drafts + bonus)
@@ -64,10 +67,6 @@ class Req:
     @property
     def finished(self) -> bool:
         return self.finished_reason is not None
-
-    @property
-    def last_token(self) -> int:
-        return self.output_ids[-1] if self.output_ids else self.origin_input_ids[-1]
 
     def record_spec_verify(self, accepted_drafts: int, num_draft_tokens: int) -> None:
         """One verify step of a `num_draft_tokens` block that accepted `accepted_drafts`."""
@@ -181,17 +180,19 @@ def build_fixed_batch(runner: ModelRunner, reqs: list[Req], mode: ForwardMode,
 def build_step_batch(runner: ModelRunner, reqs: list[Req], mode: ForwardMode, width: int,
                      fill_token_id: int = 0, block_tokens: torch.Tensor | None = None
                      ) -> ForwardBatch:
-    """A decode step: `width` tokens per request at positions `[kv_len, kv_len + width)`, the
-    request's last token first, then `block_tokens` `[bs, width - 1]` or `fill_token_id`. The
-    host sends one copy (rows, lengths, last tokens); the rest is derived on the device by
-    `StepPrologue`: inside the graph when the runner's graphs have one and one fits (the
-    prologue then reads the block tokens from its own static storage), else right here."""
+    """A decode step: `width` tokens per request at positions `[kv_len, kv_len + width)` of
+    each row's device kv_len, the row's last token first, then `block_tokens`
+    `[bs, width - 1]` or `fill_token_id`. The host sends one copy (the rows); the rest is
+    derived on the device by `StepPrologue` from the rows' device state: inside the graph
+    when the runner's graphs have one and one fits (the prologue then reads the block tokens
+    from its own static storage), else right here."""
     bs = len(reqs)
-    for r in reqs:
-        if r.kv_len + width > r.kv_reserved:
-            raise RuntimeError(f"request {r.rid}: a {width}-token step at {r.kv_len} passes "
+    bounds = [r.kv_len + r.pending_tokens for r in reqs]  # the device kv_lens are at most these
+    for r, bound in zip(reqs, bounds, strict=True):
+        if bound + width > r.kv_reserved:
+            raise RuntimeError(f"request {r.rid}: a {width}-token step at up to {bound} passes "
                                f"its {r.kv_reserved} reserved slots")
-    host = [[r.req_pool_idx for r in reqs], [r.kv_len for r in reqs], [r.last_token for r in reqs]]
+    rows = [r.req_pool_idx for r in reqs]
     graphs = runner.graph_runner
     if graphs is not None and graphs.forward_mode == mode and graphs.fits_step(bs):
         prologue = graphs.step_prologue
@@ -200,7 +201,7 @@ def build_step_batch(runner: ModelRunner, reqs: list[Req], mode: ForwardMode, wi
                 or prologue.block_tokens(bs).data_ptr() != block_tokens.data_ptr()):
             raise ValueError("block tokens a graph's prologue does not read: pass the storage "
                              "its block_tokens returns")
-        return graphs.prepare_step(*host)
+        return graphs.prepare_step(rows, bounds)
     dev, n = runner.device, bs * width
     ints = dict(dtype=torch.int64, device=dev)
     fb = ForwardBatch(
@@ -209,7 +210,7 @@ def build_step_batch(runner: ModelRunner, reqs: list[Req], mode: ForwardMode, wi
         input_ids=torch.empty(n, **ints),
         req_pool_indices=torch.empty(bs, **ints),
         seq_lens=torch.empty(bs, **ints),
-        seq_lens_cpu=torch.tensor(host[1], dtype=torch.int64) + width,
+        seq_lens_cpu=torch.tensor(bounds, dtype=torch.int64) + width,
         out_cache_loc=torch.empty(n, **ints),
         positions=torch.empty(n, **ints),
         req_to_token_pool=runner.req_to_token_pool,
@@ -217,5 +218,14 @@ def build_step_batch(runner: ModelRunner, reqs: list[Req], mode: ForwardMode, wi
         attn_backend=runner.attn_backend,
     )
     tokens = None if block_tokens is None else (lambda _: block_tokens)
-    StepPrologue(fill_token_id, tokens)(fb, to_device(host, dev))
+    StepPrologue(fill_token_id, tokens)(fb, to_device([rows], dev)[0])
     return fb
+
+
+def publish_rows(runner: ModelRunner, reqs: list[Req]) -> None:
+    """Set the rows' device state (kv_len, last token) from the host's view of `reqs`, for
+    callers that step requests no prefill went through (tools, tests); one copy."""
+    last = [(r.output_ids or r.origin_input_ids)[-1] for r in reqs]
+    rows, kv_lens, last_t = to_device([[r.req_pool_idx for r in reqs], [r.kv_len for r in reqs],
+                                       last], runner.device)
+    runner.req_to_token_pool.set_rows(rows, kv_lens, last_t)

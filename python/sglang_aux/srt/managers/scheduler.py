@@ -1,10 +1,15 @@
 """Continuous batching: admit waiting requests, prefill them, decode the running ones.
 
-Each `step()` runs one prefill of newly admitted requests if any were admitted, else one
-decode step of every running request. A request is given every KV slot it can ever need when
-it is admitted (one allocation, one row write: `reserve_kv`), so a running batch never runs out
-of slots mid-generation and a decode step allocates nothing; finishing or aborting gives the
-whole reservation back.
+Each `step()` launches one prefill of newly admitted requests if any were admitted, else one
+decode step of every running request, then reads the tokens of a launched step: with overlap
+(SGLang's overlap scheduler) the previous one, so the host's bookkeeping of step n (appending
+tokens, stop checks, finishing, admitting) runs while the device computes step n+1; without,
+the one it just launched. A step's inputs come from the rows' device state, so launching
+n+1 does not need n's tokens on the host; a request that n finishes runs once more in n+1, and
+that row is dropped. A request is given every KV slot it can ever need when it is admitted (one
+allocation, one row write: `reserve_kv`), with one step's more under overlap, so a running
+batch never runs out of slots mid-generation and a decode step allocates nothing; finishing or
+aborting gives the whole reservation back.
 
 With the prefix cache (`tree_cache`, SGLang's radix cache), admission first maps the longest
 cached prefix of the prompt into the request's row and reserves only the rest (evicting
@@ -12,18 +17,22 @@ unlocked cached tokens when the pool is short); finishing or aborting hands the 
 written K/V to the cache instead of freeing it. Cached positions are safe to share because
 every position below a request's kv_len holds final K/V for its token: the target's, and with
 DFlash the draft context too (its prefill epilogue and verify commit write both for every
-position they pass), and no forward writes below kv_len again.
+position they pass), and no forward writes below kv_len again. Under overlap a step still in
+flight for a finished request writes only at or past its kv_len and reads cached slots that
+later-launched work alone can reuse (stream order).
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from collections import deque
 from collections.abc import Callable
 from typing import Protocol
 
 import torch
 
+from sglang_aux.srt.managers.pending_step import PendingStep
 from sglang_aux.srt.managers.schedule_batch import Req, map_cached_prefix, release_kv, reserve_kv
 from sglang_aux.srt.managers.tokenizer import Tokenizer
 from sglang_aux.srt.mem_cache.radix_cache import RadixCache
@@ -34,15 +43,15 @@ logger = logging.getLogger(__name__)
 class Worker(Protocol):
     tokens_per_step: int  # most tokens one decode step can add to a request
 
-    def prefill(self, reqs: list[Req]) -> list[list[int]]: ...  # rows and KV already reserved
+    def prefill(self, reqs: list[Req]) -> PendingStep: ...  # rows and KV already reserved
 
-    def decode(self, reqs: list[Req]) -> list[list[int]]: ...
+    def decode(self, reqs: list[Req]) -> PendingStep: ...
 
 
 class Scheduler:
     def __init__(self, worker: Worker, tokenizer: Tokenizer, *, max_running_requests: int,
                  context_len: int, eos_token_ids: set[int],
-                 on_update: Callable[[Req], None] | None = None,
+                 on_update: Callable[[Req], None] | None = None, overlap: bool = False,
                  tree_cache: RadixCache | None = None):
         self.worker = worker
         self.runner = runner = worker.model_runner
@@ -53,12 +62,16 @@ class Scheduler:
         self.context_len = context_len
         self.eos_token_ids = eos_token_ids
         self.on_update = on_update
+        self.overlap = overlap
         self.tree_cache = tree_cache
         self.cache_hit_tokens = 0  # prompt tokens admitted with their K/V already cached
         self.admitted_prompt_tokens = 0
         self.waiting: deque[Req] = deque()
         self.running: list[Req] = []
-        self.stats = {"prefill_steps": 0, "decode_steps": 0, "generated_tokens": 0}
+        self.in_flight: PendingStep | None = None  # launched, tokens not read (overlap)
+        self.stats = {"prefill_steps": 0, "decode_steps": 0, "generated_tokens": 0,
+                      "prefill_requests": 0, "prefill_tokens": 0, "decode_batch_requests": 0,
+                      "prefill_seconds": 0.0, "decode_seconds": 0.0}
 
     def validate(self, req: Req) -> None:
         """ValueError when the request can never run."""
@@ -77,14 +90,16 @@ class Scheduler:
         self.waiting.append(req)
 
     def has_work(self) -> bool:
-        return bool(self.waiting or self.running)
+        return bool(self.waiting or self.running or self.in_flight)
 
     def _reservation(self, req: Req) -> int:
         # A step writes `tokens_per_step` positions from kv_len = seq_len - 1, and runs only
         # while fewer than max_new_tokens are out and seq_len + tokens_per_step - 1 is below
         # the context (see _finish_reason): every position stays below both bounds.
+        # Under overlap a request may run one step past its end before the host reads it.
         need = len(req.origin_input_ids) + req.sampling_params.max_new_tokens
-        return min(need + self.worker.tokens_per_step, self.context_len)
+        steps = 2 if self.overlap else 1
+        return min(need + steps * self.worker.tokens_per_step, self.context_len)
 
     def _admit(self) -> list[Req]:
         admitted = []
@@ -139,42 +154,82 @@ class Scheduler:
         req.finished_reason = {"type": "abort"}
 
     def step(self) -> None:
+        start = time.perf_counter()
         new = self._admit()
+        launched = None
         if new:
             self.stats["prefill_steps"] += 1
-            updated = self._process(new, self.worker.prefill(new))
-            self.running += [r for r in new if not r.finished]
-        elif self.running:
-            self.stats["decode_steps"] += 1
-            updated = self._process(self.running, self.worker.decode(self.running))
-            self.running = [r for r in self.running if not r.finished]
+            self.stats["prefill_requests"] += len(new)
+            self.stats["prefill_tokens"] += sum(len(r.origin_input_ids) - r.kv_len for r in new)
+            launched = self.worker.prefill(new)
+            self.running += new
         else:
-            return
+            batch = [r for r in self.running if self._can_launch(r)]
+            if self.running and not batch and self.in_flight is None:
+                raise RuntimeError(f"no step fits any of {len(self.running)} running requests")
+            if batch:
+                self.stats["decode_steps"] += 1
+                self.stats["decode_batch_requests"] += len(batch)
+                launched = self.worker.decode(batch)
+        if launched is not None:
+            for r in launched.reqs:
+                r.pending_tokens += launched.kv_growth
+        done, self.in_flight = (self.in_flight, launched) if self.overlap else (launched, None)
+        if done is not None:
+            self._complete(done)
+        kind = "prefill_seconds" if new else "decode_seconds"
+        self.stats[kind] += time.perf_counter() - start
+
+    def _can_launch(self, req: Req) -> bool:
+        """Whether a step fits what is known of `req`: its kv_len may have grown by the
+        steps in flight, and the step's positions stay inside its slots and the context."""
+        end = req.kv_len + req.pending_tokens + self.worker.tokens_per_step
+        return end <= min(req.kv_reserved, self.context_len)
+
+    def _complete(self, step: PendingStep) -> None:
+        """Read a launched step's tokens, append them, finish requests, then notify."""
+        live = []
+        for req, tokens in zip(step.reqs, step.tokens(), strict=True):
+            req.pending_tokens -= step.kv_growth
+            if not req.finished:  # else it finished or was aborted after the launch
+                live.append(req)
+                self._append(req, tokens)
+        self.running = [r for r in self.running if not r.finished]
         # Notify once the running list is settled, so a listener never sees a finished
         # request still counted as running.
-        for req in updated:
+        for req in live:
             self._notify(req)
 
-    def _process(self, reqs: list[Req], new_tokens: list[list[int]]) -> list[Req]:
-        for req, tokens in zip(reqs, new_tokens, strict=True):
-            for tok in tokens:
-                req.output_ids.append(tok)
-                self.stats["generated_tokens"] += 1
-                req.finished_reason = self._finish_reason(req, tok)
-                if req.finished:
-                    self._release(req)
-                    break
-        return reqs
+    def _append(self, req: Req, tokens: list[int]) -> None:
+        # One decode per request and step tells whether a stop string can end it here; only
+        # then is each token's tail decoded (a speculative step brings several tokens).
+        check_stop = bool(req.sampling_params.stop) and self._stop_in_text(
+            req, req.output_ids[-self._stop_window(req):] + tokens)
+        for tok in tokens:
+            req.output_ids.append(tok)
+            self.stats["generated_tokens"] += 1
+            req.finished_reason = self._finish_reason(req, tok, check_stop)
+            if req.finished:
+                self._release(req)
+                break
 
-    def _finish_reason(self, req: Req, tok: int) -> dict | None:
+    @staticmethod
+    def _stop_window(req: Req) -> int:
+        """Output tokens whose text can hold the end of a stop string."""
+        return 8 + max(map(len, req.sampling_params.stop))
+
+    def _stop_in_text(self, req: Req, ids: list[int]) -> str | None:
+        text = self.tokenizer.decode(ids)
+        return next((s for s in req.sampling_params.stop if s in text), None)
+
+    def _finish_reason(self, req: Req, tok: int, check_stop: bool) -> dict | None:
         p = req.sampling_params
         if (tok in self.eos_token_ids and not p.ignore_eos) or tok in p.stop_token_ids:
             return {"type": "stop", "matched": tok}
-        if p.stop:
-            tail = self.tokenizer.decode(req.output_ids[-8 - max(map(len, p.stop)):])
-            for s in p.stop:
-                if s in tail:
-                    return {"type": "stop", "matched": s}
+        if check_stop:
+            matched = self._stop_in_text(req, req.output_ids[-self._stop_window(req):])
+            if matched is not None:
+                return {"type": "stop", "matched": matched}
         # the next step writes positions up to seq_len - 1 + tokens_per_step - 1
         at_context_end = req.seq_len + self.worker.tokens_per_step - 1 >= self.context_len
         if len(req.output_ids) >= p.max_new_tokens or at_context_end:
@@ -202,23 +257,12 @@ class Scheduler:
         release_kv(self.runner, req, keep=n)
 
     def flush_cache(self) -> int | None:
-        """Free every cached KV slot, only when idle (as SGLang): the number freed, or None
-        while requests are waiting or running."""
-        if self.has_work():
+        """Free every cached KV slot, only when no request waits or runs (as SGLang; a step
+        still in flight then holds finished requests only, and work that reuses the slots
+        launches after it): the number freed, else None."""
+        if self.waiting or self.running:
             return None
         return 0 if self.tree_cache is None else self.tree_cache.reset()
-
-    def prefix_cache_info(self) -> dict:
-        """The cache's sizes in tokens (one slot each) and its hits since start."""
-        c = self.tree_cache
-        return {
-            "radix_cache_enabled": c is not None,
-            "radix_cache_tokens": 0 if c is None else c.total_size(),
-            "radix_cache_evictable_tokens": 0 if c is None else c.evictable_size(),
-            "radix_cache_protected_tokens": 0 if c is None else c.protected_size(),
-            "radix_cache_hit_tokens": self.cache_hit_tokens,
-            "radix_cache_admitted_prompt_tokens": self.admitted_prompt_tokens,
-        }
 
     def _notify(self, req: Req) -> None:
         if self.on_update is not None:

@@ -181,6 +181,7 @@ class SchedulerThread:
         except Exception as e:
             # Keep serving: fail what was in flight and start from an empty scheduler.
             logger.exception("scheduler step failed; failing %d requests", len(self._live))
+            self.engine.scheduler.in_flight = None  # its requests are failed below
             for rid, live in list(self._live.items()):
                 self._drop(live.req)
                 del self._live[rid]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from sglang_aux.srt.configs.model_config import ModelConfig
+from sglang_aux.srt.managers.pending_step import PendingStep
 from sglang_aux.srt.managers.schedule_batch import Req, build_extend_batch, build_step_batch
 from sglang_aux.srt.model_executor.forward_batch_info import ForwardMode
 from sglang_aux.srt.model_executor.model_runner import ModelRunner
@@ -15,13 +16,15 @@ from sglang_aux.srt.server_args import ServerArgs
 
 
 class TpModelWorker:
-    """The worker interface the scheduler drives: `prefill` and `decode` return each
-    request's new tokens; the scheduler appends them and decides when a request ends.
+    """The worker interface the scheduler drives: `prefill` and `decode` launch a step and
+    return it pending; its `tokens()` gives each request's new tokens, and the scheduler
+    appends them and decides when a request ends.
 
-    A decode step issues no per-request device work: one input copy (`build_step_batch`;
-    a graph derives the rest in its prologue), the forward (a graph replay when one fits),
-    sampling on the device, one readback. A
-    prefill likewise: one input copy, a prefill graph when one fits, sampling, one readback.
+    A decode step issues no per-request device work: one input copy, the rows
+    (`build_step_batch`; a graph derives the rest in its prologue from the rows' device
+    state), the forward (a graph replay when one fits), sampling on the device, the rows'
+    state advanced on the device, one readback queued. A prefill likewise: one input copy, a
+    prefill graph when one fits, sampling, the rows' state set, one readback.
     """
 
     tokens_per_step = 1
@@ -36,24 +39,33 @@ class TpModelWorker:
                                           model_config.hf_config.vocab_size, runner.device)
         self.readback = HostReadback(runner.device)
 
-    def prefill(self, reqs: list[Req]) -> list[list[int]]:
+    def prefill(self, reqs: list[Req]) -> PendingStep:
         self.sampling_rows.set([r.req_pool_idx for r in reqs],
                                [r.sampling_params for r in reqs], [r.seed for r in reqs])
         fb = build_extend_batch(self.model_runner, reqs)
         logits = self.model_runner.forward(fb).next_token_logits
         # the sampled token sits at position seq_len (= kv_len after the prefill)
-        return self._sample(logits, reqs, fb.req_pool_indices, fb.seq_lens)
+        tokens = self._sample(logits, reqs, fb.req_pool_indices, fb.seq_lens)
+        self.model_runner.req_to_token_pool.set_rows(fb.req_pool_indices, fb.seq_lens, tokens)
+        return PendingStep(reqs, self.readback.start(tokens), _one_token, kv_growth=0)
 
-    def decode(self, reqs: list[Req]) -> list[list[int]]:
+    def decode(self, reqs: list[Req]) -> PendingStep:
         fb = build_step_batch(self.model_runner, reqs, ForwardMode.DECODE, 1)
-        for r in reqs:
-            r.kv_len += 1
         logits = self.model_runner.forward(fb).next_token_logits
-        return self._sample(logits, reqs, fb.req_pool_indices, fb.seq_lens)
+        tokens = self._sample(logits, reqs, fb.req_pool_indices, fb.seq_lens)
+        self.model_runner.req_to_token_pool.advance_rows(fb.req_pool_indices, 1, tokens)
+        return PendingStep(reqs, self.readback.start(tokens), _decoded, kv_growth=1)
 
     def _sample(self, logits: torch.Tensor, reqs: list[Req], rows: torch.Tensor,
-                positions: torch.Tensor) -> list[list[int]]:
+                positions: torch.Tensor) -> torch.Tensor:
         all_greedy = all(r.sampling_params.is_greedy for r in reqs)
-        tokens = self.sampling_rows.sample(logits, rows, positions, all_greedy)
-        # the step's one device-to-host copy; .tolist() then reads host memory
-        return [[t] for t in self.readback.fetch(tokens).tolist()]
+        return self.sampling_rows.sample(logits, rows, positions, all_greedy)
+
+
+def _one_token(_req: Req, token: int) -> list[int]:
+    return [token]
+
+
+def _decoded(req: Req, token: int) -> list[int]:
+    req.kv_len += 1  # the step wrote the K/V of the token it consumed
+    return [token]

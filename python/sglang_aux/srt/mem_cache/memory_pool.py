@@ -14,7 +14,14 @@ PADDING_REQ_ROW = 0
 
 
 class ReqToTokenPool:
-    """`req_to_token[row, position]` = the KV slot of that request's token."""
+    """`req_to_token[row, position]` = the KV slot of that request's token.
+
+    Each row's kv_len and last token also live here, on the device (`kv_lens`,
+    `last_tokens`): a prefill sets them and every decode step advances them on the device,
+    so a step's inputs need only the rows from the host, and the host may launch the next
+    step before it has read this one's tokens (the overlap scheduler). The host's
+    `Req.kv_len` trails them by the steps it has not read yet.
+    """
 
     def __init__(self, size: int, max_context_len: int, device: torch.device | str):
         self.size = size
@@ -24,6 +31,9 @@ class ReqToTokenPool:
             (size + 1, max_context_len), dtype=torch.int32, device=device
         )
         self._free_rows = list(range(size, 0, -1))
+        # [size + 1] each; the padding row stays at kv_len 0
+        self.kv_lens = torch.zeros(size + 1, dtype=torch.int64, device=device)
+        self.last_tokens = torch.zeros(size + 1, dtype=torch.int64, device=device)
 
     def available_size(self) -> int:
         return len(self._free_rows)
@@ -43,6 +53,20 @@ class ReqToTokenPool:
         if end > self.max_context_len:
             raise ValueError(f"positions [{start}, {end}) exceed context {self.max_context_len}")
         self.req_to_token[row, start:end] = slots.to(torch.int32)
+
+    def set_rows(self, rows: torch.Tensor, kv_lens: torch.Tensor,
+                 last_tokens: torch.Tensor) -> None:
+        """A prefill's rows `[bs]` now hold `kv_lens` tokens and end in `last_tokens`."""
+        self.kv_lens.index_copy_(0, rows, kv_lens)
+        self.last_tokens.index_copy_(0, rows, last_tokens)
+
+    def advance_rows(self, rows: torch.Tensor, added: torch.Tensor | int,
+                     last_tokens: torch.Tensor) -> None:
+        """A decode step wrote `added` more tokens' K/V per row and chose `last_tokens`."""
+        if isinstance(added, int):  # a fill kernel, not a host copy
+            added = torch.full_like(rows, added)
+        self.kv_lens.index_add_(0, rows, added)
+        self.last_tokens.index_copy_(0, rows, last_tokens)
 
 
 class TokenToKVPoolAllocator:

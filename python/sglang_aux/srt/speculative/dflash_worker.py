@@ -26,6 +26,7 @@ import torch
 from sglang_aux.srt.configs.model_config import ModelConfig
 from sglang_aux.srt.layers.aux_hidden_states import AuxProjection
 from sglang_aux.srt.layers.logits_processor import LogitsProcessorOutput
+from sglang_aux.srt.managers.pending_step import PendingStep
 from sglang_aux.srt.managers.schedule_batch import (
     Req,
     build_extend_batch,
@@ -128,7 +129,7 @@ class DFlashWorker:
         """The runner whose request rows and KV slots the scheduler manages."""
         return self.target_runner
 
-    def prefill(self, reqs: list[Req]) -> list[list[int]]:
+    def prefill(self, reqs: list[Req]) -> PendingStep:
         self.sampling_rows.set([r.req_pool_idx for r in reqs],
                                [r.sampling_params for r in reqs], [r.seed for r in reqs])
         fb = build_extend_batch(self.target_runner, reqs)
@@ -138,10 +139,10 @@ class DFlashWorker:
         all_greedy = all(r.sampling_params.is_greedy for r in reqs)
         tokens = self.sampling_rows.sample(out.next_token_logits, fb.req_pool_indices,
                                            fb.seq_lens, all_greedy)
-        # the prefill's one device-to-host copy; .tolist() then reads host memory
-        return [[t] for t in self.readback.fetch(tokens).tolist()]
+        self.target_runner.req_to_token_pool.set_rows(fb.req_pool_indices, fb.seq_lens, tokens)
+        return PendingStep(reqs, self.readback.start(tokens), _first_token, kv_growth=0)
 
-    def decode(self, reqs: list[Req]) -> list[list[int]]:
+    def decode(self, reqs: list[Req]) -> PendingStep:
         bs, b = len(reqs), self.block_size
         # known on the host: only then do the epilogues' sampling steps (graph tails) run
         has_sampling = not all(r.sampling_params.is_greedy for r in reqs)
@@ -160,13 +161,17 @@ class DFlashWorker:
         self.target_runner.forward(verify_fb)
         if self.on_aux_consumed is not None:
             self.on_aux_consumed()
-        new_tokens = []
-        # the step's one device-to-host copy; .tolist() then reads host memory
-        for r, row in zip(reqs, self.readback.fetch(self._verdicts[:bs]).tolist(), strict=True):
-            r.kv_len += row[0] + 1
-            r.record_spec_verify(row[0], b)
-            new_tokens.append(row[1 : row[0] + 2])
-        return new_tokens
+        verdicts = self._verdicts[:bs]  # [bs, 1 + B]: accepted drafts, then the new tokens
+        added = verdicts[:, 0] + 1
+        self.target_runner.req_to_token_pool.advance_rows(
+            verify_fb.req_pool_indices, added, verdicts.gather(1, added[:, None])[:, 0])
+        return PendingStep(reqs, self.readback.start(verdicts), self._verified, kv_growth=b)
+
+    def _verified(self, req: Req, row: list[int]) -> list[int]:
+        """One request's verdict row: the anchor and the accepted drafts are now KV."""
+        req.kv_len += row[0] + 1
+        req.record_spec_verify(row[0], self.block_size)
+        return row[1 : row[0] + 2]
 
     def commit_draft_context(self, aux: torch.Tensor | AuxProjection, positions: torch.Tensor,
                              out_cache_loc: torch.Tensor) -> None:
@@ -241,6 +246,10 @@ class DFlashWorker:
             logger.info("Staged MXFP8 aux projection active: %d tokens, width %d, %d slices",
                         num_tokens, acc.hidden_size * acc.num_slices, acc.num_slices)
         return acc
+
+
+def _first_token(_req: Req, token: int) -> list[int]:
+    return [token]
 
 
 def _aux_of(fb: ForwardBatch, out: LogitsProcessorOutput) -> torch.Tensor | AuxProjection:

@@ -54,7 +54,7 @@ class DecodeCudaGraphRunner:
                              f"{forward_mode.name} graphs")
         self.epilogue = epilogue
         self.streamed_aux = streamed_aux
-        # With one, every graph derives its inputs from `buffers.step` and replays only
+        # With one, every graph derives its inputs from `buffers.step_rows` and replays only
         # batches `prepare_step` made (any other batch runs eagerly).
         self.step_prologue = step_prologue
         self.model_runner = model_runner
@@ -126,7 +126,7 @@ class DecodeCudaGraphRunner:
 
             def run(fb: ForwardBatch = fb) -> LogitsProcessorOutput:
                 if self.step_prologue is not None:
-                    self.step_prologue(fb, self.buffers.step)
+                    self.step_prologue(fb, self.buffers.step_rows)
                 if fb.aux_projection is not None:
                     fb.aux_projection.reset()  # host state only: the replay starts at slice 0
                 out = model.forward(fb.input_ids, fb.positions, fb)
@@ -194,18 +194,16 @@ class DecodeCudaGraphRunner:
         """Whether `prepare_step` takes a step of `bs` requests."""
         return self.step_prologue is not None and bool(self.graphs) and 0 < bs <= self.max_bs
 
-    def prepare_step(self, rows: list[int], kv_lens: list[int], last_tokens: list[int]
-                     ) -> ForwardBatch:
-        """Queue a step's per-request values into the static step buffer of the smallest
-        size that fits (one pinned copy, padding included) and return its batch: row-prefix
-        views of that size's static inputs, which the replay's prologue fills."""
+    def prepare_step(self, rows: list[int], kv_len_bounds: list[int]) -> ForwardBatch:
+        """Queue a step's request rows into the static rows buffer of the smallest size
+        that fits (one pinned copy, padding included) and return its batch: row-prefix views
+        of that size's static inputs, which the replay's prologue fills. `kv_len_bounds`
+        bound the rows' device kv_lens (host-side lengths only)."""
         bs = len(rows)
         padded = self.padded_bs(bs)
-        pad = padded - bs
-        host = torch.tensor([[*rows, *[PADDING_REQ_ROW] * pad], [*kv_lens, *[0] * pad],
-                             [*last_tokens, *[0] * pad]], dtype=torch.int64,
-                            pin_memory=self.buffers.step.is_cuda)
-        self.buffers.load_step(host)
+        host = torch.tensor([*rows, *[PADDING_REQ_ROW] * (padded - bs)], dtype=torch.int64,
+                            pin_memory=self.buffers.step_rows.is_cuda)
+        self.buffers.load_step(host, kv_len_bounds)
         static, n = self.forward_batches[padded], bs * self.captured_req_width
         return dataclasses.replace(
             static, batch_size=bs, input_ids=static.input_ids[:n],

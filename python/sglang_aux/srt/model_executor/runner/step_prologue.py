@@ -1,12 +1,13 @@
-"""A decode step's inputs, derived on the device from what the host knows per request.
+"""A decode step's inputs, derived on the device from its request rows.
 
-The host knows three integers per request: its row, its kv_len and its last token (`step`,
-`[3, bs]`, one pinned copy per step). From them a step of `width` tokens per request gets
-positions `kv_len + [0, width)`, KV slots gathered from the request rows, lengths
-`kv_len + width`, and input ids: the last token, then the block's other tokens (the owner's
-static storage, e.g. DFlash's draft proposals) or `fill_token_id`. A graph runner given a
-prologue runs it inside every graph, before the model, so a replay needs only the step copy;
-an eager step runs the same function over fresh tensors (`schedule_batch.build_step_batch`).
+The host sends one integer per request, its row (`rows`, one pinned copy per step); each row's
+kv_len and last token are device state the previous forward left (`ReqToTokenPool.kv_lens`,
+`last_tokens`). From them a step of `width` tokens per request gets positions
+`kv_len + [0, width)`, KV slots gathered from the request rows, lengths `kv_len + width`, and
+input ids: the last token, then the block's other tokens (the owner's static storage, e.g.
+DFlash's draft proposals) or `fill_token_id`. A graph runner given a prologue runs it inside
+every graph, before the model, so a replay needs only the rows copy; an eager step runs the
+same function over fresh tensors (`schedule_batch.build_step_batch`).
 """
 
 from __future__ import annotations
@@ -26,14 +27,16 @@ class StepPrologue:
     # static (a graph reads it at replay); None: `fill_token_id`
     block_tokens: Callable[[int], torch.Tensor] | None = None
 
-    def __call__(self, fb: ForwardBatch, step: torch.Tensor) -> None:
+    def __call__(self, fb: ForwardBatch, rows: torch.Tensor) -> None:
         """Write `fb`'s input_ids, positions, out_cache_loc, seq_lens and req_pool_indices in
-        place from `step` `[3, >= bs]` (rows, kv_lens, last tokens)."""
+        place from `rows` `[>= bs]` and the pool's row state."""
         bs, width = fb.batch_size, fb.tokens_per_req
-        rows, kv_lens, last = step[0, :bs], step[1, :bs], step[2, :bs]
+        pool = fb.req_to_token_pool
+        rows = rows[:bs]
+        kv_lens, last = pool.kv_lens[rows], pool.last_tokens[rows]
         positions = fb.positions.view(bs, width)
-        torch.add(kv_lens[:, None], torch.arange(width, device=step.device), out=positions)
-        slots = fb.req_to_token_pool.req_to_token[rows[:, None], positions]
+        torch.add(kv_lens[:, None], torch.arange(width, device=rows.device), out=positions)
+        slots = pool.req_to_token[rows[:, None], positions]
         fb.out_cache_loc.view(bs, width).copy_(slots)
         ids = fb.input_ids.view(bs, width)
         ids[:, 0] = last

@@ -1,8 +1,8 @@
 """Static storage a decode graph runner owns: every graph input and output, at max size.
 
 `load(batch, bs)` copies a live batch into the row prefixes of a captured size and makes the
-padded rows inert; `load_step(host)` instead queues the three per-request values a graph with a
-step prologue derives every input from.
+padded rows inert; `load_step(rows, ...)` instead queues the request rows a graph with a step
+prologue derives every input from.
 """
 
 from __future__ import annotations
@@ -38,9 +38,9 @@ class DecodeInputBuffers:
     # the verify graph's epilogue consumes rows [:num_tokens] inside the same replay.
     aux_projection_acc: torch.Tensor | None
     pp_proxy_tensors: dict[str, torch.Tensor] | None  # [max_num_token, hidden] each, pp > 1
-    # [3, max_bs]: rows, kv_lens and last tokens of a step whose graph derives every input
-    # above from them (StepPrologue); padded columns hold the padding row at kv_len 0.
-    step: torch.Tensor
+    # [max_bs]: the request rows of a step whose graph derives every input above from them
+    # and the pool's row state (StepPrologue); padded columns hold the padding row.
+    step_rows: torch.Tensor
     tokens_per_req: int
     seq_len_fill_value: int
     padding: dict[str, torch.Tensor] = field(default_factory=dict)
@@ -91,7 +91,7 @@ class DecodeInputBuffers:
             aux_hidden_states=aux,
             aux_projection_acc=acc,
             pp_proxy_tensors=proxy,
-            step=torch.full((3, max_bs), PADDING_REQ_ROW, **ints),
+            step_rows=torch.full((max_bs,), PADDING_REQ_ROW, **ints),
             tokens_per_req=tokens_per_req,
             # A padded request holds one block at positions [0, B): every query sees a key.
             seq_len_fill_value=tokens_per_req,
@@ -134,9 +134,11 @@ class DecodeInputBuffers:
         self.seq_lens_cpu[:raw_bs].copy_(batch.seq_lens_cpu)
         self.seq_lens_cpu[raw_bs:bs].fill_(self.seq_len_fill_value)
 
-    def load_step(self, host: torch.Tensor) -> None:
-        """Queue a step's `[3, bs]` host values (padding columns included, pinned on CUDA)
-        into `step`: the replay's one input copy. Host lengths follow for host-side code."""
-        bs = host.shape[1]
-        self.step[:, :bs].copy_(host, non_blocking=True)
-        self.seq_lens_cpu[:bs].copy_(host[1] + self.tokens_per_req)
+    def load_step(self, rows: torch.Tensor, kv_len_bounds: list[int]) -> None:
+        """Queue a step's host `rows` `[bs]` (padding included, pinned on CUDA) into
+        `step_rows`: the replay's one input copy. `seq_lens_cpu` gets upper bounds of the
+        live lengths (kv_len bounds + width) for host-side code."""
+        self.step_rows[: rows.shape[0]].copy_(rows, non_blocking=True)
+        live = len(kv_len_bounds)
+        self.seq_lens_cpu[:live] = torch.tensor(kv_len_bounds) + self.tokens_per_req
+        self.seq_lens_cpu[live : rows.shape[0]].fill_(self.seq_len_fill_value)

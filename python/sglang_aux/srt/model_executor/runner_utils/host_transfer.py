@@ -1,8 +1,9 @@
 """The two host/device crossings of a decode step: step inputs in, chosen tokens out.
 
-Both go through pinned host memory with non-blocking copies. `HostReadback.fetch` is the
-step's one device-to-host copy: it waits on an event recorded after the copy (not on the whole
-device), and counts itself so tests can hold a step to one.
+Both go through pinned host memory with non-blocking copies. `HostReadback.start` queues the
+step's one device-to-host copy and records an event after it; `PendingCopy.wait` waits on that
+event only (not on the whole device), so the host can launch the next step first. Copies are
+counted so tests can hold a step to one.
 """
 
 from __future__ import annotations
@@ -24,19 +25,35 @@ def to_device_parts(parts: list[list[int]], device: torch.device) -> list[torch.
     return list(whole.split([len(part) for part in parts]))
 
 
+class PendingCopy:
+    """A device tensor's copy into host memory, queued on the current stream."""
+
+    def __init__(self, t: torch.Tensor):
+        if t.device.type != "cuda":
+            self._host, self._done = t.clone(), None
+            return
+        self._host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+        self._host.copy_(t, non_blocking=True)
+        self._done = torch.cuda.Event()
+        self._done.record()
+
+    def wait(self) -> torch.Tensor:
+        """The host tensor once the copy landed (the caller may keep it)."""
+        if self._done is not None:
+            self._done.synchronize()
+        return self._host
+
+
 class HostReadback:
     def __init__(self, device: torch.device):
         self.device = device
         self.num_copies = 0
 
+    def start(self, t: torch.Tensor) -> PendingCopy:
+        """Queue `t`'s copy to the host, after the work that computes it."""
+        self.num_copies += 1
+        return PendingCopy(t)
+
     def fetch(self, t: torch.Tensor) -> torch.Tensor:
         """`t` on the host once it is computed (a host tensor the caller may keep)."""
-        self.num_copies += 1
-        if self.device.type != "cuda":
-            return t.clone()
-        host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
-        host.copy_(t, non_blocking=True)
-        done = torch.cuda.Event()
-        done.record()
-        done.synchronize()
-        return host
+        return self.start(t).wait()
