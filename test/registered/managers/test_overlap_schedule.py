@@ -8,7 +8,7 @@ import pytest
 
 from sglang_aux.srt.entrypoints.engine import Engine
 from sglang_aux.test.ci.ci_register import register_cpu_ci
-from sglang_aux.test.runtime_utils import tiny_checkpoint
+from sglang_aux.test.runtime_utils import assert_kv_all_back, tiny_checkpoint
 
 register_cpu_ci(est_time=90, suite="default")
 
@@ -45,13 +45,6 @@ def _params():
     return out
 
 
-def _assert_everything_returned(engine):
-    runner = engine.worker.model_runner
-    alloc, rows = runner.token_to_kv_pool_allocator, runner.req_to_token_pool
-    assert alloc.available_size() == alloc.size, "KV slots leaked"
-    assert rows.available_size() == rows.size, "request rows leaked"
-
-
 @pytest.mark.parametrize("kind", KINDS)
 def test_overlap_equals_the_serial_schedule(ckpts, kind):
     serial = _engine(ckpts, kind, overlap=False)
@@ -75,7 +68,7 @@ def test_overlap_equals_the_serial_schedule(ckpts, kind):
     assert any(o["meta_info"]["finish_reason"]["type"] == "stop" for o in got)
     # the host read step n only after launching step n+1, nearly every time
     assert sum(unread_at_launch) >= 0.8 * len(unread_at_launch), unread_at_launch
-    _assert_everything_returned(engine)
+    assert_kv_all_back(engine)
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -96,7 +89,7 @@ def test_requests_that_reach_the_context_end(ckpts, kind):
     for a, b in zip(want, got, strict=True):
         assert b["output_ids"] == a["output_ids"]
         assert b["meta_info"]["finish_reason"]["type"] == "length"
-    _assert_everything_returned(engine)
+    assert_kv_all_back(engine)
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -118,7 +111,7 @@ def test_abort_while_its_step_is_in_flight(ckpts, kind):
     assert len(victim.output_ids) == kept, "the aborted request got its in-flight tokens"
     assert all(len(r.output_ids) == 40 for r in reqs if r is not victim)
     assert sched.in_flight is None
-    _assert_everything_returned(engine)
+    assert_kv_all_back(engine)
 
 
 if __name__ == "__main__":
