@@ -30,6 +30,8 @@ for cfg in $configs; do
   serve $cfg "${flags[@]}" || continue
   curl -s localhost:$port/get_server_info > "$out/server_info_$cfg.json"
   harness $cfg "$n" 32
+  # scheduler_stats: prefill/decode steps, requests, tokens and seconds of the 32-concurrent run
+  curl -s localhost:$port/get_server_info > "$out/server_info_after32_$cfg.json"
   if [ $cfg != dflash_noshare ]; then
     harness $cfg 32 1
     harness $cfg 64 8
