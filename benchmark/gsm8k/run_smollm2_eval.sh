@@ -35,11 +35,12 @@ for cfg in $configs; do
   serve $cfg "${flags[@]}" || continue
   curl -s localhost:$port/get_server_info > "$out/server_info_$cfg.json"
   harness $cfg "$n" 32
+  # scheduler_stats (prefill/decode steps, requests, tokens, seconds) and prefix cache hits
+  # (radix_cache_hit_tokens / radix_cache_admitted_prompt_tokens) of the 32-concurrent run
+  curl -s localhost:$port/get_server_info > "$out/server_info_after32_$cfg.json"
   if [ $cfg = target ] || [ $cfg = dflash ]; then
     harness $cfg 32 1
     harness $cfg 64 8
   fi
-  # prefix cache hits (radix_cache_hit_tokens / radix_cache_admitted_prompt_tokens)
-  curl -s localhost:$port/get_server_info > "$out/server_info_${cfg}_after.json"
   kill $pid; wait $pid 2>/dev/null
 done

@@ -3,12 +3,12 @@
     python benchmark/spec_decode/bench_request_breakdown.py --num-prompts 12 --out breakdown.json
 
 GSM8K 5-shot test prompts through `Engine.generate` one at a time (bs 1, greedy, natural stop at
-"Question"), target-only and DFlash. Every `worker.prefill` and `worker.decode` call is timed on
-the host (each ends with its readback, so its GPU work is done); `scheduler` is the rest of
-`Scheduler.step` (appending tokens, stop checks); `engine` is the rest of `generate` (request
-validation, output decoding). With `--cprofile N`, the DFlash run's N costliest functions.
-The prefix cache is on (the prompts share their 5-shot prefix: `cached_tokens` counts the
-prompt tokens not prefilled) unless `--disable-radix-cache`.
+"Question"), target-only and DFlash. Every `worker.prefill` and `worker.decode` launch is timed
+on the host (input preparation and launches; the step's tokens are read later); `scheduler` is
+the rest of `Scheduler.step` (waiting for a step's readback, appending tokens, stop checks);
+`engine` is the rest of `generate` (request validation, output decoding). With `--cprofile N`,
+the DFlash run's N costliest functions. The prefix cache is on (the prompts share their 5-shot
+prefix: `cached_tokens` counts the prompt tokens not prefilled) unless `--disable-radix-cache`.
 """
 
 from __future__ import annotations

@@ -6,7 +6,8 @@
 #
 # PHASE: tests (every register_cuda_ci file, in parallel groups: one GPU, 16 CPU cores for the
 # Triton compiles), speed (sections 7 and 9), harness (section 5's GSM8K rows), load (the
-# server load test), gemm (section 8's MXFP8 GEMM sweep), memory (section 8's graph memory).
+# server load test), gemm (section 8's MXFP8 GEMM sweep), memory (section 8's graph memory),
+# host (host time per step, overlap scheduler on and off).
 # Needs, for all but tests/gemm/memory: SmolLM2 staged (stage_smollm2_gguf.sh --join) and
 # GSM8K in $SGLANG_AUX_GSM8K_DIR; for harness/load the server wheels in /tmp/site
 # (fetch_server_wheels.sh, then pip install --target /tmp/site).
@@ -22,7 +23,7 @@ case $phase in
       "test/registered/attention/test_triton_attention_cuda.py"
       "test/registered/layers/test_fused_kernels_cuda.py test/registered/models/test_qwen2_cuda.py test/registered/compat/test_sliding_windows_cuda.py"
       "test/registered/quantization/test_accumulating_gemm_cuda.py test/registered/quantization/test_mxfp8_cuda.py test/registered/speculative/test_staged_projection_cuda.py"
-      "test/registered/managers/test_step_loop_cuda.py test/registered/model_executor/test_prefill_graph_runner_cuda.py"
+      "test/registered/managers/test_step_loop_cuda.py test/registered/model_executor/test_prefill_graph_runner_cuda.py test/registered/managers/test_overlap_schedule_cuda.py"
       "test/registered/speculative/test_dflash_cuda.py test/registered/model_executor/test_decode_graph_runner_cuda.py"
       "test/registered/speculative/test_streamed_projection_cuda.py test/registered/speculative/test_streamed_verify_cuda.py"
       "test/registered/core/test_basic_sanity_dflash_cuda.py test/registered/core/test_qwen25_coder_cuda.py"
@@ -54,6 +55,10 @@ case $phase in
       --max-running-requests 128 --context-length 2048 2>&1 | tail -25 ;;
   gemm)
     $py benchmark/aux_memory/bench_mxfp8_gemm.py --out "$out/mxfp8_gemm.json" 2>&1 | tail -40 ;;
+  host)
+    $py benchmark/spec_decode/bench_step_host_time.py --model-path smollm2-135m-instruct \
+      --draft smollm2-135m-instruct-dflash-b8 --load-format auto --bs 1 8 32 \
+      --prompt-len 900 --out "$out/step_host_time.json" 2>&1 | grep -v Warning | tail -14 ;;
   memory)
     $py benchmark/aux_memory/bench_graph_memory.py --max-bs 48 64 72 \
       --out "$out/graph_memory.json" 2>&1 | tail -12 ;;

@@ -3,7 +3,8 @@
 The thread owns the Engine: it builds it (so loading, graph capture and every replay run on
 one thread), takes new requests from a queue between steps, runs `scheduler.step()` while
 there is work, and posts each request's new tokens back through
-`loop.call_soon_threadsafe` into that request's `asyncio.Queue`. Requests that arrive while
+`loop.call_soon_threadsafe` into that request's `asyncio.Queue`: one call per step for all of
+its updates, so the event loop wakes once a step, not once per request. Requests that arrive while
 others decode join the running batch at the next step (continuous batching). The event loop
 runs no model work: it only validates and tokenizes (`Engine.make_request`, which reads the
 scheduler's limits, never its queues) and decodes text (`RequestStream`).
@@ -16,7 +17,6 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -68,12 +68,16 @@ class ServerMetrics:
         return self.spec_accepted_tokens / self.spec_verify_ct if self.spec_verify_ct else 0.0
 
 
+_Update = tuple[RequestStream, RequestUpdate]
+
+
 @dataclass
 class _Live:
     """Thread-side record of a submitted request."""
 
     req: Req
-    deliver: Callable[[RequestUpdate], None]
+    stream: RequestStream
+    loop: asyncio.AbstractEventLoop  # the event loop that waits on `stream`
     start: float
     sent: int = 0  # output tokens delivered so far
 
@@ -88,6 +92,8 @@ class SchedulerThread:
         self._inbox: queue.SimpleQueue[tuple] = queue.SimpleQueue()
         self._live: dict[str, _Live] = {}  # touched by the thread only
         self._emitted = 0  # output tokens delivered, thread only
+        # updates of the current step per event loop, posted together after it (thread only)
+        self._outbox: dict[asyncio.AbstractEventLoop, list[_Update]] = {}
         self._ready = threading.Event()
         self._startup_error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name="scheduler", daemon=True)
@@ -106,16 +112,9 @@ class SchedulerThread:
         req = self.engine.make_request(text=text, input_ids=input_ids,
                                        sampling_params=sampling_params)
         stream = RequestStream(self.engine, req)
-        loop = asyncio.get_running_loop()
-
-        def deliver(update: RequestUpdate) -> None:
-            try:
-                loop.call_soon_threadsafe(stream.queue.put_nowait, update)
-            except RuntimeError:  # the loop has closed: nobody is waiting any more
-                pass
-
         self.metrics.add(requests_total=1)
-        self._inbox.put(("add", _Live(req, deliver, time.perf_counter())))
+        live = _Live(req, stream, asyncio.get_running_loop(), time.perf_counter())
+        self._inbox.put(("add", live))
         return stream
 
     def abort(self, rid: str) -> None:
@@ -127,7 +126,11 @@ class SchedulerThread:
         only."""
         loop = asyncio.get_running_loop()
         done: asyncio.Future[int | None] = loop.create_future()
-        self._inbox.put(("flush", lambda freed: loop.call_soon_threadsafe(done.set_result, freed)))
+
+        def reply(freed: int | None) -> None:
+            loop.call_soon_threadsafe(done.set_result, freed)
+
+        self._inbox.put(("flush_cache", reply))
         return await done
 
     def shutdown(self, timeout: float = 10.0) -> None:
@@ -165,7 +168,7 @@ class SchedulerThread:
                 if cmd[0] == "add":
                     self._live[cmd[1].req.rid] = cmd[1]
                     self.engine.scheduler.add_request(cmd[1].req)
-                elif cmd[0] == "flush":
+                elif cmd[0] == "flush_cache":
                     cmd[1](self.engine.scheduler.flush_cache())
                 else:
                     self._abort(cmd[1])
@@ -186,9 +189,10 @@ class SchedulerThread:
                 self._drop(live.req)
                 del self._live[rid]
                 self.metrics.add(requests_failed=1)
-                live.deliver(RequestUpdate([], error=f"internal error: {e!r}"))
+                self._post(live, RequestUpdate([], error=f"internal error: {e!r}"))
             # the failed step may have left unwritten K/V under the dropped requests' kv_len
             self.engine.scheduler.flush_cache()
+        self._flush()
 
     def _abort(self, rid: str) -> None:
         live = self._live.pop(rid, None)
@@ -217,4 +221,21 @@ class SchedulerThread:
             logger.debug("finished %s: %d prompt + %d output tokens, %s, %.3f s", req.rid,
                          len(req.origin_input_ids), len(req.output_ids), req.finished_reason,
                          time.perf_counter() - live.start)
-        live.deliver(RequestUpdate(new_ids, req if req.finished else None))
+        self._post(live, RequestUpdate(new_ids, req if req.finished else None))
+
+    def _post(self, live: _Live, update: RequestUpdate) -> None:
+        self._outbox.setdefault(live.loop, []).append((live.stream, update))
+
+    def _flush(self) -> None:
+        """Hand the step's updates to their event loops, one callback per loop."""
+        for loop, updates in self._outbox.items():
+            try:
+                loop.call_soon_threadsafe(_put_all, updates)
+            except RuntimeError:  # the loop has closed: nobody is waiting any more
+                pass
+        self._outbox = {}
+
+
+def _put_all(updates: list[_Update]) -> None:
+    for stream, update in updates:
+        stream.queue.put_nowait(update)
