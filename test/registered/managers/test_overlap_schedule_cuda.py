@@ -9,7 +9,7 @@ import torch
 
 from sglang_aux.srt.entrypoints.engine import Engine
 from sglang_aux.test.ci.ci_register import register_cuda_ci
-from sglang_aux.test.runtime_utils import tiny_checkpoint
+from sglang_aux.test.runtime_utils import assert_kv_all_back, tiny_checkpoint
 from sglang_aux.test.sync_checks import strict_sync
 
 register_cuda_ci(est_time=120, suite="default")
@@ -51,9 +51,7 @@ def test_overlap_equals_the_serial_schedule_on_graphs(tmp_path, kind):
         assert b["output_ids"] == a["output_ids"]
         assert b["meta_info"]["finish_reason"] == a["meta_info"]["finish_reason"]
         assert b["meta_info"]["spec_verify_ct"] == a["meta_info"]["spec_verify_ct"]
-    runner = engine.worker.model_runner
-    alloc, rows = runner.token_to_kv_pool_allocator, runner.req_to_token_pool
-    assert alloc.available_size() == alloc.size and rows.available_size() == rows.size
+    assert_kv_all_back(engine)
 
 
 if __name__ == "__main__":
