@@ -11,7 +11,9 @@ EOS ignored / `min_new_tokens`) and `natural` (stop at "Question", EOS, or the l
 Engines: transformers `generate(cache_implementation="static")` in the model dtype (the
 baseline), ours target-only (decode graphs), ours DFLASH with the shared aux buffer, with
 `--disable-shared-aux-buffer`, and with the streamed projection (no `[T, K*H]` tensor).
-tokens/s = generated tokens / wall time of the timed calls (prefill included). GPU busy: the
+tokens/s = generated tokens / wall time of the timed calls (prefill included; our prefix cache
+is off, since every prompt repeats across modes and warm-ups and transformers keeps no
+prefix). GPU busy: the
 union of GPU kernel intervals over the wall time of one profiled chunk of `--profile-tokens`
 new tokens.
 """
@@ -179,7 +181,7 @@ def main() -> None:
             eng = OurEngine(Engine(model_path=folder, dtype=a.dtype, device=a.device,
                                    max_running_requests=max(a.bs),
                                    context_length=max(map(len, ids)) + a.max_new_tokens + 64,
-                                   **extra))
+                                   disable_radix_cache=True, **extra))
         for mode in a.modes:
             for bs in a.bs:
                 n = a.num_prompts_bs1 if bs == 1 else a.num_prompts
