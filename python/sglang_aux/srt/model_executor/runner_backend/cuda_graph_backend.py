@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import gc
+
 import torch
 
 from sglang_aux.srt.layers.logits_processor import LogitsProcessorOutput
@@ -16,10 +18,20 @@ class CudaGraphBackend(GraphBackend):
 
     def capture(self, fn: CapturedFn) -> tuple[torch.cuda.CUDAGraph, LogitsProcessorOutput]:
         graph = torch.cuda.CUDAGraph()
+        # A collection during capture may free garbage that holds CUDA state (a pinned
+        # readback buffer records an event on the default stream as it goes back to its
+        # allocator), which invalidates the capture: collect first, none while capturing.
+        gc.collect()
         torch.cuda.synchronize(self.device)
         pool = get_global_graph_memory_pool(holder=self)
-        with torch.cuda.graph(graph, pool=pool, stream=self.stream):
-            out = fn()
+        enabled = gc.isenabled()
+        gc.disable()
+        try:
+            with torch.cuda.graph(graph, pool=pool, stream=self.stream):
+                out = fn()
+        finally:
+            if enabled:
+                gc.enable()
         torch.cuda.synchronize(self.device)
         return graph, out
 
