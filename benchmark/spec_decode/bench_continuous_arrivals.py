@@ -1,0 +1,124 @@
+"""The GSM8K harness's traffic without HTTP: requests keep `--concurrency` in flight through the
+Engine's scheduler in this process, a new one admitted the step after one finishes.
+
+    python benchmark/spec_decode/bench_continuous_arrivals.py --num-prompts 1319 \
+        --concurrency 32 --cprofile 25 --out continuous.json
+
+GSM8K 5-shot test prompts (tokenized up front, so no tokenizer work is timed), greedy, stop at
+"Question", target-only and DFlash. Against the HTTP harness's figure this separates the
+runtime (scheduler, prefills, steps) from the front end (HTTP, tokenization, detokenization in
+the server's event loop thread). Reports tok/s, the scheduler's stats (prefill and decode
+steps and their seconds) and, with `--cprofile N`, each engine's N costliest functions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import json
+import pstats
+import time
+from collections import deque
+from pathlib import Path
+
+import torch
+
+from sglang_aux.srt.entrypoints.engine import Engine
+from sglang_aux.srt.model_loader.builtin import resolve_model_path
+from sglang_aux.test.few_shot_gsm8k import (
+    build_prompt,
+    default_data_path,
+    few_shot_prefix,
+    read_jsonl,
+)
+
+PARAMS = {"temperature": 0, "max_new_tokens": 512, "stop": ["Question", "</s>", "<|im_end|>"]}
+
+
+def run(engine: Engine, prompts: list[list[int]], concurrency: int, profile: int) -> dict:
+    sched = engine.scheduler
+    pending = deque(prompts)
+    finished = []
+
+    def submit() -> None:
+        req = engine.make_request(input_ids=pending.popleft(), sampling_params=dict(PARAMS))
+        sched.add_request(req)
+
+    def on_update(req) -> None:
+        if req.finished:
+            finished.append(req)
+            if pending:
+                submit()
+
+    for ids in prompts[:concurrency]:  # warm-up: the prefix enters the cache, kernels load
+        engine.generate(input_ids=ids, sampling_params=dict(PARAMS))
+    stats0 = dict(sched.stats)
+    sched.on_update = on_update
+    prof = cProfile.Profile() if profile else None
+    start = time.perf_counter()
+    if prof:
+        prof.enable()
+    for _ in range(min(concurrency, len(pending))):
+        submit()
+    while sched.has_work():
+        sched.step()
+    if prof:
+        prof.disable()
+    wall = time.perf_counter() - start
+    sched.on_update = None
+    tokens = sum(len(r.output_ids) for r in finished)
+    verify = sum(r.spec_verify_ct for r in finished)
+    stats = {k: round(v - stats0[k], 4) for k, v in sched.stats.items()}
+    row = {"requests": len(finished), "tokens": tokens, "wall_s": round(wall, 3),
+           "tok_per_s": round(tokens / wall, 1),
+           "accept_length": round(tokens / verify, 3) if verify else 0.0,
+           "cached_tokens": sum(r.cached_tokens for r in finished), "stats": stats}
+    if prof:
+        s = io.StringIO()
+        pstats.Stats(prof, stream=s).sort_stats("tottime").print_stats(profile)
+        row["cprofile"] = s.getvalue()
+    return row
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model-path", default="smollm2-135m-instruct")
+    p.add_argument("--draft", default="smollm2-135m-instruct-dflash-b8")
+    p.add_argument("--data-path", type=Path, default=default_data_path())
+    p.add_argument("--num-prompts", type=int, default=1319)
+    p.add_argument("--num-shots", type=int, default=5)
+    p.add_argument("--concurrency", type=int, default=32)
+    p.add_argument("--dtype", default="bfloat16")
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--cprofile", type=int, default=0)
+    p.add_argument("--disable-radix-cache", action="store_true")
+    p.add_argument("--out", default="benchmark/spec_decode/continuous_arrivals.json")
+    a = p.parse_args()
+    prefix = few_shot_prefix(read_jsonl(a.data_path.parent / "train.jsonl")[: a.num_shots])
+    questions = read_jsonl(a.data_path)[: a.num_prompts]
+    folder = resolve_model_path(a.model_path)
+    rows = []
+    for name, extra in {"target": {}, "dflash": {"speculative_algorithm": "DFLASH",
+                                                 "speculative_draft_model_path": a.draft}}.items():
+        engine = Engine(model_path=folder, dtype=a.dtype, device=a.device,
+                        max_running_requests=64, context_length=2048,
+                        disable_radix_cache=a.disable_radix_cache, **extra)
+        prompts = [engine.tokenizer.encode(build_prompt(prefix, q["question"]))
+                   for q in questions]
+        rows.append({"engine": name, "concurrency": a.concurrency,
+                     **run(engine, prompts, a.concurrency, a.cprofile)})
+        del engine
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+    base = rows[0]["tok_per_s"]
+    for r in rows:
+        print({k: v for k, v in r.items() if k != "cprofile"}, f"{r['tok_per_s'] / base:.2f}x")
+        if "cprofile" in r:
+            print(r["cprofile"])
+    with open(a.out, "w") as f:
+        json.dump(rows, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
