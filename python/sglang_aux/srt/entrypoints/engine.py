@@ -92,7 +92,9 @@ class Engine:
             raise ValueError("give exactly one of text and input_ids")
         ids = self.tokenizer.encode(text) if text is not None else list(input_ids)
         vocab = self.model_config.hf_config.vocab_size
-        if any(not isinstance(t, int) or not 0 <= t < vocab for t in ids):
+        # the tokenizer's ids are ints; min/max keep a long prompt's check off Python loops
+        if ((text is None and not all(isinstance(t, int) for t in ids))
+                or (ids and not 0 <= min(ids) <= max(ids) < vocab)):
             raise ValueError(f"input_ids must be integers in [0, {vocab})")
         params = (sampling_params if isinstance(sampling_params, SamplingParams)
                   else SamplingParams.from_dict(sampling_params))
