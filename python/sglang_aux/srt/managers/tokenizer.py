@@ -57,7 +57,9 @@ class Tokenizer:
         return self._tok.get_vocab_size()
 
     def encode(self, text: str) -> list[int]:
-        ids = self._tok.encode(text, add_special_tokens=False).ids
+        # encode_batch releases the GIL while it tokenizes (encode holds it), so a server's
+        # event loop tokenizing a long prompt does not stall the thread that launches steps
+        ids = self._tok.encode_batch([text], add_special_tokens=False)[0].ids
         if self.add_bos_token and self.bos_token_id is not None:
             ids = [self.bos_token_id, *ids]
         return ids
