@@ -6,10 +6,10 @@ import sys
 
 import pytest
 import torch
+from test_step_loop_cuda import KINDS, _engine
 
-from sglang_aux.srt.entrypoints.engine import Engine
 from sglang_aux.test.ci.ci_register import register_cuda_ci
-from sglang_aux.test.runtime_utils import assert_kv_all_back, tiny_checkpoint
+from sglang_aux.test.runtime_utils import assert_kv_all_back
 from sglang_aux.test.sync_checks import strict_sync
 
 register_cuda_ci(est_time=120, suite="default")
@@ -17,16 +17,6 @@ register_cuda_ci(est_time=120, suite="default")
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 PROMPTS = ["Hi", "The quick brown fox jumps over", "12 + 30 =", "Natalia sold clips to 48 of",
            "x", "What is the capital of France?", "def f(x):", "Once upon a time"]
-COMMON = dict(device="cuda", dtype="float32", max_total_tokens=16384, max_running_requests=8,
-              cuda_graph_bs_decode=[1, 2, 4, 8])
-KINDS = ["target", "dflash"]
-
-
-def _engine(tmp_path, kind, **kw):
-    spec = {} if kind == "target" else dict(
-        speculative_algorithm="DFLASH",
-        speculative_draft_model_path=tiny_checkpoint("tiny-llama-dflash", tmp_path))
-    return Engine(model_path=tiny_checkpoint("tiny-llama", tmp_path), **spec, **{**COMMON, **kw})
 
 
 def _params():
