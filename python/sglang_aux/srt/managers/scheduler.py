@@ -32,6 +32,7 @@ from typing import Protocol
 
 import torch
 
+from sglang_aux.srt.managers.finish_check import FinishCheck
 from sglang_aux.srt.managers.pending_step import PendingStep
 from sglang_aux.srt.managers.schedule_batch import Req, map_cached_prefix, release_kv, reserve_kv
 from sglang_aux.srt.managers.tokenizer import Tokenizer
@@ -57,10 +58,9 @@ class Scheduler:
         self.runner = runner = worker.model_runner
         self.req_to_token_pool = runner.req_to_token_pool
         self.allocator = runner.token_to_kv_pool_allocator
-        self.tokenizer = tokenizer
         self.max_running_requests = max_running_requests
         self.context_len = context_len
-        self.eos_token_ids = eos_token_ids
+        self.finish = FinishCheck(tokenizer, eos_token_ids, context_len, worker.tokens_per_step)
         self.on_update = on_update
         self.overlap = overlap
         self.tree_cache = tree_cache
@@ -72,6 +72,10 @@ class Scheduler:
         self.stats = {"prefill_steps": 0, "decode_steps": 0, "generated_tokens": 0,
                       "prefill_requests": 0, "prefill_tokens": 0, "decode_batch_requests": 0,
                       "prefill_seconds": 0.0, "decode_seconds": 0.0}
+
+    @property
+    def eos_token_ids(self) -> set[int]:
+        return self.finish.eos_token_ids
 
     def validate(self, req: Req) -> None:
         """ValueError when the request can never run."""
@@ -95,7 +99,7 @@ class Scheduler:
     def _reservation(self, req: Req) -> int:
         # A step writes `tokens_per_step` positions from kv_len = seq_len - 1, and runs only
         # while fewer than max_new_tokens are out and seq_len + tokens_per_step - 1 is below
-        # the context (see _finish_reason): every position stays below both bounds.
+        # the context (see FinishCheck.reason): every position stays below both bounds.
         # Under overlap a request may run one step past its end before the host reads it.
         need = len(req.origin_input_ids) + req.sampling_params.max_new_tokens
         steps = 2 if self.overlap else 1
@@ -201,40 +205,14 @@ class Scheduler:
             self._notify(req)
 
     def _append(self, req: Req, tokens: list[int]) -> None:
-        # One decode per request and step tells whether a stop string can end it here; only
-        # then is each token's tail decoded (a speculative step brings several tokens).
-        check_stop = bool(req.sampling_params.stop) and self._stop_in_text(
-            req, req.output_ids[-self._stop_window(req):] + tokens)
+        check_stop = self.finish.may_stop(req, tokens)
         for tok in tokens:
             req.output_ids.append(tok)
             self.stats["generated_tokens"] += 1
-            req.finished_reason = self._finish_reason(req, tok, check_stop)
+            req.finished_reason = self.finish.reason(req, tok, check_stop)
             if req.finished:
                 self._release(req)
                 break
-
-    @staticmethod
-    def _stop_window(req: Req) -> int:
-        """Output tokens whose text can hold the end of a stop string."""
-        return 8 + max(map(len, req.sampling_params.stop))
-
-    def _stop_in_text(self, req: Req, ids: list[int]) -> str | None:
-        text = self.tokenizer.decode(ids)
-        return next((s for s in req.sampling_params.stop if s in text), None)
-
-    def _finish_reason(self, req: Req, tok: int, check_stop: bool) -> dict | None:
-        p = req.sampling_params
-        if (tok in self.eos_token_ids and not p.ignore_eos) or tok in p.stop_token_ids:
-            return {"type": "stop", "matched": tok}
-        if check_stop:
-            matched = self._stop_in_text(req, req.output_ids[-self._stop_window(req):])
-            if matched is not None:
-                return {"type": "stop", "matched": matched}
-        # the next step writes positions up to seq_len - 1 + tokens_per_step - 1
-        at_context_end = req.seq_len + self.worker.tokens_per_step - 1 >= self.context_len
-        if len(req.output_ids) >= p.max_new_tokens or at_context_end:
-            return {"type": "length", "length": len(req.output_ids)}
-        return None
 
     def _release(self, req: Req) -> None:
         """Finished or aborted, between steps: the K/V of its first min(kv_len, seq_len)

@@ -1,0 +1,52 @@
+"""When a request ends: EOS and stop token ids, stop strings, max_new_tokens, the context end.
+
+A step brings one token per request (several for DFlash). One decode of each request's tail
+per step tells whether a stop string can end it there; only then is each new token's own tail
+decoded, to find the token that completed the string (the request ends at that token).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sglang_aux.srt.managers.schedule_batch import Req
+from sglang_aux.srt.managers.tokenizer import Tokenizer
+
+
+@dataclass(frozen=True)
+class FinishCheck:
+    tokenizer: Tokenizer
+    eos_token_ids: set[int]
+    context_len: int
+    tokens_per_step: int  # the most positions one step writes per request
+
+    def may_stop(self, req: Req, new_tokens: list[int]) -> bool:
+        """Whether a stop string can end `req` within `new_tokens` (not yet appended)."""
+        if not req.sampling_params.stop:
+            return False
+        return self._stop_in_text(req, req.output_ids[-_stop_window(req):] + new_tokens) \
+            is not None
+
+    def reason(self, req: Req, tok: int, check_stop: bool) -> dict | None:
+        """The finish reason once `tok` was appended to `req`'s output, else None."""
+        p = req.sampling_params
+        if (tok in self.eos_token_ids and not p.ignore_eos) or tok in p.stop_token_ids:
+            return {"type": "stop", "matched": tok}
+        if check_stop:
+            matched = self._stop_in_text(req, req.output_ids[-_stop_window(req):])
+            if matched is not None:
+                return {"type": "stop", "matched": matched}
+        # the next step writes positions up to seq_len - 1 + tokens_per_step - 1
+        at_context_end = req.seq_len + self.tokens_per_step - 1 >= self.context_len
+        if len(req.output_ids) >= p.max_new_tokens or at_context_end:
+            return {"type": "length", "length": len(req.output_ids)}
+        return None
+
+    def _stop_in_text(self, req: Req, ids: list[int]) -> str | None:
+        text = self.tokenizer.decode(ids)
+        return next((s for s in req.sampling_params.stop if s in text), None)
+
+
+def _stop_window(req: Req) -> int:
+    """Output tokens whose text can hold the end of a stop string."""
+    return 8 + max(map(len, req.sampling_params.stop))
