@@ -15,23 +15,18 @@ from __future__ import annotations
 
 import argparse
 import cProfile
-import io
 import json
-import pstats
 import time
 from collections import deque
 from pathlib import Path
 
 import torch
+from bench_request_breakdown import cprofile_text
 
 from sglang_aux.srt.entrypoints.engine import Engine
 from sglang_aux.srt.model_loader.builtin import resolve_model_path
-from sglang_aux.test.few_shot_gsm8k import (
-    build_prompt,
-    default_data_path,
-    few_shot_prefix,
-    read_jsonl,
-)
+from sglang_aux.test.few_shot_gsm8k import default_data_path
+from sglang_aux.tools.dflash_training.data import gsm8k_prompts
 
 PARAMS = {"temperature": 0, "max_new_tokens": 512, "stop": ["Question", "</s>", "<|im_end|>"]}
 
@@ -75,9 +70,7 @@ def run(engine: Engine, prompts: list[list[int]], concurrency: int, profile: int
            "accept_length": round(tokens / verify, 3) if verify else 0.0,
            "cached_tokens": sum(r.cached_tokens for r in finished), "stats": stats}
     if prof:
-        s = io.StringIO()
-        pstats.Stats(prof, stream=s).sort_stats("tottime").print_stats(profile)
-        row["cprofile"] = s.getvalue()
+        row["cprofile"] = cprofile_text(prof, profile)
     return row
 
 
@@ -95,8 +88,8 @@ def main() -> None:
     p.add_argument("--disable-radix-cache", action="store_true")
     p.add_argument("--out", default="benchmark/spec_decode/continuous_arrivals.json")
     a = p.parse_args()
-    prefix = few_shot_prefix(read_jsonl(a.data_path.parent / "train.jsonl")[: a.num_shots])
-    questions = read_jsonl(a.data_path)[: a.num_prompts]
+    texts = gsm8k_prompts(a.data_path, a.data_path.parent / "train.jsonl", a.num_shots,
+                          a.num_prompts)
     folder = resolve_model_path(a.model_path)
     rows = []
     for name, extra in {"target": {}, "dflash": {"speculative_algorithm": "DFLASH",
@@ -104,8 +97,7 @@ def main() -> None:
         engine = Engine(model_path=folder, dtype=a.dtype, device=a.device,
                         max_running_requests=64, context_length=2048,
                         disable_radix_cache=a.disable_radix_cache, **extra)
-        prompts = [engine.tokenizer.encode(build_prompt(prefix, q["question"]))
-                   for q in questions]
+        prompts = [engine.tokenizer.encode(t) for t in texts]
         rows.append({"engine": name, "concurrency": a.concurrency,
                      **run(engine, prompts, a.concurrency, a.cprofile)})
         del engine

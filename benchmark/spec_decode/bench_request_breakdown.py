@@ -25,12 +25,8 @@ import torch
 
 from sglang_aux.srt.entrypoints.engine import Engine
 from sglang_aux.srt.model_loader.builtin import resolve_model_path
-from sglang_aux.test.few_shot_gsm8k import (
-    build_prompt,
-    default_data_path,
-    few_shot_prefix,
-    read_jsonl,
-)
+from sglang_aux.test.few_shot_gsm8k import default_data_path
+from sglang_aux.tools.dflash_training.data import gsm8k_prompts
 
 STOP = "Question"
 
@@ -73,10 +69,15 @@ def measure(engine: Engine, prompts: list[str], profile: int) -> dict:
            "scheduler_s": sum(steps) - sum(prefill) - sum(decode),
            "engine_s": wall - sum(steps)}
     if prof:
-        s = io.StringIO()
-        pstats.Stats(prof, stream=s).sort_stats("tottime").print_stats(profile)
-        row["cprofile"] = s.getvalue()
+        row["cprofile"] = cprofile_text(prof, profile)
     return row
+
+
+def cprofile_text(prof: cProfile.Profile, n: int) -> str:
+    """The `n` functions with the most time of their own."""
+    s = io.StringIO()
+    pstats.Stats(prof, stream=s).sort_stats("tottime").print_stats(n)
+    return s.getvalue()
 
 
 def main() -> None:
@@ -91,9 +92,7 @@ def main() -> None:
     p.add_argument("--disable-radix-cache", action="store_true")
     p.add_argument("--out", default="benchmark/spec_decode/request_breakdown.json")
     a = p.parse_args()
-    prefix = few_shot_prefix(read_jsonl(a.data_path.parent / "train.jsonl")[:5])
-    questions = read_jsonl(a.data_path)[: a.num_prompts]
-    prompts = [build_prompt(prefix, q["question"]) for q in questions]
+    prompts = gsm8k_prompts(a.data_path, a.data_path.parent / "train.jsonl", 5, a.num_prompts)
     folder = resolve_model_path(a.model_path)
     rows = []
     for name, extra in {"target": {}, "dflash": {"speculative_algorithm": "DFLASH",
