@@ -187,6 +187,20 @@ def _check_rows(name: str, t: torch.Tensor) -> None:
                          f"{tuple(t.shape)} strides {t.stride()}")
 
 
+def _check_scaled_operands(xq: torch.Tensor, xs: torch.Tensor, w: tuple[str, torch.Tensor],
+                           ws: torch.Tensor) -> tuple[int, int, int]:
+    """(M, K, N) of an MXFP8 input `xq` [M, K] (scales `xs`) against a weight `w` (its name,
+    [N, K]) with scales `ws`: rows of all four checked, K shared and a multiple of 32."""
+    w_name, wt = w
+    for name, t in (("xq", xq), ("xs", xs), (w_name, wt), ("ws", ws)):
+        _check_rows(name, t)
+    (m, k), n = xq.shape, wt.shape[0]
+    if wt.shape[1] != k or k % MXFP8_BLOCK != 0:
+        raise ValueError(f"xq {tuple(xq.shape)} and {w_name} {tuple(wt.shape)} must share a K "
+                         f"that is a multiple of {MXFP8_BLOCK}")
+    return m, k, n
+
+
 def _check_acc(acc: torch.Tensor | None, out: torch.Tensor, m: int, n: int) -> None:
     _check_rows("out", out)
     if tuple(out.shape) != (m, n):
@@ -232,12 +246,7 @@ def fp8_dot_gemm_accumulate(xq: torch.Tensor, xs: torch.Tensor, wq: torch.Tensor
                             config: GemmConfig) -> None:
     """out[M, N] = acc + dequant(xq, xs)[M, K] @ dequant(wq, ws)[N, K]^T with FP8 dots per
     scale group. Operands may be column slices of wider buffers (K and offsets multiples of 32)."""
-    for name, t in (("xq", xq), ("xs", xs), ("wq", wq), ("ws", ws)):
-        _check_rows(name, t)
-    (m, k), n = xq.shape, wq.shape[0]
-    if wq.shape[1] != k or k % MXFP8_BLOCK != 0:
-        raise ValueError(f"xq {tuple(xq.shape)} and wq {tuple(wq.shape)} must share a K that "
-                         f"is a multiple of {MXFP8_BLOCK}")
+    m, k, n = _check_scaled_operands(xq, xs, ("wq", wq), ws)
     _check_acc(acc, out, m, n)
     cfg = config
     sx, sw = _scale_factors(xs), _scale_factors(ws)  # [K/32, M], [K/32, N]

@@ -32,7 +32,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 from sglang_aux.srt.layers.quantization.accumulating_gemm import (
     _INTERPRETED,
     _check_acc,
-    _check_rows,
+    _check_scaled_operands,
     _start_tile,
     _store_tile,
     _tile_coords,
@@ -187,12 +187,7 @@ def bf16_dot_gemm_accumulate(xq: torch.Tensor, xs: torch.Tensor,
     (offsets multiples of 32); `out` may be `acc` (in place)."""
     w_mxfp8 = isinstance(w, tuple)
     wv, ws = w if w_mxfp8 else (w, xs)  # ws is never read for a bf16 weight
-    for name, t in (("xq", xq), ("xs", xs), ("w", wv), ("ws", ws)):
-        _check_rows(name, t)
-    (m, k), n = xq.shape, wv.shape[0]
-    if wv.shape[1] != k or k % MXFP8_BLOCK != 0:
-        raise ValueError(f"xq {tuple(xq.shape)} and w {tuple(wv.shape)} must share a K that "
-                         f"is a multiple of {MXFP8_BLOCK}")
+    m, k, n = _check_scaled_operands(xq, xs, ("w", wv), ws)
     if not w_mxfp8 and wv.dtype not in (torch.bfloat16, torch.float32):
         raise ValueError(f"a dense weight must be bfloat16 (float32 for exact runs), got "
                          f"{wv.dtype}: e4m3 x 2^k is exact in BF16, not in fp16")
