@@ -61,6 +61,7 @@ class StepTrace:
         for kind, fn in self._originals.items():
             setattr(self.worker, kind, fn)
         rows: dict[str, dict] = {}
+        sizes: dict[int, dict] = {}
         idle, prev_end = 0.0, None
         for kind, n, host, start, end in self.records:
             r = rows.setdefault(kind, {"steps": 0, "requests": 0, "host_ms": 0.0, "gpu_ms": 0.0,
@@ -74,11 +75,18 @@ class StepTrace:
                 r["idle_before_ms"] += gap
                 idle += gap
             prev_end = end
-        for r in rows.values():
+            if kind == "prefill":  # by requests per prefill: a graph's width, or eager
+                q = sizes.setdefault(n, {"steps": 0, "host_ms": 0.0, "gpu_ms": 0.0})
+                q["steps"] += 1
+                q["host_ms"] += host * 1e3
+                q["gpu_ms"] += start.elapsed_time(end)
+        for r in (*rows.values(), *sizes.values()):
             for k in ("host_ms", "gpu_ms", "idle_before_ms"):
-                r[f"{k}_per_step"] = round(r[k] / r["steps"], 4)
-                r[k] = round(r[k], 1)
-        return {"by_kind": rows, "gpu_idle_ms": round(idle, 1)}
+                if k in r:
+                    r[f"{k}_per_step"] = round(r[k] / r["steps"], 4)
+                    r[k] = round(r[k], 1)
+        return {"by_kind": rows, "prefill_by_requests": dict(sorted(sizes.items())),
+                "gpu_idle_ms": round(idle, 1)}
 
 
 def run(engine: Engine, prompts: list[list[int]], concurrency: int, profile: int,

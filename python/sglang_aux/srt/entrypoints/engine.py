@@ -71,6 +71,7 @@ class Engine:
             tree_cache=None if args.disable_radix_cache
             else RadixCache(self.worker.model_runner.token_to_kv_pool_allocator),
             prefill_delayer=self._prefill_delayer(),
+            prefill_graph_limits=self.worker.model_runner.prefill_graph_limits(),
         )
         self._rids = itertools.count()
 
@@ -78,9 +79,9 @@ class Engine:
         args = self.server_args
         if not args.enable_prefill_delayer:
             return None
-        width = self.worker.model_runner.prefill_capture_bs  # 0 without prefill graphs
-        return PrefillDelayer(width or min(args.max_running_requests, 4),
-                              args.prefill_delayer_max_delay_passes)
+        limits = self.worker.model_runner.prefill_graph_limits()
+        width = limits[0] if limits else min(args.max_running_requests, 4)
+        return PrefillDelayer(width, args.prefill_delayer_max_delay_passes)
 
     def _make_worker(self) -> TpModelWorker | DFlashWorker:
         algo = self.server_args.spec_algorithm

@@ -55,7 +55,8 @@ class Scheduler:
                  context_len: int, eos_token_ids: set[int],
                  on_update: Callable[[Req], None] | None = None, overlap: bool = False,
                  tree_cache: RadixCache | None = None,
-                 prefill_delayer: PrefillDelayer | None = None):
+                 prefill_delayer: PrefillDelayer | None = None,
+                 prefill_graph_limits: tuple[int, int] | None = None):
         self.worker = worker
         self.runner = runner = worker.model_runner
         self.req_to_token_pool = runner.req_to_token_pool
@@ -67,6 +68,8 @@ class Scheduler:
         self.overlap = overlap
         self.tree_cache = tree_cache
         self.prefill_delayer = prefill_delayer
+        # (requests, tokens) one prefill graph takes; None: no prefill graphs
+        self.prefill_graph_limits = prefill_graph_limits
         self.cache_hit_tokens = 0  # prompt tokens admitted with their K/V already cached
         self.admitted_prompt_tokens = 0
         self.waiting: deque[Req] = deque()
@@ -110,8 +113,14 @@ class Scheduler:
         return min(need + steps * self.worker.tokens_per_step, self.context_len)
 
     def _admit(self) -> list[Req]:
-        admitted = []
+        """Waiting requests for one prefill, in order, while rows and KV last; with prefill
+        graphs, only as many requests and uncached tokens as one graph takes (a larger
+        prefill runs eagerly, many times slower on a small model: the rest wait one step)."""
+        admitted, tokens = [], 0
+        width, budget = self.prefill_graph_limits or (None, None)
         while self.waiting and len(self.running) + len(admitted) < self.max_running_requests:
+            if width is not None and len(admitted) == width:
+                break
             req = self.waiting[0]
             if req.sampling_params.max_new_tokens == 0:
                 self.waiting.popleft()
@@ -120,6 +129,11 @@ class Scheduler:
                 continue
             if not self._take_kv(req):
                 break
+            uncached = len(req.origin_input_ids) - req.kv_len
+            if admitted and budget is not None and tokens + uncached > budget:
+                self._untake_kv(req)
+                break
+            tokens += uncached
             self.waiting.popleft()
             self.cache_hit_tokens += req.cached_tokens
             self.admitted_prompt_tokens += len(req.origin_input_ids)
@@ -151,6 +165,14 @@ class Scheduler:
         map_cached_prefix(self.runner, req, match.slots)
         reserve_kv(self.runner, req, need)
         return True
+
+    def _untake_kv(self, req: Req) -> None:
+        """Undo `_take_kv` for a request that stays waiting."""
+        if self.tree_cache is not None:
+            self.tree_cache.dec_lock_ref(req.last_node)
+            req.last_node = None
+        release_kv(self.runner, req, keep=req.cached_tokens)
+        req.kv_len = req.cached_tokens = 0
 
     def abort(self, req: Req) -> None:
         """Drop `req` (waiting or running) and release its KV (`_release`); call between

@@ -1,5 +1,7 @@
-"""The prefill delayer: while requests run, arrivals wait (at most the set number of steps) until
-a prefill's worth of them can share one prefill step; outputs equal the undelayed schedule's."""
+"""How arrivals are grouped into prefill steps: with prefill graphs, one step takes at most what
+one graph holds (the rest wait a step instead of running eagerly); the prefill delayer holds
+arrivals (at most the set number of steps) until a graph's worth can share one step. Outputs
+equal the ungrouped schedule's."""
 
 import sys
 
@@ -10,7 +12,7 @@ from sglang_aux.srt.managers.prefill_delayer import PrefillDelayer
 from sglang_aux.test.ci.ci_register import register_cpu_ci
 from sglang_aux.test.runtime_utils import assert_kv_all_back, tiny_checkpoint
 
-register_cpu_ci(est_time=60, suite="default")
+register_cpu_ci(est_time=90, suite="default")
 
 PROMPTS = ["Hi", "The quick brown fox jumps over", "12 + 30 =", "Natalia sold clips to 48 of",
            "x", "What is the capital of France?", "abc", "Once upon a time"]
@@ -84,6 +86,34 @@ def test_delayed_arrivals_share_prefills(ckpts, kind):
     assert b["prefill_steps"] < a["prefill_steps"], (a, b)
     assert b["prefill_delayed_passes"] > 0 and max(waited) > 0
     assert_kv_all_back(delayed)
+
+
+@pytest.mark.parametrize("kind", ["target", "dflash"])
+def test_a_prefill_step_takes_what_one_graph_holds(ckpts, kind):
+    """Prompts of 8-35 tokens, graphs of <= 2 requests and <= 48 tokens: each prefill step
+    replays a graph (none runs eagerly), and the outputs equal an engine without graphs."""
+    spec = {} if kind == "target" else dict(
+        speculative_algorithm="DFLASH", speculative_draft_model_path=ckpts["tiny-llama-dflash"])
+    common = dict(model_path=ckpts["tiny-llama"], device="cpu", dtype="float32",
+                  max_total_tokens=4096, max_running_requests=8, cuda_graph_bs_decode=[1, 2, 4, 8],
+                  disable_radix_cache=True, **spec)
+    graphs = Engine(**common, cuda_graph_tokens_prefill=[16, 48], cuda_graph_max_bs_prefill=2)
+    eager = Engine(**common)
+    assert graphs.worker.model_runner.prefill_graph_limits() == (2, 48)
+    assert eager.worker.model_runner.prefill_graph_limits() is None
+    runner = graphs.worker.model_runner.prefill_graph_runner
+    batches, execute = [], runner.execute
+    runner.execute = lambda fb: batches.append(fb.extend_seq_lens_cpu) or execute(fb)
+    prompts = [list(range(3, 3 + n)) for n in (8, 30, 35, 9, 10, 12, 20)]
+    params = {"temperature": 0, "max_new_tokens": 6, "ignore_eos": True}
+    got = [o["output_ids"] for o in graphs.generate(input_ids=prompts, sampling_params=params)]
+    want = [o["output_ids"] for o in eager.generate(input_ids=prompts, sampling_params=params)]
+    assert got == want
+    # in order, two at most and 48 tokens at most per step: [8, 30], [35, 9], [10, 12], [20]
+    assert batches == [[8, 30], [35, 9], [10, 12], [20]], batches
+    assert graphs.scheduler.stats["prefill_steps"] == 4
+    assert eager.scheduler.stats["prefill_steps"] == 1
+    assert_kv_all_back(graphs)
 
 
 if __name__ == "__main__":
