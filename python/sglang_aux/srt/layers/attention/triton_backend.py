@@ -112,7 +112,6 @@ class TritonAttnBackend(AttentionBackend):
         req_to_token = forward_batch.req_to_token_pool.req_to_token
         mode = forward_batch.forward_mode
         if mode.is_extend():
-            out.zero_()  # rows of no request (a graph's padding) stay finite
             meta = self._extend_metadata(forward_batch)
             extend_attention_fwd(q, k_buffer, v_buffer, out, req_to_token,
                                  forward_batch.req_pool_indices, meta.q_start, meta.prefix_lens,

@@ -14,7 +14,7 @@ longest request eagerly, the token bucket in a captured graph. A few new tokens 
 cached prefix (an arrival whose prompt the prefix cache holds) make few tiles, each walking the
 whole prefix; the key range is then cut into `num_kv_splits` chunks, as decode does, and
 `merge_attn_states` combines them. The split count depends only on static shapes (graph safe).
-Query rows outside every request (a graph's padding) come out 0.
+Query rows outside every request (a graph's padding) come out 0 (`out` is written whole).
 """
 
 from __future__ import annotations
@@ -121,6 +121,7 @@ def extend_attention_fwd(
         partial_lse = q.new_full((num_tokens, num_heads, num_kv_splits), NO_KEYS.value,
                                  dtype=torch.float32)
     else:
+        out.zero_()  # rows of no request (a graph's padding) stay finite
         partial_out, partial_lse = out, out  # unused: the kernel writes `out` directly
     grid = (bs, num_heads, m_tiles * num_kv_splits)
     _extend_attention_kernel[grid](
