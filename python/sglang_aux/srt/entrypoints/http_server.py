@@ -134,7 +134,7 @@ def create_app(server: SchedulerThread) -> FastAPI:
         """SGLang's native generation. Streaming sends incremental text and token ids; the
         last event carries the full meta_info."""
         body = await parse_body(request, GenerateRequest)
-        stream = submit_request(server, text=body.text, input_ids=body.input_ids,
+        stream = await submit_request(server, text=body.text, input_ids=body.input_ids,
                                 sampling_params=body.sampling_params)
         if not body.stream:
             return await await_result(server, stream, request)
