@@ -20,7 +20,7 @@ PYTHON_VERSION=3.12
 PACKAGES=(
   fastapi starlette annotated-doc opentelemetry-api
   pydantic pydantic-core annotated-types typing-inspection typing-extensions
-  uvicorn h11 click
+  uvicorn h11 click httptools uvloop
   anyio sniffio idna
   jinja2 markupsafe
 )

@@ -67,6 +67,12 @@ class ApiKeyMiddleware:
         await self.app(scope, receive, send)
 
 
+def respond(out: dict | StreamingResponse) -> JSONResponse | StreamingResponse:
+    """A generation's answer. Its dict holds JSON types only, so it is sent as is: FastAPI's
+    encoder would walk every output id again on the event loop."""
+    return out if isinstance(out, StreamingResponse) else JSONResponse(out)
+
+
 def create_app(server: SchedulerThread) -> FastAPI:
     """The app serving `server` (started: its Engine exists)."""
     app = FastAPI(title="sglang_aux", docs_url=None, redoc_url=None)
@@ -130,14 +136,14 @@ def create_app(server: SchedulerThread) -> FastAPI:
         }]}
 
     @app.post("/generate", response_model=None)
-    async def generate(request: Request) -> dict | StreamingResponse:
+    async def generate(request: Request) -> JSONResponse | StreamingResponse:
         """SGLang's native generation. Streaming sends incremental text and token ids; the
         last event carries the full meta_info."""
         body = await parse_body(request, GenerateRequest)
         stream = await submit_request(server, text=body.text, input_ids=body.input_ids,
-                                sampling_params=body.sampling_params)
+                                      sampling_params=body.sampling_params)
         if not body.stream:
-            return await await_result(server, stream, request)
+            return JSONResponse(await await_result(server, stream, request))
 
         def chunks(delta: StreamDelta) -> list[dict]:
             meta = delta.output["meta_info"] if delta.output is not None else {
@@ -149,14 +155,14 @@ def create_app(server: SchedulerThread) -> FastAPI:
                                  media_type="text/event-stream")
 
     @app.post("/v1/completions", response_model=None)
-    async def completions(request: Request) -> dict | StreamingResponse:
+    async def completions(request: Request) -> JSONResponse | StreamingResponse:
         body = await parse_body(request, CompletionRequest)
-        return await create_completion(server, body, request)
+        return respond(await create_completion(server, body, request))
 
     @app.post("/v1/chat/completions", response_model=None)
-    async def chat_completions(request: Request) -> dict | StreamingResponse:
+    async def chat_completions(request: Request) -> JSONResponse | StreamingResponse:
         body = await parse_body(request, ChatCompletionRequest)
-        return await create_chat_completion(server, body, request)
+        return respond(await create_chat_completion(server, body, request))
 
     return app
 
@@ -188,7 +194,10 @@ def launch_server(server_args: ServerArgs) -> None:
                 engine.worker.model_runner.device, server_args.speculative_algorithm)
     try:
         # uvicorn's per-request access lines only at debug: the scheduler logs its own
-        uvicorn.run(app, host=server_args.host, port=server_args.port,
+        # C HTTP parser and event loop: the event loop shares the GIL with the scheduler
+        # thread, so its Python work per request slows the steps
+        uvicorn.run(app, host=server_args.host, port=server_args.port, http="httptools",
+                    loop="asyncio" if sys.platform == "win32" else "uvloop",
                     log_level=server_args.log_level.lower(),
                     access_log=server_args.log_level.lower() == "debug")
     finally:
