@@ -77,7 +77,8 @@ def sampling_probs(logits: torch.Tensor, params: SamplingTensors,
         raise ValueError(f"out must be float32 {tuple(logits.shape)} like the logits, got "
                          f"{out.dtype} {tuple(out.shape)}")
     temperature = params.temperature.clamp_min(GREEDY_EPS)
-    restrict = top_k_top_p_kernel if use_triton(logits) else top_k_top_p_probs
+    restrict = (top_k_top_p_kernel if use_triton(logits, differentiable=False)
+                else top_k_top_p_probs)
     return restrict(logits, temperature, params.top_k, params.top_p, out)
 
 
