@@ -77,7 +77,7 @@ def top_k_top_p_probs(logits: torch.Tensor, temperature: torch.Tensor, top_k: to
                       top_p: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
     """The restricted, renormalized distribution of each row into `out` (float32, the shape of
     `logits` `[rows, vocab]`). T `[rows]` float32 (> 0), top_k `[rows]` int64, top_p `[rows]`
-    float32. Temporaries: one `[rows, vocab]` float32 mask plus transient boolean masks."""
+    float32. Temporaries: one `[rows, vocab]` float32 mask and at most two boolean ones."""
     vocab = logits.shape[-1]
     probs = unnormalized_probs(logits, temperature, out)
     bits = probs.view(torch.int32)
@@ -104,5 +104,6 @@ def top_k_top_p_probs(logits: torch.Tensor, temperature: torch.Tensor, top_k: to
     v = v.to(torch.int32)[:, None]
     tied = bits == v
     torch.cumsum(tied, -1, out=mask)  # a tied token's rank among the ties, from 1
-    probs.masked_fill_((bits < v) | (tied & (mask > ties[:, None])), 0.0)
+    tied &= mask > ties[:, None]  # the ties past the room
+    probs.masked_fill_(tied, 0.0).masked_fill_(bits < v, 0.0)
     return probs.div_(probs.sum(-1, keepdim=True))
