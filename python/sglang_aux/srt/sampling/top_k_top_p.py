@@ -37,22 +37,19 @@ def _as_float(bits: torch.Tensor) -> torch.Tensor:
 
 
 def _ge_mask(probs: torch.Tensor, t: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """mask <- `gap` where probs >= the float with bits `t` `[rows]` (>= 1), else 0.0, and
-    returns `gap` `[rows, 1]`: the clamp leaves only the two adjacent floats below / at t, and
-    their gap is a power of two, so mask / gap is exactly 0 or 1."""
+    """mask <- 1.0 where probs >= the float with bits `t` `[rows]` (>= 1), else 0.0. Exact:
+    subtraction is monotone, so p - below is >= gap (at - below, a power of two) exactly when
+    p >= at and <= 0 otherwise; scaled by 1 / gap and clamped that is 1 or 0."""
     at, below = _as_float(t)[:, None], _as_float(t - 1)[:, None]
-    torch.clamp(probs, below, at, out=mask).sub_(below)
-    return at - below
+    return torch.sub(probs, below, out=mask).div_(at - below).clamp_(0.0, 1.0)
 
 
 def _count(probs: torch.Tensor, t: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    gap = _ge_mask(probs, t, mask)
-    return mask.sum(-1).div_(gap[:, 0])  # multiples of gap: exact in float32 below 2**24 of them
+    return _ge_mask(probs, t, mask).sum(-1)  # 0/1 sums stay exact in float32 below 2**24
 
 
 def _mass(probs: torch.Tensor, t: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    gap = _ge_mask(probs, t, mask)  # scaled by gap, tiny masses would underflow: 0/1 first
-    return mask.div_(gap).mul_(probs).sum(-1)  # a pairwise sum: bmm's is ~100x off
+    return _ge_mask(probs, t, mask).mul_(probs).sum(-1)  # a pairwise sum: bmm's is ~100x off
 
 
 def _bisect(lo: torch.Tensor, holds) -> torch.Tensor:
