@@ -63,7 +63,7 @@ def _bisect(lo: torch.Tensor, holds) -> torch.Tensor:
     return lo
 
 
-def unnormalized_probs(logits: torch.Tensor, temperature: torch.Tensor,
+def _unnormalized_probs(logits: torch.Tensor, temperature: torch.Tensor,
                        out: torch.Tensor) -> torch.Tensor:
     """out <- exp(x - max x), x = logits / T (T `[rows]`), in place."""
     out.copy_(logits).div_(temperature[:, None])
@@ -76,7 +76,7 @@ def top_k_top_p_probs(logits: torch.Tensor, temperature: torch.Tensor, top_k: to
     `logits` `[rows, vocab]`). T `[rows]` float32 (> 0), top_k `[rows]` int64, top_p `[rows]`
     float32. Temporaries: one `[rows, vocab]` float32 mask and at most two boolean ones."""
     vocab = logits.shape[-1]
-    probs = unnormalized_probs(logits, temperature, out)
+    probs = _unnormalized_probs(logits, temperature, out)
     bits = probs.view(torch.int32)
     mask = torch.empty_like(probs)
     k = top_k.clamp(1, vocab).to(torch.float32)
@@ -96,6 +96,7 @@ def top_k_top_p_probs(logits: torch.Tensor, temperature: torch.Tensor, top_k: to
     v_float = _as_float(v)
     room = ((target - _mass(probs, v + 1, mask)) / torch.where(v_float > 0, v_float, 1.0)).ceil()
     ties = torch.where(~off_p & (v_float > 0), room.clamp(max=vocab), vocab)
+    # at least one: a top_p that is 0 in float32 still keeps the first token
     ties = torch.where(v == vk, torch.minimum(ties, ties_k), ties).clamp_min(1.0)
 
     v = v.to(torch.int32)[:, None]

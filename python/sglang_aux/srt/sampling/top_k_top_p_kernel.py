@@ -58,6 +58,7 @@ def _top_k_top_p_kernel(X, Out, Temp, TopK, TopP, stride_x, stride_o, n,
         cols = start + tl.arange(0, BLOCK)
         x = tl.load(X + cols, mask=cols < n, other=0.0).to(tl.float32) / temperature
         tl.store(P + cols, tl.exp(x - top), mask=cols < n)
+    tl.debug_barrier()  # later sweeps may read what another thread of this program wrote
 
     # top-k: the largest t with count(p >= t) >= k
     lo = tl.zeros([], dtype=tl.int32)
