@@ -3,8 +3,10 @@
 # and off, prefix cache on (default) and off, each against its own server; then tokens/s at 1,
 # 8 and 32 concurrent requests.
 #   bash benchmark/gsm8k/run_smollm2_eval.sh DRAFT_DIR OUT_DIR [NUM_QUESTIONS [CONFIGS]]
-# CONFIGS: a space-separated subset of "target dflash dflash_noshare target_nocache
-# dflash_nocache" (default: the first three; *_nocache pass --disable-radix-cache).
+# CONFIGS: a space-separated subset of "target dflash dflash_noshare dflash_streamed
+# target_nocache dflash_nocache target_delay dflash_delay" (default: target dflash
+# dflash_noshare; *_nocache pass --disable-radix-cache, *_delay --enable-prefill-delayer,
+# dflash_streamed --speculative-dflash-aux-projection streamed).
 # Needs the imported target (`smollm2-135m-instruct`) and GSM8K (SGLANG_AUX_GSM8K_DIR).
 set -uo pipefail
 draft=$1; out=$2; n=${3:-1319}; configs=${4:-target dflash dflash_noshare}
@@ -31,6 +33,12 @@ for cfg in $configs; do
     target_nocache) flags=(--speculative-algorithm NONE --disable-radix-cache) ;;
     dflash_nocache) flags=(--speculative-algorithm DFLASH --speculative-draft-model-path "$draft"
                            --disable-radix-cache) ;;
+    dflash_streamed) flags=(--speculative-algorithm DFLASH --speculative-draft-model-path "$draft"
+                            --speculative-dflash-aux-projection streamed) ;;
+    target_delay) flags=(--speculative-algorithm NONE --enable-prefill-delayer) ;;
+    dflash_delay) flags=(--speculative-algorithm DFLASH --speculative-draft-model-path "$draft"
+                         --enable-prefill-delayer) ;;
+    *) echo "unknown config $cfg"; continue ;;
   esac
   serve $cfg "${flags[@]}" || continue
   curl -s localhost:$port/get_server_info > "$out/server_info_$cfg.json"
@@ -38,7 +46,7 @@ for cfg in $configs; do
   # scheduler_stats (prefill/decode steps, requests, tokens, seconds) and prefix cache hits
   # (radix_cache_hit_tokens / radix_cache_admitted_prompt_tokens) of the 32-concurrent run
   curl -s localhost:$port/get_server_info > "$out/server_info_after32_$cfg.json"
-  if [ $cfg = target ] || [ $cfg = dflash ]; then
+  if [[ $cfg =~ ^(target|dflash)(_delay)?$ ]]; then
     harness $cfg 32 1
     harness $cfg 64 8
   fi

@@ -8,7 +8,9 @@ GSM8K 5-shot test prompts (tokenized up front, so no tokenizer work is timed), g
 "Question", target-only and DFlash. Against the HTTP harness's figure this separates the
 runtime (scheduler, prefills, steps) from the front end (HTTP, tokenization, detokenization in
 the server's event loop thread). Reports tok/s, the scheduler's stats (prefill and decode
-steps and their seconds) and, with `--cprofile N`, each engine's N costliest functions.
+steps and their seconds) and, with `--cprofile N`, each engine's N costliest functions. With
+`--trace`, CUDA events around each launch give every step's GPU span and the GPU's idle time
+between steps, by kind of step (a span includes idle time inside an eager launch).
 """
 
 from __future__ import annotations
@@ -31,7 +33,64 @@ from sglang_aux.tools.dflash_training.data import gsm8k_prompts
 PARAMS = {"temperature": 0, "max_new_tokens": 512, "stop": ["Question", "</s>", "<|im_end|>"]}
 
 
-def run(engine: Engine, prompts: list[list[int]], concurrency: int, profile: int) -> dict:
+class StepTrace:
+    """Wraps the worker's `prefill` and `decode`: host launch time, and CUDA events recorded
+    before and after each launch on the current stream."""
+
+    def __init__(self, worker) -> None:
+        self.records: list[tuple[str, int, float, torch.cuda.Event, torch.cuda.Event]] = []
+        self._originals = {k: getattr(worker, k) for k in ("prefill", "decode")}
+        for kind, fn in self._originals.items():
+            setattr(worker, kind, self._wrap(kind, fn))
+        self.worker = worker
+
+    def _wrap(self, kind, fn):
+        def launch(reqs):
+            start, end = (torch.cuda.Event(enable_timing=True) for _ in range(2))
+            start.record()
+            t = time.perf_counter()
+            out = fn(reqs)
+            host = time.perf_counter() - t
+            end.record()
+            self.records.append((kind, len(reqs), host, start, end))
+            return out
+        return launch
+
+    def summary(self) -> dict:
+        torch.cuda.synchronize()
+        for kind, fn in self._originals.items():
+            setattr(self.worker, kind, fn)
+        rows: dict[str, dict] = {}
+        sizes: dict[int, dict] = {}
+        idle, prev_end = 0.0, None
+        for kind, n, host, start, end in self.records:
+            r = rows.setdefault(kind, {"steps": 0, "requests": 0, "host_ms": 0.0, "gpu_ms": 0.0,
+                                       "idle_before_ms": 0.0})
+            r["steps"] += 1
+            r["requests"] += n
+            r["host_ms"] += host * 1e3
+            r["gpu_ms"] += start.elapsed_time(end)
+            if prev_end is not None:
+                gap = max(prev_end.elapsed_time(start), 0.0)
+                r["idle_before_ms"] += gap
+                idle += gap
+            prev_end = end
+            if kind == "prefill":  # by requests per prefill: a graph's width, or eager
+                q = sizes.setdefault(n, {"steps": 0, "host_ms": 0.0, "gpu_ms": 0.0})
+                q["steps"] += 1
+                q["host_ms"] += host * 1e3
+                q["gpu_ms"] += start.elapsed_time(end)
+        for r in (*rows.values(), *sizes.values()):
+            for k in ("host_ms", "gpu_ms", "idle_before_ms"):
+                if k in r:
+                    r[f"{k}_per_step"] = round(r[k] / r["steps"], 4)
+                    r[k] = round(r[k], 1)
+        return {"by_kind": rows, "prefill_by_requests": dict(sorted(sizes.items())),
+                "gpu_idle_ms": round(idle, 1)}
+
+
+def run(engine: Engine, prompts: list[list[int]], concurrency: int, profile: int,
+        trace: bool = False) -> dict:
     sched = engine.scheduler
     pending = deque(prompts)
     finished = []
@@ -51,6 +110,7 @@ def run(engine: Engine, prompts: list[list[int]], concurrency: int, profile: int
     stats0 = dict(sched.stats)
     sched.on_update = on_update
     prof = cProfile.Profile() if profile else None
+    tracer = StepTrace(engine.worker) if trace else None
     start = time.perf_counter()
     if prof:
         prof.enable()
@@ -69,6 +129,8 @@ def run(engine: Engine, prompts: list[list[int]], concurrency: int, profile: int
            "tok_per_s": round(tokens / wall, 1),
            "accept_length": round(tokens / verify, 3) if verify else 0.0,
            "cached_tokens": sum(r.cached_tokens for r in finished), "stats": stats}
+    if tracer:
+        row["trace"] = tracer.summary()
     if prof:
         row["cprofile"] = cprofile_text(prof, profile)
     return row
@@ -85,27 +147,38 @@ def main() -> None:
     p.add_argument("--dtype", default="bfloat16")
     p.add_argument("--device", default="cuda")
     p.add_argument("--cprofile", type=int, default=0)
+    p.add_argument("--trace", action="store_true", help="GPU span and idle time per step")
     p.add_argument("--disable-radix-cache", action="store_true")
+    p.add_argument("--engines", nargs="+", default=["target", "dflash"],
+                   help="of: target dflash target_delay dflash_delay (with the prefill delayer)")
     p.add_argument("--out", default="benchmark/spec_decode/continuous_arrivals.json")
     a = p.parse_args()
+    if a.trace and a.device != "cuda":
+        p.error("--trace times CUDA events: it needs --device cuda")
     texts = gsm8k_prompts(a.data_path, a.data_path.parent / "train.jsonl", a.num_shots,
                           a.num_prompts)
     folder = resolve_model_path(a.model_path)
     rows = []
-    for name, extra in {"target": {}, "dflash": {"speculative_algorithm": "DFLASH",
-                                                 "speculative_draft_model_path": a.draft}}.items():
+    dflash = {"speculative_algorithm": "DFLASH", "speculative_draft_model_path": a.draft}
+    for name in a.engines:
+        extra = dict(dflash) if name.startswith("dflash") else {}
+        if name.endswith("_delay"):
+            extra["enable_prefill_delayer"] = True
         engine = Engine(model_path=folder, dtype=a.dtype, device=a.device,
                         max_running_requests=64, context_length=2048,
                         disable_radix_cache=a.disable_radix_cache, **extra)
         prompts = [engine.tokenizer.encode(t) for t in texts]
         rows.append({"engine": name, "concurrency": a.concurrency,
-                     **run(engine, prompts, a.concurrency, a.cprofile)})
+                     **run(engine, prompts, a.concurrency, a.cprofile, a.trace)})
         del engine
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
     base = rows[0]["tok_per_s"]
     for r in rows:
-        print({k: v for k, v in r.items() if k != "cprofile"}, f"{r['tok_per_s'] / base:.2f}x")
+        print({k: v for k, v in r.items() if k not in ("cprofile", "trace")},
+              f"{r['tok_per_s'] / base:.2f}x")
+        if "trace" in r:
+            print("  trace:", r["trace"])
         if "cprofile" in r:
             print(r["cprofile"])
     with open(a.out, "w") as f:

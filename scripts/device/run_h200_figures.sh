@@ -6,7 +6,7 @@
 #
 # PHASE: tests (every register_cuda_ci file, in parallel groups: one GPU, 16 CPU cores for the
 # Triton compiles), speed and speed_more (sections 7, 9 and 10), harness (section 5's GSM8K rows), load (the
-# server load test), gemm (section 8's MXFP8 GEMM sweep), memory (section 8's graph memory),
+# server load test), arrivals (the harness's traffic in-process, traced), gemm (section 8's MXFP8 GEMM sweep), memory (section 8's graph memory),
 # host (host time per step, overlap scheduler on and off).
 # Needs, for all but tests/gemm/memory: SmolLM2 staged (stage_smollm2_gguf.sh --join) and
 # GSM8K in $SGLANG_AUX_GSM8K_DIR; for harness/load the server wheels in /tmp/site
@@ -58,6 +58,10 @@ case $phase in
       --model-path smollm2-135m-instruct --speculative-algorithm DFLASH \
       --speculative-draft-model-path smollm2-135m-instruct-dflash-b8 --dtype float32 \
       --max-running-requests 128 --context-length 2048 2>&1 | tail -25 ;;
+  arrivals)  # the harness's traffic in-process, per-step GPU spans, prefill delayer off / on
+    $py benchmark/spec_decode/bench_continuous_arrivals.py --trace \
+      --engines target dflash target_delay dflash_delay --out "$out/continuous_arrivals.json" \
+      2>&1 | grep -v Warning | tail -12 ;;
   gemm)
     $py benchmark/aux_memory/bench_mxfp8_gemm.py --out "$out/mxfp8_gemm.json" 2>&1 | tail -40 ;;
   host)

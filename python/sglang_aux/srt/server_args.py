@@ -54,6 +54,10 @@ class ServerArgs:
     disable_prefill_cuda_graph: bool = False
     disable_shared_aux_buffer: bool = False
     disable_radix_cache: bool = False  # the prefix cache (mem_cache/radix_cache.py) is on
+    # hold a prefill back while requests run until a prefill graph's worth wait, at most this
+    # many steps (managers/prefill_delayer.py)
+    enable_prefill_delayer: bool = False
+    prefill_delayer_max_delay_passes: int = 30
     enable_two_batch_overlap: bool = False
     # the host reads step n's tokens while the device runs step n+1; None: on for CUDA
     disable_overlap_schedule: bool | None = None
@@ -196,6 +200,11 @@ class ServerArgs:
             help="give every captured decode graph its own aux output (the baseline)")
         add("--disable-radix-cache", action="store_true",
             help="no prefix cache: every request prefills its whole prompt")
+        add("--enable-prefill-delayer", action="store_true",
+            help="while requests run, hold a prefill back until as many requests wait as one "
+                 "prefill graph takes (or the free rows hold)")
+        add("--prefill-delayer-max-delay-passes", type=int, default=30,
+            help="steps a waiting request can be passed over before its prefill runs anyway")
         add("--enable-two-batch-overlap", action="store_true")
         add("--disable-overlap-schedule", action="store_const", const=True, default=None,
             help="read each step's tokens before launching the next (default: overlap on CUDA, "

@@ -16,7 +16,13 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 from sglang_aux.srt.layers.attention.torch_native_backend import TorchNativeAttnBackend  # noqa: E402
-from sglang_aux.srt.layers.attention.triton_backend import TritonAttnBackend  # noqa: E402
+from sglang_aux.srt.layers.attention.triton_backend import (  # noqa: E402
+    ExtendMetadata,
+    TritonAttnBackend,
+)
+from sglang_aux.srt.layers.attention.triton_ops.extend_attention import (  # noqa: E402
+    extend_attention_fwd,
+)
 from sglang_aux.srt.layers.radix_attention import (  # noqa: E402
     FULL_CONTEXT,
     AttentionType,
@@ -155,14 +161,15 @@ EXTEND_PREFIX_LENS, EXTEND_LENS = [0, 5, 23, 40], [9, 1, 17, 70]
 
 
 @pytest.mark.parametrize("window", WINDOWS)
+@pytest.mark.parametrize("num_kv_splits", [None, 3])
 @pytest.mark.parametrize("attn_type", [DECODER, ENCODER_ONLY], ids=lambda t: t.name)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
 @pytest.mark.parametrize("heads,kv_heads,head_dim", HEAD_CONFIGS)
 def test_extend_matches_torch_native_and_writes_kv(heads, kv_heads, head_dim, dtype, attn_type,
-                                                   window):
+                                                   num_kv_splits, window):
     seed = fresh_seed()
     req_pool, kv_pool = make_pools(kv_heads, head_dim, dtype)
-    backend = TritonAttnBackend()
+    backend = TritonAttnBackend(num_kv_splits=num_kv_splits)
     fb = extend_batch(req_pool, kv_pool, backend, EXTEND_PREFIX_LENS, EXTEND_LENS)
     locs = fb.out_cache_loc
     q, k, v = random_qkv(locs.numel(), heads, kv_heads, head_dim, dtype)
@@ -271,6 +278,33 @@ def test_rejects_unsupported_head_dim(head_dim):
     layer = RadixAttention(1, head_dim, 1.0, 1, LAYER_ID)
     with pytest.raises(ValueError, match="power of two"):
         backend.forward(q, q, q, layer, fb, save_kv_cache=False)
+
+
+def test_extend_split_leaves_padding_rows_zero():
+    """A graph's EXTEND batch has query rows past every request (its token bucket): they come
+    out 0 (finite) whether the key range is split (nobody writes their partial results; they
+    merge to 0) or not, and the live rows of the split kernel equal the unsplit kernel's."""
+    seed = fresh_seed()
+    heads, kv_heads, head_dim = HEAD_CONFIGS[0]
+    req_pool, kv_pool = make_pools(kv_heads, head_dim, torch.float32)
+    backend = TritonAttnBackend()
+    fb = extend_batch(req_pool, kv_pool, backend, [90, 40], [5, 3])
+    meta = ExtendMetadata.build(fb)
+    pad = 8  # a 16-token bucket holding 8 live rows
+    q = torch.randn(fb.num_tokens + pad, heads, head_dim)
+    k_buf, v_buf = kv_pool.k_buffer[LAYER_ID], kv_pool.v_buffer[LAYER_ID]
+    outs = []
+    for splits in (1, 3):
+        out = torch.full_like(q, float("nan"))
+        extend_attention_fwd(q, k_buf, v_buf, out, req_pool.req_to_token, fb.req_pool_indices,
+                             meta.q_start, meta.prefix_lens, meta.extend_lens, 16, 0.3,
+                             num_kv_splits=splits)
+        outs.append(out)
+    live = fb.num_tokens
+    torch.testing.assert_close(outs[1][:live], outs[0][:live], rtol=1e-5, atol=1e-6,
+                               msg=f"seed {seed}")
+    for out in outs:
+        assert torch.equal(out[live:], torch.zeros_like(q[live:])), f"seed {seed}"
 
 
 def test_extend_cannot_be_captured():

@@ -144,14 +144,22 @@ def assert_kv_written(kv_pool, fb: ForwardBatch, k: torch.Tensor, seed: int) -> 
     assert torch.equal(stored, expected), f"new K not at out_cache_loc (seed {seed})"
 
 
+# (prefix, new tokens) per request: mixed long prefills (one key split at most), and arrivals
+# after a long cached prefix (few query tiles: the key range is split and merged)
+EXTEND_SHAPES = {"mixed": ([0, 1500, 37, 700, 1024, 5, 300, 1],
+                           [513, 1, 200, 64, 1024, 77, 129, 16]),
+                 "cached": ([700, 1500, 650], [80, 9, 100])}
+
+
 @pytest.mark.parametrize("window,attn_type", [(FULL_CONTEXT, DECODER), (WINDOW, DECODER),
                                                (WINDOW, ENCODER_ONLY)])
 @pytest.mark.parametrize("dtype", DTYPES, ids=["bf16", "fp16"])
 @pytest.mark.parametrize("heads,kv_heads,head_dim", HEAD_CONFIGS)
-def test_extend_matches_torch_native(heads, kv_heads, head_dim, dtype, window, attn_type):
+@pytest.mark.parametrize("shape", EXTEND_SHAPES)
+def test_extend_matches_torch_native(shape, heads, kv_heads, head_dim, dtype, window,
+                                     attn_type):
     seed = fresh_seed()
-    prefix_lens = [0, 1500, 37, 700, 1024, 5, 300, 1]
-    extend_lens = [513, 1, 200, 64, 1024, 77, 129, 16]
+    prefix_lens, extend_lens = EXTEND_SHAPES[shape]
     seq_lens = [p + e for p, e in zip(prefix_lens, extend_lens, strict=True)]
     num_slots = sum(seq_lens) + 64
     req_pool, kv_pool = make_pools(num_slots, kv_heads, head_dim, dtype)

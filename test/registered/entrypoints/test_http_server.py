@@ -14,6 +14,7 @@ import httpx
 import pytest
 
 from sglang_aux.srt.entrypoints.engine import Engine
+from sglang_aux.srt.entrypoints.http_server import gil_switch_interval
 from sglang_aux.srt.entrypoints.openai.protocol import ChatMessage
 from sglang_aux.srt.entrypoints.openai.serving_chat import chatml
 from sglang_aux.test.ci.ci_register import register_cpu_ci
@@ -272,6 +273,15 @@ def _metrics(client) -> dict[str, float]:
     return {k: float(v) for k, v in re.findall(r"^(sglang_aux:\w+) (\S+)$", text, re.M)}
 
 
+def test_gil_switch_interval_override(monkeypatch):
+    monkeypatch.setenv("SGLANG_AUX_GIL_SWITCH_INTERVAL", "0.002")
+    assert gil_switch_interval() == 0.002
+    for bad in ("0", "-1", "fast"):
+        monkeypatch.setenv("SGLANG_AUX_GIL_SWITCH_INTERVAL", bad)
+        with pytest.raises(ValueError, match="positive number of seconds"):
+            gil_switch_interval()
+
+
 def test_model_and_server_info_and_metrics(client, ckpt):
     assert [m["id"] for m in client.get("/v1/models").json()["data"]] == [ckpt.rsplit("/", 1)[-1]]
     model = client.get("/get_model_info").json()
@@ -284,6 +294,7 @@ def test_model_and_server_info_and_metrics(client, ckpt):
     assert info["aux_buffer_bytes"] == info["aux_per_graph_bytes"] == info["aux_bytes_saved"] == 0
     assert info["server_args"]["api_key"] == "<redacted>" and API_KEY not in json.dumps(info)
     assert info["radix_cache_enabled"] and not info["server_args"]["disable_radix_cache"]
+    assert info["gil_switch_interval"] == pytest.approx(0.0005)  # not Python's 5 ms
     before = _metrics(client)
     out = client.post("/generate", json={"text": "Hi", "sampling_params": GREEDY}).json()
     client.post("/generate", json={"text": ""})

@@ -5,6 +5,7 @@ returned, the cache emptied of what the failed step may have left, counters righ
 
 import asyncio
 import sys
+import threading
 import time
 
 import pytest
@@ -32,8 +33,8 @@ def server(tmp_path_factory):
 
 def test_requests_round_trip_and_stream(server):
     async def run():
-        whole = await server.submit(text="Hello", sampling_params=GREEDY).result()
-        deltas = [d async for d in server.submit(text="Hello", sampling_params=GREEDY)]
+        whole = await (await server.submit(text="Hello", sampling_params=GREEDY)).result()
+        deltas = [d async for d in await server.submit(text="Hello", sampling_params=GREEDY)]
         return whole, deltas
 
     whole, deltas = asyncio.run(run())
@@ -42,15 +43,37 @@ def test_requests_round_trip_and_stream(server):
     assert "".join(d.text for d in deltas) == whole["text"]
     assert deltas[-1].output is not None and all(d.output is None for d in deltas[:-1])
     with pytest.raises(ValueError, match="empty"):  # validated before it reaches the thread
-        server.submit(text="", sampling_params=GREEDY)
+        asyncio.run(server.submit(text="", sampling_params=GREEDY))
+
+
+def test_prompts_tokenize_off_the_event_loop(server, monkeypatch):
+    tokenizer, threads = server.engine.tokenizer, []
+    encode = tokenizer.encode
+
+    def recording(text):
+        threads.append(threading.current_thread().name)
+        return encode(text)
+
+    monkeypatch.setattr(tokenizer, "encode", recording)
+
+    async def run():
+        loop_thread = threading.current_thread().name
+        outs = await asyncio.gather(*[(await server.submit(text=t, sampling_params=GREEDY))
+                                      .result() for t in ("Hello", "Hi there", "12 + 30 =")])
+        return loop_thread, outs
+
+    loop_thread, outs = asyncio.run(run())
+    assert len(threads) == 3 and all(t.startswith("tokenize") for t in threads), threads
+    assert loop_thread not in threads
+    assert [o["meta_info"]["prompt_tokens"] for o in outs] == [5, 8, 9]  # byte-level tokens
 
 
 def test_flush_cache_waits_for_idle(server):
     async def run():
-        stream = server.submit(text="Hello there", sampling_params=GREEDY)
+        stream = await server.submit(text="Hello there", sampling_params=GREEDY)
         busy = await server.flush_cache()  # queued behind the request: it is waiting
         out = await stream.result()
-        again = await server.submit(text="Hello there", sampling_params=GREEDY).result()
+        again = await (await server.submit(text="Hello there", sampling_params=GREEDY)).result()
         return busy, out, again, await server.flush_cache(), await server.flush_cache()
 
     busy, out, again, freed, nothing = asyncio.run(run())
@@ -76,8 +99,8 @@ def test_failed_step_fails_its_request_and_the_thread_keeps_serving(server, monk
 
     async def run():
         with pytest.raises(RequestFailed, match="boom"):
-            await server.submit(text="Hi", sampling_params=GREEDY).result()
-        return await server.submit(text="Hi", sampling_params=GREEDY).result()
+            await (await server.submit(text="Hi", sampling_params=GREEDY)).result()
+        return await (await server.submit(text="Hi", sampling_params=GREEDY)).result()
 
     out = asyncio.run(run())
     assert len(out["output_ids"]) == GREEDY["max_new_tokens"]

@@ -8,6 +8,7 @@ import time
 
 import torch
 
+from sglang_aux.srt.managers.prefill_delayer import PrefillDelayer
 from sglang_aux.srt.managers.schedule_batch import Req
 from sglang_aux.srt.managers.scheduler import Scheduler
 from sglang_aux.srt.managers.tp_worker import TpModelWorker
@@ -69,8 +70,18 @@ class Engine:
             overlap=args.resolved_overlap_schedule(),
             tree_cache=None if args.disable_radix_cache
             else RadixCache(self.worker.model_runner.token_to_kv_pool_allocator),
+            prefill_delayer=self._prefill_delayer(),
+            prefill_graph_limits=self.worker.model_runner.prefill_graph_limits(),
         )
         self._rids = itertools.count()
+
+    def _prefill_delayer(self) -> PrefillDelayer | None:
+        args = self.server_args
+        if not args.enable_prefill_delayer:
+            return None
+        limits = self.worker.model_runner.prefill_graph_limits()
+        width = limits[0] if limits else min(args.max_running_requests, 4)
+        return PrefillDelayer(width, args.prefill_delayer_max_delay_passes)
 
     def _make_worker(self) -> TpModelWorker | DFlashWorker:
         algo = self.server_args.spec_algorithm

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import hmac
 import logging
+import os
+import sys
 
 import uvicorn
 from fastapi import FastAPI, Request
@@ -43,6 +45,7 @@ logger = logging.getLogger(__name__)
 
 OPEN_PATHS = frozenset({"/health"})  # answered without an API key (liveness probes)
 GENERATION_PATHS = frozenset({"/generate", "/v1/completions", "/v1/chat/completions"})
+DEFAULT_GIL_SWITCH_INTERVAL = "0.0005"
 
 
 class ApiKeyMiddleware:
@@ -131,7 +134,7 @@ def create_app(server: SchedulerThread) -> FastAPI:
         """SGLang's native generation. Streaming sends incremental text and token ids; the
         last event carries the full meta_info."""
         body = await parse_body(request, GenerateRequest)
-        stream = submit_request(server, text=body.text, input_ids=body.input_ids,
+        stream = await submit_request(server, text=body.text, input_ids=body.input_ids,
                                 sampling_params=body.sampling_params)
         if not body.stream:
             return await await_result(server, stream, request)
@@ -158,8 +161,25 @@ def create_app(server: SchedulerThread) -> FastAPI:
     return app
 
 
+def gil_switch_interval() -> float:
+    """Seconds a thread waiting for the GIL lets the holder run Python before asking for it:
+    the scheduler thread and the event loop share the GIL, and Python's default (5 ms) is
+    several whole steps of a small model, during which the GPU starves. The environment's
+    SGLANG_AUX_GIL_SWITCH_INTERVAL (seconds) overrides it, for A/B measurements."""
+    value = os.environ.get("SGLANG_AUX_GIL_SWITCH_INTERVAL", DEFAULT_GIL_SWITCH_INTERVAL)
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = -1.0
+    if not seconds > 0:
+        raise ValueError(f"SGLANG_AUX_GIL_SWITCH_INTERVAL must be a positive number of "
+                         f"seconds, got {value!r}")
+    return seconds
+
+
 def launch_server(server_args: ServerArgs) -> None:
     """Build the Engine in the scheduler thread, then serve HTTP until interrupted."""
+    sys.setswitchinterval(gil_switch_interval())
     server = SchedulerThread(server_args)
     engine = server.start()
     app = create_app(server)

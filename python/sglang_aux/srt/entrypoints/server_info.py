@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import sys
 
 import torch
 
@@ -104,6 +105,7 @@ def server_info(server: SchedulerThread) -> dict:
             "last_gen_throughput": server.metrics.last_gen_throughput,
         }],
         **graph_memory(runner.graph_runner),
+        "gil_switch_interval": sys.getswitchinterval(),
     }
 
 

@@ -34,6 +34,7 @@ import torch
 
 from sglang_aux.srt.managers.finish_check import FinishCheck
 from sglang_aux.srt.managers.pending_step import PendingStep
+from sglang_aux.srt.managers.prefill_delayer import PrefillDelayer
 from sglang_aux.srt.managers.schedule_batch import Req, map_cached_prefix, release_kv, reserve_kv
 from sglang_aux.srt.managers.tokenizer import Tokenizer
 from sglang_aux.srt.mem_cache.radix_cache import RadixCache
@@ -53,7 +54,9 @@ class Scheduler:
     def __init__(self, worker: Worker, tokenizer: Tokenizer, *, max_running_requests: int,
                  context_len: int, eos_token_ids: set[int],
                  on_update: Callable[[Req], None] | None = None, overlap: bool = False,
-                 tree_cache: RadixCache | None = None):
+                 tree_cache: RadixCache | None = None,
+                 prefill_delayer: PrefillDelayer | None = None,
+                 prefill_graph_limits: tuple[int, int] | None = None):
         self.worker = worker
         self.runner = runner = worker.model_runner
         self.req_to_token_pool = runner.req_to_token_pool
@@ -64,6 +67,9 @@ class Scheduler:
         self.on_update = on_update
         self.overlap = overlap
         self.tree_cache = tree_cache
+        self.prefill_delayer = prefill_delayer
+        # (requests, tokens) one prefill graph takes; None: no prefill graphs
+        self.prefill_graph_limits = prefill_graph_limits
         self.cache_hit_tokens = 0  # prompt tokens admitted with their K/V already cached
         self.admitted_prompt_tokens = 0
         self.waiting: deque[Req] = deque()
@@ -71,7 +77,8 @@ class Scheduler:
         self.in_flight: PendingStep | None = None  # launched, tokens not read (overlap)
         self.stats = {"prefill_steps": 0, "decode_steps": 0, "generated_tokens": 0,
                       "prefill_requests": 0, "prefill_tokens": 0, "decode_batch_requests": 0,
-                      "prefill_seconds": 0.0, "decode_seconds": 0.0}
+                      "prefill_seconds": 0.0, "decode_seconds": 0.0,
+                      "prefill_delayed_passes": 0}
 
     @property
     def eos_token_ids(self) -> set[int]:
@@ -106,8 +113,14 @@ class Scheduler:
         return min(need + steps * self.worker.tokens_per_step, self.context_len)
 
     def _admit(self) -> list[Req]:
-        admitted = []
+        """Waiting requests for one prefill, in order, while rows and KV last; with prefill
+        graphs, only as many requests and uncached tokens as one graph takes (a larger
+        prefill runs eagerly, many times slower on a small model: the rest wait one step)."""
+        admitted, tokens = [], 0
+        width, budget = self.prefill_graph_limits or (None, None)
         while self.waiting and len(self.running) + len(admitted) < self.max_running_requests:
+            if width is not None and len(admitted) == width:
+                break
             req = self.waiting[0]
             if req.sampling_params.max_new_tokens == 0:
                 self.waiting.popleft()
@@ -116,6 +129,11 @@ class Scheduler:
                 continue
             if not self._take_kv(req):
                 break
+            uncached = len(req.origin_input_ids) - req.kv_len
+            if admitted and budget is not None and tokens + uncached > budget:
+                self._untake_kv(req)
+                break
+            tokens += uncached
             self.waiting.popleft()
             self.cache_hit_tokens += req.cached_tokens
             self.admitted_prompt_tokens += len(req.origin_input_ids)
@@ -148,6 +166,14 @@ class Scheduler:
         reserve_kv(self.runner, req, need)
         return True
 
+    def _untake_kv(self, req: Req) -> None:
+        """Undo `_take_kv` for a request that stays waiting."""
+        if self.tree_cache is not None:
+            self.tree_cache.dec_lock_ref(req.last_node)
+            req.last_node = None
+        release_kv(self.runner, req, keep=req.cached_tokens)
+        req.kv_len = req.cached_tokens = 0
+
     def abort(self, req: Req) -> None:
         """Drop `req` (waiting or running) and release its KV (`_release`); call between
         steps."""
@@ -159,7 +185,7 @@ class Scheduler:
 
     def step(self) -> None:
         start = time.perf_counter()
-        new = self._admit()
+        new = self._admit() if self._prefill_now() else []
         launched = None
         if new:
             self.stats["prefill_steps"] += 1
@@ -183,6 +209,15 @@ class Scheduler:
             self._complete(done)
         kind = "prefill_seconds" if new else "decode_seconds"
         self.stats[kind] += time.perf_counter() - start
+
+    def _prefill_now(self) -> bool:
+        if not self.waiting:
+            return False
+        d = self.prefill_delayer
+        if d is None or d.allow(len(self.waiting), len(self.running), self.max_running_requests):
+            return True
+        self.stats["prefill_delayed_passes"] += 1
+        return False
 
     def _can_launch(self, req: Req) -> bool:
         """Whether a step fits what is known of `req`: its kv_len may have grown by the

@@ -6,8 +6,9 @@ there is work, and posts each request's new tokens back through
 `loop.call_soon_threadsafe` into that request's `asyncio.Queue`: one call per step for all of
 its updates, so the event loop wakes once a step, not once per request. Requests that arrive while
 others decode join the running batch at the next step (continuous batching). The event loop
-runs no model work: it only validates and tokenizes (`Engine.make_request`, which reads the
-scheduler's limits, never its queues) and decodes text (`RequestStream`).
+runs no model work: it only validates (`Engine.make_request`, which reads the scheduler's
+limits, never its queues), hands prompts to tokenizer threads and decodes text
+(`RequestStream`).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import logging
 import queue
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import torch
@@ -29,6 +31,7 @@ from sglang_aux.srt.server_args import ServerArgs
 logger = logging.getLogger(__name__)
 
 THROUGHPUT_WINDOW = 40  # steps per throughput figure (SGLang's decode log interval)
+TOKENIZER_THREADS = 4
 
 
 @dataclass
@@ -94,6 +97,7 @@ class SchedulerThread:
         self._emitted = 0  # output tokens delivered, thread only
         # updates of the current step per event loop, posted together after it (thread only)
         self._outbox: dict[asyncio.AbstractEventLoop, list[_Update]] = {}
+        self._tokenize = ThreadPoolExecutor(TOKENIZER_THREADS, thread_name_prefix="tokenize")
         self._ready = threading.Event()
         self._startup_error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name="scheduler", daemon=True)
@@ -106,9 +110,17 @@ class SchedulerThread:
             raise self._startup_error
         return self.engine
 
-    def submit(self, *, text: str | None = None, input_ids: list[int] | None = None,
-               sampling_params: dict | None = None) -> RequestStream:
-        """Validate and queue a request (ValueError with the reason); event loop only."""
+    async def submit(self, *, text: str | None = None, input_ids: list[int] | None = None,
+                     sampling_params: dict | None = None) -> RequestStream:
+        """Validate and queue a request (ValueError with the reason); event loop only. A
+        prompt's text is tokenized on a pool thread (the tokenizer releases the GIL): the
+        event loop serves other requests meanwhile, and concurrent prompts tokenize in
+        parallel."""
+        if text is not None and input_ids is None:
+            loop = asyncio.get_running_loop()
+            input_ids = await loop.run_in_executor(self._tokenize, self.engine.tokenizer.encode,
+                                                   text)
+            text = None
         req = self.engine.make_request(text=text, input_ids=input_ids,
                                        sampling_params=sampling_params)
         stream = RequestStream(self.engine, req)
@@ -134,6 +146,7 @@ class SchedulerThread:
         return await done
 
     def shutdown(self, timeout: float = 10.0) -> None:
+        self._tokenize.shutdown(wait=False)
         self._inbox.put(("stop",))
         self._thread.join(timeout)
 

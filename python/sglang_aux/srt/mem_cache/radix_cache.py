@@ -8,6 +8,15 @@ Slot life cycle: a slot is in exactly one place at a time: the allocator's free 
 tree (`insert` hands it over), or a live request's private reservation. The tree gives slots
 back to the allocator only through `evict` and `reset`, and only from unlocked nodes: a
 request that reads a cached prefix locks its path (`inc_lock_ref`) until it is done.
+
+Eviction order: the unlocked leaf with the least (last_access, id) first. The candidates sit in
+a lazy min-heap so that `evict` costs O(evicted nodes * log n), not a tree walk. Invariant:
+every unlocked leaf has an entry whose key is at most its current one. Matches and inserts
+only raise `last_access`, so they push nothing; `evict` requeues an entry popped with an old
+key (at most once per leaf touched since its push: amortized over the touches), and drops
+entries of nodes evicted, locked, or with children (they are pushed again when they next
+become unlocked leaves: new in `insert`, unlocked in `dec_lock_ref`, emptied in `evict`).
+A rebuild (`_bound_heap`) keeps the heap within 2 entries per node (+ HEAP_SLACK).
 """
 
 from __future__ import annotations
@@ -20,12 +29,14 @@ import torch
 
 from sglang_aux.srt.mem_cache.memory_pool import TokenToKVPoolAllocator
 
+HEAP_SLACK = 64  # stale eviction-heap entries tolerated beyond 2 per node before a rebuild
+
 
 @dataclass(eq=False)
 class TreeNode:
     key: list[int]
     value: torch.Tensor  # [len(key)] KV slots of the key's tokens
-    parent: TreeNode | None = field(repr=False)
+    parent: TreeNode | None = field(repr=False)  # None for the root and evicted nodes
     # keyed by the child's first token
     children: dict[int, TreeNode] = field(default_factory=dict, repr=False)
     lock_ref: int = 0  # requests reading this node (or a descendant)
@@ -59,6 +70,8 @@ class RadixCache:
         self.allocator = allocator
         self._ids = itertools.count()
         self._clock = itertools.count(1)
+        self._nodes = 0  # in the tree, root included
+        self._heap: list[tuple[int, int, TreeNode]] = []  # (last_access, id, node) candidates
         empty = torch.empty(0, dtype=torch.int64, device=allocator.device)
         self.root = self._node([], empty, None)
         self._evictable = self._protected = 0
@@ -111,6 +124,7 @@ class RadixCache:
                 new = self._node(key[i:], slots[i:], node, now)
                 node.children[key[i]] = new
                 self._evictable += len(new.key)
+                self._push(new)
                 break
             n = common_prefix_len(child.key, key[i : i + len(child.key)])
             if n < len(child.key):
@@ -136,37 +150,53 @@ class RadixCache:
             if node.lock_ref == 0:
                 self._evictable += len(node.key)
                 self._protected -= len(node.key)
+                if not node.children:
+                    self._push(node)
             node = node.parent
 
     def evict(self, num_tokens: int) -> int:
         """Free at least `num_tokens` slots (fewer when fewer are evictable), least recently
         used unlocked leaves first; a parent left childless joins the candidates. Returns the
         number freed."""
-        heap = [(n.last_access, n.id, n) for n in self._leaves() if n.lock_ref == 0]
-        heapq.heapify(heap)
         freed, values = 0, []
-        while freed < num_tokens and heap:
-            _, _, node = heapq.heappop(heap)
+        while freed < num_tokens and self._heap:
+            last_access, _, node = heapq.heappop(self._heap)
+            if not self._is_candidate(node):
+                continue
+            if last_access != node.last_access:  # touched since pushed: requeue at its new time
+                heapq.heappush(self._heap, (node.last_access, node.id, node))
+                continue
             parent = node.parent
             del parent.children[node.key[0]]
+            node.parent = None
+            self._nodes -= 1
             values.append(node.value)
             freed += len(node.key)
             if parent is not self.root and not parent.children and parent.lock_ref == 0:
-                heapq.heappush(heap, (parent.last_access, parent.id, parent))
+                self._push(parent)
         if values:
             self.allocator.free(torch.cat(values))  # one device copy
         self._evictable -= freed
+        self._bound_heap()  # the evicted nodes' duplicate entries may outnumber the rest now
         return freed
 
-    def _leaves(self) -> list[TreeNode]:
-        leaves, stack = [], list(self.root.children.values())
-        while stack:
-            node = stack.pop()
-            if node.children:
-                stack.extend(node.children.values())
-            else:
-                leaves.append(node)
-        return leaves
+    @staticmethod
+    def _is_candidate(node: TreeNode) -> bool:
+        """An unlocked leaf still in the tree."""
+        return node.parent is not None and not node.children and node.lock_ref == 0
+
+    def _push(self, node: TreeNode) -> None:
+        heapq.heappush(self._heap, (node.last_access, node.id, node))
+        self._bound_heap()
+
+    def _bound_heap(self) -> None:
+        """Rebuild from the live candidates when stale entries pile up (e.g. a leaf locked and
+        unlocked many times without an eviction): amortized O(1) per push or evicted node."""
+        if len(self._heap) > 2 * self._nodes + HEAP_SLACK:
+            # every candidate has an entry (the invariant), so the heap itself lists them all
+            live = {n.id: n for _, _, n in self._heap if self._is_candidate(n)}
+            self._heap = [(n.last_access, n.id, n) for n in live.values()]
+            heapq.heapify(self._heap)
 
     def _split(self, child: TreeNode, n: int) -> TreeNode:
         """Cut `child` after its first `n` tokens; returns the new upper node. Locks and sizes
@@ -180,4 +210,5 @@ class RadixCache:
 
     def _node(self, key: list[int], value: torch.Tensor, parent: TreeNode | None,
               last_access: int = 0) -> TreeNode:
+        self._nodes += 1
         return TreeNode(key, value, parent, last_access=last_access, id=next(self._ids))

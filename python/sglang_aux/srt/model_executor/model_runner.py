@@ -192,6 +192,11 @@ class ModelRunner:
             buffers=buffers, epilogue=epilogue, streamed_aux=streamed_aux)
         self.prefill_graph_runner.capture()
 
+    def prefill_graph_limits(self) -> tuple[int, int] | None:
+        """(requests, tokens) one captured prefill graph takes; None without prefill graphs."""
+        g = self.prefill_graph_runner
+        return None if g is None or not g.graphs else (g.max_bs, g.capture_tokens[-1])
+
     def _register(self, mode: ForwardMode, epilogue: Epilogue | None,
                   streamed_aux: StreamedAux | None) -> None:
         for part, registry in ((epilogue, self.epilogues), (streamed_aux, self.streamed_aux)):

@@ -36,10 +36,10 @@ def check_model(server: SchedulerThread, name: str | None) -> str:
     return served
 
 
-def submit_request(server: SchedulerThread, **kwargs) -> RequestStream:
+async def submit_request(server: SchedulerThread, **kwargs) -> RequestStream:
     """`SchedulerThread.submit`, with a validation failure as a 400 that says why."""
     try:
-        return server.submit(**kwargs)
+        return await server.submit(**kwargs)
     except ValueError as e:
         raise APIError(400, str(e)) from None
 

@@ -79,7 +79,7 @@ async def create_chat_completion(server: SchedulerThread, body: ChatCompletionRe
                                  request: Request) -> dict | StreamingResponse:
     model = check_model(server, body.model)
     prompt = render_chat(server.engine.tokenizer, body.messages)
-    stream = submit_request(server, text=prompt, sampling_params=body.to_sampling_params())
+    stream = await submit_request(server, text=prompt, sampling_params=body.to_sampling_params())
     head = {"id": request_id("chatcmpl"), "created": int(time.time()), "model": model}
 
     if body.stream:

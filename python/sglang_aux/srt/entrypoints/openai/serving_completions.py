@@ -23,7 +23,7 @@ async def create_completion(server: SchedulerThread, body: CompletionRequest,
                             request: Request) -> dict | StreamingResponse:
     model = check_model(server, body.model)
     text, ids = (body.prompt, None) if isinstance(body.prompt, str) else (None, body.prompt)
-    stream = submit_request(server, text=text, input_ids=ids,
+    stream = await submit_request(server, text=text, input_ids=ids,
                             sampling_params=body.to_sampling_params())
     head = {"id": request_id("cmpl"), "object": "text_completion", "created": int(time.time()),
             "model": model}

@@ -63,10 +63,11 @@ class TritonAttnBackend(AttentionBackend):
     their grid and key split depend only on (bs, heads, tokens per request). So no metadata
     needs copying at replay and nothing in those paths syncs with the host. A captured
     EXTEND graph reads the batch's `extend_*` device tensors the same way; its grid covers
-    the graph's token bucket, and programs past a request's new tokens store nothing.
+    the graph's token bucket, programs past a request's new tokens store nothing, and with a
+    key split the padding rows merge to 0.
 
-    `num_kv_splits` fixes the key split of the fixed-layout modes (None: enough splits to
-    fill the device's SMs; tests force a value to cover the merge path).
+    `num_kv_splits` fixes the key split of every mode (None: enough splits to fill the
+    device's SMs; tests force a value to cover the merge path).
     """
 
     extend_graph_safe = True
@@ -111,12 +112,12 @@ class TritonAttnBackend(AttentionBackend):
         req_to_token = forward_batch.req_to_token_pool.req_to_token
         mode = forward_batch.forward_mode
         if mode.is_extend():
-            out.zero_()  # rows of no request (a graph's padding) stay finite
             meta = self._extend_metadata(forward_batch)
             extend_attention_fwd(q, k_buffer, v_buffer, out, req_to_token,
                                  forward_batch.req_pool_indices, meta.q_start, meta.prefix_lens,
                                  meta.extend_lens, meta.max_extend_len, layer.scaling,
-                                 layer.is_causal, layer.sliding_window_size)
+                                 layer.is_causal, layer.sliding_window_size,
+                                 self.num_kv_splits)
         else:
             bs = forward_batch.batch_size
             if q.shape[0] % bs:

@@ -27,11 +27,7 @@ import triton.language as tl
 from sglang_aux.srt.layers.attention.triton_ops import tiling
 from sglang_aux.srt.layers.attention.triton_ops.merge_attn_states import merge_attn_states
 from sglang_aux.srt.layers.attention.triton_ops.paged_kv_loop import attend_paged_kv
-from sglang_aux.srt.layers.attention.triton_ops.tiling import NO_KEYS
-
-MAX_KV_SPLITS = 16
-# Launch about this many programs per SM before splitting keys further stops paying off.
-PROGRAMS_PER_SM = 2
+from sglang_aux.srt.layers.attention.triton_ops.tiling import NO_KEYS, pick_num_kv_splits
 
 
 @triton.jit
@@ -86,17 +82,6 @@ def _decode_attention_kernel(
         tl.store(Partial_Out + tok[:, None] * stride_pt + head[:, None] * stride_ph
                  + split * stride_ps + d[None, :], acc, mask=row_valid[:, None])
         tl.store(Partial_Lse + tok * stride_lt + head * stride_lh + split, lse, mask=row_valid)
-
-
-def pick_num_kv_splits(programs: int, device: torch.device) -> int:
-    """Key splits that bring `programs` up to PROGRAMS_PER_SM per SM (1 off CUDA).
-
-    Depends only on static shapes, so a captured graph keeps the same split at every replay.
-    """
-    if device.type != "cuda":
-        return 1
-    target = tiling.sm_count(device.index or 0) * PROGRAMS_PER_SM
-    return max(1, min(MAX_KV_SPLITS, triton.cdiv(target, programs)))
 
 
 def decode_attention_fwd(

@@ -7,11 +7,14 @@ including its own (every key of the request when not causal), and with a window 
 the paged pool through `req_to_token[req_pool_indices[b], j]`, so the new tokens' K/V must
 already be in the pool (the backend writes them to `out_cache_loc` first).
 
-One program owns (request, query head, tile of BLOCK_M new tokens); the key loop starts at the
-tile's window (keys before it are never loaded) and, when causal, stops at the tile's last
+One program owns (request, query head, tile of BLOCK_M new tokens, key split); the tile's key
+range starts at its window (keys before it are never loaded) and, when causal, stops at its last
 position. The grid covers `max_extend_len` new tokens per request, a host bound: the batch's
-longest request eagerly, the token bucket in a captured graph. Query rows outside every
-request (a graph's padding) are not written.
+longest request eagerly, the token bucket in a captured graph. A few new tokens after a long
+cached prefix (an arrival whose prompt the prefix cache holds) make few tiles, each walking the
+whole prefix; the key range is then cut into `num_kv_splits` chunks, as decode does, and
+`merge_attn_states` combines them. The split count depends only on static shapes (graph safe).
+Query rows outside every request (a graph's padding) come out 0 (`out` is written whole).
 """
 
 from __future__ import annotations
@@ -21,23 +24,27 @@ import triton
 import triton.language as tl
 
 from sglang_aux.srt.layers.attention.triton_ops import tiling
+from sglang_aux.srt.layers.attention.triton_ops.merge_attn_states import merge_attn_states
 from sglang_aux.srt.layers.attention.triton_ops.paged_kv_loop import attend_paged_kv
+from sglang_aux.srt.layers.attention.triton_ops.tiling import NO_KEYS, pick_num_kv_splits
 
 
 @triton.jit
 def _extend_attention_kernel(
-    Q, K_Buf, V_Buf, Out,
+    Q, K_Buf, V_Buf, Out, Partial_Out, Partial_Lse,
     Req_To_Token, Req_Pool_Indices, Q_Start, Prefix_Lens, Extend_Lens,
     sm_scale_log2,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,
+    stride_pt, stride_ph, stride_ps, stride_lt, stride_lh,
     stride_req,
-    GROUP: tl.constexpr, CAUSAL: tl.constexpr, SLIDING_WINDOW_SIZE: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
+    GROUP: tl.constexpr, NUM_KV_SPLITS: tl.constexpr, CAUSAL: tl.constexpr,
+    SLIDING_WINDOW_SIZE: tl.constexpr, DOT_PRECISION: tl.constexpr, HEAD_DIM: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     b = tl.program_id(0)
     head = tl.program_id(1)
-    m_tile = tl.program_id(2)
+    m_tile = tl.program_id(2) // NUM_KV_SPLITS
+    split = tl.program_id(2) % NUM_KV_SPLITS
     kv_head = head // GROUP
 
     extend_len = tl.load(Extend_Lens + b)
@@ -60,16 +67,26 @@ def _extend_attention_kernel(
     else:
         kv_end = prefix_len + extend_len
     kv_end = tl.where(m_tile * BLOCK_M < extend_len, kv_end, 0)
-    kv_start = tiling.window_start(prefix_len + m_tile * BLOCK_M, kv_end, SLIDING_WINDOW_SIZE)
+    kv_lo = tiling.window_start(prefix_len + m_tile * BLOCK_M, kv_end, SLIDING_WINDOW_SIZE)
+    chunk = tl.cdiv(tl.cdiv(kv_end - kv_lo, NUM_KV_SPLITS), BLOCK_N) * BLOCK_N
+    kv_start = kv_lo + split * chunk
+    kv_end = tl.minimum(kv_start + chunk, kv_end)
 
-    acc, l_i, _ = attend_paged_kv(
+    acc, l_i, m_i = attend_paged_kv(
         q, q_pos, row_valid, K_Buf, V_Buf, Req_To_Token, req_row, kv_head, kv_start, kv_end,
         sm_scale_log2, stride_kt, stride_kh, stride_vt, stride_vh, stride_req,
         CAUSAL, SLIDING_WINDOW_SIZE, DOT_PRECISION, HEAD_DIM, BLOCK_M, BLOCK_N)
 
-    acc = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]
-    tl.store(Out + tok[:, None] * stride_ot + head * stride_oh + d[None, :],
-             acc.to(Out.dtype.element_ty), mask=row_valid[:, None])
+    has_keys = l_i > 0.0
+    acc = acc / tl.where(has_keys, l_i, 1.0)[:, None]
+    if NUM_KV_SPLITS == 1:
+        tl.store(Out + tok[:, None] * stride_ot + head * stride_oh + d[None, :],
+                 acc.to(Out.dtype.element_ty), mask=row_valid[:, None])
+    else:
+        lse = tl.where(has_keys, m_i + tl.log2(tl.where(has_keys, l_i, 1.0)), NO_KEYS)
+        tl.store(Partial_Out + tok[:, None] * stride_pt + head * stride_ph + split * stride_ps
+                 + d[None, :], acc, mask=row_valid[:, None])
+        tl.store(Partial_Lse + tok * stride_lt + head * stride_lh + split, lse, mask=row_valid)
 
 
 def extend_attention_fwd(
@@ -86,22 +103,41 @@ def extend_attention_fwd(
     sm_scale: float,
     causal: bool = True,
     sliding_window_size: int = -1,
+    num_kv_splits: int | None = None,
 ) -> None:
-    """`sliding_window_size` keys left of each query are seen (-1: all)."""
+    """`sliding_window_size` keys left of each query are seen (-1: all); `num_kv_splits=None`
+    picks the split from the device for the case of one request holding every new token."""
     bs = req_pool_indices.shape[0]
-    _, num_heads, head_dim = q.shape
+    num_tokens, num_heads, head_dim = q.shape
     group = num_heads // k_buffer.shape[1]
     block_m = tiling.q_block(max_extend_len, head_dim)
-    grid = (bs, num_heads, triton.cdiv(max_extend_len, block_m))
+    m_tiles = triton.cdiv(max_extend_len, block_m)
+    if num_kv_splits is None:
+        num_kv_splits = pick_num_kv_splits(num_heads * m_tiles, q.device)
+    if num_kv_splits > 1:
+        # Rows no program writes (a graph's padding) merge to 0: their splits saw no keys.
+        partial_out = q.new_empty((num_tokens, num_heads, num_kv_splits, head_dim),
+                                  dtype=torch.float32)
+        partial_lse = q.new_full((num_tokens, num_heads, num_kv_splits), NO_KEYS.value,
+                                 dtype=torch.float32)
+    else:
+        out.zero_()  # rows of no request (a graph's padding) stay finite
+        partial_out, partial_lse = out, out  # unused: the kernel writes `out` directly
+    grid = (bs, num_heads, m_tiles * num_kv_splits)
     _extend_attention_kernel[grid](
-        q, k_buffer, v_buffer, out,
+        q, k_buffer, v_buffer, out, partial_out, partial_lse,
         req_to_token, req_pool_indices, q_start, prefix_lens, extend_lens,
         sm_scale * tiling.LOG2E,
         q.stride(0), q.stride(1), k_buffer.stride(0), k_buffer.stride(1),
         v_buffer.stride(0), v_buffer.stride(1), out.stride(0), out.stride(1),
+        partial_out.stride(0), partial_out.stride(1), partial_out.stride(2),
+        partial_lse.stride(0), partial_lse.stride(1),
         req_to_token.stride(0),
-        GROUP=group, CAUSAL=causal, SLIDING_WINDOW_SIZE=sliding_window_size,
+        GROUP=group, NUM_KV_SPLITS=num_kv_splits, CAUSAL=causal,
+        SLIDING_WINDOW_SIZE=sliding_window_size,
         DOT_PRECISION=tiling.dot_precision(q.dtype), HEAD_DIM=head_dim,
         BLOCK_M=block_m, BLOCK_N=tiling.kv_block(head_dim),
         num_warps=tiling.num_warps(block_m, head_dim), num_stages=tiling.NUM_STAGES,
     )
+    if num_kv_splits > 1:
+        merge_attn_states(partial_out, partial_lse, out)

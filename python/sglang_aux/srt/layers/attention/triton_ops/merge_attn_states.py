@@ -2,7 +2,8 @@
 
 Split s of a query head holds the softmax-normalized output `o_s` over its keys and the
 log-sum-exp `lse_s` of its scores (base 2, scaled). The full result is
-`sum_s w_s * o_s / sum_s w_s` with `w_s = 2 ** (lse_s - max_s lse_s)`.
+`sum_s w_s * o_s / sum_s w_s` with `w_s = 2 ** (lse_s - max_s lse_s)`; 0 where no split saw a
+key (every lse_s is NO_KEYS).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import triton
 import triton.language as tl
 
 from sglang_aux.srt.layers.attention.triton_ops import tiling
+from sglang_aux.srt.layers.attention.triton_ops.tiling import NO_KEYS
 
 
 @triton.jit
@@ -31,6 +33,8 @@ def _merge_attn_states_kernel(
     o = tl.load(Partial_Out + t * stride_pt + h * stride_ph + s[:, None] * stride_ps + d[None, :],
                 mask=s_valid[:, None], other=0.0)  # [BLOCK_S, HEAD_DIM]
     merged = tl.sum(w[:, None] * o, 0) / tl.sum(w, 0)
+    # no split saw a key (a padding row, whose partial outputs nobody wrote): 0, never NaN
+    merged = tl.where(tl.max(lse, 0) > NO_KEYS, merged, 0.0)
     tl.store(Out + t * stride_ot + h * stride_oh + d, merged.to(Out.dtype.element_ty))
 
 

@@ -24,6 +24,9 @@ MERGE_NUM_WARPS = 4
 # Two stages keep (K tile + V tile) * stages well inside shared memory for every head_dim and
 # dtype; the kernels are bound by the gathered K/V loads, not by pipelining depth.
 NUM_STAGES = 2
+MAX_KV_SPLITS = 16
+# Launch about this many programs per SM before splitting keys further stops paying off.
+PROGRAMS_PER_SM = 2
 
 
 @triton.jit
@@ -75,3 +78,14 @@ def dot_precision(dtype: torch.dtype) -> str:
 def sm_count(device_index: int) -> int:
     """Streaming multiprocessors of a CUDA device (a host query, cached: no device sync)."""
     return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def pick_num_kv_splits(programs: int, device: torch.device) -> int:
+    """Key splits that bring `programs` up to PROGRAMS_PER_SM per SM (1 off CUDA).
+
+    Depends only on static shapes, so a captured graph keeps the same split at every replay.
+    """
+    if device.type != "cuda":
+        return 1
+    target = sm_count(device.index or 0) * PROGRAMS_PER_SM
+    return max(1, min(MAX_KV_SPLITS, triton.cdiv(target, programs)))
