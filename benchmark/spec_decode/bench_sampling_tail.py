@@ -11,16 +11,25 @@ of CUDA-event timings over `--iters`), so greedy steps cost the first column and
 both. Memory: the free-memory drop of capturing all main graphs and then all tails (graph
 pool), and the worker's draft-distribution buffer `[rows, B-1, vocab]` fp32. Check first: a
 mixed greedy/sampled generate replays the tails and returns in-vocabulary tokens.
+
+Then `sampling_probs` alone on the verify tail's `bs * B` rows (bf16 logits, T 0.8, top-p 0.9,
+every fourth row also top-k 50), each path in its own graph and memory pool: the Triton
+kernel (the engine's path on CUDA) and the torch twin (`SGLANG_AUX_FUSED_KERNELS=off`).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 
+import torch
 from bench_graph_replay import replay_ms  # this script's folder is on sys.path
 
 from sglang_aux.srt.entrypoints.engine import Engine
+from sglang_aux.srt.layers.triton_ops.dispatch import ENV_VAR
+from sglang_aux.srt.model_executor.runner_utils.memory_probe import MemoryProbe
+from sglang_aux.srt.sampling.sampler import SamplingTensors, sampling_probs
 
 
 def _check(engine: Engine, vocab: int) -> None:
@@ -29,6 +38,35 @@ def _check(engine: Engine, vocab: int) -> None:
     outs = engine.generate(input_ids=[[1, 2, 3, 4 + i] for i in range(4)],
                            sampling_params=params)
     assert all(len(o["output_ids"]) == 16 and max(o["output_ids"]) < vocab for o in outs)
+
+
+def _probs_alone(backend, rows: int, vocab: int, iters: int) -> dict[str, float]:
+    """Replay ms and graph-pool bytes of `sampling_probs` on `rows` rows, kernel and twin."""
+    g = torch.Generator("cuda").manual_seed(rows)
+    logits = (torch.randn(rows, vocab, generator=g, device="cuda") * 3).to(torch.bfloat16)
+    every = torch.arange(rows, device="cuda")
+    params = SamplingTensors(temperature=torch.full((rows,), 0.8, device="cuda"),
+                             top_k=torch.where(every % 4 == 0, 50, vocab),
+                             top_p=torch.full((rows,), 0.9, device="cuda"), seed=every,
+                             is_greedy=torch.zeros(rows, dtype=torch.bool, device="cuda"))
+    out = torch.empty(rows, vocab, device="cuda")
+    result, mode = {"rows": rows}, os.environ.get(ENV_VAR)
+    for path, setting in (("kernel", "auto"), ("twin", "off")):
+        os.environ[ENV_VAR] = setting
+        for _ in range(2):
+            sampling_probs(logits, params, out=out)
+        probe = MemoryProbe("cuda")
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):  # its own pool: this capture's memory alone
+            sampling_probs(logits, params, out=out)
+        result[f"{path}_pool_bytes"] = probe.delta()["reserved_delta_bytes"]
+        result[f"{path}_ms"] = replay_ms(backend, graph, iters, True)
+        result[f"{path}_kept_mean"] = float((out > 0).sum(-1).float().mean())
+    if mode is None:
+        del os.environ[ENV_VAR]
+    else:
+        os.environ[ENV_VAR] = mode
+    return result
 
 
 def main() -> None:
@@ -71,8 +109,18 @@ def main() -> None:
     for r in rows:
         print(f"{r['graph']:>13} {r['bs']:>4} {r['tokens']:>6} {r['main_ms']:>8.3f} "
               f"{r['tail_ms']:>8.3f} {r['tail_ms'] / r['main_ms']:>9.2f}")
+    alone = [_probs_alone(worker.target_runner.graph_runner.backend, bs * worker.block_size,
+                          vocab, args.iters) for bs in args.bs] if cuda else []
+    if alone:
+        print(f"sampling_probs alone: {'rows':>5} {'kernel ms':>9} {'twin ms':>8} "
+              f"{'kernel MiB':>10} {'twin MiB':>8} {'kept':>6}")
+    for r in alone:
+        print(f"{'':21} {r['rows']:>5} {r['kernel_ms']:>9.3f} {r['twin_ms']:>8.3f} "
+              f"{r['kernel_pool_bytes'] * mib:>10.1f} {r['twin_pool_bytes'] * mib:>8.1f} "
+              f"{r['kernel_kept_mean']:>6.0f}")
     with open(args.out, "w") as f:
-        json.dump({"args": vars(args), "memory": memory, "rows": rows}, f, indent=1)
+        json.dump({"args": vars(args), "memory": memory, "rows": rows,
+                   "sampling_probs_alone": alone}, f, indent=1)
 
 
 if __name__ == "__main__":
