@@ -15,7 +15,7 @@ import torch  # noqa: E402
 
 from sglang_aux.srt.layers.triton_ops.dispatch import ENV_VAR  # noqa: E402
 from sglang_aux.srt.sampling.sampler import sampling_probs  # noqa: E402
-from sglang_aux.srt.sampling.top_k_top_p_kernel import MAX_BLOCK  # noqa: E402
+from sglang_aux.srt.sampling.top_k_top_p_kernel import CHUNK  # noqa: E402
 from sglang_aux.test.ci.ci_register import register_cpu_ci  # noqa: E402
 from sglang_aux.test.top_k_top_p_reference import (  # noqa: E402
     DTYPES,
@@ -58,7 +58,7 @@ def test_kernel_matches_the_sorted_reference(kind, dtype, monkeypatch):
 def test_kernel_carries_ties_across_chunks(kind, monkeypatch):
     """A row longer than the kernel's chunk: ties at the cut span several chunks."""
     monkeypatch.setenv(ENV_VAR, "force")
-    vocab = 2 * MAX_BLOCK + 500
+    vocab = 2 * CHUNK + 500
     rows = [(1.0, 3000, 1.0), (1.0, None, 0.7), (0.8, 2500, 0.9)]
     assert check_rows(kind, torch.float32, vocab, rows, seed=8) >= 2
 
