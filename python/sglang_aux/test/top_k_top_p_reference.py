@@ -1,13 +1,16 @@
 """The sorted reference the top-k / top-p tests compare `sampling_probs` with (CPU and H200):
-logits of several kinds, rows of (T, top_k, top_p), and a per-row check of kept set and
-probabilities. Where top-p decides within BOUNDARY of a cumulative mass, either side of that
-token is accepted."""
+logits of several kinds, rows of (T, top_k, top_p), parameters as the engine hands them out,
+and a per-row check of kept set and probabilities. Where top-p decides within BOUNDARY of a
+cumulative mass, either side of that token is accepted. `sorted_sampling_probs` is the path
+the sort-free one replaced (a baseline for the benchmark)."""
 
 from __future__ import annotations
 
 import torch
 
 from sglang_aux.srt.sampling.sampler import SamplingTensors, sampling_probs
+from sglang_aux.srt.sampling.sampling_params import GREEDY_EPS, SamplingParams
+from sglang_aux.srt.sampling.sampling_rows import SamplingRows
 
 BOUNDARY = 1e-6
 TINY = 1e-30
@@ -77,13 +80,37 @@ def params_of(rows, vocab: int, device: str = "cpu") -> SamplingTensors:
         is_greedy=torch.zeros(len(rows), dtype=torch.bool, device=device))
 
 
+def gathered_params(rows, vocab: int, device: str = "cpu") -> SamplingTensors:
+    """`params_of(rows)` as a decode step reads them: `SamplingRows.gather`, whose per-row
+    tensors are strided views of its tables."""
+    table = SamplingRows(len(rows), vocab, device)
+    table.set(list(range(1, len(rows) + 1)),
+              [SamplingParams(temperature=t, top_k=k or -1, top_p=p) for t, k, p in rows],
+              list(range(len(rows))))
+    return table.gather(torch.arange(1, len(rows) + 1, device=device))
+
+
+def sorted_sampling_probs(logits: torch.Tensor, params: SamplingTensors,
+                          out: torch.Tensor) -> torch.Tensor:
+    """softmax(logits / T) cut to top-k, then top-p, by a stable sort and a cumulative sum."""
+    temperature = params.temperature.clamp_min(GREEDY_EPS)[:, None]
+    sorted_p, order = torch.softmax(logits.float() / temperature, -1).sort(
+        dim=-1, descending=True, stable=True)
+    rank = torch.arange(sorted_p.shape[-1], device=sorted_p.device)
+    sorted_p.masked_fill_(rank >= params.top_k[:, None], 0.0)
+    before = sorted_p.cumsum(-1).sub_(sorted_p)
+    sorted_p.masked_fill_(before >= params.top_p[:, None] * sorted_p.sum(-1, keepdim=True), 0.0)
+    out.scatter_(-1, order, sorted_p)
+    return out.div_(out.sum(-1, keepdim=True))
+
+
 def check_rows(kind: str, dtype: torch.dtype, vocab: int, rows, seed: int,
-               device: str = "cpu") -> int:
-    """`sampling_probs` on fresh logits of `kind` against the reference, row by row; returns
-    how many rows were checked exactly."""
+               device: str = "cpu", params_fn=params_of) -> int:
+    """`sampling_probs` on fresh logits of `kind` against the reference, row by row, with the
+    parameters `params_fn(rows, vocab, device)`; returns how many rows were checked exactly."""
     g = torch.Generator().manual_seed(seed)
     logits = logits_of(kind, len(rows), vocab, g).to(device=device, dtype=dtype)
-    got = sampling_probs(logits, params_of(rows, vocab, device)).cpu()
+    got = sampling_probs(logits, params_fn(rows, vocab, device)).cpu()
     logits = logits.cpu()
     return sum(check_row(got[i], logits[i], t, vocab if k is None else k, p,
                           f"{kind} {dtype} seed {seed} row {i} (T={t}, k={k}, p={p})")

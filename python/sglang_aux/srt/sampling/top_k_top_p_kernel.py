@@ -36,35 +36,16 @@ NSTATE = 8
 TOPK, TOPP_FIRST, TOPP = 0, 1, 2  # what a `_step_kernel` launch narrows and sweeps
 
 
-@triton.jit
-def _params(TopK, TopP, stride_k, stride_p, row, n):
-    k = tl.minimum(tl.maximum(tl.load(TopK + row * stride_k), 1), n).to(tl.int32)
-    return k, tl.load(TopP + row * stride_p)
-
-
-@triton.jit
-def _scaled(X, Temp, stride_t, stride_x, row, cols, n, other):
-    x = tl.load(X + row * stride_x + cols, mask=cols < n, other=other).to(tl.float32)
-    return x / tl.load(Temp + row * stride_t)
-
-
-@triton.jit
-def _as_float(bits):
-    return bits.to(tl.float32, bitcast=True)
-
-
-@triton.jit
-def _as_bits(x):
-    return x.to(tl.int32, bitcast=True)
-
-
+# Helpers are few and called once per program: the CPU interpreter re-patches the language
+# on every device-function call, and everything else is written inline.
 @triton.jit
 def _sweep(bits, p, lo, step, PCount, PMass, slot, LANES: tl.constexpr):
-    """This chunk's count and mass of the probabilities at or above `lo + j * step`."""
-    for j in tl.static_range(LANES):
-        ge = bits >= lo + (j + 1) * step
-        tl.store(PCount + slot + j, tl.sum(ge.to(tl.int32), axis=0))
-        tl.store(PMass + slot + j, tl.sum(tl.where(ge, p, 0.0), axis=0))
+    """This chunk's count and mass of the probabilities at or above `lo + j * step`, j = 1..8:
+    `[LANES, BLOCK]` tiles (the chunk the fast axis, as it was loaded) reduced in one pass."""
+    lane = tl.arange(0, LANES)
+    ge = bits[None, :] >= (lo + (lane + 1) * step)[:, None]
+    tl.store(PCount + slot + lane, tl.sum(ge.to(tl.int32), axis=1))
+    tl.store(PMass + slot + lane, tl.sum(tl.where(ge, p[None, :], 0.0), axis=1))
 
 
 @triton.jit
@@ -89,13 +70,13 @@ def _narrow(PCount, PMass, row, C, lo, step, bound, BY_MASS: tl.constexpr,
 def _max_kernel(X, Temp, PMax, stride_t, stride_x, n, C, BLOCK: tl.constexpr):
     row, c = tl.program_id(0).to(tl.int64), tl.program_id(1)
     cols = c * BLOCK + tl.arange(0, BLOCK)
-    x = _scaled(X, Temp, stride_t, stride_x, row, cols, n, float("-inf"))
-    tl.store(PMax + row * C + c, tl.max(x, axis=0))
+    x = tl.load(X + row * stride_x + cols, mask=cols < n, other=float("-inf")).to(tl.float32)
+    tl.store(PMax + row * C + c, tl.max(x / tl.load(Temp + row * stride_t), axis=0))
 
 
 @triton.jit
-def _exp_kernel(X, Temp, TopK, TopP, P, PMax, PCount, PMass, StateOut, stride_t, stride_k,
-                stride_tp, stride_x, stride_p, n, C, step, BLOCK: tl.constexpr, CB: tl.constexpr,
+def _exp_kernel(X, Temp, TopK, P, PMax, PCount, PMass, StateOut, stride_t, stride_k,
+                stride_x, stride_p, n, C, step, BLOCK: tl.constexpr, CB: tl.constexpr,
                 LANES: tl.constexpr, NSTATE: tl.constexpr):
     """p = exp(x - max x) into `P` (unnormalized: the largest is exactly 1.0), and the first
     top-k sweep."""
@@ -103,12 +84,13 @@ def _exp_kernel(X, Temp, TopK, TopP, P, PMax, PCount, PMass, StateOut, stride_t,
     top = tl.max(tl.load(PMax + row * C + tl.arange(0, CB), mask=tl.arange(0, CB) < C,
                          other=float("-inf")), axis=0)
     cols = c * BLOCK + tl.arange(0, BLOCK)
-    x = _scaled(X, Temp, stride_t, stride_x, row, cols, n, 0.0)
-    p = tl.where(cols < n, tl.exp(x - top), -1.0)  # negative bits: never at a threshold
+    x = tl.load(X + row * stride_x + cols, mask=cols < n, other=0.0).to(tl.float32)
+    p = tl.exp(x / tl.load(Temp + row * stride_t) - top)
+    p = tl.where(cols < n, p, -1.0)  # negative bits: never at a threshold
     tl.store(P + row * stride_p + cols, p, mask=cols < n)
-    k, _top_p = _params(TopK, TopP, stride_k, stride_tp, row, n)
-    if k < n:
-        _sweep(_as_bits(p), p, 0, step, PCount, PMass, (row * C + c) * LANES, LANES)
+    if tl.load(TopK + row * stride_k) < n:
+        _sweep(p.to(tl.int32, bitcast=True), p, 0, step, PCount, PMass,
+               (row * C + c) * LANES, LANES)
     if c == 0:  # every field: later launches copy them forward
         tl.store(StateOut + row * NSTATE + tl.arange(0, NSTATE), tl.zeros([NSTATE], tl.int32))
 
@@ -120,10 +102,10 @@ def _step_kernel(TopK, TopP, P, PCountIn, PMassIn, PCountOut, PMassOut, StateIn,
                  LANES: tl.constexpr, NSTATE: tl.constexpr):
     """Narrow with the previous sweep's partials, then sweep again (see the module doc)."""
     row, c = tl.program_id(0).to(tl.int64), tl.program_id(1)
-    k, top_p = _params(TopK, TopP, stride_k, stride_tp, row, n)
+    k = tl.minimum(tl.maximum(tl.load(TopK + row * stride_k), 1), n).to(tl.int32)
+    top_p = tl.load(TopP + row * stride_tp)
     si, so = StateIn + row * NSTATE, StateOut + row * NSTATE
-    lo = tl.load(si + LO)
-    vk, ties_k = tl.load(si + VK), tl.load(si + TIES_K)
+    lo, vk, ties_k = tl.load(si + LO), tl.load(si + VK), tl.load(si + TIES_K)
     mass_gt_k, target = tl.load(si + MASS_GT_K), tl.load(si + TARGET)
     if PHASE == TOPK:
         search_on = k < n
@@ -139,16 +121,18 @@ def _step_kernel(TopK, TopP, P, PCountIn, PMassIn, PCountOut, PMassOut, StateIn,
             vk, count_gt, mass = _narrow(PCountIn, PMassIn, row, C, lo, step_in, bound,
                                          False, CB, LANES)
             ties_k = k - count_gt  # ranks left for the tokens equal to vk
-            target = _as_bits(top_p * (mass + ties_k.to(tl.float32) * _as_float(vk)))
-            mass_gt_k = _as_bits(mass)
+            mass_k = mass + ties_k.to(tl.float32) * vk.to(tl.float32, bitcast=True)
+            target = (top_p * mass_k).to(tl.int32, bitcast=True)
+            mass_gt_k = mass.to(tl.int32, bitcast=True)
             lo = tl.zeros([], tl.int32)
         elif sweep_on:
-            lo, _c, _m = _narrow(PCountIn, PMassIn, row, C, lo, step_in, _as_float(target),
-                                 True, CB, LANES)
+            lo, _c, _m = _narrow(PCountIn, PMassIn, row, C, lo, step_in,
+                                 target.to(tl.float32, bitcast=True), True, CB, LANES)
     if sweep_on:
         cols = c * BLOCK + tl.arange(0, BLOCK)
         p = tl.load(P + row * stride_p + cols, mask=cols < n, other=-1.0)
-        _sweep(_as_bits(p), p, lo, step, PCountOut, PMassOut, (row * C + c) * LANES, LANES)
+        _sweep(p.to(tl.int32, bitcast=True), p, lo, step, PCountOut, PMassOut,
+               (row * C + c) * LANES, LANES)
     if c == 0:
         tl.store(so + LO, lo)
         tl.store(so + VK, vk)
@@ -167,26 +151,27 @@ def _ties_kernel(TopP, P, PCountIn, PMassIn, StateIn, StateOut, PTies, stride_tp
     top_p = tl.load(TopP + row * stride_tp)
     si = StateIn + row * NSTATE
     vk, ties_k = tl.load(si + VK), tl.load(si + TIES_K)
-    mass_gt, target = _as_float(tl.load(si + MASS_GT_K)), _as_float(tl.load(si + TARGET))
+    mass_gt = tl.load(si + MASS_GT_K).to(tl.float32, bitcast=True)
+    target = tl.load(si + TARGET).to(tl.float32, bitcast=True)
     v = vk
     if top_p < 1.0:
         v, _c, mass = _narrow(PCountIn, PMassIn, row, C, tl.load(si + LO), 1, target, True,
                               CB, LANES)
         v = tl.minimum(tl.maximum(v, vk), ONE)
         mass_gt = tl.where(v == vk, mass_gt, mass)
-    v_float = _as_float(v)
+    v_float = v.to(tl.float32, bitcast=True)
     room = tl.math.ceil((target - mass_gt) / tl.where(v_float > 0, v_float, 1.0))
     room = tl.minimum(room, n.to(tl.float32))
     ties = tl.where((top_p < 1.0) & (v_float > 0), room, n.to(tl.float32)).to(tl.int32)
     ties = tl.maximum(tl.where(v == vk, tl.minimum(ties, ties_k), ties), 1)
     cols = c * BLOCK + tl.arange(0, BLOCK)
-    bits = _as_bits(tl.load(P + row * stride_p + cols, mask=cols < n, other=-1.0))
-    tl.store(PTies + row * C + c, tl.sum((bits == v).to(tl.int32), axis=0))
+    p = tl.load(P + row * stride_p + cols, mask=cols < n, other=-1.0)
+    tl.store(PTies + row * C + c, tl.sum((p.to(tl.int32, bitcast=True) == v).to(tl.int32), 0))
     if c == 0:
         so = StateOut + row * NSTATE
         tl.store(so + LO, v)
         tl.store(so + TIES, ties)
-        tl.store(so + MASS_GT_K, _as_bits(mass_gt))
+        tl.store(so + MASS_GT_K, mass_gt.to(tl.int32, bitcast=True))
 
 
 @triton.jit
@@ -201,10 +186,11 @@ def _write_kernel(P, StateIn, PTies, stride_p, n, C, BLOCK: tl.constexpr, CB: tl
     tied_per_chunk = tl.load(PTies + row * C + chunk, mask=chunk < C, other=0)
     before = tl.sum(tl.where(chunk < c, tied_per_chunk, 0), axis=0)
     kept_ties = tl.minimum(tl.sum(tied_per_chunk, axis=0), ties)
-    total = _as_float(tl.load(si + MASS_GT_K)) + kept_ties.to(tl.float32) * _as_float(v)
+    mass_gt = tl.load(si + MASS_GT_K).to(tl.float32, bitcast=True)
+    total = mass_gt + kept_ties.to(tl.float32) * v.to(tl.float32, bitcast=True)
     cols = c * BLOCK + tl.arange(0, BLOCK)
     p = tl.load(P + row * stride_p + cols, mask=cols < n, other=0.0)
-    bits = _as_bits(p)
+    bits = p.to(tl.int32, bitcast=True)
     tied = bits == v
     rank = before + tl.cumsum(tied.to(tl.int32), axis=0)
     keep = (bits > v) | (tied & (rank <= ties))
@@ -246,9 +232,9 @@ def top_k_top_p_kernel(logits: torch.Tensor, temperature: torch.Tensor, top_k: t
     sizes = dict(BLOCK=block, CB=triton.next_power_of_2(c), num_warps=NUM_WARPS)
     _max_kernel[grid](logits, temperature, pmax, temperature.stride(0), logits.stride(0), n, c,
                       BLOCK=block, num_warps=NUM_WARPS)
-    _exp_kernel[grid](logits, temperature, top_k, top_p, out, pmax, counts[0], masses[0],
-                      state[0], temperature.stride(0), top_k.stride(0), top_p.stride(0),
-                      logits.stride(0), out.stride(0), n, c, _step_of(0), LANES=LANES,
+    _exp_kernel[grid](logits, temperature, top_k, out, pmax, counts[0], masses[0], state[0],
+                      temperature.stride(0), top_k.stride(0), logits.stride(0), out.stride(0),
+                      n, c, _step_of(0), LANES=LANES,
                       NSTATE=NSTATE, **sizes)
     for launch in range(1, 2 * SWEEPS):  # sweeps 1..9 of top-k, then 0..9 of top-p
         sweep, i = launch % SWEEPS, (launch - 1) % 2
