@@ -91,8 +91,9 @@ def gathered_params(rows, vocab: int, device: str = "cpu") -> SamplingTensors:
 
 
 def sorted_sampling_probs(logits: torch.Tensor, params: SamplingTensors,
-                          out: torch.Tensor) -> torch.Tensor:
-    """softmax(logits / T) cut to top-k, then top-p, by a stable sort and a cumulative sum."""
+                          out: torch.Tensor | None = None) -> torch.Tensor:
+    """`sampling_probs` as it was before the sort-free rule: softmax(logits / T) cut to top-k,
+    then top-p, by a stable sort and a cumulative sum."""
     temperature = params.temperature.clamp_min(GREEDY_EPS)[:, None]
     sorted_p, order = torch.softmax(logits.float() / temperature, -1).sort(
         dim=-1, descending=True, stable=True)
@@ -100,6 +101,7 @@ def sorted_sampling_probs(logits: torch.Tensor, params: SamplingTensors,
     sorted_p.masked_fill_(rank >= params.top_k[:, None], 0.0)
     before = sorted_p.cumsum(-1).sub_(sorted_p)
     sorted_p.masked_fill_(before >= params.top_p[:, None] * sorted_p.sum(-1, keepdim=True), 0.0)
+    out = torch.empty_like(sorted_p) if out is None else out
     out.scatter_(-1, order, sorted_p)
     return out.div_(out.sum(-1, keepdim=True))
 

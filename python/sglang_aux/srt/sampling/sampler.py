@@ -70,7 +70,8 @@ def sampling_probs(logits: torch.Tensor, params: SamplingTensors,
     """The distribution each row samples from: softmax(logits / T) restricted to its top-k,
     then to its top-p nucleus, renormalized (the exact rule: `top_k_top_p`). `logits`
     `[rows, vocab]`; the float32 result goes into `out` when given. No sort and no host sync;
-    the only temporaries are a `[rows, vocab]` float32 mask (torch twin) or none (kernel)."""
+    the only temporaries are a `[rows, vocab]` float32 mask (torch twin) or per-chunk partials,
+    `[rows, vocab / 4096, 8]` (kernel)."""
     if out is None:
         out = torch.empty(logits.shape, dtype=torch.float32, device=logits.device)
     elif out.shape != logits.shape or out.dtype != torch.float32:
