@@ -31,9 +31,11 @@ SWEEPS = SEARCH_STEPS // BITS  # per search
 NUM_WARPS = 8
 # per-row state (int32; floats as their bits): the active search's `lo` (after the ties
 # launch: the cut), the top-k cut, its ties, the mass above it, the top-p target, the ties kept
-LO, VK, TIES_K, MASS_GT_K, TARGET, TIES = range(6)
+# (constexpr: compiled kernels read no other globals)
+LO, VK, TIES_K, MASS_GT_K, TARGET, TIES = (tl.constexpr(i) for i in range(6))
 NSTATE = 8
-TOPK, TOPP_FIRST, TOPP = 0, 1, 2  # what a `_step_kernel` launch narrows and sweeps
+# what a `_step_kernel` launch narrows and sweeps
+TOPK, TOPP_FIRST, TOPP = (tl.constexpr(i) for i in range(3))
 
 
 # Helpers are few and called once per program: the CPU interpreter re-patches the language
@@ -238,7 +240,7 @@ def top_k_top_p_kernel(logits: torch.Tensor, temperature: torch.Tensor, top_k: t
                       NSTATE=NSTATE, **sizes)
     for launch in range(1, 2 * SWEEPS):  # sweeps 1..9 of top-k, then 0..9 of top-p
         sweep, i = launch % SWEEPS, (launch - 1) % 2
-        phase = TOPK if launch < SWEEPS else TOPP_FIRST if sweep == 0 else TOPP
+        phase = (TOPK if launch < SWEEPS else TOPP_FIRST if sweep == 0 else TOPP).value
         _step_kernel[grid](top_k, top_p, out, counts[i], masses[i], counts[1 - i],
                            masses[1 - i], state[i], state[1 - i], top_k.stride(0),
                            top_p.stride(0), out.stride(0), n, c, _step_of((sweep - 1) % SWEEPS),
