@@ -2,6 +2,7 @@
 spans several programs (the interpreter costs ~10 ms a program: rows and vocabularies stay
 small): the sorted reference at vocabularies that are and are not multiples of the chunk;
 parameters as a decode step reads them (strided views: the H200's memory-flat failure); a
+a seeded request sampling alike in any batch layout (the old kernel fails this); a
 row's result bitwise independent of its batch (1, 4, 8 rows); the same call twice bitwise
 equal, for the kernel, the torch twin and `sample`; the kernel beside the twin."""
 
@@ -19,6 +20,8 @@ import torch  # noqa: E402
 from sglang_aux.srt.layers.triton_ops.dispatch import ENV_VAR  # noqa: E402
 from sglang_aux.srt.sampling import sampler  # noqa: E402
 from sglang_aux.srt.sampling.sampler import SamplingTensors, sample, sampling_probs  # noqa: E402
+from sglang_aux.srt.sampling.sampling_params import SamplingParams  # noqa: E402
+from sglang_aux.srt.sampling.sampling_rows import SamplingRows  # noqa: E402
 from sglang_aux.srt.sampling.top_k_top_p_kernel import top_k_top_p_kernel  # noqa: E402
 from sglang_aux.test.ci.ci_register import register_cpu_ci  # noqa: E402
 from sglang_aux.test.top_k_top_p_reference import (  # noqa: E402
@@ -73,6 +76,26 @@ def test_parameters_read_through_their_strides(kernel):
     contiguous = SamplingTensors(*(t.contiguous() for t in (
         params.temperature, params.top_k, params.top_p, params.seed, params.is_greedy)))
     assert torch.equal(sampling_probs(logits, params), sampling_probs(logits, contiguous))
+
+
+def test_a_seeded_request_samples_alike_in_any_batch_layout(kernel):
+    """test_step_loop_cuda.py's mix (greedy with random seeds, seeded T 0.8 / top-p 0.9 /
+    top-k 20) in three layouts, through `SamplingRows` as a step samples: each request's
+    token depends on its own logits, parameters and position only."""
+    vocab = 40
+    table = SamplingRows(6, vocab, "cpu")
+    greedy, sampled = SamplingParams(temperature=0), SamplingParams(0, 0.8, 0.9, 20)
+    table.set(list(range(1, 7)), [greedy if i % 2 == 0 else sampled for i in range(6)],
+              [2**61 + 7 * i if i % 2 == 0 else i for i in range(6)])
+    logits = logits_of("flat", 6, vocab, torch.Generator().manual_seed(18)) * 100
+    positions = torch.full((6,), 9)
+    tokens = {}
+    for layout in ([0, 1, 2, 3, 4, 5], [3, 4, 5], [5, 1, 3]):
+        index = torch.tensor(layout)
+        got = table.sample(logits[index], index + 1, positions[index], all_greedy=False)
+        tokens.update({(r, tuple(layout)): t for r, t in zip(layout, got.tolist(), strict=True)})
+    for r in (1, 3, 5):
+        assert len({t for (row, _), t in tokens.items() if row == r}) == 1, tokens
 
 
 def test_a_row_does_not_depend_on_its_batch(kernel):
