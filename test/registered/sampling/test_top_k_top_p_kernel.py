@@ -1,7 +1,7 @@
 """The split top-k / top-p kernel in Triton's CPU interpreter, chunks shrunk to 32 so a row
 spans several programs (the interpreter costs ~10 ms a program: rows and vocabularies stay
 small): the sorted reference at vocabularies that are and are not multiples of the chunk;
-parameters as a decode step reads them (strided views: the H200's memory-flat failure); a
+parameters as a decode step reads them (strided views: the H200's memory-flat failure);
 a seeded request sampling alike in any batch layout (the old kernel fails this); a
 row's result bitwise independent of its batch (1, 4, 8 rows); the same call twice bitwise
 equal, for the kernel, the torch twin and `sample`; the kernel beside the twin."""
