@@ -35,6 +35,7 @@ import torch
 from sglang_aux.srt.managers.finish_check import FinishCheck
 from sglang_aux.srt.managers.pending_step import PendingStep
 from sglang_aux.srt.managers.prefill_delayer import PrefillDelayer
+from sglang_aux.srt.managers.request_limits import RequestLimits
 from sglang_aux.srt.managers.schedule_batch import Req, map_cached_prefix, release_kv, reserve_kv
 from sglang_aux.srt.managers.tokenizer import Tokenizer
 from sglang_aux.srt.mem_cache.radix_cache import RadixCache
@@ -64,6 +65,8 @@ class Scheduler:
         self.max_running_requests = max_running_requests
         self.context_len = context_len
         self.finish = FinishCheck(tokenizer, eos_token_ids, context_len, worker.tokens_per_step)
+        self.limits = RequestLimits(context_len, worker.tokens_per_step, self.allocator.size,
+                                    overlap)
         self.on_update = on_update
         self.overlap = overlap
         self.tree_cache = tree_cache
@@ -86,15 +89,7 @@ class Scheduler:
 
     def validate(self, req: Req) -> None:
         """ValueError when the request can never run."""
-        n = len(req.origin_input_ids)
-        if n == 0:
-            raise ValueError("the prompt is empty")
-        if n + self.worker.tokens_per_step > self.context_len:
-            raise ValueError(f"the prompt has {n} tokens; the context holds {self.context_len}"
-                             f" (less {self.worker.tokens_per_step} for a decode step)")
-        if self._reservation(req) > self.allocator.size:
-            raise ValueError(f"the request needs {self._reservation(req)} KV slots; the pool "
-                             f"holds {self.allocator.size}")
+        self.limits.validate(req)
 
     def add_request(self, req: Req) -> None:
         self.validate(req)
@@ -104,13 +99,7 @@ class Scheduler:
         return bool(self.waiting or self.running or self.in_flight)
 
     def _reservation(self, req: Req) -> int:
-        # A step writes `tokens_per_step` positions from kv_len = seq_len - 1, and runs only
-        # while fewer than max_new_tokens are out and seq_len + tokens_per_step - 1 is below
-        # the context (see FinishCheck.reason): every position stays below both bounds.
-        # Under overlap a request may run one step past its end before the host reads it.
-        need = len(req.origin_input_ids) + req.sampling_params.max_new_tokens
-        steps = 2 if self.overlap else 1
-        return min(need + steps * self.worker.tokens_per_step, self.context_len)
+        return self.limits.reservation(req)
 
     def _admit(self) -> list[Req]:
         """Waiting requests for one prefill, in order, while rows and KV last; with prefill
