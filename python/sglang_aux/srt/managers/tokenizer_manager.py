@@ -65,6 +65,7 @@ class TokenizerManager:
         self._replies: dict[int, tuple[asyncio.AbstractEventLoop, asyncio.Future]] = {}
         self._reply_ids = itertools.count()
         self._error: str | None = None  # why nothing can be served any more
+        self._stopping = False  # shutdown() was called: the process is meant to exit
         self._lock = threading.Lock()  # `_error` against new entries in `_live`, `_replies`
         self._send_lock = threading.Lock()
         self._reader = threading.Thread(target=self._read, name="scheduler-reader", daemon=True)
@@ -142,6 +143,7 @@ class TokenizerManager:
     def shutdown(self, timeout: float = STOP_TIMEOUT_S) -> None:
         """Stop the scheduler process (terminated if it does not stop in `timeout`)."""
         self._tokenize.shutdown(wait=False)
+        self._stopping = True
         if self._process.pid is None:  # never started
             return
         try:
@@ -202,8 +204,9 @@ class TokenizerManager:
         with self._lock:
             self._error = reason
             replies, self._replies = self._replies, {}
-        if self._live:
-            logger.error("%s; failing %d requests", reason, len(self._live))
+        if self._live or not self._stopping:
+            logger.log(logging.INFO if self._stopping else logging.ERROR,
+                       "%s; failing %d requests", reason, len(self._live))
         self._fail(list(self._live), reason)
         for loop, answer in replies.values():
             _post(loop, _resolve, answer, None, RuntimeError(reason))
