@@ -16,7 +16,7 @@ import pytest
 
 from sglang_aux.srt.entrypoints.engine import Engine
 from sglang_aux.srt.managers.request_stream import RequestFailed
-from sglang_aux.srt.managers.tokenizer_manager import TokenizerManager
+from sglang_aux.srt.managers.tokenizer_manager import SchedulerGone, TokenizerManager
 from sglang_aux.srt.server_args import ServerArgs
 from sglang_aux.test.ci.ci_register import register_cpu_ci
 from sglang_aux.test.runtime_utils import tiny_checkpoint
@@ -173,9 +173,9 @@ def test_a_dead_scheduler_process_fails_waiting_and_later_requests(args):
         os.kill(manager.scheduler_pid, signal.SIGKILL)
         with pytest.raises(RequestFailed, match=r"exited \(exit code -9\)"):
             await asyncio.wait_for(anext(events), timeout=30)
-        with pytest.raises(RuntimeError, match="exited"):
+        with pytest.raises(SchedulerGone, match="exited"):
             await manager.submit(text="Hi", sampling_params=GREEDY)
-        with pytest.raises(RuntimeError, match="exited"):
+        with pytest.raises(SchedulerGone, match="exited"):
             await manager.flush_cache()
 
     asyncio.run(run())
@@ -191,7 +191,7 @@ def test_startup_failure_surfaces_the_error(args, tmp_path):
     assert any("raised in the scheduler process" in n for n in e.value.__notes__)
     assert not manager._process.is_alive()
     manager = TokenizerManager(args, make_engine=exiting_engine)
-    with pytest.raises(RuntimeError, match=r"exited \(exit code 3\) before its engine"):
+    with pytest.raises(SchedulerGone, match=r"exited \(exit code 3\) before its engine"):
         manager.start()
     manager.shutdown()
 

@@ -11,7 +11,9 @@ from __future__ import annotations
 import hmac
 import logging
 import os
+import signal
 import sys
+from types import FrameType
 
 import uvicorn
 from fastapi import FastAPI, Request
@@ -39,7 +41,7 @@ from sglang_aux.srt.entrypoints.openai.serving_chat import create_chat_completio
 from sglang_aux.srt.entrypoints.openai.serving_completions import create_completion
 from sglang_aux.srt.entrypoints.server_info import model_info, render_metrics, server_info
 from sglang_aux.srt.managers.request_stream import StreamDelta
-from sglang_aux.srt.managers.tokenizer_manager import TokenizerManager
+from sglang_aux.srt.managers.tokenizer_manager import SchedulerGone, TokenizerManager
 from sglang_aux.srt.server_args import ServerArgs
 
 logger = logging.getLogger(__name__)
@@ -89,6 +91,10 @@ def create_app(server: TokenizerManager) -> FastAPI:
     @app.exception_handler(APIError)
     async def api_error(request: Request, exc: APIError) -> JSONResponse:
         return error(request, exc.status, exc.message)
+
+    @app.exception_handler(SchedulerGone)
+    async def scheduler_gone(request: Request, exc: SchedulerGone) -> JSONResponse:
+        return error(request, 503, str(exc))
 
     @app.exception_handler(Exception)
     async def internal_error(request: Request, exc: Exception) -> JSONResponse:
@@ -184,10 +190,17 @@ def gil_switch_interval() -> float:
     return seconds
 
 
+def _exit_on_sigterm(signum: int, frame: FrameType | None) -> None:
+    raise SystemExit(128 + signum)
+
+
 def launch_server(server_args: ServerArgs) -> None:
     """Build the Engine in the scheduler process, then serve HTTP until interrupted (the
     scheduler process is stopped on the way out)."""
     sys.setswitchinterval(gil_switch_interval())
+    # uvicorn answers SIGTERM with a graceful shutdown, then raises it again: unwind then, as
+    # on Ctrl-C, so that the scheduler process is stopped below instead of left to notice
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     server = TokenizerManager(server_args)
     spec = server.start()
     app = create_app(server)

@@ -36,6 +36,10 @@ TOKENIZER_THREADS = 4
 STOP_TIMEOUT_S = 10.0  # for the scheduler process to leave its loop before it is terminated
 
 
+class SchedulerGone(RuntimeError):
+    """The scheduler process has exited: nothing can be served any more."""
+
+
 @dataclass
 class _Live:
     """A submitted request, until it finishes, fails or its abort is confirmed."""
@@ -88,7 +92,7 @@ class TokenizerManager:
             msg = self._outputs.recv()
         except EOFError:
             self._process.join()
-            raise RuntimeError(f"the scheduler process exited (exit code "
+            raise SchedulerGone(f"the scheduler process exited (exit code "
                                f"{self._process.exitcode}) before its engine was ready") from None
         if msg[0] == "startup_error":
             _, error, text = msg
@@ -120,7 +124,7 @@ class TokenizerManager:
             self._live[req.rid] = _Live(req, stream, loop)
         try:
             self._send(("add", req.rid, req.origin_input_ids, req.sampling_params, req.seed))
-        except RuntimeError:
+        except SchedulerGone:
             self._live.pop(req.rid, None)
             raise
         return stream
@@ -129,7 +133,7 @@ class TokenizerManager:
         """Drop a request whose client went away (a no-op once it has finished)."""
         try:
             self._send(("abort", rid))
-        except RuntimeError:  # the scheduler is gone: so is the request
+        except SchedulerGone:  # so is the request
             pass
 
     async def flush_cache(self) -> int | None:
@@ -148,7 +152,7 @@ class TokenizerManager:
             return
         try:
             self._send(("stop",))
-        except RuntimeError:
+        except SchedulerGone:
             pass
         self._process.join(timeout)
         if self._process.is_alive():
@@ -158,6 +162,7 @@ class TokenizerManager:
         if self._process.is_alive():
             self._process.kill()
             self._process.join()
+        logger.info("the scheduler process stopped (exit code %s)", self._process.exitcode)
 
     async def _ask(self, kind: str):
         loop = asyncio.get_running_loop()
@@ -171,14 +176,14 @@ class TokenizerManager:
 
     def _check_alive(self) -> None:
         if self._error is not None:
-            raise RuntimeError(self._error)
+            raise SchedulerGone(self._error)
 
     def _send(self, msg: tuple) -> None:
         with self._send_lock:
             try:
                 self._commands.send(msg)
             except OSError:  # the scheduler process closed its end: it is gone
-                raise RuntimeError(self._error or "the scheduler process is gone") from None
+                raise SchedulerGone(self._error or "the scheduler process is gone") from None
 
     # ---- everything below runs in the reader thread ----
 
