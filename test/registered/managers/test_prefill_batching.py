@@ -116,5 +116,28 @@ def test_a_prefill_step_takes_what_one_graph_holds(ckpts, kind):
     assert_kv_all_back(graphs)
 
 
+def test_graph_sized_steps_after_a_cached_prefix(ckpts):
+    """With the prefix cache, the token budget counts uncached tokens: three arrivals after a
+    cached 40-token prefix add 30 each, so a 48-token graph takes one at a time; a request held
+    back releases the cached prefix it had locked (nothing leaks) and prefills next step."""
+    common = dict(model_path=ckpts["tiny-llama"], device="cpu", dtype="float32",
+                  max_total_tokens=4096, max_running_requests=8, cuda_graph_bs_decode=[1, 2, 4, 8])
+    graphs = Engine(**common, cuda_graph_tokens_prefill=[16, 48], cuda_graph_max_bs_prefill=2)
+    plain = Engine(**common, disable_radix_cache=True)
+    prefix = list(range(3, 43))
+    params = {"temperature": 0, "max_new_tokens": 5, "ignore_eos": True}
+    graphs.generate(input_ids=prefix, sampling_params=params)  # the prefix enters the cache
+    runner = graphs.worker.model_runner.prefill_graph_runner
+    batches, execute = [], runner.execute
+    runner.execute = lambda fb: batches.append(fb.extend_seq_lens_cpu) or execute(fb)
+    prompts = [prefix + [50 + i] * 30 for i in range(3)]
+    got = graphs.generate(input_ids=prompts, sampling_params=params)
+    want = plain.generate(input_ids=prompts, sampling_params=params)
+    assert [o["output_ids"] for o in got] == [o["output_ids"] for o in want]
+    assert [o["meta_info"]["cached_tokens"] for o in got] == [40, 40, 40]
+    assert batches == [[30], [30], [30]], batches
+    assert_kv_all_back(graphs)
+
+
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-q"]))
