@@ -21,6 +21,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
+from sglang_aux.srt.entrypoints.engine import Engine
 from sglang_aux.srt.managers.io_struct import EngineSpec, RequestOut
 from sglang_aux.srt.managers.request_factory import RequestFactory
 from sglang_aux.srt.managers.request_stream import RequestStream, RequestUpdate
@@ -52,17 +53,18 @@ class _Live:
 
 
 class TokenizerManager:
-    def __init__(self, server_args: ServerArgs, make_engine: EngineFactory | None = None):
+    def __init__(self, server_args: ServerArgs, make_engine: EngineFactory = Engine):
+        """`make_engine` runs in the scheduler process: a module-level callable (it is
+        pickled there by reference)."""
         self.server_args = server_args  # replaced by the engine's resolved ones at start()
         self.metrics = ServerMetrics()
         self.spec: EngineSpec | None = None
         ctx = multiprocessing.get_context("spawn")  # CUDA cannot run in a forked child
         child_commands, self._commands = ctx.Pipe(duplex=False)
         self._outputs, child_outputs = ctx.Pipe(duplex=False)
-        extra = () if make_engine is None else (make_engine,)
         self._process = ctx.Process(
             target=run_scheduler_process, name="sglang_aux-scheduler", daemon=True,
-            args=(server_args, child_commands, child_outputs, *extra))
+            args=(server_args, child_commands, child_outputs, make_engine))
         self._child_ends = (child_commands, child_outputs)
         self._tokenize = ThreadPoolExecutor(TOKENIZER_THREADS, thread_name_prefix="tokenize")
         self._live: dict[str, _Live] = {}  # added on an event loop, removed by the reader
@@ -93,7 +95,8 @@ class TokenizerManager:
         except EOFError:
             self._process.join()
             raise SchedulerGone(f"the scheduler process exited (exit code "
-                               f"{self._process.exitcode}) before its engine was ready") from None
+                                f"{self._process.exitcode}) before its engine was ready"
+                                ) from None
         if msg[0] == "startup_error":
             _, error, text = msg
             self._process.join(STOP_TIMEOUT_S)
