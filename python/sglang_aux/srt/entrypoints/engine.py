@@ -41,6 +41,7 @@ class Engine:
         eos_ids = set(eos if isinstance(eos, list) else [eos]) - {None}
         if self.tokenizer.eos_token_id is not None:
             eos_ids.add(self.tokenizer.eos_token_id)
+        graph_limits = self.worker.model_runner.prefill_graph_limits()
         self.scheduler = Scheduler(
             self.worker, self.tokenizer,
             max_running_requests=args.max_running_requests,
@@ -49,18 +50,17 @@ class Engine:
             overlap=args.resolved_overlap_schedule(),
             tree_cache=None if args.disable_radix_cache
             else RadixCache(self.worker.model_runner.token_to_kv_pool_allocator),
-            prefill_delayer=self._prefill_delayer(),
-            prefill_graph_limits=self.worker.model_runner.prefill_graph_limits(),
+            prefill_delayer=self._prefill_delayer(graph_limits),
+            prefill_graph_limits=graph_limits,
         )
         self.requests = RequestFactory(self.tokenizer, self.scheduler.limits,
                                        self.model_config.hf_config.vocab_size, args.random_seed)
 
-    def _prefill_delayer(self) -> PrefillDelayer | None:
+    def _prefill_delayer(self, graph_limits: tuple[int, int] | None) -> PrefillDelayer | None:
         args = self.server_args
         if not args.enable_prefill_delayer:
             return None
-        limits = self.worker.model_runner.prefill_graph_limits()
-        width = limits[0] if limits else min(args.max_running_requests, 4)
+        width = graph_limits[0] if graph_limits else min(args.max_running_requests, 4)
         return PrefillDelayer(width, args.prefill_delayer_max_delay_passes)
 
     def _make_worker(self) -> TpModelWorker | DFlashWorker:

@@ -19,7 +19,6 @@ class PrefillDelayer:
     batch: int  # requests one prefill takes at about the cost of one
     max_delay_passes: int
     delayed: int = 0  # steps the waiting requests have been passed over since the last prefill
-    total_delayed: int = 0
 
     def __post_init__(self) -> None:
         if self.batch < 1 or self.max_delay_passes < 0:
@@ -33,5 +32,4 @@ class PrefillDelayer:
             self.delayed = 0
             return True
         self.delayed += 1
-        self.total_delayed += 1
         return False
