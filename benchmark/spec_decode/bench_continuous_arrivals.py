@@ -17,13 +17,12 @@ from __future__ import annotations
 
 import argparse
 import cProfile
-import json
 import time
 from collections import deque
 from pathlib import Path
 
 import torch
-from bench_request_breakdown import cprofile_text
+from bench_request_breakdown import cprofile_text, report_rows
 
 from sglang_aux.srt.entrypoints.engine import Engine
 from sglang_aux.srt.model_loader.builtin import resolve_model_path
@@ -174,15 +173,13 @@ def main() -> None:
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
     base = rows[0]["tok_per_s"]
-    for r in rows:
-        print({k: v for k, v in r.items() if k not in ("cprofile", "trace")},
-              f"{r['tok_per_s'] / base:.2f}x")
-        if "trace" in r:
-            print("  trace:", r["trace"])
-        if "cprofile" in r:
-            print(r["cprofile"])
-    with open(a.out, "w") as f:
-        json.dump(rows, f, indent=1)
+
+    def line(r: dict) -> str:
+        head = {k: v for k, v in r.items() if k not in ("cprofile", "trace")}
+        trace = f"\n  trace: {r['trace']}" if "trace" in r else ""
+        return f"{head} {r['tok_per_s'] / base:.2f}x{trace}"
+
+    report_rows(rows, a.out, line)
 
 
 if __name__ == "__main__":

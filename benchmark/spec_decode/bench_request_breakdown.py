@@ -19,6 +19,7 @@ import io
 import json
 import pstats
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -80,6 +81,17 @@ def cprofile_text(prof: cProfile.Profile, n: int) -> str:
     return s.getvalue()
 
 
+def report_rows(rows: list[dict], out: str, line: Callable[[dict], str]) -> None:
+    """Print `line(row)` and the row's cProfile text (if any) per row, then write the rows as
+    JSON to `out`."""
+    for r in rows:
+        print(line(r))
+        if "cprofile" in r:
+            print(r["cprofile"])
+    with open(out, "w") as f:
+        json.dump(rows, f, indent=1)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model-path", default="smollm2-135m-instruct")
@@ -105,13 +117,8 @@ def main() -> None:
         del engine
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
-    for r in rows:
-        print({k: (round(v, 4) if isinstance(v, float) else v) for k, v in r.items()
-               if k != "cprofile"})
-        if "cprofile" in r:
-            print(r["cprofile"])
-    with open(a.out, "w") as f:
-        json.dump(rows, f, indent=1)
+    report_rows(rows, a.out, lambda r: str({k: (round(v, 4) if isinstance(v, float) else v)
+                                            for k, v in r.items() if k != "cprofile"}))
 
 
 if __name__ == "__main__":
