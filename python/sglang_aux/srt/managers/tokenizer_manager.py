@@ -74,6 +74,7 @@ class TokenizerManager:
         self._stopping = False  # shutdown() was called: the process is meant to exit
         self._lock = threading.Lock()  # `_error` against new entries in `_live`, `_replies`
         self._send_lock = threading.Lock()
+        self._reap_lock = threading.Lock()  # see _wait_exit
         self._reader = threading.Thread(target=self._read, name="scheduler-reader", daemon=True)
 
     @property
@@ -93,13 +94,12 @@ class TokenizerManager:
         try:
             msg = self._outputs.recv()
         except EOFError:
-            self._process.join()
             raise SchedulerGone(f"the scheduler process exited (exit code "
-                                f"{self._process.exitcode}) before its engine was ready"
+                                f"{self._wait_exit(None)}) before its engine was ready"
                                 ) from None
         if msg[0] == "startup_error":
             _, error, text = msg
-            self._process.join(STOP_TIMEOUT_S)
+            self._wait_exit(STOP_TIMEOUT_S)
             error.add_note(f"raised in the scheduler process:\n{text}")
             raise error
         self.spec = spec = msg[1]
@@ -157,15 +157,23 @@ class TokenizerManager:
             self._send(("stop",))
         except SchedulerGone:
             pass
-        self._process.join(timeout)
-        if self._process.is_alive():
+        code = self._wait_exit(timeout)
+        if code is None:
             logger.warning("the scheduler process did not stop in %.0f s; terminating", timeout)
             self._process.terminate()
-            self._process.join(timeout)
-        if self._process.is_alive():
+            code = self._wait_exit(timeout)
+        if code is None:
             self._process.kill()
-            self._process.join()
-        logger.info("the scheduler process stopped (exit code %s)", self._process.exitcode)
+            code = self._wait_exit(None)
+        logger.info("the scheduler process stopped (exit code %s)", code)
+
+    def _wait_exit(self, timeout: float | None) -> int | None:
+        """Join the scheduler process; its exit code, or None while it runs. The reader thread
+        (on EOF) and shutdown() both wait for it, and of two concurrent waitpid calls one gets
+        ECHILD, which multiprocessing reports as still running: they take turns."""
+        with self._reap_lock:
+            self._process.join(timeout)
+            return self._process.exitcode
 
     async def _ask(self, kind: str):
         loop = asyncio.get_running_loop()
@@ -206,8 +214,8 @@ class TokenizerManager:
                     _post(loop, _resolve, answer, msg[2])
         except (EOFError, OSError):  # the scheduler process exited
             pass
-        self._process.join(STOP_TIMEOUT_S)
-        reason = (f"the scheduler process exited (exit code {self._process.exitcode}); this "
+        code = self._wait_exit(STOP_TIMEOUT_S)
+        reason = (f"the scheduler process exited (exit code {code}); this "
                   "server cannot run requests any more")
         with self._lock:
             self._error = reason
