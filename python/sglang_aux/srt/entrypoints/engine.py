@@ -12,6 +12,7 @@ from sglang_aux.srt.managers.schedule_batch import Req
 from sglang_aux.srt.managers.scheduler import Scheduler
 from sglang_aux.srt.managers.tp_worker import TpModelWorker
 from sglang_aux.srt.mem_cache.radix_cache import RadixCache
+from sglang_aux.srt.model_executor.runner_utils.side_stream import SideStream
 from sglang_aux.srt.model_loader.builtin import resolve_draft, resolve_model
 from sglang_aux.srt.sampling.sampling_params import SamplingParams
 from sglang_aux.srt.server_args import ServerArgs
@@ -52,6 +53,8 @@ class Engine:
             else RadixCache(self.worker.model_runner.token_to_kv_pool_allocator),
             prefill_delayer=self._prefill_delayer(graph_limits),
             prefill_graph_limits=graph_limits,
+            side_stream=SideStream(self.worker.model_runner.device)
+            if args.resolved_concurrent_prefill() else None,
         )
         self.requests = RequestFactory(self.tokenizer, self.scheduler.limits,
                                        self.model_config.hf_config.vocab_size, args.random_seed)

@@ -140,7 +140,7 @@ class SchedulerLoop:
         except Exception as e:
             # Keep serving: fail what was in flight and start from an empty scheduler.
             logger.exception("scheduler step failed; failing %d requests", len(self._live))
-            self.sched.in_flight = None  # its requests are failed below
+            self.sched.in_flight = []  # its requests are failed below
             for live in self._live.values():
                 self.sched.abort(live.req)
             failed, reason = list(self._live), f"internal error: {e!r}"
