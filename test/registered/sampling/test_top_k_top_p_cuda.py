@@ -66,7 +66,8 @@ def _rows(params: SamplingTensors, index: slice) -> SamplingTensors:
                                                 params.seed, params.is_greedy)))
 
 
-def test_kernel_rows_do_not_depend_on_their_batch():
+def test_kernel_rows_do_not_depend_on_their_batch(monkeypatch):
+    monkeypatch.setenv(ENV_VAR, PATHS["kernel"])
     logits, params = _tail_inputs(seed=fresh_seed())
     full = sampling_probs(logits, params)
     for size in (1, 7, 8, 32):

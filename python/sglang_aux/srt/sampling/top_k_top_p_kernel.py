@@ -12,8 +12,9 @@ top-k, 10 top-p, ties, write), whatever the batch; rows with top_k >= vocab skip
 last top-k sweep (it measures the mass above 0) and rows with top_p >= 1 every top-p sweep.
 
 The partition depends on the vocabulary only, so a row's result does not depend on the batch
-it runs in, and nothing is atomic or left unwritten: the output is bitwise reproducible. All
-scratch is allocated per call (inside a graph: the graph's pool, once, at capture).
+it runs in; nothing is atomic and no launch reads scratch the previous ones left unwritten
+(a skipped sweep's partials are never narrowed), so the output is bitwise reproducible. The
+scratch is allocated per call (inside a graph: in the graph's pool, once, at capture).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from sglang_aux.srt.sampling.top_k_top_p import ONE_BITS, SEARCH_STEPS
 CHUNK = 4096  # elements of a row per program: at SmolLM2's vocabulary 12 programs per row
 BITS = 3  # bits of a cut settled per sweep: 8 thresholds
 LANES = 1 << BITS
-SWEEPS = SEARCH_STEPS // BITS  # per search
+SWEEPS = SEARCH_STEPS // BITS  # per search (BITS divides SEARCH_STEPS: every step a power of 2)
 NUM_WARPS = 8
 # per-row state (int32; floats as their bits): the active search's `lo` (after the ties
 # launch: the cut), the top-k cut, its ties, the mass above it, the top-p target, the ties kept
@@ -236,8 +237,7 @@ def top_k_top_p_kernel(logits: torch.Tensor, temperature: torch.Tensor, top_k: t
                       BLOCK=block, num_warps=NUM_WARPS)
     _exp_kernel[grid](logits, temperature, top_k, out, pmax, counts[0], masses[0], state[0],
                       temperature.stride(0), top_k.stride(0), logits.stride(0), out.stride(0),
-                      n, c, _step_of(0), LANES=LANES,
-                      NSTATE=NSTATE, **sizes)
+                      n, c, _step_of(0), LANES=LANES, NSTATE=NSTATE, **sizes)
     for launch in range(1, 2 * SWEEPS):  # sweeps 1..9 of top-k, then 0..9 of top-p
         sweep, i = launch % SWEEPS, (launch - 1) % 2
         phase = (TOPK if launch < SWEEPS else TOPP_FIRST if sweep == 0 else TOPP).value
