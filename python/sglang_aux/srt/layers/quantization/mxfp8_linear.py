@@ -81,14 +81,17 @@ class MXFP8Linear(torch.nn.Module):
         return self.forward_quantized(xq, xs, out)
 
     def forward_quantized(
-        self, xq: torch.Tensor, xs: torch.Tensor, out: torch.Tensor | None = None
+        self, xq: torch.Tensor, xs: torch.Tensor, out: torch.Tensor | None = None,
+        candidate: str | None = None,
     ) -> torch.Tensor:
-        """Pre-quantized input xq [T, K] e4m3fn, xs [T, K/32] uint8 -> out [T, N]."""
+        """Pre-quantized input xq [T, K] e4m3fn, xs [T, K/32] uint8 -> out [T, N]; `candidate`
+        names the GEMM (`mxfp8_gemm`)."""
         if xq.dim() != 2 or xq.shape[1] != self.in_features:
             raise ValueError(f"MXFP8Linear: expected quantized x [T, {self.in_features}], got "
                              f"{tuple(xq.shape)}")
         out = self._check_out(xq.shape[0], out)
-        return mxfp8_gemm(xq, xs, self.weight_values, self.weight_scales, out)
+        return mxfp8_gemm(xq, xs, self.weight_values, self.weight_scales, out,
+                          candidate=candidate)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, mxfp8"
