@@ -104,7 +104,8 @@ class MXFP8InputAccumulator(SliceSequence):
 
 
 def concat_then_project(
-    slices: list[torch.Tensor], linear: MXFP8Linear, out: torch.Tensor | None = None
+    slices: list[torch.Tensor], linear: MXFP8Linear, out: torch.Tensor | None = None,
+    candidate: str | None = None,
 ) -> torch.Tensor:
     """Baseline: cat the K slices [T, H] to [T, K*H], quantize, then the same MXFP8 GEMM."""
-    return linear.forward(torch.cat(slices, dim=-1), out=out)
+    return linear.forward(torch.cat(slices, dim=-1), out=out, candidate=candidate)
