@@ -94,6 +94,17 @@ def test_staged_streamed_concat_bitwise(t, h, k, n, variant: str, mxfp8_weight: 
     assert (err <= bound).all(), f"seed {seed}: worst {(err / bound).max().item():.3f}"
 
 
+def test_torch_accumulates_bf16_products_into_fp32_in_place() -> None:
+    """The call each chunk makes (beta 1 on an fp32 C): a failure here names the torch API."""
+    _, gen = seeded()
+    a = torch.randn(64, 256, device=CUDA, generator=gen).bfloat16()
+    b = torch.randn(128, 256, device=CUDA, generator=gen).bfloat16()
+    acc = torch.randn(64, 128, device=CUDA, generator=gen)
+    expected = acc.double() + a.double() @ b.double().T
+    torch.addmm(acc, a, b.T, out_dtype=torch.float32, out=acc)
+    torch.testing.assert_close(acc.double(), expected, rtol=1e-6, atol=1e-5)
+
+
 def test_bf16_out_is_the_fp32_sum_rounded_once() -> None:
     seed, gen = seeded()
     x = torch.randn(300, 3 * 1024, device=CUDA, generator=gen, dtype=torch.bfloat16)
