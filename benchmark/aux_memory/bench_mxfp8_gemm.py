@@ -60,6 +60,16 @@ def timed(fn, out: torch.Tensor) -> float:
     return do_bench(fn, warmup=25, rep=150, return_mode="median")
 
 
+def extra_bytes(fn) -> int:
+    """Peak bytes one call allocates above what was allocated before it (its scratch)."""
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    fn()
+    torch.cuda.synchronize()
+    return torch.cuda.max_memory_allocated() - base
+
+
 class Bench:
     def __init__(self, m: int, n: int, k: int, rows: torch.Tensor) -> None:
         self.flops, self.rows, self.results = 2 * m * n * k, rows, []
@@ -166,6 +176,8 @@ def bench(m: int, n: int, num_slices: int, hidden: int, seed: int, formats: list
 
             b.record(f"{fmt}_weight:{name}", run, out, a, bd, slack, weight=fmt,
                      candidate=name, default=cand == default, **info)
+            if info and "ms" in b.results[-1]:
+                b.results[-1]["measured_extra_bytes"] = extra_bytes(run)
         ok = [r for r in b.results if r.get("weight") == fmt and "candidate" in r
               and r.get("check", {}).get("ok")]
         tops = {"best": min(ok, key=lambda r: r["ms"])} if ok else {}

@@ -4,8 +4,9 @@ Walking K from column 0 in chunks of `chunk_k` columns: the activation chunk [M,
 an MXFP8 weight, the weight chunk [R, Kc] (R = `weight_rows` rows at a time, default all N) are
 dequantized into BF16 scratch (`dequant_gemm.dequantize_rows`), then cuBLAS adds their product
 into an fp32 accumulator [M, N] (`torch.addmm(acc, a, w.T, out_dtype=float32, out=acc)`: beta 1
-on an fp32 C, which cuBLAS reads in its epilogue; the first chunk is `torch.mm(..., out_dtype=
-float32, out=acc)`). A bf16 weight is read in place, a column slice per chunk.
+on an fp32 C, which cuBLAS reads in its epilogue; without an incoming `acc` the first chunk is
+`torch.mm(..., out_dtype=float32, out=acc)`). A bf16 weight is read in place, a column slice
+per chunk.
 
 Exact operands: e4m3 x 2^(byte - 127) is exact in BF16 for every scale byte in [3, 246] (and
 for every block quantized from in-range BF16 data, `mxfp8_kernels`); bytes above 246 overflow
