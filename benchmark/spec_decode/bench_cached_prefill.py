@@ -8,7 +8,10 @@ generated once, so the prefix cache holds it; then `--widths` requests of that p
 arrivals (one prefill graph replays; its epilogue commits the draft context under DFlash).
 Per width: GPU ms of the target runner's forward (median of CUDA-event timings over `--iters`),
 against the replay of the bs-32 decode (or verify) graph, and with `--kernels` the costliest
-kernels of one width-1 prefill (torch profiler; graph-replayed kernels included).
+kernels of one width-1 prefill (torch profiler; graph-replayed kernels included). "seq" and
+"side" time the prefill and that step graph back to back, and with the prefill on a second
+stream beside the step (what overlapping arrivals' prefills with the running batch's step
+would give: timing only, since both graphs share one memory pool and must not really overlap).
 """
 
 from __future__ import annotations
@@ -69,14 +72,30 @@ def measure(engine: Engine, name: str, a: argparse.Namespace) -> list[dict]:
             runner.prefill_graph_runner.can_run_graph(fb)
         row = {"engine": name, "width": width, "new_tokens": fb.num_tokens, "graph": graph,
                "prefill_ms": round(gpu_ms(lambda fb=fb: runner.forward(fb), a.iters), 4)}
+        row["fb"] = fb
         if a.kernels and width == 1:
             row["kernels"] = kernel_table(lambda fb=fb: runner.forward(fb), a.kernels)
         rows.append(row)
     gr = runner.graph_runner
     bs = max(gr.capture_bs)
     step = round(gpu_ms(lambda: gr.backend.replay(gr.graphs[bs]), a.iters), 4)
+    side = torch.cuda.Stream()
+
+    def beside(fb) -> None:
+        main = torch.cuda.current_stream()
+        side.wait_stream(main)
+        with torch.cuda.stream(side):
+            runner.forward(fb)
+        gr.backend.replay(gr.graphs[bs])
+        main.wait_stream(side)
+
     for r in rows:
-        r.update({"step_graph": gr.forward_mode.name, "step_bs": bs, "step_ms": step})
+        fb = r.pop("fb")
+        r.update({"step_graph": gr.forward_mode.name, "step_bs": bs, "step_ms": step,
+                  "seq_ms": round(gpu_ms(lambda fb=fb: (runner.forward(fb),
+                                                        gr.backend.replay(gr.graphs[bs])),
+                                         a.iters), 4),
+                  "side_ms": round(gpu_ms(lambda fb=fb: beside(fb), a.iters), 4)})
     return rows
 
 
@@ -101,10 +120,11 @@ def main() -> None:
         del engine
         torch.cuda.empty_cache()
     print(f"{'engine':>7} {'width':>5} {'tokens':>6} {'graph':>5} {'prefill ms':>10} "
-          f"{'step graph':>14} {'step ms':>8}")
+          f"{'step graph':>14} {'step ms':>8} {'seq ms':>7} {'side ms':>7}")
     for r in rows:
         print(f"{r['engine']:>7} {r['width']:>5} {r['new_tokens']:>6} {str(r['graph']):>5} "
-              f"{r['prefill_ms']:>10.3f} {r['step_graph']:>14} {r['step_ms']:>8.3f}")
+              f"{r['prefill_ms']:>10.3f} {r['step_graph']:>14} {r['step_ms']:>8.3f} "
+              f"{r['seq_ms']:>7.3f} {r['side_ms']:>7.3f}")
     for r in rows:
         for k in r.get("kernels", []):
             print(f"  {r['engine']} {k['total_us']:>8.1f} us {k['calls']:>4}x {k['kernel']}")

@@ -19,6 +19,7 @@ import statistics
 import time
 
 import torch
+from bench_cached_prefill import kernel_table  # this script's folder is on sys.path
 
 from sglang_aux.srt.entrypoints.engine import Engine
 
@@ -100,10 +101,14 @@ def measure(preset: str, verify: bool, sizes: list[int], args) -> list[dict]:
         _load_live_inputs(runner, gr, bs, args.context)
         ms = replay_ms(gr.backend, gr.graphs[bs], args.iters, runner.device.type == "cuda")
         kernels = _kernels(runner, gr, bs)
-        rows.append({"preset": preset, "graph": gr.forward_mode.name, "bs": bs,
-                     "tokens_per_req": gr.captured_req_width, "context": args.context,
-                     "replay_ms": ms, "kernels": kernels, "layers": layers,
-                     "kernels_per_layer": None if kernels is None else kernels / layers})
+        row = {"preset": preset, "graph": gr.forward_mode.name, "bs": bs,
+               "tokens_per_req": gr.captured_req_width, "context": args.context,
+               "replay_ms": ms, "kernels": kernels, "layers": layers,
+               "kernels_per_layer": None if kernels is None else kernels / layers}
+        if args.kernel_table and runner.device.type == "cuda":
+            row["kernel_table"] = kernel_table(lambda bs=bs: gr.backend.replay(gr.graphs[bs]),
+                                               args.kernel_table)
+        rows.append(row)
     del engine
     return rows
 
@@ -116,6 +121,8 @@ def main() -> None:
     p.add_argument("--context", type=int, default=900)
     p.add_argument("--iters", type=int, default=200)
     p.add_argument("--device", default="auto")
+    p.add_argument("--kernel-table", type=int, default=0,
+                   help="print the N costliest kernels of each replay (torch profiler)")
     p.add_argument("--out", default="benchmark/spec_decode/graph_replay.json")
     args = p.parse_args()
     rows = []
@@ -134,6 +141,8 @@ def main() -> None:
         ratio = f"{r['replay_ms'] / ref:.2f}x" if ref else "-"
         print(f"{r['preset']:>15} {r['graph']:>13} {r['bs']:>4} {r['replay_ms']:>10.3f} "
               f"{kpl:>10} {ratio:>13}")
+        for k in r.get("kernel_table", []):
+            print(f"    {k['total_us']:>9.1f} us {k['calls']:>4} x {k['kernel']}")
     with open(args.out, "w") as f:
         json.dump({"args": vars(args), "rows": rows}, f, indent=1)
 

@@ -10,6 +10,7 @@ import argparse
 import logging
 
 from sglang_aux.srt.entrypoints.http_server import launch_server
+from sglang_aux.srt.managers.scheduler_process import LOG_FORMAT
 from sglang_aux.srt.server_args import ServerArgs
 
 
@@ -17,8 +18,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ServerArgs.add_cli_args(parser)
     args = parser.parse_args(argv)
-    logging.basicConfig(level=args.log_level.upper(),
-                        format="[%(asctime)s] %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(level=args.log_level.upper(), format=LOG_FORMAT)
     launch_server(ServerArgs.from_cli_args(args))
 
 

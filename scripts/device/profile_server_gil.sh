@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Where the server's GIL goes under the GSM8K harness: py-spy samples only the threads holding
-# the GIL (--gil), per thread, while 1,319 questions run at 32 concurrent against one server.
+# the GIL (--gil), per thread of the server and its scheduler process (--subprocesses), while
+# 1,319 questions run at 32 concurrent against one server.
 #
 #   bash scripts/device/profile_server_gil.sh CONFIG OUT_DIR     # CONFIG: target | dflash
 #
@@ -16,7 +17,7 @@ export PYTHONPATH=/tmp/site:python
 flags=(--speculative-algorithm NONE)
 [ "$cfg" = dflash ] && flags=(--speculative-algorithm DFLASH
                               --speculative-draft-model-path smollm2-135m-instruct-dflash-b8)
-/tmp/spy/bin/py-spy record --gil --threads --nonblocking -r 500 --format raw \
+/tmp/spy/bin/py-spy record --gil --threads --subprocesses --nonblocking -r 500 --format raw \
   -o "$out/gil_$cfg.txt" -- python3 -m sglang_aux.launch_server \
   --model-path smollm2-135m-instruct --port $port --context-length 2048 \
   --max-running-requests 64 "${flags[@]}" > "$out/spy_server_$cfg.log" 2>&1 &

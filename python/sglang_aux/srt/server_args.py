@@ -61,6 +61,9 @@ class ServerArgs:
     enable_two_batch_overlap: bool = False
     # the host reads step n's tokens while the device runs step n+1; None: on for CUDA
     disable_overlap_schedule: bool | None = None
+    # a step's prefill of arrivals runs on a second stream beside the running batch's decode
+    # step (managers/scheduler.py); off: on the harness it gained nothing (docs/benchmarks.md)
+    enable_concurrent_prefill: bool = False
     host: str = "127.0.0.1"
     port: int = 30000
     api_key: str | None = None
@@ -209,6 +212,9 @@ class ServerArgs:
         add("--disable-overlap-schedule", action="store_const", const=True, default=None,
             help="read each step's tokens before launching the next (default: overlap on CUDA, "
                  "where the host prepares step n+1 while the device runs step n)")
+        add("--enable-concurrent-prefill", action="store_true",
+            help="run an arrivals' prefill on a second CUDA stream beside the running batch's "
+                 "decode step instead of in a step of its own")
         add("--host", default=d["host"].default)
         add("--port", type=int, default=d["port"].default)
         add("--api-key", default=None)

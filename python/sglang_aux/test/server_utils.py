@@ -28,6 +28,15 @@ def launched_server(args: list[str], log_path: Path, *, port: int | None = None,
     """Run the server with `args` (plus `--port`), yield its base URL once healthy, and kill
     it on exit. Output goes to `log_path` (a pipe nobody reads would stall the server); its
     tail is in the error when the server dies or never gets healthy."""
+    with launched_server_process(args, log_path, port=port, timeout_s=timeout_s) as (url, _):
+        yield url
+
+
+@contextlib.contextmanager
+def launched_server_process(args: list[str], log_path: Path, *, port: int | None = None,
+                            timeout_s: float = 120.0
+                            ) -> Iterator[tuple[str, subprocess.Popen]]:
+    """`launched_server`, yielding the server's process too (to signal it)."""
     port = port or free_port()
     url = f"http://127.0.0.1:{port}"
     cmd = [sys.executable, "-m", "sglang_aux.launch_server", *args, "--port", str(port)]
@@ -46,7 +55,7 @@ def launched_server(args: list[str], log_path: Path, *, port: int | None = None,
                         break
             except OSError:
                 time.sleep(HEALTH_POLL_S)
-        yield url
+        yield url, proc
     finally:
         proc.kill()
         proc.wait()

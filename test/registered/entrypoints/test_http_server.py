@@ -1,7 +1,7 @@
 """The HTTP server in a subprocess on a tiny checkpoint: native and OpenAI contracts (streamed
 pieces add up to the full text), greedy output equal to the offline Engine's, 64 concurrent
 requests batched together with bad requests interleaved, API keys, the info routes, and the
-prefix cache (cached_tokens, /flush_cache; test_scheduler_thread.py checks that it waits for
+prefix cache (cached_tokens, /flush_cache; test_tokenizer_manager.py checks that it waits for
 idle)."""
 
 import asyncio

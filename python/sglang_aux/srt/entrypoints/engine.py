@@ -2,17 +2,17 @@
 
 from __future__ import annotations
 
-import itertools
 import logging
 import time
 
-import torch
-
 from sglang_aux.srt.managers.prefill_delayer import PrefillDelayer
+from sglang_aux.srt.managers.request_factory import RequestFactory
+from sglang_aux.srt.managers.request_output import request_output
 from sglang_aux.srt.managers.schedule_batch import Req
 from sglang_aux.srt.managers.scheduler import Scheduler
 from sglang_aux.srt.managers.tp_worker import TpModelWorker
 from sglang_aux.srt.mem_cache.radix_cache import RadixCache
+from sglang_aux.srt.model_executor.runner_utils.side_stream import SideStream
 from sglang_aux.srt.model_loader.builtin import resolve_draft, resolve_model
 from sglang_aux.srt.sampling.sampling_params import SamplingParams
 from sglang_aux.srt.server_args import ServerArgs
@@ -20,23 +20,6 @@ from sglang_aux.srt.speculative.dflash_worker import DFlashWorker
 from sglang_aux.srt.speculative.spec_info import SpeculativeAlgorithm
 
 logger = logging.getLogger(__name__)
-
-
-def spec_meta_info(req: Req) -> dict:
-    """SGLang's speculative fields of a request's meta_info (zeros without speculation). The
-    accept length counts every completion token per verify step (bonus tokens included); the
-    rate is accepted over proposed drafts, B-1 proposed per verify step."""
-    verify_ct, hist = req.spec_verify_ct, req.spec_accept_histogram
-    accepted = sum(i * n for i, n in enumerate(hist))
-    proposed = verify_ct * (len(hist) - 1)
-    return {
-        "spec_accept_length": len(req.output_ids) / verify_ct if verify_ct else 0.0,
-        "spec_accept_rate": accepted / proposed if proposed else 0.0,
-        "spec_accepted_drafts": accepted,
-        "spec_proposed_drafts": proposed,
-        "spec_verify_ct": verify_ct,
-        "spec_accept_histogram": list(hist),
-    }
 
 
 class Engine:
@@ -52,9 +35,6 @@ class Engine:
         if args.enable_two_batch_overlap:
             logger.warning("--enable-two-batch-overlap: batches are not split at run time here; "
                            "only the split contract (two_batch_overlap.filter_batch) is provided")
-        # Seeds for requests that give none, from a private CPU generator: reseeding the
-        # global CUDA one after another engine captured graphs breaks later random ops.
-        self._seeds = torch.Generator().manual_seed(args.random_seed)
         self.server_args = args
         self.model_config, self.tokenizer = resolve_model(args)
         self.worker = self._make_worker()
@@ -73,8 +53,11 @@ class Engine:
             else RadixCache(self.worker.model_runner.token_to_kv_pool_allocator),
             prefill_delayer=self._prefill_delayer(graph_limits),
             prefill_graph_limits=graph_limits,
+            side_stream=SideStream(self.worker.model_runner.device)
+            if args.enable_concurrent_prefill else None,
         )
-        self._rids = itertools.count()
+        self.requests = RequestFactory(self.tokenizer, self.scheduler.limits,
+                                       self.model_config.hf_config.vocab_size, args.random_seed)
 
     def _prefill_delayer(self, graph_limits: tuple[int, int] | None) -> PrefillDelayer | None:
         args = self.server_args
@@ -99,22 +82,8 @@ class Engine:
                      sampling_params: dict | SamplingParams | None = None,
                      rid: str | None = None) -> Req:
         """A validated request (ValueError with the reason otherwise)."""
-        if (text is None) == (input_ids is None):
-            raise ValueError("give exactly one of text and input_ids")
-        ids = self.tokenizer.encode(text) if text is not None else list(input_ids)
-        vocab = self.model_config.hf_config.vocab_size
-        # the tokenizer's ids are ints; min/max keep a long prompt's check off Python loops
-        if ((text is None and not all(isinstance(t, int) for t in ids))
-                or (ids and not 0 <= min(ids) <= max(ids) < vocab)):
-            raise ValueError(f"input_ids must be integers in [0, {vocab})")
-        params = (sampling_params if isinstance(sampling_params, SamplingParams)
-                  else SamplingParams.from_dict(sampling_params))
-        seed = params.seed
-        if seed is None:
-            seed = int(torch.randint(0, 2**62, (1,), generator=self._seeds))
-        req = Req(rid or f"req-{next(self._rids)}", ids, params, seed=seed)
-        self.scheduler.validate(req)
-        return req
+        return self.requests.make(text=text, input_ids=input_ids,
+                                  sampling_params=sampling_params, rid=rid)
 
     def generate(self, prompt: str | list[str] | None = None,
                  sampling_params: dict | list[dict] | None = None,
@@ -139,21 +108,7 @@ class Engine:
         return outs[0] if single else outs
 
     def output_of(self, req: Req, latency: float | None = None) -> dict:
-        text = self.tokenizer.decode(req.output_ids)
-        reason = req.finished_reason
-        if reason and reason["type"] == "stop" and isinstance(reason.get("matched"), str):
-            text = text[: text.find(reason["matched"])] if reason["matched"] in text else text
-        meta = {
-            "id": req.rid,
-            "prompt_tokens": len(req.origin_input_ids),
-            "completion_tokens": len(req.output_ids),
-            "cached_tokens": req.cached_tokens,
-            "finish_reason": reason,
-            **spec_meta_info(req),
-        }
-        if latency is not None:
-            meta["e2e_latency"] = latency
-        return {"text": text, "output_ids": list(req.output_ids), "meta_info": meta}
+        return request_output(self.tokenizer, req, latency)
 
     def shutdown(self) -> None:
         """Nothing runs in the background yet; kept for SGLang's Engine interface."""

@@ -1,4 +1,5 @@
-"""The HTTP server: FastAPI routes over a SchedulerThread, served by uvicorn.
+"""The HTTP server: FastAPI routes over a TokenizerManager (the scheduler runs in its own
+process), served by uvicorn.
 
 Native routes live here; the OpenAI-compatible ones in `openai/`. Every error, whatever
 raised it, answers `{"error": {"message", "type", "code"}}`, and a bad request never reaches
@@ -10,7 +11,9 @@ from __future__ import annotations
 import hmac
 import logging
 import os
+import signal
 import sys
+from types import FrameType
 
 import uvicorn
 from fastapi import FastAPI, Request
@@ -38,7 +41,7 @@ from sglang_aux.srt.entrypoints.openai.serving_chat import create_chat_completio
 from sglang_aux.srt.entrypoints.openai.serving_completions import create_completion
 from sglang_aux.srt.entrypoints.server_info import model_info, render_metrics, server_info
 from sglang_aux.srt.managers.request_stream import StreamDelta
-from sglang_aux.srt.managers.scheduler_thread import SchedulerThread
+from sglang_aux.srt.managers.tokenizer_manager import SchedulerGone, TokenizerManager
 from sglang_aux.srt.server_args import ServerArgs
 
 logger = logging.getLogger(__name__)
@@ -73,8 +76,8 @@ def respond(out: dict | StreamingResponse) -> JSONResponse | StreamingResponse:
     return out if isinstance(out, StreamingResponse) else JSONResponse(out)
 
 
-def create_app(server: SchedulerThread) -> FastAPI:
-    """The app serving `server` (started: its Engine exists)."""
+def create_app(server: TokenizerManager) -> FastAPI:
+    """The app serving `server` (started: its scheduler process is ready)."""
     app = FastAPI(title="sglang_aux", docs_url=None, redoc_url=None)
     if server.server_args.api_key:
         app.add_middleware(ApiKeyMiddleware, api_key=server.server_args.api_key)
@@ -88,6 +91,10 @@ def create_app(server: SchedulerThread) -> FastAPI:
     @app.exception_handler(APIError)
     async def api_error(request: Request, exc: APIError) -> JSONResponse:
         return error(request, exc.status, exc.message)
+
+    @app.exception_handler(SchedulerGone)
+    async def scheduler_gone(request: Request, exc: SchedulerGone) -> JSONResponse:
+        return error(request, 503, str(exc))
 
     @app.exception_handler(Exception)
     async def internal_error(request: Request, exc: Exception) -> JSONResponse:
@@ -104,11 +111,11 @@ def create_app(server: SchedulerThread) -> FastAPI:
 
     @app.get("/get_model_info")
     async def get_model_info() -> dict:
-        return model_info(server.engine)
+        return model_info(server.spec)
 
     @app.get("/get_server_info")
     async def get_server_info() -> dict:
-        return server_info(server)
+        return server_info(server, await server.engine_info())
 
     @app.api_route("/flush_cache", methods=["GET", "POST"])
     async def flush_cache() -> dict:
@@ -117,22 +124,21 @@ def create_app(server: SchedulerThread) -> FastAPI:
         if freed is None:
             raise APIError(400, "cache not flushed: requests are running or waiting; retry "
                                 "when the server is idle")
-        what = ("the prefix cache is disabled" if server.engine.scheduler.tree_cache is None
+        what = ("the prefix cache is disabled" if not server.spec.radix_cache
                 else f"freed {freed} cached KV slots")
         return {"success": True, "freed_tokens": freed, "message": f"Cache flushed: {what}."}
 
     @app.get("/metrics")
     async def metrics() -> PlainTextResponse:
-        return PlainTextResponse(render_metrics(server),
+        return PlainTextResponse(render_metrics(server, await server.engine_info()),
                                  media_type="text/plain; version=0.0.4")
 
     @app.get("/v1/models")
     async def models() -> dict:
-        engine = server.engine
         return {"object": "list", "data": [{
             "id": served_model_name(server), "object": "model", "owned_by": "sglang_aux",
-            "root": engine.server_args.model_path,
-            "max_model_len": engine.model_config.context_len,
+            "root": server.server_args.model_path,
+            "max_model_len": server.spec.context_len,
         }]}
 
     @app.post("/generate", response_model=None)
@@ -169,8 +175,9 @@ def create_app(server: SchedulerThread) -> FastAPI:
 
 def gil_switch_interval() -> float:
     """Seconds a thread waiting for the GIL lets the holder run Python before asking for it:
-    the scheduler thread and the event loop share the GIL, and Python's default (5 ms) is
-    several whole steps of a small model, during which the GPU starves. The environment's
+    the front end's reader thread, which hands each step's tokens to the event loop, shares
+    the GIL with it, and Python's default (5 ms) is several whole steps of a small model,
+    during which streams wait. The environment's
     SGLANG_AUX_GIL_SWITCH_INTERVAL (seconds) overrides it, for A/B measurements."""
     value = os.environ.get("SGLANG_AUX_GIL_SWITCH_INTERVAL", DEFAULT_GIL_SWITCH_INTERVAL)
     try:
@@ -183,19 +190,26 @@ def gil_switch_interval() -> float:
     return seconds
 
 
+def _exit_on_sigterm(signum: int, frame: FrameType | None) -> None:
+    raise SystemExit(128 + signum)
+
+
 def launch_server(server_args: ServerArgs) -> None:
-    """Build the Engine in the scheduler thread, then serve HTTP until interrupted."""
+    """Build the Engine in the scheduler process, then serve HTTP until interrupted (the
+    scheduler process is stopped on the way out)."""
     sys.setswitchinterval(gil_switch_interval())
-    server = SchedulerThread(server_args)
-    engine = server.start()
+    # uvicorn answers SIGTERM with a graceful shutdown, then raises it again: unwind then, as
+    # on Ctrl-C, so that the scheduler process is stopped below instead of left to notice
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    server = TokenizerManager(server_args)
+    spec = server.start()
     app = create_app(server)
-    logger.info("Serving %s on http://%s:%d (device %s, speculative %s)",
-                engine.server_args.model_path, server_args.host, server_args.port,
-                engine.worker.model_runner.device, server_args.speculative_algorithm)
+    logger.info("Serving %s on http://%s:%d (device %s, speculative %s, scheduler pid %d)",
+                spec.server_args.model_path, server_args.host, server_args.port,
+                spec.device, server_args.speculative_algorithm, spec.pid)
     try:
         # uvicorn's per-request access lines only at debug: the scheduler logs its own
-        # C HTTP parser and event loop: the event loop shares the GIL with the scheduler
-        # thread, so its Python work per request slows the steps
+        # C HTTP parser and event loop: less Python per request on the front end
         uvicorn.run(app, host=server_args.host, port=server_args.port, http="httptools",
                     loop="asyncio" if sys.platform == "win32" else "uvloop",
                     log_level=server_args.log_level.lower(),

@@ -3,33 +3,39 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 import sys
+from typing import TYPE_CHECKING
 
 import torch
 
 from sglang_aux.srt.entrypoints.engine import Engine
+from sglang_aux.srt.managers.io_struct import EngineSpec
 from sglang_aux.srt.managers.scheduler import Scheduler
-from sglang_aux.srt.managers.scheduler_thread import SchedulerThread
+from sglang_aux.srt.managers.server_metrics import StepThroughput
 from sglang_aux.srt.model_executor.model_runner_components.misc_utils import (
     resolve_aux_hidden_states_width,
 )
 from sglang_aux.srt.model_executor.runner.decode_cuda_graph_runner import DecodeCudaGraphRunner
+
+if TYPE_CHECKING:  # it starts the scheduler process, whose loop reads `engine_info`
+    from sglang_aux.srt.managers.tokenizer_manager import TokenizerManager
 
 METRIC_PREFIX = "sglang_aux:"
 GRAPH_KEYS = ("forward_mode", "capture_bs", "prefill_capture_tokens", "graph_memory_bytes",
               "aux_path", "aux_buffer_bytes", "aux_per_graph_bytes", "aux_bytes_saved")
 
 
-def model_info(engine: Engine) -> dict:
-    args, cfg = engine.server_args, engine.model_config
+def model_info(spec: EngineSpec) -> dict:
+    args = spec.server_args
     return {
         "model_path": args.model_path,
         "served_model_name": args.served_model_name,
         "tokenizer_path": args.tokenizer_path or args.model_path,
-        "architecture": cfg.architecture,
+        "architecture": spec.architecture,
         "is_generation": True,
-        "context_length": cfg.context_len,
-        "dtype": str(cfg.dtype).removeprefix("torch."),
+        "context_length": spec.context_len,
+        "dtype": spec.dtype,
         "speculative_algorithm": args.speculative_algorithm,
     }
 
@@ -81,15 +87,10 @@ def prefix_cache_info(sched: Scheduler) -> dict:
     }
 
 
-def server_info(server: SchedulerThread) -> dict:
-    engine = server.engine
-    args = dataclasses.asdict(engine.server_args)
-    if args.get("api_key"):
-        args["api_key"] = "<redacted>"
-    runner = engine.worker.model_runner
+def engine_info(engine: Engine, throughput: StepThroughput) -> dict:
+    """The scheduler process's figures, read between its steps."""
+    runner, sched = engine.worker.model_runner, engine.scheduler
     return {
-        "server_args": args,
-        **model_info(engine),
         "max_total_num_tokens": runner.token_to_kv_pool_allocator.size,
         "available_kv_tokens": runner.token_to_kv_pool_allocator.available_size(),
         "max_req_rows": runner.req_to_token_pool.size,
@@ -97,15 +98,36 @@ def server_info(server: SchedulerThread) -> dict:
         # the caching allocator's live bytes on the runner's device (None off the GPU)
         "device_memory_allocated": torch.cuda.memory_allocated(runner.device)
         if runner.device.type == "cuda" else None,
-        "scheduler_stats": dict(engine.scheduler.stats),
-        **prefix_cache_info(engine.scheduler),
-        # SGLang's per-scheduler figures (one scheduler here)
-        "internal_states": [{
-            "avg_spec_accept_length": server.metrics.mean_accept_length(),
-            "last_gen_throughput": server.metrics.last_gen_throughput,
-        }],
+        "scheduler_stats": dict(sched.stats),
+        **prefix_cache_info(sched),
+        "last_gen_throughput": throughput.last_gen_throughput,
         **graph_memory(runner.graph_runner),
+        "num_running_reqs": len(sched.running),
+        "num_queue_reqs": len(sched.waiting),
+        "scheduler_pid": os.getpid(),
+    }
+
+
+def server_info(server: TokenizerManager, engine: dict) -> dict:
+    """/get_server_info: the front end's own figures around `engine` (`engine_info`)."""
+    args = dataclasses.asdict(server.server_args)
+    if args.get("api_key"):
+        args["api_key"] = "<redacted>"
+    engine = dict(engine)
+    # SGLang's per-scheduler figures (one scheduler here)
+    states = [{"avg_spec_accept_length": server.metrics.mean_accept_length(),
+               "last_gen_throughput": engine.pop("last_gen_throughput")}]
+    counts = {k: engine.pop(k) for k in ("num_running_reqs", "num_queue_reqs", "scheduler_pid")}
+    head = [k for k in engine if k not in GRAPH_KEYS]
+    return {
+        "server_args": args,
+        **model_info(server.spec),
+        **{k: engine[k] for k in head},
+        "internal_states": states,
+        **{k: engine[k] for k in GRAPH_KEYS},
         "gil_switch_interval": sys.getswitchinterval(),
+        **counts,
+        "pid": os.getpid(),
     }
 
 
@@ -114,9 +136,10 @@ def _metric(name: str, kind: str, help_text: str, value: float) -> str:
     return f"# HELP {full} {help_text}\n# TYPE {full} {kind}\n{full} {value}\n"
 
 
-def render_metrics(server: SchedulerThread) -> str:
-    """The Prometheus text exposition of the server's counters and gauges."""
-    m, sched = server.metrics, server.engine.scheduler
+def render_metrics(server: TokenizerManager, engine: dict) -> str:
+    """The Prometheus text exposition of the server's counters and the gauges of `engine`
+    (`engine_info`)."""
+    m = server.metrics
     return "".join([
         _metric("requests_total", "counter",
                 "Generation requests received, valid or not.", m.requests_total),
@@ -135,7 +158,7 @@ def render_metrics(server: SchedulerThread) -> str:
                 "Mean tokens per speculative verify step (0 without speculation).",
                 m.mean_accept_length()),
         _metric("num_running_reqs", "gauge",
-                "Requests in the running batch.", len(sched.running)),
+                "Requests in the running batch.", engine["num_running_reqs"]),
         _metric("num_queue_reqs", "gauge",
-                "Requests waiting for admission.", server.num_queued()),
+                "Requests waiting for admission.", engine["num_queue_reqs"]),
     ])

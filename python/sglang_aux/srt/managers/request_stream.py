@@ -1,5 +1,5 @@
-"""One request's progress on the event loop: the updates the scheduler thread posts, turned
-into streamed text deltas or a final output dict."""
+"""One request's progress on the event loop: the updates the front end's reader thread posts
+from the scheduler process, turned into streamed text deltas or a final output dict."""
 
 from __future__ import annotations
 
@@ -8,27 +8,28 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
-from sglang_aux.srt.entrypoints.engine import Engine
+from sglang_aux.srt.managers.io_struct import Finished
+from sglang_aux.srt.managers.request_output import request_output
 from sglang_aux.srt.managers.schedule_batch import Req
+from sglang_aux.srt.managers.tokenizer import Tokenizer
 
 REPLACEMENT_CHAR = "\ufffd"  # what a cut-off UTF-8 sequence decodes to
 
 
 @dataclass
 class RequestUpdate:
-    """New output tokens of one request. `finished` is the Req on its last update (the thread
-    never touches a finished Req again, so the event loop may read it); `error` says why the
-    request failed instead."""
+    """New output tokens of one request; `finished` on its last update, or `error` saying why
+    the request failed instead."""
 
     new_ids: list[int]
-    finished: Req | None = None
+    finished: Finished | None = None
     error: str | None = None
 
 
 @dataclass
 class StreamDelta:
     """What a streaming client gets next: text and token ids since the previous delta, and
-    the full output (`Engine.output_of`) with the last one."""
+    the full output (`request_output`) with the last one."""
 
     text: str
     output_ids: list[int]
@@ -43,8 +44,9 @@ class RequestStream:
     """One request's updates on the event loop. Iterate for StreamDeltas, or await
     `result()` for the output dict only; use one of the two, once."""
 
-    def __init__(self, engine: Engine, req: Req):
-        self.engine = engine
+    def __init__(self, tokenizer: Tokenizer, req: Req):
+        self.tokenizer = tokenizer
+        self.req = req  # the front end's copy: its output fields are set when it finishes
         self.rid = req.rid
         self.prompt_tokens = len(req.origin_input_ids)
         self.finished = False
@@ -68,9 +70,11 @@ class RequestStream:
         self._output_ids += update.new_ids
         return update
 
-    def _final(self, req: Req) -> dict:
+    def _final(self, finished: Finished) -> dict:
         self.finished = True
-        return self.engine.output_of(req, time.perf_counter() - self._start)
+        self.req.output_ids = self._output_ids
+        finished.apply(self.req)
+        return request_output(self.tokenizer, self.req, time.perf_counter() - self._start)
 
     async def result(self) -> dict:
         while (update := await self._next()).finished is None:
@@ -84,7 +88,7 @@ class RequestStream:
                 out = self._final(update.finished)
                 yield StreamDelta(out["text"][len(self._sent_text):], update.new_ids, out)
                 return
-            text = self.engine.tokenizer.decode(self._output_ids).rstrip(REPLACEMENT_CHAR)
+            text = self.tokenizer.decode(self._output_ids).rstrip(REPLACEMENT_CHAR)
             text = text[: max(len(text) - self._holdback, 0)]
             delta = text[len(self._sent_text):] if text.startswith(self._sent_text) else ""
             self._sent_text += delta

@@ -1,7 +1,8 @@
 """Continuous batching: admit waiting requests, prefill them, decode the running ones.
 
 Each `step()` launches one prefill of newly admitted requests if any were admitted, else one
-decode step of every running request, then reads the tokens of a launched step: with overlap
+decode step of every running request (with a side stream, both: below), then reads the tokens
+of the launched steps: with overlap
 (SGLang's overlap scheduler) the previous one, so the host's bookkeeping of step n (appending
 tokens, stop checks, finishing, admitting) runs while the device computes step n+1; without,
 the one it just launched. A step's inputs come from the rows' device state, so launching
@@ -20,6 +21,15 @@ DFlash the draft context too (its prefill epilogue and verify commit write both 
 position they pass), and no forward writes below kv_len again. Under overlap a step still in
 flight for a finished request writes only at or past its kv_len and reads cached slots that
 later-launched work alone can reuse (stream order).
+
+With a side stream (`--enable-concurrent-prefill`) a step that admits requests
+runs their prefill on a second stream beside the decode step of the requests already running,
+and everything launched later waits for both: each is a chain of small kernels that leaves
+most of the GPU idle. They touch disjoint memory: the prefill writes only the arrivals' rows,
+sampling parameters, slots and draft context, and reads cached prefix slots that no forward
+writes again; the decode step writes only the running requests'; admission's slot and row
+writes are issued before the side stream starts; and the prefill graphs then keep their own
+aux storage and graph pool (`ModelRunner.init_prefill_graphs`).
 """
 
 from __future__ import annotations
@@ -35,9 +45,11 @@ import torch
 from sglang_aux.srt.managers.finish_check import FinishCheck
 from sglang_aux.srt.managers.pending_step import PendingStep
 from sglang_aux.srt.managers.prefill_delayer import PrefillDelayer
+from sglang_aux.srt.managers.request_limits import RequestLimits
 from sglang_aux.srt.managers.schedule_batch import Req, map_cached_prefix, release_kv, reserve_kv
 from sglang_aux.srt.managers.tokenizer import Tokenizer
 from sglang_aux.srt.mem_cache.radix_cache import RadixCache
+from sglang_aux.srt.model_executor.runner_utils.side_stream import SideStream
 
 logger = logging.getLogger(__name__)
 
@@ -56,7 +68,8 @@ class Scheduler:
                  on_update: Callable[[Req], None] | None = None, overlap: bool = False,
                  tree_cache: RadixCache | None = None,
                  prefill_delayer: PrefillDelayer | None = None,
-                 prefill_graph_limits: tuple[int, int] | None = None):
+                 prefill_graph_limits: tuple[int, int] | None = None,
+                 side_stream: SideStream | None = None):
         self.worker = worker
         self.runner = runner = worker.model_runner
         self.req_to_token_pool = runner.req_to_token_pool
@@ -64,21 +77,27 @@ class Scheduler:
         self.max_running_requests = max_running_requests
         self.context_len = context_len
         self.finish = FinishCheck(tokenizer, eos_token_ids, context_len, worker.tokens_per_step)
+        self.limits = RequestLimits(context_len, worker.tokens_per_step, self.allocator.size,
+                                    overlap)
         self.on_update = on_update
         self.overlap = overlap
         self.tree_cache = tree_cache
         self.prefill_delayer = prefill_delayer
         # (requests, tokens) one prefill graph takes; None: no prefill graphs
         self.prefill_graph_limits = prefill_graph_limits
+        # set: a prefill runs on it beside the running batch's decode step, not in a step of
+        # its own (concurrent prefill; the module docstring says why that is safe)
+        self.side_stream = side_stream
         self.cache_hit_tokens = 0  # prompt tokens admitted with their K/V already cached
         self.admitted_prompt_tokens = 0
         self.waiting: deque[Req] = deque()
         self.running: list[Req] = []
-        self.in_flight: PendingStep | None = None  # launched, tokens not read (overlap)
+        # launched, tokens not read (overlap): a prefill, a decode step, or both
+        self.in_flight: list[PendingStep] = []
         self.stats = {"prefill_steps": 0, "decode_steps": 0, "generated_tokens": 0,
                       "prefill_requests": 0, "prefill_tokens": 0, "decode_batch_requests": 0,
                       "prefill_seconds": 0.0, "decode_seconds": 0.0,
-                      "prefill_delayed_passes": 0}
+                      "prefill_delayed_passes": 0, "prefills_beside_decode": 0}
 
     @property
     def eos_token_ids(self) -> set[int]:
@@ -86,15 +105,7 @@ class Scheduler:
 
     def validate(self, req: Req) -> None:
         """ValueError when the request can never run."""
-        n = len(req.origin_input_ids)
-        if n == 0:
-            raise ValueError("the prompt is empty")
-        if n + self.worker.tokens_per_step > self.context_len:
-            raise ValueError(f"the prompt has {n} tokens; the context holds {self.context_len}"
-                             f" (less {self.worker.tokens_per_step} for a decode step)")
-        if self._reservation(req) > self.allocator.size:
-            raise ValueError(f"the request needs {self._reservation(req)} KV slots; the pool "
-                             f"holds {self.allocator.size}")
+        self.limits.validate(req)
 
     def add_request(self, req: Req) -> None:
         self.validate(req)
@@ -104,13 +115,7 @@ class Scheduler:
         return bool(self.waiting or self.running or self.in_flight)
 
     def _reservation(self, req: Req) -> int:
-        # A step writes `tokens_per_step` positions from kv_len = seq_len - 1, and runs only
-        # while fewer than max_new_tokens are out and seq_len + tokens_per_step - 1 is below
-        # the context (see FinishCheck.reason): every position stays below both bounds.
-        # Under overlap a request may run one step past its end before the host reads it.
-        need = len(req.origin_input_ids) + req.sampling_params.max_new_tokens
-        steps = 2 if self.overlap else 1
-        return min(need + steps * self.worker.tokens_per_step, self.context_len)
+        return self.limits.reservation(req)
 
     def _admit(self) -> list[Req]:
         """Waiting requests for one prefill, in order, while rows and KV last; with prefill
@@ -186,28 +191,36 @@ class Scheduler:
     def step(self) -> None:
         start = time.perf_counter()
         new = self._admit() if self._prefill_now() else []
-        launched = None
+        side = self.side_stream if new else None
+        launched: list[PendingStep] = []
         if new:
             self.stats["prefill_steps"] += 1
             self.stats["prefill_requests"] += len(new)
             self.stats["prefill_tokens"] += sum(len(r.origin_input_ids) - r.kv_len for r in new)
-            launched = self.worker.prefill(new)
-            self.running += new
-        else:
+            if side is None:
+                launched.append(self.worker.prefill(new))
+            else:
+                with side.beside():
+                    launched.append(self.worker.prefill(new))
+        if not new or side is not None:
             batch = [r for r in self.running if self._can_launch(r)]
-            if self.running and not batch and self.in_flight is None:
+            if self.running and not batch and not self.in_flight and not new:
                 raise RuntimeError(f"no step fits any of {len(self.running)} running requests")
             if batch:
                 self.stats["decode_steps"] += 1
                 self.stats["decode_batch_requests"] += len(batch)
-                launched = self.worker.decode(batch)
-        if launched is not None:
-            for r in launched.reqs:
-                r.pending_tokens += launched.kv_growth
-        done, self.in_flight = (self.in_flight, launched) if self.overlap else (launched, None)
-        if done is not None:
-            self._complete(done)
-        kind = "prefill_seconds" if new else "decode_seconds"
+                self.stats["prefills_beside_decode"] += bool(new)
+                launched.append(self.worker.decode(batch))
+        if side is not None:
+            side.join()
+        self.running += new
+        for step in launched:
+            for r in step.reqs:
+                r.pending_tokens += step.kv_growth
+        done, self.in_flight = (self.in_flight, launched) if self.overlap else (launched, [])
+        for step in done:
+            self._complete(step)
+        kind = "prefill_seconds" if new and len(launched) == 1 else "decode_seconds"
         self.stats[kind] += time.perf_counter() - start
 
     def _prefill_now(self) -> bool:

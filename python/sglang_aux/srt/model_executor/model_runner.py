@@ -34,6 +34,7 @@ from sglang_aux.srt.model_executor.runner_utils.capture_sizes import (
     get_capture_bs,
     prefill_graph_plan,
 )
+from sglang_aux.srt.model_executor.runner_utils.pool import PREFILL_POOL, SHARED_POOL
 from sglang_aux.srt.model_executor.runner_utils.prefill_buffers import PrefillInputBuffers
 from sglang_aux.srt.model_loader.loader import get_model
 from sglang_aux.srt.server_args import ServerArgs
@@ -53,13 +54,13 @@ def make_attn_backend(name: str) -> AttentionBackend:
     return TorchNativeAttnBackend()
 
 
-def make_graph_backend(device: torch.device) -> GraphBackend:
+def make_graph_backend(device: torch.device, pool: str = SHARED_POOL) -> GraphBackend:
     if device.type == "cuda":
         from sglang_aux.srt.model_executor.runner_backend.cuda_graph_backend import (
             CudaGraphBackend,
         )
 
-        return CudaGraphBackend(device)
+        return CudaGraphBackend(device, pool)
     return EagerReplayBackend()
 
 
@@ -165,7 +166,9 @@ class ModelRunner:
                             streamed_aux: StreamedAux | None = None) -> None:
         """Capture the prefill (EXTEND) graphs `prefill_graph_plan` asks for; `epilogue` and
         `streamed_aux` as in `init_decode_graphs`. Call after `init_decode_graphs`: the
-        prefill graphs borrow the decode graphs' shared aux storage."""
+        prefill graphs borrow the decode graphs' shared aux storage, unless a prefill may
+        replay beside a decode step (`enable_concurrent_prefill`): then they own their aux
+        storage and graph pool, and nothing they write is read by a decode graph."""
         self._register(ForwardMode.EXTEND, epilogue, streamed_aux)
         tokens, max_bs = self.prefill_capture_tokens, self.prefill_capture_bs
         if not tokens:
@@ -174,7 +177,8 @@ class ModelRunner:
             logger.info("No prefill graphs: the %s attention backend reads host lists",
                         type(self.attn_backend).__name__)
             return
-        decode = None if self.graph_runner is None else self.graph_runner.buffers
+        beside = self.server_args.enable_concurrent_prefill
+        decode = None if self.graph_runner is None or beside else self.graph_runner.buffers
         aux = None if decode is None else decode.aux_hidden_states
         acc = None if decode is None else decode.aux_projection_acc
         if aux is None and self.get_aux_hidden_states_width() > 0:
@@ -188,7 +192,8 @@ class ModelRunner:
             dtype=self.model_config.dtype, device=self.device, aux_hidden_states=aux,
             aux_projection_acc=acc)
         self.prefill_graph_runner = PrefillCudaGraphRunner(
-            self, capture_tokens=tokens, max_bs=max_bs, backend=make_graph_backend(self.device),
+            self, capture_tokens=tokens, max_bs=max_bs,
+            backend=make_graph_backend(self.device, PREFILL_POOL if beside else SHARED_POOL),
             buffers=buffers, epilogue=epilogue, streamed_aux=streamed_aux)
         self.prefill_graph_runner.capture()
 

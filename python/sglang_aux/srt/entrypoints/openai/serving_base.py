@@ -1,4 +1,4 @@
-"""What every generation route does: check the model name, submit to the scheduler thread
+"""What every generation route does: check the model name, submit to the scheduler process
 (bad input becomes a 400), and frame a request's stream as server-sent events."""
 
 from __future__ import annotations
@@ -18,26 +18,26 @@ from sglang_aux.srt.entrypoints.openai.protocol import (
     sse,
 )
 from sglang_aux.srt.managers.request_stream import RequestFailed, RequestStream, StreamDelta
-from sglang_aux.srt.managers.scheduler_thread import SchedulerThread
+from sglang_aux.srt.managers.tokenizer_manager import TokenizerManager
 
 logger = logging.getLogger(__name__)
 
 
-def served_model_name(server: SchedulerThread) -> str:
-    return server.engine.server_args.served_model_name
+def served_model_name(server: TokenizerManager) -> str:
+    return server.server_args.served_model_name
 
 
-def check_model(server: SchedulerThread, name: str | None) -> str:
+def check_model(server: TokenizerManager, name: str | None) -> str:
     """The served model's name; 404 (as OpenAI answers) when the client asked for another.
     The model path the server was started with is accepted too."""
     served = served_model_name(server)
-    if name is not None and name not in (served, server.engine.server_args.model_path):
+    if name is not None and name not in (served, server.server_args.model_path):
         raise APIError(404, f"model {name!r} not found; this server serves {served!r}")
     return served
 
 
-async def submit_request(server: SchedulerThread, **kwargs) -> RequestStream:
-    """`SchedulerThread.submit`, with a validation failure as a 400 that says why."""
+async def submit_request(server: TokenizerManager, **kwargs) -> RequestStream:
+    """`TokenizerManager.submit`, with a validation failure as a 400 that says why."""
     try:
         return await server.submit(**kwargs)
     except ValueError as e:
@@ -54,7 +54,7 @@ async def _client_gone(request: Request) -> None:
         pass
 
 
-async def await_result(server: SchedulerThread, stream: RequestStream,
+async def await_result(server: TokenizerManager, stream: RequestStream,
                        request: Request) -> dict:
     """The request's output dict. A scheduler failure is a 500; a client that hangs up
     first aborts the request (its answer, 499, reaches nobody)."""
@@ -75,7 +75,7 @@ async def await_result(server: SchedulerThread, stream: RequestStream,
             server.abort(stream.rid)
 
 
-async def event_stream(server: SchedulerThread, stream: RequestStream,
+async def event_stream(server: TokenizerManager, stream: RequestStream,
                        chunks: Callable[[StreamDelta], list[dict]]) -> AsyncIterator[str]:
     """SSE events: `chunks(delta)` for every delta, then `[DONE]`. A scheduler failure ends
     the stream with an error event; a client that goes away aborts the request."""

@@ -24,8 +24,8 @@ from sglang_aux.srt.entrypoints.openai.serving_base import (
     submit_request,
 )
 from sglang_aux.srt.managers.request_stream import StreamDelta
-from sglang_aux.srt.managers.scheduler_thread import SchedulerThread
 from sglang_aux.srt.managers.tokenizer import Tokenizer
+from sglang_aux.srt.managers.tokenizer_manager import TokenizerManager
 
 try:  # optional: only checkpoints that ship a chat template need it
     import jinja2
@@ -75,10 +75,10 @@ def render_chat(tokenizer: Tokenizer, messages: list[ChatMessage]) -> str:
         raise APIError(400, f"the chat template rejected the messages: {e}") from None
 
 
-async def create_chat_completion(server: SchedulerThread, body: ChatCompletionRequest,
+async def create_chat_completion(server: TokenizerManager, body: ChatCompletionRequest,
                                  request: Request) -> dict | StreamingResponse:
     model = check_model(server, body.model)
-    prompt = render_chat(server.engine.tokenizer, body.messages)
+    prompt = render_chat(server.tokenizer, body.messages)
     stream = await submit_request(server, text=prompt, sampling_params=body.to_sampling_params())
     head = {"id": request_id("chatcmpl"), "created": int(time.time()), "model": model}
 

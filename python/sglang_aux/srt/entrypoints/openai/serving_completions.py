@@ -16,10 +16,10 @@ from sglang_aux.srt.entrypoints.openai.serving_base import (
     submit_request,
 )
 from sglang_aux.srt.managers.request_stream import StreamDelta
-from sglang_aux.srt.managers.scheduler_thread import SchedulerThread
+from sglang_aux.srt.managers.tokenizer_manager import TokenizerManager
 
 
-async def create_completion(server: SchedulerThread, body: CompletionRequest,
+async def create_completion(server: TokenizerManager, body: CompletionRequest,
                             request: Request) -> dict | StreamingResponse:
     model = check_model(server, body.model)
     text, ids = (body.prompt, None) if isinstance(body.prompt, str) else (None, body.prompt)

@@ -1,0 +1,67 @@
+"""What the HTTP front end and the scheduler process send each other over their pipes.
+
+Front end -> scheduler, one tuple per command, taken between steps:
+  ("add", rid, input_ids, SamplingParams, seed)   a validated request
+  ("abort", rid)                                  its client went away
+  ("flush_cache", reply_id) / ("info", reply_id)  answered with a "reply"
+  ("stop",)
+Scheduler -> front end:
+  ("ready", EngineSpec) or ("startup_error", exception, traceback text), once
+  ("step", [(rid, new_ids, Finished | None), ...])  one message per step, every update
+  ("failed", [rid, ...], reason)                  a step failed; so did these requests
+  ("aborted", rid)                                the request was dropped
+  ("reply", reply_id, value)
+Token ids travel as lists and requests as their fields: nothing holds a tensor.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sglang_aux.srt.managers.request_limits import RequestLimits
+from sglang_aux.srt.managers.schedule_batch import Req
+from sglang_aux.srt.managers.tokenizer import Tokenizer
+from sglang_aux.srt.server_args import ServerArgs
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    """What the front end needs of the engine, sent once when it is ready."""
+
+    server_args: ServerArgs  # as the engine resolved them (model_path is the folder)
+    tokenizer: Tokenizer
+    limits: RequestLimits
+    vocab_size: int
+    architecture: str
+    context_len: int
+    dtype: str  # "float32", ...
+    device: str
+    radix_cache: bool  # whether the prefix cache is on
+    pid: int  # the scheduler process's
+
+
+@dataclass(frozen=True)
+class Finished:
+    """A finished request's fields that its output dict reads (besides the token ids)."""
+
+    finished_reason: dict
+    cached_tokens: int
+    spec_verify_ct: int
+    spec_accepted_tokens: int
+    spec_accept_histogram: list[int]
+
+    @classmethod
+    def of(cls, req: Req) -> Finished:
+        return cls(req.finished_reason, req.cached_tokens, req.spec_verify_ct,
+                   req.spec_accepted_tokens, list(req.spec_accept_histogram))
+
+    def apply(self, req: Req) -> None:
+        """Copy the fields onto the front end's copy of the request."""
+        req.finished_reason = self.finished_reason
+        req.cached_tokens = self.cached_tokens
+        req.spec_verify_ct = self.spec_verify_ct
+        req.spec_accepted_tokens = self.spec_accepted_tokens
+        req.spec_accept_histogram = self.spec_accept_histogram
+
+
+RequestOut = tuple[str, list[int], Finished | None]  # rid, new output ids, set on the last

@@ -1,0 +1,167 @@
+"""The scheduler loop in its own process, so it shares no GIL with the HTTP front end.
+
+`run_scheduler_process` is the child's entry (multiprocessing "spawn": CUDA cannot be used
+in a forked child). It builds the Engine (loading, graph capture and every replay run in
+this process), tells the front end what it needs of it (`EngineSpec`), then loops: take the
+commands that arrived (blocking only while idle), run `scheduler.step()` while there is
+work, and after each step send one message with every request's new tokens
+(`io_struct` lists the messages). A step that raises fails the requests in flight and the
+loop keeps serving. The loop ends on "stop" or when the front end's pipe closes (the server
+died): nobody is left to serve.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+
+import torch
+
+from sglang_aux.srt.entrypoints.engine import Engine
+from sglang_aux.srt.entrypoints.server_info import engine_info
+from sglang_aux.srt.managers.io_struct import EngineSpec, Finished, RequestOut
+from sglang_aux.srt.managers.schedule_batch import Req
+from sglang_aux.srt.managers.server_metrics import StepThroughput
+from sglang_aux.srt.server_args import ServerArgs
+
+logger = logging.getLogger(__name__)
+
+LOG_FORMAT = "[%(asctime)s] %(levelname)s %(name)s: %(message)s"
+
+EngineFactory = Callable[[ServerArgs], Engine]
+
+
+def run_scheduler_process(server_args: ServerArgs, commands: Connection, outputs: Connection,
+                          make_engine: EngineFactory = Engine) -> None:
+    """The child's main: build the engine, report it ready (or why not), serve commands."""
+    logging.basicConfig(level=server_args.log_level.upper(), format=LOG_FORMAT)
+    with torch.no_grad():
+        try:
+            engine = make_engine(server_args)
+        except BaseException as e:  # start() re-raises it in the front end
+            _send_startup_error(outputs, e)
+            return
+        outputs.send(("ready", engine_spec(engine)))
+        try:
+            SchedulerLoop(engine, commands, outputs).run()
+        except (BrokenPipeError, EOFError, ConnectionResetError):
+            logger.info("the front end went away; the scheduler process exits")
+
+
+def _send_startup_error(outputs: Connection, error: BaseException) -> None:
+    text = traceback.format_exc()
+    try:
+        outputs.send(("startup_error", error, text))
+    except Exception:  # the exception does not pickle: its type and message do
+        outputs.send(("startup_error", RuntimeError(f"{type(error).__name__}: {error}"), text))
+
+
+def engine_spec(engine: Engine) -> EngineSpec:
+    cfg, runner = engine.model_config, engine.worker.model_runner
+    return EngineSpec(
+        server_args=engine.server_args, tokenizer=engine.tokenizer,
+        limits=engine.scheduler.limits, vocab_size=cfg.hf_config.vocab_size,
+        architecture=cfg.architecture, context_len=cfg.context_len,
+        dtype=str(cfg.dtype).removeprefix("torch."), device=str(runner.device),
+        radix_cache=engine.scheduler.tree_cache is not None, pid=os.getpid(),
+    )
+
+
+@dataclass
+class _Live:
+    req: Req
+    sent: int = 0  # output tokens sent so far
+
+
+class SchedulerLoop:
+    def __init__(self, engine: Engine, commands: Connection, outputs: Connection):
+        self.engine = engine
+        self.sched = engine.scheduler
+        self.commands = commands
+        self.outputs = outputs
+        self.throughput = StepThroughput()
+        self._live: dict[str, _Live] = {}
+        self._updates: list[RequestOut] = []  # of the current step
+        self._emitted = 0  # output tokens sent
+        self.sched.on_update = self._on_update
+
+    def run(self) -> None:
+        while self._take_commands(block=not self.sched.has_work()):
+            if self.sched.has_work():
+                self._step()
+
+    def _take_commands(self, block: bool) -> bool:
+        """Apply the commands that arrived (waiting for one when idle); False on "stop"."""
+        while block or self.commands.poll():
+            block = False
+            cmd = self.commands.recv()
+            kind = cmd[0]
+            if kind == "stop":
+                return False
+            if kind == "add":
+                self._add(*cmd[1:])
+            elif kind == "abort":
+                self._abort(cmd[1])
+            elif kind == "flush_cache":
+                self.outputs.send(("reply", cmd[1], self.sched.flush_cache()))
+            elif kind == "info":
+                self.outputs.send(("reply", cmd[1], engine_info(self.engine, self.throughput)))
+            else:
+                raise ValueError(f"unknown scheduler command {kind!r}")
+        return True
+
+    def _add(self, rid: str, input_ids: list[int], params, seed: int) -> None:
+        req = Req(rid, input_ids, params, seed=seed)
+        try:
+            self.sched.add_request(req)  # the front end validated it against the same limits
+        except ValueError as e:
+            self.outputs.send(("failed", [rid], str(e)))
+            return
+        self._live[rid] = _Live(req)
+
+    def _abort(self, rid: str) -> None:
+        live = self._live.pop(rid, None)
+        if live is not None:  # else it finished (or failed) already
+            self.sched.abort(live.req)
+            self.outputs.send(("aborted", rid))
+            logger.debug("aborted %s after %d tokens", rid, live.sent)
+
+    def _step(self) -> None:
+        start, emitted = time.perf_counter(), self._emitted
+        failed: list[str] = []
+        try:
+            self.sched.step()
+            self.throughput.record_step(self._emitted - emitted, time.perf_counter() - start)
+        except Exception as e:
+            # Keep serving: fail what was in flight and start from an empty scheduler.
+            logger.exception("scheduler step failed; failing %d requests", len(self._live))
+            self.sched.in_flight = []  # its requests are failed below
+            for live in self._live.values():
+                self.sched.abort(live.req)
+            failed, reason = list(self._live), f"internal error: {e!r}"
+            self._live.clear()
+            # the failed step may have left unwritten K/V under the dropped requests' kv_len
+            self.sched.flush_cache()
+        if self._updates:
+            self.outputs.send(("step", self._updates))
+            self._updates = []
+        if failed:
+            self.outputs.send(("failed", failed, reason))
+
+    def _on_update(self, req: Req) -> None:
+        live = self._live.get(req.rid)
+        if live is None:  # aborted earlier
+            return
+        new_ids = req.output_ids[live.sent:]
+        live.sent = len(req.output_ids)
+        self._emitted += len(new_ids)
+        finished = None
+        if req.finished:
+            del self._live[req.rid]
+            finished = Finished.of(req)
+        self._updates.append((req.rid, new_ids, finished))
