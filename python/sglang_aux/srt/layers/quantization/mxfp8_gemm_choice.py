@@ -58,6 +58,22 @@ SMALL_M_CHOICE: dict[WeightFormat, str] = {
 }
 
 
+# Aux projections (K = slices of one width H) with an MXFP8 weight and at least this many rows
+# walk K one slice at a time through BF16 scratch and cuBLAS (`sliced_choice`). Below it the
+# per-call weight dequantization (~1.5 GB of traffic at K3 dims, ~0.35 ms) outweighs what
+# cuBLAS saves (the FP8-dot kernel costs ~1.9 us a row there, the cuBLAS walk ~0.85).
+SLICED_CUBLAS_MIN_M = 1024
+
+
+def sliced_choice(m: int, slice_width: int) -> str | None:
+    """The GEMM of an M-row aux projection with an MXFP8 weight: from SLICED_CUBLAS_MIN_M rows,
+    chunked cuBLAS with one aux slice per chunk (H200, M 4096 at K3 dims: 3.79 ms against the
+    FP8-dot kernel's 7.77; `docs/data/mxfp8_gemm_cublas_h200.json`), whose staged, streamed
+    and concat calls make the same cuBLAS calls and so agree bit for bit; else None (the
+    production choice for M)."""
+    return f"cublas_kc{slice_width}" if m >= SLICED_CUBLAS_MIN_M else None
+
+
 def choose(m: int, weight_format: WeightFormat, name: str | None = None) -> Candidate:
     """The candidate `name`, or the production choice for an M-row GEMM."""
     table = CANDIDATES[weight_format]
