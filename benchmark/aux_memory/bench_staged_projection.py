@@ -2,6 +2,7 @@
 
     python benchmark/aux_memory/bench_staged_projection.py --out prefill_projection.json  # H200
     python benchmark/aux_memory/bench_staged_projection.py --cpu-smoke    # small, no peaks
+    python benchmark/aux_memory/bench_staged_projection.py --candidate cublas_kc7168 --out p.json
 
 K aux slices [M, H] (bf16) are produced one after another, as a target's layers tap them, and
 projected by the draft fc [N, K*H] (bf16 or MXFP8 weights):
@@ -11,7 +12,9 @@ projected by the draft fc [N, K*H] (bf16 or MXFP8 weights):
 - streamed: each slice's W_i a_i added into an fp32 [M, N] accumulator and the slice freed;
   the fc output is the accumulator rounded to bf16.
 Peaks are `max_memory_allocated` after a reset, minus what was allocated before (weights);
-each path's floor is what it must hold at its peak. GEMM timings: bench_mxfp8_gemm.py.
+each path's floor is what it must hold at its peak. `--candidate` names the MXFP8 GEMM of the
+mxfp8 paths (default: the production choice; a "cublas_kc..." one adds its scratch to the
+peaks). GEMM timings: bench_mxfp8_gemm.py.
 """
 
 import argparse
@@ -58,17 +61,19 @@ def make_slice(shape: Shape, index: int, device: str) -> torch.Tensor:
         generator=gen)
 
 
-def run_concat(shape: Shape, weight, device: str) -> torch.Tensor:
+def run_concat(shape: Shape, weight, device: str, candidate: str | None) -> torch.Tensor:
     slices = [make_slice(shape, i, device) for i in range(shape.num_slices)]
     if isinstance(weight, MXFP8Linear):
         out = torch.empty(shape.tokens, shape.out_features, dtype=DTYPE, device=device)
-        return concat_then_project(slices, weight, out)
+        return concat_then_project(slices, weight, out, candidate)
     return torch.cat(slices, dim=-1) @ weight.T
 
 
-def run_staged(shape: Shape, weight: MXFP8Linear, device: str) -> torch.Tensor:
+def run_staged(shape: Shape, weight: MXFP8Linear, device: str, candidate: str | None
+               ) -> torch.Tensor:
     out = torch.empty(shape.tokens, shape.out_features, dtype=DTYPE, device=device)
-    acc = MXFP8InputAccumulator(weight, out, shape.hidden, shape.num_slices)
+    acc = MXFP8InputAccumulator(weight, out, shape.hidden, shape.num_slices,
+                                candidate=candidate)
     for i in range(shape.num_slices):
         hidden = make_slice(shape, i, device)
         acc.accumulate(hidden)
@@ -76,10 +81,10 @@ def run_staged(shape: Shape, weight: MXFP8Linear, device: str) -> torch.Tensor:
     return acc.result()
 
 
-def run_streamed(shape: Shape, weight, device: str) -> torch.Tensor:
+def run_streamed(shape: Shape, weight, device: str, candidate: str | None) -> torch.Tensor:
     acc = torch.empty(shape.tokens, shape.out_features, dtype=torch.float32, device=device)
     proj = StreamedProjection(weight, acc, shape.hidden, shape.num_slices, dtype=DTYPE,
-                              out_dtype=DTYPE)
+                              out_dtype=DTYPE, candidate=candidate)
     for i in range(shape.num_slices):
         hidden = make_slice(shape, i, device)
         proj.accumulate(hidden)
@@ -116,7 +121,7 @@ def floors(shape: Shape) -> dict[str, int]:
     }
 
 
-def bench_shape(shape: Shape, device: str) -> dict:
+def bench_shape(shape: Shape, device: str, candidate: str | None) -> dict:
     gen = torch.Generator(device=device).manual_seed(7)
     w = torch.randn(shape.out_features, shape.width, dtype=DTYPE, device=device,
                     generator=gen) * 0.02
@@ -127,8 +132,8 @@ def bench_shape(shape: Shape, device: str) -> dict:
     rows, outs = [], {}
     for wname, path in RUNS:
         fn, weight = PATH_FNS[path], weights[wname]
-        fn(shape, weight, device)  # warm-up: Triton compiles outside the measurement
-        out, peak = peak_bytes(fn, shape, weight, device)
+        fn(shape, weight, device, candidate)  # warm-up: Triton compiles outside the measurement
+        out, peak = peak_bytes(fn, shape, weight, device, candidate)
         outs[f"{wname}/{path}"] = out
         row = {"weights": wname, "path": path, "peak_bytes": peak,
                "floor_bytes": floor[f"{wname}/{path}"], "weight_bytes": weight_bytes[wname]}
@@ -161,6 +166,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=None, help="JSON path for the full numbers")
     parser.add_argument("--cpu-smoke", action="store_true", help="small shapes on CPU")
+    parser.add_argument("--candidate", default=None,
+                        help="MXFP8 GEMM candidate of mxfp8_gemm_choice (default: production)")
     args = parser.parse_args()
     if args.cpu_smoke:
         device, shapes = "cpu", CPU_SMOKE_SHAPES
@@ -170,9 +177,9 @@ def main() -> None:
             raise SystemExit("needs CUDA; use --cpu-smoke on CPU")
         device, shapes = "cuda", GPU_SHAPES
         out_path = args.out or "benchmark/aux_memory/prefill_projection.json"
-    results = [bench_shape(shape, device) for shape in shapes]
+    results = [bench_shape(shape, device, args.candidate) for shape in shapes]
     report = {"device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
-              "torch": torch.__version__, "results": results}
+              "torch": torch.__version__, "candidate": args.candidate, "results": results}
     with open(out_path, "w") as f:
         json.dump(report, f, indent=2)
     print(f"wrote {out_path}")

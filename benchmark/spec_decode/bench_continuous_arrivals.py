@@ -149,8 +149,8 @@ def main() -> None:
     p.add_argument("--trace", action="store_true", help="GPU span and idle time per step")
     p.add_argument("--disable-radix-cache", action="store_true")
     p.add_argument("--engines", nargs="+", default=["target", "dflash"],
-                   help="of: target dflash, then _delay (with the prefill delayer) or _alone "
-                        "(--disable-concurrent-prefill: arrivals prefill in steps of their own)")
+                   help="of: target dflash, then _delay (with the prefill delayer) or _beside "
+                        "(--enable-concurrent-prefill)")
     p.add_argument("--out", default="benchmark/spec_decode/continuous_arrivals.json")
     a = p.parse_args()
     if a.trace and a.device != "cuda":
@@ -164,8 +164,8 @@ def main() -> None:
         extra = dict(dflash) if name.startswith("dflash") else {}
         if name.endswith("_delay"):
             extra["enable_prefill_delayer"] = True
-        if name.endswith("_alone"):
-            extra["disable_concurrent_prefill"] = True
+        if name.endswith("_beside"):
+            extra["enable_concurrent_prefill"] = True
         engine = Engine(model_path=folder, dtype=a.dtype, device=a.device,
                         max_running_requests=64, context_length=2048,
                         disable_radix_cache=a.disable_radix_cache, **extra)

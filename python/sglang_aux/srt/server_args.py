@@ -62,8 +62,8 @@ class ServerArgs:
     # the host reads step n's tokens while the device runs step n+1; None: on for CUDA
     disable_overlap_schedule: bool | None = None
     # a step's prefill of arrivals runs on a second stream beside the running batch's decode
-    # step (managers/scheduler.py); None: on for CUDA
-    disable_concurrent_prefill: bool | None = None
+    # step (managers/scheduler.py); off: on the harness it gained nothing (docs/benchmarks.md)
+    enable_concurrent_prefill: bool = False
     host: str = "127.0.0.1"
     port: int = 30000
     api_key: str | None = None
@@ -146,13 +146,6 @@ class ServerArgs:
             return not self.disable_overlap_schedule
         return self.resolved_device().startswith("cuda")
 
-    def resolved_concurrent_prefill(self) -> bool:
-        """Prefill beside decode by default on CUDA, where both are chains of small kernels
-        that leave most of the GPU idle; on the CPU one queue runs them in turn anyway."""
-        if self.disable_concurrent_prefill is not None:
-            return not self.disable_concurrent_prefill
-        return self.resolved_device().startswith("cuda")
-
     def resolved_attention_backend(self) -> str:
         if self.attention_backend is not None:
             return self.attention_backend
@@ -219,9 +212,9 @@ class ServerArgs:
         add("--disable-overlap-schedule", action="store_const", const=True, default=None,
             help="read each step's tokens before launching the next (default: overlap on CUDA, "
                  "where the host prepares step n+1 while the device runs step n)")
-        add("--disable-concurrent-prefill", action="store_const", const=True, default=None,
-            help="prefill arrivals in a step of their own (default on CUDA: an arrivals' "
-                 "prefill runs on a second stream beside the running batch's decode step)")
+        add("--enable-concurrent-prefill", action="store_true",
+            help="run an arrivals' prefill on a second CUDA stream beside the running batch's "
+                 "decode step instead of in a step of its own")
         add("--host", default=d["host"].default)
         add("--port", type=int, default=d["port"].default)
         add("--api-key", default=None)

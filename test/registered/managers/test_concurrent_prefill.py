@@ -31,7 +31,7 @@ def ckpts(tmp_path_factory):
 def _engine(ckpts, kind: str, concurrent: bool, overlap: bool) -> Engine:
     spec = {} if kind == "target" else dict(
         speculative_algorithm="DFLASH", speculative_draft_model_path=ckpts["tiny-llama-dflash"])
-    return Engine(model_path=ckpts["tiny-llama"], disable_concurrent_prefill=not concurrent,
+    return Engine(model_path=ckpts["tiny-llama"], enable_concurrent_prefill=concurrent,
                   disable_overlap_schedule=not overlap, **spec, **COMMON)
 
 

@@ -1,8 +1,9 @@
-"""Concurrent prefill with real CUDA graphs on two streams (run on the H200): on by default
-there, an arrivals' prefill runs on a side stream beside the running batch's decode step and
-gives the tokens, finish reasons and accept counts of prefilling in a step of its own (greedy
-and seeded sampling, overlap on and off); neither launch syncs, each queues one readback, the
-prefill graphs keep their own aux storage, and every slot and row comes back."""
+"""Concurrent prefill with real CUDA graphs on two streams (run on the H200): with
+`--enable-concurrent-prefill` an arrivals' prefill runs on a side stream beside the running
+batch's decode step and gives the tokens, finish reasons and accept counts of prefilling in a
+step of its own (greedy and seeded sampling, overlap on and off); neither launch syncs, each
+queues one readback, the prefill graphs keep their own aux storage, and every slot and row
+comes back."""
 
 import sys
 
@@ -34,10 +35,11 @@ def _params():
 @pytest.mark.parametrize("overlap", [True, False])
 @pytest.mark.parametrize("kind", KINDS)
 def test_prefill_beside_decode_equals_prefill_alone_on_graphs(tmp_path, kind, overlap):
-    beside = _engine(tmp_path, kind, disable_overlap_schedule=not overlap, **ROWS)
-    assert beside.scheduler.side_stream is not None, "concurrent prefill is the CUDA default"
-    alone = _engine(tmp_path, kind, disable_overlap_schedule=not overlap,
-                    disable_concurrent_prefill=True, **ROWS)
+    beside = _engine(tmp_path, kind, disable_overlap_schedule=not overlap,
+                     enable_concurrent_prefill=True, **ROWS)
+    assert beside.scheduler.side_stream is not None
+    alone = _engine(tmp_path, kind, disable_overlap_schedule=not overlap, **ROWS)
+    assert alone.scheduler.side_stream is None, "concurrent prefill is off by default"
     runner = beside.worker.model_runner
     if kind == "dflash":
         assert (runner.prefill_graph_runner.buffers.aux_hidden_states.data_ptr()

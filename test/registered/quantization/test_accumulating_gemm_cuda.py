@@ -128,7 +128,8 @@ def test_fp8_dot_and_bf16_dot_are_close_not_bitwise() -> None:
 
 @pytest.mark.parametrize("candidate", ["fp8dot_m64n128w4s6", "bf16dot_tma_p_m128n128k64w8s3",
                                        "bf16dot_ptr_m64n64k64w4s4",
-                                       "bf16dot_tma_p_m128n128k64w8s3_wc1024"])
+                                       "bf16dot_tma_p_m128n128k64w8s3_wc1024",
+                                       "cublas_kc256", "cublas_kc256_wr128_ov"])
 def test_scaling_is_exact(candidate: str) -> None:
     # W = identity rows: one nonzero product per output, so out == dequant(x) exactly when the
     # per-group scaling is right, across 200 binades of block scales.

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from sglang_aux.srt.entrypoints.engine import Engine
+from sglang_aux.srt.layers.quantization.mxfp8_gemm_choice import SLICED_CUBLAS_MIN_M
 from sglang_aux.srt.managers.schedule_batch import Req, build_extend_batch
 from sglang_aux.srt.sampling.sampling_params import SamplingParams
 from sglang_aux.test.ci.ci_register import register_cpu_ci
@@ -43,13 +44,21 @@ def _prefill_batch(worker, prompts):
     return reqs, build_extend_batch(runner, reqs)
 
 
-def test_staged_projection_is_bitwise_the_concat_path(tmp_path, device):
+# 98 rows: the production GEMM for M; 1,095: from SLICED_CUBLAS_MIN_M, one aux slice per cuBLAS
+# chunk, also in fc_forward's concat call
+@pytest.mark.parametrize("length", [40, 370])
+def test_staged_projection_is_bitwise_the_concat_path(tmp_path, device, length):
     worker = _engine(tmp_path, device).worker
     draft = worker.draft_runner.model
-    ids = [worker.target_runner.model_config.hf_config.vocab_size - 70 + i for i in range(40)]
-    prompts = [ids, ids[:23], ids[5:]]
+    vocab = worker.target_runner.model_config.hf_config.vocab_size
+    ids = [(vocab - 70 + i) % vocab for i in range(length)]
+    prompts = [ids, ids[:length - 17], ids[5:]]
     reqs, fb = _prefill_batch(worker, prompts)
     fb.aux_projection = draft.new_staged_projection(fb.num_tokens, torch.float32)
+    sliced = fb.num_tokens >= SLICED_CUBLAS_MIN_M
+    assert sliced == (length > 100)
+    hidden = worker.target_runner.model_config.hf_config.hidden_size
+    assert fb.aux_projection.candidate == (f"cublas_kc{hidden}" if sliced else None)
     staged_out = eager_forward(worker.target_runner, fb)
     assert staged_out.aux_hidden_states is None  # no packed aux tensor on the staged path
     staged = fb.aux_projection.result().clone()

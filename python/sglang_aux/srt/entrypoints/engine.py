@@ -54,7 +54,7 @@ class Engine:
             prefill_delayer=self._prefill_delayer(graph_limits),
             prefill_graph_limits=graph_limits,
             side_stream=SideStream(self.worker.model_runner.device)
-            if args.resolved_concurrent_prefill() else None,
+            if args.enable_concurrent_prefill else None,
         )
         self.requests = RequestFactory(self.tokenizer, self.scheduler.limits,
                                        self.model_config.hf_config.vocab_size, args.random_seed)

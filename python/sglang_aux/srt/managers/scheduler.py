@@ -22,7 +22,7 @@ position they pass), and no forward writes below kv_len again. Under overlap a s
 flight for a finished request writes only at or past its kv_len and reads cached slots that
 later-launched work alone can reuse (stream order).
 
-With a side stream (concurrent prefill, on by default on CUDA) a step that admits requests
+With a side stream (`--enable-concurrent-prefill`) a step that admits requests
 runs their prefill on a second stream beside the decode step of the requests already running,
 and everything launched later waits for both: each is a chain of small kernels that leaves
 most of the GPU idle. They touch disjoint memory: the prefill writes only the arrivals' rows,

@@ -167,7 +167,7 @@ class ModelRunner:
         """Capture the prefill (EXTEND) graphs `prefill_graph_plan` asks for; `epilogue` and
         `streamed_aux` as in `init_decode_graphs`. Call after `init_decode_graphs`: the
         prefill graphs borrow the decode graphs' shared aux storage, unless a prefill may
-        replay beside a decode step (`resolved_concurrent_prefill`): then they own their aux
+        replay beside a decode step (`enable_concurrent_prefill`): then they own their aux
         storage and graph pool, and nothing they write is read by a decode graph."""
         self._register(ForwardMode.EXTEND, epilogue, streamed_aux)
         tokens, max_bs = self.prefill_capture_tokens, self.prefill_capture_bs
@@ -177,7 +177,7 @@ class ModelRunner:
             logger.info("No prefill graphs: the %s attention backend reads host lists",
                         type(self.attn_backend).__name__)
             return
-        beside = self.server_args.resolved_concurrent_prefill()
+        beside = self.server_args.enable_concurrent_prefill
         decode = None if self.graph_runner is None or beside else self.graph_runner.buffers
         aux = None if decode is None else decode.aux_hidden_states
         acc = None if decode is None else decode.aux_projection_acc

@@ -23,6 +23,7 @@ from sglang_aux.srt.configs.decoder_config import LayerAttention, check_decoder_
 from sglang_aux.srt.layers.kv_store import KVStore
 from sglang_aux.srt.layers.layernorm import RMSNorm
 from sglang_aux.srt.layers.logits_processor import LogitsProcessor, LogitsProcessorOutput
+from sglang_aux.srt.layers.quantization.mxfp8_gemm_choice import sliced_choice
 from sglang_aux.srt.layers.quantization.mxfp8_linear import MXFP8Linear
 from sglang_aux.srt.layers.quantization.staged_input import MXFP8InputAccumulator
 from sglang_aux.srt.layers.quantization.streamed_projection import StreamedProjection
@@ -99,7 +100,8 @@ class DFlashDraftModel(nn.Module):
         out = torch.empty((num_tokens, self.fc.out_features), dtype=self.fc.weight.dtype,
                           device=self.fc.weight.device)  # [T, H]
         return MXFP8InputAccumulator(self.fc_mxfp8, out, dc.target_hidden_size,
-                                     len(dc.target_layer_ids), dtype=aux_dtype)
+                                     len(dc.target_layer_ids), dtype=aux_dtype,
+                                     candidate=self._fc_candidate(num_tokens))
 
     def new_streamed_projection(self, num_tokens: int, aux_dtype: torch.dtype,
                                 acc: torch.Tensor | None = None) -> StreamedProjection:
@@ -111,7 +113,15 @@ class DFlashDraftModel(nn.Module):
                               device=self.fc.weight.device)
         weight = self.fc_mxfp8 if self.fc_mxfp8 is not None else self.fc.weight.detach()
         return StreamedProjection(weight, acc, dc.target_hidden_size, len(dc.target_layer_ids),
-                                  dtype=aux_dtype, out_dtype=self.fc.weight.dtype)
+                                  dtype=aux_dtype, out_dtype=self.fc.weight.dtype,
+                                  candidate=self._fc_candidate(num_tokens))
+
+    def _fc_candidate(self, num_tokens: int) -> str | None:
+        """The MXFP8 fc GEMM for `num_tokens` rows, the same for the staged, streamed and
+        concat calls (`mxfp8_gemm_choice.sliced_choice`); None with a bf16 fc."""
+        if self.fc_mxfp8 is None:
+            return None
+        return sliced_choice(num_tokens, self.dflash_config.target_hidden_size)
 
     def fc_forward(self, aux: torch.Tensor) -> torch.Tensor:
         """`[N, K * H_target]` aux rows -> `[N, H]` fc output (before hidden_norm)."""
@@ -121,7 +131,7 @@ class DFlashDraftModel(nn.Module):
                 f"{self.fc.in_features}"
             )
         if self.fc_mxfp8 is not None:
-            return self.fc_mxfp8(aux)
+            return self.fc_mxfp8(aux, candidate=self._fc_candidate(aux.shape[0]))
         return self.fc(aux.to(self.fc.weight.dtype))
 
     def project_context(self, aux: torch.Tensor) -> torch.Tensor:

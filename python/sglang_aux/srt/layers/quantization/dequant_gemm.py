@@ -161,6 +161,16 @@ def _dequant_rows_kernel(q_ptr, s_ptr, out_ptr, R, K, stride_q, stride_s, stride
              _dequant(q, b, BLOCK_R, BLOCK_K, GROUP, OPERAND), mask=row_ok & (ks < K)[None, :])
 
 
+def dequantize_rows(q: torch.Tensor, s: torch.Tensor, out: torch.Tensor) -> None:
+    """out[R, K] = q * 2^(s - 127) per 32-wide group, exact (see `mxfp8_kernels`), into a bf16
+    or (interpreter, exact runs) fp32 `out`; all three may be row-strided views."""
+    r, k = q.shape
+    _dequant_rows_kernel[(triton.cdiv(r, _DEQUANT_ROWS), triton.cdiv(k, _DEQUANT_COLS))](
+        q, s, out, r, k, q.stride(0), s.stride(0), out.stride(0),
+        GROUP=MXFP8_BLOCK, BLOCK_R=_DEQUANT_ROWS, BLOCK_K=_DEQUANT_COLS,
+        OPERAND=tl.float32 if out.dtype == torch.float32 else tl.bfloat16)
+
+
 def _num_programs(device: torch.device, num_tiles: int, cfg: DequantConfig) -> int:
     if not cfg.persistent:
         return num_tiles
@@ -202,10 +212,7 @@ def bf16_dot_gemm_accumulate(xq: torch.Tensor, xs: torch.Tensor,
     for n0 in range(0, n, rows):
         n1 = min(n, n0 + rows)
         wb = scratch[:n1 - n0]
-        _dequant_rows_kernel[(triton.cdiv(n1 - n0, _DEQUANT_ROWS), triton.cdiv(k, _DEQUANT_COLS))](
-            wv[n0:n1], ws[n0:n1], wb, n1 - n0, k, wv.stride(0), ws.stride(0), wb.stride(0),
-            GROUP=MXFP8_BLOCK, BLOCK_R=_DEQUANT_ROWS, BLOCK_K=_DEQUANT_COLS,
-            OPERAND=tl.float32 if fp32 else tl.bfloat16)
+        dequantize_rows(wv[n0:n1], ws[n0:n1], wb)
         _launch(xq, xs, wb, None, out[:, n0:n1], None if acc is None else acc[:, n0:n1],
                 config, fp32)
 

@@ -28,6 +28,9 @@ ZERO_BLOCK_SCALE_BYTE = 0
 FP32_MANTISSA_BITS = 23
 VALUES_DTYPE = torch.float8_e4m3fn
 SCALES_DTYPE = torch.uint8
+# GEMM candidates of `chunked_cublas_gemm`: on CPU they run its fp32 twin (the same chunk walk),
+# every other candidate the reference below.
+CHUNKED_CUBLAS_PREFIX = "cublas_"
 
 
 def _check_quantized_pair(values: torch.Tensor, scales: torch.Tensor, name: str) -> None:
@@ -107,7 +110,7 @@ def _gemm_op(
     xq: torch.Tensor, xs: torch.Tensor, wq: torch.Tensor, ws: torch.Tensor | None,
     out: torch.Tensor, candidate: str,
 ) -> None:
-    if not xq.is_cuda:
+    if not xq.is_cuda and not candidate.startswith(CHUNKED_CUBLAS_PREFIX):
         mxfp8_gemm_reference(xq, xs, wq, ws, out)
         return
     from sglang_aux.srt.layers.quantization.mxfp8_gemm_choice import mxfp8_gemm_accumulate
@@ -174,7 +177,7 @@ def mxfp8_gemm(
     Deterministic for given bytes and shapes, so callers that feed identical bytes (the staged
     and the concat path) get identical bits. CUDA: the kernel and tile config that
     `mxfp8_gemm_choice` picks for M and the weight format, or the named `candidate`. CPU: the
-    exact reference.
+    exact reference (a chunked-cuBLAS `candidate`: its CPU twin).
     """
     _check_quantized_pair(xq, xs, "mxfp8_gemm input")
     if ws is not None:

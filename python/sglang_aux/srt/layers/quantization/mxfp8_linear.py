@@ -72,23 +72,28 @@ class MXFP8Linear(torch.nn.Module):
             raise ValueError(f"MXFP8Linear: out must be {shape}, got {tuple(out.shape)}")
         return out
 
-    def forward(self, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-        """x [T, K] (any float dtype) -> out [T, N]; quantizes x, then runs the MXFP8 GEMM."""
+    def forward(self, x: torch.Tensor, out: torch.Tensor | None = None,
+                candidate: str | None = None) -> torch.Tensor:
+        """x [T, K] (any float dtype) -> out [T, N]; quantizes x, then runs the MXFP8 GEMM
+        (`candidate`, see `forward_quantized`)."""
         if x.dim() != 2 or x.shape[1] != self.in_features:
             raise ValueError(f"MXFP8Linear: expected x [T, {self.in_features}], got "
                              f"{tuple(x.shape)}")
         xq, xs = quantize_mxfp8(x)
-        return self.forward_quantized(xq, xs, out)
+        return self.forward_quantized(xq, xs, out, candidate)
 
     def forward_quantized(
-        self, xq: torch.Tensor, xs: torch.Tensor, out: torch.Tensor | None = None
+        self, xq: torch.Tensor, xs: torch.Tensor, out: torch.Tensor | None = None,
+        candidate: str | None = None,
     ) -> torch.Tensor:
-        """Pre-quantized input xq [T, K] e4m3fn, xs [T, K/32] uint8 -> out [T, N]."""
+        """Pre-quantized input xq [T, K] e4m3fn, xs [T, K/32] uint8 -> out [T, N]; `candidate`
+        names the GEMM (`mxfp8_gemm`)."""
         if xq.dim() != 2 or xq.shape[1] != self.in_features:
             raise ValueError(f"MXFP8Linear: expected quantized x [T, {self.in_features}], got "
                              f"{tuple(xq.shape)}")
         out = self._check_out(xq.shape[0], out)
-        return mxfp8_gemm(xq, xs, self.weight_values, self.weight_scales, out)
+        return mxfp8_gemm(xq, xs, self.weight_values, self.weight_scales, out,
+                          candidate=candidate)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, mxfp8"

@@ -51,6 +51,7 @@ class MXFP8InputAccumulator(SliceSequence):
         dtype: torch.dtype | None = None,
         values: torch.Tensor | None = None,
         scales: torch.Tensor | None = None,
+        candidate: str | None = None,
     ) -> None:
         width = hidden_size * num_slices
         n, in_features = ((linear.out_features, linear.in_features)
@@ -75,6 +76,7 @@ class MXFP8InputAccumulator(SliceSequence):
             raise ValueError(f"retained input must be {VALUES_DTYPE} values and {SCALES_DTYPE} "
                              f"scales, got {values.dtype} and {scales.dtype}")
         self.linear = linear
+        self.candidate = candidate  # the GEMM candidate of `mxfp8_gemm_choice` (None: by T)
         self.out = out  # [T, N], caller-owned
         self.values = values  # [T, K*H] e4m3fn
         self.scales = scales  # [T, K*H/32] uint8
@@ -90,9 +92,10 @@ class MXFP8InputAccumulator(SliceSequence):
         if not self._slice_done():
             return
         if isinstance(self.linear, MXFP8Linear):
-            self.linear.forward_quantized(self.values, self.scales, self.out)
+            self.linear.forward_quantized(self.values, self.scales, self.out, self.candidate)
         else:
-            mxfp8_gemm(self.values, self.scales, self.linear, None, self.out)
+            mxfp8_gemm(self.values, self.scales, self.linear, None, self.out,
+                       candidate=self.candidate)
 
     def result(self) -> torch.Tensor:
         """The projected output [T, N] (the caller's `out`); readable once per forward."""
@@ -101,7 +104,8 @@ class MXFP8InputAccumulator(SliceSequence):
 
 
 def concat_then_project(
-    slices: list[torch.Tensor], linear: MXFP8Linear, out: torch.Tensor | None = None
+    slices: list[torch.Tensor], linear: MXFP8Linear, out: torch.Tensor | None = None,
+    candidate: str | None = None,
 ) -> torch.Tensor:
     """Baseline: cat the K slices [T, H] to [T, K*H], quantize, then the same MXFP8 GEMM."""
-    return linear.forward(torch.cat(slices, dim=-1), out=out)
+    return linear.forward(torch.cat(slices, dim=-1), out=out, candidate=candidate)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import torch
 
 from sglang_aux.srt.layers.quantization.mxfp8 import (
+    CHUNKED_CUBLAS_PREFIX,
     MXFP8_BLOCK,
     dequantize_mxfp8,
     quantize_mxfp8,
@@ -44,11 +45,12 @@ def _(x: torch.Tensor, w: torch.Tensor, acc: torch.Tensor, accumulate: bool) -> 
 
 @torch.library.custom_op("sglang_aux::mxfp8_gemm_accumulate", mutates_args=("acc",))
 def _mxfp8_op(xq: torch.Tensor, xs: torch.Tensor, wq: torch.Tensor, ws: torch.Tensor,
-              acc: torch.Tensor, accumulate: bool) -> None:
-    if xq.is_cuda:
+              acc: torch.Tensor, accumulate: bool, candidate: str) -> None:
+    if xq.is_cuda or candidate.startswith(CHUNKED_CUBLAS_PREFIX):
         from sglang_aux.srt.layers.quantization.mxfp8_gemm_choice import mxfp8_gemm_accumulate
 
-        mxfp8_gemm_accumulate(xq, xs, (wq, ws), acc, acc if accumulate else None)
+        mxfp8_gemm_accumulate(xq, xs, (wq, ws), acc, acc if accumulate else None,
+                              candidate or None)
         return
     prod = dequantize_mxfp8(xq, xs) @ dequantize_mxfp8(wq, ws).T
     if accumulate:
@@ -59,7 +61,7 @@ def _mxfp8_op(xq: torch.Tensor, xs: torch.Tensor, wq: torch.Tensor, ws: torch.Te
 
 @_mxfp8_op.register_fake
 def _(xq: torch.Tensor, xs: torch.Tensor, wq: torch.Tensor, ws: torch.Tensor,
-      acc: torch.Tensor, accumulate: bool) -> None:
+      acc: torch.Tensor, accumulate: bool, candidate: str) -> None:
     return None
 
 
@@ -67,7 +69,8 @@ class StreamedProjection(SliceSequence):
     """Accumulates `W_i a_i` for K slices [T, H] into `acc` [T, N] fp32 (caller-owned).
 
     `weight` is the fc weight [N, K*H] (dense) or an `MXFP8Linear` (each slice is quantized
-    to MXFP8 as it arrives, as the concat path quantizes the concat: the same bytes).
+    to MXFP8 as it arrives, as the concat path quantizes the concat: the same bytes; its GEMM
+    is `candidate` of `mxfp8_gemm_choice`, a chunked-cuBLAS one also on CPU).
     Life cycle: `accumulate` x K -> `result()` once -> `reset()` before the next forward.
     A capture is one or two opaque in-place ops (no host syncs, see `SliceSequence`).
     NOTE: under graph replay the Python state reflects the capture; replays rewrite `acc` in
@@ -75,7 +78,8 @@ class StreamedProjection(SliceSequence):
     """
 
     def __init__(self, weight: torch.Tensor | MXFP8Linear, acc: torch.Tensor, hidden_size: int,
-                 num_slices: int, dtype: torch.dtype, out_dtype: torch.dtype) -> None:
+                 num_slices: int, dtype: torch.dtype, out_dtype: torch.dtype,
+                 candidate: str | None = None) -> None:
         mxfp8 = isinstance(weight, MXFP8Linear)
         n, width = ((weight.out_features, weight.in_features) if mxfp8
                     else tuple(weight.shape))
@@ -92,6 +96,7 @@ class StreamedProjection(SliceSequence):
         self.weight = weight
         self.acc = acc  # [T, N] fp32; the first slice overwrites it
         self.out_dtype = out_dtype  # the fc output's dtype, as the concat path returns it
+        self.candidate = candidate  # MXFP8 weights: the GEMM candidate (None: chosen from T)
 
     def accumulate(self, hidden: torch.Tensor) -> None:
         """Adds `W_i @ hidden` for slice i = the number of slices so far; `hidden` [T, H] may
@@ -103,7 +108,7 @@ class StreamedProjection(SliceSequence):
             g = slice(lo // MXFP8_BLOCK, hi // MXFP8_BLOCK)
             torch.ops.sglang_aux.mxfp8_gemm_accumulate(
                 xq, xs, self.weight.weight_values[:, lo:hi], self.weight.weight_scales[:, g],
-                self.acc, not first)
+                self.acc, not first, self.candidate or "")
         else:
             w = self.weight[:, lo:hi]
             torch.ops.sglang_aux.gemm_accumulate(hidden.to(w.dtype), w, self.acc, not first)
