@@ -34,12 +34,8 @@ from dataclasses import dataclass
 
 import torch
 
-from sglang_aux.srt.layers.quantization.accumulating_gemm import (
-    _INTERPRETED,
-    _check_acc,
-    _check_scaled_operands,
-)
-from sglang_aux.srt.layers.quantization.dequant_gemm import dequantize_rows
+from sglang_aux.srt.layers.quantization.accumulating_gemm import _INTERPRETED
+from sglang_aux.srt.layers.quantization.dequant_gemm import check_weight_operands, dequantize_rows
 from sglang_aux.srt.layers.quantization.mxfp8 import MXFP8_BLOCK, dequantize_mxfp8
 
 _NAME = re.compile(r"cublas_kc(\d+)(?:_wr(\d+))?(_ov)?")
@@ -117,13 +113,7 @@ def chunked_gemm_accumulate(xq: torch.Tensor, xs: torch.Tensor,
     `w`: an MXFP8 pair (values [N, K] e4m3fn, scales [N, K/32] uint8) or a bf16 weight [N, K]
     (fp32 for exact runs). Operands may be column slices of wider buffers (offsets multiples
     of 32); `out` may be `acc`."""
-    w_mxfp8 = isinstance(w, tuple)
-    wv, ws = w if w_mxfp8 else (w, xs)  # ws is never read for a dense weight
-    m, k, n = _check_scaled_operands(xq, xs, ("w", wv), ws)
-    if not w_mxfp8 and wv.dtype not in (torch.bfloat16, torch.float32):
-        raise ValueError(f"a dense weight must be bfloat16 (float32 for exact runs), got "
-                         f"{wv.dtype}")
-    _check_acc(acc, out, m, n)
+    w_mxfp8, wv, ws, m, k, n = check_weight_operands(xq, xs, w, out, acc)
     fp32 = not xq.is_cuda or (not w_mxfp8 and wv.dtype == torch.float32)
     dtype = torch.float32 if fp32 else torch.bfloat16
     target = out if out.dtype == torch.float32 else torch.empty(m, n, device=out.device)
