@@ -5,11 +5,11 @@ decode step of every running request (with a side stream, both: below), then rea
 of launched steps: with overlap (SGLang's overlap scheduler) the previous step's, so the host's
 bookkeeping of step n (appending tokens, stop checks, finishing, admitting) runs while the
 device computes step n+1; without, the ones it just launched. A step's inputs come from the
-rows' device state, so launching n+1 does not need n's tokens on the host; a request that n finishes runs once more in n+1, and
-that row is dropped. A request is given every KV slot it can ever need when it is admitted (one
-allocation, one row write: `reserve_kv`), with one step's more under overlap, so a running
-batch never runs out of slots mid-generation and a decode step allocates nothing; finishing or
-aborting gives the whole reservation back.
+rows' device state, so launching n+1 does not need n's tokens on the host; a request that n
+finishes runs once more in n+1, and that row is dropped. A request is given every KV slot it
+can ever need when it is admitted (one allocation, one row write: `reserve_kv`), with one
+step's more under overlap, so a running batch never runs out of slots mid-generation and a
+decode step allocates nothing; finishing or aborting gives the whole reservation back.
 
 With the prefix cache (`tree_cache`, SGLang's radix cache), admission first maps the longest
 cached prefix of the prompt into the request's row and reserves only the rest (evicting
