@@ -75,12 +75,17 @@ CANDIDATES = {c.name: c for c in [
 ]}
 
 
+def _scratch_dims(n: int, k: int, config: ChunkConfig, w_mxfp8: bool,
+                  overlap: bool) -> tuple[int, int, int]:
+    """(columns per chunk, weight rows per step (0: a dense weight, read in place), buffers)."""
+    rows = (min(n, config.weight_rows) if config.weight_rows else n) if w_mxfp8 else 0
+    return min(config.chunk_k, k), rows, 2 if overlap else 1
+
+
 def scratch_bytes(m: int, n: int, k: int, config: ChunkConfig, w_mxfp8: bool,
                   out_fp32: bool, element_bytes: int = 2) -> int:
     """Temporary bytes one call allocates: dequant scratch (+ an fp32 accumulator)."""
-    kc = min(config.chunk_k, k)
-    rows = (min(n, config.weight_rows) if config.weight_rows else n) if w_mxfp8 else 0
-    bufs = 2 if config.overlap else 1
+    kc, rows, bufs = _scratch_dims(n, k, config, w_mxfp8, config.overlap)
     return bufs * kc * (m + rows) * element_bytes + (0 if out_fp32 else 4 * m * n)
 
 
@@ -119,11 +124,10 @@ def chunked_gemm_accumulate(xq: torch.Tensor, xs: torch.Tensor,
     target = out if out.dtype == torch.float32 else torch.empty(m, n, device=out.device)
     if acc is not None and acc.data_ptr() != target.data_ptr():
         target.copy_(acc)
-    kc = min(config.chunk_k, k)
-    rows = min(n, config.weight_rows) if w_mxfp8 and config.weight_rows else n
-    bufs = 2 if config.overlap and xq.is_cuda else 1
+    kc, w_rows, bufs = _scratch_dims(n, k, config, w_mxfp8, config.overlap and xq.is_cuda)
+    rows = w_rows or n  # output columns per step
     a_buf = [torch.empty(m, kc, device=xq.device, dtype=dtype) for _ in range(bufs)]
-    w_buf = [torch.empty(rows, kc, device=xq.device, dtype=dtype)
+    w_buf = [torch.empty(w_rows, kc, device=xq.device, dtype=dtype)
              for _ in range(bufs if w_mxfp8 else 0)]
     steps = [(k0, n0) for k0 in range(0, k, kc) for n0 in range(0, n, rows)]
 
