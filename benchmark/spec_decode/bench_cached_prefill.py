@@ -52,6 +52,11 @@ def kernel_table(fn, top: int) -> list[dict]:
     return rows[:top]
 
 
+def print_kernel_table(rows: list[dict], indent: str) -> None:
+    for k in rows:
+        print(f"{indent}{k['total_us']:>9.1f} us {k['calls']:>4} x {k['kernel']}")
+
+
 def measure(engine: Engine, name: str, a: argparse.Namespace) -> list[dict]:
     sched, runner = engine.scheduler, engine.worker.model_runner
     g = torch.Generator().manual_seed(0)
@@ -126,8 +131,7 @@ def main() -> None:
               f"{r['prefill_ms']:>10.3f} {r['step_graph']:>14} {r['step_ms']:>8.3f} "
               f"{r['seq_ms']:>7.3f} {r['side_ms']:>7.3f}")
     for r in rows:
-        for k in r.get("kernels", []):
-            print(f"  {r['engine']} {k['total_us']:>8.1f} us {k['calls']:>4}x {k['kernel']}")
+        print_kernel_table(r.get("kernels", []), f"  {r['engine']} ")
     with open(a.out, "w") as f:
         json.dump({"args": vars(a), "rows": rows}, f, indent=1)
 

@@ -19,7 +19,7 @@ import statistics
 import time
 
 import torch
-from bench_cached_prefill import kernel_table  # this script's folder is on sys.path
+from bench_cached_prefill import kernel_table, print_kernel_table  # script folder on sys.path
 
 from sglang_aux.srt.entrypoints.engine import Engine
 
@@ -141,8 +141,7 @@ def main() -> None:
         ratio = f"{r['replay_ms'] / ref:.2f}x" if ref else "-"
         print(f"{r['preset']:>15} {r['graph']:>13} {r['bs']:>4} {r['replay_ms']:>10.3f} "
               f"{kpl:>10} {ratio:>13}")
-        for k in r.get("kernel_table", []):
-            print(f"    {k['total_us']:>9.1f} us {k['calls']:>4} x {k['kernel']}")
+        print_kernel_table(r.get("kernel_table", []), "    ")
     with open(args.out, "w") as f:
         json.dump({"args": vars(args), "rows": rows}, f, indent=1)
 

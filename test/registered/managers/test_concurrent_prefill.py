@@ -12,7 +12,7 @@ from sglang_aux.srt.entrypoints.engine import Engine
 from sglang_aux.test.ci.ci_register import register_cpu_ci
 from sglang_aux.test.runtime_utils import assert_kv_all_back, tiny_checkpoint
 
-register_cpu_ci(est_time=120, suite="default")
+register_cpu_ci(est_time=30, suite="default")
 
 # more prompts than running rows: the later ones arrive while earlier ones decode
 PROMPTS = ["Hi", "The quick brown fox jumps over", "12 + 30 =", "Natalia sold clips to 48 of",

@@ -2,15 +2,14 @@
 
 Each `step()` launches one prefill of newly admitted requests if any were admitted, else one
 decode step of every running request (with a side stream, both: below), then reads the tokens
-of the launched steps: with overlap
-(SGLang's overlap scheduler) the previous one, so the host's bookkeeping of step n (appending
-tokens, stop checks, finishing, admitting) runs while the device computes step n+1; without,
-the one it just launched. A step's inputs come from the rows' device state, so launching
-n+1 does not need n's tokens on the host; a request that n finishes runs once more in n+1, and
-that row is dropped. A request is given every KV slot it can ever need when it is admitted (one
-allocation, one row write: `reserve_kv`), with one step's more under overlap, so a running
-batch never runs out of slots mid-generation and a decode step allocates nothing; finishing or
-aborting gives the whole reservation back.
+of launched steps: with overlap (SGLang's overlap scheduler) the previous step's, so the host's
+bookkeeping of step n (appending tokens, stop checks, finishing, admitting) runs while the
+device computes step n+1; without, the ones it just launched. A step's inputs come from the
+rows' device state, so launching n+1 does not need n's tokens on the host; a request that n
+finishes runs once more in n+1, and that row is dropped. A request is given every KV slot it
+can ever need when it is admitted (one allocation, one row write: `reserve_kv`), with one
+step's more under overlap, so a running batch never runs out of slots mid-generation and a
+decode step allocates nothing; finishing or aborting gives the whole reservation back.
 
 With the prefix cache (`tree_cache`, SGLang's radix cache), admission first maps the longest
 cached prefix of the prompt into the request's row and reserves only the rest (evicting
@@ -22,8 +21,8 @@ position they pass), and no forward writes below kv_len again. Under overlap a s
 flight for a finished request writes only at or past its kv_len and reads cached slots that
 later-launched work alone can reuse (stream order).
 
-With a side stream (`--enable-concurrent-prefill`) a step that admits requests
-runs their prefill on a second stream beside the decode step of the requests already running,
+With a side stream (`--enable-concurrent-prefill`) a step that admits requests runs their
+prefill on a second stream beside the decode step of the requests already running,
 and everything launched later waits for both: each is a chain of small kernels that leaves
 most of the GPU idle. They touch disjoint memory: the prefill writes only the arrivals' rows,
 sampling parameters, slots and draft context, and reads cached prefix slots that no forward

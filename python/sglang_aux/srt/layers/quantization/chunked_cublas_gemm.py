@@ -34,12 +34,8 @@ from dataclasses import dataclass
 
 import torch
 
-from sglang_aux.srt.layers.quantization.accumulating_gemm import (
-    _INTERPRETED,
-    _check_acc,
-    _check_scaled_operands,
-)
-from sglang_aux.srt.layers.quantization.dequant_gemm import dequantize_rows
+from sglang_aux.srt.layers.quantization.accumulating_gemm import _INTERPRETED
+from sglang_aux.srt.layers.quantization.dequant_gemm import check_weight_operands, dequantize_rows
 from sglang_aux.srt.layers.quantization.mxfp8 import MXFP8_BLOCK, dequantize_mxfp8
 
 _NAME = re.compile(r"cublas_kc(\d+)(?:_wr(\d+))?(_ov)?")
@@ -79,12 +75,17 @@ CANDIDATES = {c.name: c for c in [
 ]}
 
 
+def _scratch_dims(n: int, k: int, config: ChunkConfig, w_mxfp8: bool,
+                  overlap: bool) -> tuple[int, int, int]:
+    """(columns per chunk, weight rows per step (0: a dense weight, read in place), buffers)."""
+    rows = (min(n, config.weight_rows) if config.weight_rows else n) if w_mxfp8 else 0
+    return min(config.chunk_k, k), rows, 2 if overlap else 1
+
+
 def scratch_bytes(m: int, n: int, k: int, config: ChunkConfig, w_mxfp8: bool,
                   out_fp32: bool, element_bytes: int = 2) -> int:
     """Temporary bytes one call allocates: dequant scratch (+ an fp32 accumulator)."""
-    kc = min(config.chunk_k, k)
-    rows = (min(n, config.weight_rows) if config.weight_rows else n) if w_mxfp8 else 0
-    bufs = 2 if config.overlap else 1
+    kc, rows, bufs = _scratch_dims(n, k, config, w_mxfp8, config.overlap)
     return bufs * kc * (m + rows) * element_bytes + (0 if out_fp32 else 4 * m * n)
 
 
@@ -117,23 +118,16 @@ def chunked_gemm_accumulate(xq: torch.Tensor, xs: torch.Tensor,
     `w`: an MXFP8 pair (values [N, K] e4m3fn, scales [N, K/32] uint8) or a bf16 weight [N, K]
     (fp32 for exact runs). Operands may be column slices of wider buffers (offsets multiples
     of 32); `out` may be `acc`."""
-    w_mxfp8 = isinstance(w, tuple)
-    wv, ws = w if w_mxfp8 else (w, xs)  # ws is never read for a dense weight
-    m, k, n = _check_scaled_operands(xq, xs, ("w", wv), ws)
-    if not w_mxfp8 and wv.dtype not in (torch.bfloat16, torch.float32):
-        raise ValueError(f"a dense weight must be bfloat16 (float32 for exact runs), got "
-                         f"{wv.dtype}")
-    _check_acc(acc, out, m, n)
+    w_mxfp8, wv, ws, m, k, n = check_weight_operands(xq, xs, w, out, acc)
     fp32 = not xq.is_cuda or (not w_mxfp8 and wv.dtype == torch.float32)
     dtype = torch.float32 if fp32 else torch.bfloat16
     target = out if out.dtype == torch.float32 else torch.empty(m, n, device=out.device)
     if acc is not None and acc.data_ptr() != target.data_ptr():
         target.copy_(acc)
-    kc = min(config.chunk_k, k)
-    rows = min(n, config.weight_rows) if w_mxfp8 and config.weight_rows else n
-    bufs = 2 if config.overlap and xq.is_cuda else 1
+    kc, w_rows, bufs = _scratch_dims(n, k, config, w_mxfp8, config.overlap and xq.is_cuda)
+    rows = w_rows or n  # output columns per step
     a_buf = [torch.empty(m, kc, device=xq.device, dtype=dtype) for _ in range(bufs)]
-    w_buf = [torch.empty(rows, kc, device=xq.device, dtype=dtype)
+    w_buf = [torch.empty(w_rows, kc, device=xq.device, dtype=dtype)
              for _ in range(bufs if w_mxfp8 else 0)]
     steps = [(k0, n0) for k0 in range(0, k, kc) for n0 in range(0, n, rows)]
 

@@ -186,6 +186,22 @@ def _source(t: torch.Tensor, block_rows: int, cfg: DequantConfig
     return TensorDescriptor(t, list(t.shape), [t.stride(0), 1], [block_rows, cfg.block_k])
 
 
+def check_weight_operands(xq: torch.Tensor, xs: torch.Tensor,
+                          w: torch.Tensor | tuple[torch.Tensor, torch.Tensor],
+                          out: torch.Tensor, acc: torch.Tensor | None
+                          ) -> tuple[bool, torch.Tensor, torch.Tensor, int, int, int]:
+    """The checks every MXFP8-activation GEMM with either weight format makes; returns (the
+    weight is MXFP8, its values, its scales (`xs` for a dense weight: never read), M, K, N)."""
+    w_mxfp8 = isinstance(w, tuple)
+    wv, ws = w if w_mxfp8 else (w, xs)
+    m, k, n = _check_scaled_operands(xq, xs, ("w", wv), ws)
+    if not w_mxfp8 and wv.dtype not in (torch.bfloat16, torch.float32):
+        raise ValueError(f"a dense weight must be bfloat16 (float32 for exact runs), got "
+                         f"{wv.dtype}: e4m3 x 2^k is exact in BF16, not in fp16")
+    _check_acc(acc, out, m, n)
+    return w_mxfp8, wv, ws, m, k, n
+
+
 def bf16_dot_gemm_accumulate(xq: torch.Tensor, xs: torch.Tensor,
                              w: torch.Tensor | tuple[torch.Tensor, torch.Tensor],
                              out: torch.Tensor, acc: torch.Tensor | None,
@@ -195,13 +211,7 @@ def bf16_dot_gemm_accumulate(xq: torch.Tensor, xs: torch.Tensor,
     `w`: a bf16 weight [N, K] (fp32 for exact-comparison runs), or an MXFP8 pair (values
     [N, K] e4m3fn, scales [N, K/32] uint8). Operands may be column slices of wider buffers
     (offsets multiples of 32); `out` may be `acc` (in place)."""
-    w_mxfp8 = isinstance(w, tuple)
-    wv, ws = w if w_mxfp8 else (w, xs)  # ws is never read for a bf16 weight
-    m, k, n = _check_scaled_operands(xq, xs, ("w", wv), ws)
-    if not w_mxfp8 and wv.dtype not in (torch.bfloat16, torch.float32):
-        raise ValueError(f"a dense weight must be bfloat16 (float32 for exact runs), got "
-                         f"{wv.dtype}: e4m3 x 2^k is exact in BF16, not in fp16")
-    _check_acc(acc, out, m, n)
+    w_mxfp8, wv, ws, m, k, n = check_weight_operands(xq, xs, w, out, acc)
     fp32 = _INTERPRETED or (not w_mxfp8 and wv.dtype == torch.float32)
     if not (w_mxfp8 and config.weight_chunk):
         _launch(xq, xs, wv, ws if w_mxfp8 else None, out, acc, config, fp32)
