@@ -74,7 +74,7 @@ def _max_kernel(X, Temp, PMax, stride_t, stride_x, n, C, BLOCK: tl.constexpr):
     row, c = tl.program_id(0).to(tl.int64), tl.program_id(1)
     cols = c * BLOCK + tl.arange(0, BLOCK)
     x = tl.load(X + row * stride_x + cols, mask=cols < n, other=float("-inf")).to(tl.float32)
-    tl.store(PMax + row * C + c, tl.max(x / tl.load(Temp + row * stride_t), axis=0))
+    tl.store(PMax + row * C + c, tl.max(tl.math.div_rn(x, tl.load(Temp + row * stride_t)), axis=0))
 
 
 @triton.jit
@@ -88,7 +88,10 @@ def _exp_kernel(X, Temp, TopK, P, PMax, PCount, PMass, StateOut, stride_t, strid
                          other=float("-inf")), axis=0)
     cols = c * BLOCK + tl.arange(0, BLOCK)
     x = tl.load(X + row * stride_x + cols, mask=cols < n, other=0.0).to(tl.float32)
-    p = tl.exp(x / tl.load(Temp + row * stride_t) - top)
+    # both kernels divide rounded to nearest, as torch does: `/` compiles to an approximate
+    # division whose rounding differed between them, so the largest p came out 1 + 1 ulp
+    # and the cut, clamped at 1.0, kept it with a mass of 0 (inf after the division)
+    p = tl.minimum(tl.exp(tl.math.div_rn(x, tl.load(Temp + row * stride_t)) - top), 1.0)
     p = tl.where(cols < n, p, -1.0)  # negative bits: never at a threshold
     tl.store(P + row * stride_p + cols, p, mask=cols < n)
     if tl.load(TopK + row * stride_k) < n:
