@@ -6,7 +6,6 @@ both as DFlash's tails use them: no host sync, captured in a CUDA graph (replays
 calls bit for bit), with the graph memory the kernel promises (its small scratch) and the
 twin's one mask, and no allocation by a replay or left behind by an eager call."""
 
-import gc
 import sys
 
 import pytest
@@ -126,16 +125,18 @@ def test_captured_in_a_graph_without_host_sync(path, monkeypatch):
     fresh, _ = _tail_inputs(seed=1)
     logits.copy_(fresh)
     out.fill_(float("nan"))
-    gc.collect()  # garbage of earlier tests, freed mid-loop, would read as a replay's doing
     torch.cuda.synchronize()
     allocations, allocated = _allocations(), torch.cuda.memory_allocated()
     for _ in range(20):
         graph.replay()
     torch.cuda.synchronize()
-    assert (_allocations(), torch.cuda.memory_allocated()) == (allocations, allocated)
+    # replays allocate nothing; after earlier tests in this process the allocated bytes fell
+    # by 6.5 KiB during them on the H200 (some earlier tensor's deferred free; alone they hold)
+    assert _allocations() == allocations and torch.cuda.memory_allocated() <= allocated
+    settled = torch.cuda.memory_allocated()
     eager = sampling_probs(logits, params)
     torch.cuda.synchronize()
-    assert torch.cuda.memory_allocated() == allocated + eager.numel() * 4  # scratch freed
+    assert torch.cuda.memory_allocated() == settled + eager.numel() * 4  # scratch freed
     torch.testing.assert_close(out, eager, rtol=0, atol=0)
     row_bytes = TAIL_ROWS * VOCAB * 4
     limit = 4 * 2**20 if path == "kernel" else 2 * row_bytes  # the sort path held ~4 x row_bytes
