@@ -11,16 +11,33 @@ of CUDA-event timings over `--iters`), so greedy steps cost the first column and
 both. Memory: the free-memory drop of capturing all main graphs and then all tails (graph
 pool), and the worker's draft-distribution buffer `[rows, B-1, vocab]` fp32. Check first: a
 mixed greedy/sampled generate replays the tails and returns in-vocabulary tokens.
+
+Old sorted path vs new, side by side in one run: the tails are captured again with the
+sorted `sampling_probs` the sort-free one replaced (`sorted_sampling_probs`; the new tails stay
+alive meanwhile, so that capture's free-memory drop is its own) and replayed at each size.
+Then `sampling_probs` alone on the draft tail's `bs * (B - 1)` and the verify tail's `bs * B`
+rows (bf16 logits, T 0.8, top-p 0.9, every fourth row also top-k 50), each path in its own
+graph and memory pool: sorted, the Triton kernel (the engine's path on CUDA) and the torch
+twin (`SGLANG_AUX_FUSED_KERNELS=off`).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 
+import torch
 from bench_graph_replay import replay_ms  # this script's folder is on sys.path
 
 from sglang_aux.srt.entrypoints.engine import Engine
+from sglang_aux.srt.layers.triton_ops.dispatch import ENV_VAR
+from sglang_aux.srt.model_executor.runner_utils.memory_probe import MemoryProbe
+from sglang_aux.srt.sampling.sampler import SamplingTensors, sampling_probs
+from sglang_aux.srt.speculative import dflash_worker
+from sglang_aux.test.top_k_top_p_reference import sorted_sampling_probs
+
+PATHS = {"sorted": None, "kernel": "auto", "twin": "off"}  # the fused-kernels setting of each
 
 
 def _check(engine: Engine, vocab: int) -> None:
@@ -29,6 +46,56 @@ def _check(engine: Engine, vocab: int) -> None:
     outs = engine.generate(input_ids=[[1, 2, 3, 4 + i] for i in range(4)],
                            sampling_params=params)
     assert all(len(o["output_ids"]) == 16 and max(o["output_ids"]) < vocab for o in outs)
+
+
+def _probs_alone(backend, rows: int, vocab: int, iters: int) -> dict[str, float]:
+    """Replay ms and graph-pool bytes of `sampling_probs` on `rows` rows, per path."""
+    g = torch.Generator("cuda").manual_seed(rows)
+    logits = (torch.randn(rows, vocab, generator=g, device="cuda") * 3).to(torch.bfloat16)
+    every = torch.arange(rows, device="cuda")
+    params = SamplingTensors(temperature=torch.full((rows,), 0.8, device="cuda"),
+                             top_k=torch.where(every % 4 == 0, 50, vocab),
+                             top_p=torch.full((rows,), 0.9, device="cuda"), seed=every,
+                             is_greedy=torch.zeros(rows, dtype=torch.bool, device="cuda"))
+    out = torch.empty(rows, vocab, device="cuda")
+    result, mode = {"rows": rows}, os.environ.get(ENV_VAR)
+    for path, setting in PATHS.items():
+        probs = sorted_sampling_probs if setting is None else sampling_probs
+        os.environ[ENV_VAR] = setting or "auto"
+        for _ in range(2):
+            probs(logits, params, out=out)
+        probe = MemoryProbe("cuda")
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):  # its own pool: this capture's memory alone
+            probs(logits, params, out=out)
+        result[f"{path}_pool_bytes"] = probe.delta()["reserved_delta_bytes"]
+        result[f"{path}_ms"] = replay_ms(backend, graph, iters, True)
+        result[f"{path}_kept_mean"] = float((out > 0).sum(-1).float().mean())
+    if mode is None:
+        del os.environ[ENV_VAR]
+    else:
+        os.environ[ENV_VAR] = mode
+    return result
+
+
+def _sorted_tails(worker, iters: int, cuda: bool) -> dict[str, object]:
+    """Tail replay ms per (graph, bs) and the capture's free-memory drop, with the tails
+    captured again around the sorted `sampling_probs`; the engine's tails are put back."""
+    result = {}
+    dflash_worker.sampling_probs = sorted_sampling_probs
+    try:
+        for runner in (worker.draft_runner, worker.target_runner):
+            gr = runner.graph_runner
+            new_tails = dict(gr.sampling_graphs)  # alive: the sorted capture's memory is its own
+            stats = gr._capture_sampling_tails(gr.epilogue.sampling_fn)
+            result[gr.forward_mode.name] = {
+                "tail_free_memory_drop_bytes": stats["free_memory_drop_bytes"],
+                "tail_ms": {bs: replay_ms(gr.backend, gr.sampling_graphs[bs], iters, cuda)
+                            for bs in gr.capture_bs}}
+            gr.sampling_graphs = new_tails
+    finally:
+        dflash_worker.sampling_probs = sampling_probs
+    return result
 
 
 def main() -> None:
@@ -61,18 +128,37 @@ def main() -> None:
                          "main_ms": replay_ms(gr.backend, gr.graphs[bs], args.iters, cuda),
                          "tail_ms": replay_ms(gr.backend, gr.sampling_graphs[bs], args.iters,
                                               cuda)})
+    old = _sorted_tails(worker, args.iters, cuda)
+    for r in rows:
+        r["sorted_tail_ms"] = old[r["graph"]]["tail_ms"][r["bs"]]
+    alone = [_probs_alone(worker.target_runner.graph_runner.backend, bs * width, vocab,
+                          args.iters) for bs in args.bs
+             for width in (worker.block_size - 1, worker.block_size)] if cuda else []
     mib = 2.0**-20
     print(f"draft distributions buffer: {memory['draft_probs_bytes'] * mib:.1f} MiB")
     for mode in ("DRAFT_BLOCK", "TARGET_VERIFY"):
         m = memory[mode]
         print(f"{mode}: capture free-memory drop main {m['main_free_memory_drop_bytes'] * mib:.1f}"
-              f" MiB, tails {m['tail_free_memory_drop_bytes'] * mib:.1f} MiB")
-    print(f"{'graph':>13} {'bs':>4} {'tokens':>6} {'main ms':>8} {'tail ms':>8} {'tail/main':>9}")
+              f" MiB, tails new {m['tail_free_memory_drop_bytes'] * mib:.1f} MiB, sorted "
+              f"{old[mode]['tail_free_memory_drop_bytes'] * mib:.1f} MiB")
+    if alone:
+        print(f"sampling_probs alone: {'rows':>5} {'sorted ms':>9} {'kernel ms':>9} "
+              f"{'twin ms':>8} {'sorted MiB':>10} {'kernel MiB':>10} {'twin MiB':>8} "
+              f"{'kept':>6}")
+    for r in alone:
+        print(f"{'':21} {r['rows']:>5} {r['sorted_ms']:>9.3f} {r['kernel_ms']:>9.3f} "
+              f"{r['twin_ms']:>8.3f} {r['sorted_pool_bytes'] * mib:>10.1f} "
+              f"{r['kernel_pool_bytes'] * mib:>10.1f} {r['twin_pool_bytes'] * mib:>8.1f} "
+              f"{r['kernel_kept_mean']:>6.0f}")
+    print(f"{'graph':>13} {'bs':>4} {'tokens':>6} {'main ms':>8} {'tail ms':>8} "
+          f"{'sorted tail ms':>14} {'new/sorted':>10}")
     for r in rows:
         print(f"{r['graph']:>13} {r['bs']:>4} {r['tokens']:>6} {r['main_ms']:>8.3f} "
-              f"{r['tail_ms']:>8.3f} {r['tail_ms'] / r['main_ms']:>9.2f}")
+              f"{r['tail_ms']:>8.3f} {r['sorted_tail_ms']:>14.3f} "
+              f"{r['tail_ms'] / r['sorted_tail_ms']:>10.2f}")
     with open(args.out, "w") as f:
-        json.dump({"args": vars(args), "memory": memory, "rows": rows}, f, indent=1)
+        json.dump({"args": vars(args), "memory": memory, "sorted_tails": old, "rows": rows,
+                   "sampling_probs_alone": alone}, f, indent=1)
 
 
 if __name__ == "__main__":

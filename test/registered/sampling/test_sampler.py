@@ -1,4 +1,5 @@
-"""Sampling on the device: counter-based draws, per-row top-k/top-p, inverse-CDF sampling."""
+"""Sampling on the device: counter-based draws, inverse-CDF sampling, greedy and sampled rows
+mixed (top-k / top-p: test_top_k_top_p.py)."""
 
 import sys
 from collections import Counter
@@ -11,7 +12,6 @@ from sglang_aux.srt.sampling.sampler import (
     SamplingTensors,
     sample,
     sample_from_probs,
-    sampling_probs,
     uniform,
 )
 from sglang_aux.test.ci.ci_register import register_cpu_ci
@@ -49,32 +49,6 @@ def test_uniform_draws_are_uniform():
     assert (hist - 0.1).abs().max() < 0.005, hist
     lag = torch.corrcoef(torch.stack([u[:-1], u[1:]]))[0, 1]
     assert abs(float(lag)) < 0.01
-
-
-def _reference_probs(logits, temperature, top_k, top_p):
-    probs = torch.softmax(logits.double() / max(temperature, 1e-6), -1)
-    order = probs.argsort(descending=True).tolist()
-    kept, mass = [], 0.0
-    top_mass = float(sum(probs[i] for i in order[:top_k]))
-    for i in order[:top_k]:
-        if mass >= top_p * top_mass:
-            break
-        kept.append(i)
-        mass += float(probs[i])
-    out = torch.zeros_like(probs)
-    out[kept] = probs[kept]
-    return out / out.sum()
-
-
-def test_sampling_probs_apply_each_rows_parameters():
-    g = torch.Generator().manual_seed(0)
-    logits = torch.randn(5, VOCAB, generator=g) * 2
-    rows = [(1.0, VOCAB, 1.0), (0.7, 3, 1.0), (1.3, VOCAB, 0.6), (0.5, 4, 0.8), (2.0, 1, 1.0)]
-    got = sampling_probs(logits, _params(*map(list, zip(*rows, strict=True))))
-    for i, (t, k, p) in enumerate(rows):
-        torch.testing.assert_close(got[i].double(), _reference_probs(logits[i], t, k, p),
-                                   rtol=1e-5, atol=1e-6)
-    assert (got[1] > 0).sum() == 3 and (got[4] > 0).sum() == 1
 
 
 def test_sample_from_probs_follows_the_distribution():

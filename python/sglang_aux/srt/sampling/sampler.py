@@ -13,7 +13,10 @@ from dataclasses import dataclass
 
 import torch
 
+from sglang_aux.srt.layers.triton_ops.dispatch import use_triton
 from sglang_aux.srt.sampling.sampling_params import GREEDY_EPS
+from sglang_aux.srt.sampling.top_k_top_p import top_k_top_p_probs
+from sglang_aux.srt.sampling.top_k_top_p_kernel import top_k_top_p_kernel
 
 _MASK32 = 0xFFFFFFFF
 # Odd multipliers below 2**31: a 32-bit value times one stays below 2**63, so int64 never
@@ -65,24 +68,19 @@ class SamplingTensors:
 def sampling_probs(logits: torch.Tensor, params: SamplingTensors,
                    out: torch.Tensor | None = None) -> torch.Tensor:
     """The distribution each row samples from: softmax(logits / T) restricted to its top-k,
-    then to its top-p nucleus, renormalized. `logits` `[rows, vocab]`; the float32 result goes
-    into `out` when given. In place where possible: inside a graph every temporary is pool
-    memory held for the graph's life."""
-    temperature = params.temperature.clamp_min(GREEDY_EPS)[:, None]
-    probs = torch.softmax(logits.float() / temperature, dim=-1)
-    # stable: tied tokens keep vocabulary order whatever kernel the row count picks
-    sorted_p, order = probs.sort(dim=-1, descending=True, stable=True)
-    del probs
-    rank = torch.arange(sorted_p.shape[-1], device=sorted_p.device)
-    sorted_p.masked_fill_(rank >= params.top_k[:, None], 0.0)
-    # keep a token while the mass before it is below top_p of the top-k mass (the first stays)
-    before = sorted_p.cumsum(-1).sub_(sorted_p)
-    drop = before >= params.top_p[:, None] * sorted_p.sum(-1, keepdim=True)
-    del before
-    sorted_p.masked_fill_(drop, 0.0)
-    out = torch.empty_like(sorted_p) if out is None else out
-    out.scatter_(-1, order, sorted_p)  # `order` is a permutation: every entry is written
-    return out.div_(out.sum(-1, keepdim=True))
+    then to its top-p nucleus, renormalized (the exact rule: `top_k_top_p`). `logits`
+    `[rows, vocab]`; the float32 result goes into `out` when given. No sort and no host sync;
+    the only temporaries are a `[rows, vocab]` float32 mask (torch twin) or per-chunk partials,
+    `[rows, vocab / 4096, 8]` (kernel)."""
+    if out is None:
+        out = torch.empty(logits.shape, dtype=torch.float32, device=logits.device)
+    elif out.shape != logits.shape or out.dtype != torch.float32:
+        raise ValueError(f"out must be float32 {tuple(logits.shape)} like the logits, got "
+                         f"{out.dtype} {tuple(out.shape)}")
+    temperature = params.temperature.clamp_min(GREEDY_EPS)
+    restrict = (top_k_top_p_kernel if use_triton(logits, differentiable=False)
+                else top_k_top_p_probs)
+    return restrict(logits, temperature, params.top_k, params.top_p, out)
 
 
 def sample_from_probs(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:

@@ -26,9 +26,10 @@ def fused_kernels_mode() -> str:
     return mode
 
 
-def use_triton(x: torch.Tensor) -> bool:
-    """Whether the layer fed with `x` runs its Triton kernel."""
-    if torch.is_grad_enabled():
+def use_triton(x: torch.Tensor, differentiable: bool = True) -> bool:
+    """Whether the layer fed with `x` runs its Triton kernel; a `differentiable` one never
+    while autograd records (sampling is not: it has no backward to lose)."""
+    if differentiable and torch.is_grad_enabled():
         return False
     mode = fused_kernels_mode()
     return mode == "force" or (mode == "auto" and x.is_cuda)
