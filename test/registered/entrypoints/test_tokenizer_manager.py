@@ -147,7 +147,7 @@ def test_failed_step_fails_its_request_and_the_process_keeps_serving(server):
 
 def test_seeds_follow_the_engine_and_shutdown_leaves_no_process(args):
     ref = Engine(args).generate(["Hello", "Hi"], SAMPLED)  # seeds drawn from random_seed
-    manager = TokenizerManager(args)
+    manager = TokenizerManager(args, Engine)
     manager.start()
 
     async def run():
@@ -162,7 +162,7 @@ def test_seeds_follow_the_engine_and_shutdown_leaves_no_process(args):
 
 
 def test_a_dead_scheduler_process_fails_waiting_and_later_requests(args):
-    manager = TokenizerManager(args)
+    manager = TokenizerManager(args, Engine)
     manager.start()
 
     async def run():
@@ -185,7 +185,7 @@ def test_a_dead_scheduler_process_fails_waiting_and_later_requests(args):
 
 def test_startup_failure_surfaces_the_error(args, tmp_path):
     missing = ServerArgs(model_path=str(tmp_path / "missing"), device="cpu")
-    manager = TokenizerManager(missing)
+    manager = TokenizerManager(missing, Engine)
     with pytest.raises(FileNotFoundError, match="neither a folder nor a built-in model") as e:
         manager.start()
     assert any("raised in the scheduler process" in n for n in e.value.__notes__)

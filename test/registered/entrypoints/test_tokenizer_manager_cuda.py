@@ -37,7 +37,7 @@ def _args(tmp_path, kind: str) -> ServerArgs:
 
 
 def _serve(args: ServerArgs) -> tuple[list[dict], dict]:
-    manager = TokenizerManager(args)
+    manager = TokenizerManager(args, Engine)
     manager.start()
 
     async def run():

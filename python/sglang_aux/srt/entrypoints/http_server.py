@@ -22,6 +22,7 @@ from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from sglang_aux.srt.entrypoints.engine import Engine
 from sglang_aux.srt.entrypoints.openai.protocol import (
     CLIENT_CLOSED_REQUEST,
     APIError,
@@ -201,7 +202,7 @@ def launch_server(server_args: ServerArgs) -> None:
     # uvicorn answers SIGTERM with a graceful shutdown, then raises it again: unwind then, as
     # on Ctrl-C, so that the scheduler process is stopped below instead of left to notice
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
-    server = TokenizerManager(server_args)
+    server = TokenizerManager(server_args, Engine)
     spec = server.start()
     app = create_app(server)
     logger.info("Serving %s on http://%s:%d (device %s, speculative %s, scheduler pid %d)",

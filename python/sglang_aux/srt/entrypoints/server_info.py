@@ -7,23 +7,13 @@ import os
 import sys
 from typing import TYPE_CHECKING
 
-import torch
-
-from sglang_aux.srt.entrypoints.engine import Engine
 from sglang_aux.srt.managers.io_struct import EngineSpec
-from sglang_aux.srt.managers.scheduler import Scheduler
-from sglang_aux.srt.managers.server_metrics import StepThroughput
-from sglang_aux.srt.model_executor.model_runner_components.misc_utils import (
-    resolve_aux_hidden_states_width,
-)
-from sglang_aux.srt.model_executor.runner.decode_cuda_graph_runner import DecodeCudaGraphRunner
+from sglang_aux.srt.managers.scheduler_info import GRAPH_KEYS
 
-if TYPE_CHECKING:  # it starts the scheduler process, whose loop reads `engine_info`
+if TYPE_CHECKING:
     from sglang_aux.srt.managers.tokenizer_manager import TokenizerManager
 
 METRIC_PREFIX = "sglang_aux:"
-GRAPH_KEYS = ("forward_mode", "capture_bs", "prefill_capture_tokens", "graph_memory_bytes",
-              "aux_path", "aux_buffer_bytes", "aux_per_graph_bytes", "aux_bytes_saved")
 
 
 def model_info(spec: EngineSpec) -> dict:
@@ -40,76 +30,9 @@ def model_info(spec: EngineSpec) -> dict:
     }
 
 
-def graph_memory(graph_runner: DecodeCudaGraphRunner | None) -> dict:
-    """Capture sizes and the aux-state memory of the target's decode graphs; nulls without
-    graphs. `aux_per_graph_bytes` is what one aux output per captured graph would retain,
-    sum(bs * tokens per request * aux width * element size), plus the prefill graphs'
-    token counts times the same row size; the shared buffer (or the
-    streamed projection's fp32 accumulator, `aux_path` "streamed") saves that less its own
-    size (nothing when sharing is off)."""
-    if graph_runner is None:
-        return dict.fromkeys(GRAPH_KEYS)
-    runner = graph_runner.model_runner
-    aux_width = resolve_aux_hidden_states_width(
-        model=runner.model, spec_algorithm=runner.spec_algorithm,
-        is_draft_worker=runner.is_draft_worker,
-    )
-    elem = runner.model_config.dtype.itemsize
-    # the prefill graphs write the same storage; each would retain its own output otherwise
-    prefill = runner.prefill_graph_runner
-    prefill_tokens = [] if prefill is None else prefill.capture_tokens
-    per_graph = (sum(bs * graph_runner.captured_req_width for bs in graph_runner.capture_bs)
-                 + sum(prefill_tokens)) * aux_width * elem
-    shared = graph_runner.buffers.aux_nbytes()
-    stats = graph_runner.capture_stats
-    return {
-        "forward_mode": graph_runner.forward_mode.name,
-        "capture_bs": list(graph_runner.capture_bs),
-        "prefill_capture_tokens": list(prefill_tokens),
-        "graph_memory_bytes": stats.get("free_memory_drop_bytes"),
-        "aux_path": graph_runner.buffers.aux_path,
-        "aux_buffer_bytes": shared,
-        "aux_per_graph_bytes": per_graph,
-        "aux_bytes_saved": per_graph - shared if shared else 0,
-    }
-
-
-def prefix_cache_info(sched: Scheduler) -> dict:
-    """The prefix cache's sizes in tokens (one KV slot each) and its hits since start."""
-    c = sched.tree_cache
-    return {
-        "radix_cache_enabled": c is not None,
-        "radix_cache_tokens": 0 if c is None else c.total_size(),
-        "radix_cache_evictable_tokens": 0 if c is None else c.evictable_size(),
-        "radix_cache_protected_tokens": 0 if c is None else c.protected_size(),
-        "radix_cache_hit_tokens": sched.cache_hit_tokens,
-        "radix_cache_admitted_prompt_tokens": sched.admitted_prompt_tokens,
-    }
-
-
-def engine_info(engine: Engine, throughput: StepThroughput) -> dict:
-    """The scheduler process's figures, read between its steps."""
-    runner, sched = engine.worker.model_runner, engine.scheduler
-    return {
-        "max_total_num_tokens": runner.token_to_kv_pool_allocator.size,
-        "available_kv_tokens": runner.token_to_kv_pool_allocator.available_size(),
-        "max_req_rows": runner.req_to_token_pool.size,
-        "available_req_rows": runner.req_to_token_pool.available_size(),
-        # the caching allocator's live bytes on the runner's device (None off the GPU)
-        "device_memory_allocated": torch.cuda.memory_allocated(runner.device)
-        if runner.device.type == "cuda" else None,
-        "scheduler_stats": dict(sched.stats),
-        **prefix_cache_info(sched),
-        "last_gen_throughput": throughput.last_gen_throughput,
-        **graph_memory(runner.graph_runner),
-        "num_running_reqs": len(sched.running),
-        "num_queue_reqs": len(sched.waiting),
-        "scheduler_pid": os.getpid(),
-    }
-
-
 def server_info(server: TokenizerManager, engine: dict) -> dict:
-    """/get_server_info: the front end's own figures around `engine` (`engine_info`)."""
+    """/get_server_info: the front end's own figures around `engine`
+    (`scheduler_info.engine_info`)."""
     args = dataclasses.asdict(server.server_args)
     if args.get("api_key"):
         args["api_key"] = "<redacted>"
@@ -138,7 +61,7 @@ def _metric(name: str, kind: str, help_text: str, value: float) -> str:
 
 def render_metrics(server: TokenizerManager, engine: dict) -> str:
     """The Prometheus text exposition of the server's counters and the gauges of `engine`
-    (`engine_info`)."""
+    (`scheduler_info.engine_info`)."""
     m = server.metrics
     return "".join([
         _metric("requests_total", "counter",

@@ -16,28 +16,24 @@ import logging
 import os
 import time
 import traceback
-from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 
 import torch
 
-from sglang_aux.srt.entrypoints.engine import Engine
-from sglang_aux.srt.entrypoints.server_info import engine_info
 from sglang_aux.srt.managers.io_struct import EngineSpec, Finished, RequestOut
 from sglang_aux.srt.managers.schedule_batch import Req
+from sglang_aux.srt.managers.scheduler_info import engine_info
 from sglang_aux.srt.managers.server_metrics import StepThroughput
+from sglang_aux.srt.managers.serving_engine import EngineFactory, ServingEngine
 from sglang_aux.srt.server_args import ServerArgs
 
 logger = logging.getLogger(__name__)
 
 LOG_FORMAT = "[%(asctime)s] %(levelname)s %(name)s: %(message)s"
 
-EngineFactory = Callable[[ServerArgs], Engine]
-
-
 def run_scheduler_process(server_args: ServerArgs, commands: Connection, outputs: Connection,
-                          make_engine: EngineFactory = Engine) -> None:
+                          make_engine: EngineFactory) -> None:
     """The child's main: build the engine, report it ready (or why not), serve commands."""
     logging.basicConfig(level=server_args.log_level.upper(), format=LOG_FORMAT)
     with torch.no_grad():
@@ -61,7 +57,7 @@ def _send_startup_error(outputs: Connection, error: BaseException) -> None:
         outputs.send(("startup_error", RuntimeError(f"{type(error).__name__}: {error}"), text))
 
 
-def engine_spec(engine: Engine) -> EngineSpec:
+def engine_spec(engine: ServingEngine) -> EngineSpec:
     cfg, runner = engine.model_config, engine.worker.model_runner
     return EngineSpec(
         server_args=engine.server_args, tokenizer=engine.tokenizer,
@@ -79,7 +75,7 @@ class _Live:
 
 
 class SchedulerLoop:
-    def __init__(self, engine: Engine, commands: Connection, outputs: Connection):
+    def __init__(self, engine: ServingEngine, commands: Connection, outputs: Connection):
         self.engine = engine
         self.sched = engine.scheduler
         self.commands = commands

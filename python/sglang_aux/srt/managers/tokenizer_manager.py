@@ -21,13 +21,13 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from sglang_aux.srt.entrypoints.engine import Engine
 from sglang_aux.srt.managers.io_struct import EngineSpec, RequestOut
 from sglang_aux.srt.managers.request_factory import RequestFactory
 from sglang_aux.srt.managers.request_stream import RequestStream, RequestUpdate
 from sglang_aux.srt.managers.schedule_batch import Req
-from sglang_aux.srt.managers.scheduler_process import EngineFactory, run_scheduler_process
+from sglang_aux.srt.managers.scheduler_process import run_scheduler_process
 from sglang_aux.srt.managers.server_metrics import ServerMetrics
+from sglang_aux.srt.managers.serving_engine import EngineFactory
 from sglang_aux.srt.managers.tokenizer import Tokenizer
 from sglang_aux.srt.server_args import ServerArgs
 
@@ -53,9 +53,9 @@ class _Live:
 
 
 class TokenizerManager:
-    def __init__(self, server_args: ServerArgs, make_engine: EngineFactory = Engine):
-        """`make_engine` runs in the scheduler process: a module-level callable (it is
-        pickled there by reference)."""
+    def __init__(self, server_args: ServerArgs, make_engine: EngineFactory):
+        """`make_engine` builds the engine in the scheduler process (the server passes
+        `entrypoints.engine.Engine`): a module-level callable, pickled there by reference."""
         self.server_args = server_args  # replaced by the engine's resolved ones at start()
         self.metrics = ServerMetrics()
         self.spec: EngineSpec | None = None
@@ -144,7 +144,7 @@ class TokenizerManager:
         return await self._ask("flush_cache")
 
     async def engine_info(self) -> dict:
-        """The scheduler process's figures (`server_info.engine_info`), read between steps."""
+        """The scheduler process's figures (`scheduler_info.engine_info`), read between steps."""
         return await self._ask("info")
 
     def shutdown(self, timeout: float = STOP_TIMEOUT_S) -> None:

@@ -1,11 +1,12 @@
-"""/get_server_info's aux figures: what one aux output per captured graph would retain, the
-shared buffer's size, and the difference it saves, on a real DFlash-target graph runner."""
+"""The scheduler's aux figures (served at /get_server_info): what one aux output per captured
+graph would retain, the shared buffer's size, and the difference it saves, on a real
+DFlash-target graph runner."""
 
 import sys
 
 import pytest
 
-from sglang_aux.srt.entrypoints.server_info import GRAPH_KEYS, graph_memory
+from sglang_aux.srt.managers.scheduler_info import GRAPH_KEYS, graph_memory
 from sglang_aux.srt.model_executor.forward_batch_info import ForwardMode
 from sglang_aux.test.ci.ci_register import register_cpu_ci
 from sglang_aux.test.runtime_utils import make_runner, tiny_checkpoint
