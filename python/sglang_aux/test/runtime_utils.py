@@ -106,6 +106,14 @@ def eager_forward(runner: ModelRunner, fb: ForwardBatch):
     return runner.model.forward(fb.input_ids, fb.positions, fb)
 
 
+def assert_same_outputs(want: list[dict], got: list[dict]) -> None:
+    """Request by request: the same tokens, finish reason and verify-step count."""
+    for a, b in zip(want, got, strict=True):
+        assert b["output_ids"] == a["output_ids"]
+        assert b["meta_info"]["finish_reason"] == a["meta_info"]["finish_reason"]
+        assert b["meta_info"]["spec_verify_ct"] == a["meta_info"]["spec_verify_ct"]
+
+
 def assert_kv_all_back(engine: Engine) -> None:
     """Idle: no cached prefix is still locked, and once the prefix cache is flushed every KV
     slot is free exactly once (none lost, none freed twice) and so is every request row."""

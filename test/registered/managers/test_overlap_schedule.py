@@ -8,7 +8,7 @@ import pytest
 
 from sglang_aux.srt.entrypoints.engine import Engine
 from sglang_aux.test.ci.ci_register import register_cpu_ci
-from sglang_aux.test.runtime_utils import assert_kv_all_back, tiny_checkpoint
+from sglang_aux.test.runtime_utils import assert_kv_all_back, assert_same_outputs, tiny_checkpoint
 
 register_cpu_ci(est_time=90, suite="default")
 
@@ -60,11 +60,8 @@ def test_overlap_equals_the_serial_schedule(ckpts, kind):
     worker.decode = launch
     for _ in range(2):  # a second round reuses rows and slots a dropped step wrote last
         want, got = serial.generate(PROMPTS, _params()), engine.generate(PROMPTS, _params())
-        for a, b in zip(want, got, strict=True):
-            assert b["output_ids"] == a["output_ids"]
-            assert b["meta_info"]["finish_reason"] == a["meta_info"]["finish_reason"]
-            assert b["text"] == a["text"]
-            assert b["meta_info"]["spec_verify_ct"] == a["meta_info"]["spec_verify_ct"]
+        assert_same_outputs(want, got)
+        assert [o["text"] for o in got] == [o["text"] for o in want]
     assert any(o["meta_info"]["finish_reason"]["type"] == "stop" for o in got)
     # the host read step n only after launching step n+1, nearly every time
     assert sum(unread_at_launch) >= 0.8 * len(unread_at_launch), unread_at_launch
