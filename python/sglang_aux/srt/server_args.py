@@ -64,6 +64,10 @@ class ServerArgs:
     # a step's prefill of arrivals runs on a second stream beside the running batch's decode
     # step (managers/scheduler.py); off: on the harness it gained nothing (docs/benchmarks.md)
     enable_concurrent_prefill: bool = False
+    # arrivals' prefills ride in the running batch's decode / verify forward (MIXED, SGLang's
+    # flag name), up to this many arrival tokens per forward (managers/scheduler.py)
+    enable_mixed_chunk: bool = False
+    mixed_chunk_max_prefill_tokens: int = 512
     host: str = "127.0.0.1"
     port: int = 30000
     api_key: str | None = None
@@ -107,6 +111,12 @@ class ServerArgs:
         for name in ("cuda_graph_max_tokens_prefill", "cuda_graph_max_bs_prefill"):
             if getattr(self, name) is not None and getattr(self, name) < 0:
                 raise ValueError(f"--{name.replace('_', '-')} must be >= 0")
+        if self.mixed_chunk_max_prefill_tokens < 1:
+            raise ValueError("--mixed-chunk-max-prefill-tokens must be >= 1, got "
+                             f"{self.mixed_chunk_max_prefill_tokens}")
+        if self.enable_mixed_chunk and self.enable_concurrent_prefill:
+            raise ValueError("--enable-mixed-chunk and --enable-concurrent-prefill both place "
+                             "arrivals' prefills beside the running batch's step: pick one")
         if algo.is_dflash_family():
             self._check_dflash(algo)
 
@@ -215,6 +225,11 @@ class ServerArgs:
         add("--enable-concurrent-prefill", action="store_true",
             help="run an arrivals' prefill on a second CUDA stream beside the running batch's "
                  "decode step instead of in a step of its own")
+        add("--enable-mixed-chunk", action="store_true",
+            help="run arrivals' prefills inside the running batch's decode (or DFlash verify) "
+                 "forward instead of in a step of their own")
+        add("--mixed-chunk-max-prefill-tokens", type=int, default=512,
+            help="most arrival tokens one mixed forward takes; a longer prefill runs alone")
         add("--host", default=d["host"].default)
         add("--port", type=int, default=d["port"].default)
         add("--api-key", default=None)

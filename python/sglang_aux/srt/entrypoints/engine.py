@@ -55,6 +55,7 @@ class Engine:
             prefill_graph_limits=graph_limits,
             side_stream=SideStream(self.worker.model_runner.device)
             if args.enable_concurrent_prefill else None,
+            mixed_limits=self.worker.model_runner.mixed_limits(),
         )
         self.requests = RequestFactory(self.tokenizer, self.scheduler.limits,
                                        self.model_config.hf_config.vocab_size, args.random_seed)

@@ -11,7 +11,8 @@ from sglang_aux.srt.model_executor.forward_batch_info import CaptureHiddenMode, 
 
 @dataclass
 class LogitsProcessorOutput:
-    # EXTEND: one row per request (its last token); fixed-layout modes: one row per token.
+    # EXTEND: one row per request (its last token); fixed-layout modes: one row per token;
+    # MIXED: one per `ForwardBatch.logits_rows` entry.
     next_token_logits: torch.Tensor  # [rows, vocab]
     hidden_states: torch.Tensor | None = None  # final hidden states, per capture_hidden_mode
     aux_hidden_states: torch.Tensor | None = None  # [num_tokens, K * hidden]
@@ -28,7 +29,9 @@ class LogitsProcessor:
                  forward_batch: ForwardBatch,
                  aux_hidden_states: torch.Tensor | None = None) -> LogitsProcessorOutput:
         rows = hidden
-        if forward_batch.forward_mode.is_extend():
+        if forward_batch.logits_rows is not None:
+            rows = hidden[forward_batch.logits_rows]
+        elif forward_batch.forward_mode.is_extend():
             ext = forward_batch.extend_seq_lens
             if ext is None:  # a batch built by hand with host lists only
                 ext = torch.tensor(forward_batch.extend_seq_lens_cpu, device=hidden.device)

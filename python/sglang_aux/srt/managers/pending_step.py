@@ -13,13 +13,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from sglang_aux.srt.managers.schedule_batch import Req
-from sglang_aux.srt.model_executor.runner_utils.host_transfer import PendingCopy
+from sglang_aux.srt.model_executor.runner_utils.host_transfer import PendingCopy, PendingRows
 
 
 @dataclass
 class PendingStep:
     reqs: list[Req]
-    copy: PendingCopy  # one row per request
+    copy: PendingCopy | PendingRows  # one row per request
     # (request, its readback row) -> its new tokens; the host bookkeeping of one request
     unpack: Callable[[Req, object], list[int]]
     kv_growth: int  # the most tokens the step adds to a request's kv_len (0: a prefill)

@@ -29,6 +29,12 @@ sampling parameters, slots and draft context, and reads cached prefix slots that
 writes again; the decode step writes only the running requests'; admission's slot and row
 writes are issued before the side stream starts; and the prefill graphs then keep their own
 aux storage and graph pool (`ModelRunner.init_prefill_graphs`).
+
+With mixed steps (`--enable-mixed-chunk`, SGLang's flag) arrivals that fit a mixed forward
+(`mixed_limits`) are not prefilled in a step of their own: one MIXED forward runs the running
+batch's decode (or DFlash verify) step and their prefill (`Worker.mixed`), so a small model's
+latency-bound forward is paid once for both. Both halves come back as steps of their own that
+share one readback; an arrival too long for it is prefilled apart, as before.
 """
 
 from __future__ import annotations
@@ -60,6 +66,9 @@ class Worker(Protocol):
 
     def decode(self, reqs: list[Req]) -> PendingStep: ...
 
+    # a decode step of `reqs` with the prefill of `arrivals` in one forward: (step, prefill)
+    def mixed(self, reqs: list[Req], arrivals: list[Req]) -> list[PendingStep]: ...
+
 
 class Scheduler:
     def __init__(self, worker: Worker, tokenizer: Tokenizer, *, max_running_requests: int,
@@ -68,7 +77,8 @@ class Scheduler:
                  tree_cache: RadixCache | None = None,
                  prefill_delayer: PrefillDelayer | None = None,
                  prefill_graph_limits: tuple[int, int] | None = None,
-                 side_stream: SideStream | None = None):
+                 side_stream: SideStream | None = None,
+                 mixed_limits: tuple[int, int, int] | None = None):
         self.worker = worker
         self.runner = runner = worker.model_runner
         self.req_to_token_pool = runner.req_to_token_pool
@@ -87,6 +97,9 @@ class Scheduler:
         # set: a prefill runs on it beside the running batch's decode step, not in a step of
         # its own (concurrent prefill; the module docstring says why that is safe)
         self.side_stream = side_stream
+        # set (`--enable-mixed-chunk`): (step requests, arrivals, arrival tokens) one mixed
+        # forward takes; arrivals that fit ride in the running batch's step
+        self.mixed_limits = mixed_limits
         self.cache_hit_tokens = 0  # prompt tokens admitted with their K/V already cached
         self.admitted_prompt_tokens = 0
         self.waiting: deque[Req] = deque()
@@ -96,7 +109,8 @@ class Scheduler:
         self.stats = {"prefill_steps": 0, "decode_steps": 0, "generated_tokens": 0,
                       "prefill_requests": 0, "prefill_tokens": 0, "decode_batch_requests": 0,
                       "prefill_seconds": 0.0, "decode_seconds": 0.0,
-                      "prefill_delayed_passes": 0, "prefills_beside_decode": 0}
+                      "prefill_delayed_passes": 0, "prefills_beside_decode": 0,
+                      "mixed_steps": 0, "mixed_requests": 0, "mixed_seconds": 0.0}
 
     @property
     def eos_token_ids(self) -> set[int]:
@@ -116,12 +130,13 @@ class Scheduler:
     def _reservation(self, req: Req) -> int:
         return self.limits.reservation(req)
 
-    def _admit(self) -> list[Req]:
-        """Waiting requests for one prefill, in order, while rows and KV last; with prefill
-        graphs, only as many requests and uncached tokens as one graph takes (a larger
-        prefill runs eagerly, many times slower on a small model: the rest wait one step)."""
+    def _admit(self, limits: tuple[int, int] | None, strict: bool = False) -> list[Req]:
+        """Waiting requests for one prefill, in order, while rows and KV last; with `limits`
+        (a prefill graph's), only as many requests and uncached tokens as one graph takes (a
+        larger prefill runs eagerly, many times slower on a small model: the rest wait one
+        step). `strict`: the first request must fit the token budget too (a mixed forward)."""
         admitted, tokens = [], 0
-        width, budget = self.prefill_graph_limits or (None, None)
+        width, budget = limits or (None, None)
         while self.waiting and len(self.running) + len(admitted) < self.max_running_requests:
             if width is not None and len(admitted) == width:
                 break
@@ -134,7 +149,7 @@ class Scheduler:
             if not self._take_kv(req):
                 break
             uncached = len(req.origin_input_ids) - req.kv_len
-            if admitted and budget is not None and tokens + uncached > budget:
+            if (admitted or strict) and budget is not None and tokens + uncached > budget:
                 self._untake_kv(req)
                 break
             tokens += uncached
@@ -189,7 +204,44 @@ class Scheduler:
 
     def step(self) -> None:
         start = time.perf_counter()
-        new = self._admit() if self._prefill_now() else []
+        prefill = self._prefill_now()
+        new, launched = self._launch_mixed() if prefill else ([], [])
+        kind = "mixed_seconds"
+        if not launched:
+            new, launched = self._launch_apart(prefill)
+            kind = "prefill_seconds" if new and len(launched) == 1 else "decode_seconds"
+        self.running += new
+        for step in launched:
+            for r in step.reqs:
+                r.pending_tokens += step.kv_growth
+        done, self.in_flight = (self.in_flight, launched) if self.overlap else (launched, [])
+        for step in done:
+            self._complete(step)
+        self.stats[kind] += time.perf_counter() - start
+
+    def _launch_mixed(self) -> tuple[list[Req], list[PendingStep]]:
+        """Admitted arrivals and the one mixed forward that steps the running batch and
+        prefills them; nothing when no arrival fits one (the caller prefills apart)."""
+        if self.mixed_limits is None or not self.waiting:
+            return [], []
+        max_step, width, budget = self.mixed_limits
+        batch = [r for r in self.running if self._can_launch(r)]
+        if not batch or len(batch) > max_step:
+            return [], []
+        new = self._admit((width, budget), strict=True)
+        if not new:
+            return [], []
+        self.stats["mixed_steps"] += 1
+        self.stats["mixed_requests"] += len(new)
+        self.stats["decode_batch_requests"] += len(batch)
+        self.stats["prefill_requests"] += len(new)
+        self.stats["prefill_tokens"] += sum(len(r.origin_input_ids) - r.kv_len for r in new)
+        return new, self.worker.mixed(batch, new)
+
+    def _launch_apart(self, prefill: bool) -> tuple[list[Req], list[PendingStep]]:
+        """A prefill step of admitted arrivals, or a decode step of the running batch, or
+        (side stream) both at once."""
+        new = self._admit(self.prefill_graph_limits) if prefill else []
         side = self.side_stream if new else None
         launched: list[PendingStep] = []
         if new:
@@ -212,15 +264,7 @@ class Scheduler:
                 launched.append(self.worker.decode(batch))
         if side is not None:
             side.join()
-        self.running += new
-        for step in launched:
-            for r in step.reqs:
-                r.pending_tokens += step.kv_growth
-        done, self.in_flight = (self.in_flight, launched) if self.overlap else (launched, [])
-        for step in done:
-            self._complete(step)
-        kind = "prefill_seconds" if new and len(launched) == 1 else "decode_seconds"
-        self.stats[kind] += time.perf_counter() - start
+        return new, launched
 
     def _prefill_now(self) -> bool:
         if not self.waiting:

@@ -6,11 +6,16 @@ import torch
 
 from sglang_aux.srt.configs.model_config import ModelConfig
 from sglang_aux.srt.managers.pending_step import PendingStep
-from sglang_aux.srt.managers.schedule_batch import Req, build_extend_batch, build_step_batch
+from sglang_aux.srt.managers.schedule_batch import (
+    Req,
+    build_extend_batch,
+    build_mixed_batch,
+    build_step_batch,
+)
 from sglang_aux.srt.model_executor.forward_batch_info import ForwardMode
 from sglang_aux.srt.model_executor.model_runner import ModelRunner
 from sglang_aux.srt.model_executor.runner.step_prologue import StepPrologue
-from sglang_aux.srt.model_executor.runner_utils.host_transfer import HostReadback
+from sglang_aux.srt.model_executor.runner_utils.host_transfer import HostReadback, PendingRows
 from sglang_aux.srt.sampling.sampling_rows import SamplingRows
 from sglang_aux.srt.server_args import ServerArgs
 
@@ -35,6 +40,8 @@ class TpModelWorker:
         runner.init_decode_graphs(ForwardMode.DECODE, captured_req_width=1,
                                   step_prologue=StepPrologue())
         runner.init_prefill_graphs()
+        if server_args.enable_mixed_chunk:
+            runner.init_mixed_graphs(1)
         self.sampling_rows = SamplingRows(server_args.max_running_requests,
                                           model_config.hf_config.vocab_size, runner.device)
         self.readback = HostReadback(runner.device)
@@ -55,6 +62,25 @@ class TpModelWorker:
         tokens = self._sample(logits, reqs, fb.req_pool_indices, fb.seq_lens)
         self.model_runner.req_to_token_pool.advance_rows(fb.req_pool_indices, 1, tokens)
         return PendingStep(reqs, self.readback.start(tokens), _decoded, kv_growth=1)
+
+    def mixed(self, reqs: list[Req], arrivals: list[Req]) -> list[PendingStep]:
+        """One forward of a decode step of `reqs` and the prefill of `arrivals` (MIXED), one
+        readback: the two steps it returns share it."""
+        runner, bs, n = self.model_runner, len(reqs), len(arrivals)
+        self.sampling_rows.set([r.req_pool_idx for r in arrivals],
+                               [r.sampling_params for r in arrivals], [r.seed for r in arrivals])
+        fb = build_mixed_batch(runner, reqs, 1, arrivals, StepPrologue())
+        logits = runner.forward(fb).next_token_logits[: bs + n]  # step rows, then arrivals
+        sb = fb.mixed_step_bs
+        rows = torch.cat([fb.req_pool_indices[:bs], fb.req_pool_indices[sb : sb + n]])
+        # a decode token sits at kv_len + 1, a first token at the prompt's length
+        positions = torch.cat([fb.seq_lens[:bs], fb.seq_lens[sb : sb + n]])
+        tokens = self._sample(logits, reqs + arrivals, rows, positions)
+        runner.req_to_token_pool.advance_rows(rows[:bs], 1, tokens[:bs])
+        runner.req_to_token_pool.set_rows(rows[bs:], positions[bs:], tokens[bs:])
+        copy = self.readback.start(tokens)
+        return [PendingStep(reqs, PendingRows(copy, 0, bs), _decoded, kv_growth=1),
+                PendingStep(arrivals, PendingRows(copy, bs, bs + n), _one_token, kv_growth=0)]
 
     def _sample(self, logits: torch.Tensor, reqs: list[Req], rows: torch.Tensor,
                 positions: torch.Tensor) -> torch.Tensor:

@@ -20,9 +20,16 @@ class ForwardMode(IntEnum):
     TARGET_VERIFY = auto()  # B tokens per request, causal over prefix and block
     DRAFT_BLOCK = auto()  # DFlash draft: B block queries (causality per layer: attn_type)
     IDLE = auto()  # no tokens (a pipeline or overlap peer with nothing to do)
+    # one forward of both: the running requests' step tokens (a fixed width each, first),
+    # then arrivals' prefill tokens; an EXTEND batch whose logits rows are listed
+    MIXED = auto()
 
     def is_extend(self) -> bool:
-        return self == ForwardMode.EXTEND
+        """EXTEND, or MIXED (whose every request is an extend of its new tokens)."""
+        return self in (ForwardMode.EXTEND, ForwardMode.MIXED)
+
+    def is_mixed(self) -> bool:
+        return self == ForwardMode.MIXED
 
     def is_decode(self) -> bool:
         return self == ForwardMode.DECODE
@@ -92,6 +99,12 @@ class ForwardBatch:
     # The captured size whose static step buffer already holds this batch (a graph runner's
     # `prepare_step`): its tensors are views its graph's prologue fills at replay.
     prepared_graph_bs: int | None = None
+    # MIXED: the leading requests that take a step (`mixed_step_width` tokens each, padded
+    # requests of a graph included) and `[rows]` the token rows the LM head reads: every step
+    # token, then each arrival's last token (a graph pads them with row 0).
+    mixed_step_bs: int = 0
+    mixed_step_width: int = 0
+    logits_rows: torch.Tensor | None = None
 
     @property
     def num_tokens(self) -> int:

@@ -25,6 +25,7 @@ from sglang_aux.srt.model_executor.model_runner_components.misc_utils import (
 from sglang_aux.srt.model_executor.model_runner_components.sizing import kv_pool_size
 from sglang_aux.srt.model_executor.runner.decode_cuda_graph_runner import DecodeCudaGraphRunner
 from sglang_aux.srt.model_executor.runner.epilogue import Epilogue
+from sglang_aux.srt.model_executor.runner.mixed_cuda_graph_runner import MixedCudaGraphRunner
 from sglang_aux.srt.model_executor.runner.prefill_cuda_graph_runner import PrefillCudaGraphRunner
 from sglang_aux.srt.model_executor.runner.step_prologue import StepPrologue
 from sglang_aux.srt.model_executor.runner.streamed_aux import StreamedAux
@@ -32,8 +33,11 @@ from sglang_aux.srt.model_executor.runner_backend.base import GraphBackend
 from sglang_aux.srt.model_executor.runner_backend.eager_replay_backend import EagerReplayBackend
 from sglang_aux.srt.model_executor.runner_utils.capture_sizes import (
     get_capture_bs,
+    mixed_graph_plan,
+    mixed_max_arrivals,
     prefill_graph_plan,
 )
+from sglang_aux.srt.model_executor.runner_utils.mixed_buffers import MixedInputBuffers
 from sglang_aux.srt.model_executor.runner_utils.pool import PREFILL_POOL, SHARED_POOL
 from sglang_aux.srt.model_executor.runner_utils.prefill_buffers import PrefillInputBuffers
 from sglang_aux.srt.model_loader.loader import get_model
@@ -111,6 +115,8 @@ class ModelRunner:
         self.attn_backend = make_attn_backend(server_args.resolved_attention_backend())
         self.graph_runner: DecodeCudaGraphRunner | None = None
         self.prefill_graph_runner: PrefillCudaGraphRunner | None = None
+        self.mixed_graph_runner: MixedCudaGraphRunner | None = None
+        self.mixed_width = 0  # tokens per step request of MIXED forwards (0: none)
         self.prefill_capture_tokens, self.prefill_capture_bs = prefill_graph_plan(
             server_args, on_cuda=self.device.type == "cuda",
             hidden_size=model_config.hf_config.hidden_size)
@@ -197,6 +203,58 @@ class ModelRunner:
             buffers=buffers, epilogue=epilogue, streamed_aux=streamed_aux)
         self.prefill_graph_runner.capture()
 
+    def init_mixed_graphs(self, width: int, epilogue: Epilogue | None = None,
+                          streamed_aux: StreamedAux | None = None) -> None:
+        """Let MIXED forwards run: a step of `width` tokens per running request and arrivals'
+        prefills in one forward (`--enable-mixed-chunk`), captured when the decode graphs
+        are; `epilogue` and `streamed_aux` as in `init_decode_graphs`. Call after
+        `init_decode_graphs`: the graphs borrow its shared aux storage when it has the rows."""
+        args = self.server_args
+        self._register(ForwardMode.MIXED, epilogue, streamed_aux)
+        self.mixed_width = width
+        decode = self.graph_runner
+        if decode is None or (self.device.type == "cuda"
+                              and not self.attn_backend.extend_graph_safe):
+            return
+        step_bs, tokens, arrivals = mixed_graph_plan(args, max(decode.capture_bs))
+        w = width
+        max_tokens, max_reqs, max_rows = step_bs[-1] * w + tokens[-1], step_bs[-1] + arrivals, \
+            step_bs[-1] * w + arrivals
+        aux, acc = decode.buffers.aux_hidden_states, decode.buffers.aux_projection_acc
+        if aux is not None and aux.shape[0] < max_tokens:
+            aux = torch.zeros((max_tokens, aux.shape[1]), dtype=aux.dtype, device=self.device)
+        if streamed_aux is not None and (acc is None or acc.shape[0] < max_tokens):
+            acc = torch.zeros((max_tokens, streamed_aux.width), dtype=torch.float32,
+                              device=self.device)
+        buffers = MixedInputBuffers.create(
+            max_tokens=max_tokens, max_reqs=max_reqs, max_logits_rows=max_rows,
+            vocab_size=self.model_config.hf_config.vocab_size, dtype=self.model_config.dtype,
+            device=self.device, aux_hidden_states=aux, aux_projection_acc=acc)
+        self.mixed_graph_runner = MixedCudaGraphRunner(
+            self, width=w, step_bs=step_bs, arrival_tokens=tokens, max_arrivals=arrivals,
+            backend=make_graph_backend(self.device), buffers=buffers, epilogue=epilogue,
+            streamed_aux=streamed_aux)
+        self.mixed_graph_runner.capture()
+
+    def mixed_layout(self, step_bs: int, num_arrivals: int, arrival_tokens: int
+                     ) -> tuple[int, int, int] | None:
+        """The padded (step requests, arrivals, arrival tokens) of the mixed graph a MIXED
+        batch replays, or None (it runs eagerly)."""
+        g = self.mixed_graph_runner
+        return None if g is None else g.padded_layout(step_bs, num_arrivals, arrival_tokens)
+
+    def mixed_limits(self) -> tuple[int, int, int] | None:
+        """(step requests, arrivals, arrival tokens) one MIXED forward takes: the largest
+        captured graph's, or eagerly the running limit, a prefill graph's width and
+        `--mixed-chunk-max-prefill-tokens`; None before `init_mixed_graphs`."""
+        if not self.mixed_width:
+            return None
+        g, args = self.mixed_graph_runner, self.server_args
+        if g is not None and g.graphs:
+            return g.step_bs[-1], g.max_arrivals, g.arrival_tokens[-1]
+        return (args.max_running_requests, mixed_max_arrivals(args),
+                args.mixed_chunk_max_prefill_tokens)
+
     def prefill_graph_limits(self) -> tuple[int, int] | None:
         """(requests, tokens) one captured prefill graph takes; None without prefill graphs."""
         g = self.prefill_graph_runner
@@ -214,7 +272,7 @@ class ModelRunner:
     def forward(self, forward_batch: ForwardBatch) -> LogitsProcessorOutput:
         """Replays a graph when one fits (its outputs are borrowed until the next replay),
         else runs eagerly."""
-        for graphs in (self.graph_runner, self.prefill_graph_runner):
+        for graphs in (self.graph_runner, self.prefill_graph_runner, self.mixed_graph_runner):
             if graphs is not None and graphs.can_run_graph(forward_batch):
                 return graphs.execute(forward_batch)
         mode = forward_batch.forward_mode

@@ -30,6 +30,7 @@ from sglang_aux.srt.managers.pending_step import PendingStep
 from sglang_aux.srt.managers.schedule_batch import (
     Req,
     build_extend_batch,
+    build_mixed_batch,
     build_step_batch,
 )
 from sglang_aux.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
@@ -37,7 +38,7 @@ from sglang_aux.srt.model_executor.model_runner import ModelRunner
 from sglang_aux.srt.model_executor.runner.epilogue import Epilogue
 from sglang_aux.srt.model_executor.runner.step_prologue import StepPrologue
 from sglang_aux.srt.model_executor.runner.streamed_aux import StreamedAux
-from sglang_aux.srt.model_executor.runner_utils.host_transfer import HostReadback
+from sglang_aux.srt.model_executor.runner_utils.host_transfer import HostReadback, PendingRows
 from sglang_aux.srt.sampling.sampler import Lane, sample_from_probs, sampling_probs, uniform
 from sglang_aux.srt.sampling.sampling_rows import SamplingRows
 from sglang_aux.srt.server_args import ServerArgs
@@ -110,9 +111,10 @@ class DFlashWorker:
             draft = draft_runner.model
             self.verify_streamed_aux = StreamedAux(verify, draft.fc.out_features,
                                                    draft.new_streamed_projection)
+        self.verify_prologue = StepPrologue(block_tokens=lambda bs: self._drafts[:bs])
         self.target_runner.init_decode_graphs(
             verify, b, self.verify_epilogue, streamed_aux=self.verify_streamed_aux,
-            step_prologue=StepPrologue(block_tokens=lambda bs: self._drafts[:bs]))
+            step_prologue=self.verify_prologue)
         # Prefills commit the prompt's draft context in their own forward (graph or eager).
         extend = ForwardMode.EXTEND
         self.target_runner.init_prefill_graphs(
@@ -123,6 +125,15 @@ class DFlashWorker:
         draft_runner.init_decode_graphs(
             block, b, Epilogue(block, self._draft_epilogue, self._draft_sampling),
             step_prologue=StepPrologue(fill_token_id=self.mask_token_id))
+        if server_args.enable_mixed_chunk:
+            # Verify steps that carry arrivals' prefills: the commit covers both, greedy
+            # acceptance the step rows; the rejection tail runs after (`mixed`).
+            mixed = ForwardMode.MIXED
+            self.target_runner.init_mixed_graphs(
+                b, Epilogue(mixed, self._mixed_epilogue),
+                streamed_aux=None if not self.streamed_aux else StreamedAux(
+                    mixed, draft_runner.model.fc.out_features,
+                    draft_runner.model.new_streamed_projection))
 
     @property
     def model_runner(self) -> ModelRunner:
@@ -144,15 +155,7 @@ class DFlashWorker:
 
     def decode(self, reqs: list[Req]) -> PendingStep:
         bs, b = len(reqs), self.block_size
-        # known on the host: only then do the epilogues' sampling steps (graph tails) run
-        has_sampling = not all(r.sampling_params.is_greedy for r in reqs)
-        draft_fb = build_step_batch(self.draft_runner, reqs, ForwardMode.DRAFT_BLOCK, b,
-                                    fill_token_id=self.mask_token_id)
-        draft_fb.has_sampling = has_sampling
-        self.draft_runner.forward(draft_fb)  # proposals in `_drafts[:bs]`
-        drafts = self.propose(reqs, draft_fb)
-        if drafts.data_ptr() != self._drafts.data_ptr():  # a proposer with its own storage
-            self._drafts[:bs].copy_(drafts)
+        has_sampling = self._draft(reqs)
         # `[anchor, drafts]` per request: the verify graph's prologue reads `_drafts` itself
         verify_fb = build_step_batch(self.target_runner, reqs, ForwardMode.TARGET_VERIFY, b,
                                      block_tokens=self._drafts[:bs])
@@ -166,6 +169,55 @@ class DFlashWorker:
         self.target_runner.req_to_token_pool.advance_rows(
             verify_fb.req_pool_indices, added, verdicts.gather(1, added[:, None])[:, 0])
         return PendingStep(reqs, self.readback.start(verdicts), self._verified, kv_growth=b)
+
+    def mixed(self, reqs: list[Req], arrivals: list[Req]) -> list[PendingStep]:
+        """A verify step of `reqs` and the prefill of `arrivals` in one target forward
+        (MIXED): drafts as `decode`, then one forward whose epilogue commits the draft context
+        of every token (block rows and prompts) and accepts greedily; one readback, shared by
+        the two steps it returns."""
+        bs, n, b = len(reqs), len(arrivals), self.block_size
+        self.sampling_rows.set([r.req_pool_idx for r in arrivals],
+                               [r.sampling_params for r in arrivals], [r.seed for r in arrivals])
+        has_sampling = self._draft(reqs)
+        fb = build_mixed_batch(self.target_runner, reqs, b, arrivals, self.verify_prologue)
+        out = self.target_runner.forward(fb)
+        if self.on_aux_consumed is not None:
+            self.on_aux_consumed()
+        step_tokens, sb = bs * b, fb.mixed_step_bs
+        logits = out.next_token_logits
+        if has_sampling:
+            self._rejection_sample(bs, fb.input_ids[:step_tokens], fb.positions[:step_tokens],
+                                   fb.req_pool_indices[:bs], logits[:step_tokens])
+        verdicts = self._verdicts[:bs]
+        added = verdicts[:, 0] + 1
+        pool = self.target_runner.req_to_token_pool
+        pool.advance_rows(fb.req_pool_indices[:bs], added,
+                          verdicts.gather(1, added[:, None])[:, 0])
+        rows, seq_lens = fb.req_pool_indices[sb : sb + n], fb.seq_lens[sb : sb + n]
+        first = self.sampling_rows.sample(
+            logits[step_tokens : step_tokens + n], rows, seq_lens,
+            all(r.sampling_params.is_greedy for r in arrivals))
+        pool.set_rows(rows, seq_lens, first)
+        packed = torch.zeros((bs + n, b + 1), dtype=torch.int64, device=verdicts.device)
+        packed[:bs] = verdicts
+        packed[bs:, 0] = first
+        copy = self.readback.start(packed)
+        return [PendingStep(reqs, PendingRows(copy, 0, bs), self._verified, kv_growth=b),
+                PendingStep(arrivals, PendingRows(copy, bs, bs + n), _first_of_row,
+                            kv_growth=0)]
+
+    def _draft(self, reqs: list[Req]) -> bool:
+        """The draft block's proposals for `reqs` into `_drafts[:bs]`; whether a request
+        samples (known on the host: only then do the epilogues' sampling steps run)."""
+        has_sampling = not all(r.sampling_params.is_greedy for r in reqs)
+        draft_fb = build_step_batch(self.draft_runner, reqs, ForwardMode.DRAFT_BLOCK,
+                                    self.block_size, fill_token_id=self.mask_token_id)
+        draft_fb.has_sampling = has_sampling
+        self.draft_runner.forward(draft_fb)  # proposals in `_drafts[:bs]`
+        drafts = self.propose(reqs, draft_fb)
+        if drafts.data_ptr() != self._drafts.data_ptr():  # a proposer with its own storage
+            self._drafts[: len(reqs)].copy_(drafts)
+        return has_sampling
 
     def _verified(self, req: Req, row: list[int]) -> list[int]:
         """One request's verdict row: the anchor and the accepted drafts are now KV."""
@@ -192,20 +244,38 @@ class DFlashWorker:
     def _verify_epilogue(self, fb: ForwardBatch, out: LogitsProcessorOutput) -> None:
         """Inside the TARGET_VERIFY graph: consume the aux rows (or the streamed projection)
         the forward just wrote, and accept greedily (`_verdicts[:bs]`)."""
-        bs, b = fb.batch_size, self.block_size
         self.commit_draft_context(_aux_of(fb, out), fb.positions, fb.out_cache_loc)
-        target_argmax = out.next_token_logits.view(bs, b, -1).argmax(-1)
-        drafts = fb.input_ids.view(bs, b)[:, 1:]
-        self._verdicts[:bs] = greedy_verify(drafts, target_argmax).packed()
+        self._accept_greedy(fb.batch_size, fb.input_ids, out.next_token_logits)
+
+    def _mixed_epilogue(self, fb: ForwardBatch, out: LogitsProcessorOutput) -> None:
+        """Inside the MIXED graph: the draft context of every token (step blocks and
+        prompts), then greedy acceptance of the leading step rows (a graph's padded step
+        requests get verdicts nobody reads)."""
+        self.commit_draft_context(_aux_of(fb, out), fb.positions, fb.out_cache_loc)
+        n = fb.mixed_step_bs * self.block_size
+        self._accept_greedy(fb.mixed_step_bs, fb.input_ids[:n], out.next_token_logits[:n])
+
+    def _accept_greedy(self, bs: int, input_ids: torch.Tensor, logits: torch.Tensor) -> None:
+        """`_verdicts[:bs]` from `bs` blocks' tokens `[bs * B]` and their logits rows."""
+        b = self.block_size
+        target_argmax = logits.view(bs, b, -1).argmax(-1)
+        self._verdicts[:bs] = greedy_verify(input_ids.view(bs, b)[:, 1:], target_argmax).packed()
 
     def _verify_sampling(self, fb: ForwardBatch, out: LogitsProcessorOutput) -> None:
-        """The TARGET_VERIFY sampling tail: lossless rejection sampling of the drafts against
-        `_draft_probs[:bs]`; greedy requests keep their greedy verdicts."""
-        bs, b = fb.batch_size, self.block_size
-        params = self.sampling_rows.gather(fb.req_pool_indices)
-        p = sampling_probs(out.next_token_logits, params.repeat_interleave(b)).view(bs, b, -1)
-        positions, seed = fb.positions.view(bs, b), params.seed[:, None]
-        sampled = rejection_verify(fb.input_ids.view(bs, b)[:, 1:], self._draft_probs[:bs], p,
+        """The TARGET_VERIFY sampling tail (`_rejection_sample`)."""
+        self._rejection_sample(fb.batch_size, fb.input_ids, fb.positions, fb.req_pool_indices,
+                               out.next_token_logits)
+
+    def _rejection_sample(self, bs: int, input_ids: torch.Tensor, positions: torch.Tensor,
+                          rows: torch.Tensor, logits: torch.Tensor) -> None:
+        """Lossless rejection sampling of `bs` blocks' drafts (tokens and positions `[bs * B]`,
+        logits `[bs * B, vocab]`) against `_draft_probs[:bs]`; greedy requests keep their
+        greedy verdicts."""
+        b = self.block_size
+        params = self.sampling_rows.gather(rows)
+        p = sampling_probs(logits, params.repeat_interleave(b)).view(bs, b, -1)
+        positions, seed = positions.view(bs, b), params.seed[:, None]
+        sampled = rejection_verify(input_ids.view(bs, b)[:, 1:], self._draft_probs[:bs], p,
                                    uniform(seed, positions[:, 1:], Lane.ACCEPT),
                                    uniform(seed, positions + 1, Lane.RESIDUAL)).packed()
         verdicts = self._verdicts[:bs]
@@ -250,6 +320,11 @@ class DFlashWorker:
 
 def _first_token(_req: Req, token: int) -> list[int]:
     return [token]
+
+
+def _first_of_row(_req: Req, row: list[int]) -> list[int]:
+    """An arrival's row of a mixed step's readback: its first token leads."""
+    return [row[0]]
 
 
 def _aux_of(fb: ForwardBatch, out: LogitsProcessorOutput) -> torch.Tensor | AuxProjection:

@@ -16,8 +16,8 @@ if TYPE_CHECKING:
 
 
 class TorchNativeAttnBackend(AttentionBackend):
-    """EXTEND loops over requests; fixed-layout modes (DECODE, TARGET_VERIFY, DRAFT_BLOCK)
-    gather every request's keys at once and mask by position.
+    """EXTEND (and MIXED) loops over requests; fixed-layout modes (DECODE, TARGET_VERIFY,
+    DRAFT_BLOCK) gather every request's keys at once and mask by position.
 
     A query at position p of a request with `seq_len` tokens sees key positions `j < seq_len`,
     `j <= p` too when the layer is causal (`attn_type` DECODER), and `p - j <=
@@ -57,9 +57,14 @@ class TorchNativeAttnBackend(AttentionBackend):
                         fb: ForwardBatch) -> torch.Tensor:
         pool = fb.token_to_kv_pool
         out = torch.zeros_like(q)  # rows of no request (a graph's padding) stay finite
+        if fb.forward_mode.is_mixed():
+            # the step rows' prefixes are device state the host may not know yet (overlap)
+            prefixes, exts = fb.extend_prefix_lens.tolist(), fb.extend_seq_lens.tolist()
+        else:
+            prefixes, exts = fb.extend_prefix_lens_cpu, fb.extend_seq_lens_cpu
         start = 0
         for i in range(fb.batch_size):
-            prefix, ext = fb.extend_prefix_lens_cpu[i], fb.extend_seq_lens_cpu[i]
+            prefix, ext = prefixes[i], exts[i]
             if ext == 0:  # a padded request of a captured EXTEND graph
                 continue
             slots = fb.req_to_token_pool.req_to_token[fb.req_pool_indices[i], : prefix + ext]

@@ -23,10 +23,12 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class ExtendMetadata:
-    """Where each request's queries and keys lie in an EXTEND batch (device tensors, `[bs]`)."""
+    """Where each extend request's queries and keys lie (device tensors, `[bs]`): every request
+    of an EXTEND batch, the arrivals (the requests after the step ones) of a MIXED batch."""
 
     forward_batch: ForwardBatch  # the batch this was built for
-    q_start: torch.Tensor  # first query row of each request
+    req_pool_indices: torch.Tensor
+    q_start: torch.Tensor  # first query row of each request, in the whole batch
     prefix_lens: torch.Tensor  # cached tokens before this forward
     extend_lens: torch.Tensor  # new tokens in this forward
     # Sizes the grid, from the host lists: the live batch's longest request eagerly; a
@@ -35,20 +37,26 @@ class ExtendMetadata:
 
     @classmethod
     def build(cls, fb: ForwardBatch) -> ExtendMetadata:
-        if fb.extend_prefix_lens_cpu is None or fb.extend_seq_lens_cpu is None:
-            raise ValueError("an EXTEND batch needs extend_prefix_lens_cpu and extend_seq_lens_cpu")
+        if fb.extend_seq_lens_cpu is None:
+            raise ValueError("an EXTEND batch needs extend_seq_lens_cpu")
+        first = fb.mixed_step_bs if fb.forward_mode.is_mixed() else 0
         extend = fb.extend_seq_lens_cpu
         if fb.extend_start_loc is not None:
             q_start, prefix, ext = fb.extend_start_loc, fb.extend_prefix_lens, fb.extend_seq_lens
         else:  # a batch built by hand with host lists only
+            if fb.extend_prefix_lens_cpu is None:
+                raise ValueError("an EXTEND batch without extend_* device tensors needs "
+                                 "extend_prefix_lens_cpu")
             as_tensor = lambda xs: torch.tensor(xs, dtype=torch.int32, device=fb.seq_lens.device)
             q_start = as_tensor([0, *accumulate(extend)][:-1])
             prefix, ext = as_tensor(fb.extend_prefix_lens_cpu), as_tensor(extend)
-        return cls(fb, q_start, prefix, ext, max(extend, default=0))
+        return cls(fb, fb.req_pool_indices[first:], q_start[first:], prefix[first:],
+                   ext[first:], max(extend[first:], default=0))
 
 
 class TritonAttnBackend(AttentionBackend):
-    """Paged attention in Triton for EXTEND, DECODE, TARGET_VERIFY and DRAFT_BLOCK.
+    """Paged attention in Triton for EXTEND, DECODE, TARGET_VERIFY, DRAFT_BLOCK and MIXED
+    (the step rows through the fixed-layout kernel, the arrivals through the extend one).
 
     A query at position p of a request with `seq_len` tokens sees key positions `j < seq_len`,
     `j <= p` too when the layer is causal, and `p - j <= layer.sliding_window_size` when it
@@ -113,11 +121,20 @@ class TritonAttnBackend(AttentionBackend):
         mode = forward_batch.forward_mode
         if mode.is_extend():
             meta = self._extend_metadata(forward_batch)
+            # First: it writes `out` whole (rows of no extend request come out 0).
             extend_attention_fwd(q, k_buffer, v_buffer, out, req_to_token,
-                                 forward_batch.req_pool_indices, meta.q_start, meta.prefix_lens,
+                                 meta.req_pool_indices, meta.q_start, meta.prefix_lens,
                                  meta.extend_lens, meta.max_extend_len, layer.scaling,
                                  layer.is_causal, layer.sliding_window_size,
                                  self.num_kv_splits)
+            if mode.is_mixed():  # the step rows lead, in the fixed layout decode reads
+                n = forward_batch.mixed_step_bs
+                t = n * forward_batch.mixed_step_width
+                decode_attention_fwd(q[:t], k_buffer, v_buffer, out[:t], req_to_token,
+                                     forward_batch.req_pool_indices[:n],
+                                     forward_batch.seq_lens[:n], forward_batch.positions[:t],
+                                     layer.scaling, layer.is_causal, self.num_kv_splits,
+                                     layer.sliding_window_size)
         else:
             bs = forward_batch.batch_size
             if q.shape[0] % bs:

@@ -71,3 +71,23 @@ def prefill_graph_plan(args: ServerArgs, on_cuda: bool, hidden_size: int
     tokens = get_capture_prefill_tokens(max_tokens=max_tokens,
                                         override=args.cuda_graph_tokens_prefill)
     return [n for n in tokens if n <= max_tokens], max_bs
+
+
+# Arrival tokens a mixed graph pads to: 2x apart, since a padded arrival token costs little
+# beside the step's own tokens.
+_MIXED_ARRIVAL_TOKENS = [32, 64, 128, 256, 512, 1024, 2048, 4096]
+
+
+def mixed_graph_plan(args: ServerArgs, max_step_bs: int) -> tuple[list[int], list[int], int]:
+    """(step request counts, arrival token counts, arrivals per graph) of a runner's mixed
+    graphs (`--enable-mixed-chunk`): the decode sizes up to `max_step_bs`, arrival tokens up
+    to `--mixed-chunk-max-prefill-tokens`, as many arrivals as a prefill graph takes."""
+    max_tokens = args.mixed_chunk_max_prefill_tokens
+    tokens = sorted({n for n in _MIXED_ARRIVAL_TOKENS if n <= max_tokens} | {max_tokens})
+    step_bs = get_capture_bs(max_bs=max_step_bs, speculative=False)
+    return step_bs, tokens, mixed_max_arrivals(args)
+
+
+def mixed_max_arrivals(args: ServerArgs) -> int:
+    """Arrivals one mixed forward takes (graph or eager)."""
+    return min(args.max_running_requests, args.cuda_graph_max_bs_prefill or 4)

@@ -44,6 +44,17 @@ class PendingCopy:
         return self._host
 
 
+class PendingRows:
+    """Rows `[start, stop)` of a pending copy: one readback serving two steps (a mixed
+    forward's step requests and its arrivals)."""
+
+    def __init__(self, copy: PendingCopy, start: int, stop: int):
+        self.copy, self.start, self.stop = copy, start, stop
+
+    def wait(self) -> torch.Tensor:
+        return self.copy.wait()[self.start : self.stop]
+
+
 class HostReadback:
     def __init__(self, device: torch.device):
         self.device = device

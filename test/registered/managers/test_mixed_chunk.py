@@ -1,0 +1,159 @@
+"""Mixed steps on CPU (`--enable-mixed-chunk`): arrivals that fit ride in the running batch's
+decode (target-only) or verify (DFlash) forward. Every output, finish reason and slot equals
+the schedule that prefills in a step of its own, greedy and seeded sampling alike, with and
+without the overlap scheduler, through the mixed graphs (eager replay) and eagerly; and a
+replayed mixed graph gives the eager forward's logits at every captured layout."""
+
+import sys
+
+import pytest
+import torch
+
+from sglang_aux.srt.entrypoints.engine import Engine
+from sglang_aux.srt.managers.schedule_batch import build_mixed_batch, publish_rows, reserve_kv
+from sglang_aux.srt.model_executor.forward_batch_info import ForwardMode
+from sglang_aux.srt.model_executor.runner.step_prologue import StepPrologue
+from sglang_aux.srt.server_args import ServerArgs
+from sglang_aux.test.ci.ci_register import register_cpu_ci
+from sglang_aux.test.runtime_utils import (
+    assert_kv_all_back,
+    assert_same_outputs,
+    make_runner,
+    new_requests,
+    prefill_random,
+    release,
+    tiny_checkpoint,
+)
+
+register_cpu_ci(est_time=60, suite="default")
+
+PROLOGUE = StepPrologue(fill_token_id=5)
+# A graph's GEMMs run at its padded shape: fp32 rounding differs from eager's, ~1e-6 relative.
+CLOSE = dict(rtol=1e-5, atol=1e-4)
+
+# more prompts than running rows: the later ones arrive while earlier ones decode
+PROMPTS = ["Hi", "The quick brown fox jumps over", "12 + 30 =", "Natalia sold clips to 48 of",
+           "x", "What is the capital of France?", "Once upon a time", "1, 2, 3,",
+           "A long prompt that is longer than what one mixed forward takes, so it is "
+           "prefilled in a step of its own while the others keep going."]
+COMMON = dict(device="cpu", dtype="float32", max_total_tokens=4096, max_running_requests=3,
+              cuda_graph_bs_decode=[1, 2, 3], cuda_graph_tokens_prefill=[16, 32, 64],
+              cuda_graph_max_bs_prefill=2)
+
+
+@pytest.fixture(scope="module")
+def ckpts(tmp_path_factory):
+    root = tmp_path_factory.mktemp("ckpt")
+    return {p: tiny_checkpoint(p, root) for p in ("tiny-llama", "tiny-llama-dflash")}
+
+
+def _engine(ckpts, kind: str, mixed: bool, overlap: bool, graphs: bool = True) -> Engine:
+    spec = {} if kind == "target" else dict(
+        speculative_algorithm="DFLASH", speculative_draft_model_path=ckpts["tiny-llama-dflash"])
+    return Engine(model_path=ckpts["tiny-llama"], enable_mixed_chunk=mixed,
+                  mixed_chunk_max_prefill_tokens=16, disable_overlap_schedule=not overlap,
+                  disable_decode_cuda_graph=not graphs, **spec, **COMMON)
+
+
+def _params() -> list[dict]:
+    out = []
+    for i in range(len(PROMPTS)):
+        p = {"max_new_tokens": 4 + 3 * i, "ignore_eos": True}
+        p.update({"temperature": 0} if i % 2 == 0 else
+                 {"temperature": 0.8, "top_p": 0.9, "top_k": 20, "seed": 10 + i})
+        if i == 3:
+            p.update(stop=["e"])
+        out.append(p)
+    return out
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+@pytest.mark.parametrize("kind", ["target", "dflash"])
+def test_mixed_steps_equal_prefill_apart(ckpts, kind, overlap):
+    apart = _engine(ckpts, kind, mixed=False, overlap=overlap)
+    mixed = _engine(ckpts, kind, mixed=True, overlap=overlap)
+    assert apart.scheduler.mixed_limits is None
+    assert mixed.worker.model_runner.mixed_graph_runner.graphs
+    for _ in range(2):  # the second round reuses rows and slots, and hits the prefix cache
+        want = apart.generate(PROMPTS, _params())
+        got = mixed.generate(PROMPTS, _params())
+        assert_same_outputs(want, got)
+    stats = mixed.scheduler.stats
+    assert stats["mixed_steps"] > 0 and stats["mixed_requests"] >= stats["mixed_steps"]
+    assert stats["prefill_steps"] > 0  # the long prompt, and arrivals to an idle batch
+    assert apart.scheduler.stats["mixed_steps"] == 0
+    assert_kv_all_back(mixed)
+
+
+@pytest.mark.parametrize("kind", ["target", "dflash"])
+def test_eager_mixed_steps_equal_prefill_apart(ckpts, kind):
+    apart = _engine(ckpts, kind, mixed=False, overlap=False, graphs=False)
+    mixed = _engine(ckpts, kind, mixed=True, overlap=False, graphs=False)
+    assert mixed.worker.model_runner.mixed_graph_runner is None
+    assert_same_outputs(apart.generate(PROMPTS, _params()), mixed.generate(PROMPTS, _params()))
+    assert mixed.scheduler.stats["mixed_steps"] > 0
+    assert_kv_all_back(mixed)
+
+
+@pytest.mark.parametrize("width", [1, 3])
+def test_mixed_graph_replay_equals_eager_at_every_layout(ckpts, width):
+    """Each captured (step requests, arrival tokens) graph, and padded layouts, against the
+    same batch run eagerly: the live logits rows and every K/V written agree."""
+    args = dict(max_running_requests=6, max_total_tokens=4096, context_length=256,
+                cuda_graph_bs_decode=[1, 2, 4], enable_mixed_chunk=True,
+                mixed_chunk_max_prefill_tokens=64, cuda_graph_max_bs_prefill=2)
+    runners = []
+    for graphs in (True, False):
+        runner = make_runner(ckpts["tiny-llama"], disable_decode_cuda_graph=not graphs, **args)
+        runner.init_decode_graphs(ForwardMode.DECODE, width, step_prologue=PROLOGUE)
+        runner.init_mixed_graphs(width)
+        runners.append(runner)
+    graphs, eager = runners
+    g = graphs.mixed_graph_runner
+    assert (g.step_bs, g.arrival_tokens, g.max_arrivals) == ([1, 2, 4], [32, 64], 2)
+    assert eager.mixed_graph_runner is None
+    # every layout exactly, then padded step requests, arrivals and tokens
+    cases = [(bs, [n]) for bs in g.step_bs for n in g.arrival_tokens] + [(3, [5, 9]), (1, [40])]
+    for seed, (step_bs, arrival_lens) in enumerate(cases):
+        out = []
+        for runner in runners:
+            running = prefill_random(runner, [7 + 3 * i for i in range(step_bs)], seed)
+            publish_rows(runner, running)
+            for r in running:
+                reserve_kv(runner, r, r.kv_len + width)
+            arrivals = new_requests(runner, arrival_lens, seed + 100)
+            fb = build_mixed_batch(runner, running, width, arrivals, PROLOGUE)
+            assert (runner is graphs) == graphs.mixed_graph_runner.can_run_graph(fb)
+            live = step_bs * width + len(arrivals)
+            logits = runner.forward(fb).next_token_logits[:live].clone()
+            out.append((logits, _kv(runner, running + arrivals)))
+            release(runner, running + arrivals)
+        (la, kva), (lb, kvb) = out
+        assert la.shape == (step_bs * width + len(arrival_lens),
+                            graphs.model_config.hf_config.vocab_size)
+        torch.testing.assert_close(la, lb, **CLOSE)
+        for x, y in zip(kva, kvb, strict=True):
+            torch.testing.assert_close(x, y, **CLOSE)
+
+
+def _kv(runner, reqs):
+    """Every K/V the requests hold, their step tokens included."""
+    pool = runner.req_to_token_pool.req_to_token
+    slots = torch.cat([pool[r.req_pool_idx, : r.kv_reserved] for r in reqs])
+    kv = runner.token_to_kv_pool
+    return [torch.stack([kv.k_buffer[i][slots], kv.v_buffer[i][slots]])
+            for i in range(len(kv.k_buffer))]
+
+
+def test_bad_mixed_input_is_refused(ckpts):
+    with pytest.raises(ValueError, match="pick one"):
+        ServerArgs(model_path="x", enable_mixed_chunk=True, enable_concurrent_prefill=True)
+    with pytest.raises(ValueError, match="must be >= 1"):
+        ServerArgs(model_path="x", mixed_chunk_max_prefill_tokens=0)
+    engine = _engine(ckpts, "target", mixed=True, overlap=False)
+    with pytest.raises(ValueError, match="needs step requests and arrivals"):
+        build_mixed_batch(engine.worker.model_runner, [], 1, [], PROLOGUE)
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-q"]))
