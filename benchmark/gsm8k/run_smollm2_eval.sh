@@ -4,9 +4,10 @@
 # 8 and 32 concurrent requests.
 #   bash benchmark/gsm8k/run_smollm2_eval.sh DRAFT_DIR OUT_DIR [NUM_QUESTIONS [CONFIGS]]
 # CONFIGS: a space-separated subset of "target dflash dflash_noshare dflash_streamed
-# target_nocache dflash_nocache target_delay dflash_delay target_beside dflash_beside" (default:
-# target dflash dflash_noshare; *_nocache pass --disable-radix-cache, *_delay
-# --enable-prefill-delayer, *_beside --enable-concurrent-prefill,
+# target_nocache dflash_nocache target_delay dflash_delay target_beside dflash_beside
+# target_mixed dflash_mixed" (default: target dflash dflash_noshare; *_nocache pass
+# --disable-radix-cache, *_delay --enable-prefill-delayer, *_beside --enable-concurrent-prefill,
+# *_mixed --enable-mixed-chunk,
 # dflash_streamed --speculative-dflash-aux-projection streamed).
 # Needs the imported target (`smollm2-135m-instruct`) and GSM8K (SGLANG_AUX_GSM8K_DIR).
 set -uo pipefail
@@ -42,6 +43,9 @@ for cfg in $configs; do
     target_beside) flags=(--speculative-algorithm NONE --enable-concurrent-prefill) ;;
     dflash_beside) flags=(--speculative-algorithm DFLASH --speculative-draft-model-path "$draft"
                           --enable-concurrent-prefill) ;;
+    target_mixed) flags=(--speculative-algorithm NONE --enable-mixed-chunk) ;;
+    dflash_mixed) flags=(--speculative-algorithm DFLASH --speculative-draft-model-path "$draft"
+                         --enable-mixed-chunk) ;;
     *) echo "unknown config $cfg"; continue ;;
   esac
   serve $cfg "${flags[@]}" || continue
@@ -50,7 +54,7 @@ for cfg in $configs; do
   # scheduler_stats (prefill/decode steps, requests, tokens, seconds) and prefix cache hits
   # (radix_cache_hit_tokens / radix_cache_admitted_prompt_tokens) of the 32-concurrent run
   curl -s localhost:$port/get_server_info > "$out/server_info_after32_$cfg.json"
-  if [[ $cfg =~ ^(target|dflash)(_delay|_beside)?$ ]]; then
+  if [[ $cfg =~ ^(target|dflash)(_delay|_beside|_mixed)?$ ]]; then
     harness $cfg 32 1
     harness $cfg 64 8
   fi

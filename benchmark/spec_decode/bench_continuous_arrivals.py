@@ -33,25 +33,25 @@ PARAMS = {"temperature": 0, "max_new_tokens": 512, "stop": ["Question", "</s>", 
 
 
 class StepTrace:
-    """Wraps the worker's `prefill` and `decode`: host launch time, and CUDA events recorded
+    """Wraps the worker's `prefill`, `decode` and `mixed`: host launch time, and CUDA events recorded
     before and after each launch on the current stream."""
 
     def __init__(self, worker) -> None:
         self.records: list[tuple[str, int, float, torch.cuda.Event, torch.cuda.Event]] = []
-        self._originals = {k: getattr(worker, k) for k in ("prefill", "decode")}
+        self._originals = {k: getattr(worker, k) for k in ("prefill", "decode", "mixed")}
         for kind, fn in self._originals.items():
             setattr(worker, kind, self._wrap(kind, fn))
         self.worker = worker
 
     def _wrap(self, kind, fn):
-        def launch(reqs):
+        def launch(*reqs):  # a mixed step: the running batch, then the arrivals
             start, end = (torch.cuda.Event(enable_timing=True) for _ in range(2))
             start.record()
             t = time.perf_counter()
-            out = fn(reqs)
+            out = fn(*reqs)
             host = time.perf_counter() - t
             end.record()
-            self.records.append((kind, len(reqs), host, start, end))
+            self.records.append((kind, sum(len(r) for r in reqs), host, start, end))
             return out
         return launch
 
@@ -149,8 +149,8 @@ def main() -> None:
     p.add_argument("--trace", action="store_true", help="GPU span and idle time per step")
     p.add_argument("--disable-radix-cache", action="store_true")
     p.add_argument("--engines", nargs="+", default=["target", "dflash"],
-                   help="of: target dflash, then _delay (with the prefill delayer) or _beside "
-                        "(--enable-concurrent-prefill)")
+                   help="of: target dflash, then _delay (with the prefill delayer), _beside "
+                        "(--enable-concurrent-prefill) or _mixed (--enable-mixed-chunk)")
     p.add_argument("--out", default="benchmark/spec_decode/continuous_arrivals.json")
     a = p.parse_args()
     if a.trace and a.device != "cuda":
@@ -166,6 +166,8 @@ def main() -> None:
             extra["enable_prefill_delayer"] = True
         if name.endswith("_beside"):
             extra["enable_concurrent_prefill"] = True
+        if name.endswith("_mixed"):
+            extra["enable_mixed_chunk"] = True
         engine = Engine(model_path=folder, dtype=a.dtype, device=a.device,
                         max_running_requests=64, context_length=2048,
                         disable_radix_cache=a.disable_radix_cache, **extra)

@@ -66,6 +66,10 @@ case $phase in
     $py benchmark/spec_decode/bench_continuous_arrivals.py --trace \
       --engines target dflash target_delay dflash_delay --out "$out/continuous_arrivals.json" \
       2>&1 | grep -v Warning | tail -12 ;;
+  mixed)  # the harness's traffic in-process, arrivals' prefills apart / inside the step
+    $py benchmark/spec_decode/bench_continuous_arrivals.py --trace \
+      --engines target dflash target_mixed dflash_mixed --out "$out/continuous_arrivals_mixed.json" \
+      2>&1 | grep -v Warning | tail -12 ;;
   gemm)
     $py benchmark/aux_memory/bench_mxfp8_gemm.py --out "$out/mxfp8_gemm.json" 2>&1 | tail -40 ;;
   host)
