@@ -206,6 +206,43 @@ def test_fixed_layout_matches_torch_native(mode, q_len, attn_type, heads, kv_hea
     assert_close(out, ref, dtype, seed)
 
 
+@pytest.mark.parametrize("num_kv_splits", [None, 3])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
+@pytest.mark.parametrize("heads,kv_heads,head_dim", HEAD_CONFIGS)
+def test_mixed_matches_torch_native(heads, kv_heads, head_dim, dtype, num_kv_splits):
+    """A MIXED batch: three step requests of BLOCK tokens (a decode graph's padded row among
+    them) through the fixed-layout kernel, then two arrivals and a padded one through the
+    extend kernel at a row offset."""
+    seed = fresh_seed()
+    req_pool, kv_pool = make_pools(kv_heads, head_dim, dtype)
+    backend = TritonAttnBackend(num_kv_splits=num_kv_splits)
+    step_lens, arr_prefix, arr_ext = [10 + BLOCK, 130 + BLOCK], [0, 23], [9, 70]
+    arr_lens = [p + e for p, e in zip(arr_prefix, arr_ext, strict=True)]
+    rows = place_requests(req_pool, step_lens + arr_lens)
+    step_rows, arr_rows = rows[:2] + [PADDING_REQ_ROW], rows[2:] + [PADDING_REQ_ROW]
+    prefix = [n - BLOCK for n in step_lens] + [0] + arr_prefix + [0]
+    ext = [BLOCK] * 3 + arr_ext + [0]
+    seq_lens = [p + e for p, e in zip(prefix, ext, strict=True)]
+    seq_lens[-1] = 1
+    positions = torch.cat([torch.arange(p, p + e) for p, e in zip(prefix, ext, strict=True)])
+    req_rows = step_rows + arr_rows
+    locs = torch.cat([req_pool.req_to_token[r, p:p + e].long()
+                      for r, p, e in zip(req_rows, prefix, ext, strict=True)])
+    fb = make_batch(ForwardMode.MIXED, req_pool, kv_pool, req_rows, seq_lens, positions, locs,
+                    backend, extend_lens=ext)
+    ints = lambda xs: torch.tensor(xs, dtype=torch.int64)  # noqa: E731
+    starts = [0]
+    for e in ext[:-1]:
+        starts.append(starts[-1] + e)
+    fb.extend_prefix_lens, fb.extend_seq_lens = ints(prefix), ints(ext)
+    fb.extend_start_loc = ints(starts)
+    fb.mixed_step_bs, fb.mixed_step_width = 3, BLOCK
+    q, k, v = random_qkv(fb.num_tokens, heads, kv_heads, head_dim, dtype)
+    layer = RadixAttention(heads, head_dim, 0.3, kv_heads, LAYER_ID, FULL_CONTEXT, DECODER)
+    out, ref = run_both(fb, backend, layer, q, k, v)
+    assert_close(out, ref, dtype, seed)
+
+
 @pytest.mark.parametrize("mode,q_len,attn_type", [*FIXED_MODES, (ForwardMode.EXTEND, 0, DECODER)],
                          ids=[*FIXED_IDS, "EXTEND"])
 def test_keys_before_the_window_are_never_read(mode, q_len, attn_type):

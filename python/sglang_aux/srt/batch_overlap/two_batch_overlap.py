@@ -20,6 +20,7 @@ _REQUEST_LIST_FIELDS = {"extend_prefix_lens_cpu", "extend_seq_lens_cpu", "extend
                         "extend_seq_lens"}
 _SHARED_FIELDS = {"forward_mode", "req_to_token_pool", "token_to_kv_pool", "attn_backend",
                   "capture_hidden_mode", "is_capturing", "has_sampling"}
+_MIXED_ONLY_FIELDS = {"mixed_step_bs", "mixed_step_width"}
 _PARENT_ONLY_FIELDS = {"aux_hidden_states_buffer", "next_token_logits_buffer", "aux_projection",
                        "prepared_graph_bs"}
 
@@ -27,6 +28,9 @@ _PARENT_ONLY_FIELDS = {"aux_hidden_states_buffer", "next_token_logits_buffer", "
 def filter_batch(parent: ForwardBatch, *, start_req: int, end_req: int, start_token: int,
                  end_token: int) -> ForwardBatch:
     """The child holding requests `[start_req, end_req)` and tokens `[start_token, end_token)`."""
+    if parent.forward_mode.is_mixed():
+        raise ValueError("two-batch overlap does not split MIXED batches (their step rows "
+                         "and logits rows are laid out for one forward)")
     child = {}
     for f in dataclasses.fields(parent):
         value = getattr(parent, f.name)
@@ -40,6 +44,8 @@ def filter_batch(parent: ForwardBatch, *, start_req: int, end_req: int, start_to
             child[f.name] = value[start_req:end_req]
         elif f.name in _SHARED_FIELDS:
             child[f.name] = value
+        elif f.name in _MIXED_ONLY_FIELDS:
+            child[f.name] = value  # unset (0): a MIXED parent raised above
         elif f.name in _PARENT_ONLY_FIELDS or value is None:
             child[f.name] = None
         else:

@@ -121,15 +121,16 @@ class TritonAttnBackend(AttentionBackend):
         mode = forward_batch.forward_mode
         if mode.is_extend():
             meta = self._extend_metadata(forward_batch)
-            # First: it writes `out` whole (rows of no extend request come out 0).
-            extend_attention_fwd(q, k_buffer, v_buffer, out, req_to_token,
+            # MIXED: the arrivals' rows follow the step rows, which the fixed-layout kernel
+            # reads; each kernel writes its own rows whole.
+            t = forward_batch.mixed_step_bs * forward_batch.mixed_step_width
+            extend_attention_fwd(q[t:], k_buffer, v_buffer, out[t:], req_to_token,
                                  meta.req_pool_indices, meta.q_start, meta.prefix_lens,
                                  meta.extend_lens, meta.max_extend_len, layer.scaling,
                                  layer.is_causal, layer.sliding_window_size,
-                                 self.num_kv_splits)
-            if mode.is_mixed():  # the step rows lead, in the fixed layout decode reads
+                                 self.num_kv_splits, q_offset=t)
+            if mode.is_mixed():
                 n = forward_batch.mixed_step_bs
-                t = n * forward_batch.mixed_step_width
                 decode_attention_fwd(q[:t], k_buffer, v_buffer, out[:t], req_to_token,
                                      forward_batch.req_pool_indices[:n],
                                      forward_batch.seq_lens[:n], forward_batch.positions[:t],

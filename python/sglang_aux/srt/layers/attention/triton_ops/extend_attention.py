@@ -33,7 +33,7 @@ from sglang_aux.srt.layers.attention.triton_ops.tiling import NO_KEYS, pick_num_
 def _extend_attention_kernel(
     Q, K_Buf, V_Buf, Out, Partial_Out, Partial_Lse,
     Req_To_Token, Req_Pool_Indices, Q_Start, Prefix_Lens, Extend_Lens,
-    sm_scale_log2,
+    q_offset, sm_scale_log2,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,
     stride_pt, stride_ph, stride_ps, stride_lt, stride_lh,
     stride_req,
@@ -54,7 +54,7 @@ def _extend_attention_kernel(
 
     rows = m_tile * BLOCK_M + tl.arange(0, BLOCK_M)  # index among this request's new tokens
     row_valid = rows < extend_len
-    tok = (q_start + rows).to(tl.int64)
+    tok = (q_start - q_offset + rows).to(tl.int64)
     d = tl.arange(0, HEAD_DIM)
     q = tl.load(Q + tok[:, None] * stride_qt + head * stride_qh + d[None, :],
                 mask=row_valid[:, None], other=0.0)  # [BLOCK_M, HEAD_DIM]
@@ -104,9 +104,12 @@ def extend_attention_fwd(
     causal: bool = True,
     sliding_window_size: int = -1,
     num_kv_splits: int | None = None,
+    q_offset: int = 0,
 ) -> None:
     """`sliding_window_size` keys left of each query are seen (-1: all); `num_kv_splits=None`
-    picks the split from the device for the case of one request holding every new token."""
+    picks the split from the device for the case of one request holding every new token.
+    `q_offset`: `q` and `out` start at that row of the batch `q_start` counts in (a MIXED
+    batch's arrivals, after its step rows)."""
     bs = req_pool_indices.shape[0]
     num_tokens, num_heads, head_dim = q.shape
     group = num_heads // k_buffer.shape[1]
@@ -127,7 +130,7 @@ def extend_attention_fwd(
     _extend_attention_kernel[grid](
         q, k_buffer, v_buffer, out, partial_out, partial_lse,
         req_to_token, req_pool_indices, q_start, prefix_lens, extend_lens,
-        sm_scale * tiling.LOG2E,
+        q_offset, sm_scale * tiling.LOG2E,
         q.stride(0), q.stride(1), k_buffer.stride(0), k_buffer.stride(1),
         v_buffer.stride(0), v_buffer.stride(1), out.stride(0), out.stride(1),
         partial_out.stride(0), partial_out.stride(1), partial_out.stride(2),

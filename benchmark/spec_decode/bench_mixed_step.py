@@ -1,0 +1,119 @@
+"""GPU time of a mixed step's graph against the step graph and the prefill it replaces.
+
+    python benchmark/spec_decode/bench_mixed_step.py --out mixed_step.json
+
+Random-weight SmolLM2-shaped target (and draft), bf16, `--enable-mixed-chunk`: `--bs` running
+requests and `width` arrivals, each a cached `--prefix`-token prompt plus `--new` tokens (the
+harness's traffic). CUDA-event ms (median of `--iters`) of: the step graph alone (DECODE or
+TARGET_VERIFY at `--bs`), the arrivals' prefill graph, the two back to back, and the mixed
+graph that does both in one forward (replay only, and through `ModelRunner.forward`, which
+adds the input copy); with a kernel table of the mixed replay.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import torch
+from bench_cached_prefill import gpu_ms, kernel_table, print_kernel_table  # script folder
+
+from sglang_aux.srt.entrypoints.engine import Engine
+from sglang_aux.srt.managers.schedule_batch import build_extend_batch, build_mixed_batch
+
+
+def measure(engine: Engine, name: str, a: argparse.Namespace) -> list[dict]:
+    sched, worker, runner = engine.scheduler, engine.worker, engine.worker.model_runner
+    g = torch.Generator().manual_seed(0)
+    prefix = torch.randint(3, a.vocab, (a.prefix,), generator=g).tolist()
+    engine.generate(input_ids=prefix + [7], sampling_params={"max_new_tokens": 1})
+
+    def admitted(n: int):
+        reqs = [engine.make_request(
+            input_ids=prefix + torch.randint(3, a.vocab, (a.new,), generator=g).tolist(),
+            sampling_params={"max_new_tokens": 64}) for _ in range(n)]
+        for r in reqs:
+            if not sched._take_kv(r):
+                raise RuntimeError("the KV pool is too small for the benchmark")
+        return reqs
+
+    running = admitted(a.bs)
+    for i in range(0, a.bs, 4):  # prefill graphs take 4 requests
+        for r, toks in zip(running[i:i + 4], worker.prefill(running[i:i + 4]).tokens(),
+                           strict=True):
+            r.output_ids += toks
+    gr, mg = runner.graph_runner, runner.mixed_graph_runner
+    width = gr.captured_req_width
+    prologue = worker.verify_prologue if name == "dflash" else gr.step_prologue
+    step = lambda: gr.backend.replay(gr.graphs[a.bs])  # noqa: E731
+    step_ms = gpu_ms(step, a.iters)
+    rows = []
+    for n in a.widths:
+        arrivals = admitted(n)
+        kv = [r.kv_len for r in arrivals]
+        prefill_fb = build_extend_batch(runner, arrivals)
+        for r, k in zip(arrivals, kv, strict=True):
+            r.kv_len = k
+        mixed_fb = build_mixed_batch(runner, running, width, arrivals, prologue)
+        if not mg.can_run_graph(mixed_fb):
+            raise RuntimeError("no mixed graph fits the benchmark's batch")
+        key = mg._key(mixed_fb)
+        runner.forward(mixed_fb)  # loads the static inputs
+        replay = lambda key=key: mg.backend.replay(mg.graphs[key])  # noqa: E731
+        row = {"engine": name, "step_graph": gr.forward_mode.name, "bs": a.bs, "arrivals": n,
+               "arrival_tokens": prefill_fb.num_tokens, "mixed_graph": list(key),
+               "step_ms": round(step_ms, 4),
+               "prefill_ms": round(gpu_ms(lambda fb=prefill_fb: runner.forward(fb), a.iters), 4),
+               "step_then_prefill_ms": round(gpu_ms(
+                   lambda fb=prefill_fb: (step(), runner.forward(fb)), a.iters), 4),
+               "mixed_replay_ms": round(gpu_ms(replay, a.iters), 4),
+               "mixed_forward_ms": round(gpu_ms(lambda fb=mixed_fb: runner.forward(fb),
+                                                a.iters), 4)}
+        if a.kernels:
+            row["kernels"] = kernel_table(replay, a.kernels)
+            row["step_kernels"] = kernel_table(step, a.kernels)
+        rows.append(row)
+        for r in arrivals:
+            sched._release(r)
+    for r in running:
+        sched._release(r)
+    return rows
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--bs", type=int, default=32)
+    p.add_argument("--prefix", type=int, default=700)
+    p.add_argument("--new", type=int, default=80)
+    p.add_argument("--widths", type=int, nargs="+", default=[1, 2, 4])
+    p.add_argument("--iters", type=int, default=50)
+    p.add_argument("--kernels", type=int, default=16)
+    p.add_argument("--vocab", type=int, default=40000, help="prompt ids are drawn below it")
+    p.add_argument("--out", default="benchmark/spec_decode/mixed_step.json")
+    a = p.parse_args()
+    rows = []
+    for name, extra in (("target", {}), ("dflash", {
+            "speculative_algorithm": "DFLASH",
+            "speculative_draft_model_path": "smollm2-shaped-dflash"})):
+        engine = Engine(model_path="smollm2-shaped", load_format="dummy", dtype="bfloat16",
+                        device="cuda", max_running_requests=a.bs + 4, context_length=2048,
+                        cuda_graph_bs_decode=[1, a.bs], enable_mixed_chunk=True, **extra)
+        rows += measure(engine, name, a)
+        del engine
+        torch.cuda.empty_cache()
+    keys = ("step_ms", "prefill_ms", "step_then_prefill_ms", "mixed_replay_ms",
+            "mixed_forward_ms")
+    print(f"{'engine':>7} {'arr':>3} {'tokens':>6} " + " ".join(f"{k:>20}" for k in keys))
+    for r in rows:
+        print(f"{r['engine']:>7} {r['arrivals']:>3} {r['arrival_tokens']:>6} "
+              + " ".join(f"{r[k]:>20.3f}" for k in keys))
+    for r in rows:
+        if r["arrivals"] == a.widths[0]:
+            print_kernel_table(r.get("kernels", []), f"  {r['engine']} mixed ")
+            print_kernel_table(r.get("step_kernels", []), f"  {r['engine']} step  ")
+    with open(a.out, "w") as f:
+        json.dump({"args": vars(a), "rows": rows}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
