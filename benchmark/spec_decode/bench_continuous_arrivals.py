@@ -33,8 +33,8 @@ PARAMS = {"temperature": 0, "max_new_tokens": 512, "stop": ["Question", "</s>", 
 
 
 class StepTrace:
-    """Wraps the worker's `prefill`, `decode` and `mixed`: host launch time, and CUDA events recorded
-    before and after each launch on the current stream."""
+    """Wraps the worker's `prefill`, `decode` and `mixed`: host launch time, and CUDA events
+    recorded before and after each launch on the current stream."""
 
     def __init__(self, worker) -> None:
         self.records: list[tuple[str, int, float, torch.cuda.Event, torch.cuda.Event]] = []
