@@ -7,7 +7,8 @@
 # PHASE: tests (every register_cuda_ci file, in parallel groups: one GPU, 16 CPU cores for the
 # Triton compiles), speed and speed_more (sections 7, 9 and 10), harness (section 5's GSM8K rows), load (the
 # server load test), arrivals (the harness's traffic in-process, traced), gemm (section 8's MXFP8 GEMM sweep), memory (section 8's graph memory),
-# host (host time per step, overlap scheduler on and off).
+# host (host time per step, overlap scheduler on and off), mixed (section 12: arrivals apart / in
+# mixed steps, in-process).
 # Needs, for all but tests/gemm/memory: SmolLM2 staged (stage_smollm2_gguf.sh --join) and
 # GSM8K in $SGLANG_AUX_GSM8K_DIR; for harness/load the server wheels in /tmp/site
 # (fetch_server_wheels.sh, then pip install --target /tmp/site).
@@ -25,7 +26,7 @@ case $phase in
       "test/registered/attention/test_triton_attention_cuda.py --deselect $timed"
       "test/registered/layers/test_fused_kernels_cuda.py test/registered/models/test_qwen2_cuda.py test/registered/compat/test_sliding_windows_cuda.py"
       "test/registered/quantization/test_accumulating_gemm_cuda.py test/registered/quantization/test_mxfp8_cuda.py test/registered/speculative/test_staged_projection_cuda.py"
-      "test/registered/managers/test_step_loop_cuda.py test/registered/model_executor/test_prefill_graph_runner_cuda.py test/registered/managers/test_overlap_schedule_cuda.py test/registered/managers/test_concurrent_prefill_cuda.py"
+      "test/registered/managers/test_step_loop_cuda.py test/registered/model_executor/test_prefill_graph_runner_cuda.py test/registered/managers/test_overlap_schedule_cuda.py test/registered/managers/test_concurrent_prefill_cuda.py test/registered/managers/test_mixed_chunk_cuda.py"
       "test/registered/speculative/test_dflash_cuda.py test/registered/model_executor/test_decode_graph_runner_cuda.py test/registered/mem_cache/test_prefix_cache_cuda.py"
       "test/registered/speculative/test_streamed_projection_cuda.py test/registered/speculative/test_streamed_verify_cuda.py test/registered/sampling/test_top_k_top_p_cuda.py"
       "test/registered/core/test_basic_sanity_dflash_cuda.py test/registered/core/test_qwen25_coder_cuda.py test/registered/entrypoints/test_tokenizer_manager_cuda.py"
