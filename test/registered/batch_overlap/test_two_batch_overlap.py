@@ -59,6 +59,14 @@ def test_unhandled_parent_field_raises():
         split_batch(parent)
 
 
+def test_mixed_batch_is_not_split():
+    # its step rows lead and its logits rows are laid out for the one forward
+    parent = _batch(ForwardMode.MIXED, [2, 2, 5], mixed_step_bs=2, mixed_step_width=2,
+                    logits_rows=torch.arange(5))
+    with pytest.raises(ValueError, match="does not split MIXED"):
+        split_batch(parent)
+
+
 def test_every_forward_batch_field_is_classified():
     # A new ForwardBatch field must be taught to filter_batch: setting any field to a
     # non-None sentinel either splits cleanly or raises naming it, never passes silently.
