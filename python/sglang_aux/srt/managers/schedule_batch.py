@@ -111,12 +111,10 @@ def release_kv(runner: ModelRunner, req: Req, keep: int = 0) -> None:
     req.req_pool_idx, req.kv_reserved = None, 0
 
 
-def build_extend_batch(runner: ModelRunner, reqs: list[Req],
-                       capture_hidden_mode: CaptureHiddenMode = CaptureHiddenMode.NULL
-                       ) -> ForwardBatch:
-    """Prefill every request's uncached tokens (reserving slots where the reservation is
-    short). The host sends one copy; the slots are gathered from the request rows on the
-    device."""
+def _extend_lists(runner: ModelRunner, reqs: list[Req]
+                  ) -> tuple[list[int], list[int], list[int], list[int], list[int]]:
+    """Host lists of every request's uncached tokens (reserving slots where the reservation is
+    short; kv_len then counts them): ids, positions, token rows, prefix and new lengths."""
     ids, positions, token_rows, prefix, ext = [], [], [], [], []
     for r in reqs:
         tokens = (r.origin_input_ids + r.output_ids)[r.kv_len:]
@@ -127,6 +125,16 @@ def build_extend_batch(runner: ModelRunner, reqs: list[Req],
         prefix.append(r.kv_len)
         ext.append(len(tokens))
         r.kv_len += len(tokens)
+    return ids, positions, token_rows, prefix, ext
+
+
+def build_extend_batch(runner: ModelRunner, reqs: list[Req],
+                       capture_hidden_mode: CaptureHiddenMode = CaptureHiddenMode.NULL
+                       ) -> ForwardBatch:
+    """Prefill every request's uncached tokens (reserving slots where the reservation is
+    short). The host sends one copy; the slots are gathered from the request rows on the
+    device."""
+    ids, positions, token_rows, prefix, ext = _extend_lists(runner, reqs)
     seq_lens = [r.kv_len for r in reqs]
     start_loc = [0, *accumulate(ext)][:-1]
     (input_ids, positions_t, token_rows_t, rows, seq_lens_t, prefix_t, ext_t,
@@ -242,16 +250,7 @@ def build_mixed_batch(runner: ModelRunner, reqs: list[Req], width: int, arrivals
         if bound + width > r.kv_reserved:
             raise RuntimeError(f"request {r.rid}: a {width}-token step at up to {bound} passes "
                                f"its {r.kv_reserved} reserved slots")
-    ids, positions, token_rows, prefix, ext = [], [], [], [], []
-    for r in arrivals:
-        tokens = (r.origin_input_ids + r.output_ids)[r.kv_len:]
-        reserve_kv(runner, r, r.kv_len + len(tokens))
-        ids += tokens
-        positions += range(r.kv_len, r.kv_len + len(tokens))
-        token_rows += [r.req_pool_idx] * len(tokens)
-        prefix.append(r.kv_len)
-        ext.append(len(tokens))
-        r.kv_len += len(tokens)
+    ids, positions, token_rows, prefix, ext = _extend_lists(runner, arrivals)
     live_tokens = len(ids)
     step_bs, num_arr, arr_tokens = runner.mixed_layout(bs, n, live_tokens) or (bs, n, live_tokens)
     step_tokens = step_bs * width
