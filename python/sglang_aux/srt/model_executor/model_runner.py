@@ -24,7 +24,7 @@ from sglang_aux.srt.model_executor.model_runner_components.misc_utils import (
 )
 from sglang_aux.srt.model_executor.model_runner_components.sizing import kv_pool_size
 from sglang_aux.srt.model_executor.runner.decode_cuda_graph_runner import DecodeCudaGraphRunner
-from sglang_aux.srt.model_executor.runner.epilogue import Epilogue
+from sglang_aux.srt.model_executor.runner.epilogue import Epilogue, run_model
 from sglang_aux.srt.model_executor.runner.mixed_cuda_graph_runner import MixedCudaGraphRunner
 from sglang_aux.srt.model_executor.runner.prefill_cuda_graph_runner import PrefillCudaGraphRunner
 from sglang_aux.srt.model_executor.runner.step_prologue import StepPrologue
@@ -281,10 +281,4 @@ class ModelRunner:
         if streamed is not None:
             forward_batch.aux_projection = streamed.new(
                 forward_batch.num_tokens, self.model_config.dtype, None)
-        if forward_batch.aux_projection is not None:
-            forward_batch.aux_projection.reset()
-        out = self.model.forward(forward_batch.input_ids, forward_batch.positions, forward_batch)
-        epilogue = self.epilogues.get(mode)
-        if epilogue is not None:
-            epilogue(forward_batch, out)
-        return out
+        return run_model(self.model, forward_batch, self.epilogues.get(mode))

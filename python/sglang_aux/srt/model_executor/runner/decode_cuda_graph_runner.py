@@ -21,7 +21,7 @@ from sglang_aux.srt.model_executor.forward_batch_info import (
     ForwardBatch,
     ForwardMode,
 )
-from sglang_aux.srt.model_executor.runner.epilogue import Epilogue, EpilogueFn
+from sglang_aux.srt.model_executor.runner.epilogue import Epilogue, EpilogueFn, run_model
 from sglang_aux.srt.model_executor.runner.step_prologue import StepPrologue
 from sglang_aux.srt.model_executor.runner.streamed_aux import StreamedAux
 from sglang_aux.srt.model_executor.runner_backend.base import GraphBackend
@@ -127,12 +127,7 @@ class DecodeCudaGraphRunner:
             def run(fb: ForwardBatch = fb) -> LogitsProcessorOutput:
                 if self.step_prologue is not None:
                     self.step_prologue(fb, self.buffers.step_rows)
-                if fb.aux_projection is not None:
-                    fb.aux_projection.reset()  # host state only: the replay starts at slice 0
-                out = model.forward(fb.input_ids, fb.positions, fb)
-                if self.epilogue is not None:
-                    self.epilogue(fb, out)
-                return out
+                return run_model(model, fb, self.epilogue)
 
             self.graphs[bs], self.outputs[bs] = self.backend.warm_and_capture(run)
             self.forward_batches[bs] = fb

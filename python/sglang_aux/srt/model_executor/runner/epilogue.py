@@ -25,6 +25,17 @@ from sglang_aux.srt.model_executor.forward_batch_info import ForwardBatch, Forwa
 EpilogueFn = Callable[[ForwardBatch, LogitsProcessorOutput], None]
 
 
+def run_model(model, fb: ForwardBatch, epilogue: Epilogue | None) -> LogitsProcessorOutput:
+    """One forward as every graph captures it and the eager path runs it: the projection it
+    feeds starts over (host state only), the model, then the epilogue."""
+    if fb.aux_projection is not None:
+        fb.aux_projection.reset()
+    out = model.forward(fb.input_ids, fb.positions, fb)
+    if epilogue is not None:
+        epilogue(fb, out)
+    return out
+
+
 @dataclass(frozen=True)
 class Epilogue:
     mode: ForwardMode  # the forwards it follows

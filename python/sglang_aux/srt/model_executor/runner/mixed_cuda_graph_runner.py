@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 from sglang_aux.srt.layers.logits_processor import LogitsProcessorOutput
 from sglang_aux.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
-from sglang_aux.srt.model_executor.runner.epilogue import Epilogue
+from sglang_aux.srt.model_executor.runner.epilogue import Epilogue, run_model
 from sglang_aux.srt.model_executor.runner.streamed_aux import StreamedAux
 from sglang_aux.srt.model_executor.runner_backend.base import GraphBackend
 from sglang_aux.srt.model_executor.runner_utils.memory_probe import MemoryProbe
@@ -122,12 +122,7 @@ class MixedCudaGraphRunner:
                 attn.init_forward_metadata_capture_cuda_graph(fb)
 
                 def run(fb: ForwardBatch = fb) -> LogitsProcessorOutput:
-                    if fb.aux_projection is not None:
-                        fb.aux_projection.reset()
-                    out = model.forward(fb.input_ids, fb.positions, fb)
-                    if self.epilogue is not None:
-                        self.epilogue(fb, out)
-                    return out
+                    return run_model(model, fb, self.epilogue)
 
                 key = (bs, n)
                 self.graphs[key], self.outputs[key] = self.backend.warm_and_capture(run)

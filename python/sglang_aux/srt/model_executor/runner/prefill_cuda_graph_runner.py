@@ -19,7 +19,7 @@ from sglang_aux.srt.model_executor.forward_batch_info import (
     ForwardBatch,
     ForwardMode,
 )
-from sglang_aux.srt.model_executor.runner.epilogue import Epilogue
+from sglang_aux.srt.model_executor.runner.epilogue import Epilogue, run_model
 from sglang_aux.srt.model_executor.runner.streamed_aux import StreamedAux
 from sglang_aux.srt.model_executor.runner_backend.base import GraphBackend
 from sglang_aux.srt.model_executor.runner_utils.memory_probe import MemoryProbe
@@ -96,12 +96,7 @@ class PrefillCudaGraphRunner:
             attn.init_forward_metadata_capture_cuda_graph(fb)
 
             def run(fb: ForwardBatch = fb) -> LogitsProcessorOutput:
-                if fb.aux_projection is not None:
-                    fb.aux_projection.reset()
-                out = model.forward(fb.input_ids, fb.positions, fb)
-                if self.epilogue is not None:
-                    self.epilogue(fb, out)
-                return out
+                return run_model(model, fb, self.epilogue)
 
             self.graphs[n], self.outputs[n] = self.backend.warm_and_capture(run)
             self.forward_batches[n] = fb
