@@ -28,6 +28,7 @@ from sglang_aux.srt.entrypoints.engine import Engine
 from sglang_aux.srt.managers.tokenizer import Tokenizer
 from sglang_aux.srt.model_loader.builtin import DRAFTS_DIR, resolve_model_path
 from sglang_aux.tools.dflash_training.data import (
+    common_prefix_len,
     default_gsm8k_path,
     generate_samples,
     gsm8k_prompts,
@@ -73,11 +74,15 @@ def make_parser() -> argparse.ArgumentParser:
         help="training questions (default: every train question but the shots)")
     add("--num-shots", type=int, default=5)
     add("--max-new-tokens", type=int, default=256)
-    add("--samples-file", default=None, help="jsonl of generated samples: read if present, "
-        "else written after generation")
+    add("--samples-file", default=None, help="jsonl of generated samples: read if present "
+        "(the first --num-samples sequences of it), else written after generation")
     add("--generate-only", action="store_true",
         help="only write --samples-file (split a long run over several calls)")
     add("--gen-batch", type=int, default=128, help="concurrent requests while generating")
+    add("--sampled-passes", type=int, default=0,
+        help="after the greedy continuations, this many more of every prompt, sampled at "
+             "--sample-temperature (more distinct target text for the same questions)")
+    add("--sample-temperature", type=float, default=0.7)
     add("--num-layers", type=int, default=2, help="draft layers")
     add("--num-aux-layers", type=int, default=5, help="target layers the draft reads (K)")
     add("--block-size", type=int, default=8)
@@ -112,7 +117,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         parser.error("--generate-only needs --samples-file")
     if (args.eval or args.eval_only) and args.eval_data_path is None:
         parser.error("--eval-data-path: GSM8K test.jsonl not found (set SGLANG_AUX_GSM8K_DIR)")
-    if args.out is None:
+    if args.out is None and not args.generate_only:
         if Path(args.target).is_dir() or args.smoke:
             parser.error("--out is required for this target")
         args.out = str(DRAFTS_DIR / f"{args.target}-dflash-b{args.block_size}")
@@ -151,8 +156,9 @@ def evaluate(args: argparse.Namespace, target: str) -> str:
                                 **_engine_args(args, min(len(prompts), EVAL_PARALLEL)))
     logger.info("eval: %s", res)
     text = (f"{res['accept_length']:.3f} (mean per request; {res['accept_length_per_step']:.3f}"
-            f" per verify step) on {res['num_prompts']} GSM8K test prompts "
-            f"({args.num_shots}-shot, greedy, at most {args.max_new_tokens} new tokens)")
+            f" per verify step) on {res['num_prompts']} held-out GSM8K prompts "
+            f"(`{Path(eval_path).name}`, "
+            f"{args.num_shots}-shot, greedy, at most {args.max_new_tokens} new tokens)")
     set_card_eval(args.out, text)
     return text
 
@@ -172,15 +178,21 @@ def train(args: argparse.Namespace, target: str) -> Path | None:
         prompts = gsm8k_prompts(args.data_path, args.data_path, args.num_shots,
                                 args.num_samples)
         samples = generate_samples(engine, prompts, args.max_new_tokens)
+        for k in range(args.sampled_passes):
+            samples += generate_samples(engine, prompts, args.max_new_tokens,
+                                        args.sample_temperature, seed=(k + 1) * len(prompts))
         if args.samples_file:
             save_samples(samples, args.samples_file)
     timings["load samples" if loaded else "generate"] = time.perf_counter() - t0
     if args.generate_only:
         return None
     t0 = time.perf_counter()
-    aux = extract_aux(runner, samples, config["dflash_config"]["target_layer_ids"])
-    data = SequenceSet(samples, aux, runner.device)
-    del aux
+    layer_ids = config["dflash_config"]["target_layer_ids"]
+    shared = common_prefix_len(samples)
+    prefix_aux = extract_aux(runner, samples[:1], layer_ids)[0][:shared]
+    aux = extract_aux(runner, samples, layer_ids, skip=shared)
+    data = SequenceSet(samples, aux, runner.device, prefix_aux)
+    del aux, prefix_aux
     timings["features"] = time.perf_counter() - t0
     logger.info("%d sequences, %d tokens", len(data), data.num_tokens)
     runner.model.requires_grad_(False)
@@ -195,6 +207,9 @@ def train(args: argparse.Namespace, target: str) -> Path | None:
     target_name = Path(args.target).name if Path(args.target).is_dir() else args.target
     info = dict(config=config, target=target_name, mask_token=mask_name,
                 num_samples=len(data), num_shots=args.num_shots,
+                continuations="greedy" if not args.sampled_passes else
+                f"greedy, then {args.sampled_passes} sampled at temperature "
+                f"{args.sample_temperature}",
                 max_new_tokens=args.max_new_tokens, num_tokens=data.num_tokens,
                 batch_size=cfg.batch_size, anchors=cfg.anchors_per_seq,
                 lr=cfg.lr, gamma=cfg.gamma, seed=cfg.seed, command=args.command,

@@ -23,7 +23,13 @@ from sglang_aux.test.ci.ci_register import register_cpu_ci
 from sglang_aux.test.hf_checkpoints import save_tiny_qwen2
 from sglang_aux.test.runtime_utils import eager_forward, make_runner, prefill, tiny_checkpoint
 from sglang_aux.tools import train_dflash
-from sglang_aux.tools.dflash_training.data import Sample, default_gsm8k_path
+from sglang_aux.tools.dflash_training.data import (
+    Sample,
+    common_prefix_len,
+    default_gsm8k_path,
+    generate_samples,
+    load_samples,
+)
 from sglang_aux.tools.dflash_training.draft_forward import draft_block_logits
 from sglang_aux.tools.dflash_training.export import draft_config, new_draft
 from sglang_aux.tools.dflash_training.trainer import (
@@ -134,6 +140,46 @@ def test_loss_decreases_on_a_fixed_batch(target):
     assert losses[-1] < 0.3 * losses[0], losses
 
 
+def test_shared_prefix_rows_are_kept_once(target):
+    """A SequenceSet given the k-shot prefix's rows once builds the same batches as one given
+    every sequence's rows whole; rows that do not add up to a sequence are refused."""
+    _, _, _, reqs, aux = _setup(target, num_layers=1)
+    shared = 10
+    rows = [torch.cat([aux[0][:shared], a[shared:]]) for a in aux]  # one prefix for all
+    samples = [Sample(r.origin_input_ids[:12], r.origin_input_ids[12:]) for r in reqs]
+    whole = SequenceSet(samples, rows, torch.device("cpu"))
+    kept_once = SequenceSet(samples, [a[shared:] for a in rows], torch.device("cpu"),
+                            prefix_aux=aux[0][:shared])
+    assert kept_once.prefix_aux.shape[0] == shared
+    a, b = whole.batch([1, 0]), kept_once.batch([1, 0])
+    assert torch.equal(a.aux, b.aux) and torch.equal(a.ids, b.ids)
+    with pytest.raises(ValueError, match="shared and"):
+        SequenceSet(samples, list(aux), torch.device("cpu"), prefix_aux=aux[0][:shared])
+
+
+def test_common_prefix_len():
+    shots = [5, 6, 7, 8, 9]
+    samples = [Sample(shots + [1], [2, 3]), Sample(shots + [1, 4], [2]), Sample([5, 6, 0], [1])]
+    assert common_prefix_len(samples[:1]) == 6  # one sample: its whole prompt
+    assert common_prefix_len(samples[:2]) == 6
+    assert common_prefix_len(samples) == 2
+    assert common_prefix_len([samples[0], Sample([4], [1])]) == 0
+
+
+def test_sampled_continuations_are_seeded(target):
+    engine = Engine(model_path=target, device="cpu", max_total_tokens=2048,
+                    max_running_requests=4)
+    prompts = ["Question: Tom has 3 apples.", "12 + 30 ="]
+    greedy = generate_samples(engine, prompts, 12)
+    sampled = generate_samples(engine, prompts, 12, temperature=1.0, seed=5)
+    again = generate_samples(engine, prompts, 12, temperature=1.0, seed=5)
+    other = generate_samples(engine, prompts, 12, temperature=1.0, seed=6)
+    assert [s.prompt_ids for s in sampled] == [s.prompt_ids for s in greedy]
+    assert [s.output_ids for s in sampled] == [s.output_ids for s in again]
+    assert [s.output_ids for s in sampled] != [s.output_ids for s in greedy]
+    assert [s.output_ids for s in sampled] != [s.output_ids for s in other]
+
+
 def test_time_budget_shortens_the_schedule(target):
     tr, _, draft, reqs, aux = _setup(target, num_layers=1)
     samples = [Sample(r.origin_input_ids[:10], r.origin_input_ids[10:]) for r in reqs]
@@ -149,13 +195,19 @@ def test_smoke_run_writes_a_draft_the_engine_runs_losslessly(target, tmp_path):
     if default_gsm8k_path("train") is None or default_gsm8k_path("test") is None:
         pytest.skip("GSM8K not found (../shared/data/gsm8k or SGLANG_AUX_GSM8K_DIR)")
     out = tmp_path / "draft"
+    samples_file = tmp_path / "samples.jsonl"
     train_dflash.main(["--smoke", "--target", target, "--out", str(out), "--num-samples", "4",
-                       "--steps", "8", "--eval"])
+                       "--steps", "8", "--eval", "--sampled-passes", "1",
+                       "--samples-file", str(samples_file)])
+    written = load_samples(samples_file)
+    assert len(written) == 8  # greedy, then one sampled pass over the same prompts
+    assert [s.prompt_ids for s in written[:4]] == [s.prompt_ids for s in written[4:]]
     config = json.loads((out / "config.json").read_text())
     assert config["architectures"] == ["DFlashDraftModel"]
     assert config["dflash_config"] == {"target_layer_ids": [0, 3], "block_size": 4,
                                        "mask_token_id": MASK_TOKEN_ID, "target_hidden_size": 64}
     card = (out / "README.md").read_text()
+    assert "greedy, then 1 sampled at temperature 0.7" in card
     assert "--smoke" in card and "Held-out accept length: not measured" not in card
     _assert_lossless(target, out)
 

@@ -55,16 +55,33 @@ def gsm8k_prompts(path: str | Path, shots_path: str | Path, num_shots: int,
     return [build_prompt(prefix, r["question"]) for r in rows[:num_prompts]]
 
 
-def generate_samples(engine: Engine, prompts: list[str], max_new_tokens: int) -> list[Sample]:
-    """The target's greedy continuation of every prompt, stopped where the harness stops."""
-    params = {"temperature": 0, "max_new_tokens": max_new_tokens, "stop": STOP}
+def generate_samples(engine: Engine, prompts: list[str], max_new_tokens: int,
+                     temperature: float = 0.0, seed: int = 0) -> list[Sample]:
+    """The target's continuation of every prompt, stopped where the harness stops: greedy, or
+    sampled at `temperature` with prompt i's draws keyed by seed `seed + i` (reproducible)."""
     samples = []
     for start in range(0, len(prompts), GENERATE_CHUNK):
         ids = [engine.tokenizer.encode(p) for p in prompts[start:start + GENERATE_CHUNK]]
+        params = [{"temperature": temperature, "max_new_tokens": max_new_tokens, "stop": STOP,
+                   "seed": seed + start + i if temperature > 0 else None}
+                  for i in range(len(ids))]
         outs = engine.generate(input_ids=ids, sampling_params=params)
         samples += [Sample(i, o["output_ids"]) for i, o in zip(ids, outs, strict=True)]
-        logger.info("generated %d/%d continuations", len(samples), len(prompts))
+        logger.info("generated %d/%d continuations (temperature %g)", len(samples),
+                    len(prompts), temperature)
     return samples
+
+
+def common_prefix_len(samples: list[Sample]) -> int:
+    """Tokens every sample's prompt starts with (the k-shot prefix): their target states are
+    the same in every sequence, so training keeps them once."""
+    first = samples[0].prompt_ids
+    n = min(len(s.prompt_ids) for s in samples)
+    for s in samples[1:]:
+        if s.prompt_ids[:n] != first[:n]:
+            n = next(i for i, (a, b) in enumerate(zip(s.prompt_ids[:n], first[:n],
+                                                       strict=True)) if a != b)
+    return n
 
 
 def save_samples(samples: list[Sample], path: str | Path) -> None:

@@ -30,9 +30,10 @@ def _batches(samples: list[Sample], max_tokens: int, max_reqs: int) -> list[list
 
 
 @torch.no_grad()
-def extract_aux(runner: ModelRunner, samples: list[Sample], layer_ids: list[int]
-                ) -> list[torch.Tensor]:
-    """Per sample, its aux rows `[len(ids), K * H]` in the target's dtype on its device.
+def extract_aux(runner: ModelRunner, samples: list[Sample], layer_ids: list[int],
+                skip: int = 0) -> list[torch.Tensor]:
+    """Per sample, its aux rows from position `skip` on, `[len(ids) - skip, K * H]`, in the
+    target's dtype on its device (copies: a batch's whole output is not kept).
 
     Runs on `runner`'s own KV memory and request rows (everything is given back), so the
     runner of the data-generation Engine can do it once generation is over.
@@ -45,7 +46,7 @@ def extract_aux(runner: ModelRunner, samples: list[Sample], layer_ids: list[int]
         for r in reqs:
             r.req_pool_idx = pool.alloc()
         aux = runner.forward(build_extend_batch(runner, reqs)).aux_hidden_states
-        out += list(aux.split([len(r.origin_input_ids) for r in reqs]))  # views, all kept
+        out += [a[skip:].clone() for a in aux.split([len(r.origin_input_ids) for r in reqs])]
         for r in reqs:
             release_kv(runner, r)
         if len(out) % 1024 < len(batch):

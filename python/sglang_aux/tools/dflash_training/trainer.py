@@ -57,12 +57,25 @@ class Batch:
 
 class SequenceSet:
     """Training sequences on one device: token ids, aux rows and where the continuation
-    starts. Sequences with fewer than two continuation tokens teach nothing and are dropped."""
+    starts. Sequences with fewer than two continuation tokens teach nothing and are dropped.
 
-    def __init__(self, samples: list[Sample], aux: list[torch.Tensor], device: torch.device):
+    Every sequence starts with the same `prefix_aux` rows `[P, K * H]` (the k-shot prefix,
+    kept once); `aux[i]` holds sample i's rows from position P on."""
+
+    def __init__(self, samples: list[Sample], aux: list[torch.Tensor], device: torch.device,
+                 prefix_aux: torch.Tensor | None = None):
         keep = [i for i, s in enumerate(samples) if len(s.output_ids) >= 2]
         if not keep:
             raise ValueError(f"none of {len(samples)} samples has two continuation tokens")
+        width = aux[0].shape[-1]
+        self.prefix_aux = (prefix_aux if prefix_aux is not None
+                           else aux[0].new_zeros((0, width))).to(device)
+        p = len(self.prefix_aux)
+        for i in keep:
+            if len(aux[i]) + p != len(samples[i].ids) or len(samples[i].prompt_ids) < p:
+                raise ValueError(f"sample {i}: {len(samples[i].ids)} tokens (prompt "
+                                 f"{len(samples[i].prompt_ids)}), but {p} shared and "
+                                 f"{len(aux[i])} own aux rows")
         self.ids = [torch.tensor(samples[i].ids, device=device) for i in keep]
         self.aux = [aux[i].to(device) for i in keep]
         self.prompt_lens = torch.tensor([len(samples[i].prompt_ids) for i in keep], device=device)
@@ -73,7 +86,8 @@ class SequenceSet:
         return len(self.ids)
 
     def batch(self, index: list[int]) -> Batch:
-        return Batch(pad_sequence([self.aux[i] for i in index], batch_first=True),
+        aux = [torch.cat([self.prefix_aux, self.aux[i]]) for i in index]
+        return Batch(pad_sequence(aux, batch_first=True),
                      pad_sequence([self.ids[i] for i in index], batch_first=True),
                      self.prompt_lens[index], self.lens[index])
 

@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# Retrain the SmolLM2-135M-Instruct block-8 DFlash draft on the H200, in two device calls made
+# one right after the other (the machine keeps /root/draft between them while warm).
+#
+#   bash scripts/device/train_smollm2_draft.sh data OUT    # continuations: greedy + sampled
+#   bash scripts/device/train_smollm2_draft.sh train OUT   # variants side by side, validation
+#
+# The last VAL questions of GSM8K train are held out of the data: every variant and the shipped
+# draft are measured on them (greedy accept length), and the best variant is kept at
+# /root/draft/best and sent back as OUT/draft_model.safetensors.part-* (a call returns files
+# of at most 16 MiB), with its card and config. GSM8K test stays for the harness.
+# Needs SmolLM2 staged (stage_smollm2_gguf.sh --join) and GSM8K in $SGLANG_AUX_GSM8K_DIR.
+set -uo pipefail
+phase=$1; out=$2
+mkdir -p "$out" /root/draft
+export PYTHONPATH=/tmp/site:python PYTHONUNBUFFERED=1
+export SGLANG_AUX_GSM8K_DIR=${SGLANG_AUX_GSM8K_DIR:-$PWD/.carry/gsm8k}
+train=$SGLANG_AUX_GSM8K_DIR/train.jsonl
+VAL=${VAL:-200}
+SHOTS=5
+num_train=$(( $(wc -l < "$train") - SHOTS - VAL ))
+tail -n "$VAL" "$train" > /root/draft/val.jsonl
+tool="python3 -m sglang_aux.tools.train_dflash --num-samples $num_train ${TOOL_FLAGS:-}"
+case $phase in
+  data)  # greedy, then PASSES sampled continuations of every training question
+    $tool --generate-only --samples-file /root/draft/samples.jsonl --gen-batch 256 \
+      --sampled-passes "${PASSES:-2}" --sample-temperature "${TEMPERATURE:-0.7}" \
+      2>&1 | grep -v Warning | tee "$out/data.log" | grep -E "generated|Error|error" | tail -12
+    wc -l /root/draft/samples.jsonl ;;
+  train)
+    # variant: name, sequences from the samples file (greedy ones first), extra flags
+    variants=("all 0" "greedy $num_train")
+    for v in "${variants[@]}"; do
+      set -- $v
+      n=$2; [ "$n" = 0 ] && n=$(wc -l < /root/draft/samples.jsonl)
+      $tool --samples-file /root/draft/samples.jsonl --num-samples "$n" \
+        --steps "${STEPS:-12000}" --train-budget-s "${BUDGET:-300}" --out "/root/draft/$1" \
+        --eval --eval-data-path /root/draft/val.jsonl --eval-num-prompts "$VAL" \
+        > "$out/train_$1.log" 2>&1 &
+    done
+    shipped=python/sglang_aux/data/drafts/smollm2-135m-instruct-dflash-b8
+    cp -r "$shipped" /root/draft/shipped
+    $tool --eval-only --out /root/draft/shipped --eval-data-path /root/draft/val.jsonl \
+      --eval-num-prompts "$VAL" > "$out/eval_shipped.log" 2>&1 &
+    wait
+    best="" best_accept=0
+    for name in all greedy shipped; do
+      log=$out/train_$name.log; [ "$name" = shipped ] && log=$out/eval_shipped.log
+      accept=$(grep -o "'accept_length': [0-9.]*" "$log" | tail -1 | cut -d' ' -f2)
+      echo "[$name] held-out accept length ${accept:-missing}"
+      grep -h "step .*/" "$log" | tail -1
+      grep -h "Error" "$log" | tail -2
+      accept=${accept:-0}
+      if [ "$name" != shipped ] && awk "BEGIN{exit !($accept > $best_accept)}"; then
+        best=$name best_accept=$accept
+      fi
+    done
+    echo "best: $best ($best_accept)"
+    rm -rf /root/draft/best && cp -r "/root/draft/$best" /root/draft/best
+    cp /root/draft/best/README.md "$out/draft_README.md"
+    cp /root/draft/best/config.json "$out/draft_config.json"
+    split -b 12M /root/draft/best/model.safetensors "$out/draft_model.safetensors.part-"
+    sha256sum /root/draft/best/model.safetensors ;;
+  *)
+    echo "unknown phase $phase"; exit 2 ;;
+esac
