@@ -9,6 +9,8 @@
 # server load test), arrivals (the harness's traffic in-process, traced), gemm (section 8's MXFP8 GEMM sweep), memory (section 8's graph memory),
 # host (host time per step, overlap scheduler on and off), mixed (section 12: arrivals apart / in
 # mixed steps, in-process).
+# Environment: TEST_FILES (tests: these files only), DRAFT (harness: the draft folder or name),
+# LOAD_FLAGS (load: more server flags), CONFIGS and NUM_QUESTIONS (harness).
 # Needs, for all but tests/gemm/memory: SmolLM2 staged (stage_smollm2_gguf.sh --join) and
 # GSM8K in $SGLANG_AUX_GSM8K_DIR; for harness/load the server wheels in /tmp/site
 # (fetch_server_wheels.sh, then pip install --target /tmp/site).
@@ -31,6 +33,8 @@ case $phase in
       "test/registered/speculative/test_streamed_projection_cuda.py test/registered/speculative/test_streamed_verify_cuda.py test/registered/sampling/test_top_k_top_p_cuda.py"
       "test/registered/core/test_basic_sanity_dflash_cuda.py test/registered/core/test_qwen25_coder_cuda.py test/registered/entrypoints/test_tokenizer_manager_cuda.py"
     )
+    # TEST_FILES="a.py b.py": those files instead, one group each, no timed test after
+    if [ -n "${TEST_FILES:-}" ]; then read -ra groups <<< "$TEST_FILES"; timed=""; fi
     pids=()
     for i in "${!groups[@]}"; do
       # shellcheck disable=SC2086
@@ -42,8 +46,10 @@ case $phase in
       wait "${pids[$i]}" || rc=1
       echo "[group $i] ${groups[$i]}: $(tail -1 "$out/tests_$i.log")"
     done
-    $py -m pytest -q "$timed" > "$out/tests_timed.log" 2>&1 || rc=1
-    echo "[alone] $timed: $(tail -1 "$out/tests_timed.log")"
+    if [ -n "$timed" ]; then
+      $py -m pytest -q "$timed" > "$out/tests_timed.log" 2>&1 || rc=1
+      echo "[alone] $timed: $(tail -1 "$out/tests_timed.log")"
+    fi
     exit $rc ;;
   speed)  # ~140 s: the goal rows; speed_more has the rest (the whole set exceeds one call)
     $py benchmark/spec_decode/bench_vs_transformers.py --bs 1 32 --modes forced \
@@ -56,13 +62,13 @@ case $phase in
     $py benchmark/spec_decode/bench_request_breakdown.py --num-prompts 12 \
       --out "$out/request_breakdown.json" 2>&1 | grep "^{" ;;
   harness)
-    bash benchmark/gsm8k/run_smollm2_eval.sh smollm2-135m-instruct-dflash-b8 "$out" \
+    bash benchmark/gsm8k/run_smollm2_eval.sh "${DRAFT:-smollm2-135m-instruct-dflash-b8}" "$out" \
       "${NUM_QUESTIONS:-1319}" "${CONFIGS:-target dflash dflash_noshare}" ;;
   load)
     $py benchmark/spec_decode/load_test_server.py --out "$out/load_test.json" -- \
       --model-path smollm2-135m-instruct --speculative-algorithm DFLASH \
       --speculative-draft-model-path smollm2-135m-instruct-dflash-b8 --dtype float32 \
-      --max-running-requests 128 --context-length 2048 2>&1 | tail -25 ;;
+      --max-running-requests 128 --context-length 2048 ${LOAD_FLAGS:-} 2>&1 | tail -25 ;;
   arrivals)  # the harness's traffic in-process, per-step GPU spans, prefill delayer off / on
     $py benchmark/spec_decode/bench_continuous_arrivals.py --trace \
       --engines target dflash target_delay dflash_delay --out "$out/continuous_arrivals.json" \

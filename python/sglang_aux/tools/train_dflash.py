@@ -30,6 +30,7 @@ from sglang_aux.srt.model_loader.builtin import DRAFTS_DIR, resolve_model_path
 from sglang_aux.tools.dflash_training.data import (
     common_prefix_len,
     default_gsm8k_path,
+    describe_continuations,
     generate_samples,
     gsm8k_prompts,
     load_samples,
@@ -207,9 +208,7 @@ def train(args: argparse.Namespace, target: str) -> Path | None:
     target_name = Path(args.target).name if Path(args.target).is_dir() else args.target
     info = dict(config=config, target=target_name, mask_token=mask_name,
                 num_samples=len(data), num_shots=args.num_shots,
-                continuations="greedy" if not args.sampled_passes else
-                f"greedy, then {args.sampled_passes} sampled at temperature "
-                f"{args.sample_temperature}",
+                continuations=describe_continuations(samples),
                 max_new_tokens=args.max_new_tokens, num_tokens=data.num_tokens,
                 batch_size=cfg.batch_size, anchors=cfg.anchors_per_seq,
                 lr=cfg.lr, gamma=cfg.gamma, seed=cfg.seed, command=args.command,

@@ -4,6 +4,7 @@ smoke run of the whole tool whose draft folder our Engine runs losslessly."""
 
 import json
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -34,6 +35,7 @@ from sglang_aux.tools.dflash_training.draft_forward import draft_block_logits
 from sglang_aux.tools.dflash_training.export import draft_config, new_draft
 from sglang_aux.tools.dflash_training.trainer import (
     BUDGET_PROBE_STEPS,
+    BUDGET_WARMUP_STEPS,
     IGNORE,
     Batch,
     SequenceSet,
@@ -191,6 +193,26 @@ def test_time_budget_shortens_the_schedule(target):
     assert trainer.lr == pytest.approx(0.0, abs=1e-12)  # the cosine ended at the last step
 
 
+def test_time_budget_paces_after_the_warm_up_steps(target, monkeypatch):
+    """Slow first steps (allocations, kernel selection) do not set the pace: 5 steps of 0.2 s
+    then 0.01 s each fit ~55 steps in 1.5 s, where pacing from the start would fit ~26."""
+    tr, _, draft, reqs, aux = _setup(target, num_layers=1)
+    samples = [Sample(r.origin_input_ids[:10], r.origin_input_ids[10:]) for r in reqs]
+    data = SequenceSet(samples, list(aux), torch.device("cpu"))
+    trainer = Trainer(draft, tr.model.get_input_embeddings(), tr.model.lm_head_weight,
+                      MASK_TOKEN_ID, TrainConfig(steps=10_000, batch_size=2, anchors_per_seq=2))
+    calls = []
+
+    def timed_step(batch, anchors):
+        calls.append(1)
+        time.sleep(0.2 if len(calls) <= BUDGET_WARMUP_STEPS else 0.01)
+        return {"loss": 1.0, "accept": 1.0, "acc": [0.0] * (BLOCK - 1)}
+
+    monkeypatch.setattr(trainer, "step", timed_step)
+    stats = trainer.fit(data, time_budget_s=1.5)
+    assert 40 <= stats["steps"] <= 60, stats["steps"]
+
+
 def test_smoke_run_writes_a_draft_the_engine_runs_losslessly(target, tmp_path):
     if default_gsm8k_path("train") is None or default_gsm8k_path("test") is None:
         pytest.skip("GSM8K not found (../shared/data/gsm8k or SGLANG_AUX_GSM8K_DIR)")
@@ -207,7 +229,7 @@ def test_smoke_run_writes_a_draft_the_engine_runs_losslessly(target, tmp_path):
     assert config["dflash_config"] == {"target_layer_ids": [0, 3], "block_size": 4,
                                        "mask_token_id": MASK_TOKEN_ID, "target_hidden_size": 64}
     card = (out / "README.md").read_text()
-    assert "greedy, then 1 sampled at temperature 0.7" in card
+    assert "4 greedy, 4 sampled at temperature 0.7" in card
     assert "--smoke" in card and "Held-out accept length: not measured" not in card
     _assert_lossless(target, out)
 

@@ -1,11 +1,13 @@
 """Training text for a DFlash draft: GSM8K train questions in the harness's k-shot format,
-continued by the target itself (greedy), so the draft learns what the target will say."""
+continued by the target itself (greedy; optionally sampled too, for more distinct text on the
+same questions), so the draft learns what the target will say."""
 
 from __future__ import annotations
 
 import json
 import logging
 import os
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,6 +30,7 @@ GENERATE_CHUNK = 1024  # prompts per Engine.generate call (a progress line each)
 class Sample:
     prompt_ids: list[int]
     output_ids: list[int]
+    temperature: float = 0.0  # of the continuation (0: greedy)
 
     @property
     def ids(self) -> list[int]:
@@ -66,7 +69,8 @@ def generate_samples(engine: Engine, prompts: list[str], max_new_tokens: int,
                    "seed": seed + start + i if temperature > 0 else None}
                   for i in range(len(ids))]
         outs = engine.generate(input_ids=ids, sampling_params=params)
-        samples += [Sample(i, o["output_ids"]) for i, o in zip(ids, outs, strict=True)]
+        samples += [Sample(i, o["output_ids"], temperature)
+                    for i, o in zip(ids, outs, strict=True)]
         logger.info("generated %d/%d continuations (temperature %g)", len(samples),
                     len(prompts), temperature)
     return samples
@@ -87,8 +91,17 @@ def common_prefix_len(samples: list[Sample]) -> int:
 def save_samples(samples: list[Sample], path: str | Path) -> None:
     with open(path, "w") as f:
         for s in samples:
-            f.write(json.dumps({"prompt_ids": s.prompt_ids, "output_ids": s.output_ids}) + "\n")
+            f.write(json.dumps({"prompt_ids": s.prompt_ids, "output_ids": s.output_ids,
+                                "temperature": s.temperature}) + "\n")
 
 
 def load_samples(path: str | Path) -> list[Sample]:
-    return [Sample(r["prompt_ids"], r["output_ids"]) for r in read_jsonl(Path(path))]
+    return [Sample(r["prompt_ids"], r["output_ids"], r.get("temperature", 0.0))
+            for r in read_jsonl(Path(path))]
+
+
+def describe_continuations(samples: list[Sample]) -> str:
+    """How the samples were continued, for the card: `N greedy, M sampled at T, ...`."""
+    counts = Counter(s.temperature for s in samples)
+    return ", ".join(f"{n} greedy" if t == 0 else f"{n} sampled at temperature {t:g}"
+                     for t, n in sorted(counts.items()))

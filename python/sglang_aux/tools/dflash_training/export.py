@@ -82,8 +82,9 @@ DFlash draft for `{info['target']}`, trained by `sglang_aux.tools.train_dflash`.
 - Target layers read: {dc['target_layer_ids']}; block size {dc['block_size']}; mask token \
 `{info['mask_token']}` (id {dc['mask_token_id']}).
 - Data: {info['num_samples']} continuations of GSM8K train questions in the \
-{info['num_shots']}-shot `Question: ...\\nAnswer:` format by the target ({info['continuations']}, \
-at most {info['max_new_tokens']} new tokens, stop at "Question"); {info['num_tokens']} tokens.
+{info['num_shots']}-shot `Question: ...\\nAnswer:` format by the target (of \
+{info['continuations']}, those of two tokens or more; at most {info['max_new_tokens']} new \
+tokens, stop at "Question"); {info['num_tokens']} tokens.
 - Training: {info['steps']} steps x {info['batch_size']} sequences x {info['anchors']} blocks, \
 AdamW lr {info['lr']} (warm-up + cosine), loss decay gamma {info['gamma']}, seed {info['seed']}.
 - Final loss {info['loss']:.4f}; accuracy per offset 1..{dc['block_size'] - 1}: {acc}; \

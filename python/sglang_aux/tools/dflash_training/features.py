@@ -8,6 +8,7 @@ import logging
 import torch
 
 from sglang_aux.srt.managers.schedule_batch import Req, build_extend_batch, release_kv
+from sglang_aux.srt.model_executor.forward_batch_info import CaptureHiddenMode
 from sglang_aux.srt.model_executor.model_runner import ModelRunner
 from sglang_aux.srt.sampling.sampling_params import SamplingParams
 from sglang_aux.tools.dflash_training.data import Sample
@@ -45,7 +46,10 @@ def extract_aux(runner: ModelRunner, samples: list[Sample], layer_ids: list[int]
         reqs = [Req(f"aux-{i}", samples[i].ids, SamplingParams()) for i in batch]
         for r in reqs:
             r.req_pool_idx = pool.alloc()
-        aux = runner.forward(build_extend_batch(runner, reqs)).aux_hidden_states
+        # FULL runs it eagerly: the runner's graphs were captured before these layers were set
+        # to be captured, so they return no aux rows
+        fb = build_extend_batch(runner, reqs, CaptureHiddenMode.FULL)
+        aux = runner.forward(fb).aux_hidden_states
         out += [a[skip:].clone() for a in aux.split([len(r.origin_input_ids) for r in reqs])]
         for r in reqs:
             release_kv(runner, r)

@@ -134,7 +134,10 @@ def block_loss(logits: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor
     return loss, {"loss": loss.item(), "acc": acc[1:].tolist(), "accept": accept.item()}
 
 
-BUDGET_PROBE_STEPS = 20  # steps timed before a time budget fixes the number of steps
+# A time budget fixes the number of steps after BUDGET_PROBE_STEPS, from the pace of the steps
+# after the first BUDGET_WARMUP_STEPS (those are slow: allocations, kernel selection).
+BUDGET_WARMUP_STEPS = 5
+BUDGET_PROBE_STEPS = 20
 
 
 def _lr_factor(step: int, total: int, warmup: int) -> float:
@@ -188,7 +191,7 @@ class Trainer:
 
     def fit(self, data: SequenceSet, time_budget_s: float | None = None) -> dict:
         """`cfg.steps` steps on random sequences and anchors, or fewer when `time_budget_s`
-        would not hold them (timed over the first steps; the cosine schedule then ends at the
+        would not hold them (paced over the first steps; the cosine schedule then ends at the
         new last step). Returns the stats averaged over the last `log_every` steps, the
         number of steps and the seconds taken."""
         start, window, step = time.perf_counter(), [], 0
@@ -198,8 +201,12 @@ class Trainer:
             window.append(self.step(batch, sample_anchors(batch, self.cfg.anchors_per_seq,
                                                           self.generator)))
             step += 1
+            if step == BUDGET_WARMUP_STEPS:
+                paced_from = time.perf_counter()
             if time_budget_s is not None and step == BUDGET_PROBE_STEPS:
-                fits = int(time_budget_s * step / (time.perf_counter() - start))
+                now = time.perf_counter()
+                pace = (now - paced_from) / (BUDGET_PROBE_STEPS - BUDGET_WARMUP_STEPS)
+                fits = step + int((time_budget_s - (now - start)) / pace)
                 self.total_steps = max(step, min(self.cfg.steps, fits))
                 self.warmup = min(self.warmup, max(1, int(self.total_steps * self.cfg.warmup_frac)))
                 logger.info("time budget %.0f s: %d steps", time_budget_s, self.total_steps)
