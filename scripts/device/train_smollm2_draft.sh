@@ -34,7 +34,7 @@ case $phase in
     for name in ${VARIANTS:-all greedy}; do
       n=$num_train; [ "$name" = all ] && n=$(wc -l < /root/draft/samples.jsonl)
       $tool --samples-file /root/draft/samples.jsonl --num-samples "$n" \
-        --steps "${STEPS:-4500}" --out "/root/draft/$name" \
+        --steps "${STEPS:-4500}" ${BUDGET:+--train-budget-s $BUDGET} --out "/root/draft/$name" \
         --eval --eval-data-path /root/draft/val.jsonl --eval-num-prompts "$VAL" \
         > "$out/train_$name.log" 2>&1 &
     done
