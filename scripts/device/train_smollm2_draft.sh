@@ -9,6 +9,8 @@
 # them (greedy accept length), and the best is kept at
 # /root/draft/best and sent back as OUT/draft_model.safetensors.part-* (a call returns files
 # of at most 16 MiB), with its card and config. GSM8K test stays for the harness.
+# Environment: PASSES, TEMPERATURE (data: sampled passes, default 2 at 0.7); VARIANTS (train:
+# "all greedy"), STEPS (4500), BUDGET (seconds of training; pace-limited steps), VAL (200).
 # Needs SmolLM2 staged (stage_smollm2_gguf.sh --join) and GSM8K in $SGLANG_AUX_GSM8K_DIR.
 set -uo pipefail
 phase=$1; out=$2
