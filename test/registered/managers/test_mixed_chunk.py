@@ -106,7 +106,7 @@ def test_mixed_graph_replay_equals_eager_at_every_layout(ckpts, width):
     for graphs in (True, False):
         runner = make_runner(ckpts["tiny-llama"], disable_decode_cuda_graph=not graphs, **args)
         runner.init_decode_graphs(ForwardMode.DECODE, width, step_prologue=PROLOGUE)
-        runner.init_mixed_graphs(width)
+        runner.init_mixed_graphs(width, PROLOGUE)
         runners.append(runner)
     graphs, eager = runners
     g = graphs.mixed_graph_runner
@@ -122,7 +122,7 @@ def test_mixed_graph_replay_equals_eager_at_every_layout(ckpts, width):
             for r in running:
                 reserve_kv(runner, r, r.kv_len + width)
             arrivals = new_requests(runner, arrival_lens, seed + 100)
-            fb = build_mixed_batch(runner, running, width, arrivals, PROLOGUE)
+            fb = build_mixed_batch(runner, running, arrivals)
             assert (runner is graphs) == graphs.mixed_graph_runner.can_run_graph(fb)
             live = step_bs * width + len(arrivals)
             logits = runner.forward(fb).next_token_logits[:live].clone()
@@ -152,7 +152,7 @@ def test_bad_mixed_input_is_refused(ckpts):
         ServerArgs(model_path="x", mixed_chunk_max_prefill_tokens=0)
     engine = _engine(ckpts, "target", mixed=True, overlap=False)
     with pytest.raises(ValueError, match="needs step requests and arrivals"):
-        build_mixed_batch(engine.worker.model_runner, [], 1, [], PROLOGUE)
+        build_mixed_batch(engine.worker.model_runner, [], [])
 
 
 if __name__ == "__main__":
