@@ -162,7 +162,7 @@ class MixedPrologue:
         lengths, and the arrival tokens' KV slots from `token_rows` `[arrival_tokens]`."""
         s, w = fb.mixed_step_bs, fb.mixed_step_width
         t, pool = s * w, fb.req_to_token_pool
-        rows = fb.req_pool_indices[:s]
+        rows = fb.req_pool_indices[:s]  # the step prologue's copy of them lands on themselves
         self.step(ForwardBatch(
             forward_mode=ForwardMode.TARGET_VERIFY, batch_size=s, input_ids=fb.input_ids[:t],
             req_pool_indices=rows, seq_lens=fb.seq_lens[:s], seq_lens_cpu=fb.seq_lens_cpu[:s],
