@@ -6,8 +6,9 @@ Random-weight SmolLM2-shaped target (and draft), bf16, `--enable-mixed-chunk`: `
 requests and `width` arrivals, each a cached `--prefix`-token prompt plus `--new` tokens (the
 harness's traffic). CUDA-event ms (median of `--iters`) of: the step graph alone (DECODE or
 TARGET_VERIFY at `--bs`), the arrivals' prefill graph, the two back to back, and the mixed
-graph that does both in one forward (replay only, and through `ModelRunner.forward`, which
-adds the input copy); with a kernel table of the mixed replay.
+graph that does both in one forward (replay only, and `prepare_mixed` + the replay through
+`ModelRunner.forward`: a launch's one input copy added); with a kernel table of the mixed
+replay.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import torch
 from bench_cached_prefill import gpu_ms, kernel_table, print_kernel_table  # script folder
 
 from sglang_aux.srt.entrypoints.engine import Engine
-from sglang_aux.srt.managers.schedule_batch import build_extend_batch, build_mixed_batch
+from sglang_aux.srt.managers.schedule_batch import build_extend_batch, mixed_host_inputs
 
 
 def measure(engine: Engine, name: str, a: argparse.Namespace) -> list[dict]:
@@ -43,8 +44,6 @@ def measure(engine: Engine, name: str, a: argparse.Namespace) -> list[dict]:
                            strict=True):
             r.output_ids += toks
     gr, mg = runner.graph_runner, runner.mixed_graph_runner
-    width = gr.captured_req_width
-    prologue = worker.verify_prologue if name == "dflash" else gr.step_prologue
     step = lambda: gr.backend.replay(gr.graphs[a.bs])  # noqa: E731
     step_ms = gpu_ms(step, a.iters)
     rows = []
@@ -54,11 +53,12 @@ def measure(engine: Engine, name: str, a: argparse.Namespace) -> list[dict]:
         prefill_fb = build_extend_batch(runner, arrivals)
         for r, k in zip(arrivals, kv, strict=True):
             r.kv_len = k
-        mixed_fb = build_mixed_batch(runner, running, width, arrivals, prologue)
-        if not mg.can_run_graph(mixed_fb):
+        host = mixed_host_inputs(runner, running, arrivals)  # what build_mixed_batch sends
+        if not mg.has_layout(host.layout):
             raise RuntimeError("no mixed graph fits the benchmark's batch")
-        key = mg._key(mixed_fb)
-        runner.forward(mixed_fb)  # loads the static inputs
+        key = (host.layout.step_bs, host.layout.arrival_tokens)
+        launch = lambda host=host: runner.forward(mg.prepare_mixed(host))  # noqa: E731
+        launch()  # the static inputs hold the batch: a bare replay reruns it
         replay = lambda key=key: mg.backend.replay(mg.graphs[key])  # noqa: E731
         row = {"engine": name, "step_graph": gr.forward_mode.name, "bs": a.bs, "arrivals": n,
                "arrival_tokens": prefill_fb.num_tokens, "mixed_graph": list(key),
@@ -67,8 +67,7 @@ def measure(engine: Engine, name: str, a: argparse.Namespace) -> list[dict]:
                "step_then_prefill_ms": round(gpu_ms(
                    lambda fb=prefill_fb: (step(), runner.forward(fb)), a.iters), 4),
                "mixed_replay_ms": round(gpu_ms(replay, a.iters), 4),
-               "mixed_forward_ms": round(gpu_ms(lambda fb=mixed_fb: runner.forward(fb),
-                                                a.iters), 4)}
+               "mixed_forward_ms": round(gpu_ms(launch, a.iters), 4)}
         if a.kernels:
             row["kernels"] = kernel_table(replay, a.kernels)
             row["step_kernels"] = kernel_table(step, a.kernels)

@@ -11,10 +11,12 @@ import torch
 
 from sglang_aux.srt.entrypoints.engine import Engine
 from sglang_aux.srt.managers.schedule_batch import build_mixed_batch, publish_rows, reserve_kv
+from sglang_aux.srt.mem_cache.memory_pool import PADDING_REQ_ROW, PADDING_SLOT
 from sglang_aux.srt.model_executor.forward_batch_info import ForwardMode
 from sglang_aux.srt.model_executor.runner.step_prologue import StepPrologue
 from sglang_aux.srt.server_args import ServerArgs
 from sglang_aux.test.ci.ci_register import register_cpu_ci
+from sglang_aux.test.launch_ops import launch_ops
 from sglang_aux.test.runtime_utils import (
     assert_kv_all_back,
     assert_same_outputs,
@@ -95,35 +97,61 @@ def test_eager_mixed_steps_equal_prefill_apart(ckpts, kind):
     assert_kv_all_back(mixed)
 
 
-@pytest.mark.parametrize("width", [1, 3])
-def test_mixed_graph_replay_equals_eager_at_every_layout(ckpts, width):
-    """Each captured (step requests, arrival tokens) graph, and padded layouts, against the
-    same batch run eagerly: the live logits rows and every K/V written agree."""
+@pytest.fixture(scope="module")
+def runner_pair(ckpts):
+    """width -> (a runner with mixed graphs, one without), built once per width."""
     args = dict(max_running_requests=6, max_total_tokens=4096, context_length=256,
                 cuda_graph_bs_decode=[1, 2, 4], enable_mixed_chunk=True,
                 mixed_chunk_max_prefill_tokens=64, cuda_graph_max_bs_prefill=2)
-    runners = []
-    for graphs in (True, False):
-        runner = make_runner(ckpts["tiny-llama"], disable_decode_cuda_graph=not graphs, **args)
-        runner.init_decode_graphs(ForwardMode.DECODE, width, step_prologue=PROLOGUE)
-        runner.init_mixed_graphs(width)
-        runners.append(runner)
-    graphs, eager = runners
+    pairs = {}
+
+    def get(width: int):
+        if width not in pairs:
+            runners = []
+            for graphs in (True, False):
+                runner = make_runner(ckpts["tiny-llama"], disable_decode_cuda_graph=not graphs,
+                                     **args)
+                runner.init_decode_graphs(ForwardMode.DECODE, width, step_prologue=PROLOGUE)
+                runner.init_mixed_graphs(width, PROLOGUE)
+                runners.append(runner)
+            pairs[width] = tuple(runners)
+        return pairs[width]
+
+    return get
+
+
+def _live_batch(runner, width: int, step_bs: int, arrival_lens: list[int], seed: int):
+    """`step_bs` running requests (their next step's slots reserved) and arrivals (their
+    prompts' slots reserved, as the scheduler admits them)."""
+    running = prefill_random(runner, [7 + 3 * i for i in range(step_bs)], seed)
+    publish_rows(runner, running)
+    for r in running:
+        reserve_kv(runner, r, r.kv_len + width)
+    arrivals = new_requests(runner, arrival_lens, seed + 100)
+    for r in arrivals:
+        reserve_kv(runner, r, len(r.origin_input_ids))
+    return running, arrivals
+
+
+# every captured layout exactly, then padded step requests, arrivals and tokens
+PADDED_CASES = [(3, [5, 9]), (1, [40])]
+
+
+@pytest.mark.parametrize("width", [1, 3])
+def test_mixed_graph_replay_equals_eager_at_every_layout(runner_pair, width):
+    """Each captured (step requests, arrival tokens) graph, and padded layouts, against the
+    same batch run eagerly: the live logits rows and every K/V written agree."""
+    graphs, eager = runners = runner_pair(width)
     g = graphs.mixed_graph_runner
     assert (g.step_bs, g.arrival_tokens, g.max_arrivals) == ([1, 2, 4], [32, 64], 2)
     assert eager.mixed_graph_runner is None
-    # every layout exactly, then padded step requests, arrivals and tokens
-    cases = [(bs, [n]) for bs in g.step_bs for n in g.arrival_tokens] + [(3, [5, 9]), (1, [40])]
+    cases = [(bs, [n]) for bs in g.step_bs for n in g.arrival_tokens] + PADDED_CASES
     for seed, (step_bs, arrival_lens) in enumerate(cases):
         out = []
         for runner in runners:
-            running = prefill_random(runner, [7 + 3 * i for i in range(step_bs)], seed)
-            publish_rows(runner, running)
-            for r in running:
-                reserve_kv(runner, r, r.kv_len + width)
-            arrivals = new_requests(runner, arrival_lens, seed + 100)
-            fb = build_mixed_batch(runner, running, width, arrivals, PROLOGUE)
-            assert (runner is graphs) == graphs.mixed_graph_runner.can_run_graph(fb)
+            running, arrivals = _live_batch(runner, width, step_bs, arrival_lens, seed)
+            fb = build_mixed_batch(runner, running, arrivals)
+            assert (runner is graphs) == g.can_run_graph(fb)
             live = step_bs * width + len(arrivals)
             logits = runner.forward(fb).next_token_logits[:live].clone()
             out.append((logits, _kv(runner, running + arrivals)))
@@ -134,6 +162,65 @@ def test_mixed_graph_replay_equals_eager_at_every_layout(ckpts, width):
         torch.testing.assert_close(la, lb, **CLOSE)
         for x, y in zip(kva, kvb, strict=True):
             torch.testing.assert_close(x, y, **CLOSE)
+
+
+@pytest.mark.parametrize("width", [1, 3])
+def test_in_graph_prologue_equals_eager_prologue(runner_pair, width):
+    """After a replay, the graph's static batch holds what the eager path derives for the
+    same live batch (step ids, positions, slots, lengths and prefix lengths; arrival slots),
+    and its padding is inert, at an exact and at padded layouts."""
+    graphs, eager = runner_pair(width)
+    for seed, (step_bs, arrival_lens) in enumerate([(2, [32]), *PADDED_CASES]):
+        got = []
+        for runner in (graphs, eager):
+            running, arrivals = _live_batch(runner, width, step_bs, arrival_lens, seed)
+            fb = build_mixed_batch(runner, running, arrivals)
+            runner.forward(fb)  # the graph's prologue fills its views at replay
+            got.append(_live_fields(fb, step_bs, len(arrivals), sum(arrival_lens)))
+            release(runner, running + arrivals)
+        (a, pad), (b, _) = got
+        for name in a:
+            assert torch.equal(a[name], b[name]), name
+        assert pad["req_pool_indices"].eq(PADDING_REQ_ROW).all()
+        assert pad["out_cache_loc"].eq(PADDING_SLOT).all()
+    assert graphs.mixed_graph_runner.forward_batches  # the graphs ran, not the eager path
+
+
+def _live_fields(fb, bs: int, n: int, tokens: int):
+    """`fb`'s live values, whatever its padding (arrival rows relative to the arrivals'
+    first token), and its padding (step requests, then arrivals)."""
+    s, w = fb.mixed_step_bs, fb.mixed_step_width
+    t = s * w
+    live, pad = {}, {}
+    for name in ("input_ids", "positions", "out_cache_loc"):
+        x = getattr(fb, name)
+        live[name] = torch.cat([x[: bs * w], x[t : t + tokens]])
+        pad[name] = torch.cat([x[bs * w : t], x[t + tokens :]])
+    for name in ("req_pool_indices", "seq_lens", "extend_prefix_lens", "extend_seq_lens"):
+        x = getattr(fb, name)
+        live[name] = torch.cat([x[:bs], x[s : s + n]])
+        pad[name] = torch.cat([x[bs:s], x[s + n :]])
+    live["extend_start_loc"] = fb.extend_start_loc[s : s + n] - t
+    rows = fb.logits_rows[: bs * w + n]
+    live["logits_rows"] = torch.cat([rows[: bs * w], rows[bs * w :] - t])
+    return live, pad
+
+
+def test_a_graph_mixed_launch_is_one_copy(runner_pair):
+    """Outside its replay, a graph's mixed launch (padded) does one thing on the device: the
+    host values' copy; the eager path derives the step and slots itself."""
+    graphs, eager = runner_pair(3)
+    for runner in (graphs, eager):
+        running, arrivals = _live_batch(runner, 3, 3, [5, 9], seed=7)
+        with launch_ops(runner) as ops:
+            fb = build_mixed_batch(runner, running, arrivals)
+            if runner is graphs:
+                runner.forward(fb)
+        if runner is graphs:
+            assert ops == ["copy_"]
+        else:
+            assert ops[0] == "copy_" and "index" in ops and "sub" in ops, ops
+        release(runner, running + arrivals)
 
 
 def _kv(runner, reqs):
@@ -152,7 +239,7 @@ def test_bad_mixed_input_is_refused(ckpts):
         ServerArgs(model_path="x", mixed_chunk_max_prefill_tokens=0)
     engine = _engine(ckpts, "target", mixed=True, overlap=False)
     with pytest.raises(ValueError, match="needs step requests and arrivals"):
-        build_mixed_batch(engine.worker.model_runner, [], 1, [], PROLOGUE)
+        build_mixed_batch(engine.worker.model_runner, [], [])
 
 
 if __name__ == "__main__":

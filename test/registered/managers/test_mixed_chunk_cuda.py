@@ -2,8 +2,8 @@
 prefills ride in the running batch's decode (target-only) or verify (DFlash) graph and give the
 tokens, finish reasons and accept counts of prefilling in a step of its own (greedy and seeded
 sampling, overlap on and off); a mixed launch never syncs and queues one readback for both
-halves, a mixed graph replays what the same batch gives eagerly, and every slot and row comes
-back."""
+halves, a mixed graph replays what the same batch gives eagerly (its launch one host-to-device
+copy besides the replay), and every slot and row comes back."""
 
 import sys
 
@@ -15,6 +15,7 @@ from sglang_aux.srt.managers.schedule_batch import build_mixed_batch, publish_ro
 from sglang_aux.srt.model_executor.forward_batch_info import ForwardMode
 from sglang_aux.srt.model_executor.runner.step_prologue import StepPrologue
 from sglang_aux.test.ci.ci_register import register_cuda_ci
+from sglang_aux.test.launch_ops import launch_ops
 from sglang_aux.test.runtime_utils import (
     assert_kv_all_back,
     assert_same_outputs,
@@ -76,7 +77,7 @@ def test_mixed_graph_replay_equals_eager_at_every_layout(tmp_path, width):
     for graphs in (True, False):
         runner = make_runner(ckpt, disable_decode_cuda_graph=not graphs, **args)
         runner.init_decode_graphs(ForwardMode.DECODE, width, step_prologue=prologue)
-        runner.init_mixed_graphs(width)
+        runner.init_mixed_graphs(width, prologue)
         runners.append(runner)
     g = runners[0].mixed_graph_runner
     assert (g.step_bs, g.arrival_tokens) == ([1, 2, 4], [32, 64, 128])
@@ -89,9 +90,17 @@ def test_mixed_graph_replay_equals_eager_at_every_layout(tmp_path, width):
             for r in running:
                 reserve_kv(runner, r, r.kv_len + width)
             arrivals = new_requests(runner, arrival_lens, seed + 100)
-            fb = build_mixed_batch(runner, running, width, arrivals, prologue)
+            for r in arrivals:  # as the scheduler admits them
+                reserve_kv(runner, r, len(r.origin_input_ids))
+            with launch_ops(runner) as ops:
+                fb = build_mixed_batch(runner, running, arrivals)
+                if runner is runners[0]:
+                    runner.forward(fb)
             assert (runner is runners[0]) == g.can_run_graph(fb)
+            if runner is runners[0]:  # the host values' copy, then the replay
+                assert ops == ["copy_"], ops
             live = step_bs * width + len(arrivals)
+            # (the graph's second replay of the batch derives the same inputs again)
             out.append(runner.forward(fb).next_token_logits[:live].clone())
             release(runner, running + arrivals)
         torch.testing.assert_close(out[0], out[1], rtol=1e-4, atol=1e-4)

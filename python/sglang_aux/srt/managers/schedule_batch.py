@@ -22,7 +22,6 @@ from itertools import accumulate
 
 import torch
 
-from sglang_aux.srt.mem_cache.memory_pool import PADDING_REQ_ROW
 from sglang_aux.srt.mem_cache.radix_cache import TreeNode
 from sglang_aux.srt.model_executor.forward_batch_info import (
     CaptureHiddenMode,
@@ -30,9 +29,11 @@ from sglang_aux.srt.model_executor.forward_batch_info import (
     ForwardMode,
 )
 from sglang_aux.srt.model_executor.model_runner import ModelRunner
+from sglang_aux.srt.model_executor.runner.mixed_prologue import MixedHostInputs
 from sglang_aux.srt.model_executor.runner.step_prologue import StepPrologue
 from sglang_aux.srt.model_executor.runner_utils.host_transfer import (
     to_device,
+    to_device_into,
     to_device_parts,
 )
 from sglang_aux.srt.sampling.sampling_params import SamplingParams
@@ -231,89 +232,49 @@ def build_step_batch(runner: ModelRunner, reqs: list[Req], mode: ForwardMode, wi
     return fb
 
 
-def build_mixed_batch(runner: ModelRunner, reqs: list[Req], width: int, arrivals: list[Req],
-                      prologue: StepPrologue) -> ForwardBatch:
-    """One MIXED forward: a step of `width` tokens for each of `reqs`, derived on the device
-    by `prologue` from the rows' device state as `build_step_batch` does, then the prefill of
-    every arrival's uncached tokens as `build_extend_batch` does (reserving its slots). The
-    host sends one copy. The layout is padded to the runner's smallest mixed graph that fits
-    (`ModelRunner.mixed_layout`), if one does: step requests on the padding row, arrival
-    tokens and requests inert as a prefill graph's padding.
-
-    Logits rows, in order: every live step token, each arrival's last token, then padding;
-    so `next_token_logits[:len(reqs) * width + len(arrivals)]` are the live ones."""
-    bs, n = len(reqs), len(arrivals)
+def mixed_host_inputs(runner: ModelRunner, reqs: list[Req], arrivals: list[Req]
+                      ) -> MixedHostInputs:
+    """The host's part of a MIXED forward (`build_mixed_batch`): the step requests' rows and
+    every arrival's uncached tokens (reserving its slots; kv_len then counts them), packed in
+    the layout `ModelRunner.mixed_layout` picks."""
+    bs, n, width = len(reqs), len(arrivals), runner.mixed_width
     if not reqs or not arrivals:
         raise ValueError(f"a mixed batch needs step requests and arrivals, got {bs} and {n}")
-    bounds = [r.kv_len + r.pending_tokens for r in reqs]
+    if not width:
+        raise ValueError("MIXED forwards need the runner's init_mixed_graphs")
+    bounds = [r.kv_len + r.pending_tokens for r in reqs]  # the device kv_lens are at most these
     for r, bound in zip(reqs, bounds, strict=True):
         if bound + width > r.kv_reserved:
             raise RuntimeError(f"request {r.rid}: a {width}-token step at up to {bound} passes "
                                f"its {r.kv_reserved} reserved slots")
     ids, positions, token_rows, prefix, ext = _extend_lists(runner, arrivals)
-    live_tokens = len(ids)
-    step_bs, num_arr, arr_tokens = runner.mixed_layout(bs, n, live_tokens) or (bs, n, live_tokens)
-    step_tokens = step_bs * width
-    pad_tokens, pad_reqs = arr_tokens - live_tokens, num_arr - n
-    ids += [0] * pad_tokens
-    positions += [0] * pad_tokens
-    token_rows += [PADDING_REQ_ROW] * pad_tokens
-    starts = [step_tokens + s for s in accumulate([0, *ext[:-1]])]
-    last_rows = [s + e - 1 for s, e in zip(starts, ext, strict=True)]
-    arr_seq_lens = [r.kv_len for r in arrivals]
-    step_rows = [r.req_pool_idx for r in reqs] + [PADDING_REQ_ROW] * (step_bs - bs)
-    (step_rows_t, ids_t, positions_t, token_rows_t, arr_rows_t, arr_seq_t, prefix_t, ext_t,
-     start_t, last_t) = to_device_parts(
-        [step_rows, ids, positions, token_rows,
-         [r.req_pool_idx for r in arrivals] + [PADDING_REQ_ROW] * pad_reqs,
-         arr_seq_lens + [1] * pad_reqs, prefix + [0] * pad_reqs, ext + [0] * pad_reqs,
-         starts + [step_tokens + live_tokens] * pad_reqs,
-         last_rows + [0] * (pad_reqs + step_tokens - bs * width)], runner.device)
-    dev, num_reqs = runner.device, step_bs + num_arr
-    ints = dict(dtype=torch.int64, device=dev)
-    pool = runner.req_to_token_pool
-    fb = ForwardBatch(
-        forward_mode=ForwardMode.MIXED,
-        batch_size=num_reqs,
-        input_ids=torch.empty(step_tokens + arr_tokens, **ints),
-        req_pool_indices=torch.empty(num_reqs, **ints),
-        seq_lens=torch.empty(num_reqs, **ints),
-        seq_lens_cpu=torch.tensor([b + width for b in bounds] + [1] * (step_bs - bs)
-                                  + arr_seq_lens + [1] * pad_reqs, dtype=torch.int64),
-        out_cache_loc=torch.empty(step_tokens + arr_tokens, **ints),
-        positions=torch.empty(step_tokens + arr_tokens, **ints),
-        req_to_token_pool=pool,
-        token_to_kv_pool=runner.token_to_kv_pool,
-        attn_backend=runner.attn_backend,
-        extend_seq_lens_cpu=[width] * step_bs + ext + [0] * pad_reqs,
-        extend_prefix_lens=torch.empty(num_reqs, **ints),
-        extend_seq_lens=torch.empty(num_reqs, **ints),
-        extend_start_loc=torch.empty(num_reqs, **ints),
-        mixed_step_bs=step_bs,
-        mixed_step_width=width,
-        logits_rows=torch.empty(step_tokens + num_arr, **ints),
-    )
-    step = ForwardBatch(
-        forward_mode=ForwardMode.TARGET_VERIFY, batch_size=step_bs,
-        input_ids=fb.input_ids[:step_tokens], req_pool_indices=fb.req_pool_indices[:step_bs],
-        seq_lens=fb.seq_lens[:step_bs], seq_lens_cpu=fb.seq_lens_cpu[:step_bs],
-        out_cache_loc=fb.out_cache_loc[:step_tokens], positions=fb.positions[:step_tokens],
-        req_to_token_pool=pool, token_to_kv_pool=runner.token_to_kv_pool,
-        attn_backend=runner.attn_backend)
-    prologue(step, step_rows_t)
-    fb.input_ids[step_tokens:] = ids_t
-    fb.positions[step_tokens:] = positions_t
-    fb.out_cache_loc[step_tokens:] = pool.req_to_token[token_rows_t, positions_t]
-    fb.req_pool_indices[step_bs:] = arr_rows_t
-    fb.seq_lens[step_bs:] = arr_seq_t
-    torch.sub(fb.seq_lens[:step_bs], width, out=fb.extend_prefix_lens[:step_bs])
-    fb.extend_prefix_lens[step_bs:] = prefix_t
-    fb.extend_seq_lens[:step_bs] = width
-    fb.extend_seq_lens[step_bs:] = ext_t
-    torch.arange(0, step_tokens, width, out=fb.extend_start_loc[:step_bs])
-    fb.extend_start_loc[step_bs:] = start_t
-    torch.arange(bs * width, out=fb.logits_rows[: bs * width])
-    fb.logits_rows[bs * width :] = last_t
+    return runner.mixed_layout(bs, n, len(ids)).pack(
+        step_rows=[r.req_pool_idx for r in reqs], step_kv_bounds=bounds,
+        arrival_rows=[r.req_pool_idx for r in arrivals], ids=ids, positions=positions,
+        token_rows=token_rows, prefix=prefix, ext=ext)
+
+
+def build_mixed_batch(runner: ModelRunner, reqs: list[Req], arrivals: list[Req]
+                      ) -> ForwardBatch:
+    """One MIXED forward: a step of the runner's `mixed_width` tokens for each of `reqs`, as
+    `build_step_batch` steps them, then the prefill of every arrival's uncached tokens, as
+    `build_extend_batch` does (reserving its slots). The host sends one copy
+    (`mixed_host_inputs`, laid out as the runner's smallest mixed graph that fits, if one
+    does); the runner's `MixedPrologue` derives the rest from device state: inside that graph,
+    else right here.
+
+    Logits rows, in order: every live step token, each arrival's last token, then padding;
+    so `next_token_logits[:len(reqs) * width + len(arrivals)]` are the live ones. Requests:
+    the step ones from 0, the arrivals from `mixed_step_bs`."""
+    host = mixed_host_inputs(runner, reqs, arrivals)
+    layout, graphs = host.layout, runner.mixed_graph_runner
+    if graphs is not None and graphs.has_layout(layout):
+        return graphs.prepare_mixed(host)
+    packed = torch.empty(layout.num_values, dtype=torch.int64, device=runner.device)
+    to_device_into(packed, host.values)
+    fb = layout.batch(packed, runner, seq_lens_cpu=torch.tensor(host.seq_lens_cpu),
+                      extend_seq_lens_cpu=host.extend_seq_lens_cpu)
+    runner.mixed_prologue(fb, layout.token_rows(packed))
     return fb
 
 

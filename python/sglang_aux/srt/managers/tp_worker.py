@@ -37,11 +37,12 @@ class TpModelWorker:
     def __init__(self, model_config: ModelConfig, server_args: ServerArgs,
                  model_runner: ModelRunner | None = None):
         self.model_runner = runner = model_runner or ModelRunner(model_config, server_args)
+        prologue = StepPrologue()
         runner.init_decode_graphs(ForwardMode.DECODE, captured_req_width=1,
-                                  step_prologue=StepPrologue())
+                                  step_prologue=prologue)
         runner.init_prefill_graphs()
         if server_args.enable_mixed_chunk:
-            runner.init_mixed_graphs(1)
+            runner.init_mixed_graphs(1, prologue)
         self.sampling_rows = SamplingRows(server_args.max_running_requests,
                                           model_config.hf_config.vocab_size, runner.device)
         self.readback = HostReadback(runner.device)
@@ -69,7 +70,7 @@ class TpModelWorker:
         runner, bs, n = self.model_runner, len(reqs), len(arrivals)
         self.sampling_rows.set([r.req_pool_idx for r in arrivals],
                                [r.sampling_params for r in arrivals], [r.seed for r in arrivals])
-        fb = build_mixed_batch(runner, reqs, 1, arrivals, StepPrologue())
+        fb = build_mixed_batch(runner, reqs, arrivals)
         logits = runner.forward(fb).next_token_logits[: bs + n]  # step rows, then arrivals
         sb = fb.mixed_step_bs
         rows = torch.cat([fb.req_pool_indices[:bs], fb.req_pool_indices[sb : sb + n]])

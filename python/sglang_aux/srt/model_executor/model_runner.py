@@ -26,6 +26,7 @@ from sglang_aux.srt.model_executor.model_runner_components.sizing import kv_pool
 from sglang_aux.srt.model_executor.runner.decode_cuda_graph_runner import DecodeCudaGraphRunner
 from sglang_aux.srt.model_executor.runner.epilogue import Epilogue, run_model
 from sglang_aux.srt.model_executor.runner.mixed_cuda_graph_runner import MixedCudaGraphRunner
+from sglang_aux.srt.model_executor.runner.mixed_prologue import MixedLayout, MixedPrologue
 from sglang_aux.srt.model_executor.runner.prefill_cuda_graph_runner import PrefillCudaGraphRunner
 from sglang_aux.srt.model_executor.runner.step_prologue import StepPrologue
 from sglang_aux.srt.model_executor.runner.streamed_aux import StreamedAux
@@ -117,6 +118,8 @@ class ModelRunner:
         self.prefill_graph_runner: PrefillCudaGraphRunner | None = None
         self.mixed_graph_runner: MixedCudaGraphRunner | None = None
         self.mixed_width = 0  # tokens per step request of MIXED forwards (0: none)
+        # derives MIXED forwards' inputs on the device, in their graphs or eagerly
+        self.mixed_prologue: MixedPrologue | None = None
         self.prefill_capture_tokens, self.prefill_capture_bs = prefill_graph_plan(
             server_args, on_cuda=self.device.type == "cuda",
             hidden_size=model_config.hf_config.hidden_size)
@@ -203,23 +206,25 @@ class ModelRunner:
             buffers=buffers, epilogue=epilogue, streamed_aux=streamed_aux)
         self.prefill_graph_runner.capture()
 
-    def init_mixed_graphs(self, width: int, epilogue: Epilogue | None = None,
+    def init_mixed_graphs(self, width: int, step_prologue: StepPrologue,
+                          epilogue: Epilogue | None = None,
                           streamed_aux: StreamedAux | None = None) -> None:
         """Let MIXED forwards run: a step of `width` tokens per running request and arrivals'
         prefills in one forward (`--enable-mixed-chunk`), captured when the decode graphs
-        are; `epilogue` and `streamed_aux` as in `init_decode_graphs`. Call after
+        are. `step_prologue` derives the step requests' inputs, as in their decode graphs;
+        `epilogue` and `streamed_aux` as in `init_decode_graphs`. Call after
         `init_decode_graphs`: the graphs borrow its shared aux storage when it has the rows."""
         args = self.server_args
         self._register(ForwardMode.MIXED, epilogue, streamed_aux)
         self.mixed_width = width
+        self.mixed_prologue = MixedPrologue(step_prologue)
         decode = self.graph_runner
         if decode is None or (self.device.type == "cuda"
                               and not self.attn_backend.extend_graph_safe):
             return
         step_bs, tokens, arrivals = mixed_graph_plan(args, max(decode.capture_bs))
-        w = width
-        max_tokens, max_reqs, max_rows = step_bs[-1] * w + tokens[-1], step_bs[-1] + arrivals, \
-            step_bs[-1] * w + arrivals
+        largest = MixedLayout(step_bs[-1], width, arrivals, tokens[-1])
+        max_tokens = largest.num_tokens
         aux, acc = decode.buffers.aux_hidden_states, decode.buffers.aux_projection_acc
         if aux is not None and aux.shape[0] < max_tokens:
             aux = torch.zeros((max_tokens, aux.shape[1]), dtype=aux.dtype, device=self.device)
@@ -227,21 +232,23 @@ class ModelRunner:
             acc = torch.zeros((max_tokens, streamed_aux.width), dtype=torch.float32,
                               device=self.device)
         buffers = MixedInputBuffers.create(
-            max_tokens=max_tokens, max_reqs=max_reqs, max_logits_rows=max_rows,
+            num_values=largest.num_values, max_tokens=max_tokens,
+            max_logits_rows=largest.num_logits_rows,
             vocab_size=self.model_config.hf_config.vocab_size, dtype=self.model_config.dtype,
             device=self.device, aux_hidden_states=aux, aux_projection_acc=acc)
         self.mixed_graph_runner = MixedCudaGraphRunner(
-            self, width=w, step_bs=step_bs, arrival_tokens=tokens, max_arrivals=arrivals,
-            backend=make_graph_backend(self.device), buffers=buffers, epilogue=epilogue,
-            streamed_aux=streamed_aux)
+            self, width=width, step_bs=step_bs, arrival_tokens=tokens, max_arrivals=arrivals,
+            backend=make_graph_backend(self.device), buffers=buffers,
+            prologue=self.mixed_prologue, epilogue=epilogue, streamed_aux=streamed_aux)
         self.mixed_graph_runner.capture()
 
     def mixed_layout(self, step_bs: int, num_arrivals: int, arrival_tokens: int
-                     ) -> tuple[int, int, int] | None:
-        """The padded (step requests, arrivals, arrival tokens) of the mixed graph a MIXED
-        batch replays, or None (it runs eagerly)."""
+                     ) -> MixedLayout:
+        """The layout of a MIXED batch: its mixed graph's (padded), else the live sizes (it
+        runs eagerly)."""
         g = self.mixed_graph_runner
-        return None if g is None else g.padded_layout(step_bs, num_arrivals, arrival_tokens)
+        padded = None if g is None else g.padded_layout(step_bs, num_arrivals, arrival_tokens)
+        return padded or MixedLayout(step_bs, self.mixed_width, num_arrivals, arrival_tokens)
 
     def mixed_limits(self) -> tuple[int, int, int] | None:
         """(step requests, arrivals, arrival tokens) one MIXED forward takes: the largest

@@ -24,19 +24,19 @@ class SamplingRows:
         self.ints[:, 0] = vocab_size
 
     def set(self, rows: list[int], params: list[SamplingParams], seeds: list[int]) -> None:
-        """Store the parameters of newly admitted requests (one copy per table)."""
+        """Store the parameters of newly admitted requests: one pinned copy of `[n, 4]` int64
+        (row, top_k, seed, then temperature and top_p bit-cast as two float32), not one per
+        table and index."""
         floats = torch.tensor([[p.temperature, p.top_p] for p in params], dtype=torch.float32)
-        ints = torch.tensor([[p.top_k if p.top_k > 0 else self.vocab_size, s]
-                             for p, s in zip(params, seeds, strict=True)], dtype=torch.int64)
-        index = self._to_device(torch.tensor(rows, dtype=torch.int64))
-        self.floats.index_copy_(0, index, self._to_device(floats))
-        self.ints.index_copy_(0, index, self._to_device(ints))
-
-    def _to_device(self, host: torch.Tensor) -> torch.Tensor:
-        # pinned and non-blocking: a pageable copy would wait for the device
-        if self.device.type != "cuda":
-            return host
-        return host.pin_memory().to(self.device, non_blocking=True)
+        ints = torch.tensor([[row, p.top_k if p.top_k > 0 else self.vocab_size, s]
+                             for row, p, s in zip(rows, params, seeds, strict=True)],
+                            dtype=torch.int64)
+        packed = torch.cat([ints, floats.view(torch.int64)], dim=1)
+        if self.device.type == "cuda":  # pinned and non-blocking: a pageable copy would wait
+            packed = packed.pin_memory().to(self.device, non_blocking=True)
+        index = packed[:, 0]
+        self.ints.index_copy_(0, index, packed[:, 1:3])
+        self.floats.index_copy_(0, index, packed[:, 3:].view(torch.float32))
 
     def for_batch(self, rows: torch.Tensor, all_greedy: bool) -> SamplingTensors | None:
         """The parameters of `rows`, or None when every request is greedy (argmax only)."""

@@ -100,6 +100,8 @@ class DFlashWorker:
         # what sampled drafts were drawn from, `[rows, B-1, vocab]`, for the rejection test
         self._draft_probs = torch.zeros((rows, b - 1, vocab), dtype=torch.float32,
                                         device=device)
+        # `[rows, 1 + B]` per step request: accepted drafts, then the new tokens; a mixed
+        # step's readback adds its arrivals' first tokens in the rows after (`mixed`)
         self._verdicts = torch.zeros((rows, b + 1), dtype=torch.int64, device=device)
         verify, block = ForwardMode.TARGET_VERIFY, ForwardMode.DRAFT_BLOCK
         # What the target's verify graphs contain besides the model (bench_graph_memory.py
@@ -130,7 +132,7 @@ class DFlashWorker:
             # acceptance the step rows; the rejection tail runs after (`mixed`).
             mixed = ForwardMode.MIXED
             self.target_runner.init_mixed_graphs(
-                b, Epilogue(mixed, self._mixed_epilogue),
+                b, self.verify_prologue, Epilogue(mixed, self._mixed_epilogue),
                 streamed_aux=None if not self.streamed_aux else StreamedAux(
                     mixed, draft_runner.model.fc.out_features,
                     draft_runner.model.new_streamed_projection))
@@ -179,7 +181,7 @@ class DFlashWorker:
         self.sampling_rows.set([r.req_pool_idx for r in arrivals],
                                [r.sampling_params for r in arrivals], [r.seed for r in arrivals])
         has_sampling = self._draft(reqs)
-        fb = build_mixed_batch(self.target_runner, reqs, b, arrivals, self.verify_prologue)
+        fb = build_mixed_batch(self.target_runner, reqs, arrivals)
         out = self.target_runner.forward(fb)
         if self.on_aux_consumed is not None:
             self.on_aux_consumed()
@@ -198,10 +200,11 @@ class DFlashWorker:
             logits[step_tokens : step_tokens + n], rows, seq_lens,
             all(r.sampling_params.is_greedy for r in arrivals))
         pool.set_rows(rows, seq_lens, first)
-        packed = torch.zeros((bs + n, b + 1), dtype=torch.int64, device=verdicts.device)
-        packed[:bs] = verdicts
-        packed[bs:, 0] = first
-        copy = self.readback.start(packed)
+        # One readback of both halves: each arrival's first token leads a row after the
+        # verdicts (rows a padded step's unread verdicts may hold; every request holds its own
+        # request row, so bs + n rows fit)
+        self._verdicts[bs : bs + n, 0] = first
+        copy = self.readback.start(self._verdicts[: bs + n])
         return [PendingStep(reqs, PendingRows(copy, 0, bs), self._verified, kv_growth=b),
                 PendingStep(arrivals, PendingRows(copy, bs, bs + n), _first_of_row,
                             kv_growth=0)]

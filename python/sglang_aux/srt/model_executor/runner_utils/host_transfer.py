@@ -18,6 +18,14 @@ def to_device(rows: list[list[int]], device: torch.device) -> torch.Tensor:
     return host.to(device, non_blocking=pinned)
 
 
+def to_device_into(dst: torch.Tensor, values: list[int]) -> None:
+    """Host integers into the prefix `[:len(values)]` of the int64 tensor `dst` (a graph's
+    static input, or a fresh one), in one (pinned, async) copy."""
+    pinned = dst.device.type == "cuda"
+    host = torch.tensor(values, dtype=torch.int64, pin_memory=pinned)
+    dst[: len(values)].copy_(host, non_blocking=pinned)
+
+
 def to_device_parts(parts: list[list[int]], device: torch.device) -> list[torch.Tensor]:
     """Host integer lists of any lengths as int64 device tensors, in one copy (views of it)."""
     flat = [x for part in parts for x in part]
