@@ -137,6 +137,9 @@ def run(url: str, a: argparse.Namespace) -> dict:
         "idle_memory_samples": samples, "memory_growth_bytes": growth,
         "final_kv_slots_back": after["available_kv_tokens"] == after["max_total_num_tokens"],
         "radix_cache_hit_tokens": after["radix_cache_hit_tokens"],
+        # the kinds of steps that ran (prefill, decode, mixed), after each phase
+        "scheduler_stats_after_concurrent": idle["scheduler_stats"],
+        "scheduler_stats": after["scheduler_stats"],
     }
     report["ok"] = (not greedy_mismatched and kv_back and rows_back
                     and report["final_kv_slots_back"]

@@ -23,7 +23,9 @@ def _load_test():
     return module
 
 
-def test_load_test_passes_on_a_small_dflash_server(tmp_path):
+@pytest.mark.parametrize("mixed", [False, True], ids=["apart", "mixed"])
+def test_load_test_passes_on_a_small_dflash_server(tmp_path, mixed):
+    """With `--enable-mixed-chunk` the concurrent phase's arrivals ride in verify steps."""
     target = tiny_checkpoint("tiny-k3", tmp_path)
     draft = tiny_checkpoint("tiny-k3-dflash", tmp_path)
     out = tmp_path / "load.json"
@@ -33,7 +35,8 @@ def test_load_test_passes_on_a_small_dflash_server(tmp_path):
         "--out", str(out), "--",
         "--model-path", target, "--device", "cpu", "--speculative-algorithm", "DFLASH",
         "--speculative-draft-model-path", draft, "--max-running-requests", "8",
-        "--cuda-graph-max-bs-decode", "8", "--max-total-tokens", "8192"])
+        "--cuda-graph-max-bs-decode", "8", "--max-total-tokens", "8192",
+        *(["--enable-mixed-chunk"] if mixed else [])])
     assert out.is_file()
     assert report["aborted"] == 4 and report["checked"] == 12
     assert report["greedy_checked"] > 0 and report["greedy_mismatched"] == []
@@ -41,6 +44,8 @@ def test_load_test_passes_on_a_small_dflash_server(tmp_path):
     assert report["long_decode_steps"] >= 60
     assert report["radix_cache_hit_tokens"] > 0  # the concurrent phase repeats the references
     assert report["ok"]
+    mixed_steps = report["scheduler_stats_after_concurrent"]["mixed_steps"]
+    assert (mixed_steps > 0) == mixed, mixed_steps
 
 
 if __name__ == "__main__":
