@@ -189,9 +189,7 @@ def train(args: argparse.Namespace, target: str) -> Path | None:
         return None
     t0 = time.perf_counter()
     layer_ids = config["dflash_config"]["target_layer_ids"]
-    shared = common_prefix_len(samples)
-    prefix_aux = extract_aux(runner, samples[:1], layer_ids)[0][:shared]
-    aux = extract_aux(runner, samples, layer_ids, skip=shared)
+    prefix_aux, aux = extract_aux(runner, samples, layer_ids, skip=common_prefix_len(samples))
     data = SequenceSet(samples, aux, runner.device, prefix_aux)
     del aux, prefix_aux
     timings["features"] = time.perf_counter() - t0

@@ -32,9 +32,10 @@ def _batches(samples: list[Sample], max_tokens: int, max_reqs: int) -> list[list
 
 @torch.no_grad()
 def extract_aux(runner: ModelRunner, samples: list[Sample], layer_ids: list[int],
-                skip: int = 0) -> list[torch.Tensor]:
-    """Per sample, its aux rows from position `skip` on, `[len(ids) - skip, K * H]`, in the
-    target's dtype on its device (copies: a batch's whole output is not kept).
+                skip: int = 0) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """The first sample's rows `[skip, K * H]` before position `skip` (the prefix every sample
+    shares), and per sample its rows from `skip` on, `[len(ids) - skip, K * H]`: copies in the
+    target's dtype on its device (a batch's whole output is not kept).
 
     Runs on `runner`'s own KV memory and request rows (everything is given back), so the
     runner of the data-generation Engine can do it once generation is over.
@@ -42,6 +43,7 @@ def extract_aux(runner: ModelRunner, samples: list[Sample], layer_ids: list[int]
     runner.model.set_dflash_layers_to_capture(layer_ids)
     pool, alloc = runner.req_to_token_pool, runner.token_to_kv_pool_allocator
     out: list[torch.Tensor] = []
+    prefix = None
     for batch in _batches(samples, alloc.available_size(), pool.available_size()):
         reqs = [Req(f"aux-{i}", samples[i].ids, SamplingParams()) for i in batch]
         for r in reqs:
@@ -49,11 +51,13 @@ def extract_aux(runner: ModelRunner, samples: list[Sample], layer_ids: list[int]
         # FULL runs it eagerly: the runner's graphs were captured before these layers were set
         # to be captured, so they return no aux rows
         fb = build_extend_batch(runner, reqs, CaptureHiddenMode.FULL)
-        aux = runner.forward(fb).aux_hidden_states
-        out += [a[skip:].clone() for a in aux.split([len(r.origin_input_ids) for r in reqs])]
+        rows = runner.forward(fb).aux_hidden_states.split([len(r.origin_input_ids) for r in reqs])
+        if prefix is None:
+            prefix = rows[0][:skip].clone()
+        out += [a[skip:].clone() for a in rows]
         for r in reqs:
             release_kv(runner, r)
         if len(out) % 1024 < len(batch):
             logger.info("aux states for %d/%d sequences", len(out), len(samples))
     runner.model.set_dflash_layers_to_capture([])
-    return out
+    return prefix, out
