@@ -12,8 +12,6 @@ import logging
 import time
 from typing import TYPE_CHECKING
 
-import torch
-
 from sglang_aux.srt.layers.logits_processor import LogitsProcessorOutput
 from sglang_aux.srt.mem_cache.memory_pool import PADDING_REQ_ROW
 from sglang_aux.srt.model_executor.forward_batch_info import (
@@ -196,9 +194,7 @@ class DecodeCudaGraphRunner:
         bound the rows' device kv_lens (host-side lengths only)."""
         bs = len(rows)
         padded = self.padded_bs(bs)
-        host = torch.tensor([*rows, *[PADDING_REQ_ROW] * (padded - bs)], dtype=torch.int64,
-                            pin_memory=self.buffers.step_rows.is_cuda)
-        self.buffers.load_step(host, kv_len_bounds)
+        self.buffers.load_step([*rows, *[PADDING_REQ_ROW] * (padded - bs)], kv_len_bounds)
         static, n = self.forward_batches[padded], bs * self.captured_req_width
         return dataclasses.replace(
             static, batch_size=bs, input_ids=static.input_ids[:n],

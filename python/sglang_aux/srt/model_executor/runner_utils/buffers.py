@@ -13,6 +13,7 @@ import torch
 
 from sglang_aux.srt.mem_cache.memory_pool import PADDING_REQ_ROW, PADDING_SLOT
 from sglang_aux.srt.model_executor.forward_batch_info import ForwardBatch
+from sglang_aux.srt.model_executor.runner_utils.host_transfer import to_device_into
 
 _TOKEN_MAJOR = ("input_ids", "out_cache_loc", "positions")
 _PADDED = ("req_pool_indices", "seq_lens", *_TOKEN_MAJOR)
@@ -134,11 +135,11 @@ class DecodeInputBuffers:
         self.seq_lens_cpu[:raw_bs].copy_(batch.seq_lens_cpu)
         self.seq_lens_cpu[raw_bs:bs].fill_(self.seq_len_fill_value)
 
-    def load_step(self, rows: torch.Tensor, kv_len_bounds: list[int]) -> None:
-        """Queue a step's host `rows` `[bs]` (padding included, pinned on CUDA) into
-        `step_rows`: the replay's one input copy. `seq_lens_cpu` gets upper bounds of the
-        live lengths (kv_len bounds + width) for host-side code."""
-        self.step_rows[: rows.shape[0]].copy_(rows, non_blocking=True)
+    def load_step(self, rows: list[int], kv_len_bounds: list[int]) -> None:
+        """Queue a step's request `rows` (padding included) into `step_rows`: the replay's
+        one input copy. `seq_lens_cpu` gets upper bounds of the live lengths (kv_len bounds
+        + width) for host-side code."""
+        to_device_into(self.step_rows, rows)
         live = len(kv_len_bounds)
         self.seq_lens_cpu[:live] = torch.tensor(kv_len_bounds) + self.tokens_per_req
-        self.seq_lens_cpu[live : rows.shape[0]].fill_(self.seq_len_fill_value)
+        self.seq_lens_cpu[live : len(rows)].fill_(self.seq_len_fill_value)
