@@ -3,6 +3,7 @@
     python -m sglang_aux.tools.train_dflash --eval              # SmolLM2 draft, GPU
     python -m sglang_aux.tools.train_dflash --eval-only --out DIR
     python -m sglang_aux.tools.train_dflash --smoke --out DIR   # tiny-llama, CPU, seconds
+    python -m sglang_aux.tools.train_dflash --recipe qwen2.5-coder-1.5b-instruct-dflash-b16
 
 Steps: (a) k-shot GSM8K train prompts, continued greedily by the target (our Engine);
 (b) the target's aux states of every sequence (one EXTEND forward each); (c, d) a fresh
@@ -26,7 +27,7 @@ import torch
 
 from sglang_aux.srt.entrypoints.engine import Engine
 from sglang_aux.srt.managers.tokenizer import Tokenizer
-from sglang_aux.srt.model_loader.builtin import DRAFTS_DIR, resolve_model_path
+from sglang_aux.srt.model_loader.builtin import DRAFTS_DIR, resolve_model_path, trained_draft_dir
 from sglang_aux.tools.dflash_training.data import (
     common_prefix_len,
     default_gsm8k_path,
@@ -55,6 +56,17 @@ logger = logging.getLogger("train_dflash")
 # `<|fim_pad|>` (id 151662, fill-in-the-middle padding).
 MASK_TOKEN_CANDIDATES = ("<|mask|>", "<empty_output>", "<|fim_pad|>")
 EVAL_PARALLEL = 64  # concurrent evaluation requests, as the GSM8K harness's --parallel
+# Named drafts trained by one command (`--recipe NAME`): the flags that make each, applied as
+# defaults (flags given beside `--recipe` still win). The draft is written to the cache folder
+# its name resolves to. Why these choices: the draft's card (`docs/drafts/<name>.md`).
+RECIPES: dict[str, dict] = {
+    "qwen2.5-coder-1.5b-instruct-dflash-b16": dict(
+        target="qwen2.5-coder-1.5b-instruct", block_size=16, num_layers=2, num_aux_layers=5,
+        intermediate_size=2816, gamma=7.0, sampled_passes=2, sample_temperature=0.7,
+        gen_batch=256, holdout=200, steps=20_000, deadline_s=540, gen_budget_s=240),
+}
+# Seconds a deadline keeps for what follows training: writing the draft and its card.
+DEADLINE_RESERVE_S = 20
 SMOKE_DEFAULTS = dict(target="tiny-llama", num_samples=6, num_shots=0, max_new_tokens=24,
                       gen_batch=8, num_layers=1, num_aux_layers=2, block_size=4, steps=20,
                       batch_size=4, anchors_per_seq=4, log_every=5, eval_num_prompts=2,
@@ -69,10 +81,16 @@ def make_parser() -> argparse.ArgumentParser:
         help="draft folder (default for a built-in target: the package's data/drafts/"
              "<target>-dflash-b<block>)")
     add("--smoke", action="store_true", help="tiny-llama target, a few samples and steps")
+    add("--recipe", choices=sorted(RECIPES), default=None,
+        help="a named draft's flags as defaults; written where its name resolves (the cache)")
     add("--data-path", default=default_gsm8k_path("train"), help="GSM8K train jsonl")
     add("--eval-data-path", default=default_gsm8k_path("test"), help="GSM8K test jsonl")
     add("--num-samples", type=int, default=None,
-        help="training questions (default: every train question but the shots)")
+        help="training questions (default: every train question but the shots and the "
+             "--holdout ones)")
+    add("--holdout", type=int, default=0,
+        help="keep the last N train questions out of training; --eval measures on them "
+             "instead of --eval-data-path")
     add("--num-shots", type=int, default=5)
     add("--max-new-tokens", type=int, default=256)
     add("--samples-file", default=None, help="jsonl of generated samples: read if present "
@@ -86,6 +104,8 @@ def make_parser() -> argparse.ArgumentParser:
     add("--sample-temperature", type=float, default=0.7)
     add("--num-layers", type=int, default=2, help="draft layers")
     add("--num-aux-layers", type=int, default=5, help="target layers the draft reads (K)")
+    add("--intermediate-size", type=int, default=None,
+        help="the draft layers' MLP width (default: the target's)")
     add("--block-size", type=int, default=8)
     add("--mask-token", default=None, help=f"token text or id (default: first of "
         f"{', '.join(MASK_TOKEN_CANDIDATES)} the tokenizer keeps whole)")
@@ -99,6 +119,11 @@ def make_parser() -> argparse.ArgumentParser:
     add("--train-budget-s", type=float, default=None,
         help="train at most about this long: fewer steps (timed over the first ones), the "
              "cosine schedule shortened to match")
+    add("--deadline-s", type=float, default=None,
+        help="finish within about this many seconds of the start: training gets what "
+             "generation and features leave (its --train-budget-s at most)")
+    add("--gen-budget-s", type=float, default=None,
+        help="start no further sampled pass when it would end past this many seconds")
     add("--device", default="auto")
     add("--context-length", type=int, default=2048)
     add("--eval", action="store_true", help="measure held-out accept length after training")
@@ -109,8 +134,12 @@ def make_parser() -> argparse.ArgumentParser:
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = make_parser()
-    if "--smoke" in (sys.argv[1:] if argv is None else argv):
+    given = sys.argv[1:] if argv is None else argv
+    if "--smoke" in given:
         parser.set_defaults(**SMOKE_DEFAULTS)
+    recipe, _ = parser.parse_known_args(given)
+    if recipe.recipe:
+        parser.set_defaults(**RECIPES[recipe.recipe])
     args = parser.parse_args(argv)
     if args.data_path is None:
         parser.error("--data-path: GSM8K train.jsonl not found (set SGLANG_AUX_GSM8K_DIR)")
@@ -118,6 +147,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         parser.error("--generate-only needs --samples-file")
     if (args.eval or args.eval_only) and args.eval_data_path is None:
         parser.error("--eval-data-path: GSM8K test.jsonl not found (set SGLANG_AUX_GSM8K_DIR)")
+    if args.out is None and args.recipe and not args.generate_only:
+        args.out = str(trained_draft_dir(args.recipe))
     if args.out is None and not args.generate_only:
         if Path(args.target).is_dir() or args.smoke:
             parser.error("--out is required for this target")
@@ -149,39 +180,80 @@ def _engine_args(args: argparse.Namespace, batch: int) -> dict:
                 max_running_requests=batch, max_total_tokens=batch * args.context_length)
 
 
+def _train_prompts(args: argparse.Namespace) -> list[str]:
+    """The training questions' prompts: the train file without its shots and the last
+    `--holdout` questions, the first `--num-samples` of them."""
+    prompts = gsm8k_prompts(args.data_path, args.data_path, args.num_shots, None)
+    return prompts[: len(prompts) - args.holdout][: args.num_samples]
+
+
+def _eval_prompts(args: argparse.Namespace) -> tuple[list[str], str]:
+    """Evaluation prompts and where they come from: the held-out train questions with
+    `--holdout`, else the first `--eval-num-prompts` of `--eval-data-path`."""
+    if args.holdout:
+        prompts = gsm8k_prompts(args.data_path, args.data_path, args.num_shots, None)
+        return (prompts[len(prompts) - args.holdout:][: args.eval_num_prompts],
+                f"the last {args.holdout} train questions, held out")
+    prompts = gsm8k_prompts(args.eval_data_path, args.data_path, args.num_shots,
+                            args.eval_num_prompts)
+    return prompts, f"`{Path(args.eval_data_path).name}`"
+
+
 def evaluate(args: argparse.Namespace, target: str) -> str:
     """Held-out accept length; written into the card and returned as its text."""
-    eval_path = args.eval_data_path
-    prompts = gsm8k_prompts(eval_path, args.data_path, args.num_shots, args.eval_num_prompts)
+    prompts, source = _eval_prompts(args)
     res = measure_accept_length(target, args.out, prompts, args.max_new_tokens,
                                 **_engine_args(args, min(len(prompts), EVAL_PARALLEL)))
     logger.info("eval: %s", res)
     text = (f"{res['accept_length']:.3f} (mean per request; {res['accept_length_per_step']:.3f}"
-            f" per verify step) on {res['num_prompts']} held-out GSM8K prompts "
-            f"(`{Path(eval_path).name}`, "
-            f"{args.num_shots}-shot, greedy, at most {args.max_new_tokens} new tokens)")
+            f" per verify step) on {res['num_prompts']} held-out GSM8K prompts ({source}, "
+            f"{args.num_shots}-shot, greedy, at most {args.max_new_tokens} new tokens, "
+            f"{res['device']})")
     set_card_eval(args.out, text)
     return text
 
 
-def train(args: argparse.Namespace, target: str) -> Path | None:
+def _generate(args: argparse.Namespace, engine: Engine, started: float) -> list:
+    """Greedy continuations, then up to `--sampled-passes` sampled ones: a pass starts only
+    when, at the pace of the last one, it ends inside `--gen-budget-s`."""
+    prompts = _train_prompts(args)
+    t0 = time.perf_counter()
+    samples = generate_samples(engine, prompts, args.max_new_tokens)
+    for k in range(args.sampled_passes):
+        pace = time.perf_counter() - t0
+        if args.gen_budget_s is not None and (
+                time.perf_counter() - started + pace > args.gen_budget_s):
+            logger.info("generation budget %.0f s: %d of %d sampled passes", args.gen_budget_s,
+                        k, args.sampled_passes)
+            break
+        t0 = time.perf_counter()
+        samples += generate_samples(engine, prompts, args.max_new_tokens,
+                                    args.sample_temperature, seed=(k + 1) * len(prompts))
+    return samples
+
+
+def _train_budget(args: argparse.Namespace, started: float) -> float | None:
+    """Seconds training may take: `--train-budget-s`, cut to what `--deadline-s` leaves."""
+    if args.deadline_s is None:
+        return args.train_budget_s
+    left = args.deadline_s - (time.perf_counter() - started) - DEADLINE_RESERVE_S
+    return max(0.0, left if args.train_budget_s is None else min(left, args.train_budget_s))
+
+
+def train(args: argparse.Namespace, target: str, started: float) -> Path | None:
     timings, t0 = {}, time.perf_counter()
     engine = Engine(model_path=target, **_engine_args(args, args.gen_batch))
     runner = engine.worker.model_runner
     mask_name, mask_id = resolve_mask_token(engine.tokenizer, args.mask_token)
     config = draft_config(json.loads((Path(target) / "config.json").read_text()),
                           num_layers=args.num_layers, num_aux_layers=args.num_aux_layers,
-                          block_size=args.block_size, mask_token_id=mask_id)
+                          block_size=args.block_size, mask_token_id=mask_id,
+                          intermediate_size=args.intermediate_size)
     loaded = bool(args.samples_file) and Path(args.samples_file).is_file()
     if loaded:
         samples = load_samples(args.samples_file)[: args.num_samples]
     else:
-        prompts = gsm8k_prompts(args.data_path, args.data_path, args.num_shots,
-                                args.num_samples)
-        samples = generate_samples(engine, prompts, args.max_new_tokens)
-        for k in range(args.sampled_passes):
-            samples += generate_samples(engine, prompts, args.max_new_tokens,
-                                        args.sample_temperature, seed=(k + 1) * len(prompts))
+        samples = _generate(args, engine, started)
         if args.samples_file:
             save_samples(samples, args.samples_file)
     timings["load samples" if loaded else "generate"] = time.perf_counter() - t0
@@ -201,7 +273,7 @@ def train(args: argparse.Namespace, target: str) -> Path | None:
     draft = new_draft(config, runner.device, args.seed)
     trainer = Trainer(draft, runner.model.get_input_embeddings(), runner.model.lm_head_weight,
                       mask_id, cfg)
-    stats = trainer.fit(data, args.train_budget_s)
+    stats = trainer.fit(data, _train_budget(args, started))
     timings["train"] = stats["train_seconds"]
     target_name = Path(args.target).name if Path(args.target).is_dir() else args.target
     info = dict(config=config, target=target_name, mask_token=mask_name,
@@ -224,11 +296,12 @@ def train(args: argparse.Namespace, target: str) -> Path | None:
 def main(argv: list[str] | None = None) -> Path:
     """Parse flags, train (and/or evaluate), return the draft folder (the samples file with
     `--generate-only`)."""
+    started = time.perf_counter()
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     target = resolve_model_path(args.target)
     if not args.eval_only:
-        train(args, target)
+        train(args, target, started)
     if args.generate_only:
         print(args.samples_file)
         return Path(args.samples_file)

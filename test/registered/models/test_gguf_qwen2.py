@@ -14,6 +14,7 @@ from safetensors import safe_open
 
 from sglang_aux.srt.entrypoints.engine import Engine
 from sglang_aux.srt.managers.tokenizer import Tokenizer
+from sglang_aux.srt.model_loader import builtin
 from sglang_aux.test.ci.ci_register import register_cpu_ci
 from sglang_aux.test.runtime_utils import prefill, release
 from sglang_aux.test.tiny_gguf import CORPUS, HIDDEN, LAYERS, ROPE_BASE, write_tiny_qwen2_gguf
@@ -94,6 +95,24 @@ def test_engine_matches_transformers(files, from_gguf):
     assert engine.tokenizer.eos_token_id == hf_tok.convert_tokens_to_ids("<|im_end|>")
     assert engine.scheduler.eos_token_ids == {
         hf_tok.convert_tokens_to_ids(t) for t in ("<|im_end|>", "<|endoftext|>")}
+
+
+def test_a_gguf_file_is_a_model_path(files, tmp_path, monkeypatch):
+    """`--model-path FILE.gguf` serves the file: imported once into the cache (a second
+    resolve reuses the folder), the same weights as the import tool's folder."""
+    monkeypatch.setenv("SGLANG_AUX_CACHE", str(tmp_path))
+    folder = Path(builtin.resolve_model_path(str(files[0])))
+    assert folder.parent == tmp_path / "gguf-imports" and (folder / "config.json").is_file()
+    stamp = (folder / "model.safetensors").stat().st_mtime_ns
+    assert builtin.resolve_model_path(str(files[0])) == str(folder)
+    assert (folder / "model.safetensors").stat().st_mtime_ns == stamp
+    engine = Engine(model_path=str(files[0]), dtype="float32", device="cpu",
+                    max_total_tokens=1024, max_running_requests=2)
+    ref = Engine(model_path=str(files[1]), dtype="float32", device="cpu",
+                 max_total_tokens=1024, max_running_requests=2)
+    params = {"temperature": 0, "max_new_tokens": NEW_TOKENS, "ignore_eos": True}
+    assert engine.generate([TEXTS[0]], params)[0]["output_ids"] == (
+        ref.generate([TEXTS[0]], params)[0]["output_ids"])
 
 
 def test_tokenizer_matches_transformers(files, from_gguf):

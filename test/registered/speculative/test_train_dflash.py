@@ -14,11 +14,17 @@ from tokenizers import models, pre_tokenizers
 
 from sglang_aux.srt.configs.model_config import ModelConfig
 from sglang_aux.srt.entrypoints.engine import Engine
-from sglang_aux.srt.managers.schedule_batch import build_fixed_batch
+from sglang_aux.srt.managers.schedule_batch import build_fixed_batch, release_kv
 from sglang_aux.srt.managers.tokenizer import Tokenizer
 from sglang_aux.srt.model_executor.forward_batch_info import ForwardMode
 from sglang_aux.srt.model_executor.model_runner import ModelRunner
-from sglang_aux.srt.model_loader.weight_utils import init_random_weights
+from sglang_aux.srt.model_loader import builtin
+from sglang_aux.srt.model_loader.weight_utils import (
+    checkpoint_tensors,
+    init_random_weights,
+    load_named_weights,
+    safetensors_weights_iterator,
+)
 from sglang_aux.srt.server_args import ServerArgs
 from sglang_aux.test.ci.ci_register import register_cpu_ci
 from sglang_aux.test.hf_checkpoints import save_tiny_qwen2
@@ -32,7 +38,13 @@ from sglang_aux.tools.dflash_training.data import (
     load_samples,
 )
 from sglang_aux.tools.dflash_training.draft_forward import draft_block_logits
-from sglang_aux.tools.dflash_training.export import draft_config, new_draft
+from sglang_aux.tools.dflash_training.export import (
+    SHARD_INDEX,
+    draft_config,
+    new_draft,
+    write_draft,
+)
+from sglang_aux.tools.dflash_training.features import extract_aux
 from sglang_aux.tools.dflash_training.trainer import (
     BUDGET_PROBE_STEPS,
     BUDGET_WARMUP_STEPS,
@@ -157,6 +169,101 @@ def test_shared_prefix_rows_are_kept_once(target):
     assert torch.equal(a.aux, b.aux) and torch.equal(a.ids, b.ids)
     with pytest.raises(ValueError, match="shared and"):
         SequenceSet(samples, list(aux), torch.device("cpu"), prefix_aux=aux[0][:shared])
+
+
+def test_features_read_the_shared_prefix_from_the_kv_cache(target):
+    """extract_aux runs the shared prefix once and every later sequence over it as a cached
+    prefix: the rows equal one whole forward per sequence (fp32), and every slot and request
+    row is given back."""
+    config = draft_config(PRESETS["tiny-llama"], num_layers=1, num_aux_layers=2,
+                          block_size=BLOCK, mask_token_id=MASK_TOKEN_ID)
+    layer_ids = config["dflash_config"]["target_layer_ids"]
+    tr = make_runner(target, aux_layer_ids=layer_ids, max_total_tokens=2048,
+                     max_running_requests=4)
+    g = torch.Generator().manual_seed(3)
+    shots = torch.randint(0, 256, (21,), generator=g).tolist()
+    samples = [Sample(shots + torch.randint(0, 256, (n,), generator=g).tolist(),
+                      torch.randint(0, 256, (m,), generator=g).tolist())
+               for n, m in [(5, 9), (3, 2), (8, 6), (1, 4), (6, 7), (2, 3)]]
+    skip = common_prefix_len(samples)
+    assert skip == len(shots)
+    free = (tr.token_to_kv_pool_allocator.available_size(), tr.req_to_token_pool.available_size())
+    prefix, rows = extract_aux(tr, samples, layer_ids, skip=skip)
+    assert (tr.token_to_kv_pool_allocator.available_size(),
+            tr.req_to_token_pool.available_size()) == free
+    tr.model.set_dflash_layers_to_capture(layer_ids)  # extract_aux turns capturing off
+    for s, own in zip(samples, rows, strict=True):
+        reqs, out = prefill(tr, [s.ids])
+        whole = out.aux_hidden_states
+        release_kv(tr, reqs[0])
+        # fp32 rounding only: matmul blocking differs with the forward's token count
+        torch.testing.assert_close(prefix, whole[:skip], rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(own, whole[skip:], rtol=1e-4, atol=1e-4)
+
+
+def test_large_drafts_are_written_in_shards_the_loader_reads(target, tmp_path):
+    """A draft over the shard limit is written as transformers shards a checkpoint (numbered
+    files plus an index naming every tensor's file) and loads back equal; rewriting the
+    folder replaces it whole; a folder that holds something else is refused."""
+    config = draft_config(PRESETS["tiny-llama"], num_layers=2, num_aux_layers=2,
+                          block_size=BLOCK, mask_token_id=MASK_TOKEN_ID, intermediate_size=48)
+    assert config["intermediate_size"] == 48
+    draft = new_draft(config, torch.device("cpu"), seed=0)
+    init_random_weights(draft, seed=2)
+    out = tmp_path / "draft"
+    write_draft(draft, config, out, "card", max_shard_bytes=40_000)
+    files = sorted(p.name for p in out.glob("*.safetensors"))
+    assert len(files) >= 2 and files[0] == f"model-00001-of-{len(files):05d}.safetensors"
+    index = json.loads((out / SHARD_INDEX).read_text())
+    assert set(index["weight_map"]) == set(checkpoint_tensors(draft))
+    assert set(index["weight_map"].values()) == set(files)
+    sizes = [(out / f).stat().st_size for f in files]
+    assert max(sizes) < 40_000 + 20_000  # a shard holds at most the limit (plus its header)
+    loaded = new_draft(config, torch.device("cpu"), seed=5)
+    load_named_weights(loaded, safetensors_weights_iterator(out))
+    for name, t in checkpoint_tensors(draft).items():
+        assert torch.equal(checkpoint_tensors(loaded)[name], t), name
+    write_draft(draft, config, out, "card")  # one file now: no shard is left behind
+    assert sorted(p.name for p in out.iterdir()) == ["README.md", "config.json",
+                                                      "model.safetensors"]
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "notes.txt").write_text("mine")
+    with pytest.raises(FileExistsError, match="holds no draft"):
+        write_draft(draft, config, other, "card")
+    assert (other / "notes.txt").read_text() == "mine"
+
+
+def test_recipe_sets_defaults_and_resolves_its_draft(tmp_path, monkeypatch):
+    """`--recipe NAME` gives the named draft's flags as defaults (a flag given beside it wins)
+    and writes where NAME resolves; before training, NAME fails naming the command."""
+    monkeypatch.setenv("SGLANG_AUX_CACHE", str(tmp_path))
+    name = "qwen2.5-coder-1.5b-instruct-dflash-b16"
+    with pytest.raises(FileNotFoundError, match=f"train_dflash --recipe {name}"):
+        builtin.resolve_model_path(name)
+    args = train_dflash.parse_args(["--recipe", name, "--steps", "7"])
+    assert (args.target, args.block_size, args.num_layers, args.num_aux_layers,
+            args.intermediate_size, args.holdout, args.steps) == (
+        "qwen2.5-coder-1.5b-instruct", 16, 2, 5, 2816, 200, 7)
+    assert args.out == str(tmp_path / "drafts" / name)
+    (tmp_path / "drafts" / name).mkdir(parents=True)
+    (tmp_path / "drafts" / name / "config.json").write_text("{}")
+    assert builtin.resolve_model_path(name) == args.out
+
+
+def test_holdout_keeps_the_last_train_questions_for_evaluation(tmp_path):
+    """`--holdout N`: training never sees the last N train questions; evaluation uses them."""
+    data = tmp_path / "train.jsonl"
+    rows = [{"question": f"q{i}?", "answer": f"a {i}\n#### {i}"} for i in range(12)]
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    args = train_dflash.parse_args(["--smoke", "--data-path", str(data), "--eval-data-path",
+                                    str(data), "--num-shots", "2", "--holdout", "3",
+                                    "--num-samples", "100", "--eval-num-prompts", "10",
+                                    "--out", str(tmp_path / "d")])
+    train_q = [p.rsplit("Question: ", 1)[1] for p in train_dflash._train_prompts(args)]
+    eval_q = [p.rsplit("Question: ", 1)[1] for p in train_dflash._eval_prompts(args)[0]]
+    assert [q.split("?")[0] for q in train_q] == [f"q{i}" for i in range(2, 9)]
+    assert [q.split("?")[0] for q in eval_q] == ["q9", "q10", "q11"]
 
 
 def test_common_prefix_len():

@@ -22,6 +22,9 @@ from sglang_aux.tools.presets import DEFAULT_MODEL, PRESETS
 # DFlash drafts the project trained, shipped as package data.
 DRAFTS_DIR = Path(__file__).resolve().parents[2] / "data" / "drafts"
 SHIPPED_DRAFTS = ("smollm2-135m-instruct-dflash-b8",)
+# Drafts too large for the repository (their card says why): one command trains each into the
+# cache, where its name then resolves.
+TRAINED_DRAFTS = ("qwen2.5-coder-1.5b-instruct-dflash-b16",)
 
 
 def cache_dir() -> Path:
@@ -43,17 +46,33 @@ IMPORTED_MODELS: dict[str, Callable[[], Path]] = {
 }
 
 
-def _import_builtin(name: str, out: Path) -> None:
+def _import_gguf_once(gguf: Path, out: Path) -> None:
     from sglang_aux.srt.model_loader.gguf_import import import_gguf
 
-    gguf = IMPORTED_MODELS[name]()
     # Import beside the target and rename, so a concurrent first use never sees half a folder.
-    tmp = out.parent / f".{name}.{os.getpid()}.tmp"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.parent / f".{out.name}.{os.getpid()}.tmp"
     import_gguf(gguf, tmp)
     try:
         tmp.rename(out)
     except OSError:  # another process finished first
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def trained_draft_dir(name: str) -> Path:
+    """Where `train_dflash --recipe NAME` writes the draft NAME."""
+    return cache_dir() / "drafts" / name
+
+
+def _trained_draft(name: str) -> str:
+    path = trained_draft_dir(name)
+    if not (path / "config.json").is_file():
+        raise FileNotFoundError(
+            f"draft {name!r} is not trained on this machine ({path}); train it (one GPU, "
+            f"under 10 minutes on an H200) with `python -m sglang_aux.tools.train_dflash "
+            f"--recipe {name}`"
+        )
+    return str(path)
 
 
 def _shipped_draft(name: str) -> str:
@@ -66,17 +85,31 @@ def _shipped_draft(name: str) -> str:
     return str(path)
 
 
+def _imported_file(gguf: Path) -> str:
+    """A GGUF file given as the model path: imported once into
+    `<cache>/gguf-imports/<stem>-<bytes>` (the size tells a replaced file apart)."""
+    out = cache_dir() / "gguf-imports" / f"{gguf.stem}-{gguf.stat().st_size}"
+    if not (out / "config.json").is_file():
+        _import_gguf_once(gguf, out)
+    return str(out)
+
+
 def resolve_model_path(name_or_path: str | None) -> str:
-    """A folder path as given; a built-in name (or None: the default) as its folder: presets
+    """A folder path as given; a `.gguf` file as the folder it is imported to; a built-in name
+    (or None: the default) as its folder: presets
     are written to the cache on first use, imported models (`smollm2-135m-instruct`,
     `qwen2.5-coder-1.5b-instruct`, ...) are imported there from their installed GGUF file,
     shipped drafts come from the package."""
     name = name_or_path or DEFAULT_MODEL
+    if name.endswith(".gguf") and Path(name).is_file():
+        return _imported_file(Path(name))
     if name in SHIPPED_DRAFTS:
         return _shipped_draft(name)
+    if name in TRAINED_DRAFTS:
+        return _trained_draft(name)
     if name not in PRESETS and name not in IMPORTED_MODELS:
         if not Path(name).is_dir():
-            builtins = sorted([*PRESETS, *IMPORTED_MODELS, *SHIPPED_DRAFTS])
+            builtins = sorted([*PRESETS, *IMPORTED_MODELS, *SHIPPED_DRAFTS, *TRAINED_DRAFTS])
             raise FileNotFoundError(
                 f"model path {name!r} is neither a folder nor a built-in model "
                 f"({', '.join(builtins)})"
@@ -86,7 +119,7 @@ def resolve_model_path(name_or_path: str | None) -> str:
     if not (out / "config.json").is_file():
         out.parent.mkdir(parents=True, exist_ok=True)
         if name in IMPORTED_MODELS:
-            _import_builtin(name, out)
+            _import_gguf_once(IMPORTED_MODELS[name](), out)
         else:
             from sglang_aux.tools.make_checkpoint import write_checkpoint
 

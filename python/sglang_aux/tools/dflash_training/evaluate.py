@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import time
 
+import torch
+
 from sglang_aux.srt.entrypoints.engine import Engine
 from sglang_aux.test.few_shot_gsm8k import STOP
 
@@ -19,6 +21,8 @@ def measure_accept_length(target: str, draft: str, prompts: list[str], max_new_t
     outs = engine.generate(prompts, params)
     seconds = time.perf_counter() - start
     metas = [o["meta_info"] for o in outs]
+    device = engine.worker.model_runner.device
+    device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else str(device)
     steps = sum(m["spec_verify_ct"] for m in metas)
     accepted = sum(m["spec_accept_length"] * m["spec_verify_ct"] for m in metas)
     engine.shutdown()
@@ -28,4 +32,5 @@ def measure_accept_length(target: str, draft: str, prompts: list[str], max_new_t
         "accept_length_per_step": accepted / steps if steps else 0.0,
         "completion_tokens": sum(m["completion_tokens"] for m in metas),
         "seconds": seconds,
+        "device": device_name,
     }

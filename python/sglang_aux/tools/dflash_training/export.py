@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -21,17 +22,23 @@ _FROM_TARGET = ("vocab_size", "max_position_embeddings", "rms_norm_eps", "rope_t
                 "rope_parameters", "hidden_size", "num_attention_heads", "num_key_value_heads",
                 "intermediate_size")
 EVAL_LINE = "- Held-out accept length:"
+# Shipped drafts keep every file under this (the package's data files stay small enough for
+# the repository's 50 MB file limit, with margin)
+MAX_SHARD_BYTES = 45_000_000
+SHARD_INDEX = "model.safetensors.index.json"
 
 
 def draft_config(target: dict, *, num_layers: int, num_aux_layers: int, block_size: int,
-                 mask_token_id: int) -> dict:
-    """config.json of a draft of `num_layers` Qwen3-style layers at the target's width,
-    reading `num_aux_layers` target layers picked by `build_target_layer_ids`."""
+                 mask_token_id: int, intermediate_size: int | None = None) -> dict:
+    """config.json of a draft of `num_layers` Qwen3-style layers at the target's width
+    (MLP width `intermediate_size`, default the target's), reading `num_aux_layers` target
+    layers picked by `build_target_layer_ids`."""
     head_dim = target.get("head_dim") or target["hidden_size"] // target["num_attention_heads"]
     return {
         "architectures": ["DFlashDraftModel"],
         "model_type": "qwen3",
         **{k: target[k] for k in _FROM_TARGET if k in target},
+        **({"intermediate_size": intermediate_size} if intermediate_size else {}),
         "head_dim": head_dim,
         "torch_dtype": target.get("torch_dtype") or target.get("dtype") or "float32",
         "num_hidden_layers": num_layers,
@@ -55,17 +62,52 @@ def new_draft(config: dict, device: torch.device, seed: int) -> DFlashDraftModel
     return draft.to(device)
 
 
-def write_draft(draft: DFlashDraftModel, config: dict, out: str | Path, card: str) -> Path:
-    """Write the folder; weights in the config's `torch_dtype`."""
+def write_draft(draft: DFlashDraftModel, config: dict, out: str | Path, card: str,
+                max_shard_bytes: int = MAX_SHARD_BYTES) -> Path:
+    """Write the folder, whole or not at all (written beside it, then renamed over it);
+    weights in the config's `torch_dtype`, sharded as transformers shards a large checkpoint
+    (`model-0000i-of-0000n.safetensors` of at most `max_shard_bytes` each, plus
+    `model.safetensors.index.json`) when they do not fit one file."""
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
+    if out.exists() and any(out.iterdir()) and not (out / "config.json").is_file():
+        raise FileExistsError(f"{out} exists and holds no draft: give --out a new folder")
     dtype = getattr(torch, config["torch_dtype"])
     tensors = {k: v.detach().to("cpu", dtype).contiguous()
                for k, v in checkpoint_tensors(draft).items()}
-    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
-    (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-    (out / "README.md").write_text(card)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.parent / f".{out.name}.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    shards = _shards(tensors, max_shard_bytes)
+    if len(shards) == 1:
+        save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+    else:
+        weight_map = {}
+        for i, names in enumerate(shards, 1):
+            file = f"model-{i:05d}-of-{len(shards):05d}.safetensors"
+            save_file({k: tensors[k] for k in names}, str(tmp / file), metadata={"format": "pt"})
+            weight_map.update(dict.fromkeys(names, file))
+        total = sum(t.numel() * t.element_size() for t in tensors.values())
+        index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+        (tmp / SHARD_INDEX).write_text(json.dumps(index, indent=2) + "\n")
+    (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    (tmp / "README.md").write_text(card)
+    shutil.rmtree(out, ignore_errors=True)
+    tmp.rename(out)
     return out
+
+
+def _shards(tensors: dict[str, torch.Tensor], max_bytes: int) -> list[list[str]]:
+    """Tensor names in order, cut into runs of at most `max_bytes` (a larger tensor alone)."""
+    shards, cur, used = [], [], 0
+    for name, t in tensors.items():
+        n = t.numel() * t.element_size()
+        if cur and used + n > max_bytes:
+            shards.append(cur)
+            cur, used = [], 0
+        cur.append(name)
+        used += n
+    return shards + ([cur] if cur else [])
 
 
 def render_card(name: str, info: dict) -> str:
@@ -77,7 +119,8 @@ def render_card(name: str, info: dict) -> str:
 DFlash draft for `{info['target']}`, trained by `sglang_aux.tools.train_dflash`.
 
 - Draft: {info['config']['num_hidden_layers']} Qwen3-style layer(s), hidden \
-{info['config']['hidden_size']}, fc {len(dc['target_layer_ids'])} x {dc['target_hidden_size']} \
+{info['config']['hidden_size']}, MLP {info['config']['intermediate_size']}, \
+fc {len(dc['target_layer_ids'])} x {dc['target_hidden_size']} \
 -> {info['config']['hidden_size']}; the target's embedding and LM head (frozen).
 - Target layers read: {dc['target_layer_ids']}; block size {dc['block_size']}; mask token \
 `{info['mask_token']}` (id {dc['mask_token_id']}).

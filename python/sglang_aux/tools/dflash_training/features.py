@@ -1,5 +1,5 @@
 """The target's aux hidden states of every training sequence, as the DFlash worker sees them:
-one EXTEND forward per sequence with the draft's `target_layer_ids` captured."""
+EXTEND forwards with the draft's `target_layer_ids` captured, the shared k-shot prefix cached."""
 
 from __future__ import annotations
 
@@ -7,7 +7,12 @@ import logging
 
 import torch
 
-from sglang_aux.srt.managers.schedule_batch import Req, build_extend_batch, release_kv
+from sglang_aux.srt.managers.schedule_batch import (
+    Req,
+    build_extend_batch,
+    map_cached_prefix,
+    release_kv,
+)
 from sglang_aux.srt.model_executor.forward_batch_info import CaptureHiddenMode
 from sglang_aux.srt.model_executor.model_runner import ModelRunner
 from sglang_aux.srt.sampling.sampling_params import SamplingParams
@@ -16,12 +21,18 @@ from sglang_aux.tools.dflash_training.data import Sample
 logger = logging.getLogger(__name__)
 
 
-def _batches(samples: list[Sample], max_tokens: int, max_reqs: int) -> list[list[int]]:
-    """Consecutive sample indices, at most `max_reqs` and `max_tokens` tokens per batch
-    (a longer sample goes alone)."""
+# Tokens per forward at most: bounds the activations (MLP intermediate, captured aux rows)
+# beside the features already kept on the device.
+MAX_FORWARD_TOKENS = 16384
+
+
+def _batches(samples: list[Sample], skip: int, max_tokens: int, max_reqs: int
+             ) -> list[list[int]]:
+    """Consecutive sample indices, at most `max_reqs` requests and `max_tokens` new tokens
+    (past the first `skip`) per batch (a longer sample goes alone)."""
     out, cur, used = [], [], 0
     for i, s in enumerate(samples):
-        n = len(s.ids)
+        n = len(s.ids) - skip
         if cur and (used + n > max_tokens or len(cur) == max_reqs):
             out.append(cur)
             cur, used = [], 0
@@ -37,27 +48,37 @@ def extract_aux(runner: ModelRunner, samples: list[Sample], layer_ids: list[int]
     shares), and per sample its rows from `skip` on, `[len(ids) - skip, K * H]`: copies in the
     target's dtype on its device (a batch's whole output is not kept).
 
+    The shared prefix runs once: its K/V stays in the slots of the first forward and every
+    later sequence reads it as a cached prefix, as the server's prefix cache serves the
+    k-shot prompt, so only the `len(ids) - skip` own tokens of a sequence are computed.
     Runs on `runner`'s own KV memory and request rows (everything is given back), so the
     runner of the data-generation Engine can do it once generation is over.
     """
     runner.model.set_dflash_layers_to_capture(layer_ids)
     pool, alloc = runner.req_to_token_pool, runner.token_to_kv_pool_allocator
-    out: list[torch.Tensor] = []
-    prefix = None
-    for batch in _batches(samples, alloc.available_size(), pool.available_size()):
-        reqs = [Req(f"aux-{i}", samples[i].ids, SamplingParams()) for i in batch]
+    first = Req("aux-prefix", samples[0].ids, SamplingParams())
+    first.req_pool_idx = pool.alloc()
+    # FULL runs it eagerly: the runner's graphs were captured before these layers were set
+    # to be captured, so they return no aux rows
+    rows = runner.forward(build_extend_batch(runner, [first], CaptureHiddenMode.FULL))
+    prefix, out = rows.aux_hidden_states[:skip].clone(), [rows.aux_hidden_states[skip:].clone()]
+    prefix_slots = pool.req_to_token[first.req_pool_idx, :skip].clone()
+    release_kv(runner, first, keep=skip)
+    rest = samples[1:]
+    budget = min(MAX_FORWARD_TOKENS, alloc.available_size())
+    for batch in _batches(rest, skip, budget, pool.available_size()):
+        reqs = [Req(f"aux-{i}", rest[i].ids, SamplingParams()) for i in batch]
         for r in reqs:
             r.req_pool_idx = pool.alloc()
-        # FULL runs it eagerly: the runner's graphs were captured before these layers were set
-        # to be captured, so they return no aux rows
+            map_cached_prefix(runner, r, prefix_slots)
         fb = build_extend_batch(runner, reqs, CaptureHiddenMode.FULL)
-        rows = runner.forward(fb).aux_hidden_states.split([len(r.origin_input_ids) for r in reqs])
-        if prefix is None:
-            prefix = rows[0][:skip].clone()
-        out += [a[skip:].clone() for a in rows]
+        rows = runner.forward(fb).aux_hidden_states.split([len(r.origin_input_ids) - skip
+                                                           for r in reqs])
+        out += [a.clone() for a in rows]
         for r in reqs:
-            release_kv(runner, r)
-        if len(out) % 1024 < len(batch):
+            release_kv(runner, r, keep=skip)
+        if len(out) % 1024 <= len(batch):
             logger.info("aux states for %d/%d sequences", len(out), len(samples))
+    alloc.free(prefix_slots)
     runner.model.set_dflash_layers_to_capture([])
     return prefix, out
