@@ -62,7 +62,7 @@ case $phase in
     $py benchmark/spec_decode/bench_request_breakdown.py --num-prompts 12 \
       --out "$out/request_breakdown.json" 2>&1 | grep "^{" ;;
   harness)
-    bash benchmark/gsm8k/run_smollm2_eval.sh "${DRAFT:-smollm2-135m-instruct-dflash-b8}" "$out" \
+    bash benchmark/gsm8k/run_gsm8k_eval.sh "${DRAFT:-smollm2-135m-instruct-dflash-b8}" "$out" \
       "${NUM_QUESTIONS:-1319}" "${CONFIGS:-target dflash dflash_noshare}" ;;
   load)
     $py benchmark/spec_decode/load_test_server.py --out "$out/load_test.json" -- \

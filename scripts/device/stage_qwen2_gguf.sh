@@ -23,13 +23,16 @@
 #         --model-path qwen2.5-coder-1.5b-instruct ...
 # With an 18 MB tree the parts are 43 MiB: the 1.5B takes 25 calls (--put 00 .. --put 23, then
 # --join 24); the 0.5B 11 (--put 00 .. 09, --join 10), with `--model 0.5b` in every call.
+# Fewer calls: stage from a checkout without the shipped SmolLM2 draft (a branch that deletes
+# it: a 1.7 MB tree) and MARGIN_MIB=2: 60 MiB parts, 17 puts and a join whose call can go on
+# to train (scripts/device/qwen25_coder.sh train).
 # A call that fails leaves the earlier parts in place: repeat that call only.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 CARRY=.carry/qwen2-gguf
 PARTS=/root/gguf-parts
 BUDGET=$((64 << 20))   # bytes a device call carries, working tree included
-MARGIN=$((3 << 20))    # headroom for the wheel, the tree growing, file-system overhead
+MARGIN=$((${MARGIN_MIB:-3} << 20))  # headroom for the wheel, the tree growing, file-system overhead
 
 model=1.5b gguf="" mode=split part=""
 while [ $# -gt 0 ]; do

@@ -290,6 +290,7 @@ def test_model_and_server_info_and_metrics(client, ckpt):
     info = client.get("/get_server_info").json()
     assert info["capture_bs"] == CAPTURE_BS and info["forward_mode"] == "DECODE"
     assert info["graph_memory_bytes"] == 0  # free device memory does not move on CPU
+    assert info["graph_memory_reserved_bytes"] == info["graph_memory_allocated_bytes"] == 0
     # no DFlash here: nothing captured, nothing shared, nothing saved
     assert info["aux_buffer_bytes"] == info["aux_per_graph_bytes"] == info["aux_bytes_saved"] == 0
     assert info["server_args"]["api_key"] == "<redacted>" and API_KEY not in json.dumps(info)

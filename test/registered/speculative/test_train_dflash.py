@@ -251,6 +251,18 @@ def test_recipe_sets_defaults_and_resolves_its_draft(tmp_path, monkeypatch):
     assert builtin.resolve_model_path(name) == args.out
 
 
+def test_deadline_leaves_training_what_the_rest_did_not_use():
+    args = train_dflash.parse_args(["--smoke", "--out", "d", "--deadline-s", "100"])
+    started = time.perf_counter() - 30  # generation and features took 30 s
+    left = 100 - 30 - train_dflash.DEADLINE_RESERVE_S
+    assert train_dflash._train_budget(args, started) == pytest.approx(left, abs=1)
+    args.train_budget_s = 10.0  # the smaller of the two
+    assert train_dflash._train_budget(args, started) == 10.0
+    assert train_dflash._train_budget(args, started - 1000) == 0.0  # past the deadline
+    args.deadline_s = None
+    assert train_dflash._train_budget(args, started) == 10.0
+
+
 def test_holdout_keeps_the_last_train_questions_for_evaluation(tmp_path):
     """`--holdout N`: training never sees the last N train questions; evaluation uses them."""
     data = tmp_path / "train.jsonl"

@@ -17,7 +17,8 @@ from sglang_aux.srt.model_executor.model_runner_components.misc_utils import (
 from sglang_aux.srt.model_executor.runner.decode_cuda_graph_runner import DecodeCudaGraphRunner
 
 GRAPH_KEYS = ("forward_mode", "capture_bs", "prefill_capture_tokens", "graph_memory_bytes",
-              "aux_path", "aux_buffer_bytes", "aux_per_graph_bytes", "aux_bytes_saved")
+              "graph_memory_reserved_bytes", "graph_memory_allocated_bytes", "aux_path",
+              "aux_buffer_bytes", "aux_per_graph_bytes", "aux_bytes_saved")
 
 
 def graph_memory(graph_runner: DecodeCudaGraphRunner | None) -> dict:
@@ -46,7 +47,10 @@ def graph_memory(graph_runner: DecodeCudaGraphRunner | None) -> dict:
         "forward_mode": graph_runner.forward_mode.name,
         "capture_bs": list(graph_runner.capture_bs),
         "prefill_capture_tokens": list(prefill_tokens),
+        # the capture's drop in free device memory (SGLang's figure), and the allocator's view
         "graph_memory_bytes": stats.get("free_memory_drop_bytes"),
+        "graph_memory_reserved_bytes": stats.get("reserved_delta_bytes"),
+        "graph_memory_allocated_bytes": stats.get("allocated_delta_bytes"),
         "aux_path": graph_runner.buffers.aux_path,
         "aux_buffer_bytes": shared,
         "aux_per_graph_bytes": per_graph,

@@ -1,23 +1,30 @@
 #!/usr/bin/env bash
-# GSM8K 5-shot on SmolLM2-135M-Instruct: target-only vs DFlash (block 8), shared aux buffer on
-# and off, prefix cache on (default) and off, each against its own server; then tokens/s at 1,
-# 8 and 32 concurrent requests.
-#   bash benchmark/gsm8k/run_smollm2_eval.sh DRAFT_DIR OUT_DIR [NUM_QUESTIONS [CONFIGS]]
+# GSM8K 5-shot through the HTTP server: target-only vs DFlash, shared aux buffer on and off,
+# prefix cache on (default) and off, each against its own server; then tokens/s at 1, 8 and 32
+# concurrent requests.
+#   bash benchmark/gsm8k/run_gsm8k_eval.sh DRAFT OUT_DIR [NUM_QUESTIONS [CONFIGS]]
+# DRAFT: the draft folder or name; MODEL (environment): the target, default
+# smollm2-135m-instruct (qwen2.5-coder-1.5b-instruct with qwen2.5-coder-1.5b-instruct-dflash-b16);
+# SERVER_FLAGS: more flags for every server; N1, N8: questions one at a time (32) and at 8
+# concurrent (64).
 # CONFIGS: a space-separated subset of "target dflash dflash_noshare dflash_streamed
 # target_nocache dflash_nocache target_delay dflash_delay target_beside dflash_beside
 # target_mixed dflash_mixed" (default: target dflash dflash_noshare; *_nocache pass
 # --disable-radix-cache, *_delay --enable-prefill-delayer, *_beside --enable-concurrent-prefill,
 # *_mixed --enable-mixed-chunk,
 # dflash_streamed --speculative-dflash-aux-projection streamed).
-# Needs the imported target (`smollm2-135m-instruct`) and GSM8K (SGLANG_AUX_GSM8K_DIR).
+# Needs the target (a folder, or a built-in name imported on first use) and GSM8K
+# (SGLANG_AUX_GSM8K_DIR).
 set -uo pipefail
 draft=$1; out=$2; n=${3:-1319}; configs=${4:-target dflash dflash_noshare}
 mkdir -p "$out"
 port=31000
 serve() {  # name, extra flags...
   local name=$1; shift
-  ${PYTHON:-python3} -m sglang_aux.launch_server --model-path smollm2-135m-instruct --port $port \
-    --context-length 2048 --max-running-requests 64 "$@" > "$out/server_$name.log" 2>&1 &
+  # shellcheck disable=SC2086
+  ${PYTHON:-python3} -m sglang_aux.launch_server --model-path "${MODEL:-smollm2-135m-instruct}" \
+    --port $port --context-length 2048 --max-running-requests 64 ${SERVER_FLAGS:-} "$@" \
+    > "$out/server_$name.log" 2>&1 &
   pid=$!
   for _ in $(seq 240); do curl -sf localhost:$port/health > /dev/null && return 0; sleep 0.5; done
   echo "server $name did not start"; tail -20 "$out/server_$name.log"; return 1
@@ -55,8 +62,8 @@ for cfg in $configs; do
   # (radix_cache_hit_tokens / radix_cache_admitted_prompt_tokens) of the 32-concurrent run
   curl -s localhost:$port/get_server_info > "$out/server_info_after32_$cfg.json"
   if [[ $cfg =~ ^(target|dflash)(_delay|_beside|_mixed)?$ ]]; then
-    harness $cfg 32 1
-    harness $cfg 64 8
+    harness $cfg "${N1:-32}" 1
+    harness $cfg "${N8:-64}" 8
   fi
   kill $pid; wait $pid 2>/dev/null
 done
