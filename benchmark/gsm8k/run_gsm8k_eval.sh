@@ -26,7 +26,11 @@ serve() {  # name, extra flags...
     --port $port --context-length 2048 --max-running-requests 64 ${SERVER_FLAGS:-} "$@" \
     > "$out/server_$name.log" 2>&1 &
   pid=$!
-  for _ in $(seq 240); do curl -sf localhost:$port/health > /dev/null && return 0; sleep 0.5; done
+  for _ in $(seq 240); do
+    curl -sf localhost:$port/health > /dev/null && return 0
+    kill -0 $pid 2> /dev/null || break  # it exited: no use waiting
+    sleep 0.5
+  done
   echo "server $name did not start"; tail -20 "$out/server_$name.log"; return 1
 }
 harness() {  # name, num questions, parallel

@@ -332,6 +332,29 @@ def test_time_budget_paces_after_the_warm_up_steps(target, monkeypatch):
     assert 40 <= stats["steps"] <= 60, stats["steps"]
 
 
+def test_time_budget_repaces_when_the_steps_speed_up(target, monkeypatch):
+    """Steps 5..20 of 0.03 s would fit 20 + 2.4 / 0.03 = 100 steps into a 3 s budget; the
+    pace is set again every BUDGET_REPACE_EVERY steps, so steady 1 ms steps fill the budget
+    (on the H200 the probe's steps were 6x slower than the steady ones)."""
+    tr, _, draft, reqs, aux = _setup(target, num_layers=1)
+    samples = [Sample(r.origin_input_ids[:10], r.origin_input_ids[10:]) for r in reqs]
+    data = SequenceSet(samples, list(aux), torch.device("cpu"))
+    trainer = Trainer(draft, tr.model.get_input_embeddings(), tr.model.lm_head_weight,
+                      MASK_TOKEN_ID, TrainConfig(steps=100_000, batch_size=2, anchors_per_seq=2))
+    calls = []
+
+    def timed_step(batch, anchors):
+        calls.append(1)
+        time.sleep(0.03 if len(calls) <= BUDGET_PROBE_STEPS else 0.001)
+        return {"loss": 1.0, "accept": 1.0, "acc": [0.0] * (BLOCK - 1)}
+
+    monkeypatch.setattr(trainer, "step", timed_step)
+    start = time.perf_counter()
+    stats = trainer.fit(data, time_budget_s=3.0)
+    assert stats["steps"] > 4 * 100, stats["steps"]
+    assert time.perf_counter() - start < 3.0 + 1.0  # and it still ends near the budget
+
+
 def test_smoke_run_writes_a_draft_the_engine_runs_losslessly(target, tmp_path):
     if default_gsm8k_path("train") is None or default_gsm8k_path("test") is None:
         pytest.skip("GSM8K not found (../shared/data/gsm8k or SGLANG_AUX_GSM8K_DIR)")
