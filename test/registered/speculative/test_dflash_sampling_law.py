@@ -26,7 +26,7 @@ from sglang_aux.test.runtime_utils import assert_kv_all_back
 from sglang_aux.test.sampling_law import FALSE_ALARM, chi_square, position_laws
 from sglang_aux.tools.make_checkpoint import write_checkpoint
 
-register_cpu_ci(est_time=120, suite="default")
+register_cpu_ci(est_time=150, suite="default")
 
 TOP_K = 8
 DRAFT_NOISE = 0.3  # relative noise on the draft's final norm: acceptance ~0.6 per position

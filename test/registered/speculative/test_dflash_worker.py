@@ -121,10 +121,11 @@ def _draft_context_error(worker, req: Req) -> float:
     aux = eager_forward(tr, fb).aux_hidden_states
     slots = tr.req_to_token_pool.req_to_token[req.req_pool_idx, : req.kv_len].long()
     pool = worker.draft_runner.token_to_kv_pool
-    got = [pool.k_buffer[i][slots].clone() for i in range(len(pool.k_buffer))]
-    worker.commit_draft_context(aux, fb.positions, fb.out_cache_loc)
-    want = [pool.k_buffer[i][fb.out_cache_loc] for i in range(len(pool.k_buffer))]
-    return max(float((g - w).abs().max()) for g, w in zip(got, want, strict=True))
+    got = [pool.k_buffer[i][slots] for i in range(len(pool.k_buffer))]
+    # the draft's own definition of context K (training uses it too), not the commit path
+    draft = worker.draft_runner.model
+    want = [k for k, _ in draft.context_kv(draft.project_context(aux), fb.positions)]
+    return max(float((g - w.view(g.shape)).abs().max()) for g, w in zip(got, want, strict=True))
 
 
 def _run_steps(worker, prompt_ids, steps=4):

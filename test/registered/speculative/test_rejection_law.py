@@ -27,7 +27,7 @@ from sglang_aux.test.sampling_law import (
     position_laws,
 )
 
-register_cpu_ci(est_time=30, suite="default")
+register_cpu_ci(est_time=45, suite="default")
 
 PAIRS = 6  # random (p, q) pairs in the statistical test; FAMILY = PAIRS * STAT_BLOCK
 STAT_BLOCK = 4
