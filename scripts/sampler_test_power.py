@@ -1,7 +1,7 @@
 """Power and false-alarm rates of the sampling-law chi-square tests (`test/sampling_law.py`),
 by the noncentral chi-square and by simulation. Needs scipy (not a test dependency).
 
-    python scripts/sampler_test_power.py [--sims 2000] [--engine-draws 1000 1000 600 350]
+    python scripts/sampler_test_power.py [--sims 2000] [--engine-draws 32 2000 1200 700 400]
 
 The worst case over biases of total-variation distance d from a law p0 has noncentrality
 N * sum (p1 - p0)^2 / p0 >= 4 d^2 N (Cauchy-Schwarz with sum p0 = 1), reached by moving mass
@@ -44,7 +44,7 @@ def simulate(p0: np.ndarray, p1: np.ndarray, n: int, alpha: float, sims: int,
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sims", type=int, default=2000)
-    parser.add_argument("--engine-draws", type=int, nargs="+", default=[1000, 1000, 600, 350],
+    parser.add_argument("--engine-draws", type=int, nargs="+", default=[32, 2000, 1200, 700, 400],
                         help="draws per engine-test position (first token, block positions)")
     parser.add_argument("--engine-df", type=int, default=15)
     args = parser.parse_args()
