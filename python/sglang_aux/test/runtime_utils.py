@@ -154,3 +154,16 @@ def cached_kv_error(engine: Engine, tokens: list[int]) -> float:
               for pool in pools for buf in (*pool.k_buffer, *pool.v_buffer))
     release_kv(runner, fresh)
     return err
+
+
+def assert_spec_counts(meta: dict, block_size: int) -> None:
+    """A DFlash request's `meta_info` adds up: the histogram holds every verify step and the
+    accepted drafts, and the steps' tokens (accepted drafts + 1 each, after the first token)
+    cover the completion, overshooting by less than one block (a finished step is cut)."""
+    hist, steps = meta["spec_accept_histogram"], meta["spec_verify_ct"]
+    accepted = meta["spec_accepted_drafts"]
+    assert steps > 0 and sum(hist) == steps and len(hist) == block_size, meta
+    assert accepted == sum(k * n for k, n in enumerate(hist)), meta
+    emitted = 1 + steps + accepted
+    assert meta["completion_tokens"] <= emitted < meta["completion_tokens"] + block_size, meta
+    assert meta["spec_accept_length"] == meta["completion_tokens"] / steps

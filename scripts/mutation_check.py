@@ -1,0 +1,241 @@
+"""Does the CPU suite catch one-line breakage of central logic? Each mutation below is applied to
+a temporary copy of the tree (the working tree is never touched, even on Ctrl-C), the test
+files that should catch it run there with `-x`, and the mutation counts as caught when they
+fail. Exit status 1 when any mutation is not caught (or no longer applies).
+
+    python scripts/mutation_check.py [--jobs 2] [--only NAME ...] [--list]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor, wait
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+SRT = "python/sglang_aux/srt"
+COPIED = ("python", "test", "pyproject.toml")
+T = "test/registered"
+LAW = f"{T}/speculative/test_rejection_law.py"
+ENGINE_LAW = f"{T}/speculative/test_dflash_sampling_law.py"
+WORKER = f"{T}/speculative/test_dflash_worker.py"
+TAPS = f"{T}/compat/test_aux_taps_hf.py"
+# the worker's tests that read the draft context and the bookkeeping back (its greedy ones
+# start four engines first)
+CONTEXT = f"{WORKER}::test_aux_rows_consumed_before_next_target_forward"
+KNOWN = f"{WORKER}::test_acceptance_under_known_proposals"
+STOP = threading.Event()  # set on Ctrl-C: no new runs; running ones are terminated
+RUNNING: set[subprocess.Popen] = set()
+
+
+@dataclass(frozen=True)
+class Mutation:
+    name: str
+    path: str  # relative to the repository root
+    old: str  # must occur exactly once
+    new: str
+    tests: tuple[str, ...]  # files (or node ids) that must fail
+
+
+MUTATIONS = [
+    # the three the suite used to miss
+    Mutation("bonus token drawn from max(p - q, 0) instead of p",
+             f"{SRT}/speculative/dflash_info.py",
+             "q_next = torch.where((accepted < num_drafts)[:, None], q_next, 0.0)",
+             "q_next = torch.where((accepted <= num_drafts)[:, None], q_next, 0.0)",
+             (LAW, ENGINE_LAW)),
+    Mutation("proposal drawn with the accept test's random number",
+             f"{SRT}/speculative/dflash_worker.py",
+             "uniform(rows.seed, positions, Lane.DRAFT)",
+             "uniform(rows.seed, positions, Lane.ACCEPT)", (ENGINE_LAW,)),
+    Mutation("Llama/Qwen aux states tapped one layer off", f"{SRT}/models/llama.py",
+             "self.model.layers_to_capture = [i + 1 for i in layer_ids]",
+             "self.model.layers_to_capture = [i for i in layer_ids]", (TAPS,)),
+    # the twelve caught before
+    Mutation("greedy: count matches instead of the longest prefix",
+             f"{SRT}/speculative/dflash_info.py",
+             "return BlockVerdicts(match.long().cumprod(-1).sum(-1), target_argmax)",
+             "return BlockVerdicts(match.long().sum(-1), target_argmax)", (WORKER,)),
+    Mutation("packer: slot ignores the caller's out= buffer", f"{SRT}/layers/aux_hidden_states.py",
+             "                self._packed = self.out",
+             "                self._packed = torch.empty_like(self.out)",
+             (f"{T}/layers/test_aux_hidden_states.py",)),
+    Mutation("packer: columns in reverse capture order", f"{SRT}/layers/aux_hidden_states.py",
+             "start = self._count * self._width",
+             "start = (self.num_captures - 1 - self._count) * self._width",
+             (f"{T}/layers/test_aux_hidden_states.py",)),
+    Mutation("acceptance scaled by 0.95", f"{SRT}/speculative/dflash_info.py",
+             "ok = (q > 0) & (u_accept * q <= p)", "ok = (q > 0) & (u_accept * q <= 0.95 * p)",
+             (LAW,)),
+    Mutation("acceptance ignores the draft probability", f"{SRT}/speculative/dflash_info.py",
+             "ok = (q > 0) & (u_accept * q <= p)", "ok = (q > 0) & (u_accept <= p)", (LAW,)),
+    Mutation("acceptance independent of the target", f"{SRT}/speculative/dflash_info.py",
+             "ok = (q > 0) & (u_accept * q <= p)", "ok = (q > 0) & (u_accept * q <= q)", (LAW,)),
+    Mutation("corrected token drawn from p, not the residual",
+             f"{SRT}/speculative/dflash_info.py",
+             "residual = (p_next - q_next).clamp_min_(0)", "residual = p_next.clone()", (LAW,)),
+    Mutation("corrected token drawn from max(q - p, 0)", f"{SRT}/speculative/dflash_info.py",
+             "residual = (p_next - q_next).clamp_min_(0)",
+             "residual = (q_next - p_next).clamp_min_(0)", (LAW,)),
+    Mutation("verify step commits no draft context", f"{SRT}/speculative/dflash_worker.py",
+             "the forward just wrote, and accept greedily (`_verdicts[:bs]`).\"\"\"\n"
+             "        self.commit_draft_context(",
+             "the forward just wrote, and accept greedily (`_verdicts[:bs]`).\"\"\"\n"
+             "        (lambda *a: None)(", (CONTEXT,)),
+    Mutation("prefill commits no draft context", f"{SRT}/speculative/dflash_worker.py",
+             "context from the aux rows (or projection) the forward just wrote.\"\"\"\n"
+             "        self.commit_draft_context(",
+             "context from the aux rows (or projection) the forward just wrote.\"\"\"\n"
+             "        (lambda *a: None)(", (CONTEXT,)),
+    Mutation("top-k keeps every token tied at the cut", f"{SRT}/sampling/top_k_top_p.py",
+             "tied &= mask > ties[:, None]", "tied &= mask > vocab",
+             (f"{T}/sampling/test_top_k_top_p.py",)),
+    Mutation("inverse-CDF draw assumes normalized rows", f"{SRT}/sampling/sampler.py",
+             "target = u[:, None] * cdf[:, -1:]", "target = u[:, None]",
+             (f"{T}/sampling/test_sampler.py", LAW)),
+    # more: sampling, acceptance, packer, commit, slot bookkeeping, staged / streamed projection
+    Mutation("sampling ignores the temperature", f"{SRT}/sampling/sampler.py",
+             "temperature = params.temperature.clamp_min(GREEDY_EPS)",
+             "temperature = torch.ones_like(params.temperature)",
+             (f"{T}/sampling/test_sampler.py", f"{T}/sampling/test_top_k_top_p.py")),
+    Mutation("corrected / bonus draw shares the accept tests' stream",
+             f"{SRT}/speculative/dflash_worker.py",
+             "uniform(seed, positions + 1, Lane.RESIDUAL)",
+             "uniform(seed, positions + 1, Lane.ACCEPT)",
+             (ENGINE_LAW,)),
+    Mutation("rejection sampling: accept count without the prefix rule",
+             f"{SRT}/speculative/dflash_info.py",
+             "accepted = ok.long().cumprod(-1).sum(-1)  # [bs]",
+             "accepted = ok.long().sum(-1)  # [bs]", (LAW,)),
+    Mutation("sampled requests keep their greedy verdicts", f"{SRT}/speculative/dflash_worker.py",
+             "verdicts.copy_(torch.where(params.is_greedy[:, None], verdicts, sampled))",
+             "verdicts.copy_(torch.where(params.is_greedy[:, None] | True, verdicts, sampled))",
+             (ENGINE_LAW,)),
+    Mutation("draft context committed at the next position", f"{SRT}/speculative/dflash_worker.py",
+             "draft.write_context_kv(aux, positions, out_cache_loc, pool)",
+             "draft.write_context_kv(aux, positions + 1, out_cache_loc, pool)", (CONTEXT,)),
+    Mutation("packer: every capture into the first column block",
+             f"{SRT}/layers/aux_hidden_states.py",
+             "return self._packed[..., start : start + self._width]",
+             "return self._packed[..., : self._width]", (f"{T}/layers/test_aux_hidden_states.py",)),
+    Mutation("slot bookkeeping: kv_len skips the bonus", f"{SRT}/speculative/dflash_worker.py",
+             "req.kv_len += row[0] + 1", "req.kv_len += row[0]", (KNOWN,)),
+    Mutation("slot bookkeeping: the request-to-token rows advance one short",
+             f"{SRT}/speculative/dflash_worker.py",
+             "verdicts = self._verdicts[:bs]  # [bs, 1 + B]: accepted drafts, then the new tokens\n"
+             "        added = verdicts[:, 0] + 1",
+             "verdicts = self._verdicts[:bs]  # [bs, 1 + B]: accepted drafts, then the new tokens\n"
+             "        added = verdicts[:, 0]", (KNOWN,)),
+    Mutation("emitted tokens drop the bonus", f"{SRT}/speculative/dflash_worker.py",
+             "return row[1 : row[0] + 2]", "return row[1 : row[0] + 1]", (KNOWN,)),
+    Mutation("staged projection: every slice's scales into the first columns",
+             f"{SRT}/layers/quantization/staged_input.py",
+             "self.scales[:, lo // MXFP8_BLOCK:hi // MXFP8_BLOCK]))",
+             "self.scales[:, : (hi - lo) // MXFP8_BLOCK]))",
+             (f"{T}/speculative/test_staged_projection.py",)),
+    Mutation("streamed projection: every slice overwrites the accumulator",
+             f"{SRT}/layers/quantization/streamed_projection.py",
+             "torch.ops.sglang_aux.gemm_accumulate(hidden.to(w.dtype), w, self.acc, not first)",
+             "torch.ops.sglang_aux.gemm_accumulate(hidden.to(w.dtype), w, self.acc, False)",
+             (f"{T}/speculative/test_streamed_projection.py",)),
+]
+
+
+def _copy_tree(dest: Path) -> None:
+    for name in COPIED:
+        src = ROOT / name
+        if src.is_dir():
+            shutil.copytree(src, dest / name, ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            shutil.copy2(src, dest / name)
+
+
+def run_one(m: Mutation, timeout: float) -> tuple[str, float, str]:
+    """(verdict, seconds, detail): verdict is caught, NOT CAUGHT or stale."""
+    start = time.time()
+    with tempfile.TemporaryDirectory(prefix="mutation_") as tmp:
+        tree = Path(tmp)
+        _copy_tree(tree)
+        target = tree / m.path
+        text = target.read_text()
+        if text.count(m.old) != 1:
+            return "stale", 0.0, f"expected text found {text.count(m.old)} times in {m.path}"
+        target.write_text(text.replace(m.old, m.new))
+        env = {**os.environ, "PYTHONPATH": str(tree / "python"), "PYTHONDONTWRITEBYTECODE": "1"}
+        cmd = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider",
+               "-o", "addopts=", *m.tests]
+        if STOP.is_set():
+            return "skipped", 0.0, "interrupted"
+        proc = subprocess.Popen(cmd, cwd=tree, env=env, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+        RUNNING.add(proc)
+        try:
+            stdout, stderr = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.communicate()
+            return "NOT CAUGHT", time.time() - start, f"timed out after {timeout:.0f}s"
+        finally:
+            RUNNING.discard(proc)
+        if STOP.is_set():
+            return "skipped", 0.0, "interrupted"
+        failed = [ln for ln in stdout.splitlines() if ln.startswith(("FAILED", "ERROR"))]
+        if proc.returncode == 1 and failed:
+            return "caught", time.time() - start, failed[0][:150]
+        if proc.returncode == 0:
+            return "NOT CAUGHT", time.time() - start, stdout.strip().splitlines()[-1]
+        return "NOT CAUGHT", time.time() - start, f"pytest exit {proc.returncode}: " + (
+            stdout + stderr).strip()[-300:]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--jobs", type=int, default=2, help="mutations run at once (CPU: 2)")
+    parser.add_argument("--only", nargs="*", help="names (substrings) of mutations to run")
+    parser.add_argument("--timeout", type=float, default=900.0, help="seconds per mutation")
+    parser.add_argument("--list", action="store_true")
+    args = parser.parse_args()
+    chosen = [m for m in MUTATIONS
+              if not args.only or any(s in m.name for s in args.only)]
+    if args.list:
+        for m in chosen:
+            print(f"{m.name}  [{m.path}]  <- {', '.join(m.tests)}")
+        return 0
+    start = time.time()
+    results = []
+    pool = ThreadPoolExecutor(max_workers=max(1, args.jobs))
+    try:
+        futures = [(m, pool.submit(run_one, m, args.timeout)) for m in chosen]
+        for m, fut in futures:
+            while not wait([fut], timeout=0.5).done:  # short waits: Ctrl-C lands promptly
+                pass
+            verdict, secs, detail = fut.result()
+            results.append((m, verdict))
+            print(f"{verdict:10s} {secs:6.0f}s  {m.name}  ({m.path.rsplit('/', 1)[-1]})\n"
+                  f"{'':19s}{detail}", flush=True)
+    except KeyboardInterrupt:
+        # pending mutations are dropped, running pytest children terminated; each
+        # TemporaryDirectory removes its copy as its thread unwinds
+        STOP.set()
+        for proc in list(RUNNING):
+            proc.terminate()
+        pool.shutdown(wait=True, cancel_futures=True)
+        print("interrupted: the working tree was never modified", file=sys.stderr)
+        return 130
+    pool.shutdown()
+    missed = [m.name for m, v in results if v != "caught"]
+    print(f"\n{len(results) - len(missed)}/{len(results)} mutations caught in "
+          f"{time.time() - start:.0f}s" + (f"; not caught: {missed}" if missed else ""))
+    return 1 if missed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

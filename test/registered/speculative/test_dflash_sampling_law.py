@@ -1,0 +1,193 @@
+"""DFlash sampling through the real Engine and worker, block by block over many steps: each
+block position's law (token and stopping point, bonus included) against the exact law, the
+random streams kept apart, and acceptance exact under oracle and adversarial drafts at every
+captured size.
+
+The pair: a target whose every token embeds alike (all embedding rows equal) and whose layers
+add nothing (zero o_proj / down_proj), so its next-token law is the same at every position,
+p = softmax(lm_head . norm(e)) restricted to the top k; and a DFlash draft in the published
+layout built from the target's own weights: its layers add nothing either and its final norm
+is the target's, perturbed by `DRAFT_NOISE`, so its proposals q overlap p and blocks reach
+the bonus. Both laws are computed here in float64 from the checkpoints, not by the runtime.
+"""
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from sglang_aux.srt.entrypoints.engine import Engine
+from sglang_aux.srt.sampling import sampler
+from sglang_aux.srt.speculative import dflash_worker
+from sglang_aux.test.ci.ci_register import register_cpu_ci
+from sglang_aux.test.runtime_utils import assert_kv_all_back
+from sglang_aux.test.sampling_law import FALSE_ALARM, chi_square, position_laws
+from sglang_aux.tools.make_checkpoint import write_checkpoint
+
+register_cpu_ci(est_time=150, suite="default")
+
+TOP_K = 8
+DRAFT_NOISE = 0.3  # relative noise on the draft's final norm: acceptance ~0.6 per position
+REQUESTS, NEW_TOKENS = 32, 150
+SAMPLED = {"temperature": 1.0, "top_k": TOP_K, "ignore_eos": True}
+CAPTURED = [1, 2, 4]
+PROMPT = [72, 105, 33]
+
+
+def _silence_layers(tensors: dict) -> None:
+    for name, t in tensors.items():
+        if name.endswith(("o_proj.weight", "down_proj.weight")):
+            t.zero_()
+
+
+def _law(tensors: dict, norm_weight: torch.Tensor) -> torch.Tensor:
+    """The float64 top-k law of lm_head . (w * e / rms(e)) at temperature 1."""
+    e = tensors["model.embed_tokens.weight"][0].double()
+    h = norm_weight.double() * e / torch.sqrt((e * e).mean() + 1e-6)
+    logits = tensors["lm_head.weight"].double() @ h
+    top = logits.topk(TOP_K).indices
+    p = torch.zeros_like(logits)
+    p[top] = torch.softmax(logits[top], -1)
+    return p
+
+
+def _write_pair(root: Path, draft_norm_scale) -> tuple[str, str, torch.Tensor, torch.Tensor]:
+    """(target, draft, p, q) with the draft's final norm = the target's times
+    `draft_norm_scale(target_norm)`."""
+    target, draft = root / "target", root / "draft"
+    write_checkpoint("tiny-qwen3", target)
+    write_checkpoint("tiny-llama-dflash", draft)
+    t = load_file(str(target / "model.safetensors"))
+    t["model.embed_tokens.weight"][:] = t["model.embed_tokens.weight"][0]
+    _silence_layers(t)
+    save_file(t, str(target / "model.safetensors"))
+    d = load_file(str(draft / "model.safetensors"))
+    _silence_layers(d)
+    d["norm.weight"] = draft_norm_scale(t["model.norm.weight"])
+    save_file(d, str(draft / "model.safetensors"))
+    return str(target), str(draft), _law(t, t["model.norm.weight"]), _law(t, d["norm.weight"])
+
+
+def _noisy(w: torch.Tensor) -> torch.Tensor:
+    return w * (1 + DRAFT_NOISE * torch.randn(w.shape, generator=torch.Generator().manual_seed(0)))
+
+
+@pytest.fixture(scope="module")
+def pairs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("law")
+    return {name: _write_pair(root / name, scale) for name, scale in (
+        ("noisy", _noisy), ("oracle", lambda w: w.clone()), ("adversarial", lambda w: -w))}
+
+
+def _engine(pair, **kw) -> Engine:
+    target, draft, _, _ = pair
+    return Engine(model_path=target, speculative_algorithm="DFLASH",
+                  speculative_draft_model_path=draft, device="cpu",
+                  **{"max_total_tokens": 8192, "max_running_requests": 4,
+                     "cuda_graph_bs_decode": CAPTURED, **kw})
+
+
+def _record_steps(worker) -> list[list[list[int]]]:
+    """Every decode step's emitted tokens per request, from now on."""
+    steps, decode = [], worker.decode
+
+    def step(reqs):
+        out = decode(reqs)
+        steps.append(out.tokens())
+        return out
+
+    worker.decode = step
+    return steps
+
+
+def test_every_block_position_follows_the_target_law(pairs):
+    """Each emitted block position i, given that the block reached it: the token and whether
+    the block went on, against p and min(p, q) / p (the bonus: p, and the block ends); the
+    first token (sampled after the prefill) against p. FALSE_ALARM is shared by the B + 1
+    tests; `scripts/sampler_test_power.py` gives their power."""
+    _, _, p, q = pairs["noisy"]
+    engine = _engine(pairs["noisy"], max_running_requests=REQUESTS,
+                     cuda_graph_bs_decode=[REQUESTS])
+    b = engine.worker.block_size
+    steps = _record_steps(engine.worker)
+    params = [dict(SAMPLED, max_new_tokens=NEW_TOKENS, seed=i) for i in range(REQUESTS)]
+    outs = engine.generate(input_ids=[PROMPT] * REQUESTS, sampling_params=params)
+    alpha = FALSE_ALARM / (b + 1)
+    vocab = p.numel()
+    first = torch.bincount(torch.tensor([o["output_ids"][0] for o in outs]), minlength=vocab)
+    pvalue, tv, _ = chi_square(first, p)
+    assert pvalue > alpha, ("first token", pvalue, tv)
+    blocks = [row for s in steps for row in s]
+    laws = position_laws(p, [p.expand(vocab, -1)] * (b - 1), q.expand(b - 1, -1))
+    assert float(laws[-1, -1]) < 0.8, "blocks must reach the bonus often"
+    for i in range(b):
+        cells = torch.tensor([t if len(row) > i + 1 else vocab + t
+                              for row in blocks if len(row) > i for t in [row[i]]])
+        counts = torch.bincount(cells, minlength=2 * vocab)
+        reach = 1.0 - float(laws[i, -1])
+        pvalue, tv, df = chi_square(counts, laws[i, :-1] / reach)
+        assert pvalue > alpha, (f"block position {i}", pvalue, tv, df, len(cells))
+    assert_kv_all_back(engine)
+
+
+def test_random_streams_never_share_a_draw(pairs, monkeypatch):
+    """Every draw of a request is keyed by (seed, lane, position); the first token's draw,
+    the proposals, the accept tests and the corrected / bonus draws must never use the same
+    key, over a whole generation (a later step's proposals included)."""
+    engine = _engine(pairs["noisy"])
+    keys: dict[str, set] = {}
+    real = sampler.uniform
+
+    def spy(seed, position, lane):
+        caller = sys._getframe(1)
+        site = {"sample": "first token", "_draft_sampling": "proposal"}.get(
+            caller.f_code.co_name)
+        if site is None:  # _rejection_sample: the accept tests come first, then the residual
+            site = "accept test" if lane_order.setdefault(caller.f_lineno, len(lane_order)) \
+                % 2 == 0 else "corrected / bonus"
+        s, pos = torch.broadcast_tensors(seed, position)
+        keys.setdefault(site, set()).update(
+            (a, lane, c) for a, c in zip(s.reshape(-1).tolist(), pos.reshape(-1).tolist(),
+                                         strict=True))
+        return real(seed, position, lane)
+
+    lane_order: dict[int, int] = {}
+    monkeypatch.setattr(sampler, "uniform", spy)
+    monkeypatch.setattr(dflash_worker, "uniform", spy)
+    params = [dict(SAMPLED, max_new_tokens=40, seed=100 + i) for i in range(4)]
+    engine.generate(input_ids=[PROMPT] * 4, sampling_params=params)
+    assert set(keys) == {"first token", "proposal", "accept test", "corrected / bonus"}, keys
+    sites = sorted(keys)
+    for i, a in enumerate(sites):
+        for other in sites[i + 1:]:
+            shared = keys[a] & keys[other]
+            assert not shared, f"{a} and {other} share draws {sorted(shared)[:4]}"
+
+
+@pytest.mark.parametrize("kind,expect", [("oracle", "block"), ("adversarial", 1)])
+@pytest.mark.parametrize("sampled", [True, False])
+def test_acceptance_is_exact_under_known_drafts_at_every_size(pairs, kind, expect, sampled):
+    """A draft whose law is the target's accepts every proposal (the whole block, every step);
+    one whose top-k is disjoint from the target's accepts none (one token per step); batches
+    of every captured size and a padded one, sampled and greedy."""
+    engine = _engine(pairs[kind])
+    b = engine.worker.block_size
+    want = b if expect == "block" else expect
+    steps = _record_steps(engine.worker)
+    params = dict(SAMPLED) if sampled else {"temperature": 0, "ignore_eos": True}
+    for bs in [*CAPTURED, 3]:
+        steps.clear()
+        outs = engine.generate(input_ids=[PROMPT] * bs, sampling_params=[
+            dict(params, max_new_tokens=1 + 3 * b, seed=i) for i in range(bs)])
+        assert steps and all(len(row) == want for s in steps for row in s), (bs, steps)
+        for o in outs:
+            m = o["meta_info"]
+            assert m["spec_accept_length"] == m["completion_tokens"] / m["spec_verify_ct"]
+            assert m["spec_accept_histogram"][want - 1] == m["spec_verify_ct"]
+    assert_kv_all_back(engine)
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-q"]))
