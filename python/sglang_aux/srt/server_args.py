@@ -71,6 +71,9 @@ class ServerArgs:
     host: str = "127.0.0.1"
     port: int = 30000
     api_key: str | None = None
+    # native /generate streams: each event carries only the new text and ids (SGLang's flag;
+    # off: the whole text and ids so far, SGLang's default); OpenAI routes always send deltas
+    incremental_streaming_output: bool = False
     log_level: str = "info"
     random_seed: int = 0
     extra: dict = field(default_factory=dict, repr=False)
@@ -233,6 +236,10 @@ class ServerArgs:
         add("--host", default=d["host"].default)
         add("--port", type=int, default=d["port"].default)
         add("--api-key", default=None)
+        add("--incremental-streaming-output", action="store_true",
+            help="native /generate streams send each event only the new text and output ids "
+                 "(default: the whole text and ids so far, as SGLang); the OpenAI routes "
+                 "always stream deltas")
         add("--log-level", default="info")
         add("--random-seed", type=int, default=0)
 
