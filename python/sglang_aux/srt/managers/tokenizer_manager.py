@@ -19,8 +19,8 @@ import logging
 import multiprocessing
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from sglang_aux.srt.managers.io_struct import EngineSpec, RequestOut
