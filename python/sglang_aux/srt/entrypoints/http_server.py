@@ -18,13 +18,21 @@ from types import FrameType
 
 import uvicorn
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from sglang_aux.srt.entrypoints.engine import Engine
 from sglang_aux.srt.entrypoints.health import health, health_generate
+from sglang_aux.srt.entrypoints.http_limits import (
+    CLOSE_AFTER,
+    BodyLimitMiddleware,
+    bounded_http_protocol,
+    default_body_limit,
+    peer,
+)
 from sglang_aux.srt.entrypoints.openai.protocol import (
     CLIENT_CLOSED_REQUEST,
     APIError,
@@ -85,14 +93,19 @@ def respond(out: dict | StreamingResponse) -> JSONResponse | StreamingResponse:
 def create_app(server: TokenizerManager) -> FastAPI:
     """The app serving `server` (started: its scheduler process is ready)."""
     app = FastAPI(title="sglang_aux", docs_url=None, redoc_url=None)
-    if server.server_args.api_key:
-        app.add_middleware(ApiKeyMiddleware, api_key=server.server_args.api_key)
+    args = server.server_args
+    app.add_middleware(BodyLimitMiddleware, read_timeout_s=args.timeout_request_read,
+                       max_bytes=args.max_request_body_bytes
+                       or default_body_limit(server.spec.limits.max_prompt_chars))
+    if args.api_key:
+        app.add_middleware(ApiKeyMiddleware, api_key=args.api_key)
 
     def error(request: Request, status: int, message: str) -> JSONResponse:
         rejected = status < 500 and status != CLIENT_CLOSED_REQUEST  # aborts count apart
         if rejected and request.url.path in GENERATION_PATHS:
             server.metrics.add(requests_total=1, requests_failed=1)
-        return JSONResponse(error_body(status, message), status_code=status)
+        headers = {"connection": "close"} if status in CLOSE_AFTER else None
+        return JSONResponse(error_body(status, message), status_code=status, headers=headers)
 
     @app.exception_handler(APIError)
     async def api_error(request: Request, exc: APIError) -> JSONResponse:
@@ -101,6 +114,14 @@ def create_app(server: TokenizerManager) -> FastAPI:
     @app.exception_handler(SchedulerGone)
     async def scheduler_gone(request: Request, exc: SchedulerGone) -> JSONResponse:
         return error(request, 503, str(exc))
+
+    @app.exception_handler(ClientDisconnect)
+    async def client_disconnected(request: Request, exc: ClientDisconnect) -> Response:
+        # one line, not a traceback: nobody is left to answer
+        client = peer(request.client and (request.client.host, request.client.port))
+        logger.info("%s: disconnected while sending its request to %s", client,
+                    request.url.path)
+        return Response(status_code=CLIENT_CLOSED_REQUEST)
 
     @app.exception_handler(Exception)
     async def internal_error(request: Request, exc: Exception) -> JSONResponse:
@@ -228,9 +249,13 @@ def launch_server(server_args: ServerArgs) -> None:
                 spec.server_args.model_path, server_args.host, server_args.port,
                 spec.device, server_args.speculative_algorithm, spec.pid)
     # uvicorn's per-request access lines only at debug: the scheduler logs its own
-    # C HTTP parser and event loop: less Python per request on the front end
+    # C HTTP parser (httptools, bounded by http_limits) and event loop: less Python per
+    # request on the front end
     http = uvicorn.Server(uvicorn.Config(
-        app, host=server_args.host, port=server_args.port, http="httptools",
+        app, host=server_args.host, port=server_args.port,
+        http=bounded_http_protocol(server_args.max_request_head_bytes,
+                                   server_args.timeout_request_read),
+        timeout_keep_alive=server_args.timeout_keep_alive,
         loop="asyncio" if sys.platform == "win32" else "uvloop",
         log_level=server_args.log_level.lower(),
         access_log=server_args.log_level.lower() == "debug"))

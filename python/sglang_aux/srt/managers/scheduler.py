@@ -90,7 +90,7 @@ class Scheduler:
         self.context_len = context_len
         self.finish = FinishCheck(tokenizer, eos_token_ids, context_len, worker.tokens_per_step)
         self.limits = RequestLimits(context_len, worker.tokens_per_step, self.allocator.size,
-                                    overlap)
+                                    overlap, context_len * tokenizer.max_chars_per_token)
         self.on_update = on_update
         self.overlap = overlap
         self.tree_cache = tree_cache

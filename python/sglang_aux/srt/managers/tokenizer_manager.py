@@ -1,9 +1,10 @@
 """The HTTP front end's side of the scheduler process (SGLang's TokenizerManager).
 
 `start()` spawns the process that builds and runs the Engine (`scheduler_process`) and waits
-for its `EngineSpec`. On the event loop, `submit` tokenizes a prompt on a pool thread (the
-tokenizer releases the GIL), validates it against the engine's limits with the Engine's own
-checks and seeds (`RequestFactory`), and sends it; text is decoded here too
+for its `EngineSpec`. On the event loop, `submit` refuses a prompt with more characters than
+the context could hold, then tokenizes it on a pool thread (the tokenizer releases the GIL),
+validates it against the engine's limits with the Engine's own checks and seeds
+(`RequestFactory`), and sends it; text is decoded here too
 (`RequestStream`). A reader thread receives the scheduler's messages and posts each step's
 updates to their event loops in one `call_soon_threadsafe` per loop, so a loop wakes once a
 step. If the scheduler process dies, `alive` turns false at once (its pipe closes), every
@@ -126,6 +127,7 @@ class TokenizerManager:
         meanwhile, and concurrent prompts tokenize in parallel."""
         loop = asyncio.get_running_loop()
         if text is not None and input_ids is None:
+            self.requests.limits.validate_text(text)  # before the pool spends time on it
             input_ids = await loop.run_in_executor(self._tokenize, self.tokenizer.encode, text)
             text = None
         req = self.requests.make(text=text, input_ids=input_ids,
