@@ -36,6 +36,7 @@ def measure(engine: Engine, name: str, a: argparse.Namespace) -> list[dict]:
         for r in reqs:
             if not sched._take_kv(r):
                 raise RuntimeError("the KV pool is too small for the benchmark")
+            worker.admit(r)
         return reqs
 
     running = admitted(a.bs)

@@ -71,6 +71,17 @@ class ServerArgs:
     host: str = "127.0.0.1"
     port: int = 30000
     api_key: str | None = None
+    # native /generate streams: each event carries only the new text and ids (SGLang's flag;
+    # off: the whole text and ids so far, SGLang's default); OpenAI routes always send deltas
+    incremental_streaming_output: bool = False
+    # HTTP limits (entrypoints/http_limits.py): a larger body is refused with 413 (None: the
+    # largest that can carry a prompt the context holds), a larger request head with 431; a
+    # head must arrive, and a body may pause, within `timeout_request_read` seconds; an idle
+    # keep-alive connection closes after `timeout_keep_alive` seconds
+    max_request_body_bytes: int | None = None
+    max_request_head_bytes: int = 64 * 1024
+    timeout_request_read: float = 30.0
+    timeout_keep_alive: float = 5.0
     log_level: str = "info"
     random_seed: int = 0
     extra: dict = field(default_factory=dict, repr=False)
@@ -111,6 +122,11 @@ class ServerArgs:
         for name in ("cuda_graph_max_tokens_prefill", "cuda_graph_max_bs_prefill"):
             if getattr(self, name) is not None and getattr(self, name) < 0:
                 raise ValueError(f"--{name.replace('_', '-')} must be >= 0")
+        for name in ("max_request_head_bytes", "timeout_request_read", "timeout_keep_alive"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"--{name.replace('_', '-')} must be > 0")
+        if self.max_request_body_bytes is not None and self.max_request_body_bytes < 1:
+            raise ValueError("--max-request-body-bytes must be >= 1")
         if self.mixed_chunk_max_prefill_tokens < 1:
             raise ValueError("--mixed-chunk-max-prefill-tokens must be >= 1, got "
                              f"{self.mixed_chunk_max_prefill_tokens}")
@@ -233,6 +249,20 @@ class ServerArgs:
         add("--host", default=d["host"].default)
         add("--port", type=int, default=d["port"].default)
         add("--api-key", default=None)
+        add("--incremental-streaming-output", action="store_true",
+            help="native /generate streams send each event only the new text and output ids "
+                 "(default: the whole text and ids so far, as SGLang); the OpenAI routes "
+                 "always stream deltas")
+        add("--max-request-body-bytes", type=int, default=None,
+            help="refuse a larger request body with 413 (default: the largest body that can "
+                 "carry a prompt the context holds)")
+        add("--max-request-head-bytes", type=int, default=d["max_request_head_bytes"].default,
+            help="refuse a larger request line plus headers with 431 (default: %(default)s)")
+        add("--timeout-request-read", type=float, default=d["timeout_request_read"].default,
+            help="seconds a client has to send a request's head, and may pause while sending "
+                 "its body, before its connection is closed (default: %(default)s)")
+        add("--timeout-keep-alive", type=float, default=d["timeout_keep_alive"].default,
+            help="seconds an idle keep-alive connection stays open (default: %(default)s)")
         add("--log-level", default="info")
         add("--random-seed", type=int, default=0)
 

@@ -84,9 +84,9 @@ def gathered_params(rows, vocab: int, device: str = "cpu") -> SamplingTensors:
     """`params_of(rows)` as a decode step reads them: `SamplingRows.gather`, whose per-row
     tensors are strided views of its tables."""
     table = SamplingRows(len(rows), vocab, device)
-    table.set(list(range(1, len(rows) + 1)),
-              [SamplingParams(temperature=t, top_k=k or -1, top_p=p) for t, k, p in rows],
-              list(range(len(rows))))
+    for i, (t, k, p) in enumerate(rows):
+        table.stage(i + 1, SamplingParams(temperature=t, top_k=k or -1, top_p=p), i)
+    table.write(list(range(1, len(rows) + 1)))
     return table.gather(torch.arange(1, len(rows) + 1, device=device))
 
 

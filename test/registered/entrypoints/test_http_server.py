@@ -1,6 +1,7 @@
-"""The HTTP server in a subprocess on a tiny checkpoint: native and OpenAI contracts (streamed
-pieces add up to the full text), greedy output equal to the offline Engine's, 64 concurrent
-requests batched together with bad requests interleaved, API keys, the info routes, and the
+"""The HTTP server in a subprocess on a tiny checkpoint: native and OpenAI contracts (native
+streamed events grow to the full text, OpenAI's pieces add up to it), greedy output equal to
+the offline Engine's, 64 concurrent requests batched together with bad requests interleaved,
+API keys, the info routes, and the
 prefix cache (cached_tokens, /flush_cache; test_tokenizer_manager.py checks that it waits for
 idle)."""
 
@@ -116,7 +117,7 @@ def test_generate_equals_engine(client, engine):
     assert by_ids["output_ids"] == refs[1]["output_ids"]
 
 
-def test_generate_stream_adds_up_to_the_full_text(client):
+def test_generate_stream_grows_to_the_full_text(client):
     full = client.post("/generate", json={"text": PROMPTS[0], "sampling_params": GREEDY}).json()
     # a stop string the greedy output really contains, to exercise the held-back text
     match = re.search(r"[0-9A-Za-z][ -~]", full["text"][2:])
@@ -126,8 +127,13 @@ def test_generate_stream_adds_up_to_the_full_text(client):
         body = {"text": PROMPTS[0], "sampling_params": params}
         whole = client.post("/generate", json=body).json()
         chunks = events(client.post("/generate", json={**body, "stream": True}))
-        assert "".join(c["text"] for c in chunks) == whole["text"]
-        assert [t for c in chunks for t in c["output_ids"]] == whole["output_ids"]
+        # SGLang's default: every event carries the whole text and ids so far
+        # (test_server_attacks.py streams with --incremental-streaming-output)
+        for prev, chunk in zip(chunks, chunks[1:], strict=False):
+            assert chunk["text"].startswith(prev["text"])
+            assert chunk["output_ids"][: len(prev["output_ids"])] == prev["output_ids"]
+        assert len(chunks) > 2 and chunks[-1]["text"] == whole["text"]
+        assert chunks[-1]["output_ids"] == whole["output_ids"]
         assert all(c["meta_info"]["finish_reason"] is None for c in chunks[:-1])
         assert chunks[-1]["meta_info"]["finish_reason"] == whole["meta_info"]["finish_reason"]
     assert whole["meta_info"]["finish_reason"] == {"type": "stop", "matched": stop}

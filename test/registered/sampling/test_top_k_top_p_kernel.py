@@ -85,8 +85,9 @@ def test_a_seeded_request_samples_alike_in_any_batch_layout(kernel):
     vocab = 40
     table = SamplingRows(6, vocab, "cpu")
     greedy, sampled = SamplingParams(temperature=0), SamplingParams(0, 0.8, 0.9, 20)
-    table.set(list(range(1, 7)), [greedy if i % 2 == 0 else sampled for i in range(6)],
-              [2**61 + 7 * i if i % 2 == 0 else i for i in range(6)])
+    for i in range(6):
+        table.stage(i + 1, greedy if i % 2 == 0 else sampled, 2**61 + 7 * i if i % 2 == 0 else i)
+    table.write(list(range(1, 7)))
     logits = logits_of("flat", 6, vocab, torch.Generator().manual_seed(18)) * 100
     positions = torch.full((6,), 9)
     tokens = {}

@@ -135,6 +135,7 @@ def _run_steps(worker, prompt_ids, steps=4):
         r.req_pool_idx = worker.target_runner.req_to_token_pool.alloc()
         need = len(r.origin_input_ids) + (steps + 1) * worker.block_size
         reserve_kv(worker.target_runner, r, need)
+        worker.admit(r)
     for r, toks in zip(reqs, worker.prefill(reqs).tokens(), strict=True):
         r.output_ids += toks
     for _ in range(steps):

@@ -13,16 +13,26 @@ import logging
 import os
 import signal
 import sys
+import threading
 from types import FrameType
 
 import uvicorn
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from sglang_aux.srt.entrypoints.engine import Engine
+from sglang_aux.srt.entrypoints.health import health, health_generate
+from sglang_aux.srt.entrypoints.http_limits import (
+    CLOSE_AFTER,
+    BodyLimitMiddleware,
+    bounded_http_protocol,
+    default_body_limit,
+    peer,
+)
 from sglang_aux.srt.entrypoints.openai.protocol import (
     CLIENT_CLOSED_REQUEST,
     APIError,
@@ -47,9 +57,12 @@ from sglang_aux.srt.server_args import ServerArgs
 
 logger = logging.getLogger(__name__)
 
-OPEN_PATHS = frozenset({"/health"})  # answered without an API key (liveness probes)
+# answered without an API key (liveness probes, as SGLang)
+OPEN_PATHS = frozenset({"/health", "/health_generate"})
 GENERATION_PATHS = frozenset({"/generate", "/v1/completions", "/v1/chat/completions"})
 DEFAULT_GIL_SWITCH_INTERVAL = "0.0005"
+SCHEDULER_EXIT_CODE = 1  # the scheduler process died: the server exits with this
+UVICORN_STARTUP_FAILURE = 3  # uvicorn.run's status when it cannot start
 
 
 class ApiKeyMiddleware:
@@ -80,14 +93,19 @@ def respond(out: dict | StreamingResponse) -> JSONResponse | StreamingResponse:
 def create_app(server: TokenizerManager) -> FastAPI:
     """The app serving `server` (started: its scheduler process is ready)."""
     app = FastAPI(title="sglang_aux", docs_url=None, redoc_url=None)
-    if server.server_args.api_key:
-        app.add_middleware(ApiKeyMiddleware, api_key=server.server_args.api_key)
+    args = server.server_args
+    app.add_middleware(BodyLimitMiddleware, read_timeout_s=args.timeout_request_read,
+                       max_bytes=args.max_request_body_bytes
+                       or default_body_limit(server.spec.limits.max_prompt_chars))
+    if args.api_key:
+        app.add_middleware(ApiKeyMiddleware, api_key=args.api_key)
 
     def error(request: Request, status: int, message: str) -> JSONResponse:
         rejected = status < 500 and status != CLIENT_CLOSED_REQUEST  # aborts count apart
         if rejected and request.url.path in GENERATION_PATHS:
             server.metrics.add(requests_total=1, requests_failed=1)
-        return JSONResponse(error_body(status, message), status_code=status)
+        headers = {"connection": "close"} if status in CLOSE_AFTER else None
+        return JSONResponse(error_body(status, message), status_code=status, headers=headers)
 
     @app.exception_handler(APIError)
     async def api_error(request: Request, exc: APIError) -> JSONResponse:
@@ -96,6 +114,14 @@ def create_app(server: TokenizerManager) -> FastAPI:
     @app.exception_handler(SchedulerGone)
     async def scheduler_gone(request: Request, exc: SchedulerGone) -> JSONResponse:
         return error(request, 503, str(exc))
+
+    @app.exception_handler(ClientDisconnect)
+    async def client_disconnected(request: Request, exc: ClientDisconnect) -> Response:
+        # one line, not a traceback: nobody is left to answer
+        client = peer(request.client and (request.client.host, request.client.port))
+        logger.info("%s: disconnected while sending its request to %s", client,
+                    request.url.path)
+        return Response(status_code=CLIENT_CLOSED_REQUEST)
 
     @app.exception_handler(Exception)
     async def internal_error(request: Request, exc: Exception) -> JSONResponse:
@@ -107,8 +133,12 @@ def create_app(server: TokenizerManager) -> FastAPI:
         return error(request, exc.status_code, str(exc.detail))
 
     @app.get("/health")
-    async def health() -> dict:
-        return {"status": "ok"}
+    async def health_route() -> JSONResponse:
+        return health(server)
+
+    @app.get("/health_generate")
+    async def health_generate_route() -> JSONResponse:
+        return await health_generate(server)
 
     @app.get("/get_model_info")
     async def get_model_info() -> dict:
@@ -144,19 +174,27 @@ def create_app(server: TokenizerManager) -> FastAPI:
 
     @app.post("/generate", response_model=None)
     async def generate(request: Request) -> JSONResponse | StreamingResponse:
-        """SGLang's native generation. Streaming sends incremental text and token ids; the
+        """SGLang's native generation. As SGLang, each streamed event carries the whole text
+        and token ids so far, or with `--incremental-streaming-output` only the new ones; the
         last event carries the full meta_info."""
         body = await parse_body(request, GenerateRequest)
         stream = await submit_request(server, text=body.text, input_ids=body.input_ids,
                                       sampling_params=body.sampling_params)
         if not body.stream:
             return JSONResponse(await await_result(server, stream, request))
+        incremental = server.server_args.incremental_streaming_output
+        text, output_ids = "", []  # so far
 
         def chunks(delta: StreamDelta) -> list[dict]:
+            nonlocal text
             meta = delta.output["meta_info"] if delta.output is not None else {
                 "id": stream.rid, "prompt_tokens": stream.prompt_tokens,
                 "completion_tokens": stream.completion_tokens, "finish_reason": None}
-            return [{"text": delta.text, "output_ids": delta.output_ids, "meta_info": meta}]
+            if incremental:
+                return [{"text": delta.text, "output_ids": delta.output_ids, "meta_info": meta}]
+            text += delta.text
+            output_ids.extend(delta.output_ids)
+            return [{"text": text, "output_ids": list(output_ids), "meta_info": meta}]
 
         return StreamingResponse(event_stream(server, stream, chunks),
                                  media_type="text/event-stream")
@@ -197,7 +235,9 @@ def _exit_on_sigterm(signum: int, frame: FrameType | None) -> None:
 
 def launch_server(server_args: ServerArgs) -> None:
     """Build the Engine in the scheduler process, then serve HTTP until interrupted (the
-    scheduler process is stopped on the way out)."""
+    scheduler process is stopped on the way out). If the scheduler process dies, the requests
+    in flight fail, the server stops and this raises SystemExit(SCHEDULER_EXIT_CODE), so a
+    supervisor sees it and restarts it."""
     sys.setswitchinterval(gil_switch_interval())
     # uvicorn answers SIGTERM with a graceful shutdown, then raises it again: unwind then, as
     # on Ctrl-C, so that the scheduler process is stopped below instead of left to notice
@@ -208,12 +248,31 @@ def launch_server(server_args: ServerArgs) -> None:
     logger.info("Serving %s on http://%s:%d (device %s, speculative %s, scheduler pid %d)",
                 spec.server_args.model_path, server_args.host, server_args.port,
                 spec.device, server_args.speculative_algorithm, spec.pid)
+    # uvicorn's per-request access lines only at debug: the scheduler logs its own
+    # C HTTP parser (httptools, bounded by http_limits) and event loop: less Python per
+    # request on the front end
+    http = uvicorn.Server(uvicorn.Config(
+        app, host=server_args.host, port=server_args.port,
+        http=bounded_http_protocol(server_args.max_request_head_bytes,
+                                   server_args.timeout_request_read),
+        timeout_keep_alive=server_args.timeout_keep_alive,
+        loop="asyncio" if sys.platform == "win32" else "uvloop",
+        log_level=server_args.log_level.lower(),
+        access_log=server_args.log_level.lower() == "debug"))
+
+    scheduler_died = threading.Event()
+
+    def scheduler_exited() -> None:  # the reader thread, once every request has failed
+        logger.error("stopping the server: its scheduler process is gone")
+        scheduler_died.set()
+        http.should_exit = True  # uvicorn's main loop polls it
+
+    server.on_scheduler_exit = scheduler_exited
     try:
-        # uvicorn's per-request access lines only at debug: the scheduler logs its own
-        # C HTTP parser and event loop: less Python per request on the front end
-        uvicorn.run(app, host=server_args.host, port=server_args.port, http="httptools",
-                    loop="asyncio" if sys.platform == "win32" else "uvloop",
-                    log_level=server_args.log_level.lower(),
-                    access_log=server_args.log_level.lower() == "debug")
+        http.run()
     finally:
         server.shutdown()
+    if scheduler_died.is_set():
+        raise SystemExit(SCHEDULER_EXIT_CODE)
+    if not http.started:  # as uvicorn.run: the socket could not be bound
+        raise SystemExit(UVICORN_STARTUP_FAILURE)

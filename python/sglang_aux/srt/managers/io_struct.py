@@ -8,7 +8,8 @@ Front end -> scheduler, one tuple per command, taken between steps:
 Scheduler -> front end:
   ("ready", EngineSpec) or ("startup_error", exception, traceback text), once
   ("step", [(rid, new_ids, Finished | None), ...])  one message per step, every update
-  ("failed", [rid, ...], reason)                  a step failed; so did these requests
+  ("failed", [rid, ...], reason)                  these requests failed (a step, or one's
+                                                  admission)
   ("aborted", rid)                                the request was dropped
   ("reply", reply_id, value)
 Token ids travel as lists and requests as their fields: nothing holds a tensor.

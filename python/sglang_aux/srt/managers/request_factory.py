@@ -30,6 +30,8 @@ class RequestFactory:
         """A validated request (ValueError with the reason otherwise)."""
         if (text is None) == (input_ids is None):
             raise ValueError("give exactly one of text and input_ids")
+        if text is not None:
+            self.limits.validate_text(text)
         ids = self.tokenizer.encode(text) if text is not None else list(input_ids)
         vocab = self.vocab_size
         # the tokenizer's ids are ints; min/max keep a long prompt's check off Python loops

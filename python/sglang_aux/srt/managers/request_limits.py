@@ -14,6 +14,9 @@ class RequestLimits:
     tokens_per_step: int  # most tokens one decode step adds to a request
     kv_pool_size: int  # KV slots in the whole pool
     overlap: bool  # a request may run one step past its end before the host reads it
+    # more characters than this cannot tokenize into the context: context_len times the
+    # tokenizer's `max_chars_per_token`
+    max_prompt_chars: int
 
     def reservation(self, req: Req) -> int:
         """The KV slots `req` is given at admission. A step writes `tokens_per_step`
@@ -23,6 +26,14 @@ class RequestLimits:
         need = len(req.origin_input_ids) + req.sampling_params.max_new_tokens
         steps = 2 if self.overlap else 1
         return min(need + steps * self.tokens_per_step, self.context_len)
+
+    def validate_text(self, text: str) -> None:
+        """ValueError, before tokenizing, when `text` has more characters than the context's
+        tokens could cover: a huge prompt is refused at once instead of tokenized whole."""
+        if len(text) > self.max_prompt_chars:
+            raise ValueError(f"the prompt has {len(text)} characters; the context holds "
+                             f"{self.context_len} tokens, which cover at most "
+                             f"{self.max_prompt_chars} characters with this tokenizer")
 
     def validate(self, req: Req) -> None:
         """ValueError when the request can never run."""
@@ -35,3 +46,4 @@ class RequestLimits:
         if self.reservation(req) > self.kv_pool_size:
             raise ValueError(f"the request needs {self.reservation(req)} KV slots; the pool "
                              f"holds {self.kv_pool_size}")
+

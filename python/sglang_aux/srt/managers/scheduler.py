@@ -62,6 +62,9 @@ logger = logging.getLogger(__name__)
 class Worker(Protocol):
     tokens_per_step: int  # most tokens one decode step can add to a request
 
+    # per-request work once its row and KV are reserved; raising fails that request alone
+    def admit(self, req: Req) -> None: ...
+
     def prefill(self, reqs: list[Req]) -> PendingStep: ...  # rows and KV already reserved
 
     def decode(self, reqs: list[Req]) -> PendingStep: ...
@@ -87,7 +90,7 @@ class Scheduler:
         self.context_len = context_len
         self.finish = FinishCheck(tokenizer, eos_token_ids, context_len, worker.tokens_per_step)
         self.limits = RequestLimits(context_len, worker.tokens_per_step, self.allocator.size,
-                                    overlap)
+                                    overlap, context_len * tokenizer.max_chars_per_token)
         self.on_update = on_update
         self.overlap = overlap
         self.tree_cache = tree_cache
@@ -152,12 +155,28 @@ class Scheduler:
             if (admitted or strict) and budget is not None and tokens + uncached > budget:
                 self._untake_kv(req)
                 break
-            tokens += uncached
             self.waiting.popleft()
+            if not self._admit_one(req):
+                continue
+            tokens += uncached
             self.cache_hit_tokens += req.cached_tokens
             self.admitted_prompt_tokens += len(req.origin_input_ids)
             admitted.append(req)
         return admitted
+
+    def _admit_one(self, req: Req) -> bool:
+        """The worker's per-request admission work; an error there is this request's alone:
+        it fails (finish reason `abort` with the message), its row and KV go back and the
+        prefix cache keeps what it holds, while the others are admitted and run."""
+        try:
+            self.worker.admit(req)
+        except Exception as e:
+            logger.warning("request %s failed at admission: %r", req.rid, e)
+            self._untake_kv(req)
+            req.finished_reason = {"type": "abort", "message": f"admission failed: {e}"}
+            self._notify(req)
+            return False
+        return True
 
     def _take_kv(self, req: Req) -> bool:
         """Give `req` a row holding its cached prefix (locked) and fresh slots for the rest of

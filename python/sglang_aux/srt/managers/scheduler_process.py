@@ -5,8 +5,9 @@ in a forked child). It builds the Engine (loading, graph capture and every repla
 this process), tells the front end what it needs of it (`EngineSpec`), then loops: take the
 commands that arrived (blocking only while idle), run `scheduler.step()` while there is
 work, and after each step send one message with every request's new tokens
-(`io_struct` lists the messages). A step that raises fails the requests in flight and the
-loop keeps serving. The loop ends on "stop" or when the front end's pipe closes (the server
+(`io_struct` lists the messages). A request whose admission fails is failed alone (the
+scheduler isolates it); a step that raises fails the requests in flight, and the loop keeps
+serving. The loop ends on "stop" or when the front end's pipe closes (the server
 died): nobody is left to serve.
 """
 
@@ -159,5 +160,8 @@ class SchedulerLoop:
         finished = None
         if req.finished:
             del self._live[req.rid]
+            if "message" in req.finished_reason:  # it failed alone (Scheduler._admit_one)
+                self.outputs.send(("failed", [req.rid], req.finished_reason["message"]))
+                return
             finished = Finished.of(req)
         self._updates.append((req.rid, new_ids, finished))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 
@@ -9,6 +10,8 @@ from tokenizers import Tokenizer as _HFTokenizer
 from tokenizers import decoders, models, pre_tokenizers
 
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|mask|>"]
+# characters a normalizer (NFC composing Hangul jamo, ...) may merge into one, at most
+NORMALIZED_CHARS_PER_CHAR = 4
 BYTE_TOKENIZER_CONFIG = {"eos_token": SPECIAL_TOKENS[0], "bos_token": None, "add_bos_token": False}
 
 
@@ -51,6 +54,14 @@ class Tokenizer:
     def token_to_id(self, token: str) -> int | None:
         """The id of one vocabulary or special token, None when absent."""
         return self._tok.token_to_id(token)
+
+    @functools.cached_property
+    def max_chars_per_token(self) -> int:
+        """The most characters of input text one token can stand for: its longest vocabulary
+        entry (a byte-level entry spells each byte as one character, so bytes bound
+        characters), times a slack when a normalizer (NFC, ...) may merge characters first."""
+        longest = max(map(len, self._tok.get_vocab(with_added_tokens=True)), default=1)
+        return longest * (1 if self._tok.normalizer is None else NORMALIZED_CHARS_PER_CHAR)
 
     @property
     def vocab_size(self) -> int:

@@ -1,13 +1,15 @@
 """The HTTP front end's side of the scheduler process (SGLang's TokenizerManager).
 
 `start()` spawns the process that builds and runs the Engine (`scheduler_process`) and waits
-for its `EngineSpec`. On the event loop, `submit` tokenizes a prompt on a pool thread (the
-tokenizer releases the GIL), validates it against the engine's limits with the Engine's own
-checks and seeds (`RequestFactory`), and sends it; text is decoded here too
+for its `EngineSpec`. On the event loop, `submit` refuses a prompt with more characters than
+the context could hold, then tokenizes it on a pool thread (the tokenizer releases the GIL),
+validates it against the engine's limits with the Engine's own checks and seeds
+(`RequestFactory`), and sends it; text is decoded here too
 (`RequestStream`). A reader thread receives the scheduler's messages and posts each step's
 updates to their event loops in one `call_soon_threadsafe` per loop, so a loop wakes once a
-step. If the scheduler process dies, every waiting request fails with the reason, and so
-does every later one.
+step. If the scheduler process dies, `alive` turns false at once (its pipe closes), every
+waiting request fails with the reason, and so does every later one; then
+`on_scheduler_exit` is called (the HTTP server exits, so that a supervisor restarts it).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import logging
 import multiprocessing
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -72,6 +75,9 @@ class TokenizerManager:
         self._reply_ids = itertools.count()
         self._error: str | None = None  # why nothing can be served any more
         self._stopping = False  # shutdown() was called: the process is meant to exit
+        self._gone = threading.Event()  # the scheduler process's pipe closed: it exited
+        # called in the reader thread once an unexpected exit has failed every request
+        self.on_scheduler_exit: Callable[[], None] | None = None
         self._lock = threading.Lock()  # `_error` against new entries in `_live`, `_replies`
         self._send_lock = threading.Lock()
         self._reap_lock = threading.Lock()  # see _wait_exit
@@ -80,6 +86,11 @@ class TokenizerManager:
     @property
     def tokenizer(self) -> Tokenizer:
         return self.spec.tokenizer
+
+    @property
+    def alive(self) -> bool:
+        """Whether the scheduler process can still serve: false from the moment it exits."""
+        return not self._gone.is_set()
 
     @property
     def scheduler_pid(self) -> int | None:
@@ -116,6 +127,7 @@ class TokenizerManager:
         meanwhile, and concurrent prompts tokenize in parallel."""
         loop = asyncio.get_running_loop()
         if text is not None and input_ids is None:
+            self.requests.limits.validate_text(text)  # before the pool spends time on it
             input_ids = await loop.run_in_executor(self._tokenize, self.tokenizer.encode, text)
             text = None
         req = self.requests.make(text=text, input_ids=input_ids,
@@ -214,6 +226,7 @@ class TokenizerManager:
                     _post(loop, _resolve, answer, msg[2])
         except (EOFError, OSError):  # the scheduler process exited
             pass
+        self._gone.set()
         code = self._wait_exit(STOP_TIMEOUT_S)
         reason = (f"the scheduler process exited (exit code {code}); this "
                   "server cannot run requests any more")
@@ -226,6 +239,8 @@ class TokenizerManager:
         self._fail(list(self._live), reason)
         for loop, answer in replies.values():
             _post(loop, _resolve, answer, None, RuntimeError(reason))
+        if not self._stopping and self.on_scheduler_exit is not None:
+            self.on_scheduler_exit()
 
     def _on_step(self, updates: list[RequestOut]) -> None:
         outbox: dict[asyncio.AbstractEventLoop, list[tuple[RequestStream, RequestUpdate]]] = {}

@@ -47,9 +47,13 @@ class TpModelWorker:
                                           model_config.hf_config.vocab_size, runner.device)
         self.readback = HostReadback(runner.device)
 
+    def admit(self, req: Req) -> None:
+        """Per-request work at admission (its row and KV are reserved): stage its sampling
+        parameters for the prefill that runs it."""
+        self.sampling_rows.stage(req.req_pool_idx, req.sampling_params, req.seed)
+
     def prefill(self, reqs: list[Req]) -> PendingStep:
-        self.sampling_rows.set([r.req_pool_idx for r in reqs],
-                               [r.sampling_params for r in reqs], [r.seed for r in reqs])
+        self.sampling_rows.write([r.req_pool_idx for r in reqs])
         fb = build_extend_batch(self.model_runner, reqs)
         logits = self.model_runner.forward(fb).next_token_logits
         # the sampled token sits at position seq_len (= kv_len after the prefill)
@@ -68,8 +72,7 @@ class TpModelWorker:
         """One forward of a decode step of `reqs` and the prefill of `arrivals` (MIXED), one
         readback: the two steps it returns share it."""
         runner, bs, n = self.model_runner, len(reqs), len(arrivals)
-        self.sampling_rows.set([r.req_pool_idx for r in arrivals],
-                               [r.sampling_params for r in arrivals], [r.seed for r in arrivals])
+        self.sampling_rows.write([r.req_pool_idx for r in arrivals])
         fb = build_mixed_batch(runner, reqs, arrivals)
         logits = runner.forward(fb).next_token_logits[: bs + n]  # step rows, then arrivals
         sb = fb.mixed_step_bs

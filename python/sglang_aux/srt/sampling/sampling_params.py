@@ -5,6 +5,8 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
+from sglang_aux.srt.sampling.param_ranges import check_int64_fields
+
 MAX_NEW_TOKENS_LIMIT = 1 << 20
 GREEDY_EPS = 1e-6
 
@@ -68,3 +70,4 @@ class SamplingParams:
               f"ignore_eos must be a boolean, got {self.ignore_eos!r}")
         check(self.seed is None or isinstance(self.seed, int),
               f"seed must be an integer, got {self.seed!r}")
+        check_int64_fields(self)

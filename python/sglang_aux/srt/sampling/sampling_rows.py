@@ -1,15 +1,23 @@
 """Sampling parameters of every request row, held on the device.
 
-Written once when a request is prefilled; a decode step gathers its rows' parameters with the
-step's `req_pool_indices`, so no per-step host-to-device copy carries them.
+Staged when a request is admitted and written by the step that prefills it; a decode step
+gathers its rows' parameters with the step's `req_pool_indices`, so no per-step host-to-device
+copy carries them.
 """
 
 from __future__ import annotations
 
+import struct
+
 import torch
 
+from sglang_aux.srt.sampling.param_ranges import check_int64
 from sglang_aux.srt.sampling.sampler import SamplingTensors, sample
 from sglang_aux.srt.sampling.sampling_params import GREEDY_EPS, SamplingParams
+
+# temperature and top_p as two little-endian float32, read back as the int64 they fill
+_FLOAT32_PAIR = struct.Struct("<ff")
+_INT64 = struct.Struct("<q")
 
 
 class SamplingRows:
@@ -22,16 +30,22 @@ class SamplingRows:
         # padded requests read samples from a finite distribution (its results are dropped).
         self.ints = torch.zeros((num_rows + 1, 2), dtype=torch.int64, device=device)
         self.ints[:, 0] = vocab_size
+        self._staged: dict[int, list[int]] = {}  # row -> packed parameters, until written
 
-    def set(self, rows: list[int], params: list[SamplingParams], seeds: list[int]) -> None:
-        """Store the parameters of newly admitted requests: one pinned copy of `[n, 4]` int64
-        (row, top_k, seed, then temperature and top_p bit-cast as two float32), not one per
-        table and index."""
-        floats = torch.tensor([[p.temperature, p.top_p] for p in params], dtype=torch.float32)
-        ints = torch.tensor([[row, p.top_k if p.top_k > 0 else self.vocab_size, s]
-                             for row, p, s in zip(rows, params, seeds, strict=True)],
-                            dtype=torch.int64)
-        packed = torch.cat([ints, floats.view(torch.int64)], dim=1)
+    def stage(self, row: int, params: SamplingParams, seed: int) -> None:
+        """Pack an admitted request's parameters for `write` as one host row of int64s (row,
+        top_k, seed, then temperature and top_p bit-cast as two float32). Raises, staging
+        nothing, when a value does not fit its column: the scheduler calls this per request
+        at admission, so such a request fails alone."""
+        top_k = min(params.top_k, self.vocab_size) if params.top_k > 0 else self.vocab_size
+        check_int64("seed", seed)
+        floats = _INT64.unpack(_FLOAT32_PAIR.pack(params.temperature, params.top_p))[0]
+        self._staged[row] = [row, top_k, seed, floats]
+
+    def write(self, rows: list[int]) -> None:
+        """Store the staged parameters of `rows` (newly admitted requests) with one pinned
+        copy of `[n, 4]` int64, not one per table and index."""
+        packed = torch.tensor([self._staged.pop(row) for row in rows], dtype=torch.int64)
         if self.device.type == "cuda":  # pinned and non-blocking: a pageable copy would wait
             packed = packed.pin_memory().to(self.device, non_blocking=True)
         index = packed[:, 0]

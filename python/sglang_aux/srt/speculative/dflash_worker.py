@@ -142,9 +142,13 @@ class DFlashWorker:
         """The runner whose request rows and KV slots the scheduler manages."""
         return self.target_runner
 
+    def admit(self, req: Req) -> None:
+        """Per-request work at admission (its row and KV are reserved): stage its sampling
+        parameters for the prefill that runs it."""
+        self.sampling_rows.stage(req.req_pool_idx, req.sampling_params, req.seed)
+
     def prefill(self, reqs: list[Req]) -> PendingStep:
-        self.sampling_rows.set([r.req_pool_idx for r in reqs],
-                               [r.sampling_params for r in reqs], [r.seed for r in reqs])
+        self.sampling_rows.write([r.req_pool_idx for r in reqs])
         fb = build_extend_batch(self.target_runner, reqs)
         if not self.streamed_aux:  # streamed: the runner feeds the projection
             fb.aux_projection = self._staged_projection_for(fb.num_tokens)
@@ -178,8 +182,7 @@ class DFlashWorker:
         of every token (block rows and prompts) and accepts greedily; one readback, shared by
         the two steps it returns."""
         bs, n, b = len(reqs), len(arrivals), self.block_size
-        self.sampling_rows.set([r.req_pool_idx for r in arrivals],
-                               [r.sampling_params for r in arrivals], [r.seed for r in arrivals])
+        self.sampling_rows.write([r.req_pool_idx for r in arrivals])
         has_sampling = self._draft(reqs)
         fb = build_mixed_batch(self.target_runner, reqs, arrivals)
         out = self.target_runner.forward(fb)
