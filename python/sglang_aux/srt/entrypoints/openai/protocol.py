@@ -205,7 +205,6 @@ class CompletionRequest(OpenAISamplingRequest):
     prompt: str | list[int] | list[str] | list[list[int]]
     best_of: int | None = None
     echo: bool = False
-    logprobs: int | None = None
 
     def prompts(self) -> list[dict]:
         """`submit` keywords (text or input_ids) of each prompt."""
@@ -245,8 +244,6 @@ class ChatCompletionRequest(OpenAISamplingRequest):
 
     messages: list[ChatMessage]
     max_completion_tokens: int | None = None  # OpenAI's newer name for max_tokens
-    logprobs: bool = False
-    top_logprobs: int | None = None
 
     def to_sampling_params(self) -> dict:
         if self.max_tokens is not None and self.max_completion_tokens is not None:

@@ -80,8 +80,6 @@ async def create_chat_completion(server: TokenizerManager, body: ChatCompletionR
                                  request: Request) -> dict | StreamingResponse:
     model = check_model(server, body.model)
     body.check_n()
-    if body.logprobs or body.top_logprobs:
-        raise APIError(400, "logprobs is not supported by this server yet")
     prompt = render_chat(server.tokenizer, body.messages)
     streams = await submit_samples(server, {"text": prompt}, body.to_sampling_params(), body.n)
     head = {"id": request_id("chatcmpl"), "created": int(time.time()), "model": model}

@@ -31,8 +31,6 @@ def _check(body: CompletionRequest) -> None:
     if body.best_of is not None and body.best_of != body.n:
         raise APIError(400, f"best_of other than n (best_of={body.best_of}, n={body.n}) is "
                             "not supported by this server: it ranks choices by logprobs")
-    if body.logprobs is not None:
-        raise APIError(400, "logprobs is not supported by this server yet")
 
 
 async def create_completion(server: TokenizerManager, body: CompletionRequest,

@@ -42,6 +42,8 @@ GENERATE_UNSUPPORTED: dict[str, Any] = {
     "return_flat_raw_top_logprobs_b64": False, "return_indexer_topk": False,
     "background": False, "require_reasoning": False, "max_thinking_tokens": None,
     "return_bytes": False, "return_entropy": False, "return_prompt_token_ids": False,
+    "return_logprob": False, "logprob_start_len": -1, "top_logprobs_num": 0,
+    "token_ids_logprob": None, "return_text_in_logprobs": False,
     "multi_item_delimiter_indices": None, "token_indices_to_pool": None, "kv_hints": None,
 }
 GENERATE_NO_EFFECT = frozenset({
@@ -60,7 +62,8 @@ _OPENAI_UNSUPPORTED = {
 }
 _OPENAI_NO_EFFECT = frozenset({"user", "session_id", "extra_key", "custom_labels"})
 
-COMPLETION_UNSUPPORTED: dict[str, Any] = {**_OPENAI_UNSUPPORTED, "suffix": None}
+COMPLETION_UNSUPPORTED: dict[str, Any] = {**_OPENAI_UNSUPPORTED, "suffix": None,
+                                          "logprobs": None}
 COMPLETION_NO_EFFECT = _OPENAI_NO_EFFECT
 
 CHAT_UNSUPPORTED: dict[str, Any] = {
@@ -71,7 +74,7 @@ CHAT_UNSUPPORTED: dict[str, Any] = {
     "return_flat_raw_output_top_logprobs": False, "reasoning_effort": None, "thinking": None,
     "task": None, "continue_final_message": False, "chat_template_kwargs": None,
     "max_dynamic_patch": None, "min_dynamic_patch": None, "use_audio_in_video": False,
-    "video_config": None, "input_ids": None,
+    "video_config": None, "input_ids": None, "logprobs": False, "top_logprobs": None,
 }
 # tool_choice and parallel_tool_calls act only on tools (refused above); the reasoning
 # switches only with a reasoning parser (none here); the b64 switch only with flat logprobs
