@@ -32,7 +32,7 @@ _STANDIN_ROOT = "torchvision_standin"
 # Any attribute of the stand-in modules is a class whose attributes are their own names
 # (InterpolationMode.BICUBIC, ...); the version is older than any transformers checks for, so
 # transformers never takes torchvision's paths.
-_STANDIN_SOURCE = '''"""A stand-in for torchvision: sglang's text-only clients import it, never call it."""
+_STANDIN_SOURCE = '''"""A torchvision stand-in: sglang's text clients import it, never call it."""
 __version__ = "0.0.0"
 
 
