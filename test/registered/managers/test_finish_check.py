@@ -22,9 +22,9 @@ class CountingTokenizer:
     def __init__(self):
         self.decodes = 0
 
-    def decode(self, ids):
+    def decode(self, ids, skip_special_tokens=True):
         self.decodes += 1
-        return TOK.decode(ids)
+        return TOK.decode(ids, skip_special_tokens=skip_special_tokens)
 
 
 def _req(output: str, **params) -> Req:

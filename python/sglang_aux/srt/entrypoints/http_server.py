@@ -43,10 +43,10 @@ from sglang_aux.srt.entrypoints.openai.protocol import (
     parse_body,
 )
 from sglang_aux.srt.entrypoints.openai.serving_base import (
-    await_result,
+    await_results,
     event_stream,
     served_model_name,
-    submit_request,
+    submit_samples,
 )
 from sglang_aux.srt.entrypoints.openai.serving_chat import create_chat_completion
 from sglang_aux.srt.entrypoints.openai.serving_completions import create_completion
@@ -174,29 +174,37 @@ def create_app(server: TokenizerManager) -> FastAPI:
 
     @app.post("/generate", response_model=None)
     async def generate(request: Request) -> JSONResponse | StreamingResponse:
-        """SGLang's native generation. As SGLang, each streamed event carries the whole text
-        and token ids so far, or with `--incremental-streaming-output` only the new ones; the
-        last event carries the full meta_info."""
+        """SGLang's native generation: one prompt (a dict answers), a batch of prompts or
+        `n` > 1 samples (a list answers, prompt-major). As SGLang, each streamed event carries
+        the whole text and token ids so far, or with `--incremental-streaming-output` only the
+        new ones; the last event of each request carries its full meta_info."""
         body = await parse_body(request, GenerateRequest)
-        stream = await submit_request(server, text=body.text, input_ids=body.input_ids,
-                                      sampling_params=body.sampling_params)
+        streams = []
+        for item in body.items():
+            n = (item["sampling_params"] or {}).get("n") or 1
+            streams += await submit_samples(server, {k: item[k] for k in ("text", "input_ids")
+                                                     if item.get(k) is not None},
+                                            item["sampling_params"], n, item["rid"])
         if not body.stream:
-            return JSONResponse(await await_result(server, stream, request))
+            outs = await await_results(server, streams, request)
+            return JSONResponse(outs if body.is_batch or len(outs) > 1 else outs[0])
         incremental = server.server_args.incremental_streaming_output
-        text, output_ids = "", []  # so far
+        texts, ids = [""] * len(streams), [[] for _ in streams]  # so far, per stream
 
-        def chunks(delta: StreamDelta) -> list[dict]:
-            nonlocal text
+        def chunks(index: int, delta: StreamDelta) -> list[dict]:
+            stream = streams[index]
             meta = delta.output["meta_info"] if delta.output is not None else {
                 "id": stream.rid, "prompt_tokens": stream.prompt_tokens,
                 "completion_tokens": stream.completion_tokens, "finish_reason": None}
             if incremental:
-                return [{"text": delta.text, "output_ids": delta.output_ids, "meta_info": meta}]
-            text += delta.text
-            output_ids.extend(delta.output_ids)
-            return [{"text": text, "output_ids": list(output_ids), "meta_info": meta}]
+                chunk = {"text": delta.text, "output_ids": delta.output_ids, "meta_info": meta}
+            else:
+                texts[index] += delta.text
+                ids[index].extend(delta.output_ids)
+                chunk = {"text": texts[index], "output_ids": list(ids[index]), "meta_info": meta}
+            return [chunk if len(streams) == 1 else {**chunk, "index": index}]
 
-        return StreamingResponse(event_stream(server, stream, chunks),
+        return StreamingResponse(event_stream(server, streams, chunks),
                                  media_type="text/event-stream")
 
     @app.post("/v1/completions", response_model=None)

@@ -24,17 +24,30 @@ def spec_meta_info(req: Req) -> dict:
     }
 
 
+def output_text(tokenizer: Tokenizer, req: Req) -> str:
+    """The output's text, cut before what stopped it (the stop token's text, the stop string
+    or the regex's match) unless `no_stop_trim`; special tokens as `skip_special_tokens`
+    says (`spaces_between_special_tokens` only matters to slow HF tokenizers: ours are fast
+    ones, which ignore it, as SGLang's do)."""
+    p, reason = req.sampling_params, req.finished_reason
+    ids = req.output_ids
+    trim = not p.no_stop_trim and reason is not None and reason["type"] == "stop"
+    if trim and isinstance(reason.get("matched"), int) and ids and ids[-1] == reason["matched"]:
+        ids = ids[:-1]
+    text = tokenizer.decode(ids, skip_special_tokens=p.skip_special_tokens)
+    if trim and isinstance(reason.get("matched"), str) and reason["matched"] in text:
+        text = text[: text.find(reason["matched"])]
+    return text
+
+
 def request_output(tokenizer: Tokenizer, req: Req, latency: float | None = None) -> dict:
-    text = tokenizer.decode(req.output_ids)
-    reason = req.finished_reason
-    if reason and reason["type"] == "stop" and isinstance(reason.get("matched"), str):
-        text = text[: text.find(reason["matched"])] if reason["matched"] in text else text
+    text = output_text(tokenizer, req)
     meta = {
         "id": req.rid,
         "prompt_tokens": len(req.origin_input_ids),
         "completion_tokens": len(req.output_ids),
         "cached_tokens": req.cached_tokens,
-        "finish_reason": reason,
+        "finish_reason": req.finished_reason,
         **spec_meta_info(req),
     }
     if latency is not None:

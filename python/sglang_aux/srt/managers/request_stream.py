@@ -14,6 +14,7 @@ from sglang_aux.srt.managers.schedule_batch import Req
 from sglang_aux.srt.managers.tokenizer import Tokenizer
 
 REPLACEMENT_CHAR = "\ufffd"  # what a cut-off UTF-8 sequence decodes to
+STOP_REGEX_HOLDBACK = 64  # characters
 
 
 @dataclass
@@ -50,13 +51,17 @@ class RequestStream:
         self.rid = req.rid
         self.prompt_tokens = len(req.origin_input_ids)
         self.finished = False
+        self.output: dict | None = None  # the output dict, once finished
         self.queue: asyncio.Queue[RequestUpdate] = asyncio.Queue()
         self._start = time.perf_counter()
         self._output_ids: list[int] = []
         self._sent_text = ""
         # NOTE: text that may be the start of a stop string is held back; at the end the
         # stop string is cut, so the streamed pieces always add up to the final text.
-        self._holdback = max(map(len, req.sampling_params.stop), default=1) - 1
+        # A stop regex's match is held back while it is at most STOP_REGEX_HOLDBACK long.
+        params = req.sampling_params
+        self._holdback = max(max(map(len, params.stop), default=1) - 1,
+                             STOP_REGEX_HOLDBACK if params.stop_regex else 0)
 
     @property
     def completion_tokens(self) -> int:
@@ -74,7 +79,8 @@ class RequestStream:
         self.finished = True
         self.req.output_ids = self._output_ids
         finished.apply(self.req)
-        return request_output(self.tokenizer, self.req, time.perf_counter() - self._start)
+        self.output = request_output(self.tokenizer, self.req, time.perf_counter() - self._start)
+        return self.output
 
     async def result(self) -> dict:
         while (update := await self._next()).finished is None:
@@ -88,7 +94,9 @@ class RequestStream:
                 out = self._final(update.finished)
                 yield StreamDelta(out["text"][len(self._sent_text):], update.new_ids, out)
                 return
-            text = self.tokenizer.decode(self._output_ids).rstrip(REPLACEMENT_CHAR)
+            text = self.tokenizer.decode(
+                self._output_ids, skip_special_tokens=self.req.sampling_params.skip_special_tokens
+            ).rstrip(REPLACEMENT_CHAR)
             text = text[: max(len(text) - self._holdback, 0)]
             delta = text[len(self._sent_text):] if text.startswith(self._sent_text) else ""
             self._sent_text += delta

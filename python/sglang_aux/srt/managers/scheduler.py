@@ -144,11 +144,6 @@ class Scheduler:
             if width is not None and len(admitted) == width:
                 break
             req = self.waiting[0]
-            if req.sampling_params.max_new_tokens == 0:
-                self.waiting.popleft()
-                req.finished_reason = {"type": "length", "length": 0}
-                self._notify(req)
-                continue
             if not self._take_kv(req):
                 break
             uncached = len(req.origin_input_ids) - req.kv_len
@@ -315,6 +310,12 @@ class Scheduler:
             self._notify(req)
 
     def _append(self, req: Req, tokens: list[int]) -> None:
+        if req.sampling_params.max_new_tokens == 0:
+            # a prefill-only request (SGLang's cache_prefix): its prompt's K/V is cached,
+            # the token its prefill sampled is dropped
+            req.finished_reason = {"type": "length", "length": 0}
+            self._release(req)
+            return
         check_stop = self.finish.may_stop(req, tokens)
         for tok in tokens:
             req.output_ids.append(tok)

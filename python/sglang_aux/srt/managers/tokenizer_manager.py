@@ -121,21 +121,27 @@ class TokenizerManager:
         return spec
 
     async def submit(self, *, text: str | None = None, input_ids: list[int] | None = None,
-                     sampling_params: dict | None = None) -> RequestStream:
+                     sampling_params: dict | None = None,
+                     rid: str | None = None) -> RequestStream:
         """Validate and send a request (ValueError with the reason); event loop only. A
         prompt's text is tokenized on a pool thread: the event loop serves other requests
-        meanwhile, and concurrent prompts tokenize in parallel."""
+        meanwhile, and concurrent prompts tokenize in parallel. `rid`: the client's request
+        id (a 400 while another live request has it), else a fresh one."""
         loop = asyncio.get_running_loop()
         if text is not None and input_ids is None:
             self.requests.limits.validate_text(text)  # before the pool spends time on it
             input_ids = await loop.run_in_executor(self._tokenize, self.tokenizer.encode, text)
             text = None
+        if rid is not None and not isinstance(rid, str):
+            raise ValueError(f"rid must be a string, got {rid!r}")
         req = self.requests.make(text=text, input_ids=input_ids,
-                                 sampling_params=sampling_params)
+                                 sampling_params=sampling_params, rid=rid)
         stream = RequestStream(self.tokenizer, req)
         self.metrics.add(requests_total=1)
         with self._lock:
             self._check_alive()
+            if req.rid in self._live:
+                raise ValueError(f"rid {req.rid!r} is already in use by a running request")
             self._live[req.rid] = _Live(req, stream, loop)
         try:
             self._send(("add", req.rid, req.origin_input_ids, req.sampling_params, req.seed))

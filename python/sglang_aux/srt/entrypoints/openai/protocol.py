@@ -1,16 +1,29 @@
 """Wire formats of the HTTP routes: request bodies, the one error shape, and SSE framing.
 
-Bodies are strict (a string is never coerced to a number) and closed (an unknown field is an
-error), so a client's typo surfaces as a 422 naming the field instead of being ignored.
+Bodies are strict (a string is never coerced to a number) and closed (a field SGLang does not
+have is an error), so a client's typo surfaces as a 422 naming the field instead of being
+ignored; SGLang's fields this server does not implement are a 400 naming the field unless
+sent at their defaults (`sglang_fields`).
 """
 
 from __future__ import annotations
 
 import json
-from typing import Any, Literal, TypeVar
+from typing import Any, ClassVar, Literal, TypeVar
 
 from fastapi import Request
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
+
+from sglang_aux.srt.entrypoints.openai.sglang_fields import (
+    CHAT_NO_EFFECT,
+    CHAT_UNSUPPORTED,
+    COMPLETION_NO_EFFECT,
+    COMPLETION_UNSUPPORTED,
+    GENERATE_NO_EFFECT,
+    GENERATE_UNSUPPORTED,
+    drop_known_fields,
+)
+from sglang_aux.srt.sampling.sampling_params import MAX_N
 
 # OpenAI's documented default for /v1/completions; chat has none (the native default applies).
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16
@@ -61,54 +74,148 @@ async def parse_body(request: Request, model: type[Body]) -> Body:
         raise APIError(422, f"invalid request: {where}") from None
 
 
-class GenerateRequest(StrictModel):
-    """Native `/generate`: exactly one of `text` and `input_ids`; `sampling_params` as in
-    SamplingParams (validated there, so a bad value is a 400 naming the field)."""
+class SGLangRequest(StrictModel):
+    """A body whose SGLang fields this server does not implement are accepted at their
+    defaults and refused by name (a 400) otherwise (`sglang_fields`); a field SGLang does not
+    have stays a 422."""
 
-    text: str | None = None
-    input_ids: list[int] | None = None
-    sampling_params: dict[str, Any] | None = None
+    UNSUPPORTED: ClassVar[dict[str, Any]] = {}
+    NO_EFFECT: ClassVar[frozenset[str]] = frozenset()
+    WHAT: ClassVar[str] = "field"
+
+    @model_validator(mode="before")
+    @classmethod
+    def _known_fields(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        try:
+            return drop_known_fields(data, cls.UNSUPPORTED, cls.NO_EFFECT, cls.WHAT)
+        except ValueError as e:  # not pydantic's: a 400 naming the field, not a 422
+            raise APIError(400, str(e)) from None
+
+
+class GenerateRequest(SGLangRequest):
+    """Native `/generate`: exactly one of `text` and `input_ids`, each one prompt or a batch
+    (a list: the answer is a list too); `sampling_params` as in SamplingParams (validated
+    there, so a bad value is a 400 naming the field), one dict or one per prompt."""
+
+    UNSUPPORTED = GENERATE_UNSUPPORTED
+    NO_EFFECT = GENERATE_NO_EFFECT
+
+    text: str | list[str] | None = None
+    input_ids: list[int] | list[list[int]] | None = None
+    sampling_params: dict[str, Any] | list[dict[str, Any]] | None = None
     stream: bool = False
+    rid: str | list[str] | None = None
+
+    @property
+    def is_batch(self) -> bool:
+        return isinstance(self.text, list) or (
+            isinstance(self.input_ids, list) and bool(self.input_ids)
+            and isinstance(self.input_ids[0], list))
+
+    def items(self) -> list[dict]:
+        """One `submit` keyword dict per prompt (a batch's per-prompt fields checked)."""
+        if not self.is_batch:
+            if isinstance(self.sampling_params, list) or isinstance(self.rid, list):
+                raise APIError(400, "sampling_params and rid are lists only for a batch")
+            return [{"text": self.text, "input_ids": self.input_ids,
+                     "sampling_params": self.sampling_params, "rid": self.rid}]
+        if self.stream:
+            raise APIError(400, "streaming a batch (a list of prompts) is not supported by "
+                                "this server; send one request per prompt")
+        if self.text is not None and self.input_ids is not None:
+            raise APIError(400, "give exactly one of text and input_ids")
+        prompts = self.text if self.text is not None else self.input_ids
+        n = len(prompts)
+
+        def per_prompt(value: Any, name: str) -> list:
+            if not isinstance(value, list):
+                return [value] * n
+            if len(value) != n:
+                raise APIError(400, f"{name} has {len(value)} entries for {n} prompts")
+            return value
+
+        params = per_prompt(self.sampling_params, "sampling_params")
+        rids = per_prompt(self.rid, "rid")
+        key = "text" if self.text is not None else "input_ids"
+        return [{key: p, "sampling_params": s, "rid": r}
+                for p, s, r in zip(prompts, params, rids, strict=True)]
 
 
 class StreamOptions(StrictModel):
-    include_usage: bool = False
+    include_usage: bool | None = False
+    continuous_usage_stats: bool | None = False
 
 
-class OpenAISamplingRequest(StrictModel):
-    """Fields /v1/completions and /v1/chat/completions share; `top_k` and `ignore_eos` are
-    SGLang's extensions."""
+class OpenAISamplingRequest(SGLangRequest):
+    """Fields /v1/completions and /v1/chat/completions share (OpenAI's, then SGLang's
+    extensions)."""
 
     model: str | None = None  # None: the served model
     max_tokens: int | None = None
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = -1
-    stop: str | list[str] | None = None
+    temperature: float | None = 1.0
+    top_p: float | None = 1.0
     n: int = 1
+    frequency_penalty: float | None = 0.0
+    presence_penalty: float | None = 0.0
     seed: int | None = None
-    ignore_eos: bool = False
+    stop: str | list[str] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
-    user: str | None = None
+    top_k: int | None = -1
+    min_p: float | None = 0.0
+    min_tokens: int = 0
+    repetition_penalty: float | None = 1.0
+    stop_token_ids: list[int] | None = None
+    stop_regex: str | list[str] | None = None
+    no_stop_trim: bool = False
+    ignore_eos: bool = False
+    skip_special_tokens: bool = True
+    rid: str | list[str] | None = None
 
     def sampling_params(self, max_tokens: int | None) -> dict:
-        """The native sampling dict (validated later by SamplingParams)."""
-        if self.n != 1:
-            raise APIError(400, f"only n=1 is supported, got n={self.n}")
+        """The native sampling dict of one choice (validated later by SamplingParams; null
+        values take the native defaults)."""
         params = {"temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k,
-                  "stop": self.stop, "seed": self.seed, "ignore_eos": self.ignore_eos}
+                  "min_p": self.min_p, "frequency_penalty": self.frequency_penalty,
+                  "presence_penalty": self.presence_penalty,
+                  "repetition_penalty": self.repetition_penalty,
+                  "min_new_tokens": self.min_tokens, "stop": self.stop,
+                  "stop_token_ids": self.stop_token_ids, "stop_regex": self.stop_regex,
+                  "no_stop_trim": self.no_stop_trim, "ignore_eos": self.ignore_eos,
+                  "skip_special_tokens": self.skip_special_tokens, "seed": self.seed}
         if max_tokens is not None:
             params["max_new_tokens"] = max_tokens
         return params
 
+    def check_n(self) -> None:
+        if not 1 <= self.n <= MAX_N:
+            raise APIError(400, f"n must be an integer in [1, {MAX_N}], got {self.n}")
+
     @property
     def include_usage(self) -> bool:
-        return self.stream_options is not None and self.stream_options.include_usage
+        return self.stream_options is not None and bool(self.stream_options.include_usage)
 
 
 class CompletionRequest(OpenAISamplingRequest):
-    prompt: str | list[int]
+    UNSUPPORTED = COMPLETION_UNSUPPORTED
+    NO_EFFECT = COMPLETION_NO_EFFECT
+
+    prompt: str | list[int] | list[str] | list[list[int]]
+    best_of: int | None = None
+    echo: bool = False
+
+    def prompts(self) -> list[dict]:
+        """`submit` keywords (text or input_ids) of each prompt."""
+        p = self.prompt
+        if isinstance(p, str):
+            return [{"text": p}]
+        if p and isinstance(p[0], str):
+            return [{"text": t} for t in p]
+        if p and isinstance(p[0], list):
+            return [{"input_ids": ids} for ids in p]
+        return [{"input_ids": p}]
 
     def to_sampling_params(self) -> dict:
         default = COMPLETIONS_DEFAULT_MAX_TOKENS
@@ -132,6 +239,9 @@ class ChatMessage(StrictModel):
 
 
 class ChatCompletionRequest(OpenAISamplingRequest):
+    UNSUPPORTED = CHAT_UNSUPPORTED
+    NO_EFFECT = CHAT_NO_EFFECT
+
     messages: list[ChatMessage]
     max_completion_tokens: int | None = None  # OpenAI's newer name for max_tokens
 
@@ -150,5 +260,14 @@ def finish_reason(reason: dict | None) -> str | None:
 
 def usage(meta_info: dict) -> dict:
     prompt, completion = meta_info["prompt_tokens"], meta_info["completion_tokens"]
+    return {"prompt_tokens": prompt, "completion_tokens": completion,
+            "total_tokens": prompt + completion}
+
+
+def total_usage(metas: list[dict], n: int) -> dict:
+    """Usage of every choice of a request, prompt-major with `n` samples per prompt: each
+    prompt counted once, every choice's completion tokens."""
+    prompt = sum(m["prompt_tokens"] for m in metas[::n])
+    completion = sum(m["completion_tokens"] for m in metas)
     return {"prompt_tokens": prompt, "completion_tokens": completion,
             "total_tokens": prompt + completion}

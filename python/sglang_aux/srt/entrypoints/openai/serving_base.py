@@ -19,6 +19,7 @@ from sglang_aux.srt.entrypoints.openai.protocol import (
 )
 from sglang_aux.srt.managers.request_stream import RequestFailed, RequestStream, StreamDelta
 from sglang_aux.srt.managers.tokenizer_manager import TokenizerManager
+from sglang_aux.srt.sampling.sampling_params import MAX_N
 
 logger = logging.getLogger(__name__)
 
@@ -44,6 +45,35 @@ async def submit_request(server: TokenizerManager, **kwargs) -> RequestStream:
         raise APIError(400, str(e)) from None
 
 
+async def submit_samples(server: TokenizerManager, prompt: dict, sampling_params: dict | None,
+                         n: int, rid: str | None = None) -> list[RequestStream]:
+    """`n` samples of one prompt (`prompt`: text or input_ids) as `n` requests. With the
+    prefix cache on and n > 1 the prompt is prefilled once first, by a request that outputs
+    nothing, so the samples map its cached K/V instead of each prefilling it. A given seed
+    seeds sample i with seed + i (else the samples would be equal)."""
+    params = dict(sampling_params or {})
+    params.pop("n", None)
+    if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= MAX_N:
+        raise APIError(400, f"n must be an integer in [1, {MAX_N}], got {n!r}")
+    if n > 1 and server.spec.radix_cache:
+        warm = {**params, "max_new_tokens": 0, "min_new_tokens": 0}
+        await (await submit_request(server, **prompt, sampling_params=warm)).result()
+    seed = params.get("seed", params.get("sampling_seed"))
+    streams: list[RequestStream] = []
+    try:
+        for i in range(n):
+            one = params if n == 1 or not isinstance(seed, int) else {
+                **{k: v for k, v in params.items() if k != "sampling_seed"}, "seed": seed + i}
+            streams.append(await submit_request(
+                server, **prompt, sampling_params=one,
+                rid=rid if n == 1 or rid is None else f"{rid}-{i}"))
+    except BaseException:
+        for stream in streams:
+            server.abort(stream.rid)
+        raise
+    return streams
+
+
 def request_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex}"
 
@@ -54,34 +84,73 @@ async def _client_gone(request: Request) -> None:
         pass
 
 
-async def await_result(server: TokenizerManager, stream: RequestStream,
-                       request: Request) -> dict:
-    """The request's output dict. A scheduler failure is a 500; a client that hangs up
-    first aborts the request (its answer, 499, reaches nobody)."""
-    result = asyncio.ensure_future(stream.result())
+async def await_results(server: TokenizerManager, streams: list[RequestStream],
+                        request: Request) -> list[dict]:
+    """The requests' output dicts. A scheduler failure is a 500; a client that hangs up
+    first aborts the requests (its answer, 499, reaches nobody)."""
+    results = asyncio.ensure_future(asyncio.gather(*(s.result() for s in streams)))
     gone = asyncio.ensure_future(_client_gone(request))
     try:
-        await asyncio.wait({result, gone}, return_when=asyncio.FIRST_COMPLETED)
-        if not result.done():
+        await asyncio.wait({results, gone}, return_when=asyncio.FIRST_COMPLETED)
+        if not results.done():
             raise APIError(CLIENT_CLOSED_REQUEST, "the client closed the connection")
-        return result.result()
+        return results.result()
     except RequestFailed as e:
         raise APIError(500, str(e)) from None
     finally:
         gone.cancel()
+        if not results.done():
+            results.cancel()
+        _abort_unfinished(server, streams)
+
+
+def _abort_unfinished(server: TokenizerManager, streams: list[RequestStream]) -> None:
+    for stream in streams:
         if not stream.finished:
-            result.cancel()
             logger.debug("client of %s went away; aborting", stream.rid)
             server.abort(stream.rid)
 
 
-async def event_stream(server: TokenizerManager, stream: RequestStream,
-                       chunks: Callable[[StreamDelta], list[dict]]) -> AsyncIterator[str]:
-    """SSE events: `chunks(delta)` for every delta, then `[DONE]`. A scheduler failure ends
-    the stream with an error event; a client that goes away aborts the request."""
+async def _deltas(streams: list[RequestStream]) -> AsyncIterator[tuple[int, StreamDelta]]:
+    """(stream index, delta) as they come; one stream is iterated directly."""
+    if len(streams) == 1:
+        async for delta in streams[0]:
+            yield 0, delta
+        return
+    queue: asyncio.Queue = asyncio.Queue()
+
+    async def pump(i: int, stream: RequestStream) -> None:
+        try:
+            async for delta in stream:
+                queue.put_nowait((i, delta, None))
+        except RequestFailed as e:
+            queue.put_nowait((i, None, e))
+        queue.put_nowait((i, None, None))
+
+    tasks = [asyncio.ensure_future(pump(i, s)) for i, s in enumerate(streams)]
     try:
-        async for delta in stream:
-            for chunk in chunks(delta):
+        left = len(streams)
+        while left:
+            i, delta, error = await queue.get()
+            if error is not None:
+                raise error
+            if delta is None:
+                left -= 1
+            else:
+                yield i, delta
+    finally:
+        for task in tasks:
+            task.cancel()
+
+
+async def event_stream(server: TokenizerManager, streams: list[RequestStream],
+                       chunks: Callable[[int, StreamDelta], list[dict]]) -> AsyncIterator[str]:
+    """SSE events: `chunks(index, delta)` for every delta of each stream, then `[DONE]`. A
+    scheduler failure ends the stream with an error event; a client that goes away aborts
+    the requests."""
+    try:
+        async for i, delta in _deltas(streams):
+            for chunk in chunks(i, delta):
                 yield sse(chunk)
         yield SSE_DONE
     except RequestFailed as e:
@@ -89,6 +158,13 @@ async def event_stream(server: TokenizerManager, stream: RequestStream,
         yield SSE_DONE
     finally:
         # NOTE: no yield past this point: a closed generator must not yield again.
-        if not stream.finished:
-            logger.debug("client of %s went away; aborting", stream.rid)
-            server.abort(stream.rid)
+        _abort_unfinished(server, streams)
+
+
+def last_final(delta: StreamDelta, finals: list[int], num_streams: int) -> bool:
+    """Whether `delta` is the last of `num_streams` streams' final deltas (the usage chunk
+    follows it); `finals[0]` counts them."""
+    if delta.output is None:
+        return False
+    finals[0] += 1
+    return finals[0] == num_streams

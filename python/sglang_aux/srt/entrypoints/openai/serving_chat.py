@@ -1,4 +1,4 @@
-"""`POST /v1/chat/completions`: messages through the chat template, one choice, optionally
+"""`POST /v1/chat/completions`: messages through the chat template, `n` choices, optionally
 streamed as `chat.completion.chunk`s."""
 
 from __future__ import annotations
@@ -14,14 +14,15 @@ from sglang_aux.srt.entrypoints.openai.protocol import (
     ChatCompletionRequest,
     ChatMessage,
     finish_reason,
-    usage,
+    total_usage,
 )
 from sglang_aux.srt.entrypoints.openai.serving_base import (
-    await_result,
+    await_results,
     check_model,
     event_stream,
+    last_final,
     request_id,
-    submit_request,
+    submit_samples,
 )
 from sglang_aux.srt.managers.request_stream import StreamDelta
 from sglang_aux.srt.managers.tokenizer import Tokenizer
@@ -78,39 +79,41 @@ def render_chat(tokenizer: Tokenizer, messages: list[ChatMessage]) -> str:
 async def create_chat_completion(server: TokenizerManager, body: ChatCompletionRequest,
                                  request: Request) -> dict | StreamingResponse:
     model = check_model(server, body.model)
+    body.check_n()
     prompt = render_chat(server.tokenizer, body.messages)
-    stream = await submit_request(server, text=prompt, sampling_params=body.to_sampling_params())
+    streams = await submit_samples(server, {"text": prompt}, body.to_sampling_params(), body.n)
     head = {"id": request_id("chatcmpl"), "created": int(time.time()), "model": model}
 
     if body.stream:
-        started = False
+        started = [False] * len(streams)
+        finals = [0]  # final deltas sent
 
-        def chunks(delta: StreamDelta) -> list[dict]:
-            nonlocal started
+        def chunks(index: int, delta: StreamDelta) -> list[dict]:
             head_chunk = {**head, "object": "chat.completion.chunk"}
             out = []
-            if not started:  # OpenAI opens the message with the role, then sends content
-                started = True
+            if not started[index]:  # OpenAI opens the message with the role, then content
+                started[index] = True
                 out.append({**head_chunk, "choices": [
-                    {"index": 0, "delta": {"role": "assistant", "content": ""},
+                    {"index": index, "delta": {"role": "assistant", "content": ""},
                      "finish_reason": None}]})
             if delta.text:
                 out.append({**head_chunk, "choices": [
-                    {"index": 0, "delta": {"content": delta.text}, "finish_reason": None}]})
+                    {"index": index, "delta": {"content": delta.text}, "finish_reason": None}]})
             if delta.output is not None:
                 meta = delta.output["meta_info"]
                 out.append({**head_chunk, "choices": [
-                    {"index": 0, "delta": {},
+                    {"index": index, "delta": {},
                      "finish_reason": finish_reason(meta["finish_reason"])}]})
-                if body.include_usage:
-                    out.append({**head_chunk, "choices": [], "usage": usage(meta)})
+                if body.include_usage and last_final(delta, finals, len(streams)):
+                    out.append({**head_chunk, "choices": [], "usage": total_usage(
+                        [s.output["meta_info"] for s in streams], body.n)})
             return out
 
-        return StreamingResponse(event_stream(server, stream, chunks),
+        return StreamingResponse(event_stream(server, streams, chunks),
                                  media_type="text/event-stream")
-    out = await await_result(server, stream, request)
-    meta = out["meta_info"]
+    outs = await await_results(server, streams, request)
     return {**head, "object": "chat.completion",
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": out["text"]},
-                         "finish_reason": finish_reason(meta["finish_reason"])}],
-            "usage": usage(meta)}
+            "choices": [{"index": i, "message": {"role": "assistant", "content": o["text"]},
+                         "finish_reason": finish_reason(o["meta_info"]["finish_reason"])}
+                        for i, o in enumerate(outs)],
+            "usage": total_usage([o["meta_info"] for o in outs], body.n)}

@@ -1,4 +1,5 @@
-"""`POST /v1/completions`: OpenAI's text completion, one choice, optionally streamed."""
+"""`POST /v1/completions`: OpenAI's text completion; `n` choices per prompt (a list of prompts
+gives prompt-major choices), optionally streamed."""
 
 from __future__ import annotations
 
@@ -7,41 +8,71 @@ import time
 from fastapi import Request
 from fastapi.responses import StreamingResponse
 
-from sglang_aux.srt.entrypoints.openai.protocol import CompletionRequest, finish_reason, usage
+from sglang_aux.srt.entrypoints.openai.protocol import (
+    APIError,
+    CompletionRequest,
+    finish_reason,
+    total_usage,
+)
 from sglang_aux.srt.entrypoints.openai.serving_base import (
-    await_result,
+    await_results,
     check_model,
     event_stream,
+    last_final,
     request_id,
-    submit_request,
+    submit_samples,
 )
 from sglang_aux.srt.managers.request_stream import StreamDelta
 from sglang_aux.srt.managers.tokenizer_manager import TokenizerManager
 
 
+def _check(body: CompletionRequest) -> None:
+    body.check_n()
+    if body.best_of is not None and body.best_of != body.n:
+        raise APIError(400, f"best_of other than n (best_of={body.best_of}, n={body.n}) is "
+                            "not supported by this server: it ranks choices by logprobs")
+
+
 async def create_completion(server: TokenizerManager, body: CompletionRequest,
                             request: Request) -> dict | StreamingResponse:
     model = check_model(server, body.model)
-    text, ids = (body.prompt, None) if isinstance(body.prompt, str) else (None, body.prompt)
-    stream = await submit_request(server, text=text, input_ids=ids,
-                                  sampling_params=body.to_sampling_params())
+    _check(body)
+    prompts = body.prompts()
+    params = body.to_sampling_params()
+    streams = []
+    for prompt in prompts:
+        streams += await submit_samples(server, prompt, params, body.n)
     head = {"id": request_id("cmpl"), "object": "text_completion", "created": int(time.time()),
             "model": model}
 
-    def choice(text: str, meta_info: dict | None) -> dict:
+    def echoed(index: int) -> str:
+        if not body.echo:
+            return ""
+        prompt = prompts[index // body.n]
+        return prompt.get("text") or server.tokenizer.decode(prompt["input_ids"])
+
+    def choice(index: int, text: str, meta_info: dict | None) -> dict:
         reason = None if meta_info is None else finish_reason(meta_info["finish_reason"])
-        return {"index": 0, "text": text, "logprobs": None, "finish_reason": reason}
+        return {"index": index, "text": text, "logprobs": None, "finish_reason": reason}
 
     if body.stream:
-        def chunks(delta: StreamDelta) -> list[dict]:
+        started = [False] * len(streams)
+        finals = [0]  # final deltas sent
+
+        def chunks(index: int, delta: StreamDelta) -> list[dict]:
+            text = delta.text if started[index] else echoed(index) + delta.text
+            started[index] = True
             meta = None if delta.output is None else delta.output["meta_info"]
-            out = [{**head, "choices": [choice(delta.text, meta)]}]
-            if meta is not None and body.include_usage:
-                out.append({**head, "choices": [], "usage": usage(meta)})
+            out = [{**head, "choices": [choice(index, text, meta)]}]
+            if meta is not None and body.include_usage and last_final(delta, finals, len(streams)):
+                out.append({**head, "choices": [], "usage": total_usage(
+                    [s.output["meta_info"] for s in streams], body.n)})
             return out
 
-        return StreamingResponse(event_stream(server, stream, chunks),
+        return StreamingResponse(event_stream(server, streams, chunks),
                                  media_type="text/event-stream")
-    out = await await_result(server, stream, request)
-    return {**head, "choices": [choice(out["text"], out["meta_info"])],
-            "usage": usage(out["meta_info"])}
+    outs = await await_results(server, streams, request)
+    return {**head, "choices": [choice(i, echoed(i) + o["text"], o["meta_info"])
+                                for i, o in enumerate(outs)],
+            "usage": total_usage([o["meta_info"] for o in outs], body.n)}
+

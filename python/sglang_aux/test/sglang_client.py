@@ -1,0 +1,81 @@
+"""SGLang 0.5.23's own client tools (its GSM8K harness, `bench_serving`), installed beside our
+package without SGLang's runtime or CUDA dependencies, for running them against our server.
+
+`pip install --no-deps --target DIR` of the `sglang` wheel and the pure-Python (or small
+binary) packages its client modules import. `bench_serving`'s import chain reaches
+`torchvision` through SGLang's multimodal configs, which it never calls for text: a stand-in
+package (`torchvision_standin`) satisfies those imports. `client_env()` gives the environment
+that runs `python -m sglang.test.few_shot_gsm8k` and `python -m sglang.bench_serving` with
+them.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+SGLANG_VERSION = "0.5.23"
+# What `sglang.test.few_shot_gsm8k` and `sglang.bench_serving` import beyond our own
+# dependencies (torch, transformers, numpy, requests, tqdm, openai, ...), found by importing them.
+CLIENT_PACKAGES = [
+    f"sglang=={SGLANG_VERSION}", "pybase64", "pillow", "msgspec", "pyzmq", "aiohttp",
+    "multidict", "yarl", "propcache", "aiohappyeyeballs", "aiosignal", "frozenlist",
+    "datasets", "multiprocess", "pandas", "pyarrow", "dill", "xxhash", "apache-tvm-ffi",
+    "sentencepiece", "compressed-tensors", "loguru",
+]
+DEFAULT_DIR = Path.home() / ".cache" / "sglang_aux" / f"sglang-{SGLANG_VERSION}-client"
+INSTALL_TIMEOUT_S = 900
+_STANDIN_ROOT = "torchvision_standin"
+
+# Any attribute of the stand-in modules is a class whose attributes are their own names
+# (InterpolationMode.BICUBIC, ...); the version is older than any transformers checks for, so
+# transformers never takes torchvision's paths.
+_STANDIN_SOURCE = '''"""A torchvision stand-in: sglang's text clients import it, never call it."""
+__version__ = "0.0.0"
+
+
+class _Names(type):
+    def __getattr__(cls, name):
+        return name
+
+
+def __getattr__(name):
+    return _Names(name, (), {})
+'''
+_STANDIN_MODULES = ["torchvision/__init__.py", "torchvision/transforms/__init__.py",
+                    "torchvision/transforms/functional.py",
+                    "torchvision/transforms/v2/__init__.py",
+                    "torchvision/transforms/v2/functional.py"]
+
+
+def client_dir() -> Path:
+    return Path(os.environ.get("SGLANG_AUX_SGLANG_CLIENT_DIR", DEFAULT_DIR))
+
+
+def install_client(target: Path | None = None) -> Path:
+    """The folder holding SGLang's client packages, installed there on first use (a
+    RuntimeError with pip's output when that fails, e.g. without network)."""
+    target = target or client_dir()
+    marker = target / f".installed-{SGLANG_VERSION}"
+    if not marker.is_file():
+        cmd = [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--upgrade",
+               "--target", str(target), *CLIENT_PACKAGES]
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=INSTALL_TIMEOUT_S)
+        if done.returncode != 0:
+            raise RuntimeError(f"pip could not install {CLIENT_PACKAGES[0]}: "
+                               f"{done.stderr.strip()[-2000:]}")
+        for module in _STANDIN_MODULES:
+            path = target / _STANDIN_ROOT / module
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(_STANDIN_SOURCE)
+        marker.write_text("ok\n")
+    return target
+
+
+def client_env(target: Path) -> dict[str, str]:
+    """The environment in which `python -m sglang...` runs SGLang's client modules (ours
+    stay importable; the stand-in comes last, so a real torchvision wins)."""
+    paths = [str(target), os.environ.get("PYTHONPATH", ""), str(target / _STANDIN_ROOT)]
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in paths if p)}
