@@ -27,9 +27,9 @@ import torch
 from sglang_aux.srt.entrypoints.engine import Engine
 from sglang_aux.srt.managers.tokenizer import Tokenizer
 from sglang_aux.srt.model_loader.builtin import DRAFTS_DIR, resolve_model_path
+from sglang_aux.test.gsm8k_data import gsm8k_path
 from sglang_aux.tools.dflash_training.data import (
     common_prefix_len,
-    default_gsm8k_path,
     describe_continuations,
     generate_samples,
     gsm8k_prompts,
@@ -69,8 +69,10 @@ def make_parser() -> argparse.ArgumentParser:
         help="draft folder (default for a built-in target: the package's data/drafts/"
              "<target>-dflash-b<block>)")
     add("--smoke", action="store_true", help="tiny-llama target, a few samples and steps")
-    add("--data-path", default=default_gsm8k_path("train"), help="GSM8K train jsonl")
-    add("--eval-data-path", default=default_gsm8k_path("test"), help="GSM8K test jsonl")
+    add("--data-path", default=None, help="GSM8K train jsonl (default: `gsm8k_data.gsm8k_path`:"
+        " $SGLANG_AUX_GSM8K_DIR, the copy beside the checkout, or the official file, "
+        "downloaded into the cache on first use)")
+    add("--eval-data-path", default=None, help="GSM8K test jsonl (default: as --data-path)")
     add("--num-samples", type=int, default=None,
         help="training questions (default: every train question but the shots)")
     add("--num-shots", type=int, default=5)
@@ -113,11 +115,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         parser.set_defaults(**SMOKE_DEFAULTS)
     args = parser.parse_args(argv)
     if args.data_path is None:
-        parser.error("--data-path: GSM8K train.jsonl not found (set SGLANG_AUX_GSM8K_DIR)")
+        args.data_path = str(gsm8k_path("train"))
     if args.generate_only and not args.samples_file:
         parser.error("--generate-only needs --samples-file")
     if (args.eval or args.eval_only) and args.eval_data_path is None:
-        parser.error("--eval-data-path: GSM8K test.jsonl not found (set SGLANG_AUX_GSM8K_DIR)")
+        args.eval_data_path = str(gsm8k_path("test"))
     if args.out is None and not args.generate_only:
         if Path(args.target).is_dir() or args.smoke:
             parser.error("--out is required for this target")
