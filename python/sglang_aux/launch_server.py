@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import socket
 
 from sglang_aux.srt.entrypoints.http_server import launch_server
@@ -22,7 +23,8 @@ def check_port(parser: argparse.ArgumentParser, host: str, port: int) -> None:
         with socket.create_server((host, port), family=family):
             pass
     except OSError as e:
-        parser.error(f"--host {host} --port {port}: cannot listen there ({e.strerror}); "
+        reason = os.strerror(e.errno) if e.errno else str(e)
+        parser.error(f"--host {host} --port {port}: cannot listen there ({reason}); "
                      "stop what holds it or pass another --port")
 
 
