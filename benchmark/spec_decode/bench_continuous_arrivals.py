@@ -26,7 +26,7 @@ from bench_request_breakdown import cprofile_text, report_rows
 
 from sglang_aux.srt.entrypoints.engine import Engine
 from sglang_aux.srt.model_loader.builtin import resolve_model_path
-from sglang_aux.test.few_shot_gsm8k import default_data_path
+from sglang_aux.test.gsm8k_data import data_paths
 from sglang_aux.tools.dflash_training.data import gsm8k_prompts
 
 PARAMS = {"temperature": 0, "max_new_tokens": 512, "stop": ["Question", "</s>", "<|im_end|>"]}
@@ -139,7 +139,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model-path", default="smollm2-135m-instruct")
     p.add_argument("--draft", default="smollm2-135m-instruct-dflash-b8")
-    p.add_argument("--data-path", type=Path, default=default_data_path())
+    p.add_argument("--data-path", type=Path, default=None)
     p.add_argument("--num-prompts", type=int, default=1319)
     p.add_argument("--num-shots", type=int, default=5)
     p.add_argument("--concurrency", type=int, default=32)
@@ -155,7 +155,7 @@ def main() -> None:
     a = p.parse_args()
     if a.trace and a.device != "cuda":
         p.error("--trace times CUDA events: it needs --device cuda")
-    texts = gsm8k_prompts(a.data_path, a.data_path.parent / "train.jsonl", a.num_shots,
+    texts = gsm8k_prompts(*data_paths(a.data_path), a.num_shots,
                           a.num_prompts)
     folder = resolve_model_path(a.model_path)
     rows = []

@@ -26,7 +26,7 @@ import torch
 
 from sglang_aux.srt.entrypoints.engine import Engine
 from sglang_aux.srt.model_loader.builtin import resolve_model_path
-from sglang_aux.test.few_shot_gsm8k import default_data_path
+from sglang_aux.test.gsm8k_data import data_paths
 from sglang_aux.tools.dflash_training.data import gsm8k_prompts
 
 STOP = "Question"
@@ -96,7 +96,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model-path", default="smollm2-135m-instruct")
     p.add_argument("--draft", default="smollm2-135m-instruct-dflash-b8")
-    p.add_argument("--data-path", type=Path, default=default_data_path())
+    p.add_argument("--data-path", type=Path, default=None)
     p.add_argument("--num-prompts", type=int, default=12)
     p.add_argument("--dtype", default="bfloat16")
     p.add_argument("--device", default="cuda")
@@ -104,7 +104,7 @@ def main() -> None:
     p.add_argument("--disable-radix-cache", action="store_true")
     p.add_argument("--out", default="benchmark/spec_decode/request_breakdown.json")
     a = p.parse_args()
-    prompts = gsm8k_prompts(a.data_path, a.data_path.parent / "train.jsonl", 5, a.num_prompts)
+    prompts = gsm8k_prompts(*data_paths(a.data_path), 5, a.num_prompts)
     folder = resolve_model_path(a.model_path)
     rows = []
     for name, extra in {"target": {}, "dflash": {"speculative_algorithm": "DFLASH",

@@ -32,10 +32,10 @@ from sglang_aux.srt.model_loader.builtin import resolve_model, resolve_model_pat
 from sglang_aux.srt.server_args import ServerArgs
 from sglang_aux.test.few_shot_gsm8k import (
     build_prompt,
-    default_data_path,
     few_shot_prefix,
     read_jsonl,
 )
+from sglang_aux.test.gsm8k_data import data_paths
 
 STOP = "Question"
 OURS = {
@@ -47,8 +47,9 @@ OURS = {
 }
 
 
-def gsm8k_prompts(data: Path, n: int, shots: int) -> list[str]:
-    prefix = few_shot_prefix(read_jsonl(data.parent / "train.jsonl")[:shots])
+def gsm8k_prompts(data_path: Path | None, n: int, shots: int) -> list[str]:
+    data, train = data_paths(data_path)
+    prefix = few_shot_prefix(read_jsonl(train)[:shots])
     return [build_prompt(prefix, q["question"]) for q in read_jsonl(data)[:n]]
 
 
@@ -150,7 +151,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model-path", default="smollm2-135m-instruct")
     p.add_argument("--draft", default="smollm2-135m-instruct-dflash-b8")
-    p.add_argument("--data-path", type=Path, default=default_data_path())
+    p.add_argument("--data-path", type=Path, default=None)
     p.add_argument("--num-prompts", type=int, default=64)
     p.add_argument("--num-prompts-bs1", type=int, default=16)
     p.add_argument("--num-shots", type=int, default=5)
@@ -165,8 +166,6 @@ def main() -> None:
     p.add_argument("--device", default="cuda")
     p.add_argument("--out", default="benchmark/spec_decode/vs_transformers.json")
     a = p.parse_args()
-    if a.data_path is None:
-        p.error("no GSM8K test.jsonl found: pass --data-path")
     folder = resolve_model_path(a.model_path)
     tokenizer = resolve_model(ServerArgs(model_path=folder, device="cpu"))[1]
     ids = [tokenizer.encode(t) for t in gsm8k_prompts(a.data_path, a.num_prompts, a.num_shots)]

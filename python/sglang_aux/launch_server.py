@@ -8,18 +8,35 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
+import socket
 
 from sglang_aux.srt.entrypoints.http_server import launch_server
 from sglang_aux.srt.managers.scheduler_process import LOG_FORMAT
-from sglang_aux.srt.server_args import ServerArgs
+from sglang_aux.srt.server_args import HelpFormatter, ServerArgs
+
+
+def check_port(parser: argparse.ArgumentParser, host: str, port: int) -> None:
+    """A usage error now, before the model loads, when `host:port` cannot be bound."""
+    try:
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        with socket.create_server((host, port), family=family):
+            pass
+    except OSError as e:
+        reason = os.strerror(e.errno) if e.errno else str(e)
+        parser.error(f"--host {host} --port {port}: cannot listen there ({reason}); "
+                     "stop what holds it or pass another --port")
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                     formatter_class=HelpFormatter)
     ServerArgs.add_cli_args(parser)
     args = parser.parse_args(argv)
+    server_args = ServerArgs.from_parsed(parser, args)
+    check_port(parser, server_args.host, server_args.port)
     logging.basicConfig(level=args.log_level.upper(), format=LOG_FORMAT)
-    launch_server(ServerArgs.from_cli_args(args))
+    launch_server(server_args)
 
 
 if __name__ == "__main__":

@@ -9,9 +9,11 @@
 #   python3 -m pip install -q --no-index --no-deps --target /tmp/site .carry/wheels/*.whl \
 #     && export PYTHONPATH=/tmp/site
 #
-# Versions are the ones installed here (what the tests ran with), else the newest. With
-# --no-deps every requirement is named below: FastAPI's, Starlette's, pydantic's, uvicorn's
-# and jinja2's (chat templates) closure for Python 3.12.
+# Versions are the ones installed here (what the tests ran with), else the newest; but
+# typing-extensions is always the newest: it only ever adds names, and anyio 4.16 needs
+# >= 4.16 where an older one may be installed here. With --no-deps every requirement is named
+# below: FastAPI's, Starlette's, pydantic's, uvicorn's and jinja2's (chat templates) closure
+# for Python 3.12.
 set -euo pipefail
 
 cd "$(dirname "$0")/../.."
@@ -24,6 +26,7 @@ PACKAGES=(
   anyio sniffio idna
   jinja2 markupsafe
 )
+UNPINNED=(typing-extensions)
 PLATFORMS=(manylinux2014_x86_64 manylinux_2_17_x86_64 manylinux_2_28_x86_64)
 
 local_version() {
@@ -36,7 +39,8 @@ mkdir -p "$DEST"
 platform_flags=()
 for p in "${PLATFORMS[@]}"; do platform_flags+=(--platform "$p"); done
 for pkg in "${PACKAGES[@]}"; do
-  version=$(local_version "$pkg")
+  version=
+  [[ " ${UNPINNED[*]} " == *" $pkg "* ]] || version=$(local_version "$pkg")
   spec=$pkg${version:+==$version}
   python3 -m pip download -q --no-deps --only-binary=:all: --python-version "$PYTHON_VERSION" \
     --implementation cp "${platform_flags[@]}" -d "$DEST" "$spec"

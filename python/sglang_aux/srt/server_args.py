@@ -16,6 +16,26 @@ DTYPES = ("auto", "float32", "float16", "bfloat16")
 LOAD_FORMATS = ("auto", "dummy")
 FC_QUANTIZATIONS = ("none", "mxfp8")
 AUX_PROJECTIONS = ("packed", "streamed")
+# What the CLI offers: the algorithms that run (EAGLE3 and DSPARK stay in the enum, where the
+# gating checks use them).
+CLI_ALGORITHMS = ("NONE", "DFLASH")
+
+
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Appends each flag's default to its help, unless the help already says it."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        if "default" in (action.help or ""):
+            return action.help
+        return super()._get_help_string(action)
+
+
+def _cli_algorithm(name: str) -> str:
+    name = name.upper()
+    if name in CLI_ALGORITHMS or name not in SpeculativeAlgorithm.__members__:
+        return name  # argparse names the choices for an unknown one
+    raise argparse.ArgumentTypeError(
+        f"{name} is not implemented in this runtime; choose from {', '.join(CLI_ALGORITHMS)}")
 
 
 @dataclass
@@ -108,7 +128,8 @@ class ServerArgs:
             if getattr(self, name) < 1:
                 raise ValueError(f"--{name.replace('_', '-')} must be >= 1")
         if self.tp_size != 1:
-            raise ValueError("--tp-size > 1 is not supported by this runtime (one device)")
+            raise ValueError(f"--tp-size {self.tp_size}: tensor parallelism is not built yet; "
+                             "this runtime runs one device (--tp-size 1)")
         if not 0.0 < self.mem_fraction_static < 1.0:
             raise ValueError(
                 f"--mem-fraction-static must be in (0, 1), got {self.mem_fraction_static}"
@@ -178,44 +199,70 @@ class ServerArgs:
         return "triton" if self.resolved_device().startswith("cuda") else "torch_native"
 
     @staticmethod
-    def add_cli_args(parser: argparse.ArgumentParser) -> None:
-        d = ServerArgs.__dataclass_fields__
+    def add_cli_args(parser: argparse.ArgumentParser, *, serving: bool = True) -> None:
+        """Every flag, with help and its default; without `serving`, only those that apply
+        offline (no --host, --port, --api-key, --served-model-name)."""
+        d = {f.name: f.default for f in dataclasses.fields(ServerArgs)}
         add = parser.add_argument
-        add("--model-path", default=None, help="HF-format model folder (default: built-in model)")
-        add("--tokenizer-path", default=None)
-        add("--served-model-name", default=None,
-            help="the model name /v1/models reports and OpenAI requests use (default: the "
-                 "built-in name or the model folder's name)")
-        add("--device", default=d["device"].default, help="cpu, cuda, cuda:N or auto")
-        add("--dtype", default="auto", choices=DTYPES)
-        add("--load-format", default="auto", choices=LOAD_FORMATS)
-        add("--context-length", type=int, default=None)
-        add("--attention-backend", default=None, choices=ATTENTION_BACKENDS)
-        add("--mem-fraction-static", type=float, default=d["mem_fraction_static"].default)
-        add("--max-total-tokens", type=int, default=None)
-        add("--max-running-requests", type=int, default=d["max_running_requests"].default)
-        add("--tp-size", type=int, default=1)
-        add("--pp-size", type=int, default=1)
-        add("--speculative-algorithm", default=None,
-            type=str.upper, choices=[a.value for a in SpeculativeAlgorithm])
-        add("--speculative-draft-model-path", default=None)
-        add("--speculative-num-draft-tokens", type=int, default=None)
+        add("--model-path", default=None,
+            help="HF-format model folder or built-in name (default: the built-in "
+                 f"{DEFAULT_MODEL}, served with its DFlash draft)")
+        add("--tokenizer-path", default=None,
+            help="folder holding tokenizer.json (default: the model folder)")
+        if serving:
+            add("--served-model-name", default=None,
+                help="the model name /v1/models reports and OpenAI requests use (default: the "
+                     "built-in name or the model folder's name)")
+        add("--device", default=d["device"], help="cpu, cuda, cuda:N or auto (cuda when "
+                                                   "available, else cpu)")
+        add("--dtype", default=d["dtype"], choices=DTYPES,
+            help="weights and activations (auto: float32 on CPU, else the checkpoint's)")
+        add("--load-format", default=d["load_format"], choices=LOAD_FORMATS,
+            help="auto: the folder's safetensors; dummy: random weights (benchmarks)")
+        add("--context-length", type=int, default=None,
+            help="longest prompt + output in tokens (default: the model's "
+                 "max_position_embeddings)")
+        add("--attention-backend", default=None, choices=ATTENTION_BACKENDS,
+            help="default: triton on CUDA, torch_native on CPU")
+        add("--mem-fraction-static", type=float, default=d["mem_fraction_static"],
+            help="fraction of the device's memory for weights and the KV cache")
+        add("--max-total-tokens", type=int, default=None,
+            help="KV cache slots (default: what --mem-fraction-static leaves)")
+        add("--max-running-requests", type=int, default=d["max_running_requests"],
+            help="requests decoded together at most")
+        add("--tp-size", type=int, default=d["tp_size"],
+            help="tensor parallelism: only 1 (one device) is built")
+        add("--pp-size", type=int, default=d["pp_size"],
+            help="pipeline stages: only 1 runs (the flag exists for the aux gating contract)")
+        add("--speculative-algorithm", default=None, type=_cli_algorithm, choices=CLI_ALGORITHMS,
+            help="default: DFLASH for the built-in default model, else NONE")
+        add("--speculative-draft-model-path", default=None,
+            help="the DFlash draft: a folder, preset or shipped draft (default: "
+                 f"{DEFAULT_DRAFT_MODEL} with the default model, else required for DFLASH)")
+        add("--speculative-num-draft-tokens", type=int, default=None,
+            help="tokens per verified block (default: the draft config's block size)")
         add("--speculative-dflash-block-size", type=int, default=None,
-            help="alias of --speculative-num-draft-tokens for DFlash; must agree")
+            help="alias of --speculative-num-draft-tokens for DFlash; must agree "
+                 "(default: the draft config's)")
         add("--speculative-draft-fc-quantization", default=None, choices=FC_QUANTIZATIONS,
             help="store the DFlash draft's fc as MXFP8 (default: the draft config's "
                  "'quantization')")
         add("--dflash-staged-projection-min-tokens", type=int,
-            default=d["dflash_staged_projection_min_tokens"].default,
+            default=d["dflash_staged_projection_min_tokens"],
             help="eager target forwards of at least this many tokens quantize each aux state "
                  "into the MXFP8 fc input as produced (needs an MXFP8 fc)")
-        add("--speculative-dflash-aux-projection", default="packed", choices=AUX_PROJECTIONS,
+        add("--speculative-dflash-aux-projection", default=d["speculative_dflash_aux_projection"],
+            choices=AUX_PROJECTIONS,
             help="packed: concat the aux states, then the draft fc (shared graph buffer, "
                  "staged MXFP8 input for large prefills); streamed: project each aux state "
                  "into the fc's fp32 accumulator as it is tapped (no [T, K*H] tensor)")
-        add("--cuda-graph-max-bs-decode", type=int, default=None)
-        add("--cuda-graph-bs-decode", type=int, nargs="+", default=None)
-        add("--disable-decode-cuda-graph", action="store_true")
+        add("--cuda-graph-max-bs-decode", type=int, default=None,
+            help="largest decode batch captured as a graph (default: from "
+                 "--max-running-requests; 8 on CPU)")
+        add("--cuda-graph-bs-decode", type=int, nargs="+", default=None,
+            help="the decode batch sizes to capture (default: up to --cuda-graph-max-bs-decode)")
+        add("--disable-decode-cuda-graph", action="store_true",
+            help="run decode steps eagerly")
         add("--cuda-graph-max-tokens-prefill", type=int, default=None,
             help="capture prefill graphs up to this many tokens (default: 2048 on CUDA for "
                  "models of hidden size <= 2048, else 0 = none); a prefill pads to the next "
@@ -223,8 +270,9 @@ class ServerArgs:
         add("--cuda-graph-tokens-prefill", type=int, nargs="+", default=None,
             help="the token counts to capture prefill graphs for (default: ~1.5x apart)")
         add("--cuda-graph-max-bs-prefill", type=int, default=None,
-            help="requests one prefill graph takes (default min(max running requests, 4))")
-        add("--disable-prefill-cuda-graph", action="store_true")
+            help="requests one prefill graph takes (default: min(max running requests, 4))")
+        add("--disable-prefill-cuda-graph", action="store_true",
+            help="run prefills eagerly")
         add("--disable-shared-aux-buffer", action="store_true",
             help="give every captured decode graph its own aux output (the baseline)")
         add("--disable-radix-cache", action="store_true",
@@ -232,9 +280,12 @@ class ServerArgs:
         add("--enable-prefill-delayer", action="store_true",
             help="while requests run, hold a prefill back until as many requests wait as one "
                  "prefill graph takes (or the free rows hold)")
-        add("--prefill-delayer-max-delay-passes", type=int, default=30,
+        add("--prefill-delayer-max-delay-passes", type=int,
+            default=d["prefill_delayer_max_delay_passes"],
             help="steps a waiting request can be passed over before its prefill runs anyway")
-        add("--enable-two-batch-overlap", action="store_true")
+        add("--enable-two-batch-overlap", action="store_true",
+            help="accepted for SGLang compatibility; batches are not split at run time here "
+                 "(a warning says so)")
         add("--disable-overlap-schedule", action="store_const", const=True, default=None,
             help="read each step's tokens before launching the next (default: overlap on CUDA, "
                  "where the host prepares step n+1 while the device runs step n)")
@@ -244,27 +295,40 @@ class ServerArgs:
         add("--enable-mixed-chunk", action="store_true",
             help="run arrivals' prefills inside the running batch's decode (or DFlash verify) "
                  "forward instead of in a step of their own")
-        add("--mixed-chunk-max-prefill-tokens", type=int, default=512,
+        add("--mixed-chunk-max-prefill-tokens", type=int,
+            default=d["mixed_chunk_max_prefill_tokens"],
             help="most arrival tokens one mixed forward takes; a longer prefill runs alone")
-        add("--host", default=d["host"].default)
-        add("--port", type=int, default=d["port"].default)
-        add("--api-key", default=None)
-        add("--incremental-streaming-output", action="store_true",
-            help="native /generate streams send each event only the new text and output ids "
-                 "(default: the whole text and ids so far, as SGLang); the OpenAI routes "
-                 "always stream deltas")
-        add("--max-request-body-bytes", type=int, default=None,
-            help="refuse a larger request body with 413 (default: the largest body that can "
-                 "carry a prompt the context holds)")
-        add("--max-request-head-bytes", type=int, default=d["max_request_head_bytes"].default,
-            help="refuse a larger request line plus headers with 431 (default: %(default)s)")
-        add("--timeout-request-read", type=float, default=d["timeout_request_read"].default,
-            help="seconds a client has to send a request's head, and may pause while sending "
-                 "its body, before its connection is closed (default: %(default)s)")
-        add("--timeout-keep-alive", type=float, default=d["timeout_keep_alive"].default,
-            help="seconds an idle keep-alive connection stays open (default: %(default)s)")
-        add("--log-level", default="info")
-        add("--random-seed", type=int, default=0)
+        if serving:
+            add("--host", default=d["host"], help="address to listen on")
+            add("--port", type=int, default=d["port"], help="port to listen on")
+            add("--api-key", default=None,
+                help="require `Authorization: Bearer KEY` on every route (default: none)")
+            add("--incremental-streaming-output", action="store_true",
+                help="native /generate streams send each event only the new text and output "
+                     "ids (default: the whole text and ids so far, as SGLang); the OpenAI "
+                     "routes always stream deltas")
+            add("--max-request-body-bytes", type=int, default=None,
+                help="refuse a larger request body with 413 (default: the largest body that "
+                     "can carry a prompt the context holds)")
+            add("--max-request-head-bytes", type=int, default=d["max_request_head_bytes"],
+                help="refuse a larger request line plus headers with 431")
+            add("--timeout-request-read", type=float, default=d["timeout_request_read"],
+                help="seconds a client has to send a request's head, and may pause while "
+                     "sending its body, before its connection is closed")
+            add("--timeout-keep-alive", type=float, default=d["timeout_keep_alive"],
+                help="seconds an idle keep-alive connection stays open")
+        add("--log-level", default=d["log_level"], help="debug, info, warning or error")
+        add("--random-seed", type=int, default=d["random_seed"],
+            help="seed of the random weights (--load-format dummy) and unseeded sampling")
+
+    @classmethod
+    def from_parsed(cls, parser: argparse.ArgumentParser, args: argparse.Namespace
+                    ) -> ServerArgs:
+        """`from_cli_args`, a bad combination of flags ending as a usage error (exit 2)."""
+        try:
+            return cls.from_cli_args(args)
+        except ValueError as e:
+            parser.error(str(e))
 
     @classmethod
     def from_cli_args(cls, args: argparse.Namespace) -> ServerArgs:

@@ -5,13 +5,14 @@ test question; greedy `/generate` requests go out `--parallel` at a time and sto
 `Question`. The model's answer is the last integer of its output, the label the number after
 `####`. Prints Accuracy, Invalid, Latency, Output throughput and the mean accept length
 (speculative decoding; 0 without it), and appends them as one JSON line to `--result-file`.
+The questions: `--data-path`, else `gsm8k_data.gsm8k_path` (`$SGLANG_AUX_GSM8K_DIR`, the copy
+beside the checkout, or the official files, downloaded into the cache on first use).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
 import sys
 import time
@@ -21,23 +22,13 @@ from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from sglang_aux.test.gsm8k_data import DATA_DIR_ENV, data_paths
+
 INVALID = -9999999
 STOP = ["Question", "</s>", "<|im_end|>"]
-DATA_DIR_ENV = "SGLANG_AUX_GSM8K_DIR"
-REPO_ROOT = Path(__file__).resolve().parents[3]
-REPO_DATA_DIR = REPO_ROOT.parent / "shared" / "data" / "gsm8k"
 REQUEST_TIMEOUT_S = 600
 # A leading minus counts unless it follows a number or ")" (then it is a subtraction: "18 - 6").
 _INTEGER = re.compile(r"(?<![\d)])(?<![\d)]\s)-?\d+")
-
-
-def default_data_path() -> Path | None:
-    """`$SGLANG_AUX_GSM8K_DIR/test.jsonl`, else `../shared/data/gsm8k/test.jsonl` beside the
-    repository when it exists."""
-    if os.environ.get(DATA_DIR_ENV):
-        return Path(os.environ[DATA_DIR_ENV]) / "test.jsonl"
-    path = REPO_DATA_DIR / "test.jsonl"
-    return path if path.is_file() else None
 
 
 def read_jsonl(path: Path) -> list[dict]:
@@ -102,9 +93,9 @@ class Client:
 def run_eval(args: argparse.Namespace) -> dict:
     """Run the evaluation and return its metrics (also printed and appended to the result
     file)."""
-    data_path = Path(args.data_path)
+    data_path, shots_path = data_paths(args.data_path)
     questions = read_jsonl(data_path)[: args.num_questions]
-    shots = read_jsonl(data_path.with_name("train.jsonl"))[: args.num_shots]
+    shots = read_jsonl(shots_path)[: args.num_shots]
     prefix = few_shot_prefix(shots)
     labels = [label_of(q["answer"]) for q in questions]
     client = Client(args.host, args.port, args.api_key)
@@ -158,10 +149,10 @@ def run_eval(args: argparse.Namespace) -> dict:
 
 def make_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    default = default_data_path()
-    parser.add_argument("--data-path", default=default, required=default is None,
+    parser.add_argument("--data-path", default=None,
                         help=f"GSM8K test jsonl; train.jsonl beside it gives the shots "
-                             f"(default: ${DATA_DIR_ENV}/test.jsonl or {REPO_DATA_DIR})")
+                             f"(default: ${DATA_DIR_ENV}, the copy beside the checkout, or "
+                             "the official files, downloaded into the cache on first use)")
     parser.add_argument("--num-shots", type=int, default=5)
     parser.add_argument("--num-questions", type=int, default=200)
     parser.add_argument("--parallel", type=int, default=64, help="concurrent requests")

@@ -144,6 +144,8 @@ def dflash_draft_preset(target: str, *, num_layers: int, num_aux: int, block_siz
 PRESETS["tiny-k3-dflash"] = dflash_draft_preset("tiny-k3", num_layers=2, num_aux=3, block_size=4)
 PRESETS["tiny-llama-dflash"] = dflash_draft_preset("tiny-llama", num_layers=1, num_aux=2,
                                                    block_size=4)
+PRESETS["tiny-qwen3-dflash"] = dflash_draft_preset("tiny-qwen3", num_layers=1, num_aux=2,
+                                                   block_size=4)
 PRESETS["bench-llama-dflash"] = dflash_draft_preset("bench-llama", num_layers=1, num_aux=3,
                                                     block_size=8)
 PRESETS["k3-shaped-dflash"] = dflash_draft_preset("k3-shaped", num_layers=1, num_aux=6,

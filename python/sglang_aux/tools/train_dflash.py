@@ -28,9 +28,9 @@ import torch
 from sglang_aux.srt.entrypoints.engine import Engine
 from sglang_aux.srt.managers.tokenizer import Tokenizer
 from sglang_aux.srt.model_loader.builtin import DRAFTS_DIR, resolve_model_path, trained_draft_dir
+from sglang_aux.test.gsm8k_data import gsm8k_path
 from sglang_aux.tools.dflash_training.data import (
     common_prefix_len,
-    default_gsm8k_path,
     describe_continuations,
     generate_samples,
     gsm8k_prompts,
@@ -83,8 +83,10 @@ def make_parser() -> argparse.ArgumentParser:
     add("--smoke", action="store_true", help="tiny-llama target, a few samples and steps")
     add("--recipe", choices=sorted(RECIPES), default=None,
         help="a named draft's flags as defaults; written where its name resolves (the cache)")
-    add("--data-path", default=default_gsm8k_path("train"), help="GSM8K train jsonl")
-    add("--eval-data-path", default=default_gsm8k_path("test"), help="GSM8K test jsonl")
+    add("--data-path", default=None, help="GSM8K train jsonl (default: `gsm8k_data.gsm8k_path`:"
+        " $SGLANG_AUX_GSM8K_DIR, the copy beside the checkout, or the official file, "
+        "downloaded into the cache on first use)")
+    add("--eval-data-path", default=None, help="GSM8K test jsonl (default: as --data-path)")
     add("--num-samples", type=int, default=None,
         help="training questions (default: every train question but the shots and the "
              "--holdout ones)")
@@ -142,11 +144,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         parser.set_defaults(**RECIPES[recipe.recipe])
     args = parser.parse_args(argv)
     if args.data_path is None:
-        parser.error("--data-path: GSM8K train.jsonl not found (set SGLANG_AUX_GSM8K_DIR)")
+        args.data_path = str(gsm8k_path("train"))
     if args.generate_only and not args.samples_file:
         parser.error("--generate-only needs --samples-file")
-    if (args.eval or args.eval_only) and args.eval_data_path is None:
-        parser.error("--eval-data-path: GSM8K test.jsonl not found (set SGLANG_AUX_GSM8K_DIR)")
+    if (args.eval or args.eval_only) and args.eval_data_path is None and not args.holdout:
+        args.eval_data_path = str(gsm8k_path("test"))
     if args.out is None and args.recipe and not args.generate_only:
         args.out = str(trained_draft_dir(args.recipe))
     if args.out is None and not args.generate_only:

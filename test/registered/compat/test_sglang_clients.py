@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from sglang_aux.test.ci.ci_register import register_cpu_ci
-from sglang_aux.test.few_shot_gsm8k import default_data_path
+from sglang_aux.test.gsm8k_data import local_path_or_skip
 from sglang_aux.test.runtime_utils import tiny_checkpoint
 from sglang_aux.test.server_utils import launched_server
 from sglang_aux.test.sglang_client import client_env, install_client
@@ -60,9 +60,7 @@ def _run(client: Path, args: list[str], cwd: Path) -> str:
 def test_sglang_few_shot_gsm8k(client, server, tmp_path):
     url, _ = server
     port = url.rsplit(":", 1)[1]
-    data = default_data_path()
-    if data is None:
-        pytest.skip("no GSM8K test.jsonl (set SGLANG_AUX_GSM8K_DIR)")
+    data = local_path_or_skip("test")
     out = _run(client, ["-m", "sglang.test.few_shot_gsm8k", "--data-path", str(data),
                         "--num-questions", "4", "--num-shots", "2", "--max-new-tokens", "24",
                         "--parallel", "4", "--host", "127.0.0.1", "--port", port],

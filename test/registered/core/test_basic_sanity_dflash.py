@@ -15,6 +15,7 @@ import pytest
 
 from sglang_aux.test import few_shot_gsm8k as gsm8k
 from sglang_aux.test.ci.ci_register import register_cpu_ci
+from sglang_aux.test.gsm8k_data import local_path_or_skip
 from sglang_aux.test.runtime_utils import assert_spec_counts, tiny_checkpoint
 from sglang_aux.test.server_utils import launched_server
 
@@ -118,7 +119,8 @@ def test_bad_input_gets_4xx_and_server_keeps_serving(servers, body, status):
 
 def test_gsm8k_harness_on_real_questions(servers, capsys):
     spec, _ = servers
-    metrics = gsm8k.main(["--port", spec.rsplit(":", 1)[1], "--num-questions", "3",
+    metrics = gsm8k.main(["--data-path", str(local_path_or_skip("test")),
+                          "--port", spec.rsplit(":", 1)[1], "--num-questions", "3",
                           "--num-shots", "2", "--max-new-tokens", "16", "--parallel", "3"])
     assert metrics["num_questions"] == 3 and metrics["num_errors"] == 0
     assert metrics["accept_length"] >= 1.0

@@ -12,7 +12,8 @@ from sglang_aux.srt.entrypoints.engine import Engine
 from sglang_aux.srt.model_loader import builtin
 from sglang_aux.test.ci.ci_register import register_cuda_ci
 from sglang_aux.test.few_shot_gsm8k import STOP
-from sglang_aux.tools.dflash_training.data import default_gsm8k_path, gsm8k_prompts
+from sglang_aux.test.gsm8k_data import local_path_or_skip
+from sglang_aux.tools.dflash_training.data import gsm8k_prompts
 
 register_cuda_ci(est_time=240, suite="default")
 
@@ -29,16 +30,14 @@ try:
     DRAFT_DIR = builtin.resolve_model_path(DRAFT)
 except FileNotFoundError as e:
     pytest.skip(f"the pair is not staged and trained here: {e}", allow_module_level=True)
-if default_gsm8k_path("test") is None:
-    pytest.skip("GSM8K not found (SGLANG_AUX_GSM8K_DIR)", allow_module_level=True)
+TEST, TRAIN = local_path_or_skip("test"), local_path_or_skip("train")
 
 
 def _generate(**spec) -> list[dict]:
     engine = Engine(model_path=TARGET_DIR, dtype="float32", device="cuda",
                     max_running_requests=NUM_PROMPTS, context_length=2048,
                     max_total_tokens=NUM_PROMPTS * 2048, **spec)
-    prompts = gsm8k_prompts(default_gsm8k_path("test"), default_gsm8k_path("train"), 5,
-                            NUM_PROMPTS)
+    prompts = gsm8k_prompts(TEST, TRAIN, 5, NUM_PROMPTS)
     outs = engine.generate(prompts, {"temperature": 0, "max_new_tokens": MAX_NEW_TOKENS,
                                      "stop": STOP})
     engine.shutdown()

@@ -10,6 +10,7 @@ import pytest
 from sglang_aux.srt.entrypoints.engine import Engine
 from sglang_aux.test import few_shot_gsm8k as gsm8k
 from sglang_aux.test.ci.ci_register import register_cpu_ci
+from sglang_aux.test.gsm8k_data import local_path_or_skip
 
 register_cpu_ci(est_time=150, suite="default")
 
@@ -28,8 +29,8 @@ NUM_SHOTS = 5  # the format the draft was trained on
 
 @pytest.fixture(scope="module")
 def prompts():
-    data = gsm8k.read_jsonl(gsm8k.default_data_path())[:NUM_QUESTIONS]
-    shots = gsm8k.read_jsonl(gsm8k.REPO_DATA_DIR / "train.jsonl")[:NUM_SHOTS]
+    data = gsm8k.read_jsonl(local_path_or_skip("test"))[:NUM_QUESTIONS]
+    shots = gsm8k.read_jsonl(local_path_or_skip("train"))[:NUM_SHOTS]
     return [gsm8k.build_prompt(gsm8k.few_shot_prefix(shots), q["question"]) for q in data]
 
 

@@ -19,7 +19,8 @@ from sglang_aux.srt.model_loader import builtin
 from sglang_aux.srt.model_loader.gguf_import import GGUFImportError, import_gguf
 from sglang_aux.srt.model_loader.gguf_sources import SMOLLM2_PIP, packaged_smollm2_gguf
 from sglang_aux.test.ci.ci_register import register_cpu_ci
-from sglang_aux.test.few_shot_gsm8k import REPO_DATA_DIR, read_jsonl
+from sglang_aux.test.few_shot_gsm8k import read_jsonl
+from sglang_aux.test.gsm8k_data import local_path_or_skip
 from sglang_aux.test.runtime_utils import prefill, release
 
 register_cpu_ci(est_time=60, suite="default")
@@ -124,10 +125,7 @@ def test_builtin_name_serves_real_text(folder, monkeypatch):
 
 
 def _gsm8k_texts() -> list[str]:
-    path = REPO_DATA_DIR / "test.jsonl"
-    if not path.is_file():
-        pytest.skip(f"GSM8K not found at {path}")
-    return [q["question"] for q in read_jsonl(path)]
+    return [q["question"] for q in read_jsonl(local_path_or_skip("test"))]
 
 
 def test_tokenizer_matches_transformers(folder, hf):

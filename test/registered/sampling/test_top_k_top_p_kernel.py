@@ -8,7 +8,7 @@ equal, for the kernel, the torch twin and `sample`; the kernel beside the twin."
 
 import os
 
-# NOTE: must precede any @triton.jit definition, i.e. any import of the sampler.
+# NOTE: must precede any @triton.jit definition, i.e. any import of the kernel.
 os.environ["TRITON_INTERPRET"] = "1"
 
 import functools  # noqa: E402
@@ -18,7 +18,7 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 from sglang_aux.srt.layers.triton_ops.dispatch import ENV_VAR  # noqa: E402
-from sglang_aux.srt.sampling import sampler  # noqa: E402
+from sglang_aux.srt.sampling import top_k_top_p_kernel as kernel_module  # noqa: E402
 from sglang_aux.srt.sampling.sampler import SamplingTensors, sample, sampling_probs  # noqa: E402
 from sglang_aux.srt.sampling.sampling_params import SamplingParams  # noqa: E402
 from sglang_aux.srt.sampling.sampling_rows import SamplingRows  # noqa: E402
@@ -41,7 +41,7 @@ SMALL_CHUNK = 32
 def kernel(monkeypatch):
     """The engine's CUDA path, with rows of a few hundred tokens over several programs."""
     monkeypatch.setenv(ENV_VAR, "force")
-    monkeypatch.setattr(sampler, "top_k_top_p_kernel",
+    monkeypatch.setattr(kernel_module, "top_k_top_p_kernel",
                         functools.partial(top_k_top_p_kernel, chunk=SMALL_CHUNK))
 
 

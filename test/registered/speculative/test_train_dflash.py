@@ -27,13 +27,13 @@ from sglang_aux.srt.model_loader.weight_utils import (
 )
 from sglang_aux.srt.server_args import ServerArgs
 from sglang_aux.test.ci.ci_register import register_cpu_ci
+from sglang_aux.test.gsm8k_data import local_path_or_skip
 from sglang_aux.test.hf_checkpoints import save_tiny_qwen2
 from sglang_aux.test.runtime_utils import eager_forward, make_runner, prefill, tiny_checkpoint
 from sglang_aux.tools import train_dflash
 from sglang_aux.tools.dflash_training.data import (
     Sample,
     common_prefix_len,
-    default_gsm8k_path,
     generate_samples,
     load_samples,
 )
@@ -356,8 +356,8 @@ def test_time_budget_repaces_when_the_steps_speed_up(target, monkeypatch):
 
 
 def test_smoke_run_writes_a_draft_the_engine_runs_losslessly(target, tmp_path):
-    if default_gsm8k_path("train") is None or default_gsm8k_path("test") is None:
-        pytest.skip("GSM8K not found (../shared/data/gsm8k or SGLANG_AUX_GSM8K_DIR)")
+    local_path_or_skip("train")
+    local_path_or_skip("test")
     out = tmp_path / "draft"
     samples_file = tmp_path / "samples.jsonl"
     train_dflash.main(["--smoke", "--target", target, "--out", str(out), "--num-samples", "4",
@@ -393,8 +393,7 @@ def test_qwen2_target_with_block_16(tmp_path):
     """The Qwen2.5-Coder recipe's shape on CPU: a Qwen2 target (transformers' own checkpoint,
     rope in `rope_parameters`) and a block-16 draft, trained and served losslessly."""
     pytest.importorskip("transformers", reason="the target is saved by transformers")
-    if default_gsm8k_path("train") is None:
-        pytest.skip("GSM8K not found (../shared/data/gsm8k or SGLANG_AUX_GSM8K_DIR)")
+    local_path_or_skip("train")
     target, out = save_tiny_qwen2(tmp_path / "qwen2"), tmp_path / "draft"
     train_dflash.main(["--smoke", "--target", target, "--out", str(out), "--num-samples", "4",
                        "--steps", "4", "--block-size", "16", "--num-layers", "2",

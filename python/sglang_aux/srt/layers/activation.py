@@ -7,13 +7,14 @@ from torch import nn
 from torch.nn import functional as F
 
 from sglang_aux.srt.layers.triton_ops.dispatch import use_triton
-from sglang_aux.srt.layers.triton_ops.silu_and_mul import silu_and_mul
 
 
 class SiluAndMul(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x `[T, 2 * I]` (gate | up) -> `silu(gate) * up` `[T, I]`."""
         if use_triton(x) and x.dim() == 2:
+            from sglang_aux.srt.layers.triton_ops.silu_and_mul import silu_and_mul
+
             return silu_and_mul(x)
         return self.forward_native(x)
 

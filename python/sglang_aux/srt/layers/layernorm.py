@@ -6,7 +6,6 @@ import torch
 from torch import nn
 
 from sglang_aux.srt.layers.triton_ops.dispatch import use_triton
-from sglang_aux.srt.layers.triton_ops.rms_norm import rms_norm
 
 
 class RMSNorm(nn.Module):
@@ -20,6 +19,8 @@ class RMSNorm(nn.Module):
         """`norm(x)`; with `residual`, `(norm(x + residual), x + residual)`. New tensors
         always: neither input is written, so callers may keep them."""
         if use_triton(x):
+            from sglang_aux.srt.layers.triton_ops.rms_norm import rms_norm
+
             shape = x.shape
             res2d = residual.reshape(-1, shape[-1]) if residual is not None else None
             out = rms_norm(x.reshape(-1, shape[-1]), self.weight, self.variance_epsilon, res2d)

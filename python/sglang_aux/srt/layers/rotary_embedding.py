@@ -10,7 +10,6 @@ from sglang_aux.srt.layers.kv_store import KVStore
 from sglang_aux.srt.layers.layernorm import RMSNorm
 from sglang_aux.srt.layers.rope_scaling import RopeScaling
 from sglang_aux.srt.layers.triton_ops.dispatch import use_triton
-from sglang_aux.srt.layers.triton_ops.rope_store import rope_store
 
 
 class RotaryEmbedding(nn.Module):
@@ -29,6 +28,8 @@ class RotaryEmbedding(nn.Module):
         """q `[T, H*D]` (or None) and k `[T, KVH*D]`, per-head normed when norms are given,
         rotated at `positions` `[T]`. The Triton path rotates in place: use the results."""
         if use_triton(k):
+            from sglang_aux.srt.layers.triton_ops.rope_store import rope_store
+
             rope_store(positions, q, k, self.cos_sin_cache, *self._norm_args(q, q_norm, k_norm))
             return q, k
         return self.forward_native(positions, q, k, q_norm, k_norm)
@@ -39,6 +40,8 @@ class RotaryEmbedding(nn.Module):
                           ) -> torch.Tensor | None:
         """As `forward`, then the rotated k and v `[T, KVH*D]` go to `store`; returns q."""
         if use_triton(k):
+            from sglang_aux.srt.layers.triton_ops.rope_store import rope_store
+
             rope_store(positions, q, k, self.cos_sin_cache, *self._norm_args(q, q_norm, k_norm),
                        v=v, k_cache=store.k_cache, v_cache=store.v_cache, loc=store.loc)
             return q

@@ -13,6 +13,7 @@ from torch import nn
 from sglang_aux.srt.configs.model_config import ModelConfig
 from sglang_aux.srt.layers.attention.base_attn_backend import AttentionBackend
 from sglang_aux.srt.layers.logits_processor import LogitsProcessorOutput
+from sglang_aux.srt.layers.triton_ops.dispatch import require_triton
 from sglang_aux.srt.mem_cache.memory_pool import (
     MHATokenToKVPool,
     ReqToTokenPool,
@@ -51,6 +52,7 @@ CPU_DEFAULT_MAX_CAPTURE_BS = 8
 
 def make_attn_backend(name: str) -> AttentionBackend:
     if name == "triton":
+        require_triton()
         from sglang_aux.srt.layers.attention.triton_backend import TritonAttnBackend
 
         return TritonAttnBackend()

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import os
+import logging
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -16,8 +16,15 @@ from sglang_aux.srt.model_loader.gguf_sources import (
     assemble_parts,
     packaged_smollm2_gguf,
 )
+from sglang_aux.srt.model_loader.model_cache import (
+    cache_dir,
+    check_model_folder,
+    check_tokenizer_folder,
+)
 from sglang_aux.srt.server_args import ServerArgs
 from sglang_aux.tools.presets import DEFAULT_MODEL, PRESETS
+
+logger = logging.getLogger(__name__)
 
 # DFlash drafts the project trained, shipped as package data.
 DRAFTS_DIR = Path(__file__).resolve().parents[2] / "data" / "drafts"
@@ -25,10 +32,6 @@ SHIPPED_DRAFTS = ("smollm2-135m-instruct-dflash-b8",)
 # Drafts too large for the repository (their card says why): one command trains each into the
 # cache, where its name then resolves.
 TRAINED_DRAFTS = ("qwen2.5-coder-1.5b-instruct-dflash-b16",)
-
-
-def cache_dir() -> Path:
-    return Path(os.environ.get("SGLANG_AUX_CACHE", Path.home() / ".cache" / "sglang_aux"))
 
 
 def assembled_gguf(packages: PartPackages) -> Path:
@@ -46,17 +49,20 @@ IMPORTED_MODELS: dict[str, Callable[[], Path]] = {
 }
 
 
-def _import_gguf_once(gguf: Path, out: Path) -> None:
-    from sglang_aux.srt.model_loader.gguf_import import import_gguf
+def _write_builtin(name: str, out: Path) -> None:
+    """Make the cache folder of a built-in model; one left without config.json (written
+    in place by an older version that was interrupted) is replaced."""
+    if out.is_dir() and any(out.iterdir()):
+        logger.warning("%s is incomplete (no config.json): rebuilding it", out)
+        shutil.rmtree(out)
+    if name in IMPORTED_MODELS:
+        from sglang_aux.srt.model_loader.gguf_import import import_gguf
 
-    # Import beside the target and rename, so a concurrent first use never sees half a folder.
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.parent / f".{out.name}.{os.getpid()}.tmp"
-    import_gguf(gguf, tmp)
-    try:
-        tmp.rename(out)
-    except OSError:  # another process finished first
-        shutil.rmtree(tmp, ignore_errors=True)
+        import_gguf(IMPORTED_MODELS[name](), out, keep_existing=True)
+    else:
+        from sglang_aux.tools.make_checkpoint import write_checkpoint
+
+        write_checkpoint(name, out, keep_existing=True)
 
 
 def trained_draft_dir(name: str) -> Path:
@@ -90,7 +96,9 @@ def _imported_file(gguf: Path) -> str:
     `<cache>/gguf-imports/<stem>-<bytes>` (the size tells a replaced file apart)."""
     out = cache_dir() / "gguf-imports" / f"{gguf.stem}-{gguf.stat().st_size}"
     if not (out / "config.json").is_file():
-        _import_gguf_once(gguf, out)
+        from sglang_aux.srt.model_loader.gguf_import import import_gguf
+
+        import_gguf(gguf, out, keep_existing=True)
     return str(out)
 
 
@@ -117,13 +125,7 @@ def resolve_model_path(name_or_path: str | None) -> str:
         return name
     out = cache_dir() / name
     if not (out / "config.json").is_file():
-        out.parent.mkdir(parents=True, exist_ok=True)
-        if name in IMPORTED_MODELS:
-            _import_gguf_once(IMPORTED_MODELS[name](), out)
-        else:
-            from sglang_aux.tools.make_checkpoint import write_checkpoint
-
-            write_checkpoint(name, out)
+        _write_builtin(name, out)
     return str(out)
 
 
@@ -132,8 +134,9 @@ def _config_of(name_or_path: str | None, args: ServerArgs) -> ModelConfig:
         name = name_or_path or DEFAULT_MODEL
         return ModelConfig.from_dict(dict(PRESETS[name]), name, args.resolved_dtype(),
                                      args.context_length)
-    return ModelConfig.from_pretrained(resolve_model_path(name_or_path), args.resolved_dtype(),
-                                       args.context_length)
+    path = resolve_model_path(name_or_path)
+    check_model_folder(path, weights=args.load_format != "dummy")
+    return ModelConfig.from_pretrained(path, args.resolved_dtype(), args.context_length)
 
 
 def resolve_draft(args: ServerArgs) -> ModelConfig:
@@ -155,4 +158,5 @@ def resolve_model(args: ServerArgs) -> tuple[ModelConfig, Tokenizer]:
     args.model_path = config.model_path
     if args.tokenizer_path is None and args.model_path in PRESETS:
         return config, Tokenizer.byte_level()
+    check_tokenizer_folder(args.tokenizer_path or args.model_path)
     return config, Tokenizer.from_dir(args.tokenizer_path or args.model_path)

@@ -24,6 +24,7 @@ from sglang_aux.srt.model_loader.gguf_arch import (
 )
 from sglang_aux.srt.model_loader.gguf_reader import GGUFImportError, open_gguf
 from sglang_aux.srt.model_loader.gguf_tokenizer import build_tokenizer
+from sglang_aux.srt.model_loader.model_cache import write_folder
 
 # Types accepted: plain floats and the `gguf` package's llama.cpp quant dequantizers (numpy).
 SUPPORTED_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1",
@@ -63,10 +64,10 @@ def read_weights(reader, config: dict, dtype: torch.dtype) -> dict[str, torch.Te
 
 
 def import_gguf(gguf_path: str | Path, out_dir: str | Path,
-                dtype: torch.dtype = torch.bfloat16) -> Path:
+                dtype: torch.dtype = torch.bfloat16, *, keep_existing: bool = False) -> Path:
     """Write `out_dir` (config.json, model.safetensors, tokenizer.json, tokenizer_config.json)
-    from a GGUF file; returns the folder. config.json is written last, so a folder with one is
-    complete."""
+    from a GGUF file, atomically (`model_cache.write_folder`: an `out_dir` that holds files is
+    kept with `keep_existing`, else an error); returns the folder."""
     reader = open_gguf(Path(gguf_path))
     check_supported(reader)
     config = hf_config(reader, dtype)
@@ -77,10 +78,11 @@ def import_gguf(gguf_path: str | Path, out_dir: str | Path,
         raise GGUFImportError(
             f"the embedding has {rows} rows but the metadata says vocab {config['vocab_size']}"
         )
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    save_file(weights, str(out / "model.safetensors"), metadata={"format": "pt"})
-    tokenizer.save(str(out / "tokenizer.json"))
-    (out / "tokenizer_config.json").write_text(json.dumps(tok_config, indent=2) + "\n")
-    (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-    return out
+
+    def write(tmp: Path) -> None:
+        save_file(weights, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        tokenizer.save(str(tmp / "tokenizer.json"))
+        (tmp / "tokenizer_config.json").write_text(json.dumps(tok_config, indent=2) + "\n")
+        (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+
+    return write_folder(Path(out_dir), write, keep_existing=keep_existing)

@@ -23,7 +23,6 @@ from sglang_aux.srt.configs.decoder_config import LayerAttention, check_decoder_
 from sglang_aux.srt.layers.kv_store import KVStore
 from sglang_aux.srt.layers.layernorm import RMSNorm
 from sglang_aux.srt.layers.logits_processor import LogitsProcessor, LogitsProcessorOutput
-from sglang_aux.srt.layers.quantization.mxfp8_gemm_choice import sliced_choice
 from sglang_aux.srt.layers.quantization.mxfp8_linear import MXFP8Linear
 from sglang_aux.srt.layers.quantization.staged_input import MXFP8InputAccumulator
 from sglang_aux.srt.layers.quantization.streamed_projection import StreamedProjection
@@ -121,6 +120,8 @@ class DFlashDraftModel(nn.Module):
         concat calls (`mxfp8_gemm_choice.sliced_choice`); None with a bf16 fc."""
         if self.fc_mxfp8 is None:
             return None
+        from sglang_aux.srt.layers.quantization.mxfp8_gemm_choice import sliced_choice
+
         return sliced_choice(num_tokens, self.dflash_config.target_hidden_size)
 
     def fc_forward(self, aux: torch.Tensor) -> torch.Tensor:

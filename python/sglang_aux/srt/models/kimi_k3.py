@@ -41,8 +41,6 @@ from torch import nn
 
 from sglang_aux.srt.layers.aux_hidden_states import AuxHiddenStates
 from sglang_aux.srt.layers.layernorm import RMSNorm
-from sglang_aux.srt.layers.triton_ops.attn_res_mix import MAX_SOURCES
-from sglang_aux.srt.layers.triton_ops.attn_res_mix import attn_res_mix as fused_attn_res_mix
 from sglang_aux.srt.layers.triton_ops.dispatch import use_triton
 from sglang_aux.srt.model_executor.forward_batch_info import ForwardBatch
 from sglang_aux.srt.models.llama import LlamaAttention, LlamaForCausalLM, LlamaMLP
@@ -65,8 +63,11 @@ def attn_res_mix(sources: list[torch.Tensor], query: torch.Tensor, norm: RMSNorm
     memory pool every other size reuses. The Triton kernel (up to MAX_SOURCES sources) reads
     each source once with an online softmax; this loop is its torch twin.
     """
-    if use_triton(sources[0]) and len(sources) <= MAX_SOURCES:
-        return fused_attn_res_mix(sources, query, norm.weight, norm.variance_epsilon)
+    if use_triton(sources[0]):
+        from sglang_aux.srt.layers.triton_ops import attn_res_mix as fused
+
+        if len(sources) <= fused.MAX_SOURCES:
+            return fused.attn_res_mix(sources, query, norm.weight, norm.variance_epsilon)
     gq = norm.weight.float() * query.float()  # [H]
     scores = []
     for v in sources:

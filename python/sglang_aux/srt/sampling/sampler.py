@@ -16,7 +16,6 @@ import torch
 from sglang_aux.srt.layers.triton_ops.dispatch import use_triton
 from sglang_aux.srt.sampling.sampling_params import GREEDY_EPS
 from sglang_aux.srt.sampling.top_k_top_p import top_k_top_p_probs
-from sglang_aux.srt.sampling.top_k_top_p_kernel import top_k_top_p_kernel
 
 _MASK32 = 0xFFFFFFFF
 # Odd multipliers below 2**31: a 32-bit value times one stays below 2**63, so int64 never
@@ -78,8 +77,9 @@ def sampling_probs(logits: torch.Tensor, params: SamplingTensors,
         raise ValueError(f"out must be float32 {tuple(logits.shape)} like the logits, got "
                          f"{out.dtype} {tuple(out.shape)}")
     temperature = params.temperature.clamp_min(GREEDY_EPS)
-    restrict = (top_k_top_p_kernel if use_triton(logits, differentiable=False)
-                else top_k_top_p_probs)
+    restrict = top_k_top_p_probs
+    if use_triton(logits, differentiable=False):
+        from sglang_aux.srt.sampling.top_k_top_p_kernel import top_k_top_p_kernel as restrict
     return restrict(logits, temperature, params.top_k, params.top_p, out)
 
 

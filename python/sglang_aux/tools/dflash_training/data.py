@@ -6,15 +6,12 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
 from sglang_aux.srt.entrypoints.engine import Engine
 from sglang_aux.test.few_shot_gsm8k import (
-    DATA_DIR_ENV,
-    REPO_DATA_DIR,
     STOP,
     build_prompt,
     few_shot_prefix,
@@ -35,15 +32,6 @@ class Sample:
     @property
     def ids(self) -> list[int]:
         return self.prompt_ids + self.output_ids
-
-
-def default_gsm8k_path(split: str) -> Path | None:
-    """`$SGLANG_AUX_GSM8K_DIR/<split>.jsonl`, else `../shared/data/gsm8k/<split>.jsonl` beside
-    the repository when it exists."""
-    if os.environ.get(DATA_DIR_ENV):
-        return Path(os.environ[DATA_DIR_ENV]) / f"{split}.jsonl"
-    path = REPO_DATA_DIR / f"{split}.jsonl"
-    return path if path.is_file() else None
 
 
 def gsm8k_prompts(path: str | Path, shots_path: str | Path, num_shots: int,

@@ -7,16 +7,32 @@
 
 The twin always runs while autograd records: the kernels have no backward, and DFlash
 training calls the same layers with gradients on.
+
+Callers import a kernel's module only once this says to run it: Triton has wheels for Linux
+alone, and the torch twins serve a CPU elsewhere (the import costs ~0.2 us a call, on the
+kernel path only).
 """
 
 from __future__ import annotations
 
+import functools
+import importlib.util
 import os
 
 import torch
 
 ENV_VAR = "SGLANG_AUX_FUSED_KERNELS"
 MODES = ("auto", "off", "force")
+
+
+@functools.cache
+def require_triton() -> None:
+    """Raise a clear error where a Triton kernel is asked for and Triton is not installed."""
+    if importlib.util.find_spec("triton") is None:
+        raise ModuleNotFoundError(
+            "the fused kernels need Triton, which is not installed: `pip install triton` "
+            "(wheels for Linux x86_64/aarch64 only), or run the torch twins with "
+            f"{ENV_VAR}=off (a CPU needs neither)", name="triton")
 
 
 def fused_kernels_mode() -> str:
@@ -32,4 +48,7 @@ def use_triton(x: torch.Tensor, differentiable: bool = True) -> bool:
     if differentiable and torch.is_grad_enabled():
         return False
     mode = fused_kernels_mode()
-    return mode == "force" or (mode == "auto" and x.is_cuda)
+    if mode == "force" or (mode == "auto" and x.is_cuda):
+        require_triton()
+        return True
+    return False
