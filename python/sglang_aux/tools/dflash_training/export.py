@@ -12,6 +12,7 @@ from types import SimpleNamespace
 import torch
 from safetensors.torch import save_file
 
+from sglang_aux.srt.model_loader.model_cache import write_folder
 from sglang_aux.srt.model_loader.weight_utils import checkpoint_tensors
 from sglang_aux.srt.models.dflash import DFlashDraftModel
 from sglang_aux.srt.speculative.dflash_utils import build_target_layer_ids
@@ -64,37 +65,37 @@ def new_draft(config: dict, device: torch.device, seed: int) -> DFlashDraftModel
 
 def write_draft(draft: DFlashDraftModel, config: dict, out: str | Path, card: str,
                 max_shard_bytes: int = MAX_SHARD_BYTES) -> Path:
-    """Write the folder, whole or not at all (written beside it, then renamed over it);
+    """Write the folder whole (`model_cache.write_folder`; a draft already there is replaced);
     weights in the config's `torch_dtype`, sharded as transformers shards a large checkpoint
     (`model-0000i-of-0000n.safetensors` of at most `max_shard_bytes` each, plus
     `model.safetensors.index.json`) when they do not fit one file."""
     out = Path(out)
-    if out.exists() and any(out.iterdir()) and not (out / "config.json").is_file():
-        raise FileExistsError(f"{out} exists and holds no draft: give --out a new folder")
+    if out.exists() and any(out.iterdir()):
+        if not (out / "config.json").is_file():
+            raise FileExistsError(f"{out} exists and holds no draft: give --out a new folder")
+        shutil.rmtree(out)
     dtype = getattr(torch, config["torch_dtype"])
     tensors = {k: v.detach().to("cpu", dtype).contiguous()
                for k, v in checkpoint_tensors(draft).items()}
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.parent / f".{out.name}.tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
     shards = _shards(tensors, max_shard_bytes)
-    if len(shards) == 1:
-        save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
-    else:
-        weight_map = {}
-        for i, names in enumerate(shards, 1):
-            file = f"model-{i:05d}-of-{len(shards):05d}.safetensors"
-            save_file({k: tensors[k] for k in names}, str(tmp / file), metadata={"format": "pt"})
-            weight_map.update(dict.fromkeys(names, file))
-        total = sum(t.numel() * t.element_size() for t in tensors.values())
-        index = {"metadata": {"total_size": total}, "weight_map": weight_map}
-        (tmp / SHARD_INDEX).write_text(json.dumps(index, indent=2) + "\n")
-    (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-    (tmp / "README.md").write_text(card)
-    shutil.rmtree(out, ignore_errors=True)
-    tmp.rename(out)
-    return out
+
+    def write(tmp: Path) -> None:
+        if len(shards) == 1:
+            save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        else:
+            weight_map = {}
+            for i, names in enumerate(shards, 1):
+                file = f"model-{i:05d}-of-{len(shards):05d}.safetensors"
+                save_file({k: tensors[k] for k in names}, str(tmp / file),
+                          metadata={"format": "pt"})
+                weight_map.update(dict.fromkeys(names, file))
+            total = sum(t.numel() * t.element_size() for t in tensors.values())
+            index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+            (tmp / SHARD_INDEX).write_text(json.dumps(index, indent=2) + "\n")
+        (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+        (tmp / "README.md").write_text(card)
+
+    return write_folder(out, write, keep_existing=False)
 
 
 def _shards(tensors: dict[str, torch.Tensor], max_bytes: int) -> list[list[str]]:
