@@ -312,30 +312,10 @@ def test_time_budget_shortens_the_schedule(target):
     assert trainer.lr == pytest.approx(0.0, abs=1e-12)  # the cosine ended at the last step
 
 
-def test_time_budget_paces_after_the_warm_up_steps(target, monkeypatch):
-    """Slow first steps (allocations, kernel selection) do not set the pace: 5 steps of 0.2 s
-    then 0.01 s each fit ~55 steps in 1.5 s, where pacing from the start would fit ~26."""
-    tr, _, draft, reqs, aux = _setup(target, num_layers=1)
-    samples = [Sample(r.origin_input_ids[:10], r.origin_input_ids[10:]) for r in reqs]
-    data = SequenceSet(samples, list(aux), torch.device("cpu"))
-    trainer = Trainer(draft, tr.model.get_input_embeddings(), tr.model.lm_head_weight,
-                      MASK_TOKEN_ID, TrainConfig(steps=10_000, batch_size=2, anchors_per_seq=2))
-    calls = []
-
-    def timed_step(batch, anchors):
-        calls.append(1)
-        time.sleep(0.2 if len(calls) <= BUDGET_WARMUP_STEPS else 0.01)
-        return {"loss": 1.0, "accept": 1.0, "acc": [0.0] * (BLOCK - 1)}
-
-    monkeypatch.setattr(trainer, "step", timed_step)
-    stats = trainer.fit(data, time_budget_s=1.5)
-    assert 40 <= stats["steps"] <= 60, stats["steps"]
-
-
-def test_time_budget_repaces_when_the_steps_speed_up(target, monkeypatch):
-    """Steps 5..20 of 0.03 s would fit 20 + 2.4 / 0.03 = 100 steps into a 3 s budget; the
-    pace is set again every BUDGET_REPACE_EVERY steps, so steady 1 ms steps fill the budget
-    (on the H200 the probe's steps were 6x slower than the steady ones)."""
+def _timed_trainer(target: str, monkeypatch, slow_steps: int, slow_s: float, fast_s: float
+                   ) -> tuple[Trainer, SequenceSet]:
+    """A trainer whose steps only sleep: the first `slow_steps` for `slow_s`, the rest
+    `fast_s`; and data for it."""
     tr, _, draft, reqs, aux = _setup(target, num_layers=1)
     samples = [Sample(r.origin_input_ids[:10], r.origin_input_ids[10:]) for r in reqs]
     data = SequenceSet(samples, list(aux), torch.device("cpu"))
@@ -345,10 +325,26 @@ def test_time_budget_repaces_when_the_steps_speed_up(target, monkeypatch):
 
     def timed_step(batch, anchors):
         calls.append(1)
-        time.sleep(0.03 if len(calls) <= BUDGET_PROBE_STEPS else 0.001)
+        time.sleep(slow_s if len(calls) <= slow_steps else fast_s)
         return {"loss": 1.0, "accept": 1.0, "acc": [0.0] * (BLOCK - 1)}
 
     monkeypatch.setattr(trainer, "step", timed_step)
+    return trainer, data
+
+
+def test_time_budget_paces_after_the_warm_up_steps(target, monkeypatch):
+    """Slow first steps (allocations, kernel selection) do not set the pace: 5 steps of 0.2 s
+    then 0.01 s each fit ~55 steps in 1.5 s, where pacing from the start would fit ~26."""
+    trainer, data = _timed_trainer(target, monkeypatch, BUDGET_WARMUP_STEPS, 0.2, 0.01)
+    stats = trainer.fit(data, time_budget_s=1.5)
+    assert 40 <= stats["steps"] <= 60, stats["steps"]
+
+
+def test_time_budget_repaces_when_the_steps_speed_up(target, monkeypatch):
+    """Steps 5..20 of 0.03 s would fit 20 + 2.4 / 0.03 = 100 steps into a 3 s budget; the
+    pace is set again every BUDGET_REPACE_EVERY steps, so steady 1 ms steps fill the budget
+    (on the H200 the probe's steps were 6x slower than the steady ones)."""
+    trainer, data = _timed_trainer(target, monkeypatch, BUDGET_PROBE_STEPS, 0.03, 0.001)
     start = time.perf_counter()
     stats = trainer.fit(data, time_budget_s=3.0)
     assert stats["steps"] > 4 * 100, stats["steps"]
