@@ -81,15 +81,23 @@ class Engine:
 
     def make_request(self, *, text: str | None = None, input_ids: list[int] | None = None,
                      sampling_params: dict | SamplingParams | None = None,
-                     rid: str | None = None) -> Req:
-        """A validated request (ValueError with the reason otherwise)."""
+                     rid: str | None = None, logprob: dict | None = None) -> Req:
+        """A validated request (ValueError with the reason otherwise); `logprob`: SGLang's
+        native logprob fields."""
         return self.requests.make(text=text, input_ids=input_ids,
-                                  sampling_params=sampling_params, rid=rid)
+                                  sampling_params=sampling_params, rid=rid, logprob=logprob)
 
     def generate(self, prompt: str | list[str] | None = None,
                  sampling_params: dict | list[dict] | None = None,
-                 input_ids: list[int] | list[list[int]] | None = None) -> dict | list[dict]:
-        """Generate for one prompt (a dict back) or a batch (a list back)."""
+                 input_ids: list[int] | list[list[int]] | None = None,
+                 return_logprob: bool = False, logprob_start_len: int = -1,
+                 top_logprobs_num: int = 0, token_ids_logprob: list[int] | None = None,
+                 return_text_in_logprobs: bool = False) -> dict | list[dict]:
+        """Generate for one prompt (a dict back) or a batch (a list back); the logprob
+        arguments (SGLang's, the same for every prompt) add SGLang's logprob meta_info."""
+        logprob = {"return_logprob": return_logprob, "logprob_start_len": logprob_start_len,
+                   "top_logprobs_num": top_logprobs_num, "token_ids_logprob": token_ids_logprob,
+                   "return_text_in_logprobs": return_text_in_logprobs}
         single = isinstance(prompt, str) or (input_ids is not None and input_ids
                                             and isinstance(input_ids[0], int))
         texts = [prompt] if isinstance(prompt, str) else prompt
@@ -98,7 +106,8 @@ class Engine:
         params = sampling_params if isinstance(sampling_params, list) else [sampling_params] * n
         reqs = [self.make_request(text=None if texts is None else texts[i],
                                   input_ids=None if ids is None else ids[i],
-                                  sampling_params=params[i]) for i in range(n)]
+                                  sampling_params=params[i], logprob=logprob)
+                for i in range(n)]
         start = time.perf_counter()
         for r in reqs:
             self.scheduler.add_request(r)

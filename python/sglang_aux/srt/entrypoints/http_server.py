@@ -184,7 +184,8 @@ def create_app(server: TokenizerManager) -> FastAPI:
             n = (item["sampling_params"] or {}).get("n") or 1
             streams += await submit_samples(server, {k: item[k] for k in ("text", "input_ids")
                                                      if item.get(k) is not None},
-                                            item["sampling_params"], n, item["rid"])
+                                            item["sampling_params"], n, item["rid"],
+                                            item["logprob"])
         if not body.stream:
             outs = await await_results(server, streams, request)
             return JSONResponse(outs if body.is_batch or len(outs) > 1 else outs[0])

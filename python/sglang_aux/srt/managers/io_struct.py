@@ -1,7 +1,7 @@
 """What the HTTP front end and the scheduler process send each other over their pipes.
 
 Front end -> scheduler, one tuple per command, taken between steps:
-  ("add", rid, input_ids, SamplingParams, seed)   a validated request
+  ("add", rid, input_ids, SamplingParams, seed, LogprobParams | None)  a validated request
   ("abort", rid)                                  its client went away
   ("flush_cache", reply_id) / ("info", reply_id)  answered with a "reply"
   ("stop",)
@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from sglang_aux.srt.managers.request_limits import RequestLimits
 from sglang_aux.srt.managers.schedule_batch import Req
 from sglang_aux.srt.managers.tokenizer import Tokenizer
+from sglang_aux.srt.sampling.logprobs import PositionLogprobs
 from sglang_aux.srt.server_args import ServerArgs
 
 
@@ -50,11 +51,15 @@ class Finished:
     spec_verify_ct: int
     spec_accepted_tokens: int
     spec_accept_histogram: list[int]
+    # the request's logprob entries (empty unless it asked), sent once with the end
+    input_logprobs: list[PositionLogprobs]
+    output_logprobs: list[PositionLogprobs]
 
     @classmethod
     def of(cls, req: Req) -> Finished:
         return cls(req.finished_reason, req.cached_tokens, req.spec_verify_ct,
-                   req.spec_accepted_tokens, list(req.spec_accept_histogram))
+                   req.spec_accepted_tokens, list(req.spec_accept_histogram),
+                   req.input_logprobs, req.output_logprobs)
 
     def apply(self, req: Req) -> None:
         """Copy the fields onto the front end's copy of the request."""
@@ -63,6 +68,8 @@ class Finished:
         req.spec_verify_ct = self.spec_verify_ct
         req.spec_accepted_tokens = self.spec_accepted_tokens
         req.spec_accept_histogram = self.spec_accept_histogram
+        req.input_logprobs = self.input_logprobs
+        req.output_logprobs = self.output_logprobs
 
 
 RequestOut = tuple[str, list[int], Finished | None]  # rid, new output ids, set on the last

@@ -10,6 +10,7 @@ import torch
 from sglang_aux.srt.managers.request_limits import RequestLimits
 from sglang_aux.srt.managers.schedule_batch import Req
 from sglang_aux.srt.managers.tokenizer import Tokenizer
+from sglang_aux.srt.sampling.logprobs import logprob_params
 from sglang_aux.srt.sampling.sampling_params import SamplingParams
 
 
@@ -26,8 +27,9 @@ class RequestFactory:
 
     def make(self, *, text: str | None = None, input_ids: list[int] | None = None,
              sampling_params: dict | SamplingParams | None = None,
-             rid: str | None = None) -> Req:
-        """A validated request (ValueError with the reason otherwise)."""
+             rid: str | None = None, logprob: dict | None = None) -> Req:
+        """A validated request (ValueError with the reason otherwise); `logprob`: SGLang's
+        native logprob fields (`logprob_params`)."""
         if (text is None) == (input_ids is None):
             raise ValueError("give exactly one of text and input_ids")
         if text is not None:
@@ -43,6 +45,7 @@ class RequestFactory:
         seed = params.seed
         if seed is None:
             seed = int(torch.randint(0, 2**62, (1,), generator=self._seeds))
-        req = Req(rid or f"req-{next(self._rids)}", ids, params, seed=seed)
+        req = Req(rid or f"req-{next(self._rids)}", ids, params, seed=seed,
+                  logprob=logprob_params(logprob, len(ids), vocab))
         self.limits.validate(req)
         return req

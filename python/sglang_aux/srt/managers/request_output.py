@@ -24,6 +24,29 @@ def spec_meta_info(req: Req) -> dict:
     }
 
 
+def logprob_meta_info(tokenizer: Tokenizer, req: Req) -> dict:
+    """SGLang's logprob fields of meta_info: `[logprob, token_id, text or None]` per token
+    (the text with return_text_in_logprobs), top-n and requested-id lists of such entries
+    per position (None where a position has none: the first prompt entry)."""
+    lp = req.logprob
+
+    def entry(value: float | None, token: int) -> list:
+        return [value, token, tokenizer.decode([token]) if lp.return_text else None]
+
+    def entries(pairs: list[tuple[float, int]] | None) -> list | None:
+        return None if pairs is None else [entry(v, t) for v, t in pairs]
+
+    meta = {}
+    for side, rows in (("input", req.input_logprobs), ("output", req.output_logprobs)):
+        meta[f"{side}_token_logprobs"] = [entry(v, t) for v, t, _, _ in rows]
+        if lp.top_n:
+            meta[f"{side}_top_logprobs"] = [entries(top) for _, _, top, _ in rows]
+        if lp.token_ids is not None:
+            meta[f"{side}_token_ids_logprobs"] = [entries(ids) for _, _, _, ids in rows]
+    meta["output_token_logprobs_length"] = len(req.output_logprobs)
+    return meta
+
+
 def output_text(tokenizer: Tokenizer, req: Req) -> str:
     """The output's text, cut before what stopped it (the stop token's text, the stop string
     or the regex's match) unless `no_stop_trim`; special tokens as `skip_special_tokens`
@@ -50,6 +73,8 @@ def request_output(tokenizer: Tokenizer, req: Req, latency: float | None = None)
         "finish_reason": req.finished_reason,
         **spec_meta_info(req),
     }
+    if req.logprob is not None:
+        meta.update(logprob_meta_info(tokenizer, req))
     if latency is not None:
         meta["e2e_latency"] = latency
     return {"text": text, "output_ids": list(req.output_ids), "meta_info": meta}

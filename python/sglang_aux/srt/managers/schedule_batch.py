@@ -36,6 +36,7 @@ from sglang_aux.srt.model_executor.runner_utils.host_transfer import (
     to_device_into,
     to_device_parts,
 )
+from sglang_aux.srt.sampling.logprobs import LogprobParams, PositionLogprobs
 from sglang_aux.srt.sampling.sampling_params import SamplingParams
 
 
@@ -61,6 +62,9 @@ class Req:
     spec_accepted_tokens: int = 0
     # [num_draft_tokens]: entry i counts the verify steps that accepted i drafts
     spec_accept_histogram: list[int] = field(default_factory=list)
+    logprob: LogprobParams | None = None  # set: the request asks for logprobs
+    input_logprobs: list[PositionLogprobs] = field(default_factory=list)  # from start_len
+    output_logprobs: list[PositionLogprobs] = field(default_factory=list)  # per output token
 
     @property
     def seq_len(self) -> int:

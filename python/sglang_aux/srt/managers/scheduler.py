@@ -185,7 +185,12 @@ class Scheduler:
             return True
         # At most len - 1 tokens (as SGLang): the prefill must run the last prompt token to
         # yield the first output's logits.
-        match = cache.match_prefix(req.origin_input_ids[:-1])
+        # Prompt logprobs need the logits of every position from start_len on: those
+        # positions are prefilled, not taken from the cache (as SGLang).
+        cap = len(req.origin_input_ids) - 1
+        if req.logprob is not None:
+            cap = min(cap, req.logprob.start_len)
+        match = cache.match_prefix(req.origin_input_ids[:cap])
         cache.inc_lock_ref(match.last_node)  # before evicting: the match must stay
         short = need - match.slots.numel() - self.allocator.available_size()
         if short > cache.evictable_size():
@@ -241,6 +246,9 @@ class Scheduler:
         max_step, width, budget = self.mixed_limits
         batch = [r for r in self.running if self._can_launch(r)]
         if not batch or len(batch) > max_step:
+            return [], []
+        # logprobs are computed by the prefill and decode steps apart (StepLogprobs)
+        if any(r.logprob is not None for r in (*batch, *self.waiting)):
             return [], []
         new = self._admit((width, budget), strict=True)
         if not new:
@@ -298,18 +306,20 @@ class Scheduler:
     def _complete(self, step: PendingStep) -> None:
         """Read a launched step's tokens, append them, finish requests, then notify."""
         live = []
-        for req, tokens in zip(step.reqs, step.tokens(), strict=True):
+        tokens_of = step.tokens()
+        for req, tokens, logprobs in zip(step.reqs, tokens_of, step.output_logprobs(),
+                                         strict=True):
             req.pending_tokens -= step.kv_growth
             if not req.finished:  # else it finished or was aborted after the launch
                 live.append(req)
-                self._append(req, tokens)
+                self._append(req, tokens, logprobs)
         self.running = [r for r in self.running if not r.finished]
         # Notify once the running list is settled, so a listener never sees a finished
         # request still counted as running.
         for req in live:
             self._notify(req)
 
-    def _append(self, req: Req, tokens: list[int]) -> None:
+    def _append(self, req: Req, tokens: list[int], logprobs: list | None = None) -> None:
         if req.sampling_params.max_new_tokens == 0:
             # a prefill-only request (SGLang's cache_prefix): its prompt's K/V is cached,
             # the token its prefill sampled is dropped
@@ -317,8 +327,10 @@ class Scheduler:
             self._release(req)
             return
         check_stop = self.finish.may_stop(req, tokens)
-        for tok in tokens:
+        for k, tok in enumerate(tokens):
             req.output_ids.append(tok)
+            if logprobs is not None:
+                req.output_logprobs.append(logprobs[k])
             self.stats["generated_tokens"] += 1
             req.finished_reason = self.finish.reason(req, tok, check_stop)
             if req.finished:

@@ -112,8 +112,8 @@ class SchedulerLoop:
                 raise ValueError(f"unknown scheduler command {kind!r}")
         return True
 
-    def _add(self, rid: str, input_ids: list[int], params, seed: int) -> None:
-        req = Req(rid, input_ids, params, seed=seed)
+    def _add(self, rid: str, input_ids: list[int], params, seed: int, logprob) -> None:
+        req = Req(rid, input_ids, params, seed=seed, logprob=logprob)
         try:
             self.sched.add_request(req)  # the front end validated it against the same limits
         except ValueError as e:

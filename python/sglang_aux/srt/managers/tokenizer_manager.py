@@ -122,7 +122,7 @@ class TokenizerManager:
 
     async def submit(self, *, text: str | None = None, input_ids: list[int] | None = None,
                      sampling_params: dict | None = None,
-                     rid: str | None = None) -> RequestStream:
+                     rid: str | None = None, logprob: dict | None = None) -> RequestStream:
         """Validate and send a request (ValueError with the reason); event loop only. A
         prompt's text is tokenized on a pool thread: the event loop serves other requests
         meanwhile, and concurrent prompts tokenize in parallel. `rid`: the client's request
@@ -135,7 +135,7 @@ class TokenizerManager:
         if rid is not None and not isinstance(rid, str):
             raise ValueError(f"rid must be a string, got {rid!r}")
         req = self.requests.make(text=text, input_ids=input_ids,
-                                 sampling_params=sampling_params, rid=rid)
+                                 sampling_params=sampling_params, rid=rid, logprob=logprob)
         stream = RequestStream(self.tokenizer, req)
         self.metrics.add(requests_total=1)
         with self._lock:
@@ -144,7 +144,8 @@ class TokenizerManager:
                 raise ValueError(f"rid {req.rid!r} is already in use by a running request")
             self._live[req.rid] = _Live(req, stream, loop)
         try:
-            self._send(("add", req.rid, req.origin_input_ids, req.sampling_params, req.seed))
+            self._send(("add", req.rid, req.origin_input_ids, req.sampling_params, req.seed,
+                        req.logprob))
         except SchedulerGone:
             self._live.pop(req.rid, None)
             raise

@@ -12,7 +12,8 @@ from sglang_aux.srt.managers.schedule_batch import (
     build_mixed_batch,
     build_step_batch,
 )
-from sglang_aux.srt.model_executor.forward_batch_info import ForwardMode
+from sglang_aux.srt.managers.step_logprobs import StepLogprobs, packed_prefill
+from sglang_aux.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardMode
 from sglang_aux.srt.model_executor.model_runner import ModelRunner
 from sglang_aux.srt.model_executor.runner.step_prologue import StepPrologue
 from sglang_aux.srt.model_executor.runner_utils.host_transfer import HostReadback, PendingRows
@@ -55,18 +56,26 @@ class TpModelWorker:
     def prefill(self, reqs: list[Req]) -> PendingStep:
         self.sampling_rows.write([r.req_pool_idx for r in reqs])
         fb = build_extend_batch(self.model_runner, reqs)
-        logits = self.model_runner.forward(fb).next_token_logits
+        logprobs = StepLogprobs.of(reqs, prefill=True)
+        if logprobs is not None and logprobs.needs_hidden:
+            fb.capture_hidden_mode = CaptureHiddenMode.FULL
+        out = self.model_runner.forward(fb)
         # the sampled token sits at position seq_len (= kv_len after the prefill)
-        tokens = self._sample(logits, reqs, fb.req_pool_indices, fb.seq_lens)
+        tokens = self._sample(out.next_token_logits, reqs, fb.req_pool_indices, fb.seq_lens)
         self.model_runner.req_to_token_pool.set_rows(fb.req_pool_indices, fb.seq_lens, tokens)
-        return PendingStep(reqs, self.readback.start(tokens), _one_token, kv_growth=0)
+        return PendingStep(reqs, self.readback.start(packed_prefill(
+            logprobs, tokens, out, fb, self.model_runner.model.lm_head_weight)), _one_token,
+            kv_growth=0, logprobs=logprobs)
 
     def decode(self, reqs: list[Req]) -> PendingStep:
         fb = build_step_batch(self.model_runner, reqs, ForwardMode.DECODE, 1)
         logits = self.model_runner.forward(fb).next_token_logits
         tokens = self._sample(logits, reqs, fb.req_pool_indices, fb.seq_lens)
         self.model_runner.req_to_token_pool.advance_rows(fb.req_pool_indices, 1, tokens)
-        return PendingStep(reqs, self.readback.start(tokens), _decoded, kv_growth=1)
+        logprobs = StepLogprobs.of(reqs)
+        readback = tokens if logprobs is None else logprobs.pack(tokens, logits, tokens)
+        return PendingStep(reqs, self.readback.start(readback), _decoded, kv_growth=1,
+                           logprobs=logprobs)
 
     def mixed(self, reqs: list[Req], arrivals: list[Req]) -> list[PendingStep]:
         """One forward of a decode step of `reqs` and the prefill of `arrivals` (MIXED), one

@@ -33,7 +33,12 @@ from sglang_aux.srt.managers.schedule_batch import (
     build_mixed_batch,
     build_step_batch,
 )
-from sglang_aux.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
+from sglang_aux.srt.managers.step_logprobs import StepLogprobs, packed_prefill
+from sglang_aux.srt.model_executor.forward_batch_info import (
+    CaptureHiddenMode,
+    ForwardBatch,
+    ForwardMode,
+)
 from sglang_aux.srt.model_executor.model_runner import ModelRunner
 from sglang_aux.srt.model_executor.runner.epilogue import Epilogue
 from sglang_aux.srt.model_executor.runner.step_prologue import StepPrologue
@@ -150,6 +155,9 @@ class DFlashWorker:
     def prefill(self, reqs: list[Req]) -> PendingStep:
         self.sampling_rows.write([r.req_pool_idx for r in reqs])
         fb = build_extend_batch(self.target_runner, reqs)
+        logprobs = StepLogprobs.of(reqs, prefill=True)
+        if logprobs is not None and logprobs.needs_hidden:
+            fb.capture_hidden_mode = CaptureHiddenMode.FULL
         if not self.streamed_aux:  # streamed: the runner feeds the projection
             fb.aux_projection = self._staged_projection_for(fb.num_tokens)
         out = self.target_runner.forward(fb)  # its epilogue committed the draft context
@@ -157,7 +165,9 @@ class DFlashWorker:
         tokens = self.sampling_rows.sample(out.next_token_logits, fb.req_pool_indices,
                                            fb.seq_lens, all_greedy)
         self.target_runner.req_to_token_pool.set_rows(fb.req_pool_indices, fb.seq_lens, tokens)
-        return PendingStep(reqs, self.readback.start(tokens), _first_token, kv_growth=0)
+        return PendingStep(reqs, self.readback.start(packed_prefill(
+            logprobs, tokens, out, fb, self.target_runner.model.lm_head_weight)),
+            _first_token, kv_growth=0, logprobs=logprobs)
 
     def decode(self, reqs: list[Req]) -> PendingStep:
         bs, b = len(reqs), self.block_size
@@ -167,14 +177,21 @@ class DFlashWorker:
                                      block_tokens=self._drafts[:bs])
         verify_fb.has_sampling = has_sampling
         # The graph (or the eager forward) commits the draft context and leaves the verdicts.
-        self.target_runner.forward(verify_fb)
+        out = self.target_runner.forward(verify_fb)
         if self.on_aux_consumed is not None:
             self.on_aux_consumed()
         verdicts = self._verdicts[:bs]  # [bs, 1 + B]: accepted drafts, then the new tokens
         added = verdicts[:, 0] + 1
         self.target_runner.req_to_token_pool.advance_rows(
             verify_fb.req_pool_indices, added, verdicts.gather(1, added[:, None])[:, 0])
-        return PendingStep(reqs, self.readback.start(verdicts), self._verified, kv_growth=b)
+        logprobs = StepLogprobs.of(reqs, b)
+        readback = verdicts
+        if logprobs is not None:
+            # block position j's target row scores the token emitted there: the verify
+            # logits (borrowed until the next forward) are read before any other forward
+            readback = logprobs.pack(verdicts, out.next_token_logits, verdicts[:, 1:])
+        return PendingStep(reqs, self.readback.start(readback), self._verified, kv_growth=b,
+                           logprobs=logprobs)
 
     def mixed(self, reqs: list[Req], arrivals: list[Req]) -> list[PendingStep]:
         """A verify step of `reqs` and the prefill of `arrivals` in one target forward

@@ -107,6 +107,12 @@ class GenerateRequest(SGLangRequest):
     sampling_params: dict[str, Any] | list[dict[str, Any]] | None = None
     stream: bool = False
     rid: str | list[str] | None = None
+    # SGLang's logprob fields (`sampling.logprobs.logprob_params`), one value or one per prompt
+    return_logprob: bool | list[bool] | None = None
+    logprob_start_len: int | list[int] | None = None
+    top_logprobs_num: int | list[int] | None = None
+    token_ids_logprob: list[int] | list[list[int]] | None = None
+    return_text_in_logprobs: bool = False
 
     @property
     def is_batch(self) -> bool:
@@ -119,8 +125,13 @@ class GenerateRequest(SGLangRequest):
         if not self.is_batch:
             if isinstance(self.sampling_params, list) or isinstance(self.rid, list):
                 raise APIError(400, "sampling_params and rid are lists only for a batch")
+            if any(isinstance(v, list) for v in (self.return_logprob, self.logprob_start_len,
+                                                 self.top_logprobs_num)) or (
+                    self.token_ids_logprob and isinstance(self.token_ids_logprob[0], list)):
+                raise APIError(400, "logprob fields are lists only for a batch")
             return [{"text": self.text, "input_ids": self.input_ids,
-                     "sampling_params": self.sampling_params, "rid": self.rid}]
+                     "sampling_params": self.sampling_params, "rid": self.rid,
+                     "logprob": self._logprob(0, 1)}]
         if self.stream:
             raise APIError(400, "streaming a batch (a list of prompts) is not supported by "
                                 "this server; send one request per prompt")
@@ -139,8 +150,25 @@ class GenerateRequest(SGLangRequest):
         params = per_prompt(self.sampling_params, "sampling_params")
         rids = per_prompt(self.rid, "rid")
         key = "text" if self.text is not None else "input_ids"
-        return [{key: p, "sampling_params": s, "rid": r}
-                for p, s, r in zip(prompts, params, rids, strict=True)]
+        return [{key: p, "sampling_params": s, "rid": r, "logprob": self._logprob(i, n)}
+                for i, (p, s, r) in enumerate(zip(prompts, params, rids, strict=True))]
+
+    def _logprob(self, i: int, n: int) -> dict:
+        """Prompt `i`'s logprob fields (a list gives one per prompt, as SGLang's)."""
+        def pick(value: Any, name: str, nested: bool = False) -> Any:
+            per_prompt = isinstance(value, list) and (not nested or (
+                bool(value) and isinstance(value[0], list)))
+            if not per_prompt:
+                return value
+            if len(value) != n:
+                raise APIError(400, f"{name} has {len(value)} entries for {n} prompts")
+            return value[i]
+
+        return {"return_logprob": pick(self.return_logprob, "return_logprob"),
+                "logprob_start_len": pick(self.logprob_start_len, "logprob_start_len"),
+                "top_logprobs_num": pick(self.top_logprobs_num, "top_logprobs_num"),
+                "token_ids_logprob": pick(self.token_ids_logprob, "token_ids_logprob", True),
+                "return_text_in_logprobs": self.return_text_in_logprobs}
 
 
 class StreamOptions(StrictModel):

@@ -46,7 +46,8 @@ async def submit_request(server: TokenizerManager, **kwargs) -> RequestStream:
 
 
 async def submit_samples(server: TokenizerManager, prompt: dict, sampling_params: dict | None,
-                         n: int, rid: str | None = None) -> list[RequestStream]:
+                         n: int, rid: str | None = None, logprob: dict | None = None
+                         ) -> list[RequestStream]:
     """`n` samples of one prompt (`prompt`: text or input_ids) as `n` requests. With the
     prefix cache on and n > 1 the prompt is prefilled once first, by a request that outputs
     nothing, so the samples map its cached K/V instead of each prefilling it. A given seed
@@ -65,7 +66,7 @@ async def submit_samples(server: TokenizerManager, prompt: dict, sampling_params
             one = params if n == 1 or not isinstance(seed, int) else {
                 **{k: v for k, v in params.items() if k != "sampling_seed"}, "seed": seed + i}
             streams.append(await submit_request(
-                server, **prompt, sampling_params=one,
+                server, **prompt, sampling_params=one, logprob=logprob,
                 rid=rid if n == 1 or rid is None else f"{rid}-{i}"))
     except BaseException:
         for stream in streams:

@@ -42,8 +42,6 @@ GENERATE_UNSUPPORTED: dict[str, Any] = {
     "return_flat_raw_top_logprobs_b64": False, "return_indexer_topk": False,
     "background": False, "require_reasoning": False, "max_thinking_tokens": None,
     "return_bytes": False, "return_entropy": False, "return_prompt_token_ids": False,
-    "return_logprob": False, "logprob_start_len": -1, "top_logprobs_num": 0,
-    "token_ids_logprob": None, "return_text_in_logprobs": False,
     "multi_item_delimiter_indices": None, "token_indices_to_pool": None, "kv_hints": None,
 }
 GENERATE_NO_EFFECT = frozenset({
