@@ -116,5 +116,32 @@ def test_skip_special_tokens(url):
     assert shown.json()["text"] == tok.decode(ids, skip_special_tokens=False)
 
 
+def test_native_logprobs_over_http(url):
+    """`return_logprob` through the live server, streamed and not: SGLang's meta_info layout,
+    one entry per prompt position from `logprob_start_len` (the first null) and per output
+    token, each the log-probability of the token it names; both requests agree."""
+    body = {"text": "Hello there", "sampling_params": GREEDY, "return_logprob": True,
+            "logprob_start_len": 0, "top_logprobs_num": 2, "return_text_in_logprobs": True}
+    r = _post(url, "/generate", body)
+    assert r.status_code == 200, r.text
+    out = r.json()
+    meta = out["meta_info"]
+    prompt, output = meta["input_token_logprobs"], meta["output_token_logprobs"]
+    assert len(prompt) == meta["prompt_tokens"] and prompt[0][0] is None
+    assert [e[1] for e in output] == out["output_ids"]
+    for logprob, _, text in prompt[1:] + output:
+        assert logprob <= 0.0 and isinstance(text, str)
+    for (logprob, token, _), top in zip(output, meta["output_top_logprobs"], strict=True):
+        assert len(top) == 2 and top[0][0] >= top[1][0]
+        assert top[0][1] == token and top[0][0] == logprob  # greedy: the argmax was emitted
+    with httpx.stream("POST", f"{url}/generate", json={**body, "stream": True},
+                      timeout=300) as s:
+        events = [ln[6:] for ln in s.iter_lines() if ln.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    last = httpx.Response(200, content=events[-2]).json()["meta_info"]
+    assert last["output_token_logprobs"] == output
+    assert last["input_token_logprobs"] == prompt
+
+
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-v"]))
