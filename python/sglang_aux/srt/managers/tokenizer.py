@@ -12,6 +12,19 @@ from tokenizers import decoders, models, pre_tokenizers
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|mask|>"]
 # characters a normalizer (NFC composing Hangul jamo, ...) may merge into one, at most
 NORMALIZED_CHARS_PER_CHAR = 4
+
+
+def _byte_of_char() -> dict[str, int]:
+    """GPT-2's byte-level alphabet backwards: printable Latin-1 bytes spell themselves, the
+    other bytes take the characters from U+0100 on, in byte order."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("\u00a1"), ord("\u00ac") + 1),
+                 *range(ord("\u00ae"), ord("\u00ff") + 1)]
+    others = [b for b in range(256) if b not in printable]
+    return {**{chr(b): b for b in printable},
+            **{chr(256 + i): b for i, b in enumerate(others)}}
+
+
+_BYTE_OF = _byte_of_char()
 BYTE_TOKENIZER_CONFIG = {"eos_token": SPECIAL_TOKENS[0], "bos_token": None, "add_bos_token": False}
 
 
@@ -77,3 +90,21 @@ class Tokenizer:
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         return self._tok.decode(ids, skip_special_tokens=skip_special_tokens)
+
+    def token_text(self, token_id: int) -> str:
+        """One token as text, special tokens included (a piece of a multi-byte character
+        decodes to U+FFFD)."""
+        return self._tok.decode([token_id], skip_special_tokens=False)
+
+    def token_bytes(self, token_id: int) -> list[int]:
+        """One token's UTF-8 bytes (OpenAI's `bytes`): exact for a byte-level vocabulary,
+        where a piece of a multi-byte character has no text of its own; else its text's."""
+        piece = self._tok.id_to_token(token_id)
+        if (isinstance(self._tok.decoder, decoders.ByteLevel) and piece is not None
+                and token_id not in self._added_ids and all(c in _BYTE_OF for c in piece)):
+            return [_BYTE_OF[c] for c in piece]
+        return list(self.token_text(token_id).encode())
+
+    @functools.cached_property
+    def _added_ids(self) -> frozenset[int]:
+        return frozenset(self._tok.get_added_tokens_decoder())

@@ -30,6 +30,10 @@ COMPLETIONS_DEFAULT_MAX_TOKENS = 16
 SSE_DONE = "data: [DONE]\n\n"
 CLIENT_CLOSED_REQUEST = 499  # nginx's status for a client that hung up before the answer
 
+# OpenAI caps chat's top_logprobs at 20 and completions' logprobs at 5; vLLM and
+# lm-evaluation-harness use up to 20 with completions too
+MAX_TOP_LOGPROBS = 20
+
 ERROR_TYPES = {401: "authentication_error", 404: "not_found_error"}
 
 
@@ -46,6 +50,17 @@ def error_body(status: int, message: str) -> dict:
     fallback = "invalid_request_error" if status < 500 else "internal_error"
     return {"error": {"message": message, "type": ERROR_TYPES.get(status, fallback),
                       "code": status}}
+
+
+def native_logprob_fields(name: str, top_n: int | None, with_prompt: bool) -> dict:
+    """The native logprob fields asking for `top_n` alternatives per token (field `name`; a
+    400 outside [0, MAX_TOP_LOGPROBS]), and for the prompt's from its first token when
+    `with_prompt`."""
+    top_n = top_n or 0
+    if not 0 <= top_n <= MAX_TOP_LOGPROBS:
+        raise APIError(400, f"{name} must be an integer in [0, {MAX_TOP_LOGPROBS}], got {top_n}")
+    return {"return_logprob": True, "logprob_start_len": 0 if with_prompt else -1,
+            "top_logprobs_num": top_n}
 
 
 def sse(payload: dict) -> str:
@@ -233,6 +248,13 @@ class CompletionRequest(OpenAISamplingRequest):
     prompt: str | list[int] | list[str] | list[list[int]]
     best_of: int | None = None
     echo: bool = False
+    logprobs: int | None = None  # top alternatives per token (0: the chosen token's only)
+
+    def logprob_fields(self) -> dict | None:
+        """The native logprob fields (echo adds the prompt's), None without `logprobs`."""
+        if self.logprobs is None:
+            return None
+        return native_logprob_fields("logprobs", self.logprobs, self.echo)
 
     def prompts(self) -> list[dict]:
         """`submit` keywords (text or input_ids) of each prompt."""
@@ -272,6 +294,16 @@ class ChatCompletionRequest(OpenAISamplingRequest):
 
     messages: list[ChatMessage]
     max_completion_tokens: int | None = None  # OpenAI's newer name for max_tokens
+    logprobs: bool = False
+    top_logprobs: int | None = None
+
+    def logprob_fields(self) -> dict | None:
+        """The native logprob fields, None unless `logprobs`; top_logprobs needs logprobs."""
+        if self.top_logprobs is not None and not self.logprobs:
+            raise APIError(400, "top_logprobs needs logprobs: true")
+        if not self.logprobs:
+            return None
+        return native_logprob_fields("top_logprobs", self.top_logprobs, False)
 
     def to_sampling_params(self) -> dict:
         if self.max_tokens is not None and self.max_completion_tokens is not None:

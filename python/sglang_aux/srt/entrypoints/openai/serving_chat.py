@@ -9,6 +9,7 @@ import time
 from fastapi import Request
 from fastapi.responses import StreamingResponse
 
+from sglang_aux.srt.entrypoints.openai.openai_logprobs import chat_logprobs
 from sglang_aux.srt.entrypoints.openai.protocol import (
     APIError,
     ChatCompletionRequest,
@@ -81,8 +82,13 @@ async def create_chat_completion(server: TokenizerManager, body: ChatCompletionR
     model = check_model(server, body.model)
     body.check_n()
     prompt = render_chat(server.tokenizer, body.messages)
-    streams = await submit_samples(server, {"text": prompt}, body.to_sampling_params(), body.n)
+    logprob = body.logprob_fields()
+    streams = await submit_samples(server, {"text": prompt}, body.to_sampling_params(), body.n,
+                                   logprob=logprob)
     head = {"id": request_id("chatcmpl"), "created": int(time.time()), "model": model}
+
+    def logprobs(meta_info: dict) -> dict | None:
+        return None if logprob is None else chat_logprobs(server.tokenizer, meta_info)
 
     if body.stream:
         started = [False] * len(streams)
@@ -101,8 +107,10 @@ async def create_chat_completion(server: TokenizerManager, body: ChatCompletionR
                     {"index": index, "delta": {"content": delta.text}, "finish_reason": None}]})
             if delta.output is not None:
                 meta = delta.output["meta_info"]
+                # the logprobs of all the choice's tokens come with its end (the native
+                # entries arrive with the last update)
                 out.append({**head_chunk, "choices": [
-                    {"index": index, "delta": {},
+                    {"index": index, "delta": {}, "logprobs": logprobs(meta),
                      "finish_reason": finish_reason(meta["finish_reason"])}]})
                 if body.include_usage and last_final(delta, finals, len(streams)):
                     out.append({**head_chunk, "choices": [], "usage": total_usage(
@@ -114,6 +122,7 @@ async def create_chat_completion(server: TokenizerManager, body: ChatCompletionR
     outs = await await_results(server, streams, request)
     return {**head, "object": "chat.completion",
             "choices": [{"index": i, "message": {"role": "assistant", "content": o["text"]},
+                         "logprobs": logprobs(o["meta_info"]),
                          "finish_reason": finish_reason(o["meta_info"]["finish_reason"])}
                         for i, o in enumerate(outs)],
             "usage": total_usage([o["meta_info"] for o in outs], body.n)}

@@ -8,6 +8,7 @@ import time
 from fastapi import Request
 from fastapi.responses import StreamingResponse
 
+from sglang_aux.srt.entrypoints.openai.openai_logprobs import completion_logprobs
 from sglang_aux.srt.entrypoints.openai.protocol import (
     APIError,
     CompletionRequest,
@@ -39,9 +40,10 @@ async def create_completion(server: TokenizerManager, body: CompletionRequest,
     _check(body)
     prompts = body.prompts()
     params = body.to_sampling_params()
+    logprob = body.logprob_fields()
     streams = []
     for prompt in prompts:
-        streams += await submit_samples(server, prompt, params, body.n)
+        streams += await submit_samples(server, prompt, params, body.n, logprob=logprob)
     head = {"id": request_id("cmpl"), "object": "text_completion", "created": int(time.time()),
             "model": model}
 
@@ -52,8 +54,14 @@ async def create_completion(server: TokenizerManager, body: CompletionRequest,
         return prompt.get("text") or server.tokenizer.decode(prompt["input_ids"])
 
     def choice(index: int, text: str, meta_info: dict | None) -> dict:
-        reason = None if meta_info is None else finish_reason(meta_info["finish_reason"])
-        return {"index": index, "text": text, "logprobs": None, "finish_reason": reason}
+        """A choice (or a streamed piece of one); the logprobs of all its tokens come with
+        its end (the native entries arrive with the last update)."""
+        reason = logprobs = None
+        if meta_info is not None:
+            reason = finish_reason(meta_info["finish_reason"])
+            if logprob is not None:
+                logprobs = completion_logprobs(server.tokenizer, meta_info, body.echo)
+        return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": reason}
 
     if body.stream:
         started = [False] * len(streams)

@@ -60,8 +60,7 @@ _OPENAI_UNSUPPORTED = {
 }
 _OPENAI_NO_EFFECT = frozenset({"user", "session_id", "extra_key", "custom_labels"})
 
-COMPLETION_UNSUPPORTED: dict[str, Any] = {**_OPENAI_UNSUPPORTED, "suffix": None,
-                                          "logprobs": None}
+COMPLETION_UNSUPPORTED: dict[str, Any] = {**_OPENAI_UNSUPPORTED, "suffix": None}
 COMPLETION_NO_EFFECT = _OPENAI_NO_EFFECT
 
 CHAT_UNSUPPORTED: dict[str, Any] = {
@@ -72,7 +71,7 @@ CHAT_UNSUPPORTED: dict[str, Any] = {
     "return_flat_raw_output_top_logprobs": False, "reasoning_effort": None, "thinking": None,
     "task": None, "continue_final_message": False, "chat_template_kwargs": None,
     "max_dynamic_patch": None, "min_dynamic_patch": None, "use_audio_in_video": False,
-    "video_config": None, "input_ids": None, "logprobs": False, "top_logprobs": None,
+    "video_config": None, "input_ids": None,
 }
 # tool_choice and parallel_tool_calls act only on tools (refused above); the reasoning
 # switches only with a reasoning parser (none here); the b64 switch only with flat logprobs

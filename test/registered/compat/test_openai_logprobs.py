@@ -1,0 +1,173 @@
+"""OpenAI logprobs through the real `openai` client against the real server (tiny preset with
+DFlash, CPU): completions' legacy layout (with echo: the prompt's entries first, the first
+null) and chat's, streamed and not, equal to the native route's values for the same greedy
+request; bad values are a 400 naming the field and the server keeps serving."""
+
+import sys
+
+import httpx
+import openai
+import pytest
+
+from sglang_aux.srt.entrypoints.openai.protocol import ChatMessage
+from sglang_aux.srt.entrypoints.openai.serving_chat import render_chat
+from sglang_aux.srt.managers.tokenizer import Tokenizer
+from sglang_aux.test.ci.ci_register import register_cpu_ci
+from sglang_aux.test.runtime_utils import tiny_checkpoint
+from sglang_aux.test.server_utils import launched_server
+
+register_cpu_ci(est_time=40, suite="default")
+
+PROMPT = "The quick brown fox"
+MAX_TOKENS = 8
+TOP = 3
+GREEDY = {"temperature": 0, "max_tokens": MAX_TOKENS, "extra_body": {"ignore_eos": True}}
+MESSAGES = [{"role": "user", "content": "Hi!"}]
+# a DFlash verify forward and a target-only one round differently (docs/compat.md)
+CLOSE = {"rel": 1e-4, "abs": 1e-4}
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    ckpt = tmp_path_factory.mktemp("ckpt")
+    target, draft = tiny_checkpoint("tiny-llama", ckpt), tiny_checkpoint("tiny-llama-dflash", ckpt)
+    args = ["--model-path", target, "--device", "cpu", "--max-total-tokens", "8192",
+            "--speculative-algorithm", "DFLASH", "--speculative-draft-model-path", draft,
+            "--speculative-num-draft-tokens", "4"]
+    with launched_server(args, tmp_path_factory.mktemp("log") / "server.log") as url:
+        yield url, Tokenizer.from_dir(target)
+
+
+def _client(url: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0, timeout=120)
+
+
+def _native(url: str, text: str, start: int) -> dict:
+    r = httpx.post(f"{url}/generate", timeout=300, json={
+        "text": text, "return_logprob": True, "logprob_start_len": start,
+        "top_logprobs_num": TOP,
+        "sampling_params": {"temperature": 0, "max_new_tokens": MAX_TOKENS, "ignore_eos": True}})
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def _check_top(tok: Tokenizer, values: list, tops: list[dict], native_top: list,
+               greedy: bool = True) -> None:
+    """Each top dict holds the top-n and the chosen token by text (the likeliest's value where
+    texts repeat, as the random tiny model's byte pieces do); greedy output tokens are the
+    likeliest."""
+    for value, top, row in zip(values, tops, native_top, strict=True):
+        expected: dict[str, float] = {}
+        for v, t, _ in row:
+            expected.setdefault(tok.token_text(t), v)
+        assert top.keys() >= expected.keys() and len(top) <= TOP + 1
+        assert [top[k] for k in expected] == pytest.approx(list(expected.values()), **CLOSE)
+        if greedy:
+            assert max(top.values()) == pytest.approx(value, **CLOSE)
+
+
+def test_completion_logprobs_equal_the_native_ones(server):
+    url, tok = server
+    native = _native(url, PROMPT, -1)
+    out = native["meta_info"]["output_token_logprobs"]
+    whole = _client(url).completions.create(prompt=PROMPT, logprobs=TOP, model=None, **GREEDY)
+    choice = whole.choices[0]
+    lp = choice.logprobs
+    assert choice.text == native["text"]
+    assert lp.tokens == [tok.token_text(t) for _, t, _ in out]
+    assert lp.token_logprobs == pytest.approx([v for v, _, _ in out], **CLOSE)
+    _check_top(tok, lp.token_logprobs, lp.top_logprobs, native["meta_info"]["output_top_logprobs"])
+    assert lp.text_offset[0] == 0 and lp.text_offset == sorted(lp.text_offset)
+
+    chunks = list(_client(url).completions.create(prompt=PROMPT, logprobs=TOP, model=None,
+                                                  stream=True, **GREEDY))
+    assert "".join(c.choices[0].text for c in chunks) == choice.text
+    assert all(c.choices[0].logprobs is None for c in chunks[:-1])
+    assert chunks[-1].choices[0].logprobs.tokens == lp.tokens
+    assert chunks[-1].choices[0].logprobs.token_logprobs == pytest.approx(lp.token_logprobs,
+                                                                          **CLOSE)
+
+
+def test_echo_gives_the_prompt_and_its_logprobs(server):
+    url, tok = server
+    native = _native(url, PROMPT, 0)
+    meta = native["meta_info"]
+    rows = meta["input_token_logprobs"] + meta["output_token_logprobs"]
+    whole = _client(url).completions.create(prompt=PROMPT, logprobs=TOP, echo=True, model=None,
+                                            **GREEDY)
+    lp = whole.choices[0].logprobs
+    assert whole.choices[0].text == PROMPT + native["text"]
+    assert len(lp.tokens) == meta["prompt_tokens"] + MAX_TOKENS
+    assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
+    assert lp.token_logprobs[1:] == pytest.approx([v for v, _, _ in rows[1:]], **CLOSE)
+    assert "".join(lp.tokens[:meta["prompt_tokens"]]) == PROMPT
+    assert lp.text_offset[:len(PROMPT)] == list(range(len(PROMPT)))  # one byte per token
+    n = meta["prompt_tokens"]
+    _check_top(tok, lp.token_logprobs[1:n], lp.top_logprobs[1:n],
+               meta["input_top_logprobs"][1:], greedy=False)
+    _check_top(tok, lp.token_logprobs[n:], lp.top_logprobs[n:], meta["output_top_logprobs"])
+
+    # as lm-evaluation-harness asks: token id prompts, a batch, echo, one new token
+    ids = [tok.encode(PROMPT), tok.encode("Hello")]
+    batch = _client(url).completions.create(prompt=ids, logprobs=1, echo=True, max_tokens=1,
+                                            temperature=0, model=None)
+    assert [c.index for c in batch.choices] == [0, 1]
+    for choice, prompt in zip(batch.choices, ids, strict=True):
+        assert len(choice.logprobs.token_logprobs) == len(prompt) + 1
+        assert choice.logprobs.token_logprobs[0] is None
+    assert batch.choices[0].logprobs.token_logprobs[1:-1] == pytest.approx(
+        [v for v, _, _ in meta["input_token_logprobs"][1:]], **CLOSE)
+
+
+def test_chat_logprobs_equal_the_native_ones(server):
+    url, tok = server
+    prompt = render_chat(tok, [ChatMessage(**m) for m in MESSAGES])
+    native = _native(url, prompt, -1)
+    out, native_top = (native["meta_info"][k] for k in ("output_token_logprobs",
+                                                         "output_top_logprobs"))
+    whole = _client(url).chat.completions.create(messages=MESSAGES, logprobs=True,
+                                                 top_logprobs=TOP, model=None, **GREEDY)
+    content = whole.choices[0].logprobs.content
+    assert whole.choices[0].message.content == native["text"]
+    assert [e.token for e in content] == [tok.token_text(t) for _, t, _ in out]
+    assert [e.bytes for e in content] == [tok.token_bytes(t) for _, t, _ in out]
+    assert [e.logprob for e in content] == pytest.approx([v for v, _, _ in out], **CLOSE)
+    for entry, row in zip(content, native_top, strict=True):
+        values = [t.logprob for t in entry.top_logprobs]
+        assert values == sorted(values, reverse=True) and len(values) == TOP
+        assert values == pytest.approx([v for v, _, _ in row], **CLOSE)
+        assert entry.top_logprobs[0].token == entry.token  # greedy: the argmax was emitted
+
+    chunks = list(_client(url).chat.completions.create(
+        messages=MESSAGES, logprobs=True, top_logprobs=TOP, model=None, stream=True, **GREEDY))
+    streamed = [e for c in chunks if c.choices and c.choices[0].logprobs
+                for e in c.choices[0].logprobs.content]
+    assert [e.token for e in streamed] == [e.token for e in content]
+    assert [e.logprob for e in streamed] == pytest.approx([e.logprob for e in content], **CLOSE)
+
+    plain = _client(url).chat.completions.create(messages=MESSAGES, logprobs=True, model=None,
+                                                 **GREEDY)
+    assert all(e.top_logprobs == [] for e in plain.choices[0].logprobs.content)
+    assert _client(url).chat.completions.create(messages=MESSAGES, model=None, **GREEDY
+                                                ).choices[0].logprobs is None
+
+
+@pytest.mark.parametrize("route,body,field", [
+    ("completions", {"prompt": PROMPT, "logprobs": 100}, "logprobs"),
+    ("completions", {"prompt": PROMPT, "logprobs": -1}, "logprobs"),
+    ("chat", {"messages": MESSAGES, "logprobs": True, "top_logprobs": 21}, "top_logprobs"),
+    ("chat", {"messages": MESSAGES, "top_logprobs": 2}, "top_logprobs"),
+])
+def test_bad_logprob_values_are_refused_by_name(server, route, body, field):
+    url, _ = server
+    client = _client(url)
+    create = client.completions.create if route == "completions" else \
+        client.chat.completions.create
+    with pytest.raises(openai.BadRequestError) as e:
+        create(model=None, **body)
+    assert e.value.status_code == 400 and field in str(e.value)
+    assert client.completions.create(prompt=PROMPT, model=None, max_tokens=2).choices[0].text
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-v"]))
