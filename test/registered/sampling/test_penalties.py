@@ -216,5 +216,37 @@ def test_greedy_dflash_equals_target_only_with_every_parameter(plain, spec, orac
     assert_kv_all_back(spec)
 
 
+def test_mixed_and_overlapped_steps_with_processing(ckpts, plain):
+    """Arrivals prefilled inside verify steps (MIXED), with the overlap scheduler: greedy rows
+    equal target-only; every row, sampled ones too, equals DFlash without mixed steps."""
+    prompts = PROMPTS + ["x", "Once upon a time", "1, 2, 3,"]
+    params = []
+    for i in range(len(prompts)):
+        p = {**GREEDY, "max_new_tokens": 6 + 2 * i, **PENALIZED[i % len(PENALIZED)]}
+        if i % 3 == 1:
+            p.update(temperature=0.9, top_k=20, min_p=0.1, seed=i)
+        if i % 3 == 2:
+            p.update(min_new_tokens=5, ignore_eos=False)
+        params.append(p)
+
+    def dflash(mixed: bool) -> Engine:
+        return Engine(model_path=ckpts["tiny-k3"], speculative_algorithm="DFLASH",
+                      speculative_draft_model_path=ckpts["tiny-k3-dflash"],
+                      enable_mixed_chunk=mixed, mixed_chunk_max_prefill_tokens=16,
+                      disable_overlap_schedule=False,
+                      **{**COMMON, "max_running_requests": 3, "cuda_graph_bs_decode": [1, 2, 3]})
+
+    mixed = dflash(True)
+    got = mixed.generate(prompts, params)
+    assert mixed.scheduler.stats["mixed_steps"] > 0
+    want = dflash(False).generate(prompts, params)
+    target = plain.generate(prompts, params)
+    for i, (g, w, t) in enumerate(zip(got, want, target, strict=True)):
+        assert g["output_ids"] == w["output_ids"], i
+        if "seed" not in params[i]:
+            assert g["output_ids"] == t["output_ids"], i
+    assert_kv_all_back(mixed)
+
+
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-q"]))
