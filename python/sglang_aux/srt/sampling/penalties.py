@@ -17,9 +17,19 @@ a row with default parameters is left bit-identical.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 
 from sglang_aux.srt.sampling.sampling_params import SamplingParams
+
+
+class _Staged(NamedTuple):
+    penalties: tuple[float, float, float]  # frequency, presence, repetition
+    min_new_tokens: int
+    stop_ids: list[int]  # what min_new_tokens masks
+    output_ids: list[int]
+    needed: bool  # the request processes its logits
 
 
 class PenaltyRows:
@@ -31,9 +41,7 @@ class PenaltyRows:
         self.out_len: torch.Tensor | None = None  # [rows] int64, output tokens so far
         self.counts: torch.Tensor | None = None  # [rows, vocab] int32, of each output token
         self.stop_mask: torch.Tensor | None = None  # [rows, vocab] bool, what min_new masks
-        # row -> (frequency, presence, repetition, min_new_tokens, stop ids, output ids,
-        # whether it needs the tables)
-        self._staged: dict[int, tuple] = {}
+        self._staged: dict[int, _Staged] = {}  # row -> its parameters, until written
 
     def stage(self, row: int, params: SamplingParams, output_ids: list[int],
               eos_token_ids: set[int]) -> None:
@@ -43,33 +51,34 @@ class PenaltyRows:
         if any(t >= self.vocab_size for t in stop):
             raise ValueError(f"stop token ids {stop} must be below the vocabulary size "
                              f"{self.vocab_size} for min_new_tokens")
-        self._staged[row] = (params.frequency_penalty, params.presence_penalty,
-                             params.repetition_penalty, params.min_new_tokens, stop,
-                             list(output_ids), params.processes_logits)
+        self._staged[row] = _Staged(
+            (params.frequency_penalty, params.presence_penalty, params.repetition_penalty),
+            params.min_new_tokens, stop, list(output_ids), params.processes_logits)
 
     def write(self, rows: list[int]) -> None:
         """Store the staged rows (newly admitted requests); nothing while no request has
         needed the tables."""
-        staged = [(row, self._staged.pop(row)) for row in rows]
+        staged = [self._staged.pop(row) for row in rows]
         if self.params is None:
-            if not any(s[-1] for _, s in staged):
+            if not any(s.needed for s in staged):
                 return
             self._allocate()
-        index = torch.tensor(rows, dtype=torch.int64)
-        self.params.index_copy_(0, index.to(self.device), torch.tensor(
-            [s[:3] for _, s in staged], dtype=torch.float32).to(self.device))
-        ints = torch.tensor([[s[3], len(s[5])] for _, s in staged], dtype=torch.int64)
-        self.min_new_tokens.index_copy_(0, index.to(self.device), ints[:, 0].to(self.device))
-        self.out_len.index_copy_(0, index.to(self.device), ints[:, 1].to(self.device))
-        counts = torch.zeros((len(rows), self.vocab_size), dtype=torch.int32)
-        stop = torch.zeros((len(rows), self.vocab_size), dtype=torch.bool)
-        for i, (_, s) in enumerate(staged):
-            if s[5]:
-                counts[i].index_add_(0, torch.tensor(s[5]), torch.ones(len(s[5]),
-                                                                       dtype=torch.int32))
-            stop[i, s[4]] = True
-        self.counts.index_copy_(0, index.to(self.device), counts.to(self.device))
-        self.stop_mask.index_copy_(0, index.to(self.device), stop.to(self.device))
+        n, dev = len(rows), self.device
+        counts = torch.zeros((n, self.vocab_size), dtype=torch.int32)
+        stop = torch.zeros((n, self.vocab_size), dtype=torch.bool)
+        for i, s in enumerate(staged):
+            counts[i].index_add_(0, torch.tensor(s.output_ids, dtype=torch.int64),
+                                 torch.ones(len(s.output_ids), dtype=torch.int32))
+            stop[i, s.stop_ids] = True
+        index = torch.tensor(rows, dtype=torch.int64, device=dev)
+        self.params.index_copy_(0, index, torch.tensor([s.penalties for s in staged],
+                                                       dtype=torch.float32, device=dev))
+        self.min_new_tokens.index_copy_(0, index, torch.tensor(
+            [s.min_new_tokens for s in staged], dtype=torch.int64, device=dev))
+        self.out_len.index_copy_(0, index, torch.tensor(
+            [len(s.output_ids) for s in staged], dtype=torch.int64, device=dev))
+        self.counts.index_copy_(0, index, counts.to(dev))
+        self.stop_mask.index_copy_(0, index, stop.to(dev))
 
     def _allocate(self) -> None:
         n, v, dev = self.num_rows, self.vocab_size, self.device
