@@ -46,7 +46,8 @@ def _params(**kw) -> SamplingParams:
 def test_rows_match_the_definitions_and_defaults_stay_exact():
     rows = PenaltyRows(4, VOCAB, "cpu")
     settings = [dict(frequency_penalty=0.5, presence_penalty=-0.3, repetition_penalty=1.7,
-                     min_new_tokens=3, stop_token_ids=[4]), {}, dict(repetition_penalty=0.6)]
+                     min_new_tokens=3, stop_token_ids=[4, VOCAB + 5]), {},
+                dict(repetition_penalty=0.6)]
     outputs = [[1, 1, 2], [3], [5, 7, 7]]
     for row, (kw, out) in enumerate(zip(settings, outputs, strict=True), start=1):
         rows.stage(row, _params(**kw), out, {9})

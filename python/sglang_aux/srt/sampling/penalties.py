@@ -47,10 +47,9 @@ class PenaltyRows:
               eos_token_ids: set[int]) -> None:
         """Keep an admitted request's parameters for `write`; its output so far (a request
         that runs again) seeds its counts."""
-        stop = sorted({*eos_token_ids, *params.stop_token_ids} if params.min_new_tokens else ())
-        if any(t >= self.vocab_size for t in stop):
-            raise ValueError(f"stop token ids {stop} must be below the vocabulary size "
-                             f"{self.vocab_size} for min_new_tokens")
+        # ids past the vocabulary are never chosen: nothing to mask
+        stop = sorted(t for t in {*eos_token_ids, *params.stop_token_ids}
+                      if t < self.vocab_size) if params.min_new_tokens else []
         self._staged[row] = _Staged(
             (params.frequency_penalty, params.presence_penalty, params.repetition_penalty),
             params.min_new_tokens, stop, list(output_ids), params.processes_logits)
