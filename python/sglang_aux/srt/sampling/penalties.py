@@ -62,22 +62,27 @@ class PenaltyRows:
             if not any(s.needed for s in staged):
                 return
             self._allocate()
-        n, dev = len(rows), self.device
+        n = len(rows)
         counts = torch.zeros((n, self.vocab_size), dtype=torch.int32)
         stop = torch.zeros((n, self.vocab_size), dtype=torch.bool)
         for i, s in enumerate(staged):
             counts[i].index_add_(0, torch.tensor(s.output_ids, dtype=torch.int64),
                                  torch.ones(len(s.output_ids), dtype=torch.int32))
             stop[i, s.stop_ids] = True
-        index = torch.tensor(rows, dtype=torch.int64, device=dev)
-        self.params.index_copy_(0, index, torch.tensor([s.penalties for s in staged],
-                                                       dtype=torch.float32, device=dev))
-        self.min_new_tokens.index_copy_(0, index, torch.tensor(
-            [s.min_new_tokens for s in staged], dtype=torch.int64, device=dev))
-        self.out_len.index_copy_(0, index, torch.tensor(
-            [len(s.output_ids) for s in staged], dtype=torch.int64, device=dev))
-        self.counts.index_copy_(0, index, counts.to(dev))
-        self.stop_mask.index_copy_(0, index, stop.to(dev))
+        index = self._to_device(torch.tensor(rows, dtype=torch.int64))
+        self.params.index_copy_(0, index, self._to_device(
+            torch.tensor([s.penalties for s in staged], dtype=torch.float32)))
+        ints = self._to_device(torch.tensor([[s.min_new_tokens, len(s.output_ids)]
+                                             for s in staged], dtype=torch.int64))
+        self.min_new_tokens.index_copy_(0, index, ints[:, 0])
+        self.out_len.index_copy_(0, index, ints[:, 1])
+        self.counts.index_copy_(0, index, self._to_device(counts))
+        self.stop_mask.index_copy_(0, index, self._to_device(stop))
+
+    def _to_device(self, t: torch.Tensor) -> torch.Tensor:
+        if self.device.type == "cuda":  # pinned and non-blocking: a pageable copy would wait
+            return t.pin_memory().to(self.device, non_blocking=True)
+        return t.to(self.device)
 
     def _allocate(self) -> None:
         n, v, dev = self.num_rows, self.vocab_size, self.device
