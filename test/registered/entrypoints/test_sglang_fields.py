@@ -1,6 +1,7 @@
 """SGLang's request fields on the real server (tiny preset, CPU): every field at its default
 is accepted, an unimplemented one set otherwise is a 400 naming it, a field SGLang does not
-have is a 422; n > 1, batches, stop_regex, no_stop_trim and skip_special_tokens work."""
+have is a 422; n > 1, batches, stop_regex, no_stop_trim, skip_special_tokens, penalties,
+min_new_tokens and min_p work."""
 
 import sys
 
@@ -102,6 +103,33 @@ def test_stop_regex_and_no_stop_trim(url):
     kept = _post(url, "/generate", {"text": "Hello", "sampling_params": {
         **GREEDY, "stop_regex": pattern, "no_stop_trim": True}}).json()
     assert kept["text"].startswith(cut["text"]) and piece in kept["text"]
+
+
+def test_penalties_min_new_tokens_and_min_p_over_http(url):
+    """Native and OpenAI spellings reach the sampler: penalties change a greedy output,
+    min_new_tokens (OpenAI min_tokens) holds back a stop token, min_p 1 samples greedily."""
+    base = _post(url, "/generate", {"text": "Hello", "sampling_params": GREEDY}).json()
+    ids = base["output_ids"]
+    penalized = _post(url, "/generate", {"text": "Hello", "sampling_params": {
+        **GREEDY, "repetition_penalty": 2.0, "frequency_penalty": 1.0,
+        "presence_penalty": 1.0}})
+    assert penalized.status_code == 200, penalized.text
+    assert penalized.json()["output_ids"] != ids
+    sampled = _post(url, "/generate", {"text": "Hello", "sampling_params": {
+        **GREEDY, "temperature": 1.0, "min_p": 1.0, "seed": 1}}).json()
+    assert sampled["output_ids"] == ids
+    stop = {"ignore_eos": False, "stop_token_ids": [ids[1]]}
+    cut = _post(url, "/generate", {"text": "Hello", "sampling_params": {**GREEDY, **stop}})
+    assert cut.json()["output_ids"] == ids[:2]
+    for path, body, count in [
+            ("/generate", {"text": "Hello", "sampling_params": {
+                **GREEDY, **stop, "min_new_tokens": 6}}, lambda r: len(r["output_ids"])),
+            ("/v1/completions", {"prompt": "Hello", "max_tokens": 12, "temperature": 0,
+                                 **stop, "min_tokens": 6},
+             lambda r: r["usage"]["completion_tokens"])]:
+        r = _post(url, path, body)
+        assert r.status_code == 200, r.text
+        assert count(r.json()) > 6, r.text
 
 
 def test_skip_special_tokens(url):

@@ -46,7 +46,7 @@ def test_matches_the_sorted_reference(kind, dtype, vocab, path, monkeypatch):
 
 @pytest.mark.parametrize("path", PATHS)
 def test_parameters_read_through_their_strides(path, monkeypatch):
-    """`SamplingRows.gather` views (stride 2): read as contiguous, one row's seed became
+    """`SamplingRows.gather` views (strides 2 and 3): read as contiguous, one row's seed became
     another's top_k and a temperature a top_p (the failure of
     test_step_loop_cuda.py::test_long_run_holds_allocated_memory_flat[target])."""
     monkeypatch.setenv(ENV_VAR, PATHS[path])

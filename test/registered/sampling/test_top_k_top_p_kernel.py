@@ -65,11 +65,11 @@ def test_chunks_match_the_sorted_reference(kind, vocab, kernel):
 
 
 def test_parameters_read_through_their_strides(kernel):
-    """`SamplingRows.gather` gives `[rows]` views of `[rows, 2]` tables (stride 2); reading
+    """`SamplingRows.gather` gives `[rows]` views of `[rows, 2]` and `[rows, 3]` tables; reading
     them as contiguous took one row's seed for another's top_k and a temperature for a top_p,
     so sampled tokens depended on the batch layout."""
     params = gathered_params(ROWS, 40)
-    assert params.top_k.stride() == (2,) and params.top_p.stride() == (2,)
+    assert params.top_k.stride() == (2,) and params.top_p.stride() == (3,)
     check_rows("ties", torch.float32, 40, ROWS, seed=12, params_fn=gathered_params)
     params = _rows(params, slice(0, 6))
     logits, _ = _batch(6, 40, seed=13)

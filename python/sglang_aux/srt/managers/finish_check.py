@@ -1,5 +1,6 @@
-"""When a request ends: EOS and stop token ids, stop strings and regexes, max_new_tokens
-(no stop before min_new_tokens), the context end.
+"""When a request ends: EOS and stop token ids, stop strings and regexes, max_new_tokens,
+the context end. (min_new_tokens keeps EOS and stop token ids from being chosen at all,
+`PenaltyRows`; as SGLang, stop strings still match before it.)
 
 A step brings one token per request (several for DFlash). One decode of each request's tail
 per step tells whether a stop string can end it there; only then is each new token's own tail

@@ -63,7 +63,7 @@ class Worker(Protocol):
     tokens_per_step: int  # most tokens one decode step can add to a request
 
     # per-request work once its row and KV are reserved; raising fails that request alone
-    def admit(self, req: Req) -> None: ...
+    def admit(self, req: Req, eos_token_ids: set[int]) -> None: ...
 
     def prefill(self, reqs: list[Req]) -> PendingStep: ...  # rows and KV already reserved
 
@@ -164,7 +164,7 @@ class Scheduler:
         it fails (finish reason `abort` with the message), its row and KV go back and the
         prefix cache keeps what it holds, while the others are admitted and run."""
         try:
-            self.worker.admit(req)
+            self.worker.admit(req, self.finish.eos_token_ids)
         except Exception as e:
             logger.warning("request %s failed at admission: %r", req.rid, e)
             self._untake_kv(req)

@@ -17,6 +17,7 @@ from sglang_aux.srt.model_executor.forward_batch_info import CaptureHiddenMode, 
 from sglang_aux.srt.model_executor.model_runner import ModelRunner
 from sglang_aux.srt.model_executor.runner.step_prologue import StepPrologue
 from sglang_aux.srt.model_executor.runner_utils.host_transfer import HostReadback, PendingRows
+from sglang_aux.srt.sampling.penalties import PenaltyRows
 from sglang_aux.srt.sampling.sampling_rows import SamplingRows
 from sglang_aux.srt.server_args import ServerArgs
 
@@ -46,15 +47,19 @@ class TpModelWorker:
             runner.init_mixed_graphs(1, prologue)
         self.sampling_rows = SamplingRows(server_args.max_running_requests,
                                           model_config.hf_config.vocab_size, runner.device)
+        self.penalty_rows = PenaltyRows(server_args.max_running_requests,
+                                        model_config.hf_config.vocab_size, runner.device)
         self.readback = HostReadback(runner.device)
 
-    def admit(self, req: Req) -> None:
+    def admit(self, req: Req, eos_token_ids: set[int] = frozenset()) -> None:
         """Per-request work at admission (its row and KV are reserved): stage its sampling
-        parameters for the prefill that runs it."""
+        parameters (min_new_tokens masks `eos_token_ids` too) for the prefill that runs it."""
         self.sampling_rows.stage(req.req_pool_idx, req.sampling_params, req.seed)
+        self.penalty_rows.stage(req.req_pool_idx, req.sampling_params, req.output_ids,
+                                eos_token_ids)
 
     def prefill(self, reqs: list[Req]) -> PendingStep:
-        self.sampling_rows.write([r.req_pool_idx for r in reqs])
+        self._write_rows(reqs)
         fb = build_extend_batch(self.model_runner, reqs)
         logprobs = StepLogprobs.of(reqs, prefill=True)
         if logprobs is not None and logprobs.needs_hidden:
@@ -81,7 +86,7 @@ class TpModelWorker:
         """One forward of a decode step of `reqs` and the prefill of `arrivals` (MIXED), one
         readback: the two steps it returns share it."""
         runner, bs, n = self.model_runner, len(reqs), len(arrivals)
-        self.sampling_rows.write([r.req_pool_idx for r in arrivals])
+        self._write_rows(arrivals)
         fb = build_mixed_batch(runner, reqs, arrivals)
         logits = runner.forward(fb).next_token_logits[: bs + n]  # step rows, then arrivals
         sb = fb.mixed_step_bs
@@ -95,10 +100,22 @@ class TpModelWorker:
         return [PendingStep(reqs, PendingRows(copy, 0, bs), _decoded, kv_growth=1),
                 PendingStep(arrivals, PendingRows(copy, bs, bs + n), _one_token, kv_growth=0)]
 
+    def _write_rows(self, reqs: list[Req]) -> None:
+        rows = [r.req_pool_idx for r in reqs]
+        self.sampling_rows.write(rows)
+        self.penalty_rows.write(rows)
+
     def _sample(self, logits: torch.Tensor, reqs: list[Req], rows: torch.Tensor,
                 positions: torch.Tensor) -> torch.Tensor:
+        """Next tokens; when a request processes its logits (penalties, min_new_tokens,
+        min_p: known on the host), from the processed logits, counted for the next step."""
         all_greedy = all(r.sampling_params.is_greedy for r in reqs)
-        return self.sampling_rows.sample(logits, rows, positions, all_greedy)
+        if not any(r.sampling_params.processes_logits for r in reqs):
+            return self.sampling_rows.sample(logits, rows, positions, all_greedy)
+        logits = self.penalty_rows.apply(logits, rows)
+        tokens = self.sampling_rows.sample(logits, rows, positions, all_greedy, min_p=True)
+        self.penalty_rows.advance(rows, tokens[:, None], 1)
+        return tokens
 
 
 def _one_token(_req: Req, token: int) -> list[int]:

@@ -1,4 +1,4 @@
-"""Choosing next tokens on the device: greedy, or temperature / top-k / top-p sampling.
+"""Choosing next tokens on the device: greedy, or temperature / top-k / top-p / min-p sampling.
 
 Every function takes per-row parameters as tensors and never syncs with the host, so a batch
 mixing greedy and sampled requests is one set of kernels, capturable in a graph. Randomness is
@@ -56,18 +56,22 @@ class SamplingTensors:
     top_p: torch.Tensor  # float32; 1.0 when off
     seed: torch.Tensor  # int64
     is_greedy: torch.Tensor  # bool
+    min_p: torch.Tensor | None = None  # float32, 0.0 when off; None: no row sets it
 
     def repeat_interleave(self, n: int) -> SamplingTensors:
         """Each row's parameters for `n` consecutive rows (the tokens of one block); an
         expand, where `Tensor.repeat_interleave` may size its output on the host."""
-        return SamplingTensors(*(t[:, None].expand(-1, n).reshape(-1) for t in (
-            self.temperature, self.top_k, self.top_p, self.seed, self.is_greedy)))
+        return SamplingTensors(*(None if t is None else t[:, None].expand(-1, n).reshape(-1)
+                                 for t in (self.temperature, self.top_k, self.top_p, self.seed,
+                                           self.is_greedy, self.min_p)))
 
 
 def sampling_probs(logits: torch.Tensor, params: SamplingTensors,
                    out: torch.Tensor | None = None) -> torch.Tensor:
     """The distribution each row samples from: softmax(logits / T) restricted to its top-k,
-    then to its top-p nucleus, renormalized (the exact rule: `top_k_top_p`). `logits`
+    then to its top-p nucleus, renormalized (the exact rule: `top_k_top_p`); with `min_p` set
+    (SGLang's order), then to the tokens of probability >= min_p times the
+    largest, renormalized. `logits`
     `[rows, vocab]`; the float32 result goes into `out` when given. No sort and no host sync;
     the only temporaries are a `[rows, vocab]` float32 mask (torch twin) or per-chunk partials,
     `[rows, vocab / 4096, 8]` (kernel)."""
@@ -80,7 +84,15 @@ def sampling_probs(logits: torch.Tensor, params: SamplingTensors,
     restrict = top_k_top_p_probs
     if use_triton(logits, differentiable=False):
         from sglang_aux.srt.sampling.top_k_top_p_kernel import top_k_top_p_kernel as restrict
-    return restrict(logits, temperature, params.top_k, params.top_p, out)
+    probs = restrict(logits, temperature, params.top_k, params.top_p, out)
+    return probs if params.min_p is None else _restrict_min_p(probs, params.min_p)
+
+
+def _restrict_min_p(probs: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
+    """In place; a row with min_p 0 drops nothing and is divided by exactly 1."""
+    threshold = probs.amax(-1, keepdim=True) * min_p[:, None]
+    probs.masked_fill_(probs < threshold, 0.0)
+    return probs.div_(torch.where(min_p > 0, probs.sum(-1), 1.0)[:, None])
 
 
 def sample_from_probs(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:

@@ -53,13 +53,6 @@ def refuse_unsupported(d: dict, unsupported: dict[str, Any], what: str) -> None:
                              f"default, {default!r}, is accepted)")
 
 
-# Fields of the dataclass whose non-default values the runtime does not honour yet.
-NOT_IMPLEMENTED: dict[str, Any] = {
-    "min_p": 0.0, "frequency_penalty": 0.0, "presence_penalty": 0.0,
-    "repetition_penalty": 1.0, "min_new_tokens": 0,
-}
-
-
 def _str_list(value: object) -> object:
     return [value] if isinstance(value, str) else [] if value is None else value
 
@@ -116,6 +109,11 @@ class SamplingParams:
     def has_penalties(self) -> bool:
         return (self.frequency_penalty != 0.0 or self.presence_penalty != 0.0
                 or self.repetition_penalty != 1.0)
+
+    @property
+    def processes_logits(self) -> bool:
+        """Whether its logits are processed before choosing (`PenaltyRows`, min-p)."""
+        return self.has_penalties or self.min_new_tokens > 0 or self.min_p > 0.0
 
     def verify(self) -> None:
         def check(ok: bool, msg: str) -> None:
@@ -175,7 +173,3 @@ class SamplingParams:
         check(self.seed is None or is_int(self.seed),
               f"seed must be an integer, got {self.seed!r}")
         check_int64_fields(self)
-        for name, default in NOT_IMPLEMENTED.items():
-            check(getattr(self, name) == default, f"sampling parameter {name!r} is not "
-                  f"supported by this server (only its default, {default!r}, is accepted), "
-                  f"got {getattr(self, name)!r}")

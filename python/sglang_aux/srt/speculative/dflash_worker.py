@@ -44,6 +44,7 @@ from sglang_aux.srt.model_executor.runner.epilogue import Epilogue
 from sglang_aux.srt.model_executor.runner.step_prologue import StepPrologue
 from sglang_aux.srt.model_executor.runner.streamed_aux import StreamedAux
 from sglang_aux.srt.model_executor.runner_utils.host_transfer import HostReadback, PendingRows
+from sglang_aux.srt.sampling.penalties import PenaltyRows
 from sglang_aux.srt.sampling.sampler import Lane, sample_from_probs, sampling_probs, uniform
 from sglang_aux.srt.sampling.sampling_rows import SamplingRows
 from sglang_aux.srt.server_args import ServerArgs
@@ -99,6 +100,7 @@ class DFlashWorker:
         # a batch never exceeds the running limit, but a padded graph may
         rows = max([server_args.max_running_requests, *(server_args.cuda_graph_bs_decode or [])])
         self.sampling_rows = SamplingRows(rows, target_config.hf_config.vocab_size, device)
+        self.penalty_rows = PenaltyRows(rows, target_config.hf_config.vocab_size, device)
         self.readback = HostReadback(device)
         # Epilogue outputs, row prefixes per batch; borrowed until the runner's next forward.
         self._drafts = torch.zeros((rows, b - 1), dtype=torch.int64, device=device)
@@ -147,13 +149,15 @@ class DFlashWorker:
         """The runner whose request rows and KV slots the scheduler manages."""
         return self.target_runner
 
-    def admit(self, req: Req) -> None:
+    def admit(self, req: Req, eos_token_ids: set[int] = frozenset()) -> None:
         """Per-request work at admission (its row and KV are reserved): stage its sampling
-        parameters for the prefill that runs it."""
+        parameters (min_new_tokens masks `eos_token_ids` too) for the prefill that runs it."""
         self.sampling_rows.stage(req.req_pool_idx, req.sampling_params, req.seed)
+        self.penalty_rows.stage(req.req_pool_idx, req.sampling_params, req.output_ids,
+                                eos_token_ids)
 
     def prefill(self, reqs: list[Req]) -> PendingStep:
-        self.sampling_rows.write([r.req_pool_idx for r in reqs])
+        self._write_rows(reqs)
         fb = build_extend_batch(self.target_runner, reqs)
         logprobs = StepLogprobs.of(reqs, prefill=True)
         if logprobs is not None and logprobs.needs_hidden:
@@ -161,9 +165,8 @@ class DFlashWorker:
         if not self.streamed_aux:  # streamed: the runner feeds the projection
             fb.aux_projection = self._staged_projection_for(fb.num_tokens)
         out = self.target_runner.forward(fb)  # its epilogue committed the draft context
-        all_greedy = all(r.sampling_params.is_greedy for r in reqs)
-        tokens = self.sampling_rows.sample(out.next_token_logits, fb.req_pool_indices,
-                                           fb.seq_lens, all_greedy)
+        tokens = self._first_tokens(out.next_token_logits, reqs, fb.req_pool_indices,
+                                    fb.seq_lens)
         self.target_runner.req_to_token_pool.set_rows(fb.req_pool_indices, fb.seq_lens, tokens)
         return PendingStep(reqs, self.readback.start(packed_prefill(
             logprobs, tokens, out, fb, self.target_runner.model.lm_head_weight)),
@@ -180,6 +183,9 @@ class DFlashWorker:
         out = self.target_runner.forward(verify_fb)
         if self.on_aux_consumed is not None:
             self.on_aux_consumed()
+        if any(r.sampling_params.processes_logits for r in reqs):
+            self._verify_processed(reqs, verify_fb.req_pool_indices, out.next_token_logits,
+                                   has_sampling)
         verdicts = self._verdicts[:bs]  # [bs, 1 + B]: accepted drafts, then the new tokens
         added = verdicts[:, 0] + 1
         self.target_runner.req_to_token_pool.advance_rows(
@@ -199,7 +205,7 @@ class DFlashWorker:
         of every token (block rows and prompts) and accepts greedily; one readback, shared by
         the two steps it returns."""
         bs, n, b = len(reqs), len(arrivals), self.block_size
-        self.sampling_rows.write([r.req_pool_idx for r in arrivals])
+        self._write_rows(arrivals)
         has_sampling = self._draft(reqs)
         fb = build_mixed_batch(self.target_runner, reqs, arrivals)
         out = self.target_runner.forward(fb)
@@ -207,8 +213,12 @@ class DFlashWorker:
             self.on_aux_consumed()
         step_tokens, sb = bs * b, fb.mixed_step_bs
         logits = out.next_token_logits
-        if has_sampling:
-            self._rejection_sample(bs, fb.input_ids[:step_tokens], fb.positions[:step_tokens],
+        if any(r.sampling_params.processes_logits for r in reqs):
+            self._verify_processed(reqs, fb.req_pool_indices[:bs], logits[:step_tokens],
+                                   has_sampling)
+        elif has_sampling:
+            self._rejection_sample(bs, fb.input_ids[:step_tokens].view(bs, b)[:, 1:],
+                                   fb.positions[:step_tokens].view(bs, b),
                                    fb.req_pool_indices[:bs], logits[:step_tokens])
         verdicts = self._verdicts[:bs]
         added = verdicts[:, 0] + 1
@@ -216,9 +226,8 @@ class DFlashWorker:
         pool.advance_rows(fb.req_pool_indices[:bs], added,
                           verdicts.gather(1, added[:, None])[:, 0])
         rows, seq_lens = fb.req_pool_indices[sb : sb + n], fb.seq_lens[sb : sb + n]
-        first = self.sampling_rows.sample(
-            logits[step_tokens : step_tokens + n], rows, seq_lens,
-            all(r.sampling_params.is_greedy for r in arrivals))
+        first = self._first_tokens(logits[step_tokens : step_tokens + n], arrivals, rows,
+                                   seq_lens)
         pool.set_rows(rows, seq_lens, first)
         # One readback of both halves: each arrival's first token leads a row after the
         # verdicts (rows a padded step's unread verdicts may hold; every request holds its own
@@ -228,6 +237,40 @@ class DFlashWorker:
         return [PendingStep(reqs, PendingRows(copy, 0, bs), self._verified, kv_growth=b),
                 PendingStep(arrivals, PendingRows(copy, bs, bs + n), _first_of_row,
                             kv_growth=0)]
+
+    def _write_rows(self, reqs: list[Req]) -> None:
+        rows = [r.req_pool_idx for r in reqs]
+        self.sampling_rows.write(rows)
+        self.penalty_rows.write(rows)
+
+    def _first_tokens(self, logits: torch.Tensor, reqs: list[Req], rows: torch.Tensor,
+                      seq_lens: torch.Tensor) -> torch.Tensor:
+        """The tokens prefills sample, at positions `seq_lens`; from the processed logits
+        when a request processes them (known on the host), counted for the next step."""
+        all_greedy = all(r.sampling_params.is_greedy for r in reqs)
+        if not any(r.sampling_params.processes_logits for r in reqs):
+            return self.sampling_rows.sample(logits, rows, seq_lens, all_greedy)
+        logits = self.penalty_rows.apply(logits, rows)
+        tokens = self.sampling_rows.sample(logits, rows, seq_lens, all_greedy, min_p=True)
+        self.penalty_rows.advance(rows, tokens[:, None], 1)
+        return tokens
+
+    def _verify_processed(self, reqs: list[Req], rows: torch.Tensor, logits: torch.Tensor,
+                          has_sampling: bool) -> None:
+        """`_verdicts[:bs]` again, from the verify logits processed (penalties,
+        min_new_tokens, min-p) as target-only decoding would after each block position's
+        drafts (the graph accepted against the raw ones); then the emitted tokens are counted.
+        Runs before the rows' kv_len advances: block position j sits at kv_len + j."""
+        bs, b = len(reqs), self.block_size
+        drafts = self._drafts[:bs]
+        processed = self.penalty_rows.apply(logits, rows, drafts)
+        self._accept_greedy(bs, drafts, processed)
+        if has_sampling:
+            kv_lens = self.target_runner.req_to_token_pool.kv_lens[rows]
+            positions = kv_lens[:, None] + torch.arange(b, device=kv_lens.device)
+            self._rejection_sample(bs, drafts, positions, rows, processed, min_p=True)
+        verdicts = self._verdicts[:bs]
+        self.penalty_rows.advance(rows, verdicts[:, 1:], verdicts[:, 0] + 1)
 
     def _draft(self, reqs: list[Req]) -> bool:
         """The draft block's proposals for `reqs` into `_drafts[:bs]`; whether a request
@@ -268,37 +311,39 @@ class DFlashWorker:
         """Inside the TARGET_VERIFY graph: consume the aux rows (or the streamed projection)
         the forward just wrote, and accept greedily (`_verdicts[:bs]`)."""
         self.commit_draft_context(_aux_of(fb, out), fb.positions, fb.out_cache_loc)
-        self._accept_greedy(fb.batch_size, fb.input_ids, out.next_token_logits)
+        bs = fb.batch_size
+        self._accept_greedy(bs, fb.input_ids.view(bs, -1)[:, 1:], out.next_token_logits)
 
     def _mixed_epilogue(self, fb: ForwardBatch, out: LogitsProcessorOutput) -> None:
         """Inside the MIXED graph: the draft context of every token (step blocks and
         prompts), then greedy acceptance of the leading step rows (a graph's padded step
         requests get verdicts nobody reads)."""
         self.commit_draft_context(_aux_of(fb, out), fb.positions, fb.out_cache_loc)
-        n = fb.mixed_step_bs * self.block_size
-        self._accept_greedy(fb.mixed_step_bs, fb.input_ids[:n], out.next_token_logits[:n])
+        bs = fb.mixed_step_bs
+        n = bs * self.block_size
+        self._accept_greedy(bs, fb.input_ids[:n].view(bs, -1)[:, 1:], out.next_token_logits[:n])
 
-    def _accept_greedy(self, bs: int, input_ids: torch.Tensor, logits: torch.Tensor) -> None:
-        """`_verdicts[:bs]` from `bs` blocks' tokens `[bs * B]` and their logits rows."""
-        b = self.block_size
-        target_argmax = logits.view(bs, b, -1).argmax(-1)
-        self._verdicts[:bs] = greedy_verify(input_ids.view(bs, b)[:, 1:], target_argmax).packed()
+    def _accept_greedy(self, bs: int, drafts: torch.Tensor, logits: torch.Tensor) -> None:
+        """`_verdicts[:bs]` from `bs` blocks' drafts `[bs, B-1]` and their logits rows."""
+        target_argmax = logits.view(bs, self.block_size, -1).argmax(-1)
+        self._verdicts[:bs] = greedy_verify(drafts, target_argmax).packed()
 
     def _verify_sampling(self, fb: ForwardBatch, out: LogitsProcessorOutput) -> None:
         """The TARGET_VERIFY sampling tail (`_rejection_sample`)."""
-        self._rejection_sample(fb.batch_size, fb.input_ids, fb.positions, fb.req_pool_indices,
-                               out.next_token_logits)
+        bs = fb.batch_size
+        self._rejection_sample(bs, fb.input_ids.view(bs, -1)[:, 1:], fb.positions.view(bs, -1),
+                               fb.req_pool_indices, out.next_token_logits)
 
-    def _rejection_sample(self, bs: int, input_ids: torch.Tensor, positions: torch.Tensor,
-                          rows: torch.Tensor, logits: torch.Tensor) -> None:
-        """Lossless rejection sampling of `bs` blocks' drafts (tokens and positions `[bs * B]`,
-        logits `[bs * B, vocab]`) against `_draft_probs[:bs]`; greedy requests keep their
-        greedy verdicts."""
+    def _rejection_sample(self, bs: int, drafts: torch.Tensor, positions: torch.Tensor,
+                          rows: torch.Tensor, logits: torch.Tensor, min_p: bool = False) -> None:
+        """Lossless rejection sampling of `bs` blocks' drafts `[bs, B-1]` (block positions
+        `[bs, B]`, logits `[bs * B, vocab]`) against `_draft_probs[:bs]`; greedy requests keep
+        their greedy verdicts. `min_p`: a request may set it (known on the host)."""
         b = self.block_size
-        params = self.sampling_rows.gather(rows)
+        params = self.sampling_rows.gather(rows, min_p)
         p = sampling_probs(logits, params.repeat_interleave(b)).view(bs, b, -1)
-        positions, seed = positions.view(bs, b), params.seed[:, None]
-        sampled = rejection_verify(input_ids.view(bs, b)[:, 1:], self._draft_probs[:bs], p,
+        seed = params.seed[:, None]
+        sampled = rejection_verify(drafts, self._draft_probs[:bs], p,
                                    uniform(seed, positions[:, 1:], Lane.ACCEPT),
                                    uniform(seed, positions + 1, Lane.RESIDUAL)).packed()
         verdicts = self._verdicts[:bs]
