@@ -17,7 +17,7 @@ from sglang_aux.srt.model_executor.forward_batch_info import CaptureHiddenMode, 
 from sglang_aux.srt.model_executor.model_runner import ModelRunner
 from sglang_aux.srt.model_executor.runner.step_prologue import StepPrologue
 from sglang_aux.srt.model_executor.runner_utils.host_transfer import HostReadback, PendingRows
-from sglang_aux.srt.sampling.penalties import PenaltyRows
+from sglang_aux.srt.sampling.penalties import PenaltyRows, sample_next_tokens
 from sglang_aux.srt.sampling.sampling_rows import SamplingRows
 from sglang_aux.srt.server_args import ServerArgs
 
@@ -107,16 +107,8 @@ class TpModelWorker:
 
     def _sample(self, logits: torch.Tensor, reqs: list[Req], rows: torch.Tensor,
                 positions: torch.Tensor) -> torch.Tensor:
-        """Next tokens; when a request processes its logits (penalties, min_new_tokens,
-        min_p: known on the host), from the processed logits, counted for the next step."""
-        all_greedy = all(r.sampling_params.is_greedy for r in reqs)
-        if not any(r.sampling_params.processes_logits for r in reqs):
-            return self.sampling_rows.sample(logits, rows, positions, all_greedy)
-        logits = self.penalty_rows.apply(logits, rows)
-        tokens = self.sampling_rows.sample(logits, rows, positions, all_greedy, min_p=True)
-        self.penalty_rows.advance(rows, tokens[:, None], 1)
-        return tokens
-
+        return sample_next_tokens(self.sampling_rows, self.penalty_rows, logits,
+                                  [r.sampling_params for r in reqs], rows, positions)
 
 def _one_token(_req: Req, token: int) -> list[int]:
     return [token]

@@ -22,6 +22,7 @@ from typing import NamedTuple
 import torch
 
 from sglang_aux.srt.sampling.sampling_params import SamplingParams
+from sglang_aux.srt.sampling.sampling_rows import SamplingRows
 
 
 class _Staged(NamedTuple):
@@ -129,6 +130,21 @@ class PenaltyRows:
             added = torch.full((n,), added, dtype=torch.int64, device=tokens.device)
         self.counts.index_put_((rows[:, None].expand(n, w), tokens), ones, accumulate=True)
         self.out_len.index_add_(0, rows, added)
+
+
+def sample_next_tokens(sampling_rows: SamplingRows, penalty_rows: PenaltyRows,
+                       logits: torch.Tensor, params: list[SamplingParams], rows: torch.Tensor,
+                       positions: torch.Tensor) -> torch.Tensor:
+    """One token per row at `positions`; when a request processes its logits (penalties,
+    min_new_tokens, min_p: known on the host), from the processed logits, counted for the
+    next step."""
+    all_greedy = all(p.is_greedy for p in params)
+    if not any(p.processes_logits for p in params):
+        return sampling_rows.sample(logits, rows, positions, all_greedy)
+    logits = penalty_rows.apply(logits, rows)
+    tokens = sampling_rows.sample(logits, rows, positions, all_greedy, min_p=True)
+    penalty_rows.advance(rows, tokens[:, None], 1)
+    return tokens
 
 
 def _penalize(x: torch.Tensor, k: torch.Tensor, frequency: torch.Tensor, presence: torch.Tensor,

@@ -44,7 +44,7 @@ from sglang_aux.srt.model_executor.runner.epilogue import Epilogue
 from sglang_aux.srt.model_executor.runner.step_prologue import StepPrologue
 from sglang_aux.srt.model_executor.runner.streamed_aux import StreamedAux
 from sglang_aux.srt.model_executor.runner_utils.host_transfer import HostReadback, PendingRows
-from sglang_aux.srt.sampling.penalties import PenaltyRows
+from sglang_aux.srt.sampling.penalties import PenaltyRows, sample_next_tokens
 from sglang_aux.srt.sampling.sampler import Lane, sample_from_probs, sampling_probs, uniform
 from sglang_aux.srt.sampling.sampling_rows import SamplingRows
 from sglang_aux.srt.server_args import ServerArgs
@@ -245,15 +245,9 @@ class DFlashWorker:
 
     def _first_tokens(self, logits: torch.Tensor, reqs: list[Req], rows: torch.Tensor,
                       seq_lens: torch.Tensor) -> torch.Tensor:
-        """The tokens prefills sample, at positions `seq_lens`; from the processed logits
-        when a request processes them (known on the host), counted for the next step."""
-        all_greedy = all(r.sampling_params.is_greedy for r in reqs)
-        if not any(r.sampling_params.processes_logits for r in reqs):
-            return self.sampling_rows.sample(logits, rows, seq_lens, all_greedy)
-        logits = self.penalty_rows.apply(logits, rows)
-        tokens = self.sampling_rows.sample(logits, rows, seq_lens, all_greedy, min_p=True)
-        self.penalty_rows.advance(rows, tokens[:, None], 1)
-        return tokens
+        """The tokens prefills sample, at positions `seq_lens`."""
+        return sample_next_tokens(self.sampling_rows, self.penalty_rows, logits,
+                                  [r.sampling_params for r in reqs], rows, seq_lens)
 
     def _verify_processed(self, reqs: list[Req], rows: torch.Tensor, logits: torch.Tensor,
                           has_sampling: bool) -> None:
