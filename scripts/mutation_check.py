@@ -28,6 +28,7 @@ LAW = f"{T}/speculative/test_rejection_law.py"
 ENGINE_LAW = f"{T}/speculative/test_dflash_sampling_law.py"
 WORKER = f"{T}/speculative/test_dflash_worker.py"
 TAPS = f"{T}/compat/test_aux_taps_hf.py"
+PENALTIES = f"{T}/sampling/test_penalties.py"
 # the worker's tests that read the draft context and the bookkeeping back (its greedy ones
 # start four engines first)
 CONTEXT = f"{WORKER}::test_aux_rows_consumed_before_next_target_forward"
@@ -46,6 +47,16 @@ class Mutation:
 
 
 MUTATIONS = [
+    # penalties and min_new_tokens inside a DFlash block (issue 28)
+    Mutation("block position j does not count the drafts before it",
+             f"{SRT}/sampling/penalties.py",
+             "k = counts.gather(1, drafts)[:, None, :] + before",
+             "k = counts.gather(1, drafts)[:, None, :] + 0 * before", (PENALTIES,)),
+    Mutation("min_new_tokens ignores the block's earlier positions",
+             f"{SRT}/sampling/penalties.py",
+             "emitted = self.out_len[rows][:, None] + torch.arange(b, device=x.device)",
+             "emitted = self.out_len[rows][:, None] + 0 * torch.arange(b, device=x.device)",
+             (PENALTIES,)),
     # the three the suite used to miss
     Mutation("bonus token drawn from max(p - q, 0) instead of p",
              f"{SRT}/speculative/dflash_info.py",
