@@ -6,7 +6,8 @@
 # DRAFT: the draft folder or name; MODEL (environment): the target, default
 # smollm2-135m-instruct (qwen2.5-coder-1.5b-instruct with qwen2.5-coder-1.5b-instruct-dflash-b16);
 # SERVER_FLAGS: more flags for every server; N1, N8: questions one at a time (32) and at 8
-# concurrent (64).
+# concurrent (64); SGLANG_HARNESS=1: SGLang's own harness (run_sglang_harness.sh) too, after
+# ours at 32 concurrent, on the target and dflash servers.
 # CONFIGS: a space-separated subset of "target dflash dflash_noshare dflash_streamed
 # target_nocache dflash_nocache target_delay dflash_delay target_beside dflash_beside
 # target_mixed dflash_mixed" (default: target dflash dflash_noshare; *_nocache pass
@@ -62,6 +63,10 @@ for cfg in $configs; do
   serve $cfg "${flags[@]}" || continue
   curl -s localhost:$port/get_server_info > "$out/server_info_$cfg.json"
   harness $cfg "$n" 32
+  if [[ -n ${SGLANG_HARNESS:-} && $cfg =~ ^(target|dflash)$ ]]; then
+    bash "$(dirname "$0")/run_sglang_harness.sh" $port "$n" 32 2>&1 | tail -4 \
+      | sed "s/^/[sglang-harness $cfg n=$n p=32] /"
+  fi
   # scheduler_stats (prefill/decode steps, requests, tokens, seconds) and prefix cache hits
   # (radix_cache_hit_tokens / radix_cache_admitted_prompt_tokens) of the 32-concurrent run
   curl -s localhost:$port/get_server_info > "$out/server_info_after32_$cfg.json"

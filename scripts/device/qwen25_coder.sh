@@ -4,8 +4,10 @@
 # with it the staged GGUF, the imported model and the draft in its cache.
 #
 #   bash scripts/device/qwen25_coder.sh train OUT   # the draft: train_dflash --recipe (< 10 min)
-#   bash scripts/device/qwen25_coder.sh eval OUT    # GSM8K harness x 4 servers, lossless test,
-#                                                   # held-out accept, vs transformers
+#   bash scripts/device/qwen25_coder.sh eval OUT    # GSM8K: target-only and DFlash (ours and
+#                                                   # SGLang's harness), lossless fp32 test
+#   bash scripts/device/qwen25_coder.sh eval2 OUT   # GSM8K: no shared buffer, streamed; held-out
+#                                                   # accept, graph memory, vs transformers
 #
 # Measured 2026-12-02: staging 17 puts + the join (stage_qwen2_gguf.sh, MARGIN_MIB=2, from a
 # checkout without the SmolLM2 weights) about 2 minutes with the cold start; `train` with
@@ -15,55 +17,80 @@
 #       DEADLINE=520 bash scripts/device/qwen25_coder.sh train $OUT",
 #       carry=[".carry/qwen2-gguf/17", ".carry/gsm8k"], timeout_s=600)
 #   run(command="bash scripts/device/qwen25_coder.sh eval $OUT",
+#       carry=[".carry/gsm8k", ".carry/wheels", ".carry/sglang-client"], timeout_s=600)
+#   run(command="bash scripts/device/qwen25_coder.sh eval2 $OUT",
 #       carry=[".carry/gsm8k", ".carry/wheels"], timeout_s=600)
-# `train` sends the draft back (draft.tar.part-*, at most 16 MiB each: `cat` them and untar);
-# `eval` packs everything it measured into OUT/eval.tgz after every stage, most important
-# first, so a call cut at its limit still returns what ran.
+# `train` sends the draft back (draft.tar.part-*, at most 16 MiB each: `cat` them and untar) and,
+# once the trainer is past data generation, runs the CUDA suite beside it (CUDA_TESTS=0: not),
+# its logs in OUT/cuda.tgz; `eval`/`eval2` pack everything they measured into OUT/eval.tgz /
+# eval2.tgz after every stage, most important first, so a call cut at its limit still returns
+# what ran.
 # Needs GSM8K in $SGLANG_AUX_GSM8K_DIR (default: the carried .carry/gsm8k) and, for eval, the
-# server wheels (carry .carry/wheels: scripts/device/fetch_server_wheels.sh). Environment:
-# DEADLINE (train), NUM_QUESTIONS, CONFIGS (eval).
+# server wheels (carry .carry/wheels: scripts/device/fetch_server_wheels.sh), and for SGLang's
+# harness its client (carry .carry/sglang-client: scripts/device/fetch_sglang_client.sh).
+# Environment: DEADLINE, CUDA_TESTS (train), NUM_QUESTIONS (eval, eval2).
 set -uo pipefail
 phase=$1; out=$2
 mkdir -p "$out"
 export PYTHONPATH=/tmp/site:python PYTHONUNBUFFERED=1
 export SGLANG_AUX_GSM8K_DIR=${SGLANG_AUX_GSM8K_DIR:-$PWD/.carry/gsm8k}
 export PYTORCH_CUDA_ALLOC_CONF=${PYTORCH_CUDA_ALLOC_CONF:-expandable_segments:True}
-MODEL=qwen2.5-coder-1.5b-instruct
-DRAFT=qwen2.5-coder-1.5b-instruct-dflash-b16
+MODEL=${MODEL:-qwen2.5-coder-1.5b-instruct}
+DRAFT=${DRAFT:-qwen2.5-coder-1.5b-instruct-dflash-b16}
 py=python3
 draft_dir() {
   $py -c "from sglang_aux.srt.model_loader.builtin import resolve_model_path as r; print(r('$DRAFT'))"
 }
 case $phase in
   train)
+    if [ "${CUDA_TESTS:-1}" = 1 ]; then
+      # the trainer's generation and feature passes take ~200 s; the suite then shares the
+      # GPU with its training loop, which paces itself to the deadline
+      (sleep 200; bash scripts/device/run_h200_figures.sh tests /root/cuda > /root/cuda.log 2>&1;
+       cp /root/cuda.log /root/cuda/; tar czf "$out/cuda.tgz" -C /root cuda) &
+      tests=$!
+    fi
     $py -m sglang_aux.tools.train_dflash --recipe $DRAFT ${DEADLINE:+--deadline-s $DEADLINE} \
       2>&1 | grep -v Warning | grep -v "aux states for" | tee /root/train.log \
       | grep -E "generat|budget|sequences|00/|Error|error|Traceback" | tail -40
     draft=$(draft_dir) || exit 1
     cp "$draft/README.md" "$out/draft_README.md"
     tar cf - -C "$(dirname "$draft")" "$DRAFT" | split -b 16M - "$out/draft.tar.part-"
-    ls -la "$draft" ;;
-  eval)
-    ev=/root/eval; mkdir -p "$ev"
-    pack() { tar czf "$out/eval.tgz" -C "$ev" .; }
+    ls -la "$draft"
+    if [ -n "${tests:-}" ]; then wait $tests; cat /root/cuda.log; fi ;;
+  eval|eval2)
+    ev=/root/$phase; mkdir -p "$ev"
+    pack() { tar czf "$out/$phase.tgz" -C "$ev" .; }
     [ -d .carry/wheels ] && $py -m pip install -q --no-index --no-deps --target /tmp/site \
       .carry/wheels/*.whl
     draft_dir > /dev/null || exit 1  # the draft is trained on this machine
     harness() {
       MODEL=$MODEL bash benchmark/gsm8k/run_gsm8k_eval.sh $DRAFT "$ev" \
-        "${NUM_QUESTIONS:-1319}" "$1" 2>&1 | grep -E "Accuracy|Invalid|throughput|Accept|Errors|did not"
+        "${NUM_QUESTIONS:-1319}" "$1" 2>&1 \
+        | grep -E "Accuracy|Invalid|throughput|Accept|Errors|did not|Error|Latency"
       pack
     }
-    harness "target dflash"
-    timeout 150 $py -m pytest -q test/registered/core/test_qwen25_coder_dflash_cuda.py 2>&1 \
-      | tee "$ev/lossless.log" | tail -3
-    pack
-    harness "${CONFIGS:-dflash_noshare dflash_streamed}"
+    if [ $phase = eval ]; then
+      [ -d .carry/sglang-client ] && $py -m sglang_aux.test.sglang_client \
+        --offline .carry/sglang-client
+      SGLANG_HARNESS=1 harness "target dflash"
+      timeout 200 $py -m pytest -q test/registered/core/test_qwen25_coder_dflash_cuda.py 2>&1 \
+        | tee "$ev/lossless.log" | tail -3
+      pack
+      exit 0
+    fi
+    harness "dflash_noshare dflash_streamed"
     timeout 100 $py -m sglang_aux.tools.train_dflash --recipe $DRAFT --eval-only 2>&1 \
       | grep "eval:" | tee "$ev/heldout.log"
     cp "$(draft_dir)/README.md" "$ev/draft_README.md"
     pack
-    timeout 150 $py benchmark/spec_decode/bench_vs_transformers.py --model-path $MODEL \
+    target=$($py -c "from sglang_aux.srt.model_loader.builtin import resolve_model_path as r; \
+print(r('$MODEL'))")
+    timeout 120 $py benchmark/aux_memory/bench_graph_memory.py --model-path "$target" \
+      --draft-path "$(draft_dir)" --block 16 --max-bs 32 64 --out "$ev/graph_memory_qwen.json" \
+      2>&1 | tail -9
+    pack
+    timeout 170 $py benchmark/spec_decode/bench_vs_transformers.py --model-path $MODEL \
       --draft $DRAFT --bs 1 32 --modes forced natural --engines transformers target dflash \
       --num-prompts 32 --num-prompts-bs1 4 --out "$ev/vs_transformers_qwen.json" 2>&1 \
       | grep -v Warning | tail -14

@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tarfile
 from pathlib import Path
 
 SGLANG_VERSION = "0.5.23"
@@ -66,12 +67,32 @@ def install_client(target: Path | None = None) -> Path:
         if done.returncode != 0:
             raise RuntimeError(f"pip could not install {CLIENT_PACKAGES[0]}: "
                                f"{done.stderr.strip()[-2000:]}")
-        for module in _STANDIN_MODULES:
-            path = target / _STANDIN_ROOT / module
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(_STANDIN_SOURCE)
-        marker.write_text("ok\n")
+        _finish(target)
     return target
+
+
+def install_offline(source: Path, target: Path | None = None) -> Path:
+    """The same folder from files carried to a machine without a package index
+    (`scripts/device/fetch_sglang_client.sh`): the wheels, and SGLang's Python sources."""
+    target = target or client_dir()
+    wheels = sorted(str(p) for p in source.glob("*.whl"))
+    done = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps",
+                           "--no-index", "--upgrade", "--target", str(target), *wheels],
+                          capture_output=True, text=True, timeout=INSTALL_TIMEOUT_S)
+    if done.returncode != 0:
+        raise RuntimeError(f"pip could not install the carried wheels: {done.stderr[-2000:]}")
+    with tarfile.open(source / f"sglang-{SGLANG_VERSION}-py.tgz") as sources:
+        sources.extractall(target, filter="data")
+    _finish(target)
+    return target
+
+
+def _finish(target: Path) -> None:
+    for module in _STANDIN_MODULES:
+        path = target / _STANDIN_ROOT / module
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(_STANDIN_SOURCE)
+    (target / f".installed-{SGLANG_VERSION}").write_text("ok\n")
 
 
 def client_env(target: Path) -> dict[str, str]:
@@ -79,3 +100,12 @@ def client_env(target: Path) -> dict[str, str]:
     stay importable; the stand-in comes last, so a real torchvision wins)."""
     paths = [str(target), os.environ.get("PYTHONPATH", ""), str(target / _STANDIN_ROOT)]
     return {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in paths if p)}
+
+
+if __name__ == "__main__":
+    import argparse
+
+    parser = argparse.ArgumentParser(description="install SGLang's client modules")
+    parser.add_argument("--offline", type=Path, help="a folder from fetch_sglang_client.sh")
+    args = parser.parse_args()
+    print(install_offline(args.offline) if args.offline else install_client())
