@@ -7,7 +7,8 @@
 # smollm2-135m-instruct (qwen2.5-coder-1.5b-instruct with qwen2.5-coder-1.5b-instruct-dflash-b16);
 # SERVER_FLAGS: more flags for every server; N1, N8: questions one at a time (32) and at 8
 # concurrent (64); SGLANG_HARNESS=1: SGLang's own harness (run_sglang_harness.sh) too, after
-# ours at 32 concurrent, on the target and dflash servers.
+# ours at 32 concurrent, on the target and dflash servers, and ours again with its prompts
+# (`--shots-from test`: SGLang 0.5.23 takes the shots from the first test questions).
 # CONFIGS: a space-separated subset of "target dflash dflash_noshare dflash_streamed
 # target_nocache dflash_nocache target_delay dflash_delay target_beside dflash_beside
 # target_mixed dflash_mixed" (default: target dflash dflash_noshare; *_nocache pass
@@ -34,9 +35,11 @@ serve() {  # name, extra flags...
   done
   echo "server $name did not start"; tail -20 "$out/server_$name.log"; return 1
 }
-harness() {  # name, num questions, parallel
-  ${PYTHON:-python3} -m sglang_aux.test.few_shot_gsm8k --port $port --num-questions "$2" --parallel "$3" \
-    --max-new-tokens 512 --result-file "$out/results.jsonl" 2>&1 | tail -6 | sed "s/^/[$1 n=$2 p=$3] /"
+harness() {  # name, num questions, parallel, more flags...
+  local name=$1 n=$2 p=$3; shift 3
+  ${PYTHON:-python3} -m sglang_aux.test.few_shot_gsm8k --port $port --num-questions "$n" --parallel "$p" \
+    --max-new-tokens 512 --result-file "$out/results.jsonl" "$@" 2>&1 | tail -6 \
+    | sed "s/^/[$name n=$n p=$p$*] /"
 }
 for cfg in $configs; do
   case $cfg in
@@ -66,6 +69,7 @@ for cfg in $configs; do
   if [[ -n ${SGLANG_HARNESS:-} && $cfg =~ ^(target|dflash)$ ]]; then
     bash "$(dirname "$0")/run_sglang_harness.sh" $port "$n" 32 2>&1 | tail -4 \
       | sed "s/^/[sglang-harness $cfg n=$n p=32] /"
+    harness $cfg "$n" 32 --shots-from test  # ours with SGLang's prompts
   fi
   # scheduler_stats (prefill/decode steps, requests, tokens, seconds) and prefix cache hits
   # (radix_cache_hit_tokens / radix_cache_admitted_prompt_tokens) of the 32-concurrent run

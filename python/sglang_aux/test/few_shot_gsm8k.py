@@ -95,7 +95,7 @@ def run_eval(args: argparse.Namespace) -> dict:
     file)."""
     data_path, shots_path = data_paths(args.data_path)
     questions = read_jsonl(data_path)[: args.num_questions]
-    shots = read_jsonl(shots_path)[: args.num_shots]
+    shots = read_jsonl(data_path if args.shots_from == "test" else shots_path)[: args.num_shots]
     prefix = few_shot_prefix(shots)
     labels = [label_of(q["answer"]) for q in questions]
     client = Client(args.host, args.port, args.api_key)
@@ -125,6 +125,7 @@ def run_eval(args: argparse.Namespace) -> dict:
         "model": model,
         "num_questions": len(questions),
         "num_shots": args.num_shots,
+        "shots_from": args.shots_from,
         "parallel": args.parallel,
         "max_new_tokens": args.max_new_tokens,
         "accuracy": sum(p == y for p, y in zip(preds, labels, strict=True)) / n,
@@ -154,6 +155,10 @@ def make_parser() -> argparse.ArgumentParser:
                              f"(default: ${DATA_DIR_ENV}, the copy beside the checkout, or "
                              "the official files, downloaded into the cache on first use)")
     parser.add_argument("--num-shots", type=int, default=5)
+    parser.add_argument("--shots-from", choices=("train", "test"), default="train",
+                        help="where the shots come from: the train file (default), or the "
+                             "first test questions, as SGLang 0.5.23's `few_shot_gsm8k` takes "
+                             "them (its first questions then see their own answers)")
     parser.add_argument("--num-questions", type=int, default=200)
     parser.add_argument("--parallel", type=int, default=64, help="concurrent requests")
     parser.add_argument("--max-new-tokens", type=int, default=512)

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from sglang_aux.test import few_shot_gsm8k
 from sglang_aux.test.ci.ci_register import register_cpu_ci
 from sglang_aux.test.gsm8k_data import local_path_or_skip
 from sglang_aux.test.runtime_utils import tiny_checkpoint
@@ -55,6 +56,22 @@ def _run(client: Path, args: list[str], cwd: Path) -> str:
     out = done.stdout + done.stderr
     assert done.returncode == 0, out[-4000:]
     return out
+
+
+def test_our_harness_builds_sglang_harness_prompts(client, tmp_path):
+    """`--shots-from test` gives SGLang's `few_shot_gsm8k` prompts exactly (its shots are the
+    first test questions); the default takes ours from the train file instead."""
+    test, train = local_path_or_skip("test"), local_path_or_skip("train")
+    script = ("import json, sys; from sglang.test import few_shot_gsm8k as f; "
+              "lines = list(f.read_jsonl(sys.argv[1])); shots = f.get_few_shot_examples(lines, 5); "
+              "print(json.dumps([shots + f.get_one_example(lines, i, False) for i in (0, 7, 1318)]))")
+    theirs = json.loads(_run(client, ["-c", script, str(test)], tmp_path).splitlines()[-1])
+    questions, shots = few_shot_gsm8k.read_jsonl(test), few_shot_gsm8k.read_jsonl(train)
+    ours = {src: [few_shot_gsm8k.build_prompt(few_shot_gsm8k.few_shot_prefix(lines[:5]),
+                                              questions[i]["question"]) for i in (0, 7, 1318)]
+            for src, lines in (("test", questions), ("train", shots))}
+    assert ours["test"] == theirs
+    assert all(a != b for a, b in zip(ours["train"], theirs, strict=True))
 
 
 def test_sglang_few_shot_gsm8k(client, server, tmp_path):
