@@ -63,8 +63,10 @@ def test_our_harness_builds_sglang_harness_prompts(client, tmp_path):
     first test questions); the default takes ours from the train file instead."""
     test, train = local_path_or_skip("test"), local_path_or_skip("train")
     script = ("import json, sys; from sglang.test import few_shot_gsm8k as f; "
-              "lines = list(f.read_jsonl(sys.argv[1])); shots = f.get_few_shot_examples(lines, 5); "
-              "print(json.dumps([shots + f.get_one_example(lines, i, False) for i in (0, 7, 1318)]))")
+              "lines = list(f.read_jsonl(sys.argv[1])); "
+              "shots = f.get_few_shot_examples(lines, 5); "
+              "print(json.dumps([shots + f.get_one_example(lines, i, False) "
+              "for i in (0, 7, 1318)]))")
     theirs = json.loads(_run(client, ["-c", script, str(test)], tmp_path).splitlines()[-1])
     questions, shots = few_shot_gsm8k.read_jsonl(test), few_shot_gsm8k.read_jsonl(train)
     ours = {src: [few_shot_gsm8k.build_prompt(few_shot_gsm8k.few_shot_prefix(lines[:5]),
