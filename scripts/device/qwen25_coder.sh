@@ -4,6 +4,9 @@
 # with it the staged GGUF, the imported model and the draft in its cache.
 #
 #   bash scripts/device/qwen25_coder.sh train OUT   # the draft: train_dflash --recipe (< 10 min)
+#   bash scripts/device/qwen25_coder.sh gen OUT     # optional, the call before `train`: more
+#                                                   # continuations (SAMPLED_PASSES, default 4)
+#                                                   # so that `train` only extracts and trains
 #   bash scripts/device/qwen25_coder.sh eval OUT    # GSM8K: target-only and DFlash (ours and
 #                                                   # SGLang's harness), lossless fp32 test
 #   bash scripts/device/qwen25_coder.sh eval2 OUT   # GSM8K: no shared buffer, streamed; held-out
@@ -28,7 +31,11 @@
 # Needs GSM8K in $SGLANG_AUX_GSM8K_DIR (default: the carried .carry/gsm8k) and, for eval, the
 # server wheels (carry .carry/wheels: scripts/device/fetch_server_wheels.sh), and for SGLang's
 # harness its client (carry .carry/sglang-client: scripts/device/fetch_sglang_client.sh).
-# Environment: DEADLINE, CUDA_TESTS (train), NUM_QUESTIONS (eval, eval2).
+# Environment: DEADLINE, CUDA_TESTS (train), SAMPLED_PASSES, GEN_BUDGET (gen), NUM_QUESTIONS
+# (eval, eval2). Measured 2026-12-02 (second session): `train` with the suite beside it 516 s,
+# held-out accept 3.39 (docs/benchmarks.md section 14); the accept length is data- and
+# step-limited, so the next run is `gen` then `train` (features of ~36k continuations, ~80 GB
+# of aux states on the device, and a whole call of training).
 set -uo pipefail
 phase=$1; out=$2
 mkdir -p "$out"
@@ -50,14 +57,20 @@ case $phase in
        cp /root/cuda.log /root/cuda/; tar czf "$out/cuda.tgz" -C /root cuda) &
       tests=$!
     fi
+    # continuations `gen` wrote in the call before are read back, else generated here
     $py -m sglang_aux.tools.train_dflash --recipe $DRAFT ${DEADLINE:+--deadline-s $DEADLINE} \
-      2>&1 | grep -v Warning | grep -v "aux states for" | tee /root/train.log \
+      --samples-file /root/samples.jsonl 2>&1 | grep -v Warning | grep -v "aux states for" | tee /root/train.log \
       | grep -E "generat|budget|sequences|00/|Error|error|Traceback" | tail -40
     draft=$(draft_dir) || exit 1
     cp "$draft/README.md" "$out/draft_README.md"
     tar cf - -C "$(dirname "$draft")" "$DRAFT" | split -b 16M - "$out/draft.tar.part-"
     ls -la "$draft"
     if [ -n "${tests:-}" ]; then wait $tests; cat /root/cuda.log; fi ;;
+  gen)  # the data alone, so the next call (`train`) trains for its whole 10 minutes
+    $py -m sglang_aux.tools.train_dflash --recipe $DRAFT --generate-only \
+      --samples-file /root/samples.jsonl --sampled-passes "${SAMPLED_PASSES:-4}" \
+      --gen-budget-s "${GEN_BUDGET:-500}" 2>&1 | grep -v Warning | tail -20
+    wc -l /root/samples.jsonl ;;
   eval|eval2)
     ev=/root/$phase; mkdir -p "$ev"
     pack() { tar czf "$out/$phase.tgz" -C "$ev" .; }
