@@ -23,7 +23,7 @@
 #       carry=[".carry/gsm8k", ".carry/wheels", ".carry/sglang-client"], timeout_s=600)
 #   run(command="bash scripts/device/qwen25_coder.sh eval2 $OUT",
 #       carry=[".carry/gsm8k", ".carry/wheels"], timeout_s=600)
-# `train` sends the draft back (draft.tar.part-*, at most 16 MiB each: `cat` them and untar) and,
+# `train` sends the draft back over the calls (draft.tar.part-*, see send_parts) and,
 # once the trainer is past data generation, runs the CUDA suite beside it (CUDA_TESTS=0: not),
 # its logs in OUT/cuda.tgz; `eval`/`eval2` pack everything they measured into OUT/eval.tgz /
 # eval2.tgz after every stage, most important first, so a call cut at its limit still returns
@@ -48,6 +48,15 @@ py=python3
 draft_dir() {
   $py -c "from sglang_aux.srt.model_loader.builtin import resolve_model_path as r; print(r('$DRAFT'))"
 }
+# A call returns at most about 64 MiB: the draft's 16 MiB parts come back over the calls,
+# three in `train`, the rest in `eval` and `eval2` (`cat draft.tar.part-* | tar x`).
+send_parts() {
+  local n=$1 p
+  for p in /root/draft-parts/draft.tar.part-*; do
+    [ -f "$p" ] && [ "$n" -gt 0 ] || continue
+    mv "$p" "$out/"; n=$((n - 1))
+  done
+}
 case $phase in
   train)
     if [ "${CUDA_TESTS:-1}" = 1 ]; then
@@ -63,7 +72,9 @@ case $phase in
       | grep -E "generat|budget|sequences|00/|Error|error|Traceback" | tail -40
     draft=$(draft_dir) || exit 1
     cp "$draft/README.md" "$out/draft_README.md"
-    tar cf - -C "$(dirname "$draft")" "$DRAFT" | split -b 16M - "$out/draft.tar.part-"
+    rm -rf /root/draft-parts && mkdir -p /root/draft-parts
+    tar cf - -C "$(dirname "$draft")" "$DRAFT" | split -b 16M - /root/draft-parts/draft.tar.part-
+    send_parts 3
     ls -la "$draft"
     if [ -n "${tests:-}" ]; then wait $tests; cat /root/cuda.log; fi ;;
   gen)  # the data alone, so the next call (`train`) trains for its whole 10 minutes
@@ -77,6 +88,7 @@ case $phase in
     [ -d .carry/wheels ] && $py -m pip install -q --no-index --no-deps --target /tmp/site \
       .carry/wheels/*.whl
     draft_dir > /dev/null || exit 1  # the draft is trained on this machine
+    send_parts 3
     harness() {
       MODEL=$MODEL bash benchmark/gsm8k/run_gsm8k_eval.sh $DRAFT "$ev" \
         "${NUM_QUESTIONS:-1319}" "$1" 2>&1 \
