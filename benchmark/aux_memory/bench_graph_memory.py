@@ -29,7 +29,7 @@ import sys
 import torch
 
 from sglang_aux.srt.configs.model_config import ModelConfig
-from sglang_aux.srt.model_executor.forward_batch_info import ForwardMode
+from sglang_aux.srt.forward_state.forward_batch_info import ForwardMode
 from sglang_aux.srt.model_executor.model_runner import make_graph_backend
 from sglang_aux.srt.model_executor.runner.decode_cuda_graph_runner import DecodeCudaGraphRunner
 from sglang_aux.srt.model_executor.runner_utils.capture_sizes import get_capture_bs

@@ -14,6 +14,7 @@ import sys
 import pytest
 import torch
 
+from sglang_aux.srt.forward_state.forward_batch_info import ForwardBatch, ForwardMode
 from sglang_aux.srt.layers.attention.torch_native_backend import TorchNativeAttnBackend
 from sglang_aux.srt.layers.radix_attention import FULL_CONTEXT, AttentionType, RadixAttention
 from sglang_aux.srt.mem_cache.memory_pool import (
@@ -22,7 +23,6 @@ from sglang_aux.srt.mem_cache.memory_pool import (
     MHATokenToKVPool,
     ReqToTokenPool,
 )
-from sglang_aux.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
 from sglang_aux.test.ci.ci_register import register_cuda_ci
 from sglang_aux.test.kernel_checks import fresh_seed
 

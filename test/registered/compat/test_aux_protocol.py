@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from sglang_aux.srt.configs.model_config import ModelConfig
-from sglang_aux.srt.model_executor.forward_batch_info import ForwardMode
+from sglang_aux.srt.forward_state.forward_batch_info import ForwardMode
 from sglang_aux.srt.model_executor.model_runner_components.misc_utils import (
     resolve_aux_hidden_states_width,
 )

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from sglang_aux.srt.entrypoints.engine import Engine
-from sglang_aux.srt.model_executor.forward_batch_info import ForwardMode
+from sglang_aux.srt.forward_state.forward_batch_info import ForwardMode
 from sglang_aux.srt.model_loader.weight_utils import init_random_weights
 from sglang_aux.test.ci.ci_register import register_cuda_ci
 from sglang_aux.test.hf_checkpoints import hf_greedy, save_hf_model

@@ -15,9 +15,9 @@ import torch  # noqa: E402
 from safetensors.torch import load_file  # noqa: E402
 
 from sglang_aux.srt.configs.model_config import ModelConfig  # noqa: E402
+from sglang_aux.srt.forward_state.forward_batch_info import ForwardMode  # noqa: E402
 from sglang_aux.srt.layers.triton_ops.dispatch import ENV_VAR  # noqa: E402
 from sglang_aux.srt.mem_cache.memory_pool import MHATokenToKVPool  # noqa: E402
-from sglang_aux.srt.model_executor.forward_batch_info import ForwardMode  # noqa: E402
 from sglang_aux.srt.model_loader.loader import get_model  # noqa: E402
 from sglang_aux.srt.model_loader.weight_utils import (  # noqa: E402
     checkpoint_tensors,

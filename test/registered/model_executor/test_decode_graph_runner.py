@@ -12,8 +12,8 @@ import torch
 from torch import nn
 
 from sglang_aux.srt.configs.model_config import ModelConfig
+from sglang_aux.srt.forward_state.forward_batch_info import ForwardMode
 from sglang_aux.srt.layers.aux_hidden_states import SupportsSharedAuxHiddenStates
-from sglang_aux.srt.model_executor.forward_batch_info import ForwardMode
 from sglang_aux.srt.model_executor.runner_utils.capture_sizes import get_capture_bs
 from sglang_aux.srt.model_loader.loader import get_model
 from sglang_aux.test.ci.ci_register import register_cpu_ci

@@ -14,9 +14,9 @@ from tokenizers import models, pre_tokenizers
 
 from sglang_aux.srt.configs.model_config import ModelConfig
 from sglang_aux.srt.entrypoints.engine import Engine
+from sglang_aux.srt.forward_state.forward_batch_info import ForwardMode
 from sglang_aux.srt.managers.schedule_batch import build_fixed_batch, release_kv
 from sglang_aux.srt.managers.tokenizer import Tokenizer
-from sglang_aux.srt.model_executor.forward_batch_info import ForwardMode
 from sglang_aux.srt.model_executor.model_runner import ModelRunner
 from sglang_aux.srt.model_loader import builtin
 from sglang_aux.srt.model_loader.weight_utils import (

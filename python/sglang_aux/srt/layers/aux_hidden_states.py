@@ -18,8 +18,10 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import torch
 
+from sglang_aux.srt.forward_state.protocols import AuxProjection
+
 if TYPE_CHECKING:
-    from sglang_aux.srt.model_executor.forward_batch_info import ForwardBatch
+    from sglang_aux.srt.forward_state.forward_batch_info import ForwardBatch
 
 
 class AuxHiddenStateList(list):
@@ -101,22 +103,6 @@ class AuxHiddenStatePacker:
         if self._count != self.num_captures or self._packed is None:
             raise RuntimeError(f"got {self._count} aux captures, expected {self.num_captures}")
         return self._packed
-
-
-class AuxProjection(Protocol):
-    """The draft fc's projection fed one aux slice at a time (`MXFP8InputAccumulator`,
-    `StreamedProjection`); the caller reads the fc output with `result()`."""
-
-    num_slices: int
-
-    @property
-    def num_accumulated(self) -> int: ...
-
-    def accumulate(self, hidden: torch.Tensor) -> None: ...
-
-    def result(self) -> torch.Tensor: ...
-
-    def reset(self) -> None: ...
 
 
 class ProjectedAuxCapture:

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
-from sglang_aux.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardBatch
+from sglang_aux.srt.forward_state.forward_batch_info import CaptureHiddenMode, ForwardBatch
 
 
 @dataclass

@@ -7,8 +7,8 @@ from enum import Enum
 import torch
 from torch import nn
 
+from sglang_aux.srt.forward_state.forward_batch_info import ForwardBatch
 from sglang_aux.srt.layers.kv_store import KVStore
-from sglang_aux.srt.model_executor.forward_batch_info import ForwardBatch
 
 FULL_CONTEXT = -1  # `sliding_window_size` of a layer that sees every earlier key
 

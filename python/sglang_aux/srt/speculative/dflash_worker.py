@@ -24,7 +24,12 @@ from collections.abc import Callable
 import torch
 
 from sglang_aux.srt.configs.model_config import ModelConfig
-from sglang_aux.srt.layers.aux_hidden_states import AuxProjection
+from sglang_aux.srt.forward_state.forward_batch_info import (
+    CaptureHiddenMode,
+    ForwardBatch,
+    ForwardMode,
+)
+from sglang_aux.srt.forward_state.protocols import AuxProjection
 from sglang_aux.srt.layers.logits_processor import LogitsProcessorOutput
 from sglang_aux.srt.managers.pending_step import PendingStep
 from sglang_aux.srt.managers.schedule_batch import (
@@ -34,11 +39,6 @@ from sglang_aux.srt.managers.schedule_batch import (
     build_step_batch,
 )
 from sglang_aux.srt.managers.step_logprobs import StepLogprobs, packed_prefill
-from sglang_aux.srt.model_executor.forward_batch_info import (
-    CaptureHiddenMode,
-    ForwardBatch,
-    ForwardMode,
-)
 from sglang_aux.srt.model_executor.model_runner import ModelRunner
 from sglang_aux.srt.model_executor.runner.epilogue import Epilogue
 from sglang_aux.srt.model_executor.runner.step_prologue import StepPrologue

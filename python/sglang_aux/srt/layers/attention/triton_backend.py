@@ -17,8 +17,8 @@ from sglang_aux.srt.layers.attention.triton_ops.extend_attention import extend_a
 from sglang_aux.srt.layers.attention.triton_ops.tiling import check_head_dim
 
 if TYPE_CHECKING:
+    from sglang_aux.srt.forward_state.forward_batch_info import ForwardBatch
     from sglang_aux.srt.layers.radix_attention import RadixAttention
-    from sglang_aux.srt.model_executor.forward_batch_info import ForwardBatch
 
 
 @dataclass(frozen=True)

@@ -21,8 +21,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from sglang_aux.srt.forward_state.forward_batch_info import ForwardBatch, ForwardMode
 from sglang_aux.srt.layers.logits_processor import LogitsProcessorOutput
-from sglang_aux.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
 from sglang_aux.srt.model_executor.runner.epilogue import Epilogue, run_model
 from sglang_aux.srt.model_executor.runner.mixed_prologue import (
     MixedHostInputs,

@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from sglang_aux.srt.forward_state.forward_batch_info import ForwardBatch, ForwardMode
 from sglang_aux.srt.mem_cache.memory_pool import PADDING_REQ_ROW
-from sglang_aux.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
 from sglang_aux.srt.model_executor.runner.step_prologue import StepPrologue
 
 if TYPE_CHECKING:

@@ -13,12 +13,12 @@ import logging
 import time
 from typing import TYPE_CHECKING
 
-from sglang_aux.srt.layers.logits_processor import LogitsProcessorOutput
-from sglang_aux.srt.model_executor.forward_batch_info import (
+from sglang_aux.srt.forward_state.forward_batch_info import (
     CaptureHiddenMode,
     ForwardBatch,
     ForwardMode,
 )
+from sglang_aux.srt.layers.logits_processor import LogitsProcessorOutput
 from sglang_aux.srt.model_executor.runner.epilogue import Epilogue, run_model
 from sglang_aux.srt.model_executor.runner.streamed_aux import StreamedAux
 from sglang_aux.srt.model_executor.runner_backend.base import GraphBackend

@@ -9,8 +9,7 @@ from typing import TYPE_CHECKING
 import torch
 
 if TYPE_CHECKING:
-    from sglang_aux.srt.layers.attention.base_attn_backend import AttentionBackend
-    from sglang_aux.srt.layers.aux_hidden_states import AuxProjection
+    from sglang_aux.srt.forward_state.protocols import AttentionForward, AuxProjection
     from sglang_aux.srt.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool
 
 
@@ -73,7 +72,7 @@ class ForwardBatch:
     positions: torch.Tensor  # [num_tokens]
     req_to_token_pool: ReqToTokenPool
     token_to_kv_pool: MHATokenToKVPool
-    attn_backend: AttentionBackend
+    attn_backend: AttentionForward
     extend_prefix_lens_cpu: list[int] | None = None
     extend_seq_lens_cpu: list[int] | None = None
     # EXTEND on the device, `[bs]` each: cached tokens before this forward, new tokens, and
