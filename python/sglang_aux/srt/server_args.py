@@ -8,8 +8,8 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sglang_aux.srt.speculative.spec_info import SpeculativeAlgorithm
-from sglang_aux.tools.presets import DEFAULT_DRAFT_MODEL, DEFAULT_MODEL
+from sglang_aux.srt.configs.presets import DEFAULT_DRAFT_MODEL, DEFAULT_MODEL
+from sglang_aux.srt.configs.speculative_algorithm import SpeculativeAlgorithm
 
 ATTENTION_BACKENDS = ("torch_native", "triton")
 DTYPES = ("auto", "float32", "float16", "bfloat16")

@@ -17,9 +17,9 @@ from sglang_aux.srt.managers.schedule_batch import (
     reserve_kv,
 )
 from sglang_aux.srt.model_executor.model_runner import ModelRunner
+from sglang_aux.srt.model_loader.preset_checkpoint import write_checkpoint
 from sglang_aux.srt.sampling.sampling_params import SamplingParams
 from sglang_aux.srt.server_args import ServerArgs
-from sglang_aux.tools.make_checkpoint import write_checkpoint
 
 if TYPE_CHECKING:
     from sglang_aux.srt.entrypoints.engine import Engine

@@ -20,11 +20,11 @@ from pathlib import Path
 import pytest
 
 from sglang_aux import generate, launch_server
+from sglang_aux.srt.configs.presets import PRESETS
 from sglang_aux.srt.entrypoints.engine import Engine
 from sglang_aux.srt.server_args import CLI_ALGORITHMS
 from sglang_aux.test.ci.ci_register import register_cpu_ci
 from sglang_aux.test.tiny_gguf import write_tiny_qwen2_gguf
-from sglang_aux.tools.presets import PRESETS
 
 register_cpu_ci(est_time=150, suite="default")
 

@@ -93,7 +93,7 @@ def test_who_gets_no_shared_buffer(ckpts, case):
     if case == "draft":
         runner.is_draft_worker = True
     if case == "pp2":
-        from sglang_aux.srt.speculative.spec_info import SpeculativeAlgorithm
+        from sglang_aux.srt.configs.speculative_algorithm import SpeculativeAlgorithm
 
         runner.spec_algorithm = SpeculativeAlgorithm.DFLASH  # isolate the model's PP check
     assert runner.get_aux_hidden_states_width() == 0

@@ -21,11 +21,11 @@ from sglang_aux.srt.managers.schedule_batch import (
     reserve_kv,
 )
 from sglang_aux.srt.model_loader.loader import get_model
+from sglang_aux.srt.model_loader.preset_checkpoint import write_checkpoint
 from sglang_aux.srt.models.kimi_k3 import KimiK3ForCausalLM, KimiK3MoE
 from sglang_aux.srt.models.llama import LlamaMLP
 from sglang_aux.test.ci.ci_register import register_cpu_ci
 from sglang_aux.test.runtime_utils import extend_batch, make_runner
-from sglang_aux.tools.make_checkpoint import write_checkpoint
 
 register_cpu_ci(est_time=10, suite="default")
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import time
 
+from sglang_aux.srt.configs.speculative_algorithm import SpeculativeAlgorithm
 from sglang_aux.srt.managers.prefill_delayer import PrefillDelayer
 from sglang_aux.srt.managers.request_factory import RequestFactory
 from sglang_aux.srt.managers.request_output import request_output
@@ -17,7 +18,6 @@ from sglang_aux.srt.model_loader.builtin import resolve_draft, resolve_model
 from sglang_aux.srt.sampling.sampling_params import SamplingParams
 from sglang_aux.srt.server_args import ServerArgs
 from sglang_aux.srt.speculative.dflash_worker import DFlashWorker
-from sglang_aux.srt.speculative.spec_info import SpeculativeAlgorithm
 
 logger = logging.getLogger(__name__)
 

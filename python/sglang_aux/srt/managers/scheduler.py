@@ -52,9 +52,9 @@ from sglang_aux.srt.managers.pending_step import PendingStep
 from sglang_aux.srt.managers.prefill_delayer import PrefillDelayer
 from sglang_aux.srt.managers.request_limits import RequestLimits
 from sglang_aux.srt.managers.schedule_batch import Req, map_cached_prefix, release_kv, reserve_kv
-from sglang_aux.srt.managers.tokenizer import Tokenizer
 from sglang_aux.srt.mem_cache.radix_cache import RadixCache
 from sglang_aux.srt.model_executor.runner_utils.side_stream import SideStream
+from sglang_aux.srt.model_loader.tokenizer import Tokenizer
 
 logger = logging.getLogger(__name__)
 

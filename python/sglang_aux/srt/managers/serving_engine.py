@@ -9,8 +9,8 @@ from typing import Protocol
 
 from sglang_aux.srt.configs.model_config import ModelConfig
 from sglang_aux.srt.managers.scheduler import Scheduler
-from sglang_aux.srt.managers.tokenizer import Tokenizer
 from sglang_aux.srt.managers.tp_worker import TpModelWorker
+from sglang_aux.srt.model_loader.tokenizer import Tokenizer
 from sglang_aux.srt.server_args import ServerArgs
 from sglang_aux.srt.speculative.dflash_worker import DFlashWorker
 

@@ -34,7 +34,7 @@ from sglang_aux.srt.layers.quantization.staged_input import MXFP8InputAccumulato
 from sglang_aux.srt.layers.radix_attention import RadixAttention
 from sglang_aux.srt.layers.rope_scaling import RopeScaling
 from sglang_aux.srt.layers.rotary_embedding import RotaryEmbedding
-from sglang_aux.srt.model_loader.weight_utils import load_named_weights
+from sglang_aux.srt.models.weight_utils import load_named_weights
 
 
 def head_dim_of(config: SimpleNamespace) -> int:

@@ -23,6 +23,7 @@ from collections.abc import Callable
 
 import torch
 
+from sglang_aux.srt.configs.dflash_config import DFlashConfig
 from sglang_aux.srt.configs.model_config import ModelConfig
 from sglang_aux.srt.forward_state.forward_batch_info import (
     CaptureHiddenMode,
@@ -49,7 +50,6 @@ from sglang_aux.srt.sampling.sampler import Lane, sample_from_probs, sampling_pr
 from sglang_aux.srt.sampling.sampling_rows import SamplingRows
 from sglang_aux.srt.server_args import ServerArgs
 from sglang_aux.srt.speculative.dflash_info import greedy_verify, rejection_verify
-from sglang_aux.srt.speculative.dflash_utils import DFlashConfig
 
 logger = logging.getLogger(__name__)
 

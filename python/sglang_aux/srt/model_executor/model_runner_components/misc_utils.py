@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from torch import nn
 
+from sglang_aux.srt.configs.speculative_algorithm import SpeculativeAlgorithm
 from sglang_aux.srt.layers.aux_hidden_states import shared_aux_hidden_states_width
-from sglang_aux.srt.speculative.spec_info import SpeculativeAlgorithm
 
 
 def resolve_aux_hidden_states_width(
