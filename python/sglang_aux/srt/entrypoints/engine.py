@@ -6,12 +6,12 @@ import logging
 import time
 
 from sglang_aux.srt.configs.speculative_algorithm import SpeculativeAlgorithm
+from sglang_aux.srt.managers.model_worker import ModelWorker
 from sglang_aux.srt.managers.prefill_delayer import PrefillDelayer
 from sglang_aux.srt.managers.request_factory import RequestFactory
 from sglang_aux.srt.managers.request_output import request_output
 from sglang_aux.srt.managers.schedule_batch import Req
-from sglang_aux.srt.managers.scheduler import Scheduler
-from sglang_aux.srt.managers.tp_worker import TpModelWorker
+from sglang_aux.srt.managers.scheduler import Scheduler, Worker
 from sglang_aux.srt.mem_cache.radix_cache import RadixCache
 from sglang_aux.srt.model_executor.runner_utils.side_stream import SideStream
 from sglang_aux.srt.model_loader.builtin import resolve_draft, resolve_model
@@ -67,10 +67,10 @@ class Engine:
         width = graph_limits[0] if graph_limits else min(args.max_running_requests, 4)
         return PrefillDelayer(width, args.prefill_delayer_max_delay_passes)
 
-    def _make_worker(self) -> TpModelWorker | DFlashWorker:
+    def _make_worker(self) -> Worker:
         algo = self.server_args.spec_algorithm
         if algo.is_none():
-            return TpModelWorker(self.model_config, self.server_args)
+            return ModelWorker(self.model_config, self.server_args)
         if algo == SpeculativeAlgorithm.DFLASH:
             return DFlashWorker(self.model_config, resolve_draft(self.server_args),
                                 self.server_args, token_to_id=self.tokenizer.token_to_id)

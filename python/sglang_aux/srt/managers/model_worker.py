@@ -22,9 +22,10 @@ from sglang_aux.srt.sampling.sampling_rows import SamplingRows
 from sglang_aux.srt.server_args import ServerArgs
 
 
-class TpModelWorker:
-    """The worker interface the scheduler drives: `prefill` and `decode` launch a step and
-    return it pending; its `tokens()` gives each request's new tokens, and the scheduler
+class ModelWorker:
+    """The scheduler's `Worker` without speculation: one ModelRunner, one token per request per
+    step (SGLang's `TpModelWorker`, without tensor parallelism). `prefill` and `decode` launch
+    a step and return it pending; its `tokens()` gives each request's new tokens, and the scheduler
     appends them and decides when a request ends.
 
     A decode step issues no per-request device work: one input copy, the rows
