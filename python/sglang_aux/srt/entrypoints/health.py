@@ -10,7 +10,7 @@ from fastapi.responses import JSONResponse
 
 from sglang_aux.srt.entrypoints.openai.protocol import error_body
 from sglang_aux.srt.managers.request_stream import RequestFailed
-from sglang_aux.srt.model_loader.tokenizer_manager import SchedulerGone, TokenizerManager
+from sglang_aux.srt.managers.tokenizer_manager import SchedulerGone, TokenizerManager
 
 HEALTH_CHECK_TIMEOUT_S = 20.0  # SGLang's default for /health_generate
 HEALTH_CHECK_REQUEST = {"input_ids": [0],

@@ -52,7 +52,7 @@ from sglang_aux.srt.entrypoints.openai.serving_chat import create_chat_completio
 from sglang_aux.srt.entrypoints.openai.serving_completions import create_completion
 from sglang_aux.srt.entrypoints.server_info import model_info, render_metrics, server_info
 from sglang_aux.srt.managers.request_stream import StreamDelta
-from sglang_aux.srt.model_loader.tokenizer_manager import SchedulerGone, TokenizerManager
+from sglang_aux.srt.managers.tokenizer_manager import SchedulerGone, TokenizerManager
 from sglang_aux.srt.server_args import ServerArgs
 
 logger = logging.getLogger(__name__)

@@ -11,7 +11,7 @@ from sglang_aux.srt.managers.io_struct import EngineSpec
 from sglang_aux.srt.managers.scheduler_info import GRAPH_KEYS
 
 if TYPE_CHECKING:
-    from sglang_aux.srt.model_loader.tokenizer_manager import TokenizerManager
+    from sglang_aux.srt.managers.tokenizer_manager import TokenizerManager
 
 METRIC_PREFIX = "sglang_aux:"
 

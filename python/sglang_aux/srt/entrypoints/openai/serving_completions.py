@@ -24,7 +24,7 @@ from sglang_aux.srt.entrypoints.openai.serving_base import (
     submit_samples,
 )
 from sglang_aux.srt.managers.request_stream import StreamDelta
-from sglang_aux.srt.model_loader.tokenizer_manager import TokenizerManager
+from sglang_aux.srt.managers.tokenizer_manager import TokenizerManager
 
 
 def _check(body: CompletionRequest) -> None:
