@@ -12,6 +12,7 @@ from __future__ import annotations
 import ast
 import re
 from collections import defaultdict, deque
+from itertools import pairwise
 from pathlib import Path
 
 from sglang_aux.test.ci.ci_register import register_cpu_ci
@@ -113,7 +114,7 @@ def describe_edges(pairs: list[tuple[str, str]], edges: Edges) -> str:
 
 def describe_cycle(cycle: list[str], edges: Edges) -> str:
     return (f"import cycle between packages {' -> '.join(cycle)}; the importing files:\n"
-            + describe_edges(list(zip(cycle, cycle[1:])), edges))
+            + describe_edges(list(pairwise(cycle)), edges))
 
 
 def layer_order(doc: Path) -> list[str]:
