@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 import time
 
 from sglang_aux.srt.configs.speculative_algorithm import SpeculativeAlgorithm
@@ -19,8 +18,6 @@ from sglang_aux.srt.sampling.sampling_params import SamplingParams
 from sglang_aux.srt.server_args import ServerArgs
 from sglang_aux.srt.speculative.dflash_worker import DFlashWorker
 
-logger = logging.getLogger(__name__)
-
 
 class Engine:
     """Runs the scheduler in the caller's thread. Keyword arguments are ServerArgs fields."""
@@ -32,9 +29,6 @@ class Engine:
                 "--pp-size > 1: this runtime runs one pipeline stage; the flag exists for the "
                 "aux gating contract (pipeline stages keep the list path), not for serving"
             )
-        if args.enable_two_batch_overlap:
-            logger.warning("--enable-two-batch-overlap: batches are not split at run time here; "
-                           "only the split contract (two_batch_overlap.filter_batch) is provided")
         self.server_args = args
         self.model_config, self.tokenizer = resolve_model(args)
         self.worker = self._make_worker()

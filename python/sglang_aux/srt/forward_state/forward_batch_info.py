@@ -18,7 +18,6 @@ class ForwardMode(IntEnum):
     DECODE = auto()  # one token per request
     TARGET_VERIFY = auto()  # B tokens per request, causal over prefix and block
     DRAFT_BLOCK = auto()  # DFlash draft: B block queries (causality per layer: attn_type)
-    IDLE = auto()  # no tokens (a pipeline or overlap peer with nothing to do)
     # one forward of both: the running requests' step tokens (a fixed width each, first),
     # then arrivals' prefill tokens; an EXTEND batch whose logits rows are listed
     MIXED = auto()
@@ -39,9 +38,6 @@ class ForwardMode(IntEnum):
     def is_draft_block(self) -> bool:
         return self == ForwardMode.DRAFT_BLOCK
 
-    def is_idle(self) -> bool:
-        return self == ForwardMode.IDLE
-
     def is_cuda_graph(self) -> bool:
         """Modes whose token layout is fixed per request, so a graph can be captured."""
         return self in (ForwardMode.DECODE, ForwardMode.TARGET_VERIFY, ForwardMode.DRAFT_BLOCK)
@@ -49,7 +45,6 @@ class ForwardMode(IntEnum):
 
 class CaptureHiddenMode(IntEnum):
     NULL = auto()  # keep no hidden states
-    LAST = auto()  # the last token's final hidden state per request
     FULL = auto()  # every token's final hidden state
 
 
