@@ -29,14 +29,14 @@ import sys
 import torch
 
 from sglang_aux.srt.configs.model_config import ModelConfig
-from sglang_aux.srt.model_executor.forward_batch_info import ForwardMode
+from sglang_aux.srt.configs.presets import PRESETS
+from sglang_aux.srt.forward_state.forward_batch_info import ForwardMode
 from sglang_aux.srt.model_executor.model_runner import make_graph_backend
 from sglang_aux.srt.model_executor.runner.decode_cuda_graph_runner import DecodeCudaGraphRunner
 from sglang_aux.srt.model_executor.runner_utils.capture_sizes import get_capture_bs
 from sglang_aux.srt.model_executor.runner_utils.memory_probe import MemoryProbe
 from sglang_aux.srt.server_args import ServerArgs
 from sglang_aux.srt.speculative.dflash_worker import DFlashWorker
-from sglang_aux.tools.presets import PRESETS
 
 PATHS = ("per-graph", "shared", "streamed")
 

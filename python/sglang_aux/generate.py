@@ -14,7 +14,7 @@ import time
 from sglang_aux.srt.entrypoints.engine import Engine
 from sglang_aux.srt.entrypoints.openai.protocol import ChatMessage
 from sglang_aux.srt.entrypoints.openai.serving_chat import render_chat
-from sglang_aux.srt.managers.tokenizer import Tokenizer
+from sglang_aux.srt.model_loader.tokenizer import Tokenizer
 from sglang_aux.srt.server_args import HelpFormatter, ServerArgs
 
 DEFAULT_PROMPTS = [

@@ -8,8 +8,8 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sglang_aux.srt.speculative.spec_info import SpeculativeAlgorithm
-from sglang_aux.tools.presets import DEFAULT_DRAFT_MODEL, DEFAULT_MODEL
+from sglang_aux.srt.configs.presets import DEFAULT_DRAFT_MODEL, DEFAULT_MODEL
+from sglang_aux.srt.configs.speculative_algorithm import SpeculativeAlgorithm
 
 ATTENTION_BACKENDS = ("torch_native", "triton")
 DTYPES = ("auto", "float32", "float16", "bfloat16")
@@ -78,6 +78,7 @@ class ServerArgs:
     # many steps (managers/prefill_delayer.py)
     enable_prefill_delayer: bool = False
     prefill_delayer_max_delay_passes: int = 30
+    # SGLang's flag; batches are never split here, so turning it on is refused (below)
     enable_two_batch_overlap: bool = False
     # the host reads step n's tokens while the device runs step n+1; None: on for CUDA
     disable_overlap_schedule: bool | None = None
@@ -127,6 +128,10 @@ class ServerArgs:
         for name in ("tp_size", "pp_size", "max_running_requests"):
             if getattr(self, name) < 1:
                 raise ValueError(f"--{name.replace('_', '-')} must be >= 1")
+        if self.enable_two_batch_overlap:
+            raise ValueError("--enable-two-batch-overlap: this runtime does not split batches "
+                             "(only the split's aux contract, two_batch_overlap.filter_batch, "
+                             "is built); run without it")
         if self.tp_size != 1:
             raise ValueError(f"--tp-size {self.tp_size}: tensor parallelism is not built yet; "
                              "this runtime runs one device (--tp-size 1)")
@@ -284,8 +289,7 @@ class ServerArgs:
             default=d["prefill_delayer_max_delay_passes"],
             help="steps a waiting request can be passed over before its prefill runs anyway")
         add("--enable-two-batch-overlap", action="store_true",
-            help="accepted for SGLang compatibility; batches are not split at run time here "
-                 "(a warning says so)")
+            help="SGLang's flag, refused: batches are not split at run time here")
         add("--disable-overlap-schedule", action="store_const", const=True, default=None,
             help="read each step's tokens before launching the next (default: overlap on CUDA, "
                  "where the host prepares step n+1 while the device runs step n)")

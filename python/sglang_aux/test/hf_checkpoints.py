@@ -9,8 +9,8 @@ from pathlib import Path
 
 import torch
 
-from sglang_aux.srt.managers.tokenizer import BYTE_TOKENIZER_CONFIG, byte_level_tokenizer
-from sglang_aux.tools.presets import BYTE_VOCAB, TINY_VOCAB
+from sglang_aux.srt.configs.presets import BYTE_VOCAB, TINY_VOCAB
+from sglang_aux.srt.model_loader.tokenizer import BYTE_TOKENIZER_CONFIG, byte_level_tokenizer
 
 HF_TINY = {
     "vocab_size": TINY_VOCAB,

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from sglang_aux.srt.configs.model_config import ModelConfig
+from sglang_aux.srt.forward_state.forward_batch_info import ForwardBatch, ForwardMode
 from sglang_aux.srt.managers.schedule_batch import (
     Req,
     build_extend_batch,
@@ -15,11 +16,10 @@ from sglang_aux.srt.managers.schedule_batch import (
     release_kv,
     reserve_kv,
 )
-from sglang_aux.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
 from sglang_aux.srt.model_executor.model_runner import ModelRunner
+from sglang_aux.srt.model_loader.preset_checkpoint import write_checkpoint
 from sglang_aux.srt.sampling.sampling_params import SamplingParams
 from sglang_aux.srt.server_args import ServerArgs
-from sglang_aux.tools.make_checkpoint import write_checkpoint
 
 if TYPE_CHECKING:
     from sglang_aux.srt.entrypoints.engine import Engine

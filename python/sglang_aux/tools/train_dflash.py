@@ -26,8 +26,8 @@ from pathlib import Path
 import torch
 
 from sglang_aux.srt.entrypoints.engine import Engine
-from sglang_aux.srt.managers.tokenizer import Tokenizer
 from sglang_aux.srt.model_loader.builtin import DRAFTS_DIR, resolve_model_path, trained_draft_dir
+from sglang_aux.srt.model_loader.tokenizer import Tokenizer
 from sglang_aux.test.gsm8k_data import gsm8k_path
 from sglang_aux.tools.dflash_training.data import (
     common_prefix_len,

@@ -15,6 +15,7 @@ import sys  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
+from sglang_aux.srt.forward_state.forward_batch_info import ForwardBatch, ForwardMode  # noqa: E402
 from sglang_aux.srt.layers.attention.torch_native_backend import TorchNativeAttnBackend  # noqa: E402
 from sglang_aux.srt.layers.attention.triton_backend import (  # noqa: E402
     ExtendMetadata,
@@ -34,7 +35,6 @@ from sglang_aux.srt.mem_cache.memory_pool import (  # noqa: E402
     MHATokenToKVPool,
     ReqToTokenPool,
 )
-from sglang_aux.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode  # noqa: E402
 from sglang_aux.test.ci.ci_register import register_cpu_ci  # noqa: E402
 from sglang_aux.test.kernel_checks import fresh_seed
 

@@ -14,15 +14,16 @@ import sys
 import pytest
 import torch
 
+from sglang_aux.srt.configs.decoder_config import FULL_CONTEXT, AttentionType
+from sglang_aux.srt.forward_state.forward_batch_info import ForwardBatch, ForwardMode
 from sglang_aux.srt.layers.attention.torch_native_backend import TorchNativeAttnBackend
-from sglang_aux.srt.layers.radix_attention import FULL_CONTEXT, AttentionType, RadixAttention
+from sglang_aux.srt.layers.radix_attention import RadixAttention
 from sglang_aux.srt.mem_cache.memory_pool import (
     PADDING_REQ_ROW,
     PADDING_SLOT,
     MHATokenToKVPool,
     ReqToTokenPool,
 )
-from sglang_aux.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
 from sglang_aux.test.ci.ci_register import register_cuda_ci
 from sglang_aux.test.kernel_checks import fresh_seed
 

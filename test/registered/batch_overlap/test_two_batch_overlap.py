@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from sglang_aux.srt.batch_overlap.two_batch_overlap import filter_batch, split_batch
-from sglang_aux.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
+from sglang_aux.srt.forward_state.forward_batch_info import ForwardBatch, ForwardMode
 from sglang_aux.test.ci.ci_register import register_cpu_ci
 
 register_cpu_ci(est_time=5, suite="default")

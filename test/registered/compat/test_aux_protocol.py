@@ -10,12 +10,10 @@ import torch
 from torch import nn
 
 from sglang_aux.srt.configs.model_config import ModelConfig
-from sglang_aux.srt.model_executor.forward_batch_info import ForwardMode
-from sglang_aux.srt.model_executor.model_runner_components.misc_utils import (
-    resolve_aux_hidden_states_width,
-)
+from sglang_aux.srt.configs.speculative_algorithm import SpeculativeAlgorithm
+from sglang_aux.srt.forward_state.forward_batch_info import ForwardMode
+from sglang_aux.srt.layers.aux_hidden_states import resolve_aux_hidden_states_width
 from sglang_aux.srt.model_loader.loader import get_model
-from sglang_aux.srt.speculative.spec_info import SpeculativeAlgorithm
 from sglang_aux.test.ci.ci_register import register_cpu_ci
 from sglang_aux.test.runtime_utils import (
     eager_forward,

@@ -16,8 +16,8 @@ import sys
 import pytest
 import torch
 
+from sglang_aux.srt.configs.dflash_config import build_target_layer_ids
 from sglang_aux.srt.entrypoints.engine import Engine
-from sglang_aux.srt.speculative.dflash_utils import build_target_layer_ids
 from sglang_aux.test.ci.ci_register import register_cpu_ci
 from sglang_aux.test.hf_checkpoints import save_hf_model
 from sglang_aux.test.runtime_utils import make_runner, prefill

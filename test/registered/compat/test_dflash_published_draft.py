@@ -14,14 +14,15 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
+from sglang_aux.srt.configs.decoder_config import FULL_CONTEXT, AttentionType
+from sglang_aux.srt.configs.dflash_config import DFlashConfig, dflash_layer_attention
+from sglang_aux.srt.configs.presets import BYTE_VOCAB
 from sglang_aux.srt.entrypoints.engine import Engine
-from sglang_aux.srt.layers.radix_attention import FULL_CONTEXT, AttentionType, RadixAttention
-from sglang_aux.srt.model_loader.weight_utils import checkpoint_tensors, init_random_weights
+from sglang_aux.srt.layers.radix_attention import RadixAttention
 from sglang_aux.srt.models.dflash import DFlashDraftModel
-from sglang_aux.srt.speculative.dflash_utils import DFlashConfig, dflash_layer_attention
+from sglang_aux.srt.models.weight_utils import checkpoint_tensors, init_random_weights
 from sglang_aux.test.ci.ci_register import register_cpu_ci
 from sglang_aux.test.hf_checkpoints import HF_TINY, save_hf_model
-from sglang_aux.tools.presets import BYTE_VOCAB
 
 register_cpu_ci(est_time=100, suite="default")
 

@@ -11,7 +11,7 @@ import sys
 import httpx
 import pytest
 
-from sglang_aux.srt.managers.tokenizer import Tokenizer
+from sglang_aux.srt.model_loader.tokenizer import Tokenizer
 from sglang_aux.test.ci.ci_register import register_cpu_ci
 from sglang_aux.test.lm_eval_client import install_lm_eval, offline_env
 from sglang_aux.test.runtime_utils import tiny_checkpoint

@@ -11,7 +11,7 @@ import pytest
 
 from sglang_aux.srt.entrypoints.openai.protocol import ChatMessage
 from sglang_aux.srt.entrypoints.openai.serving_chat import render_chat
-from sglang_aux.srt.managers.tokenizer import Tokenizer
+from sglang_aux.srt.model_loader.tokenizer import Tokenizer
 from sglang_aux.test.ci.ci_register import register_cpu_ci
 from sglang_aux.test.runtime_utils import tiny_checkpoint
 from sglang_aux.test.server_utils import launched_server

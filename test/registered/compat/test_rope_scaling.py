@@ -13,10 +13,10 @@ import transformers
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
 from sglang_aux.srt.configs.decoder_config import check_decoder_config
+from sglang_aux.srt.configs.presets import PRESETS
 from sglang_aux.srt.layers.rope_scaling import RopeScaling
 from sglang_aux.srt.models.registry import get_model_class
 from sglang_aux.test.ci.ci_register import register_cpu_ci
-from sglang_aux.tools.presets import PRESETS
 
 register_cpu_ci(est_time=30, suite="default")
 

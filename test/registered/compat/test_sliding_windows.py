@@ -12,8 +12,9 @@ import pytest
 import torch
 import transformers
 
+from sglang_aux.srt.configs.decoder_config import FULL_CONTEXT, AttentionType
 from sglang_aux.srt.entrypoints.engine import Engine
-from sglang_aux.srt.layers.radix_attention import FULL_CONTEXT, AttentionType, RadixAttention
+from sglang_aux.srt.layers.radix_attention import RadixAttention
 from sglang_aux.test.ci.ci_register import register_cpu_ci
 from sglang_aux.test.hf_checkpoints import edit_config, hf_greedy, hf_last_logits, save_hf_model
 from sglang_aux.test.runtime_utils import make_runner, prefill

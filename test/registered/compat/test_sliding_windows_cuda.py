@@ -11,9 +11,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from sglang_aux.srt.configs.presets import MASK_TOKEN_ID
 from sglang_aux.srt.entrypoints.engine import Engine
-from sglang_aux.srt.model_executor.forward_batch_info import ForwardMode
-from sglang_aux.srt.model_loader.weight_utils import init_random_weights
+from sglang_aux.srt.forward_state.forward_batch_info import ForwardMode
+from sglang_aux.srt.models.weight_utils import init_random_weights
 from sglang_aux.test.ci.ci_register import register_cuda_ci
 from sglang_aux.test.hf_checkpoints import hf_greedy, save_hf_model
 from sglang_aux.test.kernel_checks import REAL_TRITON_ON_CUDA
@@ -25,7 +26,6 @@ from sglang_aux.test.runtime_utils import (
     release,
 )
 from sglang_aux.tools.dflash_training.export import draft_config, new_draft, write_draft
-from sglang_aux.tools.presets import MASK_TOKEN_ID
 
 register_cuda_ci(est_time=120, suite="default")
 

@@ -10,11 +10,11 @@ from pathlib import Path
 import httpx
 import pytest
 
+from sglang_aux.srt.configs.presets import DEFAULT_MODEL
 from sglang_aux.srt.server_args import ServerArgs
 from sglang_aux.test.ci.ci_register import register_cpu_ci
 from sglang_aux.test.runtime_utils import tiny_checkpoint
 from sglang_aux.test.server_utils import launched_server
-from sglang_aux.tools.presets import DEFAULT_MODEL
 
 register_cpu_ci(est_time=40, suite="default")
 

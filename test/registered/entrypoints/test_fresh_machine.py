@@ -20,11 +20,11 @@ from pathlib import Path
 import pytest
 
 from sglang_aux import generate, launch_server
+from sglang_aux.srt.configs.presets import PRESETS
 from sglang_aux.srt.entrypoints.engine import Engine
-from sglang_aux.srt.server_args import CLI_ALGORITHMS
+from sglang_aux.srt.server_args import CLI_ALGORITHMS, ServerArgs
 from sglang_aux.test.ci.ci_register import register_cpu_ci
 from sglang_aux.test.tiny_gguf import write_tiny_qwen2_gguf
-from sglang_aux.tools.presets import PRESETS
 
 register_cpu_ci(est_time=150, suite="default")
 
@@ -167,6 +167,17 @@ def test_tensor_parallelism_is_a_usage_error_naming_why(capsys):
                          "one device (--tp-size 1)")
     line = _usage_error(generate.main, ["--tp-size", "2"], capsys)
     assert "tensor parallelism is not built yet" in line
+
+
+def test_two_batch_overlap_is_a_usage_error_naming_why(capsys):
+    """SGLang's flag name is known, but turning on a split this runtime never makes is
+    refused rather than ignored."""
+    line = _usage_error(launch_server.main, ["--enable-two-batch-overlap"], capsys)
+    assert line.endswith("--enable-two-batch-overlap: this runtime does not split batches "
+                         "(only the split's aux contract, two_batch_overlap.filter_batch, is "
+                         "built); run without it")
+    with pytest.raises(ValueError, match="does not split batches"):
+        ServerArgs(model_path="tiny-llama", enable_two_batch_overlap=True)
 
 
 def test_a_busy_port_is_a_usage_error_before_the_model_loads(tmp_path, capsys):

@@ -13,7 +13,7 @@ from sglang_aux.srt.entrypoints.openai.sglang_fields import (
     COMPLETION_UNSUPPORTED,
     GENERATE_UNSUPPORTED,
 )
-from sglang_aux.srt.managers.tokenizer import Tokenizer
+from sglang_aux.srt.model_loader.tokenizer import Tokenizer
 from sglang_aux.srt.sampling.sampling_params import UNSUPPORTED
 from sglang_aux.test.ci.ci_register import register_cpu_ci
 from sglang_aux.test.runtime_utils import tiny_checkpoint

@@ -6,6 +6,7 @@ import sys
 import pytest
 import torch
 
+from sglang_aux.srt.forward_state.forward_batch_info import ForwardMode
 from sglang_aux.srt.layers.activation import SiluAndMul
 from sglang_aux.srt.layers.layernorm import RMSNorm
 from sglang_aux.srt.layers.rotary_embedding import RotaryEmbedding
@@ -14,7 +15,6 @@ from sglang_aux.srt.layers.triton_ops.dispatch import ENV_VAR
 from sglang_aux.srt.layers.triton_ops.rms_norm import rms_norm
 from sglang_aux.srt.layers.triton_ops.rope_store import rope_store
 from sglang_aux.srt.layers.triton_ops.silu_and_mul import silu_and_mul
-from sglang_aux.srt.model_executor.forward_batch_info import ForwardMode
 from sglang_aux.srt.models.kimi_k3 import attn_res_mix as attn_res_mix_twin
 from sglang_aux.test.ci.ci_register import register_cuda_ci
 from sglang_aux.test.kernel_checks import default_rope, fresh_seed

@@ -15,16 +15,17 @@ import torch  # noqa: E402
 from safetensors.torch import load_file  # noqa: E402
 
 from sglang_aux.srt.configs.model_config import ModelConfig  # noqa: E402
+from sglang_aux.srt.configs.presets import PRESETS  # noqa: E402
+from sglang_aux.srt.forward_state.forward_batch_info import ForwardMode  # noqa: E402
 from sglang_aux.srt.layers.triton_ops.dispatch import ENV_VAR  # noqa: E402
 from sglang_aux.srt.mem_cache.memory_pool import MHATokenToKVPool  # noqa: E402
-from sglang_aux.srt.model_executor.forward_batch_info import ForwardMode  # noqa: E402
 from sglang_aux.srt.model_loader.loader import get_model  # noqa: E402
-from sglang_aux.srt.model_loader.weight_utils import (  # noqa: E402
+from sglang_aux.srt.models.llama import LlamaForCausalLM  # noqa: E402
+from sglang_aux.srt.models.weight_utils import (  # noqa: E402
     checkpoint_tensors,
     init_random_weights,
     load_named_weights,
 )
-from sglang_aux.srt.models.llama import LlamaForCausalLM  # noqa: E402
 from sglang_aux.test.ci.ci_register import register_cpu_ci  # noqa: E402
 from sglang_aux.test.runtime_utils import (  # noqa: E402
     eager_forward,
@@ -33,7 +34,6 @@ from sglang_aux.test.runtime_utils import (  # noqa: E402
     prefill_random,
     tiny_checkpoint,
 )
-from sglang_aux.tools.presets import PRESETS  # noqa: E402
 
 register_cpu_ci(est_time=60, suite="default")
 

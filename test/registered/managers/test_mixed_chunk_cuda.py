@@ -11,8 +11,8 @@ import pytest
 import torch
 from test_step_loop_cuda import KINDS, _engine
 
+from sglang_aux.srt.forward_state.forward_batch_info import ForwardMode
 from sglang_aux.srt.managers.schedule_batch import build_mixed_batch, publish_rows, reserve_kv
-from sglang_aux.srt.model_executor.forward_batch_info import ForwardMode
 from sglang_aux.srt.model_executor.runner.step_prologue import StepPrologue
 from sglang_aux.test.ci.ci_register import register_cuda_ci
 from sglang_aux.test.launch_ops import launch_ops

@@ -6,8 +6,8 @@ import sys
 
 import pytest
 
+from sglang_aux.srt.forward_state.forward_batch_info import ForwardMode
 from sglang_aux.srt.managers.scheduler_info import GRAPH_KEYS, graph_memory
-from sglang_aux.srt.model_executor.forward_batch_info import ForwardMode
 from sglang_aux.test.ci.ci_register import register_cpu_ci
 from sglang_aux.test.runtime_utils import make_runner, tiny_checkpoint
 

@@ -12,8 +12,8 @@ import torch
 from torch import nn
 
 from sglang_aux.srt.configs.model_config import ModelConfig
+from sglang_aux.srt.forward_state.forward_batch_info import ForwardMode
 from sglang_aux.srt.layers.aux_hidden_states import SupportsSharedAuxHiddenStates
-from sglang_aux.srt.model_executor.forward_batch_info import ForwardMode
 from sglang_aux.srt.model_executor.runner_utils.capture_sizes import get_capture_bs
 from sglang_aux.srt.model_loader.loader import get_model
 from sglang_aux.test.ci.ci_register import register_cpu_ci
@@ -93,7 +93,7 @@ def test_who_gets_no_shared_buffer(ckpts, case):
     if case == "draft":
         runner.is_draft_worker = True
     if case == "pp2":
-        from sglang_aux.srt.speculative.spec_info import SpeculativeAlgorithm
+        from sglang_aux.srt.configs.speculative_algorithm import SpeculativeAlgorithm
 
         runner.spec_algorithm = SpeculativeAlgorithm.DFLASH  # isolate the model's PP check
     assert runner.get_aux_hidden_states_width() == 0

@@ -6,7 +6,7 @@ import sys
 import pytest
 import torch
 
-from sglang_aux.srt.model_executor.forward_batch_info import ForwardMode
+from sglang_aux.srt.forward_state.forward_batch_info import ForwardMode
 from sglang_aux.test.ci.ci_register import register_cuda_ci
 from sglang_aux.test.runtime_utils import (
     eager_forward,

@@ -8,8 +8,8 @@ import sys
 import pytest
 import torch
 
+from sglang_aux.srt.forward_state.forward_batch_info import ForwardMode
 from sglang_aux.srt.managers.schedule_batch import build_step_batch, publish_rows, reserve_kv
-from sglang_aux.srt.model_executor.forward_batch_info import ForwardMode
 from sglang_aux.srt.model_executor.runner.step_prologue import StepPrologue
 from sglang_aux.test.ci.ci_register import register_cpu_ci
 from sglang_aux.test.runtime_utils import (

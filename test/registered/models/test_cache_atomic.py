@@ -16,9 +16,9 @@ import pytest
 
 from sglang_aux.srt.model_loader.builtin import resolve_model, resolve_model_path
 from sglang_aux.srt.model_loader.model_cache import ModelFileError, write_folder
+from sglang_aux.srt.model_loader.preset_checkpoint import write_checkpoint
 from sglang_aux.srt.server_args import ServerArgs
 from sglang_aux.test.ci.ci_register import register_cpu_ci
-from sglang_aux.tools.make_checkpoint import write_checkpoint
 
 register_cpu_ci(est_time=20, suite="default")
 

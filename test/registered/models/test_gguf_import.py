@@ -14,10 +14,10 @@ import torch
 from safetensors import safe_open
 
 from sglang_aux.srt.entrypoints.engine import Engine
-from sglang_aux.srt.managers.tokenizer import Tokenizer
 from sglang_aux.srt.model_loader import builtin
 from sglang_aux.srt.model_loader.gguf_import import GGUFImportError, import_gguf
 from sglang_aux.srt.model_loader.gguf_sources import SMOLLM2_PIP, packaged_smollm2_gguf
+from sglang_aux.srt.model_loader.tokenizer import Tokenizer
 from sglang_aux.test.ci.ci_register import register_cpu_ci
 from sglang_aux.test.few_shot_gsm8k import read_jsonl
 from sglang_aux.test.gsm8k_data import local_path_or_skip

@@ -13,8 +13,8 @@ import torch
 from safetensors import safe_open
 
 from sglang_aux.srt.entrypoints.engine import Engine
-from sglang_aux.srt.managers.tokenizer import Tokenizer
 from sglang_aux.srt.model_loader import builtin
+from sglang_aux.srt.model_loader.tokenizer import Tokenizer
 from sglang_aux.test.ci.ci_register import register_cpu_ci
 from sglang_aux.test.runtime_utils import prefill, release
 from sglang_aux.test.tiny_gguf import CORPUS, HIDDEN, LAYERS, ROPE_BASE, write_tiny_qwen2_gguf

@@ -12,6 +12,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from sglang_aux.srt.configs.model_config import ModelConfig
+from sglang_aux.srt.forward_state.forward_batch_info import ForwardMode
 from sglang_aux.srt.layers.aux_hidden_states import SupportsSharedAuxHiddenStates
 from sglang_aux.srt.managers.schedule_batch import (
     build_extend_batch,
@@ -19,13 +20,12 @@ from sglang_aux.srt.managers.schedule_batch import (
     publish_rows,
     reserve_kv,
 )
-from sglang_aux.srt.model_executor.forward_batch_info import ForwardMode
 from sglang_aux.srt.model_loader.loader import get_model
+from sglang_aux.srt.model_loader.preset_checkpoint import write_checkpoint
 from sglang_aux.srt.models.kimi_k3 import KimiK3ForCausalLM, KimiK3MoE
 from sglang_aux.srt.models.llama import LlamaMLP
 from sglang_aux.test.ci.ci_register import register_cpu_ci
 from sglang_aux.test.runtime_utils import extend_batch, make_runner
-from sglang_aux.tools.make_checkpoint import write_checkpoint
 
 register_cpu_ci(est_time=10, suite="default")
 

@@ -9,19 +9,19 @@ from pathlib import Path
 import pytest
 import torch
 
+from sglang_aux.srt.configs.presets import MASK_TOKEN_ID
+from sglang_aux.srt.configs.speculative_algorithm import SpeculativeAlgorithm
 from sglang_aux.srt.entrypoints.engine import Engine
-from sglang_aux.srt.layers.aux_hidden_states import SupportsSharedAuxHiddenStates
-from sglang_aux.srt.model_executor.model_runner_components.misc_utils import (
+from sglang_aux.srt.layers.aux_hidden_states import (
+    SupportsSharedAuxHiddenStates,
     resolve_aux_hidden_states_width,
 )
-from sglang_aux.srt.model_loader.weight_utils import init_random_weights
 from sglang_aux.srt.models.qwen2 import Qwen2ForCausalLM
-from sglang_aux.srt.speculative.spec_info import SpeculativeAlgorithm
+from sglang_aux.srt.models.weight_utils import init_random_weights
 from sglang_aux.test.ci.ci_register import register_cpu_ci
 from sglang_aux.test.hf_checkpoints import QWEN2_ROPE_BASE, save_tiny_qwen2
 from sglang_aux.test.runtime_utils import prefill, release
 from sglang_aux.tools.dflash_training.export import draft_config, new_draft, write_draft
-from sglang_aux.tools.presets import MASK_TOKEN_ID
 
 register_cpu_ci(est_time=15, suite="default")
 

@@ -19,12 +19,12 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from sglang_aux.srt.entrypoints.engine import Engine
+from sglang_aux.srt.model_loader.preset_checkpoint import write_checkpoint
 from sglang_aux.srt.sampling import sampler
 from sglang_aux.srt.speculative import dflash_worker
 from sglang_aux.test.ci.ci_register import register_cpu_ci
 from sglang_aux.test.runtime_utils import assert_kv_all_back
 from sglang_aux.test.sampling_law import FALSE_ALARM, chi_square, position_laws
-from sglang_aux.tools.make_checkpoint import write_checkpoint
 
 register_cpu_ci(est_time=150, suite="default")
 

@@ -13,13 +13,14 @@ import torch
 from tokenizers import models, pre_tokenizers
 
 from sglang_aux.srt.configs.model_config import ModelConfig
+from sglang_aux.srt.configs.presets import MASK_TOKEN_ID, PRESETS
 from sglang_aux.srt.entrypoints.engine import Engine
+from sglang_aux.srt.forward_state.forward_batch_info import ForwardMode
 from sglang_aux.srt.managers.schedule_batch import build_fixed_batch, release_kv
-from sglang_aux.srt.managers.tokenizer import Tokenizer
-from sglang_aux.srt.model_executor.forward_batch_info import ForwardMode
 from sglang_aux.srt.model_executor.model_runner import ModelRunner
 from sglang_aux.srt.model_loader import builtin
-from sglang_aux.srt.model_loader.weight_utils import (
+from sglang_aux.srt.model_loader.tokenizer import Tokenizer
+from sglang_aux.srt.models.weight_utils import (
     checkpoint_tensors,
     init_random_weights,
     load_named_weights,
@@ -56,7 +57,6 @@ from sglang_aux.tools.dflash_training.trainer import (
     block_labels,
     sample_anchors,
 )
-from sglang_aux.tools.presets import MASK_TOKEN_ID, PRESETS
 
 register_cpu_ci(est_time=30, suite="default")
 

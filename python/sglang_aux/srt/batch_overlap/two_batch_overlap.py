@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from sglang_aux.srt.model_executor.forward_batch_info import ForwardBatch
+from sglang_aux.srt.forward_state.forward_batch_info import ForwardBatch
 
 _TOKEN_FIELDS = {"input_ids", "out_cache_loc", "positions"}
 _REQUEST_FIELDS = {"req_pool_indices", "seq_lens", "seq_lens_cpu"}

@@ -5,15 +5,14 @@ transformers reads them for the model type, or refused when the runtime does not
 What the decoder does implement is read where it is used: RoPE in `layers/rope_scaling.py`,
 `head_dim` and `attention_bias` (q/k/v and o_proj biases, as HF Llama and Qwen3 define it) in
 the attention constructor, and each layer's attention pattern (`LayerAttention`) here, by
-the reading its model names (the DFlash draft's follows SGLang: `speculative/dflash_utils.py`).
+the reading its model names (the DFlash draft's follows SGLang: `configs/dflash_config.py`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import Enum
 from types import SimpleNamespace
-
-from sglang_aux.srt.layers.radix_attention import FULL_CONTEXT, AttentionType
 
 FULL_ATTENTION = "full_attention"
 SLIDING_ATTENTION = "sliding_attention"
@@ -22,6 +21,14 @@ SUPPORTED_ACTIVATIONS = ("silu",)
 # transformers' Qwen2Config / Qwen3Config defaults for keys a config.json leaves out
 QWEN_DEFAULT_SLIDING_WINDOW = 4096
 QWEN_DEFAULT_MAX_WINDOW_LAYERS = 28
+FULL_CONTEXT = -1  # `sliding_window_size` of a layer that sees every earlier key
+
+
+class AttentionType(Enum):
+    """Which keys after a query it sees (SGLang's names; `RadixAttention.attn_type`)."""
+
+    DECODER = "decoder"  # causal: none (targets; DFlash draft layers that are causal)
+    ENCODER_ONLY = "encoder_only"  # bidirectional: all (DFlash draft layers in the block)
 
 
 @dataclass(frozen=True)

@@ -2,24 +2,21 @@
 
 from __future__ import annotations
 
-import logging
 import time
 
+from sglang_aux.srt.configs.speculative_algorithm import SpeculativeAlgorithm
+from sglang_aux.srt.managers.model_worker import ModelWorker
 from sglang_aux.srt.managers.prefill_delayer import PrefillDelayer
 from sglang_aux.srt.managers.request_factory import RequestFactory
 from sglang_aux.srt.managers.request_output import request_output
 from sglang_aux.srt.managers.schedule_batch import Req
-from sglang_aux.srt.managers.scheduler import Scheduler
-from sglang_aux.srt.managers.tp_worker import TpModelWorker
+from sglang_aux.srt.managers.scheduler import Scheduler, Worker
 from sglang_aux.srt.mem_cache.radix_cache import RadixCache
 from sglang_aux.srt.model_executor.runner_utils.side_stream import SideStream
 from sglang_aux.srt.model_loader.builtin import resolve_draft, resolve_model
 from sglang_aux.srt.sampling.sampling_params import SamplingParams
 from sglang_aux.srt.server_args import ServerArgs
 from sglang_aux.srt.speculative.dflash_worker import DFlashWorker
-from sglang_aux.srt.speculative.spec_info import SpeculativeAlgorithm
-
-logger = logging.getLogger(__name__)
 
 
 class Engine:
@@ -32,9 +29,6 @@ class Engine:
                 "--pp-size > 1: this runtime runs one pipeline stage; the flag exists for the "
                 "aux gating contract (pipeline stages keep the list path), not for serving"
             )
-        if args.enable_two_batch_overlap:
-            logger.warning("--enable-two-batch-overlap: batches are not split at run time here; "
-                           "only the split contract (two_batch_overlap.filter_batch) is provided")
         self.server_args = args
         self.model_config, self.tokenizer = resolve_model(args)
         self.worker = self._make_worker()
@@ -67,10 +61,10 @@ class Engine:
         width = graph_limits[0] if graph_limits else min(args.max_running_requests, 4)
         return PrefillDelayer(width, args.prefill_delayer_max_delay_passes)
 
-    def _make_worker(self) -> TpModelWorker | DFlashWorker:
+    def _make_worker(self) -> Worker:
         algo = self.server_args.spec_algorithm
         if algo.is_none():
-            return TpModelWorker(self.model_config, self.server_args)
+            return ModelWorker(self.model_config, self.server_args)
         if algo == SpeculativeAlgorithm.DFLASH:
             return DFlashWorker(self.model_config, resolve_draft(self.server_args),
                                 self.server_args, token_to_id=self.tokenizer.token_to_id)

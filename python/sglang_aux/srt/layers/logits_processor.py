@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
-from sglang_aux.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardBatch
+from sglang_aux.srt.forward_state.forward_batch_info import CaptureHiddenMode, ForwardBatch
 
 
 @dataclass
@@ -42,10 +42,5 @@ class LogitsProcessor:
             logits = torch.matmul(rows, lm_head_weight.t())
         else:
             logits = torch.matmul(rows, lm_head_weight.t(), out=out)
-        mode = forward_batch.capture_hidden_mode
-        kept = None
-        if mode == CaptureHiddenMode.FULL:
-            kept = hidden
-        elif mode == CaptureHiddenMode.LAST:
-            kept = rows
+        kept = hidden if forward_batch.capture_hidden_mode == CaptureHiddenMode.FULL else None
         return LogitsProcessorOutput(logits, kept, aux_hidden_states)

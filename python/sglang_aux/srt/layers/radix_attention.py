@@ -2,22 +2,12 @@
 
 from __future__ import annotations
 
-from enum import Enum
-
 import torch
 from torch import nn
 
+from sglang_aux.srt.configs.decoder_config import FULL_CONTEXT, AttentionType
+from sglang_aux.srt.forward_state.forward_batch_info import ForwardBatch
 from sglang_aux.srt.layers.kv_store import KVStore
-from sglang_aux.srt.model_executor.forward_batch_info import ForwardBatch
-
-FULL_CONTEXT = -1  # `sliding_window_size` of a layer that sees every earlier key
-
-
-class AttentionType(Enum):
-    """Which keys after a query it sees (SGLang's names)."""
-
-    DECODER = "decoder"  # causal: none (targets; DFlash draft layers that are causal)
-    ENCODER_ONLY = "encoder_only"  # bidirectional: all (DFlash draft layers in the block)
 
 
 class RadixAttention(nn.Module):

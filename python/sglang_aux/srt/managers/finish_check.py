@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass
 
 from sglang_aux.srt.managers.schedule_batch import Req
-from sglang_aux.srt.managers.tokenizer import Tokenizer
+from sglang_aux.srt.model_loader.tokenizer import Tokenizer
 
 STOP_REGEX_WINDOW_TOKENS = 64  # output tokens a stop regex's match is searched in
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from sglang_aux.srt.managers.request_limits import RequestLimits
 from sglang_aux.srt.managers.schedule_batch import Req
-from sglang_aux.srt.managers.tokenizer import Tokenizer
+from sglang_aux.srt.model_loader.tokenizer import Tokenizer
 from sglang_aux.srt.sampling.logprobs import PositionLogprobs
 from sglang_aux.srt.server_args import ServerArgs
 

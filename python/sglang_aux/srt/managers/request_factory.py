@@ -9,7 +9,7 @@ import torch
 
 from sglang_aux.srt.managers.request_limits import RequestLimits
 from sglang_aux.srt.managers.schedule_batch import Req
-from sglang_aux.srt.managers.tokenizer import Tokenizer
+from sglang_aux.srt.model_loader.tokenizer import Tokenizer
 from sglang_aux.srt.sampling.logprobs import logprob_params
 from sglang_aux.srt.sampling.sampling_params import SamplingParams
 

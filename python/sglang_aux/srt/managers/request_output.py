@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from sglang_aux.srt.managers.schedule_batch import Req
-from sglang_aux.srt.managers.tokenizer import Tokenizer
+from sglang_aux.srt.model_loader.tokenizer import Tokenizer
 
 
 def spec_meta_info(req: Req) -> dict:

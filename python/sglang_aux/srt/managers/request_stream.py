@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from sglang_aux.srt.managers.io_struct import Finished
 from sglang_aux.srt.managers.request_output import request_output
 from sglang_aux.srt.managers.schedule_batch import Req
-from sglang_aux.srt.managers.tokenizer import Tokenizer
+from sglang_aux.srt.model_loader.tokenizer import Tokenizer
 
 REPLACEMENT_CHAR = "\ufffd"  # what a cut-off UTF-8 sequence decodes to
 STOP_REGEX_HOLDBACK = 64  # characters

@@ -22,12 +22,12 @@ from itertools import accumulate
 
 import torch
 
-from sglang_aux.srt.mem_cache.radix_cache import TreeNode
-from sglang_aux.srt.model_executor.forward_batch_info import (
+from sglang_aux.srt.forward_state.forward_batch_info import (
     CaptureHiddenMode,
     ForwardBatch,
     ForwardMode,
 )
+from sglang_aux.srt.mem_cache.radix_cache import TreeNode
 from sglang_aux.srt.model_executor.model_runner import ModelRunner
 from sglang_aux.srt.model_executor.runner.mixed_prologue import MixedHostInputs
 from sglang_aux.srt.model_executor.runner.step_prologue import StepPrologue

@@ -43,7 +43,7 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 
@@ -52,15 +52,25 @@ from sglang_aux.srt.managers.pending_step import PendingStep
 from sglang_aux.srt.managers.prefill_delayer import PrefillDelayer
 from sglang_aux.srt.managers.request_limits import RequestLimits
 from sglang_aux.srt.managers.schedule_batch import Req, map_cached_prefix, release_kv, reserve_kv
-from sglang_aux.srt.managers.tokenizer import Tokenizer
 from sglang_aux.srt.mem_cache.radix_cache import RadixCache
 from sglang_aux.srt.model_executor.runner_utils.side_stream import SideStream
+
+if TYPE_CHECKING:
+    from sglang_aux.srt.model_executor.model_runner import ModelRunner
+from sglang_aux.srt.model_loader.tokenizer import Tokenizer
 
 logger = logging.getLogger(__name__)
 
 
 class Worker(Protocol):
+    """What the scheduler drives: `ModelWorker` (managers/model_worker.py) or a speculative
+    worker (speculative/dflash_worker.py), typed here so this layer never imports the one
+    above it."""
+
     tokens_per_step: int  # most tokens one decode step can add to a request
+
+    @property
+    def model_runner(self) -> ModelRunner: ...  # the target's: pools, graph limits, device
 
     # per-request work once its row and KV are reserved; raising fails that request alone
     def admit(self, req: Req, eos_token_ids: set[int]) -> None: ...

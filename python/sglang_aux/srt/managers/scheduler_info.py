@@ -8,12 +8,10 @@ import os
 
 import torch
 
+from sglang_aux.srt.layers.aux_hidden_states import resolve_aux_hidden_states_width
 from sglang_aux.srt.managers.scheduler import Scheduler
 from sglang_aux.srt.managers.server_metrics import StepThroughput
 from sglang_aux.srt.managers.serving_engine import ServingEngine
-from sglang_aux.srt.model_executor.model_runner_components.misc_utils import (
-    resolve_aux_hidden_states_width,
-)
 from sglang_aux.srt.model_executor.runner.decode_cuda_graph_runner import DecodeCudaGraphRunner
 
 GRAPH_KEYS = ("forward_mode", "capture_bs", "prefill_capture_tokens", "graph_memory_bytes",

@@ -8,18 +8,16 @@ from collections.abc import Callable
 from typing import Protocol
 
 from sglang_aux.srt.configs.model_config import ModelConfig
-from sglang_aux.srt.managers.scheduler import Scheduler
-from sglang_aux.srt.managers.tokenizer import Tokenizer
-from sglang_aux.srt.managers.tp_worker import TpModelWorker
+from sglang_aux.srt.managers.scheduler import Scheduler, Worker
+from sglang_aux.srt.model_loader.tokenizer import Tokenizer
 from sglang_aux.srt.server_args import ServerArgs
-from sglang_aux.srt.speculative.dflash_worker import DFlashWorker
 
 
 class ServingEngine(Protocol):
     server_args: ServerArgs  # resolved (dtype, graph sizes) by the engine
     model_config: ModelConfig
     tokenizer: Tokenizer
-    worker: TpModelWorker | DFlashWorker
+    worker: Worker  # managers.model_worker.ModelWorker or speculative's DFlashWorker
     scheduler: Scheduler
 
 

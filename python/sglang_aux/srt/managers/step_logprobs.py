@@ -15,9 +15,9 @@ from itertools import accumulate
 
 import torch
 
+from sglang_aux.srt.forward_state.forward_batch_info import ForwardBatch
 from sglang_aux.srt.layers.logits_processor import LogitsProcessorOutput
 from sglang_aux.srt.managers.schedule_batch import Req
-from sglang_aux.srt.model_executor.forward_batch_info import ForwardBatch
 from sglang_aux.srt.model_executor.runner_utils.host_transfer import to_device
 from sglang_aux.srt.sampling.logprobs import (
     PositionLogprobs,

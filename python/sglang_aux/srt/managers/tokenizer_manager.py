@@ -31,7 +31,7 @@ from sglang_aux.srt.managers.schedule_batch import Req
 from sglang_aux.srt.managers.scheduler_process import run_scheduler_process
 from sglang_aux.srt.managers.server_metrics import ServerMetrics
 from sglang_aux.srt.managers.serving_engine import EngineFactory
-from sglang_aux.srt.managers.tokenizer import Tokenizer
+from sglang_aux.srt.model_loader.tokenizer import Tokenizer
 from sglang_aux.srt.server_args import ServerArgs
 
 logger = logging.getLogger(__name__)

@@ -11,17 +11,15 @@ import torch
 from torch import nn
 
 from sglang_aux.srt.configs.model_config import ModelConfig
+from sglang_aux.srt.forward_state.forward_batch_info import ForwardBatch, ForwardMode
 from sglang_aux.srt.layers.attention.base_attn_backend import AttentionBackend
+from sglang_aux.srt.layers.aux_hidden_states import resolve_aux_hidden_states_width
 from sglang_aux.srt.layers.logits_processor import LogitsProcessorOutput
 from sglang_aux.srt.layers.triton_ops.dispatch import require_triton
 from sglang_aux.srt.mem_cache.memory_pool import (
     MHATokenToKVPool,
     ReqToTokenPool,
     TokenToKVPoolAllocator,
-)
-from sglang_aux.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
-from sglang_aux.srt.model_executor.model_runner_components.misc_utils import (
-    resolve_aux_hidden_states_width,
 )
 from sglang_aux.srt.model_executor.model_runner_components.sizing import kv_pool_size
 from sglang_aux.srt.model_executor.runner.decode_cuda_graph_runner import DecodeCudaGraphRunner

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from sglang_aux.srt.configs.model_config import ModelConfig
-from sglang_aux.srt.managers.tokenizer import Tokenizer
+from sglang_aux.srt.configs.presets import DEFAULT_MODEL, PRESETS
 from sglang_aux.srt.model_loader.gguf_sources import (
     QWEN25_CODER_0_5B,
     QWEN25_CODER_1_5B,
@@ -21,8 +21,9 @@ from sglang_aux.srt.model_loader.model_cache import (
     check_model_folder,
     check_tokenizer_folder,
 )
+from sglang_aux.srt.model_loader.preset_checkpoint import write_checkpoint
+from sglang_aux.srt.model_loader.tokenizer import Tokenizer
 from sglang_aux.srt.server_args import ServerArgs
-from sglang_aux.tools.presets import DEFAULT_MODEL, PRESETS
 
 logger = logging.getLogger(__name__)
 
@@ -60,8 +61,6 @@ def _write_builtin(name: str, out: Path) -> None:
 
         import_gguf(IMPORTED_MODELS[name](), out, keep_existing=True)
     else:
-        from sglang_aux.tools.make_checkpoint import write_checkpoint
-
         write_checkpoint(name, out, keep_existing=True)
 
 

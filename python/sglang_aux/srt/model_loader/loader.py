@@ -6,11 +6,11 @@ import torch
 from torch import nn
 
 from sglang_aux.srt.configs.model_config import ModelConfig
-from sglang_aux.srt.model_loader.weight_utils import (
+from sglang_aux.srt.models.registry import get_model_class
+from sglang_aux.srt.models.weight_utils import (
     init_random_weights,
     safetensors_weights_iterator,
 )
-from sglang_aux.srt.models.registry import get_model_class
 
 
 def get_model(model_config: ModelConfig, device: torch.device | str, pp_size: int = 1,

@@ -20,6 +20,8 @@ from torch import nn
 from torch.nn import functional as F
 
 from sglang_aux.srt.configs.decoder_config import LayerAttention, check_decoder_config
+from sglang_aux.srt.configs.dflash_config import DFlashConfig, dflash_layer_attention
+from sglang_aux.srt.forward_state.forward_batch_info import ForwardBatch
 from sglang_aux.srt.layers.kv_store import KVStore
 from sglang_aux.srt.layers.layernorm import RMSNorm
 from sglang_aux.srt.layers.logits_processor import LogitsProcessor, LogitsProcessorOutput
@@ -27,11 +29,9 @@ from sglang_aux.srt.layers.quantization.mxfp8_linear import MXFP8Linear
 from sglang_aux.srt.layers.quantization.staged_input import MXFP8InputAccumulator
 from sglang_aux.srt.layers.quantization.streamed_projection import StreamedProjection
 from sglang_aux.srt.mem_cache.memory_pool import MHATokenToKVPool
-from sglang_aux.srt.model_executor.forward_batch_info import ForwardBatch
-from sglang_aux.srt.model_loader.weight_utils import load_named_weights
 from sglang_aux.srt.models.llama import run_decoder_layers
 from sglang_aux.srt.models.qwen3 import Qwen3Attention, Qwen3DecoderLayer
-from sglang_aux.srt.speculative.dflash_utils import DFlashConfig, dflash_layer_attention
+from sglang_aux.srt.models.weight_utils import load_named_weights
 
 BORROWED_FROM_TARGET = ("embed_tokens", "lm_head")
 

@@ -39,10 +39,10 @@ from types import SimpleNamespace
 import torch
 from torch import nn
 
+from sglang_aux.srt.forward_state.forward_batch_info import ForwardBatch
 from sglang_aux.srt.layers.aux_hidden_states import AuxHiddenStates
 from sglang_aux.srt.layers.layernorm import RMSNorm
 from sglang_aux.srt.layers.triton_ops.dispatch import use_triton
-from sglang_aux.srt.model_executor.forward_batch_info import ForwardBatch
 from sglang_aux.srt.models.llama import LlamaAttention, LlamaForCausalLM, LlamaMLP
 
 

@@ -18,6 +18,7 @@ from sglang_aux.srt.configs.decoder_config import (
     check_decoder_config,
     full_attention_layers,
 )
+from sglang_aux.srt.forward_state.forward_batch_info import ForwardBatch
 from sglang_aux.srt.layers.activation import SiluAndMul
 from sglang_aux.srt.layers.aux_hidden_states import (
     AuxHiddenStateList,
@@ -33,8 +34,7 @@ from sglang_aux.srt.layers.quantization.staged_input import MXFP8InputAccumulato
 from sglang_aux.srt.layers.radix_attention import RadixAttention
 from sglang_aux.srt.layers.rope_scaling import RopeScaling
 from sglang_aux.srt.layers.rotary_embedding import RotaryEmbedding
-from sglang_aux.srt.model_executor.forward_batch_info import ForwardBatch
-from sglang_aux.srt.model_loader.weight_utils import load_named_weights
+from sglang_aux.srt.models.weight_utils import load_named_weights
 
 
 def head_dim_of(config: SimpleNamespace) -> int:

@@ -23,8 +23,14 @@ from collections.abc import Callable
 
 import torch
 
+from sglang_aux.srt.configs.dflash_config import DFlashConfig
 from sglang_aux.srt.configs.model_config import ModelConfig
-from sglang_aux.srt.layers.aux_hidden_states import AuxProjection
+from sglang_aux.srt.forward_state.forward_batch_info import (
+    CaptureHiddenMode,
+    ForwardBatch,
+    ForwardMode,
+)
+from sglang_aux.srt.forward_state.protocols import AuxProjection
 from sglang_aux.srt.layers.logits_processor import LogitsProcessorOutput
 from sglang_aux.srt.managers.pending_step import PendingStep
 from sglang_aux.srt.managers.schedule_batch import (
@@ -34,11 +40,6 @@ from sglang_aux.srt.managers.schedule_batch import (
     build_step_batch,
 )
 from sglang_aux.srt.managers.step_logprobs import StepLogprobs, packed_prefill
-from sglang_aux.srt.model_executor.forward_batch_info import (
-    CaptureHiddenMode,
-    ForwardBatch,
-    ForwardMode,
-)
 from sglang_aux.srt.model_executor.model_runner import ModelRunner
 from sglang_aux.srt.model_executor.runner.epilogue import Epilogue
 from sglang_aux.srt.model_executor.runner.step_prologue import StepPrologue
@@ -49,7 +50,6 @@ from sglang_aux.srt.sampling.sampler import Lane, sample_from_probs, sampling_pr
 from sglang_aux.srt.sampling.sampling_rows import SamplingRows
 from sglang_aux.srt.server_args import ServerArgs
 from sglang_aux.srt.speculative.dflash_info import greedy_verify, rejection_verify
-from sglang_aux.srt.speculative.dflash_utils import DFlashConfig
 
 logger = logging.getLogger(__name__)
 

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from sglang_aux.srt.layers.radix_attention import FULL_CONTEXT
+from sglang_aux.srt.configs.decoder_config import FULL_CONTEXT
 from sglang_aux.srt.models.dflash import DFlashDraftModel
 
 

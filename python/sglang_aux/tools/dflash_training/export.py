@@ -12,10 +12,10 @@ from types import SimpleNamespace
 import torch
 from safetensors.torch import save_file
 
+from sglang_aux.srt.configs.dflash_config import build_target_layer_ids
 from sglang_aux.srt.model_loader.model_cache import write_folder
-from sglang_aux.srt.model_loader.weight_utils import checkpoint_tensors
 from sglang_aux.srt.models.dflash import DFlashDraftModel
-from sglang_aux.srt.speculative.dflash_utils import build_target_layer_ids
+from sglang_aux.srt.models.weight_utils import checkpoint_tensors
 
 # Keys a draft copies from its target: same width, heads and RoPE, so the target's embedding
 # and LM head fit and positions mean the same.

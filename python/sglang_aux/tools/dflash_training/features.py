@@ -7,13 +7,13 @@ import logging
 
 import torch
 
+from sglang_aux.srt.forward_state.forward_batch_info import CaptureHiddenMode
 from sglang_aux.srt.managers.schedule_batch import (
     Req,
     build_extend_batch,
     map_cached_prefix,
     release_kv,
 )
-from sglang_aux.srt.model_executor.forward_batch_info import CaptureHiddenMode
 from sglang_aux.srt.model_executor.model_runner import ModelRunner
 from sglang_aux.srt.sampling.sampling_params import SamplingParams
 from sglang_aux.tools.dflash_training.data import Sample

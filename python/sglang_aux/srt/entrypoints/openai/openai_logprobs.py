@@ -3,7 +3,7 @@ text]` entries): the legacy completions layout and the chat layout."""
 
 from __future__ import annotations
 
-from sglang_aux.srt.managers.tokenizer import Tokenizer
+from sglang_aux.srt.model_loader.tokenizer import Tokenizer
 
 
 def completion_logprobs(tokenizer: Tokenizer, meta: dict, with_prompt: bool) -> dict:

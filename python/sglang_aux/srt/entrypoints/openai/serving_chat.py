@@ -26,8 +26,8 @@ from sglang_aux.srt.entrypoints.openai.serving_base import (
     submit_samples,
 )
 from sglang_aux.srt.managers.request_stream import StreamDelta
-from sglang_aux.srt.managers.tokenizer import Tokenizer
 from sglang_aux.srt.managers.tokenizer_manager import TokenizerManager
+from sglang_aux.srt.model_loader.tokenizer import Tokenizer
 
 try:  # optional: only checkpoints that ship a chat template need it
     import jinja2

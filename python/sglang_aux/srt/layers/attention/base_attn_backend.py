@@ -8,8 +8,8 @@ from typing import TYPE_CHECKING
 import torch
 
 if TYPE_CHECKING:
+    from sglang_aux.srt.forward_state.forward_batch_info import ForwardBatch
     from sglang_aux.srt.layers.radix_attention import RadixAttention
-    from sglang_aux.srt.model_executor.forward_batch_info import ForwardBatch
 
 
 class AttentionBackend(ABC):

@@ -7,12 +7,12 @@ from typing import TYPE_CHECKING
 import torch
 import torch.nn.functional as F
 
+from sglang_aux.srt.configs.decoder_config import FULL_CONTEXT
 from sglang_aux.srt.layers.attention.base_attn_backend import AttentionBackend
-from sglang_aux.srt.layers.radix_attention import FULL_CONTEXT
 
 if TYPE_CHECKING:
+    from sglang_aux.srt.forward_state.forward_batch_info import ForwardBatch
     from sglang_aux.srt.layers.radix_attention import RadixAttention
-    from sglang_aux.srt.model_executor.forward_batch_info import ForwardBatch
 
 
 class TorchNativeAttnBackend(AttentionBackend):

@@ -17,8 +17,8 @@ from sglang_aux.srt.layers.attention.triton_ops.extend_attention import extend_a
 from sglang_aux.srt.layers.attention.triton_ops.tiling import check_head_dim
 
 if TYPE_CHECKING:
+    from sglang_aux.srt.forward_state.forward_batch_info import ForwardBatch
     from sglang_aux.srt.layers.radix_attention import RadixAttention
-    from sglang_aux.srt.model_executor.forward_batch_info import ForwardBatch
 
 
 @dataclass(frozen=True)
@@ -114,7 +114,7 @@ class TritonAttnBackend(AttentionBackend):
                         k.view(-1, num_kv_heads, head_dim), v.view(-1, num_kv_heads, head_dim))
         q = q.view(-1, num_heads, head_dim)  # [T, H, D]
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-        if q.shape[0] == 0:  # IDLE: no tokens, nothing to launch
+        if q.shape[0] == 0:  # an empty batch: nothing to launch
             return out.view(0, num_heads * head_dim)
         k_buffer, v_buffer = pool.k_buffer[layer.layer_id], pool.v_buffer[layer.layer_id]
         req_to_token = forward_batch.req_to_token_pool.req_to_token

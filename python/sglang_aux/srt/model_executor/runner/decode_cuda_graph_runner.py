@@ -12,13 +12,13 @@ import logging
 import time
 from typing import TYPE_CHECKING
 
-from sglang_aux.srt.layers.logits_processor import LogitsProcessorOutput
-from sglang_aux.srt.mem_cache.memory_pool import PADDING_REQ_ROW
-from sglang_aux.srt.model_executor.forward_batch_info import (
+from sglang_aux.srt.forward_state.forward_batch_info import (
     CaptureHiddenMode,
     ForwardBatch,
     ForwardMode,
 )
+from sglang_aux.srt.layers.logits_processor import LogitsProcessorOutput
+from sglang_aux.srt.mem_cache.memory_pool import PADDING_REQ_ROW
 from sglang_aux.srt.model_executor.runner.epilogue import Epilogue, EpilogueFn, run_model
 from sglang_aux.srt.model_executor.runner.step_prologue import StepPrologue
 from sglang_aux.srt.model_executor.runner.streamed_aux import StreamedAux
@@ -27,7 +27,7 @@ from sglang_aux.srt.model_executor.runner_utils.buffers import DecodeInputBuffer
 from sglang_aux.srt.model_executor.runner_utils.memory_probe import MemoryProbe
 
 if TYPE_CHECKING:
-    from sglang_aux.srt.model_executor.model_runner import ModelRunner
+    from sglang_aux.srt.model_executor.runner.model_runner_view import ModelRunnerView
 
 logger = logging.getLogger(__name__)
 
@@ -39,7 +39,7 @@ class DecodeCudaGraphRunner:
     each graph projects its aux states into a row prefix of one runner-owned accumulator.
     The aux storage has at least `aux_rows` rows: the runner's prefill graphs borrow it."""
 
-    def __init__(self, model_runner: ModelRunner, *, forward_mode: ForwardMode,
+    def __init__(self, model_runner: ModelRunnerView, *, forward_mode: ForwardMode,
                  captured_req_width: int, capture_bs: list[int], backend: GraphBackend,
                  epilogue: Epilogue | None = None, streamed_aux: StreamedAux | None = None,
                  aux_rows: int = 0, step_prologue: StepPrologue | None = None):

@@ -19,8 +19,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from sglang_aux.srt.forward_state.forward_batch_info import ForwardBatch, ForwardMode
 from sglang_aux.srt.layers.logits_processor import LogitsProcessorOutput
-from sglang_aux.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
 
 EpilogueFn = Callable[[ForwardBatch, LogitsProcessorOutput], None]
 

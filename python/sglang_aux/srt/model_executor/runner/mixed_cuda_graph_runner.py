@@ -21,8 +21,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from sglang_aux.srt.forward_state.forward_batch_info import ForwardBatch, ForwardMode
 from sglang_aux.srt.layers.logits_processor import LogitsProcessorOutput
-from sglang_aux.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
 from sglang_aux.srt.model_executor.runner.epilogue import Epilogue, run_model
 from sglang_aux.srt.model_executor.runner.mixed_prologue import (
     MixedHostInputs,
@@ -36,13 +36,13 @@ from sglang_aux.srt.model_executor.runner_utils.memory_probe import MemoryProbe
 from sglang_aux.srt.model_executor.runner_utils.mixed_buffers import MixedInputBuffers
 
 if TYPE_CHECKING:
-    from sglang_aux.srt.model_executor.model_runner import ModelRunner
+    from sglang_aux.srt.model_executor.runner.model_runner_view import ModelRunnerView
 
 logger = logging.getLogger(__name__)
 
 
 class MixedCudaGraphRunner:
-    def __init__(self, model_runner: ModelRunner, *, width: int, step_bs: list[int],
+    def __init__(self, model_runner: ModelRunnerView, *, width: int, step_bs: list[int],
                  arrival_tokens: list[int], max_arrivals: int, backend: GraphBackend,
                  buffers: MixedInputBuffers, prologue: MixedPrologue,
                  epilogue: Epilogue | None = None, streamed_aux: StreamedAux | None = None):

@@ -18,12 +18,12 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from sglang_aux.srt.forward_state.forward_batch_info import ForwardBatch, ForwardMode
 from sglang_aux.srt.mem_cache.memory_pool import PADDING_REQ_ROW
-from sglang_aux.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
 from sglang_aux.srt.model_executor.runner.step_prologue import StepPrologue
 
 if TYPE_CHECKING:
-    from sglang_aux.srt.model_executor.model_runner import ModelRunner
+    from sglang_aux.srt.model_executor.runner.model_runner_view import ModelRunnerView
 
 # The ForwardBatch fields in the packed tensor, in order; after them come the arrival tokens'
 # request rows, then `out_cache_loc`, which the prologue writes whole (so the host sends the
@@ -119,7 +119,7 @@ class MixedLayout:
         """`[arrival_tokens]`: each arrival token's request row, in `packed`."""
         return self._views(packed)[1]
 
-    def batch(self, packed: torch.Tensor, runner: ModelRunner, *, seq_lens_cpu: torch.Tensor,
+    def batch(self, packed: torch.Tensor, runner: ModelRunnerView, *, seq_lens_cpu: torch.Tensor,
               extend_seq_lens_cpu: list[int], **graph_fields) -> ForwardBatch:
         """The MIXED ForwardBatch whose int64 tensors are views of `packed` (its prefix
         `[:num_values]`); `graph_fields`: a graph's output storage and capture flag."""

@@ -13,12 +13,12 @@ import logging
 import time
 from typing import TYPE_CHECKING
 
-from sglang_aux.srt.layers.logits_processor import LogitsProcessorOutput
-from sglang_aux.srt.model_executor.forward_batch_info import (
+from sglang_aux.srt.forward_state.forward_batch_info import (
     CaptureHiddenMode,
     ForwardBatch,
     ForwardMode,
 )
+from sglang_aux.srt.layers.logits_processor import LogitsProcessorOutput
 from sglang_aux.srt.model_executor.runner.epilogue import Epilogue, run_model
 from sglang_aux.srt.model_executor.runner.streamed_aux import StreamedAux
 from sglang_aux.srt.model_executor.runner_backend.base import GraphBackend
@@ -26,14 +26,14 @@ from sglang_aux.srt.model_executor.runner_utils.memory_probe import MemoryProbe
 from sglang_aux.srt.model_executor.runner_utils.prefill_buffers import PrefillInputBuffers
 
 if TYPE_CHECKING:
-    from sglang_aux.srt.model_executor.model_runner import ModelRunner
+    from sglang_aux.srt.model_executor.runner.model_runner_view import ModelRunnerView
 
 logger = logging.getLogger(__name__)
 
 
 
 class PrefillCudaGraphRunner:
-    def __init__(self, model_runner: ModelRunner, *, capture_tokens: list[int], max_bs: int,
+    def __init__(self, model_runner: ModelRunnerView, *, capture_tokens: list[int], max_bs: int,
                  backend: GraphBackend, buffers: PrefillInputBuffers,
                  epilogue: Epilogue | None = None, streamed_aux: StreamedAux | None = None):
         for name, part in (("epilogue", epilogue), ("streamed projection", streamed_aux)):

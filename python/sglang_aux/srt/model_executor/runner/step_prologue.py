@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-from sglang_aux.srt.model_executor.forward_batch_info import ForwardBatch
+from sglang_aux.srt.forward_state.forward_batch_info import ForwardBatch
 
 
 @dataclass(frozen=True)

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 
 import torch
 
-from sglang_aux.srt.layers.aux_hidden_states import AuxProjection
-from sglang_aux.srt.model_executor.forward_batch_info import ForwardMode
+from sglang_aux.srt.forward_state.forward_batch_info import ForwardMode
+from sglang_aux.srt.forward_state.protocols import AuxProjection
 
 
 @dataclass(frozen=True)

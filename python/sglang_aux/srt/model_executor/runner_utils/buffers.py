@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from sglang_aux.srt.forward_state.forward_batch_info import ForwardBatch
 from sglang_aux.srt.mem_cache.memory_pool import PADDING_REQ_ROW, PADDING_SLOT
-from sglang_aux.srt.model_executor.forward_batch_info import ForwardBatch
 from sglang_aux.srt.model_executor.runner_utils.host_transfer import to_device_into
 
 _TOKEN_MAJOR = ("input_ids", "out_cache_loc", "positions")
@@ -27,8 +27,6 @@ class DecodeInputBuffers:
     seq_lens_cpu: torch.Tensor  # [max_bs], host
     out_cache_loc: torch.Tensor  # [max_num_token]
     positions: torch.Tensor  # [max_num_token]
-    # Tree-verify attention mask; DFlash verifies a chain, so it stays None here.
-    custom_mask: torch.Tensor | None
     next_token_logits_buffer: torch.Tensor  # [max_num_token, vocab]
     # [max_num_token, K * hidden] in the model dtype (more rows when the runner's prefill graphs
     # share it), shared by every captured size; None when the runner does not share (width
@@ -86,7 +84,6 @@ class DecodeInputBuffers:
             seq_lens_cpu=torch.full((max_bs,), tokens_per_req, dtype=torch.int64),
             out_cache_loc=torch.full((max_num_token,), PADDING_SLOT, **ints),
             positions=torch.arange(tokens_per_req, **ints).repeat(max_bs),
-            custom_mask=None,
             next_token_logits_buffer=torch.zeros((max_num_token, vocab_size), dtype=dtype,
                                                  device=device),
             aux_hidden_states=aux,

@@ -72,7 +72,3 @@ class HostReadback:
         """Queue `t`'s copy to the host, after the work that computes it."""
         self.num_copies += 1
         return PendingCopy(t)
-
-    def fetch(self, t: torch.Tensor) -> torch.Tensor:
-        """`t` on the host once it is computed (a host tensor the caller may keep)."""
-        return self.start(t).wait()

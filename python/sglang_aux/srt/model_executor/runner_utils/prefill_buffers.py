@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from sglang_aux.srt.forward_state.forward_batch_info import ForwardBatch
 from sglang_aux.srt.mem_cache.memory_pool import PADDING_REQ_ROW, PADDING_SLOT
-from sglang_aux.srt.model_executor.forward_batch_info import ForwardBatch
 
 _TOKEN_MAJOR = ("input_ids", "out_cache_loc", "positions")
 _REQUEST_MAJOR = ("req_pool_indices", "seq_lens", "extend_prefix_lens", "extend_seq_lens",

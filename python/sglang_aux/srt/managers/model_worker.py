@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from sglang_aux.srt.configs.model_config import ModelConfig
+from sglang_aux.srt.forward_state.forward_batch_info import CaptureHiddenMode, ForwardMode
 from sglang_aux.srt.managers.pending_step import PendingStep
 from sglang_aux.srt.managers.schedule_batch import (
     Req,
@@ -13,7 +14,6 @@ from sglang_aux.srt.managers.schedule_batch import (
     build_step_batch,
 )
 from sglang_aux.srt.managers.step_logprobs import StepLogprobs, packed_prefill
-from sglang_aux.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardMode
 from sglang_aux.srt.model_executor.model_runner import ModelRunner
 from sglang_aux.srt.model_executor.runner.step_prologue import StepPrologue
 from sglang_aux.srt.model_executor.runner_utils.host_transfer import HostReadback, PendingRows
@@ -22,9 +22,10 @@ from sglang_aux.srt.sampling.sampling_rows import SamplingRows
 from sglang_aux.srt.server_args import ServerArgs
 
 
-class TpModelWorker:
-    """The worker interface the scheduler drives: `prefill` and `decode` launch a step and
-    return it pending; its `tokens()` gives each request's new tokens, and the scheduler
+class ModelWorker:
+    """The scheduler's `Worker` without speculation: one ModelRunner, one token per request per
+    step (SGLang's `TpModelWorker`, without tensor parallelism). `prefill` and `decode` launch
+    a step and return it pending; its `tokens()` gives each request's new tokens, and the scheduler
     appends them and decides when a request ends.
 
     A decode step issues no per-request device work: one input copy, the rows

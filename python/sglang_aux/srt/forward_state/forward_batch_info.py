@@ -9,8 +9,7 @@ from typing import TYPE_CHECKING
 import torch
 
 if TYPE_CHECKING:
-    from sglang_aux.srt.layers.attention.base_attn_backend import AttentionBackend
-    from sglang_aux.srt.layers.aux_hidden_states import AuxProjection
+    from sglang_aux.srt.forward_state.protocols import AttentionForward, AuxProjection
     from sglang_aux.srt.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool
 
 
@@ -19,7 +18,6 @@ class ForwardMode(IntEnum):
     DECODE = auto()  # one token per request
     TARGET_VERIFY = auto()  # B tokens per request, causal over prefix and block
     DRAFT_BLOCK = auto()  # DFlash draft: B block queries (causality per layer: attn_type)
-    IDLE = auto()  # no tokens (a pipeline or overlap peer with nothing to do)
     # one forward of both: the running requests' step tokens (a fixed width each, first),
     # then arrivals' prefill tokens; an EXTEND batch whose logits rows are listed
     MIXED = auto()
@@ -40,9 +38,6 @@ class ForwardMode(IntEnum):
     def is_draft_block(self) -> bool:
         return self == ForwardMode.DRAFT_BLOCK
 
-    def is_idle(self) -> bool:
-        return self == ForwardMode.IDLE
-
     def is_cuda_graph(self) -> bool:
         """Modes whose token layout is fixed per request, so a graph can be captured."""
         return self in (ForwardMode.DECODE, ForwardMode.TARGET_VERIFY, ForwardMode.DRAFT_BLOCK)
@@ -50,7 +45,6 @@ class ForwardMode(IntEnum):
 
 class CaptureHiddenMode(IntEnum):
     NULL = auto()  # keep no hidden states
-    LAST = auto()  # the last token's final hidden state per request
     FULL = auto()  # every token's final hidden state
 
 
@@ -73,7 +67,7 @@ class ForwardBatch:
     positions: torch.Tensor  # [num_tokens]
     req_to_token_pool: ReqToTokenPool
     token_to_kv_pool: MHATokenToKVPool
-    attn_backend: AttentionBackend
+    attn_backend: AttentionForward
     extend_prefix_lens_cpu: list[int] | None = None
     extend_seq_lens_cpu: list[int] | None = None
     # EXTEND on the device, `[bs]` each: cached tokens before this forward, new tokens, and

@@ -11,10 +11,10 @@ from types import SimpleNamespace
 from sglang_aux.srt.configs.decoder_config import (
     FULL_ATTENTION,
     SLIDING_ATTENTION,
+    AttentionType,
     LayerAttention,
     layer_types_of,
 )
-from sglang_aux.srt.layers.radix_attention import AttentionType
 
 logger = logging.getLogger(__name__)
 

@@ -1,6 +1,8 @@
-"""Model presets `make_checkpoint` writes: tiny ones for tests, K3-shaped ones for benchmarks."""
+"""Model presets `write_checkpoint` writes: tiny ones for tests, K3-shaped ones for benchmarks."""
 
 from __future__ import annotations
+
+from sglang_aux.srt.configs.dflash_config import build_target_layer_ids
 
 BYTE_VOCAB = 256
 MASK_TOKEN_ID = BYTE_VOCAB + 3  # <|mask|>
@@ -121,8 +123,6 @@ PRESETS["smollm2-shaped"] = {
 def dflash_draft_preset(target: str, *, num_layers: int, num_aux: int, block_size: int) -> dict:
     """A DFlash draft for `target`: Qwen3-style layers at the target's width, reading
     `num_aux` target layers picked by `build_target_layer_ids`."""
-    from sglang_aux.srt.speculative.dflash_utils import build_target_layer_ids
-
     t = PRESETS[target]
     return {
         **{k: t[k] for k in ("vocab_size", "max_position_embeddings", "rms_norm_eps",
