@@ -1,7 +1,8 @@
 """OpenAI logprobs through the real `openai` client against the real server (tiny preset with
 DFlash, CPU): completions' legacy layout (with echo: the prompt's entries first, the first
 null) and chat's, streamed and not, equal to the native route's values for the same greedy
-request; bad values are a 400 naming the field and the server keeps serving."""
+request; `best_of` returns the candidates of the highest mean logprob; bad values are a 400
+naming the field and the server keeps serving."""
 
 import sys
 
@@ -150,6 +151,47 @@ def test_chat_logprobs_equal_the_native_ones(server):
     assert all(e.top_logprobs == [] for e in plain.choices[0].logprobs.content)
     assert _client(url).chat.completions.create(messages=MESSAGES, model=None, **GREEDY
                                                 ).choices[0].logprobs is None
+
+
+def _mean(choice) -> float:
+    values = choice.logprobs.token_logprobs
+    return sum(values) / len(values)
+
+
+def test_best_of_returns_the_candidates_of_highest_mean_logprob(server):
+    url, _ = server
+    sampled = {"prompt": PROMPT, "model": None, "temperature": 1.0, "max_tokens": MAX_TOKENS,
+               "seed": 7, "logprobs": 0, "extra_body": {"ignore_eos": True}}
+    # the same seeded candidates: sample i is seeded with seed + i either way
+    candidates = _client(url).completions.create(n=4, **sampled).choices
+    assert len({c.text for c in candidates}) > 2, "the candidates must differ to rank them"
+    ranked = sorted(candidates, key=_mean, reverse=True)
+    best = _client(url).completions.create(n=2, best_of=4, **sampled)
+    assert [c.index for c in best.choices] == [0, 1]
+    assert [c.text for c in best.choices] == [c.text for c in ranked[:2]]
+    assert [_mean(c) for c in best.choices] == pytest.approx([_mean(c) for c in ranked[:2]],
+                                                             **CLOSE)
+    # every candidate was generated, so usage counts them all; logprobs only when asked
+    quiet = {k: v for k, v in sampled.items() if k != "logprobs"}
+    one = _client(url).completions.create(best_of=4, **quiet)
+    assert len(one.choices) == 1 and one.choices[0].logprobs is None
+    assert one.choices[0].text == ranked[0].text
+    assert one.usage.completion_tokens == 4 * MAX_TOKENS
+    assert one.usage.prompt_tokens == best.usage.prompt_tokens
+
+
+@pytest.mark.parametrize("body,words", [
+    ({"n": 3, "best_of": 2}, "best_of must"),
+    ({"n": 1, "best_of": 1000}, "best_of must"),
+    ({"n": 1, "best_of": 2, "stream": True}, "cannot be streamed"),
+])
+def test_bad_best_of_is_refused_by_name(server, body, words):
+    url, _ = server
+    r = httpx.post(f"{url}/v1/completions", json={"prompt": PROMPT, "max_tokens": 2, **body})
+    assert r.status_code == 400 and words in r.json()["error"]["message"], r.text
+    chunks = list(_client(url).completions.create(prompt=PROMPT, model=None, max_tokens=2, n=2,
+                                                  best_of=2, stream=True))
+    assert {c.choices[0].index for c in chunks} == {0, 1}
 
 
 @pytest.mark.parametrize("route,body,field", [
