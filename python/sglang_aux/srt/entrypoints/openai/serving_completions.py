@@ -81,25 +81,29 @@ async def create_completion(server: TokenizerManager, body: CompletionRequest,
         prompt = prompts[index // body.n]
         return prompt.get("text") or server.tokenizer.decode(prompt["input_ids"])
 
-    def choice(index: int, text: str, meta_info: dict | None) -> dict:
-        """A choice (or a streamed piece of one); the logprobs of all its tokens come with
-        its end (the native entries arrive with the last update)."""
-        reason = logprobs = None
-        if meta_info is not None:
-            reason = finish_reason(meta_info["finish_reason"])
-            if logprob is not None:
-                logprobs = completion_logprobs(server.tokenizer, meta_info, body.echo)
+    def choice(index: int, text: str, meta_info: dict | None, logprob_meta: dict | None,
+               offset: int = 0) -> dict:
+        """A choice, or a streamed piece of one (its logprobs: those of the piece's tokens,
+        their text_offset from `offset`); `meta_info` with its end."""
+        reason = None if meta_info is None else finish_reason(meta_info["finish_reason"])
+        logprobs = None
+        if logprob is not None:
+            logprobs = completion_logprobs(server.tokenizer, logprob_meta, body.echo, offset)
         return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": reason}
 
     if body.stream:
         started = [False] * len(streams)
+        offsets = [0] * len(streams)  # text_offset of each choice's next token
         finals = [0]  # final deltas sent
 
         def chunks(index: int, delta: StreamDelta) -> list[dict]:
             text = delta.text if started[index] else echoed(index) + delta.text
             started[index] = True
             meta = None if delta.output is None else delta.output["meta_info"]
-            out = [{**head, "choices": [choice(index, text, meta)]}]
+            piece = choice(index, text, meta, delta.logprobs, offsets[index])
+            if piece["logprobs"] is not None:
+                offsets[index] += sum(map(len, piece["logprobs"]["tokens"]))
+            out = [{**head, "choices": [piece]}]
             if meta is not None and body.include_usage and last_final(delta, finals, len(streams)):
                 out.append({**head, "choices": [], "usage": total_usage(
                     [s.output["meta_info"] for s in streams], body.n)})
@@ -110,7 +114,7 @@ async def create_completion(server: TokenizerManager, body: CompletionRequest,
     outs = await await_results(server, streams, request)
     best = outs if best_of == body.n else best_candidates(outs, best_of, body.n)
     # every candidate's tokens were generated, so usage counts them all (as OpenAI bills)
-    return {**head, "choices": [choice(i, echoed(i) + o["text"], o["meta_info"])
+    return {**head, "choices": [choice(i, echoed(i) + o["text"], o["meta_info"], o["meta_info"])
                                 for i, o in enumerate(best)],
             "usage": total_usage([o["meta_info"] for o in outs], best_of)}
 
