@@ -1,7 +1,8 @@
 """OpenAI logprobs through the real `openai` client against the real server (tiny preset with
 DFlash, CPU): completions' legacy layout (with echo: the prompt's entries first, the first
 null) and chat's, streamed and not, equal to the native route's values for the same greedy
-request; bad values are a 400 naming the field and the server keeps serving."""
+request; `best_of` returns the candidates of the highest mean logprob; bad values are a 400
+naming the field and the server keeps serving."""
 
 import sys
 
@@ -79,13 +80,26 @@ def test_completion_logprobs_equal_the_native_ones(server):
     _check_top(tok, lp.token_logprobs, lp.top_logprobs, native["meta_info"]["output_top_logprobs"])
     assert lp.text_offset[0] == 0 and lp.text_offset == sorted(lp.text_offset)
 
-    chunks = list(_client(url).completions.create(prompt=PROMPT, logprobs=TOP, model=None,
-                                                  stream=True, **GREEDY))
-    assert "".join(c.choices[0].text for c in chunks) == choice.text
-    assert all(c.choices[0].logprobs is None for c in chunks[:-1])
-    assert chunks[-1].choices[0].logprobs.tokens == lp.tokens
-    assert chunks[-1].choices[0].logprobs.token_logprobs == pytest.approx(lp.token_logprobs,
-                                                                          **CLOSE)
+    _check_streamed_completion(url, {"prompt": PROMPT, "logprobs": TOP}, whole)
+
+
+def _check_streamed_completion(url: str, body: dict, whole, exact: bool = True) -> None:
+    """Each streamed chunk carries the logprobs of its own tokens: together (per choice)
+    exactly the non-streamed request's, text_offset continuing across chunks. (Not
+    `exact`: n > 1 samples may be batched differently the second time, so values round
+    differently.)"""
+    chunks = list(_client(url).completions.create(model=None, stream=True, **body, **GREEDY))
+    for choice in whole.choices:
+        mine = [c.choices[0] for c in chunks if c.choices[0].index == choice.index]
+        assert "".join(c.text for c in mine) == choice.text
+        carrying = [c.logprobs for c in mine if c.logprobs.tokens]
+        assert len(carrying) > 1, "the logprobs must come with the chunks, not all at the end"
+        for key in ("tokens", "text_offset", "token_logprobs", "top_logprobs"):
+            joined = [x for lp in carrying for x in getattr(lp, key)]
+            if exact or key in ("tokens", "text_offset"):
+                assert joined == getattr(choice.logprobs, key), key
+            elif key == "token_logprobs":  # the first is null (echo)
+                assert joined[1:] == pytest.approx(choice.logprobs.token_logprobs[1:], **CLOSE)
 
 
 def test_echo_gives_the_prompt_and_its_logprobs(server):
@@ -102,6 +116,11 @@ def test_echo_gives_the_prompt_and_its_logprobs(server):
     assert lp.token_logprobs[1:] == pytest.approx([v for v, _, _ in rows[1:]], **CLOSE)
     assert "".join(lp.tokens[:meta["prompt_tokens"]]) == PROMPT
     assert lp.text_offset[:len(PROMPT)] == list(range(len(PROMPT)))  # one byte per token
+    _check_streamed_completion(url, {"prompt": PROMPT, "logprobs": TOP, "echo": True}, whole)
+    _check_streamed_completion(url, {"prompt": PROMPT, "logprobs": TOP, "echo": True, "n": 2},
+                               _client(url).completions.create(
+                                   prompt=PROMPT, logprobs=TOP, echo=True, n=2, model=None,
+                                   **GREEDY), exact=False)
     n = meta["prompt_tokens"]
     _check_top(tok, lp.token_logprobs[1:n], lp.top_logprobs[1:n],
                meta["input_top_logprobs"][1:], greedy=False)
@@ -140,16 +159,57 @@ def test_chat_logprobs_equal_the_native_ones(server):
 
     chunks = list(_client(url).chat.completions.create(
         messages=MESSAGES, logprobs=True, top_logprobs=TOP, model=None, stream=True, **GREEDY))
-    streamed = [e for c in chunks if c.choices and c.choices[0].logprobs
-                for e in c.choices[0].logprobs.content]
-    assert [e.token for e in streamed] == [e.token for e in content]
-    assert [e.logprob for e in streamed] == pytest.approx([e.logprob for e in content], **CLOSE)
+    carrying = [c.choices[0].logprobs.content for c in chunks
+                if c.choices and c.choices[0].logprobs]
+    assert len(carrying) > 1, "the logprobs must come with the chunks, not all at the end"
+    assert [e for piece in carrying for e in piece] == content  # exactly
 
     plain = _client(url).chat.completions.create(messages=MESSAGES, logprobs=True, model=None,
                                                  **GREEDY)
     assert all(e.top_logprobs == [] for e in plain.choices[0].logprobs.content)
     assert _client(url).chat.completions.create(messages=MESSAGES, model=None, **GREEDY
                                                 ).choices[0].logprobs is None
+
+
+def _mean(choice) -> float:
+    values = choice.logprobs.token_logprobs
+    return sum(values) / len(values)
+
+
+def test_best_of_returns_the_candidates_of_highest_mean_logprob(server):
+    url, _ = server
+    sampled = {"prompt": PROMPT, "model": None, "temperature": 1.0, "max_tokens": MAX_TOKENS,
+               "seed": 7, "logprobs": 0, "extra_body": {"ignore_eos": True}}
+    # the same seeded candidates: sample i is seeded with seed + i either way
+    candidates = _client(url).completions.create(n=4, **sampled).choices
+    assert len({c.text for c in candidates}) > 2, "the candidates must differ to rank them"
+    ranked = sorted(candidates, key=_mean, reverse=True)
+    best = _client(url).completions.create(n=2, best_of=4, **sampled)
+    assert [c.index for c in best.choices] == [0, 1]
+    assert [c.text for c in best.choices] == [c.text for c in ranked[:2]]
+    assert [_mean(c) for c in best.choices] == pytest.approx([_mean(c) for c in ranked[:2]],
+                                                             **CLOSE)
+    # every candidate was generated, so usage counts them all; logprobs only when asked
+    quiet = {k: v for k, v in sampled.items() if k != "logprobs"}
+    one = _client(url).completions.create(best_of=4, **quiet)
+    assert len(one.choices) == 1 and one.choices[0].logprobs is None
+    assert one.choices[0].text == ranked[0].text
+    assert one.usage.completion_tokens == 4 * MAX_TOKENS
+    assert one.usage.prompt_tokens == best.usage.prompt_tokens
+
+
+@pytest.mark.parametrize("body,words", [
+    ({"n": 3, "best_of": 2}, "best_of must"),
+    ({"n": 1, "best_of": 1000}, "best_of must"),
+    ({"n": 1, "best_of": 2, "stream": True}, "cannot be streamed"),
+])
+def test_bad_best_of_is_refused_by_name(server, body, words):
+    url, _ = server
+    r = httpx.post(f"{url}/v1/completions", json={"prompt": PROMPT, "max_tokens": 2, **body})
+    assert r.status_code == 400 and words in r.json()["error"]["message"], r.text
+    chunks = list(_client(url).completions.create(prompt=PROMPT, model=None, max_tokens=2, n=2,
+                                                  best_of=2, stream=True))
+    assert {c.choices[0].index for c in chunks} == {0, 1}
 
 
 @pytest.mark.parametrize("route,body,field", [

@@ -49,7 +49,7 @@ BAD_CASES = [  # (path, JSON body or raw text, status, words in the reason)
     ("/generate", {"text": "hi", "sampling_params": {"max_new_tokens": 10**9}}, 400, "max_new"),
     ("/generate", {"text": "hi", "sampling_params": {"top_p": 0}}, 400, "top_p"),
     ("/v1/completions", {"prompt": 5}, 422, "prompt"),
-    ("/v1/completions", {"prompt": "hi", "best_of": 2}, 400, "best_of"),
+    ("/v1/completions", {"prompt": "hi", "n": 2, "best_of": 1}, 400, "best_of"),
     ("/v1/completions", {"prompt": "hi", "no_such_field": 2}, 422, "no_such_field"),
     ("/generate", {"text": "hi", "lora_path": "x"}, 400, "lora_path"),
     ("/generate", {"text": "hi", "sampling_params": {"regex": "a+"}}, 400, "regex"),

@@ -283,6 +283,13 @@ def test_incremental_streaming_sends_deltas(client):
     assert "".join(c["text"] for c in chunks) == whole["text"]
     assert [t for c in chunks for t in c["output_ids"]] == whole["output_ids"]
     assert all(len(c["output_ids"]) <= 1 for c in chunks)  # one token a step, no prefix
+    # each event carries the logprob entries of its own tokens (the last one: all of them)
+    with client.stream("POST", "/generate",
+                       json={**body, "stream": True, "return_logprob": True}) as r:
+        events = list(stream_events(r))[:-1]
+    assert len(events) > 2
+    assert all([e[1] for e in ev["meta_info"]["output_token_logprobs"]] == ev["output_ids"]
+               for ev in events)
 
 
 def test_health_generate_runs_a_generation(client):

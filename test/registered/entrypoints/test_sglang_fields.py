@@ -147,7 +147,8 @@ def test_skip_special_tokens(url):
 def test_native_logprobs_over_http(url):
     """`return_logprob` through the live server, streamed and not: SGLang's meta_info layout,
     one entry per prompt position from `logprob_start_len` (the first null) and per output
-    token, each the log-probability of the token it names; both requests agree."""
+    token, each the log-probability of the token it names; both requests agree, and each
+    streamed event carries the entries of its tokens."""
     body = {"text": "Hello there", "sampling_params": GREEDY, "return_logprob": True,
             "logprob_start_len": 0, "top_logprobs_num": 2, "return_text_in_logprobs": True}
     r = _post(url, "/generate", body)
@@ -169,6 +170,12 @@ def test_native_logprobs_over_http(url):
     last = httpx.Response(200, content=events[-2]).json()["meta_info"]
     assert last["output_token_logprobs"] == output
     assert last["input_token_logprobs"] == prompt
+    # as SGLang, every event carries the entries so far (only the new ones with
+    # --incremental-streaming-output)
+    for event in events[:-2]:
+        chunk = httpx.Response(200, content=event).json()
+        assert chunk["meta_info"]["output_token_logprobs"] == output[:len(chunk["output_ids"])]
+        assert chunk["meta_info"]["input_token_logprobs"] == prompt
 
 
 if __name__ == "__main__":

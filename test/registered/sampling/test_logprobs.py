@@ -1,6 +1,7 @@
 """Logprobs (SGLang's return_logprob family) on real Engines: SGLang's meta_info layout,
 prompt entries equal to a fresh prefill's, and DFlash's (from the verify logits) equal to
-target-only's, greedy, fp32 on CPU (ids exactly, values to fp32 rounding)."""
+target-only's, greedy, fp32 on CPU: ids exactly, values to the kernels' batch variance, and
+bit for bit with batch-invariant kernels."""
 
 import math
 import sys
@@ -9,6 +10,7 @@ import pytest
 import torch
 
 from sglang_aux.srt.entrypoints.engine import Engine
+from sglang_aux.test.batch_invariant import batch_invariant_kernels
 from sglang_aux.test.ci.ci_register import register_cpu_ci
 from sglang_aux.test.runtime_utils import tiny_checkpoint
 
@@ -76,16 +78,21 @@ def test_values_are_the_raw_distribution(engines):
     assert all(math.isfinite(v) and v <= 0 for v in got[1:])
 
 
-def test_dflash_logprobs_equal_target_only(engines):
+DFLASH_KW = dict(sampling_params={"max_new_tokens": 12, "temperature": 0, "ignore_eos": True},
+                 return_logprob=True, logprob_start_len=1, top_logprobs_num=2,
+                 token_ids_logprob=[3])
+LOGPROB_KEYS = ("input_token_logprobs", "output_token_logprobs", "output_top_logprobs",
+                "output_token_ids_logprobs", "input_top_logprobs")
+
+
+def _dflash_and_target_only(engines) -> tuple[list[dict], list[dict]]:
+    """The same greedy batch through both engines. The tiny draft is untrained: DFlash
+    proposes the target's own tokens, the second one broken, so verify steps accept one
+    draft and reject the next."""
     plain, spec = engines
-    kw = dict(input_ids=[plain.tokenizer.encode(p) for p in PROMPTS],
-              sampling_params={"max_new_tokens": 12, "temperature": 0, "ignore_eos": True},
-              return_logprob=True, logprob_start_len=1, top_logprobs_num=2,
-              token_ids_logprob=[3])
-    want = plain.generate(**kw)
-    # the tiny draft is untrained: propose the target's own tokens, the second one broken,
-    # so verify steps accept one draft and reject the next
-    refs = {tuple(ids): w["output_ids"] for ids, w in zip(kw["input_ids"], want, strict=True)}
+    ids = [plain.tokenizer.encode(p) for p in PROMPTS]
+    want = plain.generate(input_ids=ids, **DFLASH_KW)
+    refs = {tuple(i): w["output_ids"] for i, w in zip(ids, want, strict=True)}
     worker, b = spec.worker, spec.worker.block_size
 
     def propose(reqs, fb):
@@ -99,15 +106,31 @@ def test_dflash_logprobs_equal_target_only(engines):
 
     worker.propose = propose
     try:
-        got = spec.generate(**kw)
+        got = spec.generate(input_ids=ids, **DFLASH_KW)
     finally:
         worker.propose = worker._graph_proposals
     assert all(o["meta_info"]["spec_accepted_drafts"] for o in got)  # blocks accepted drafts
     for w, g in zip(want, got, strict=True):
         assert g["output_ids"] == w["output_ids"]
-        for key in ("input_token_logprobs", "output_token_logprobs", "output_top_logprobs",
-                    "output_token_ids_logprobs", "input_top_logprobs"):
+    return want, got
+
+
+def test_dflash_logprobs_equal_target_only(engines):
+    want, got = _dflash_and_target_only(engines)
+    for w, g in zip(want, got, strict=True):
+        for key in LOGPROB_KEYS:
             _assert_entries_close(g["meta_info"][key], w["meta_info"][key], key)
+
+
+def test_dflash_logprobs_are_target_only_bits_with_batch_invariant_kernels(engines):
+    """What remains above is the kernels' batch variance alone: with each row computed as if
+    alone (`batch_invariant_kernels`), the verify logits' values are target-only's bit for
+    bit (docs/compat.md)."""
+    with batch_invariant_kernels():
+        want, got = _dflash_and_target_only(engines)
+    for w, g in zip(want, got, strict=True):
+        for key in LOGPROB_KEYS:
+            assert g["meta_info"][key] == w["meta_info"][key], key
 
 
 def _assert_entries_close(got, want, key: str) -> None:

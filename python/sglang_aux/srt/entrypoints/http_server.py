@@ -51,6 +51,7 @@ from sglang_aux.srt.entrypoints.openai.serving_base import (
 from sglang_aux.srt.entrypoints.openai.serving_chat import create_chat_completion
 from sglang_aux.srt.entrypoints.openai.serving_completions import create_completion
 from sglang_aux.srt.entrypoints.server_info import model_info, render_metrics, server_info
+from sglang_aux.srt.managers.request_output import logprob_meta_info
 from sglang_aux.srt.managers.request_stream import StreamDelta
 from sglang_aux.srt.managers.tokenizer_manager import SchedulerGone, TokenizerManager
 from sglang_aux.srt.server_args import ServerArgs
@@ -177,7 +178,8 @@ def create_app(server: TokenizerManager) -> FastAPI:
         """SGLang's native generation: one prompt (a dict answers), a batch of prompts or
         `n` > 1 samples (a list answers, prompt-major). As SGLang, each streamed event carries
         the whole text and token ids so far, or with `--incremental-streaming-output` only the
-        new ones; the last event of each request carries its full meta_info."""
+        new ones (logprob entries too, as SGLang); the last event of each request carries its
+        full meta_info."""
         body = await parse_body(request, GenerateRequest)
         streams = []
         for item in body.items():
@@ -197,6 +199,9 @@ def create_app(server: TokenizerManager) -> FastAPI:
             meta = delta.output["meta_info"] if delta.output is not None else {
                 "id": stream.rid, "prompt_tokens": stream.prompt_tokens,
                 "completion_tokens": stream.completion_tokens, "finish_reason": None}
+            if delta.output is None and delta.logprobs is not None:
+                meta.update(delta.logprobs if incremental
+                            else logprob_meta_info(server.tokenizer, stream.req))
             if incremental:
                 chunk = {"text": delta.text, "output_ids": delta.output_ids, "meta_info": meta}
             else:

@@ -7,7 +7,8 @@ Front end -> scheduler, one tuple per command, taken between steps:
   ("stop",)
 Scheduler -> front end:
   ("ready", EngineSpec) or ("startup_error", exception, traceback text), once
-  ("step", [(rid, new_ids, Finished | None), ...])  one message per step, every update
+  ("step", [(rid, new_ids, NewLogprobs | None, Finished | None), ...])  one message per
+                                                  step, every update
   ("failed", [rid, ...], reason)                  these requests failed (a step, or one's
                                                   admission)
   ("aborted", rid)                                the request was dropped
@@ -51,15 +52,11 @@ class Finished:
     spec_verify_ct: int
     spec_accepted_tokens: int
     spec_accept_histogram: list[int]
-    # the request's logprob entries (empty unless it asked), sent once with the end
-    input_logprobs: list[PositionLogprobs]
-    output_logprobs: list[PositionLogprobs]
 
     @classmethod
     def of(cls, req: Req) -> Finished:
         return cls(req.finished_reason, req.cached_tokens, req.spec_verify_ct,
-                   req.spec_accepted_tokens, list(req.spec_accept_histogram),
-                   req.input_logprobs, req.output_logprobs)
+                   req.spec_accepted_tokens, list(req.spec_accept_histogram))
 
     def apply(self, req: Req) -> None:
         """Copy the fields onto the front end's copy of the request."""
@@ -68,8 +65,16 @@ class Finished:
         req.spec_verify_ct = self.spec_verify_ct
         req.spec_accepted_tokens = self.spec_accepted_tokens
         req.spec_accept_histogram = self.spec_accept_histogram
-        req.input_logprobs = self.input_logprobs
-        req.output_logprobs = self.output_logprobs
 
 
-RequestOut = tuple[str, list[int], Finished | None]  # rid, new output ids, set on the last
+@dataclass(frozen=True)
+class NewLogprobs:
+    """The logprob entries an update brings (only to a request that asks): the prompt's,
+    with the first update after its prefill, and those of the update's new output ids."""
+
+    input: list[PositionLogprobs]
+    output: list[PositionLogprobs]
+
+
+# rid, new output ids, their logprob entries, set on the last
+RequestOut = tuple[str, list[int], NewLogprobs | None, Finished | None]

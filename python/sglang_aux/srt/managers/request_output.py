@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from sglang_aux.srt.managers.schedule_batch import Req
 from sglang_aux.srt.model_loader.tokenizer import Tokenizer
+from sglang_aux.srt.sampling.logprobs import LogprobParams, PositionLogprobs
 
 
 def spec_meta_info(req: Req) -> dict:
@@ -25,10 +26,15 @@ def spec_meta_info(req: Req) -> dict:
 
 
 def logprob_meta_info(tokenizer: Tokenizer, req: Req) -> dict:
-    """SGLang's logprob fields of meta_info: `[logprob, token_id, text or None]` per token
-    (the text with return_text_in_logprobs), top-n and requested-id lists of such entries
-    per position (None where a position has none: the first prompt entry)."""
-    lp = req.logprob
+    return logprob_meta(tokenizer, req.logprob, req.input_logprobs, req.output_logprobs)
+
+
+def logprob_meta(tokenizer: Tokenizer, lp: LogprobParams, input_rows: list[PositionLogprobs],
+                 output_rows: list[PositionLogprobs]) -> dict:
+    """SGLang's logprob fields of meta_info for these entries: `[logprob, token_id, text or
+    None]` per token (the text with return_text_in_logprobs), top-n and requested-id lists
+    of such entries per position (None where a position has none: the first prompt
+    entry)."""
 
     def entry(value: float | None, token: int) -> list:
         return [value, token, tokenizer.decode([token]) if lp.return_text else None]
@@ -37,13 +43,13 @@ def logprob_meta_info(tokenizer: Tokenizer, req: Req) -> dict:
         return None if pairs is None else [entry(v, t) for v, t in pairs]
 
     meta = {}
-    for side, rows in (("input", req.input_logprobs), ("output", req.output_logprobs)):
+    for side, rows in (("input", input_rows), ("output", output_rows)):
         meta[f"{side}_token_logprobs"] = [entry(v, t) for v, t, _, _ in rows]
         if lp.top_n:
             meta[f"{side}_top_logprobs"] = [entries(top) for _, _, top, _ in rows]
         if lp.token_ids is not None:
             meta[f"{side}_token_ids_logprobs"] = [entries(ids) for _, _, _, ids in rows]
-    meta["output_token_logprobs_length"] = len(req.output_logprobs)
+    meta["output_token_logprobs_length"] = len(output_rows)
     return meta
 
 

@@ -8,8 +8,8 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
-from sglang_aux.srt.managers.io_struct import Finished
-from sglang_aux.srt.managers.request_output import request_output
+from sglang_aux.srt.managers.io_struct import Finished, NewLogprobs
+from sglang_aux.srt.managers.request_output import logprob_meta, request_output
 from sglang_aux.srt.managers.schedule_batch import Req
 from sglang_aux.srt.model_loader.tokenizer import Tokenizer
 
@@ -25,15 +25,20 @@ class RequestUpdate:
     new_ids: list[int]
     finished: Finished | None = None
     error: str | None = None
+    logprobs: NewLogprobs | None = None
 
 
 @dataclass
 class StreamDelta:
-    """What a streaming client gets next: text and token ids since the previous delta, and
-    the full output (`request_output`) with the last one."""
+    """What a streaming client gets next: text and token ids since the previous delta, the
+    native logprob meta_info fields (`logprob_meta`) of those ids and, with the first delta,
+    of the prompt (None unless the request asks for logprobs), and the full output
+    (`request_output`) with the last one. The text of a token may come in a later delta than
+    the token (stop strings and partial characters are held back)."""
 
     text: str
     output_ids: list[int]
+    logprobs: dict | None = None
     output: dict | None = None
 
 
@@ -73,7 +78,15 @@ class RequestStream:
             self.finished = True
             raise RequestFailed(update.error)
         self._output_ids += update.new_ids
+        if update.logprobs is not None:
+            self.req.input_logprobs += update.logprobs.input
+            self.req.output_logprobs += update.logprobs.output
         return update
+
+    def _logprobs(self, update: RequestUpdate) -> dict | None:
+        new = update.logprobs
+        return None if new is None else logprob_meta(self.tokenizer, self.req.logprob,
+                                                     new.input, new.output)
 
     def _final(self, finished: Finished) -> dict:
         self.finished = True
@@ -92,7 +105,8 @@ class RequestStream:
             update = await self._next()
             if update.finished is not None:
                 out = self._final(update.finished)
-                yield StreamDelta(out["text"][len(self._sent_text):], update.new_ids, out)
+                yield StreamDelta(out["text"][len(self._sent_text):], update.new_ids,
+                                  self._logprobs(update), out)
                 return
             text = self.tokenizer.decode(
                 self._output_ids, skip_special_tokens=self.req.sampling_params.skip_special_tokens
@@ -100,4 +114,4 @@ class RequestStream:
             text = text[: max(len(text) - self._holdback, 0)]
             delta = text[len(self._sent_text):] if text.startswith(self._sent_text) else ""
             self._sent_text += delta
-            yield StreamDelta(delta, update.new_ids)
+            yield StreamDelta(delta, update.new_ids, self._logprobs(update))

@@ -22,7 +22,7 @@ from multiprocessing.connection import Connection
 
 import torch
 
-from sglang_aux.srt.managers.io_struct import EngineSpec, Finished, RequestOut
+from sglang_aux.srt.managers.io_struct import EngineSpec, Finished, NewLogprobs, RequestOut
 from sglang_aux.srt.managers.schedule_batch import Req
 from sglang_aux.srt.managers.scheduler_info import engine_info
 from sglang_aux.srt.managers.server_metrics import StepThroughput
@@ -73,6 +73,7 @@ def engine_spec(engine: ServingEngine) -> EngineSpec:
 class _Live:
     req: Req
     sent: int = 0  # output tokens sent so far
+    prompt_logprobs_sent: bool = False
 
 
 class SchedulerLoop:
@@ -155,6 +156,12 @@ class SchedulerLoop:
         if live is None:  # aborted earlier
             return
         new_ids = req.output_ids[live.sent:]
+        logprobs = None
+        if req.logprob is not None:
+            # the prompt's entries exist once its prefill has run: before any output token
+            prompt = [] if live.prompt_logprobs_sent else req.input_logprobs
+            live.prompt_logprobs_sent |= bool(prompt)
+            logprobs = NewLogprobs(prompt, req.output_logprobs[live.sent:])
         live.sent = len(req.output_ids)
         self._emitted += len(new_ids)
         finished = None
@@ -164,4 +171,4 @@ class SchedulerLoop:
                 self.outputs.send(("failed", [req.rid], req.finished_reason["message"]))
                 return
             finished = Finished.of(req)
-        self._updates.append((req.rid, new_ids, finished))
+        self._updates.append((req.rid, new_ids, logprobs, finished))

@@ -251,7 +251,7 @@ class TokenizerManager:
 
     def _on_step(self, updates: list[RequestOut]) -> None:
         outbox: dict[asyncio.AbstractEventLoop, list[tuple[RequestStream, RequestUpdate]]] = {}
-        for rid, new_ids, finished in updates:
+        for rid, new_ids, logprobs, finished in updates:
             live = self._live.get(rid)
             if live is None:  # aborted meanwhile
                 continue
@@ -267,7 +267,7 @@ class TokenizerManager:
                              len(live.req.origin_input_ids), live.received,
                              finished.finished_reason, time.perf_counter() - live.start)
             outbox.setdefault(live.loop, []).append(
-                (live.stream, RequestUpdate(new_ids, finished)))
+                (live.stream, RequestUpdate(new_ids, finished, logprobs=logprobs)))
         for loop, batch in outbox.items():
             _post(loop, _put_all, batch)
 

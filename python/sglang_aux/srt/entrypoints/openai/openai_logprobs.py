@@ -6,13 +6,15 @@ from __future__ import annotations
 from sglang_aux.srt.model_loader.tokenizer import Tokenizer
 
 
-def completion_logprobs(tokenizer: Tokenizer, meta: dict, with_prompt: bool) -> dict:
+def completion_logprobs(tokenizer: Tokenizer, meta: dict, with_prompt: bool,
+                        offset: int = 0) -> dict:
     """`{tokens, token_logprobs, top_logprobs, text_offset}`: the prompt's entries first when
     `with_prompt` (echo), the first of them null as it has nothing before it. Each
     top_logprobs dict holds the top-n and the chosen token (OpenAI: up to n + 1 entries);
     tokens with the same text (pieces of multi-byte characters) keep the likeliest's value.
-    text_offset counts characters of the choice's text, adding each token's own text (a
-    piece of a multi-byte character counts as one U+FFFD)."""
+    text_offset counts characters of the choice's text from `offset` (where a streamed
+    chunk's tokens start), adding each token's own text (a piece of a multi-byte character
+    counts as one U+FFFD)."""
     rows = list(meta["output_token_logprobs"])
     tops = list(meta.get("output_top_logprobs") or [None] * len(rows))
     if with_prompt:
@@ -20,7 +22,6 @@ def completion_logprobs(tokenizer: Tokenizer, meta: dict, with_prompt: bool) -> 
         tops = list(meta.get("input_top_logprobs") or [None] * len(meta["input_token_logprobs"])
                     ) + tops
     tokens, values, top_dicts, offsets = [], [], [], []
-    offset = 0
     for (value, token_id, _), top in zip(rows, tops, strict=True):
         text = tokenizer.token_text(token_id)
         tokens.append(text)

@@ -102,15 +102,16 @@ async def create_chat_completion(server: TokenizerManager, body: ChatCompletionR
                 out.append({**head_chunk, "choices": [
                     {"index": index, "delta": {"role": "assistant", "content": ""},
                      "finish_reason": None}]})
-            if delta.text:
+            pieces = logprobs(delta.logprobs)  # None unless the request asks for them
+            if delta.text or (pieces is not None and pieces["content"]):
+                # the logprobs of the tokens this delta brings (their text may come later)
                 out.append({**head_chunk, "choices": [
-                    {"index": index, "delta": {"content": delta.text}, "finish_reason": None}]})
+                    {"index": index, "delta": {"content": delta.text}, "logprobs": pieces,
+                     "finish_reason": None}]})
             if delta.output is not None:
                 meta = delta.output["meta_info"]
-                # the logprobs of all the choice's tokens come with its end (the native
-                # entries arrive with the last update)
                 out.append({**head_chunk, "choices": [
-                    {"index": index, "delta": {}, "logprobs": logprobs(meta),
+                    {"index": index, "delta": {}, "logprobs": None,
                      "finish_reason": finish_reason(meta["finish_reason"])}]})
                 if body.include_usage and last_final(delta, finals, len(streams)):
                     out.append({**head_chunk, "choices": [], "usage": total_usage(
