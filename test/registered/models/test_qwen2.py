@@ -11,7 +11,7 @@ import torch
 
 from sglang_aux.srt.entrypoints.engine import Engine
 from sglang_aux.srt.layers.aux_hidden_states import SupportsSharedAuxHiddenStates
-from sglang_aux.srt.model_executor.model_runner_components.misc_utils import (
+from sglang_aux.srt.model_executor.aux_storage import (
     resolve_aux_hidden_states_width,
 )
 from sglang_aux.srt.model_loader.weight_utils import init_random_weights

@@ -28,7 +28,7 @@ most of the GPU idle. They touch disjoint memory: the prefill writes only the ar
 sampling parameters, slots and draft context, and reads cached prefix slots that no forward
 writes again; the decode step writes only the running requests'; admission's slot and row
 writes are issued before the side stream starts; and the prefill graphs then keep their own
-aux storage and graph pool (`ModelRunner.init_prefill_graphs`).
+aux rows and graph pool (`ModelRunner.init_forwards`, `aux_storage.aux_rows`).
 
 With mixed steps (`--enable-mixed-chunk`, SGLang's flag) arrivals that fit a mixed forward
 (`mixed_limits`) are not prefilled in a step of their own: one MIXED forward runs the running

@@ -8,13 +8,14 @@ from sglang_aux.srt.configs.model_config import ModelConfig
 from sglang_aux.srt.managers.pending_step import PendingStep
 from sglang_aux.srt.managers.schedule_batch import (
     Req,
-    build_extend_batch,
-    build_mixed_batch,
-    build_step_batch,
+    extend_inputs,
+    mixed_inputs,
+    step_inputs,
 )
 from sglang_aux.srt.managers.step_logprobs import StepLogprobs, packed_prefill
 from sglang_aux.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardMode
 from sglang_aux.srt.model_executor.model_runner import ModelRunner
+from sglang_aux.srt.model_executor.runner.forward_parts import ForwardParts
 from sglang_aux.srt.model_executor.runner.step_prologue import StepPrologue
 from sglang_aux.srt.model_executor.runner_utils.host_transfer import HostReadback, PendingRows
 from sglang_aux.srt.sampling.penalties import PenaltyRows, sample_next_tokens
@@ -28,7 +29,7 @@ class TpModelWorker:
     appends them and decides when a request ends.
 
     A decode step issues no per-request device work: one input copy, the rows
-    (`build_step_batch`; a graph derives the rest in its prologue from the rows' device
+    (`step_inputs`; a graph derives the rest in its prologue from the rows' device
     state), the forward (a graph replay when one fits), sampling on the device, the rows'
     state advanced on the device, one readback queued. A prefill likewise: one input copy, a
     prefill graph when one fits, sampling, the rows' state set, one readback.
@@ -40,11 +41,11 @@ class TpModelWorker:
                  model_runner: ModelRunner | None = None):
         self.model_runner = runner = model_runner or ModelRunner(model_config, server_args)
         prologue = StepPrologue()
-        runner.init_decode_graphs(ForwardMode.DECODE, captured_req_width=1,
-                                  step_prologue=prologue)
-        runner.init_prefill_graphs()
+        forwards = [ForwardParts(ForwardMode.DECODE, 1, prologue),
+                    ForwardParts(ForwardMode.EXTEND)]
         if server_args.enable_mixed_chunk:
-            runner.init_mixed_graphs(1, prologue)
+            forwards.append(ForwardParts(ForwardMode.MIXED, 1, prologue))
+        runner.init_forwards(*forwards)
         self.sampling_rows = SamplingRows(server_args.max_running_requests,
                                           model_config.hf_config.vocab_size, runner.device)
         self.penalty_rows = PenaltyRows(server_args.max_running_requests,
@@ -60,10 +61,10 @@ class TpModelWorker:
 
     def prefill(self, reqs: list[Req]) -> PendingStep:
         self._write_rows(reqs)
-        fb = build_extend_batch(self.model_runner, reqs)
         logprobs = StepLogprobs.of(reqs, prefill=True)
-        if logprobs is not None and logprobs.needs_hidden:
-            fb.capture_hidden_mode = CaptureHiddenMode.FULL
+        hidden = CaptureHiddenMode.FULL if logprobs is not None and logprobs.needs_hidden \
+            else CaptureHiddenMode.NULL
+        fb = self.model_runner.prepare(extend_inputs(self.model_runner, reqs, hidden))
         out = self.model_runner.forward(fb)
         # the sampled token sits at position seq_len (= kv_len after the prefill)
         tokens = self._sample(out.next_token_logits, reqs, fb.req_pool_indices, fb.seq_lens)
@@ -73,7 +74,7 @@ class TpModelWorker:
             kv_growth=0, logprobs=logprobs)
 
     def decode(self, reqs: list[Req]) -> PendingStep:
-        fb = build_step_batch(self.model_runner, reqs, ForwardMode.DECODE, 1)
+        fb = self.model_runner.prepare(step_inputs(reqs, ForwardMode.DECODE, 1))
         logits = self.model_runner.forward(fb).next_token_logits
         tokens = self._sample(logits, reqs, fb.req_pool_indices, fb.seq_lens)
         self.model_runner.req_to_token_pool.advance_rows(fb.req_pool_indices, 1, tokens)
@@ -87,7 +88,7 @@ class TpModelWorker:
         readback: the two steps it returns share it."""
         runner, bs, n = self.model_runner, len(reqs), len(arrivals)
         self._write_rows(arrivals)
-        fb = build_mixed_batch(runner, reqs, arrivals)
+        fb = runner.prepare(mixed_inputs(runner, reqs, arrivals, 1))
         logits = runner.forward(fb).next_token_logits[: bs + n]  # step rows, then arrivals
         sb = fb.mixed_step_bs
         rows = torch.cat([fb.req_pool_indices[:bs], fb.req_pool_indices[sb : sb + n]])
