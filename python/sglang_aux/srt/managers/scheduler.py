@@ -60,7 +60,7 @@ logger = logging.getLogger(__name__)
 
 
 class Worker(Protocol):
-    tokens_per_step: int  # most tokens one decode step can add to a request
+    tokens_per_req: int  # most tokens one decode step can add to a request
 
     # per-request work once its row and KV are reserved; raising fails that request alone
     def admit(self, req: Req, eos_token_ids: set[int]) -> None: ...
@@ -88,8 +88,8 @@ class Scheduler:
         self.allocator = runner.token_to_kv_pool_allocator
         self.max_running_requests = max_running_requests
         self.context_len = context_len
-        self.finish = FinishCheck(tokenizer, eos_token_ids, context_len, worker.tokens_per_step)
-        self.limits = RequestLimits(context_len, worker.tokens_per_step, self.allocator.size,
+        self.finish = FinishCheck(tokenizer, eos_token_ids, context_len, worker.tokens_per_req)
+        self.limits = RequestLimits(context_len, worker.tokens_per_req, self.allocator.size,
                                     overlap, context_len * tokenizer.max_chars_per_token)
         self.on_update = on_update
         self.overlap = overlap
@@ -300,7 +300,7 @@ class Scheduler:
     def _can_launch(self, req: Req) -> bool:
         """Whether a step fits what is known of `req`: its kv_len may have grown by the
         steps in flight, and the step's positions stay inside its slots and the context."""
-        end = req.kv_len + req.pending_tokens + self.worker.tokens_per_step
+        end = req.kv_len + req.pending_tokens + self.worker.tokens_per_req
         return end <= min(req.kv_reserved, self.context_len)
 
     def _complete(self, step: PendingStep) -> None:

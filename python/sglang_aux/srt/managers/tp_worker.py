@@ -35,16 +35,16 @@ class TpModelWorker:
     prefill graph when one fits, sampling, the rows' state set, one readback.
     """
 
-    tokens_per_step = 1
+    tokens_per_req = 1
 
     def __init__(self, model_config: ModelConfig, server_args: ServerArgs,
                  model_runner: ModelRunner | None = None):
         self.model_runner = runner = model_runner or ModelRunner(model_config, server_args)
         prologue = StepPrologue()
-        forwards = [ForwardParts(ForwardMode.DECODE, 1, prologue),
+        forwards = [ForwardParts(ForwardMode.DECODE, self.tokens_per_req, prologue),
                     ForwardParts(ForwardMode.EXTEND)]
         if server_args.enable_mixed_chunk:
-            forwards.append(ForwardParts(ForwardMode.MIXED, 1, prologue))
+            forwards.append(ForwardParts(ForwardMode.MIXED, self.tokens_per_req, prologue))
         runner.init_forwards(*forwards)
         self.sampling_rows = SamplingRows(server_args.max_running_requests,
                                           model_config.hf_config.vocab_size, runner.device)
@@ -74,7 +74,7 @@ class TpModelWorker:
             kv_growth=0, logprobs=logprobs)
 
     def decode(self, reqs: list[Req]) -> PendingStep:
-        fb = self.model_runner.prepare(step_inputs(reqs, ForwardMode.DECODE, 1))
+        fb = self.model_runner.prepare(step_inputs(reqs, ForwardMode.DECODE, self.tokens_per_req))
         logits = self.model_runner.forward(fb).next_token_logits
         tokens = self._sample(logits, reqs, fb.req_pool_indices, fb.seq_lens)
         self.model_runner.req_to_token_pool.advance_rows(fb.req_pool_indices, 1, tokens)
@@ -88,7 +88,7 @@ class TpModelWorker:
         readback: the two steps it returns share it."""
         runner, bs, n = self.model_runner, len(reqs), len(arrivals)
         self._write_rows(arrivals)
-        fb = runner.prepare(mixed_inputs(runner, reqs, arrivals, 1))
+        fb = runner.prepare(mixed_inputs(runner, reqs, arrivals, self.tokens_per_req))
         logits = runner.forward(fb).next_token_logits[: bs + n]  # step rows, then arrivals
         sb = fb.mixed_step_bs
         rows = torch.cat([fb.req_pool_indices[:bs], fb.req_pool_indices[sb : sb + n]])

@@ -95,7 +95,7 @@ class DFlashWorker:
         )
         self.block_size = b = server_args.speculative_num_draft_tokens or dc.block_size
         self.mask_token_id = dc.mask_token_id
-        self.tokens_per_step = b
+        self.tokens_per_req = b
         self.propose: Proposer = self._graph_proposals
         # Called after each step's aux rows (or streamed accumulator) are consumed (tests poison
         # the storage here).
