@@ -13,7 +13,9 @@ from torch import nn
 
 from sglang_aux.srt.configs.model_config import ModelConfig
 from sglang_aux.srt.layers.aux_hidden_states import SupportsSharedAuxHiddenStates
+from sglang_aux.srt.managers.schedule_batch import step_inputs
 from sglang_aux.srt.model_executor.forward_batch_info import ForwardMode
+from sglang_aux.srt.model_executor.runner.epilogue import Epilogue
 from sglang_aux.srt.model_executor.runner.forward_parts import ForwardParts
 from sglang_aux.srt.model_executor.runner.step_prologue import StepPrologue
 from sglang_aux.srt.model_executor.runner_utils.capture_sizes import get_capture_bs
@@ -185,6 +187,25 @@ def test_padded_rows_are_inert(ckpts):
     runner.forward(fb)
     assert runner.step_graphs.static[0].out_cache_loc[3 * BLOCK:].eq(0).all()
     assert torch.equal(pool.k_buffer[0][untouched], before), "padding wrote a live KV slot"
+
+
+def test_forward_parts_are_checked(ckpts):
+    with pytest.raises(ValueError, match="step prologue"):
+        ForwardParts(ForwardMode.TARGET_VERIFY, BLOCK)
+    with pytest.raises(ValueError, match="TARGET_VERIFY epilogue for EXTEND"):
+        ForwardParts(ForwardMode.EXTEND, epilogue=Epilogue(ForwardMode.TARGET_VERIFY,
+                                                           lambda fb, out: None))
+    runner = _dflash_runner(ckpts["tiny-k3"], K3_AUX, cuda_graph_bs_decode=[2])
+    with pytest.raises(ValueError, match="as many tokens per request as the step mode"):
+        runner.init_forwards(ForwardParts(ForwardMode.TARGET_VERIFY, BLOCK, StepPrologue()),
+                             ForwardParts(ForwardMode.MIXED, 2, StepPrologue()))
+    with pytest.raises(ValueError, match="TARGET_VERIFY forwards need tokens per request"):
+        runner.prepare(step_inputs([], ForwardMode.TARGET_VERIFY, BLOCK))  # none registered
+    _steps(runner)
+    with pytest.raises(RuntimeError, match="once"):
+        _steps(runner)
+    with pytest.raises(ValueError, match="needs requests"):
+        runner.prepare(step_inputs([], ForwardMode.TARGET_VERIFY, BLOCK))
 
 
 def test_capture_bs_defaults_follow_sglang():
