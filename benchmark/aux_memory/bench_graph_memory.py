@@ -12,8 +12,9 @@ allocator; within one, the same model, sizes and capture order. Paths:
   target projects every tapped aux state into the draft fc's fp32 accumulator, one
   `[max_num_token, H_draft]` buffer the runner owns for all sizes (theory: 4 * H_draft /
   (2 * K * H) of the shared bytes, 1/3 at K3 dims).
-Each path captures the DFlash worker's own TARGET_VERIFY graphs (model, draft-context commit and
-greedy acceptance; the worker is built with graphs off, outside the measured window).
+Each path captures the DFlash worker's own TARGET_VERIFY graphs (prologue, model, draft-context
+commit and greedy acceptance; the worker is built with graphs off, outside the measured window,
+then its target runner allocates its aux storage and captures inside it).
 Reported: the drop in free device memory across runner set-up + capture, the allocator's
 reserved and allocated deltas, retained aux bytes measured and theoretical.
 """
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import gc
 import json
 import subprocess
 import sys
@@ -30,9 +32,6 @@ import torch
 
 from sglang_aux.srt.configs.model_config import ModelConfig
 from sglang_aux.srt.configs.presets import PRESETS
-from sglang_aux.srt.forward_state.forward_batch_info import ForwardMode
-from sglang_aux.srt.model_executor.model_runner import make_graph_backend
-from sglang_aux.srt.model_executor.runner.decode_cuda_graph_runner import DecodeCudaGraphRunner
 from sglang_aux.srt.model_executor.runner_utils.capture_sizes import get_capture_bs
 from sglang_aux.srt.model_executor.runner_utils.memory_probe import MemoryProbe
 from sglang_aux.srt.server_args import ServerArgs
@@ -67,19 +66,20 @@ def run_one(a: argparse.Namespace, max_bs: int, path: str) -> dict:
     runner = worker.target_runner
     h, k = cfg.hf_config.hidden_size, len(runner.model.model.layers_to_capture)
     h_draft = worker.draft_runner.model.fc.out_features
+    # The runner's aux storage and verify graphs are set up again, inside the window: its
+    # forwards registered anew, now with graphs on.
+    runner.aux_storage, runner.forwards = None, {}
+    gc.collect()
     probe = MemoryProbe(a.device)
-    sizes = get_capture_bs(max_bs=max_bs, speculative=True, override=None)
-    gr = DecodeCudaGraphRunner(runner, forward_mode=ForwardMode.TARGET_VERIFY,
-                               captured_req_width=a.block, capture_bs=sizes,
-                               backend=make_graph_backend(runner.device),
-                               epilogue=worker.verify_epilogue,
-                               streamed_aux=worker.verify_streamed_aux)
-    gr.capture()
+    runner.server_args.disable_decode_cuda_graph = False
+    runner.init_forwards(worker.verify_parts)
+    gr, storage = runner.step_graphs, runner.aux_storage
     total = probe.delta()
-    outs = [o.aux_hidden_states for o in gr.outputs.values() if o.aux_hidden_states is not None]
+    sizes = [x.step_bs for x in gr.layouts]
+    assert sizes == get_capture_bs(max_bs=max_bs, speculative=True, override=None)
+    outs = [o.aux_hidden_states for o in gr.outputs if o.aux_hidden_states is not None]
     storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in outs}
-    owned = [t for t in (gr.buffers.aux_hidden_states, gr.buffers.aux_projection_acc)
-             if t is not None]  # the shared buffer or the streamed accumulator
+    owned = [] if storage is None else [storage.buffer]  # the shared buffer or the accumulator
     retained = {**storages, **{t.untyped_storage().data_ptr(): t.untyped_storage().nbytes()
                                for t in owned}}
     elt = torch.empty((), dtype=cfg.dtype).element_size()
@@ -89,7 +89,8 @@ def run_one(a: argparse.Namespace, max_bs: int, path: str) -> dict:
         theory = max(sizes) * a.block * k * h * elt
     else:
         theory = sum(sizes) * a.block * k * h * elt
-    assert gr.buffers.aux_path == path, (gr.buffers.aux_path, path)
+    aux_path = "per-graph" if storage is None else storage.path
+    assert aux_path == path, (aux_path, path)
     return {
         "model": a.model_path or a.preset, "max_bs": max_bs, "path": path, "block": a.block,
         "num_aux": k, "hidden": h, "hidden_draft": h_draft, "num_sizes": len(sizes),

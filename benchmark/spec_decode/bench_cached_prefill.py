@@ -23,7 +23,7 @@ import statistics
 import torch
 
 from sglang_aux.srt.entrypoints.engine import Engine
-from sglang_aux.srt.managers.schedule_batch import build_extend_batch
+from sglang_aux.srt.managers.schedule_batch import extend_inputs
 
 
 def gpu_ms(fn, iters: int) -> float:
@@ -70,20 +70,19 @@ def measure(engine: Engine, name: str, a: argparse.Namespace) -> list[dict]:
         for r in reqs:
             if not sched._take_kv(r):
                 raise RuntimeError("the KV pool is too small for the benchmark")
-        fb = build_extend_batch(runner, reqs)
+        fb = runner.prepare(extend_inputs(runner, reqs))
         if fb.extend_prefix_lens_cpu != [a.prefix] * width:
             raise RuntimeError(f"prefix not cached: {fb.extend_prefix_lens_cpu}")
-        graph = runner.prefill_graph_runner is not None and \
-            runner.prefill_graph_runner.can_run_graph(fb)
+        graph = fb.prepared_graph is not None
         row = {"engine": name, "width": width, "new_tokens": fb.num_tokens, "graph": graph,
                "prefill_ms": round(gpu_ms(lambda fb=fb: runner.forward(fb), a.iters), 4)}
         row["fb"] = fb
         if a.kernels and width == 1:
             row["kernels"] = kernel_table(lambda fb=fb: runner.forward(fb), a.kernels)
         rows.append(row)
-    gr = runner.graph_runner
-    bs = max(gr.capture_bs)
-    step = round(gpu_ms(lambda: gr.backend.replay(gr.graphs[bs]), a.iters), 4)
+    gr = runner.step_graphs
+    bs = gr.layouts[-1].step_bs
+    step = round(gpu_ms(lambda: gr.backend.replay(gr.graphs[-1]), a.iters), 4)
     side = torch.cuda.Stream()
 
     def beside(fb) -> None:
@@ -91,14 +90,14 @@ def measure(engine: Engine, name: str, a: argparse.Namespace) -> list[dict]:
         side.wait_stream(main)
         with torch.cuda.stream(side):
             runner.forward(fb)
-        gr.backend.replay(gr.graphs[bs])
+        gr.backend.replay(gr.graphs[-1])
         main.wait_stream(side)
 
     for r in rows:
         fb = r.pop("fb")
-        r.update({"step_graph": gr.forward_mode.name, "step_bs": bs, "step_ms": step,
+        r.update({"step_graph": gr.mode.name, "step_bs": bs, "step_ms": step,
                   "seq_ms": round(gpu_ms(lambda fb=fb: (runner.forward(fb),
-                                                        gr.backend.replay(gr.graphs[bs])),
+                                                        gr.backend.replay(gr.graphs[-1])),
                                          a.iters), 4),
                   "side_ms": round(gpu_ms(lambda fb=fb: beside(fb), a.iters), 4)})
     return rows

@@ -22,30 +22,32 @@ import torch
 from bench_cached_prefill import kernel_table, print_kernel_table  # script folder on sys.path
 
 from sglang_aux.srt.entrypoints.engine import Engine
+from sglang_aux.srt.model_executor.runner.forward_layout import ForwardInputs
 
 
 def _runner_and_graphs(engine: Engine, verify: bool):
     worker = engine.worker
     runner = worker.target_runner if verify else worker.model_runner
-    return runner, runner.graph_runner
+    return runner, runner.step_graphs
 
 
-def _load_live_inputs(runner, graph_runner, bs: int, context: int) -> None:
-    """Point the static buffers of size `bs` at `bs` requests of `context` cached tokens."""
-    b, w = graph_runner.buffers, graph_runner.captured_req_width
+def _load_live_inputs(runner, graph_runner, i: int, context: int) -> None:
+    """Point graph `i` (a step of `bs` requests) at `bs` request rows of `context` cached
+    tokens: their rows in its input buffer, their device kv_len and last token set, so its
+    prologue derives a step at the end of a real context."""
+    layout = graph_runner.layouts[i]
+    bs, w = layout.step_bs, layout.tokens_per_req
     rows = torch.arange(1, bs + 1, device=runner.device)
-    table = runner.req_to_token_pool.req_to_token
+    pool = runner.req_to_token_pool
     slots = 1 + torch.arange(bs * (context + w), device=runner.device).view(bs, context + w)
     if slots.max() > runner.token_to_kv_pool_allocator.size:
         raise ValueError(f"{bs} x {context + w} slots exceed the KV pool")
-    table[rows, : context + w] = slots.to(table.dtype)
-    b.req_pool_indices[:bs].copy_(rows)
-    b.seq_lens[:bs].fill_(context + w)
-    b.seq_lens_cpu[:bs].fill_(context + w)
-    pos = context + torch.arange(w, device=runner.device).repeat(bs)
-    b.positions[: bs * w].copy_(pos)
-    b.out_cache_loc[: bs * w].copy_(slots[:, context:].reshape(-1))
-    b.input_ids[: bs * w].random_(0, runner.model_config.hf_config.vocab_size)
+    pool.req_to_token[rows, : context + w] = slots.to(pool.req_to_token.dtype)
+    vocab = runner.model_config.hf_config.vocab_size
+    pool.set_rows(rows, torch.full((bs,), context, device=runner.device),
+                  torch.randint(0, vocab, (bs,), device=runner.device))
+    graph_runner.prepare(i, ForwardInputs(layout.mode, step_rows=rows.tolist(),
+                                          step_kv_bounds=[context] * bs))
 
 
 def replay_ms(backend, handle, iters: int, cuda: bool) -> float:
@@ -70,13 +72,14 @@ def replay_ms(backend, handle, iters: int, cuda: bool) -> float:
     return statistics.median(times)
 
 
-def _kernels(runner, graph_runner, bs: int) -> int | None:
-    """GPU kernels of one eager forward of the captured batch of size `bs`."""
+def _kernels(runner, graph_runner, i: int) -> int | None:
+    """GPU kernels of one eager forward of graph `i`'s static batch (as its last replay left
+    it)."""
     if runner.device.type != "cuda":
         return None
     from torch.profiler import ProfilerActivity, profile
 
-    fb = graph_runner.forward_batches[bs]
+    fb = graph_runner.static[i]
     runner.attn_backend.init_forward_metadata_replay_cuda_graph(fb)
     runner.model.forward(fb.input_ids, fb.positions, fb)  # warm (Triton compiles)
     torch.cuda.synchronize()
@@ -98,15 +101,16 @@ def measure(preset: str, verify: bool, sizes: list[int], args) -> list[dict]:
     layers = runner.model_config.num_layers
     rows = []
     for bs in sizes:
-        _load_live_inputs(runner, gr, bs, args.context)
-        ms = replay_ms(gr.backend, gr.graphs[bs], args.iters, runner.device.type == "cuda")
-        kernels = _kernels(runner, gr, bs)
-        row = {"preset": preset, "graph": gr.forward_mode.name, "bs": bs,
-               "tokens_per_req": gr.captured_req_width, "context": args.context,
+        i = next(i for i, x in enumerate(gr.layouts) if x.step_bs == bs)
+        _load_live_inputs(runner, gr, i, args.context)
+        ms = replay_ms(gr.backend, gr.graphs[i], args.iters, runner.device.type == "cuda")
+        kernels = _kernels(runner, gr, i)
+        row = {"preset": preset, "graph": gr.mode.name, "bs": bs,
+               "tokens_per_req": gr.layouts[i].tokens_per_req, "context": args.context,
                "replay_ms": ms, "kernels": kernels, "layers": layers,
                "kernels_per_layer": None if kernels is None else kernels / layers}
         if args.kernel_table and runner.device.type == "cuda":
-            row["kernel_table"] = kernel_table(lambda bs=bs: gr.backend.replay(gr.graphs[bs]),
+            row["kernel_table"] = kernel_table(lambda i=i: gr.backend.replay(gr.graphs[i]),
                                                args.kernel_table)
         rows.append(row)
     del engine

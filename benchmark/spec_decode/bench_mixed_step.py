@@ -6,7 +6,7 @@ Random-weight SmolLM2-shaped target (and draft), bf16, `--enable-mixed-chunk`: `
 requests and `width` arrivals, each a cached `--prefix`-token prompt plus `--new` tokens (the
 harness's traffic). CUDA-event ms (median of `--iters`) of: the step graph alone (DECODE or
 TARGET_VERIFY at `--bs`), the arrivals' prefill graph, the two back to back, and the mixed
-graph that does both in one forward (replay only, and `prepare_mixed` + the replay through
+graph that does both in one forward (replay only, and `ModelRunner.prepare` + the replay through
 `ModelRunner.forward`: a launch's one input copy added); with a kernel table of the mixed
 replay.
 """
@@ -20,7 +20,9 @@ import torch
 from bench_cached_prefill import gpu_ms, kernel_table, print_kernel_table  # script folder
 
 from sglang_aux.srt.entrypoints.engine import Engine
-from sglang_aux.srt.managers.schedule_batch import build_extend_batch, mixed_host_inputs
+from sglang_aux.srt.forward_state.forward_batch_info import ForwardMode
+from sglang_aux.srt.managers.schedule_batch import extend_inputs, mixed_inputs
+from sglang_aux.srt.model_executor.runner.forward_layout import ForwardLayout
 
 
 def measure(engine: Engine, name: str, a: argparse.Namespace) -> list[dict]:
@@ -44,25 +46,29 @@ def measure(engine: Engine, name: str, a: argparse.Namespace) -> list[dict]:
         for r, toks in zip(running[i:i + 4], worker.prefill(running[i:i + 4]).tokens(),
                            strict=True):
             r.output_ids += toks
-    gr, mg = runner.graph_runner, runner.mixed_graph_runner
-    step = lambda: gr.backend.replay(gr.graphs[a.bs])  # noqa: E731
+    gr, mg = runner.step_graphs, runner.graph_runners.get(ForwardMode.MIXED)
+    step_i = next(i for i, x in enumerate(gr.layouts) if x.step_bs == a.bs)
+    step = lambda: gr.backend.replay(gr.graphs[step_i])  # noqa: E731
     step_ms = gpu_ms(step, a.iters)
     rows = []
     for n in a.widths:
         arrivals = admitted(n)
         kv = [r.kv_len for r in arrivals]
-        prefill_fb = build_extend_batch(runner, arrivals)
+        prefill_fb = runner.prepare(extend_inputs(runner, arrivals))
         for r, k in zip(arrivals, kv, strict=True):
             r.kv_len = k
-        host = mixed_host_inputs(runner, running, arrivals)  # what build_mixed_batch sends
-        if not mg.has_layout(host.layout):
+        width = gr.layouts[0].tokens_per_req
+        inputs = mixed_inputs(runner, running, arrivals, width)  # what a mixed step sends
+        key = mg.fit(ForwardLayout.of(inputs, width))
+        if key is None:
             raise RuntimeError("no mixed graph fits the benchmark's batch")
-        key = (host.layout.step_bs, host.layout.arrival_tokens)
-        launch = lambda host=host: runner.forward(mg.prepare_mixed(host))  # noqa: E731
+        launch = lambda inputs=inputs: runner.forward(runner.prepare(inputs))  # noqa: E731
         launch()  # the static inputs hold the batch: a bare replay reruns it
         replay = lambda key=key: mg.backend.replay(mg.graphs[key])  # noqa: E731
-        row = {"engine": name, "step_graph": gr.forward_mode.name, "bs": a.bs, "arrivals": n,
-               "arrival_tokens": prefill_fb.num_tokens, "mixed_graph": list(key),
+        layout = mg.layouts[key]
+        row = {"engine": name, "step_graph": gr.mode.name, "bs": a.bs, "arrivals": n,
+               "arrival_tokens": prefill_fb.num_tokens,
+               "mixed_graph": [layout.step_bs, layout.arrival_tokens],
                "step_ms": round(step_ms, 4),
                "prefill_ms": round(gpu_ms(lambda fb=prefill_fb: runner.forward(fb), a.iters), 4),
                "step_then_prefill_ms": round(gpu_ms(

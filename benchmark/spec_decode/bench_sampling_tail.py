@@ -85,13 +85,13 @@ def _sorted_tails(worker, iters: int, cuda: bool) -> dict[str, object]:
     dflash_worker.sampling_probs = sorted_sampling_probs
     try:
         for runner in (worker.draft_runner, worker.target_runner):
-            gr = runner.graph_runner
-            new_tails = dict(gr.sampling_graphs)  # alive: the sorted capture's memory is its own
-            stats = gr._capture_sampling_tails(gr.epilogue.sampling_fn)
-            result[gr.forward_mode.name] = {
+            gr = runner.step_graphs
+            new_tails = list(gr.sampling_graphs)  # alive: the sorted capture's memory is its own
+            stats = gr._capture_sampling_tails(gr.parts.epilogue.sampling_fn)
+            result[gr.mode.name] = {
                 "tail_free_memory_drop_bytes": stats["free_memory_drop_bytes"],
-                "tail_ms": {bs: replay_ms(gr.backend, gr.sampling_graphs[bs], iters, cuda)
-                            for bs in gr.capture_bs}}
+                "tail_ms": {x.step_bs: replay_ms(gr.backend, tail, iters, cuda)
+                            for x, tail in zip(gr.layouts, gr.sampling_graphs, strict=True)}}
             gr.sampling_graphs = new_tails
     finally:
         dflash_worker.sampling_probs = sampling_probs
@@ -116,22 +116,21 @@ def main() -> None:
     probs = worker._draft_probs
     rows, memory = [], {"draft_probs_bytes": probs.numel() * probs.element_size()}
     for runner in (worker.draft_runner, worker.target_runner):
-        gr = runner.graph_runner
+        gr = runner.step_graphs
         stats = gr.capture_stats
-        mode = gr.forward_mode.name
+        mode = gr.mode.name
         memory[mode] = {"main_free_memory_drop_bytes": stats["free_memory_drop_bytes"],
                         "tail_free_memory_drop_bytes":
                             stats["sampling_tail"]["free_memory_drop_bytes"],
                         "tail_capture_s": stats["sampling_tail"]["seconds"]}
-        for bs in gr.capture_bs:
-            rows.append({"graph": mode, "bs": bs, "tokens": bs * gr.captured_req_width,
-                         "main_ms": replay_ms(gr.backend, gr.graphs[bs], args.iters, cuda),
-                         "tail_ms": replay_ms(gr.backend, gr.sampling_graphs[bs], args.iters,
-                                              cuda)})
+        for x, graph, tail in zip(gr.layouts, gr.graphs, gr.sampling_graphs, strict=True):
+            rows.append({"graph": mode, "bs": x.step_bs, "tokens": x.num_tokens,
+                         "main_ms": replay_ms(gr.backend, graph, args.iters, cuda),
+                         "tail_ms": replay_ms(gr.backend, tail, args.iters, cuda)})
     old = _sorted_tails(worker, args.iters, cuda)
     for r in rows:
         r["sorted_tail_ms"] = old[r["graph"]]["tail_ms"][r["bs"]]
-    alone = [_probs_alone(worker.target_runner.graph_runner.backend, bs * width, vocab,
+    alone = [_probs_alone(worker.target_runner.step_graphs.backend, bs * width, vocab,
                           args.iters) for bs in args.bs
              for width in (worker.block_size - 1, worker.block_size)] if cuda else []
     mib = 2.0**-20

@@ -37,7 +37,7 @@ def instrument(engine: Engine) -> tuple[list, list]:
     worker = engine.worker
     draft = getattr(worker, "draft_runner", None)  # DFlash only
     for runner in [worker.model_runner, *([draft] if draft is not None else [])]:
-        backend = runner.graph_runner.backend
+        backend = runner.step_graphs.backend
         replay = backend.replay
 
         def timed(handle, replay=replay):

@@ -38,8 +38,7 @@ def launch_ops(runner: ModelRunner) -> Iterator[list[str]]:
     a replay of the runner's graphs."""
     ops: list[str] = []
     recorder = _Recorder(runner.device, ops)
-    graphs = [g for g in (runner.graph_runner, runner.prefill_graph_runner,
-                          runner.mixed_graph_runner) if g is not None]
+    graphs = runner.graph_runners.values()
     backends = list({id(g.backend): g.backend for g in graphs}.values())
 
     def paused(replay):

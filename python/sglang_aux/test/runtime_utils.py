@@ -8,13 +8,19 @@ from typing import TYPE_CHECKING
 import torch
 
 from sglang_aux.srt.configs.model_config import ModelConfig
-from sglang_aux.srt.forward_state.forward_batch_info import ForwardBatch, ForwardMode
+from sglang_aux.srt.forward_state.forward_batch_info import (
+    CaptureHiddenMode,
+    ForwardBatch,
+    ForwardMode,
+)
 from sglang_aux.srt.managers.schedule_batch import (
     Req,
-    build_extend_batch,
     build_fixed_batch,
+    extend_inputs,
+    publish_rows,
     release_kv,
     reserve_kv,
+    step_inputs,
 )
 from sglang_aux.srt.model_executor.model_runner import ModelRunner
 from sglang_aux.srt.model_loader.preset_checkpoint import write_checkpoint
@@ -55,18 +61,18 @@ def new_requests(runner: ModelRunner, lens: list[int], seed: int) -> list[Req]:
 
 def extend_batch(runner: ModelRunner, prompts: list[list[int]]) -> tuple[list[Req], ForwardBatch]:
     """New requests for `prompts` with their slots allocated, and their EXTEND batch (not run;
-    the attention backend is ready for an eager forward)."""
+    eager, a FULL capture: no graph takes it; the attention backend is ready for it)."""
     reqs = [Req(f"r{i}", list(ids), SamplingParams()) for i, ids in enumerate(prompts)]
     for req in reqs:
         req.req_pool_idx = runner.req_to_token_pool.alloc()
-    fb = build_extend_batch(runner, reqs)
+    fb = runner.prepare(extend_inputs(runner, reqs, CaptureHiddenMode.FULL))
     runner.attn_backend.init_forward_metadata(fb)
     return reqs, fb
 
 
 def prefill(runner: ModelRunner, prompts: list[list[int]]):
-    """Requests for `prompts`, prefilled eagerly into the runner's KV; returns them and the
-    prefill output (last-token logits per request)."""
+    """Requests for `prompts`, prefilled eagerly into the runner's KV (the model alone: no
+    epilogue); returns them and the prefill output (last-token logits per request)."""
     reqs, fb = extend_batch(runner, prompts)
     return reqs, eager_forward(runner, fb)
 
@@ -99,6 +105,16 @@ def fixed_batch(runner: ModelRunner, reqs: list[Req], mode: ForwardMode, width: 
         r.kv_len += width
     ids = torch.randint(0, vocab, (len(reqs) * width,), generator=g).tolist()
     return build_fixed_batch(runner, reqs, mode, ids, locs, starts)
+
+
+def step_batch(runner: ModelRunner, reqs: list[Req], mode: ForwardMode,
+               tokens_per_req: int) -> ForwardBatch:
+    """The runner's `mode` step of `reqs` (a graph's when one fits), their slots reserved and
+    their device rows set from the host (`publish_rows`); not run."""
+    for r in reqs:
+        reserve_kv(runner, r, r.kv_len + tokens_per_req)
+    publish_rows(runner, reqs)
+    return runner.prepare(step_inputs(reqs, mode, tokens_per_req))
 
 
 def eager_forward(runner: ModelRunner, fb: ForwardBatch):
@@ -142,9 +158,8 @@ def cached_kv_error(engine: Engine, tokens: list[int]) -> float:
     runner = worker.model_runner
     cached = engine.scheduler.tree_cache.match_prefix(tokens).slots
     assert cached.numel() == len(tokens), "not all of it is cached"
-    fresh = Req("check", tokens, SamplingParams())
-    fresh.req_pool_idx = runner.req_to_token_pool.alloc()
-    fb = build_extend_batch(runner, [fresh])
+    fresh, fb = extend_batch(runner, [tokens])
+    fresh = fresh[0]
     out = eager_forward(runner, fb)
     pools = [runner.token_to_kv_pool]
     if hasattr(worker, "draft_runner"):

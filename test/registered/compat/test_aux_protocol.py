@@ -12,14 +12,18 @@ from torch import nn
 from sglang_aux.srt.configs.model_config import ModelConfig
 from sglang_aux.srt.configs.speculative_algorithm import SpeculativeAlgorithm
 from sglang_aux.srt.forward_state.forward_batch_info import ForwardMode
-from sglang_aux.srt.layers.aux_hidden_states import resolve_aux_hidden_states_width
+from sglang_aux.srt.model_executor.runner.forward_parts import ForwardParts
+from sglang_aux.srt.model_executor.runner.step_prologue import StepPrologue
+from sglang_aux.srt.model_executor.runner_utils.aux_storage import (
+    resolve_aux_hidden_states_width,
+)
 from sglang_aux.srt.model_loader.loader import get_model
 from sglang_aux.test.ci.ci_register import register_cpu_ci
 from sglang_aux.test.runtime_utils import (
     eager_forward,
-    fixed_batch,
     make_runner,
     prefill_random,
+    step_batch,
     tiny_checkpoint,
 )
 
@@ -74,12 +78,13 @@ def _runner(ckpt: str, wrapper: type[Wrapped]):
 def test_either_spelling_shares_the_aux_buffer(ckpt, wrapper):
     runner = _runner(ckpt, wrapper)
     assert runner.get_aux_hidden_states_width() == len(AUX) * HIDDEN
-    runner.init_decode_graphs(ForwardMode.TARGET_VERIFY, BLOCK)
-    shared = runner.graph_runner.buffers.aux_hidden_states
-    assert shared is not None and shared.shape[1] == len(AUX) * HIDDEN
-    fb = fixed_batch(runner, prefill_random(runner, [5, 8, 6]), ForwardMode.TARGET_VERIFY,
-                     BLOCK)
-    replayed = runner.graph_runner.execute(fb).aux_hidden_states
+    runner.init_forwards(ForwardParts(ForwardMode.TARGET_VERIFY, BLOCK, StepPrologue()))
+    shared = runner.aux_storage.buffer
+    assert shared.shape[1] == len(AUX) * HIDDEN
+    fb = step_batch(runner, prefill_random(runner, [5, 8, 6]), ForwardMode.TARGET_VERIFY,
+                    BLOCK)
+    assert fb.prepared_graph is not None
+    replayed = runner.forward(fb).aux_hidden_states
     assert replayed.untyped_storage().data_ptr() == shared.untyped_storage().data_ptr()
     torch.testing.assert_close(replayed.clone(), eager_forward(runner, fb).aux_hidden_states)
 
@@ -87,8 +92,8 @@ def test_either_spelling_shares_the_aux_buffer(ckpt, wrapper):
 def test_neither_spelling_keeps_the_list_path(ckpt):
     runner = _runner(ckpt, Wrapped)
     assert runner.get_aux_hidden_states_width() == 0
-    runner.init_decode_graphs(ForwardMode.TARGET_VERIFY, BLOCK)
-    assert runner.graph_runner.buffers.aux_hidden_states is None
+    runner.init_forwards(ForwardParts(ForwardMode.TARGET_VERIFY, BLOCK, StepPrologue()))
+    assert runner.aux_storage is None
 
 
 def test_only_dflash_targets_share_and_two_widths_are_refused(ckpt):

@@ -41,7 +41,7 @@ def root(tmp_path_factory):
 def _engine_greedy(path: str) -> list[list[int]]:
     engine = Engine(model_path=path, device="cpu", max_total_tokens=2048,
                     cuda_graph_bs_decode=[1, 2, 4])
-    assert engine.worker.model_runner.graph_runner is not None  # decode runs the graph path
+    assert engine.worker.model_runner.step_graphs is not None  # decode runs the graph path
     outs = engine.generate(input_ids=PROMPTS, sampling_params={
         "temperature": 0, "max_new_tokens": MAX_NEW, "ignore_eos": True})
     return [out["output_ids"] for out in outs]

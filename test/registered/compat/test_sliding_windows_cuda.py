@@ -14,16 +14,18 @@ import torch
 from sglang_aux.srt.configs.presets import MASK_TOKEN_ID
 from sglang_aux.srt.entrypoints.engine import Engine
 from sglang_aux.srt.forward_state.forward_batch_info import ForwardMode
+from sglang_aux.srt.model_executor.runner.forward_parts import ForwardParts
+from sglang_aux.srt.model_executor.runner.step_prologue import StepPrologue
 from sglang_aux.srt.models.weight_utils import init_random_weights
 from sglang_aux.test.ci.ci_register import register_cuda_ci
 from sglang_aux.test.hf_checkpoints import hf_greedy, save_hf_model
 from sglang_aux.test.kernel_checks import REAL_TRITON_ON_CUDA
 from sglang_aux.test.runtime_utils import (
     eager_forward,
-    fixed_batch,
     make_runner,
     prefill_random,
     release,
+    step_batch,
 )
 from sglang_aux.tools.dflash_training.export import draft_config, new_draft, write_draft
 
@@ -57,14 +59,17 @@ def test_cuda_graph_replay_equals_eager(target, mode, width):
     runner = make_runner(target[0], aux_layer_ids=[0, 2], device="cuda",
                          speculative_algorithm="DFLASH", max_running_requests=16,
                          max_total_tokens=8192, context_length=512, cuda_graph_bs_decode=CAPTURE)
-    runner.init_decode_graphs(mode, width)
-    gr = runner.graph_runner
+    drafts = torch.randint(0, runner.model_config.hf_config.vocab_size, (16, width - 1),
+                           generator=torch.Generator().manual_seed(width)).cuda()
+    runner.init_forwards(ForwardParts(mode, width, StepPrologue(
+        block_tokens=lambda bs: drafts[:bs])))
+    gr = runner.step_graphs
     assert type(gr.backend).__name__ == "CudaGraphBackend"
     for bs in [*CAPTURE, 3, 6]:  # 3 and 6 replay padded graphs
         reqs = prefill_random(runner, [3 * WINDOW + 7 * i for i in range(bs)], seed=bs)
-        fb = fixed_batch(runner, reqs, mode, width, seed=50 + bs)
-        assert gr.can_run_graph(fb)
-        logits = gr.execute(fb).next_token_logits.clone()
+        fb = step_batch(runner, reqs, mode, width)
+        assert fb.prepared_graph is not None
+        logits = runner.forward(fb).next_token_logits.clone()
         eager = eager_forward(runner, fb)
         assert torch.isfinite(logits).all()
         torch.testing.assert_close(logits, eager.next_token_logits, rtol=1e-4, atol=1e-4)
@@ -91,7 +96,7 @@ def test_sliding_draft_is_lossless(target, tmp_path):
     ref = Engine(model_path=path, **ENGINE).generate(input_ids=PROMPTS, sampling_params=GREEDY)
     spec = Engine(model_path=path, speculative_algorithm="DFLASH",
                   speculative_draft_model_path=str(tmp_path / "draft"), **ENGINE)
-    assert spec.worker.draft_runner.graph_runner is not None
+    assert spec.worker.draft_runner.step_graphs is not None
     outs = spec.generate(input_ids=PROMPTS, sampling_params=GREEDY)
     for r, s in zip(ref, outs, strict=True):
         assert s["output_ids"] == r["output_ids"]

@@ -33,7 +33,7 @@ def test_engine_greedy_equals_recompute_greedy(tmp_path, preset):
                     cuda_graph_bs_decode=[1, 2, 3], max_total_tokens=2048)
     outs = engine.generate(PROMPTS, {"temperature": 0, "max_new_tokens": MAX_NEW,
                                      "ignore_eos": True})
-    assert engine.worker.model_runner.graph_runner is not None
+    assert engine.worker.model_runner.step_graphs is not None
     assert engine.scheduler.stats["prefill_steps"] >= 2, "continuous batching never admitted late"
     ref_engine = Engine(model_path=path, device="cpu", disable_decode_cuda_graph=True,
                         max_total_tokens=2048)

@@ -9,6 +9,7 @@ import sys
 import pytest
 
 from sglang_aux.srt.entrypoints.engine import Engine
+from sglang_aux.srt.forward_state.forward_batch_info import ForwardMode
 from sglang_aux.test.ci.ci_register import register_cpu_ci
 from sglang_aux.test.runtime_utils import assert_kv_all_back, tiny_checkpoint
 
@@ -65,13 +66,22 @@ def test_prefill_beside_decode_equals_prefill_alone(ckpts, kind, overlap):
     assert_kv_all_back(beside)
 
 
-def test_prefill_graphs_own_their_aux_storage_when_beside_decode(ckpts):
+def test_prefill_graphs_own_their_aux_rows_when_beside_decode(ckpts):
+    """One aux storage either way; beside decode, the prefill graphs write rows of their own
+    after every row a step can write."""
     for concurrent in (False, True):
         runner = _engine(ckpts, "dflash", concurrent, overlap=False).worker.model_runner
-        shared = runner.graph_runner.buffers.aux_hidden_states
-        own = runner.prefill_graph_runner.buffers.aux_hidden_states
-        assert (own is shared) == (not concurrent)
-        assert own.shape[0] == 64 and own.shape[1] == shared.shape[1]
+        buf = runner.aux_storage.buffer
+        row = buf.stride(0) * buf.element_size()
+        step = [fb.aux_hidden_states_buffer for fb in runner.step_graphs.static]
+        prefills = runner.graph_runners[ForwardMode.EXTEND]
+        own = [fb.aux_hidden_states_buffer for fb in prefills.static]
+        assert all(t.untyped_storage().data_ptr() == buf.untyped_storage().data_ptr()
+                   for t in step + own)
+        first = (own[0].data_ptr() - buf.data_ptr()) // row
+        assert first == (runner.aux_storage.beside_start if concurrent else 0)
+        assert max(t.shape[0] for t in step) <= first or not concurrent
+        assert max(t.shape[0] for t in own) == 64
 
 
 if __name__ == "__main__":

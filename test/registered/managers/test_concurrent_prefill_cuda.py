@@ -11,6 +11,7 @@ import pytest
 import torch
 from test_step_loop_cuda import KINDS, _engine
 
+from sglang_aux.srt.forward_state.forward_batch_info import ForwardMode
 from sglang_aux.test.ci.ci_register import register_cuda_ci
 from sglang_aux.test.runtime_utils import assert_kv_all_back, assert_same_outputs
 from sglang_aux.test.sync_checks import strict_sync
@@ -42,8 +43,11 @@ def test_prefill_beside_decode_equals_prefill_alone_on_graphs(tmp_path, kind, ov
     assert alone.scheduler.side_stream is None, "concurrent prefill is off by default"
     runner = beside.worker.model_runner
     if kind == "dflash":
-        assert (runner.prefill_graph_runner.buffers.aux_hidden_states.data_ptr()
-                != runner.graph_runner.buffers.aux_hidden_states.data_ptr())
+        storage = runner.aux_storage  # prefills write rows past every step's
+        assert storage.beside_start > 0
+        assert all(fb.aux_hidden_states_buffer.data_ptr() == storage.buffer[
+            storage.beside_start:].data_ptr()
+            for fb in runner.graph_runners[ForwardMode.EXTEND].static)
     beside.generate(PROMPTS, _params())  # warm-up: lazy kernels
     with strict_sync(beside.worker, "prefill") as prefills, \
             strict_sync(beside.worker, "decode") as decodes:

@@ -49,14 +49,14 @@ def _append(check: FinishCheck, req: Req, new: str) -> dict | None:
     ("The answer is 42\nQues", "tion: x", "tion"),  # began in earlier output
 ])
 def test_stop_string_ends_at_the_completing_token(before, step, kept):
-    check = FinishCheck(TOK, {EOS}, context_len=4096, tokens_per_step=8)
+    check = FinishCheck(TOK, {EOS}, context_len=4096, tokens_per_req=8)
     req = _req(before, max_new_tokens=100, stop=["Question"])
     assert _append(check, req, step) == {"type": "stop", "matched": "Question"}
     assert TOK.decode(req.output_ids) == before + kept
 
 
 def test_eos_and_length_apply_per_token():
-    check = FinishCheck(TOK, {EOS}, context_len=4096, tokens_per_step=8)
+    check = FinishCheck(TOK, {EOS}, context_len=4096, tokens_per_req=8)
     req = _req("ab", max_new_tokens=100)
     tokens = [*TOK.encode("cd"), EOS, *TOK.encode("ef")]
     reasons = []
@@ -73,7 +73,7 @@ def test_eos_and_length_apply_per_token():
 
 def test_a_step_no_stop_string_can_end_decodes_once():
     counting = CountingTokenizer()
-    check = FinishCheck(counting, {EOS}, context_len=4096, tokens_per_step=8)
+    check = FinishCheck(counting, {EOS}, context_len=4096, tokens_per_req=8)
     req = _req("The answer is", max_new_tokens=100, stop=["Question"])
     assert _append(check, req, " 42, so x") is None
     assert counting.decodes == 1

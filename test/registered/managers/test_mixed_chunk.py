@@ -11,8 +11,9 @@ import torch
 
 from sglang_aux.srt.entrypoints.engine import Engine
 from sglang_aux.srt.forward_state.forward_batch_info import ForwardMode
-from sglang_aux.srt.managers.schedule_batch import build_mixed_batch, publish_rows, reserve_kv
+from sglang_aux.srt.managers.schedule_batch import mixed_inputs, publish_rows, reserve_kv
 from sglang_aux.srt.mem_cache.memory_pool import PADDING_REQ_ROW, PADDING_SLOT
+from sglang_aux.srt.model_executor.runner.forward_parts import ForwardParts
 from sglang_aux.srt.model_executor.runner.step_prologue import StepPrologue
 from sglang_aux.srt.server_args import ServerArgs
 from sglang_aux.test.ci.ci_register import register_cpu_ci
@@ -75,7 +76,7 @@ def test_mixed_steps_equal_prefill_apart(ckpts, kind, overlap):
     apart = _engine(ckpts, kind, mixed=False, overlap=overlap)
     mixed = _engine(ckpts, kind, mixed=True, overlap=overlap)
     assert apart.scheduler.mixed_limits is None
-    assert mixed.worker.model_runner.mixed_graph_runner.graphs
+    assert mixed.worker.model_runner.graph_runners[ForwardMode.MIXED].graphs
     for _ in range(2):  # the second round reuses rows and slots, and hits the prefix cache
         want = apart.generate(PROMPTS, _params())
         got = mixed.generate(PROMPTS, _params())
@@ -91,7 +92,7 @@ def test_mixed_steps_equal_prefill_apart(ckpts, kind, overlap):
 def test_eager_mixed_steps_equal_prefill_apart(ckpts, kind):
     apart = _engine(ckpts, kind, mixed=False, overlap=False, graphs=False)
     mixed = _engine(ckpts, kind, mixed=True, overlap=False, graphs=False)
-    assert mixed.worker.model_runner.mixed_graph_runner is None
+    assert mixed.worker.model_runner.graph_runners.get(ForwardMode.MIXED) is None
     assert_same_outputs(apart.generate(PROMPTS, _params()), mixed.generate(PROMPTS, _params()))
     assert mixed.scheduler.stats["mixed_steps"] > 0
     assert_kv_all_back(mixed)
@@ -111,8 +112,8 @@ def runner_pair(ckpts):
             for graphs in (True, False):
                 runner = make_runner(ckpts["tiny-llama"], disable_decode_cuda_graph=not graphs,
                                      **args)
-                runner.init_decode_graphs(ForwardMode.DECODE, width, step_prologue=PROLOGUE)
-                runner.init_mixed_graphs(width, PROLOGUE)
+                runner.init_forwards(ForwardParts(ForwardMode.DECODE, width, PROLOGUE),
+                                     ForwardParts(ForwardMode.MIXED, width, PROLOGUE))
                 runners.append(runner)
             pairs[width] = tuple(runners)
         return pairs[width]
@@ -142,16 +143,17 @@ def test_mixed_graph_replay_equals_eager_at_every_layout(runner_pair, width):
     """Each captured (step requests, arrival tokens) graph, and padded layouts, against the
     same batch run eagerly: the live logits rows and every K/V written agree."""
     graphs, eager = runners = runner_pair(width)
-    g = graphs.mixed_graph_runner
-    assert (g.step_bs, g.arrival_tokens, g.max_arrivals) == ([1, 2, 4], [32, 64], 2)
-    assert eager.mixed_graph_runner is None
-    cases = [(bs, [n]) for bs in g.step_bs for n in g.arrival_tokens] + PADDED_CASES
+    g = graphs.graph_runners[ForwardMode.MIXED]
+    assert {(x.step_bs, x.arrival_tokens, x.arrivals) for x in g.layouts} == {
+        (bs, n, 2) for bs in (1, 2, 4) for n in (32, 64)}
+    assert eager.graph_runners.get(ForwardMode.MIXED) is None
+    cases = [(x.step_bs, [x.arrival_tokens]) for x in g.layouts] + PADDED_CASES
     for seed, (step_bs, arrival_lens) in enumerate(cases):
         out = []
         for runner in runners:
             running, arrivals = _live_batch(runner, width, step_bs, arrival_lens, seed)
-            fb = build_mixed_batch(runner, running, arrivals)
-            assert (runner is graphs) == g.can_run_graph(fb)
+            fb = runner.prepare(mixed_inputs(runner, running, arrivals, width))
+            assert (runner is graphs) == (fb.prepared_graph is not None)
             live = step_bs * width + len(arrivals)
             logits = runner.forward(fb).next_token_logits[:live].clone()
             out.append((logits, _kv(runner, running + arrivals)))
@@ -174,7 +176,7 @@ def test_in_graph_prologue_equals_eager_prologue(runner_pair, width):
         got = []
         for runner in (graphs, eager):
             running, arrivals = _live_batch(runner, width, step_bs, arrival_lens, seed)
-            fb = build_mixed_batch(runner, running, arrivals)
+            fb = runner.prepare(mixed_inputs(runner, running, arrivals, width))
             runner.forward(fb)  # the graph's prologue fills its views at replay
             got.append(_live_fields(fb, step_bs, len(arrivals), sum(arrival_lens)))
             release(runner, running + arrivals)
@@ -183,7 +185,7 @@ def test_in_graph_prologue_equals_eager_prologue(runner_pair, width):
             assert torch.equal(a[name], b[name]), name
         assert pad["req_pool_indices"].eq(PADDING_REQ_ROW).all()
         assert pad["out_cache_loc"].eq(PADDING_SLOT).all()
-    assert graphs.mixed_graph_runner.forward_batches  # the graphs ran, not the eager path
+    assert graphs.graph_runners[ForwardMode.MIXED].static  # the graphs ran, not the eager path
 
 
 def _live_fields(fb, bs: int, n: int, tokens: int):
@@ -213,7 +215,7 @@ def test_a_graph_mixed_launch_is_one_copy(runner_pair):
     for runner in (graphs, eager):
         running, arrivals = _live_batch(runner, 3, 3, [5, 9], seed=7)
         with launch_ops(runner) as ops:
-            fb = build_mixed_batch(runner, running, arrivals)
+            fb = runner.prepare(mixed_inputs(runner, running, arrivals, 3))
             if runner is graphs:
                 runner.forward(fb)
         if runner is graphs:
@@ -239,7 +241,7 @@ def test_bad_mixed_input_is_refused(ckpts):
         ServerArgs(model_path="x", mixed_chunk_max_prefill_tokens=0)
     engine = _engine(ckpts, "target", mixed=True, overlap=False)
     with pytest.raises(ValueError, match="needs step requests and arrivals"):
-        build_mixed_batch(engine.worker.model_runner, [], [])
+        mixed_inputs(engine.worker.model_runner, [], [], 1)
 
 
 if __name__ == "__main__":

@@ -12,7 +12,8 @@ import torch
 from test_step_loop_cuda import KINDS, _engine
 
 from sglang_aux.srt.forward_state.forward_batch_info import ForwardMode
-from sglang_aux.srt.managers.schedule_batch import build_mixed_batch, publish_rows, reserve_kv
+from sglang_aux.srt.managers.schedule_batch import mixed_inputs, publish_rows, reserve_kv
+from sglang_aux.srt.model_executor.runner.forward_parts import ForwardParts
 from sglang_aux.srt.model_executor.runner.step_prologue import StepPrologue
 from sglang_aux.test.ci.ci_register import register_cuda_ci
 from sglang_aux.test.launch_ops import launch_ops
@@ -49,7 +50,7 @@ def _params():
 def test_mixed_steps_equal_prefill_apart_on_graphs(tmp_path, kind, overlap):
     mixed = _engine(tmp_path, kind, disable_overlap_schedule=not overlap,
                     enable_mixed_chunk=True, **ROWS)
-    graphs = mixed.worker.model_runner.mixed_graph_runner
+    graphs = mixed.worker.model_runner.graph_runners.get(ForwardMode.MIXED)
     assert type(graphs.backend).__name__ == "CudaGraphBackend" and graphs.graphs
     apart = _engine(tmp_path, kind, disable_overlap_schedule=not overlap, **ROWS)
     assert apart.scheduler.mixed_limits is None, "mixed steps are off by default"
@@ -76,12 +77,13 @@ def test_mixed_graph_replay_equals_eager_at_every_layout(tmp_path, width):
     runners = []
     for graphs in (True, False):
         runner = make_runner(ckpt, disable_decode_cuda_graph=not graphs, **args)
-        runner.init_decode_graphs(ForwardMode.DECODE, width, step_prologue=prologue)
-        runner.init_mixed_graphs(width, prologue)
+        runner.init_forwards(ForwardParts(ForwardMode.DECODE, width, prologue),
+                             ForwardParts(ForwardMode.MIXED, width, prologue))
         runners.append(runner)
-    g = runners[0].mixed_graph_runner
-    assert (g.step_bs, g.arrival_tokens) == ([1, 2, 4], [32, 64, 128])
-    cases = [(bs, [n]) for bs in g.step_bs for n in g.arrival_tokens] + [(3, [5, 70])]
+    g = runners[0].graph_runners[ForwardMode.MIXED]
+    assert {(x.step_bs, x.arrival_tokens) for x in g.layouts} == {
+        (bs, n) for bs in (1, 2, 4) for n in (32, 64, 128)}
+    cases = [(x.step_bs, [x.arrival_tokens]) for x in g.layouts] + [(3, [5, 70])]
     for seed, (step_bs, arrival_lens) in enumerate(cases):
         out = []
         for runner in runners:
@@ -93,10 +95,10 @@ def test_mixed_graph_replay_equals_eager_at_every_layout(tmp_path, width):
             for r in arrivals:  # as the scheduler admits them
                 reserve_kv(runner, r, len(r.origin_input_ids))
             with launch_ops(runner) as ops:
-                fb = build_mixed_batch(runner, running, arrivals)
+                fb = runner.prepare(mixed_inputs(runner, running, arrivals, width))
                 if runner is runners[0]:
                     runner.forward(fb)
-            assert (runner is runners[0]) == g.can_run_graph(fb)
+            assert (runner is runners[0]) == (fb.prepared_graph is not None)
             if runner is runners[0]:  # the host values' copy, then the replay
                 assert ops == ["copy_"], ops
             live = step_bs * width + len(arrivals)

@@ -8,6 +8,7 @@ import sys
 import pytest
 
 from sglang_aux.srt.entrypoints.engine import Engine
+from sglang_aux.srt.forward_state.forward_batch_info import ForwardMode
 from sglang_aux.srt.managers.prefill_delayer import PrefillDelayer
 from sglang_aux.test.ci.ci_register import register_cpu_ci
 from sglang_aux.test.runtime_utils import assert_kv_all_back, tiny_checkpoint
@@ -101,9 +102,9 @@ def test_a_prefill_step_takes_what_one_graph_holds(ckpts, kind):
     eager = Engine(**common)
     assert graphs.worker.model_runner.prefill_graph_limits() == (2, 48)
     assert eager.worker.model_runner.prefill_graph_limits() is None
-    runner = graphs.worker.model_runner.prefill_graph_runner
-    batches, execute = [], runner.execute
-    runner.execute = lambda fb: batches.append(fb.extend_seq_lens_cpu) or execute(fb)
+    runner = graphs.worker.model_runner.graph_runners.get(ForwardMode.EXTEND)
+    batches, replay = [], runner.replay
+    runner.replay = lambda fb: batches.append(fb.extend_seq_lens_cpu) or replay(fb)
     prompts = [list(range(3, 3 + n)) for n in (8, 30, 35, 9, 10, 12, 20)]
     params = {"temperature": 0, "max_new_tokens": 6, "ignore_eos": True}
     got = [o["output_ids"] for o in graphs.generate(input_ids=prompts, sampling_params=params)]
@@ -127,9 +128,9 @@ def test_graph_sized_steps_after_a_cached_prefix(ckpts):
     prefix = list(range(3, 43))
     params = {"temperature": 0, "max_new_tokens": 5, "ignore_eos": True}
     graphs.generate(input_ids=prefix, sampling_params=params)  # the prefix enters the cache
-    runner = graphs.worker.model_runner.prefill_graph_runner
-    batches, execute = [], runner.execute
-    runner.execute = lambda fb: batches.append(fb.extend_seq_lens_cpu) or execute(fb)
+    runner = graphs.worker.model_runner.graph_runners.get(ForwardMode.EXTEND)
+    batches, replay = [], runner.replay
+    runner.replay = lambda fb: batches.append(fb.extend_seq_lens_cpu) or replay(fb)
     prompts = [prefix + [50 + i] * 30 for i in range(3)]
     got = graphs.generate(input_ids=prompts, sampling_params=params)
     want = plain.generate(input_ids=prompts, sampling_params=params)

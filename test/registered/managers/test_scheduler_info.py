@@ -8,6 +8,8 @@ import pytest
 
 from sglang_aux.srt.forward_state.forward_batch_info import ForwardMode
 from sglang_aux.srt.managers.scheduler_info import GRAPH_KEYS, graph_memory
+from sglang_aux.srt.model_executor.runner.forward_parts import ForwardParts
+from sglang_aux.srt.model_executor.runner.step_prologue import StepPrologue
 from sglang_aux.test.ci.ci_register import register_cpu_ci
 from sglang_aux.test.runtime_utils import make_runner, tiny_checkpoint
 
@@ -19,17 +21,19 @@ AUX_LAYERS = [0, 2, 4]
 ROW_BYTES = len(AUX_LAYERS) * 64 * 4  # K captures of tiny-k3's hidden 64, float32
 
 
-def test_no_graph_runner_reports_nulls():
-    assert graph_memory(None) == dict.fromkeys(GRAPH_KEYS)
+def test_no_graph_runner_reports_nulls(tmp_path):
+    runner = make_runner(tiny_checkpoint("tiny-k3", tmp_path), max_total_tokens=512)
+    assert graph_memory(runner) == dict.fromkeys(GRAPH_KEYS)
 
 
 @pytest.mark.parametrize("shared", [True, False])
 def test_graph_memory_counts_what_the_shared_aux_buffer_saves(tmp_path, shared):
     runner = make_runner(tiny_checkpoint("tiny-k3", tmp_path), aux_layer_ids=AUX_LAYERS,
                          speculative_algorithm="DFLASH", cuda_graph_bs_decode=CAPTURE_BS,
-                         max_total_tokens=512, disable_shared_aux_buffer=not shared)
-    runner.init_decode_graphs(ForwardMode.TARGET_VERIFY, BLOCK)
-    info = graph_memory(runner.graph_runner)
+                         max_total_tokens=512, disable_shared_aux_buffer=not shared,
+                         max_running_requests=max(CAPTURE_BS))
+    runner.init_forwards(ForwardParts(ForwardMode.TARGET_VERIFY, BLOCK, StepPrologue()))
+    info = graph_memory(runner)
     assert info["forward_mode"] == "TARGET_VERIFY" and info["capture_bs"] == CAPTURE_BS
     per_graph = sum(CAPTURE_BS) * BLOCK * ROW_BYTES
     shared_bytes = max(CAPTURE_BS) * BLOCK * ROW_BYTES if shared else 0

@@ -131,7 +131,7 @@ def test_eager_dflash_steps_equal_graph_steps(ckpts):
     """--disable-decode-cuda-graph runs the same epilogues (commit, acceptance) eagerly."""
     graphs = _engine(ckpts, "dflash").generate(PROMPTS, GREEDY)
     eager = _engine(ckpts, "dflash", disable_decode_cuda_graph=True)
-    assert eager.worker.target_runner.graph_runner is None
+    assert eager.worker.target_runner.step_graphs is None
     for a, b in zip(graphs, eager.generate(PROMPTS, GREEDY), strict=True):
         assert a["output_ids"] == b["output_ids"]
         assert a["meta_info"]["spec_accept_length"] == b["meta_info"]["spec_accept_length"]

@@ -50,7 +50,7 @@ def test_decode_step_syncs_only_in_its_readback(tmp_path, kind):
 @pytest.mark.parametrize("kind", KINDS)
 def test_graph_steps_equal_eager_steps(tmp_path, kind):
     graphs = _engine(tmp_path, kind)
-    assert type(graphs.worker.model_runner.graph_runner.backend).__name__ == "CudaGraphBackend"
+    assert type(graphs.worker.model_runner.step_graphs.backend).__name__ == "CudaGraphBackend"
     eager = _engine(tmp_path, kind, disable_decode_cuda_graph=True)
     a, b = graphs.generate(PROMPTS, GREEDY), eager.generate(PROMPTS, GREEDY)
     for x, y in zip(a, b, strict=True):

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from sglang_aux.srt.entrypoints.engine import Engine
+from sglang_aux.srt.forward_state.forward_batch_info import ForwardMode
 from sglang_aux.srt.server_args import ServerArgs
 from sglang_aux.test.ci.ci_register import register_cpu_ci
 from sglang_aux.test.runtime_utils import (
@@ -71,10 +72,10 @@ def test_shared_prefix_hits_and_outputs_equal_the_cache_off_run(ckpts, reference
     engine = _engine(ckpts, kind)
     finished, graph_prefixes = [], []
     engine.scheduler.on_update = lambda r: r.finished and finished.append(r)
-    graphs = engine.worker.model_runner.prefill_graph_runner
+    graphs = engine.worker.model_runner.graph_runners.get(ForwardMode.EXTEND)
     if graphs is not None:
-        execute = graphs.execute
-        graphs.execute = lambda b: graph_prefixes.extend(b.extend_prefix_lens_cpu) or execute(b)
+        replay = graphs.replay
+        graphs.replay = lambda b: graph_prefixes.extend(b.extend_prefix_lens_cpu) or replay(b)
     outs = _run(engine)
     assert (graphs is None) == (kind != "dflash_prefill_graphs")
     assert engine.scheduler.overlap == kind.endswith("_overlap")

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from sglang_aux.srt.entrypoints.engine import Engine
+from sglang_aux.srt.forward_state.forward_batch_info import ForwardMode
 from sglang_aux.test.ci.ci_register import register_cuda_ci
 from sglang_aux.test.runtime_utils import (
     assert_kv_all_back,
@@ -46,10 +47,10 @@ def test_dflash_with_the_cache_equals_target_only_without(tmp_path, target):
                     speculative_draft_model_path=tiny_checkpoint(f"{target}-dflash", tmp_path),
                     max_total_tokens=8192, **COMMON)
     runner = engine.worker.target_runner
-    graphs = runner.prefill_graph_runner
+    graphs = runner.graph_runners.get(ForwardMode.EXTEND)
     assert graphs is not None and type(graphs.backend).__name__ == "CudaGraphBackend"
-    prefixes, execute = [], graphs.execute
-    graphs.execute = lambda b: prefixes.extend(b.extend_prefix_lens_cpu) or execute(b)
+    prefixes, replay = [], graphs.replay
+    graphs.replay = lambda b: prefixes.extend(b.extend_prefix_lens_cpu) or replay(b)
     finished = []
     engine.scheduler.on_update = lambda r: r.finished and finished.append(r)
     outs = _run(engine)

@@ -7,13 +7,15 @@ import pytest
 import torch
 
 from sglang_aux.srt.forward_state.forward_batch_info import ForwardMode
+from sglang_aux.srt.model_executor.runner.forward_parts import ForwardParts
+from sglang_aux.srt.model_executor.runner.step_prologue import StepPrologue
 from sglang_aux.test.ci.ci_register import register_cuda_ci
 from sglang_aux.test.runtime_utils import (
     eager_forward,
-    fixed_batch,
     make_runner,
     prefill_random,
     release,
+    step_batch,
     tiny_checkpoint,
 )
 
@@ -31,19 +33,27 @@ def _runner(tmp_path, preset, aux, **kw):
                        **kw)
 
 
+def _steps(runner, mode=ForwardMode.TARGET_VERIFY, width=BLOCK):
+    """Register `mode` steps whose block tokens are random (fixed per row), capturing them."""
+    drafts = torch.randint(0, runner.model_config.hf_config.vocab_size, (16, max(width - 1, 0)),
+                           generator=torch.Generator().manual_seed(width)).cuda()
+    runner.init_forwards(ForwardParts(mode, width, StepPrologue(
+        block_tokens=lambda bs: drafts[:bs])))
+
+
 @pytest.mark.parametrize("preset,aux", [("tiny-k3", [1, 3, 5]), ("tiny-llama", [0, 2, 3])])
 @pytest.mark.parametrize("mode,width", [(ForwardMode.TARGET_VERIFY, BLOCK),
                                         (ForwardMode.DECODE, 1)])
 def test_cuda_graph_replay_equals_eager(tmp_path, preset, aux, mode, width):
     runner = _runner(tmp_path, preset, aux)
-    runner.init_decode_graphs(mode, width)
-    gr = runner.graph_runner
+    _steps(runner, mode, width)
+    gr = runner.step_graphs
     assert type(gr.backend).__name__ == "CudaGraphBackend"
     for bs in [*CAPTURE, 3, 11]:  # 3 and 11 replay padded graphs
         reqs = prefill_random(runner, [5 + 7 * i for i in range(bs)], seed=bs)
-        fb = fixed_batch(runner, reqs, mode, width, seed=50 + bs)
-        assert gr.can_run_graph(fb)
-        out = gr.execute(fb)
+        fb = step_batch(runner, reqs, mode, width)
+        assert fb.prepared_graph is not None
+        out = runner.forward(fb)
         logits, aux_out = out.next_token_logits.clone(), out.aux_hidden_states.clone()
         eager = eager_forward(runner, fb)
         assert torch.isfinite(logits).all()
@@ -54,20 +64,19 @@ def test_cuda_graph_replay_equals_eager(tmp_path, preset, aux, mode, width):
 
 def test_cuda_graph_aux_outputs_are_row_slices_of_one_buffer(tmp_path):
     runner = _runner(tmp_path, "tiny-k3", [1, 3, 5])
-    runner.init_decode_graphs(ForwardMode.TARGET_VERIFY, BLOCK)
-    gr = runner.graph_runner
-    buf = gr.buffers.aux_hidden_states
-    for bs, out in gr.outputs.items():
+    _steps(runner)
+    gr = runner.step_graphs
+    buf = runner.aux_storage.buffer
+    for x, out in zip(gr.layouts, gr.outputs, strict=True):
         assert out.aux_hidden_states.data_ptr() == buf.data_ptr()
-        assert out.aux_hidden_states.shape[0] == bs * BLOCK
+        assert out.aux_hidden_states.shape[0] == x.step_bs * BLOCK
     stats = gr.capture_stats
-    assert stats["aux_buffer_bytes"] == buf.numel() * buf.element_size()
-    assert stats["capture_bs"] == CAPTURE and stats["seconds"] > 0
+    assert [x.step_bs for x in gr.layouts] == CAPTURE and stats["seconds"] > 0
     baseline = _runner(tmp_path, "tiny-k3", [1, 3, 5], disable_shared_aux_buffer=True)
-    baseline.init_decode_graphs(ForwardMode.TARGET_VERIFY, BLOCK)
-    ptrs = {o.aux_hidden_states.data_ptr() for o in baseline.graph_runner.outputs.values()}
+    _steps(baseline)
+    ptrs = {o.aux_hidden_states.data_ptr() for o in baseline.step_graphs.outputs}
     assert len(ptrs) == len(CAPTURE)
-    assert stats["allocated_delta_bytes"] < baseline.graph_runner.capture_stats[
+    assert stats["allocated_delta_bytes"] < baseline.step_graphs.capture_stats[
         "allocated_delta_bytes"]
 
 
@@ -75,13 +84,13 @@ def test_runner_rebuilt_in_process_captures_again(tmp_path):
     """The graph pool outlives no runner: a second runner after the first is gone (as the
     draft-training tool does between generation and evaluation) captures cleanly."""
     runner = _runner(tmp_path, "tiny-k3", [1, 3, 5])
-    runner.init_decode_graphs(ForwardMode.TARGET_VERIFY, BLOCK)
+    _steps(runner)
     del runner
     gc.collect()
     torch.cuda.empty_cache()
     again = _runner(tmp_path, "tiny-k3", [1, 3, 5])
-    again.init_decode_graphs(ForwardMode.TARGET_VERIFY, BLOCK)
-    assert len(again.graph_runner.graphs) == len(CAPTURE)
+    _steps(again)
+    assert len(again.step_graphs.graphs) == len(CAPTURE)
 
 
 if __name__ == "__main__":

@@ -9,10 +9,11 @@ import pytest
 import torch
 
 from sglang_aux.srt.entrypoints.engine import Engine
-from sglang_aux.srt.managers.schedule_batch import build_extend_batch
+from sglang_aux.srt.forward_state.forward_batch_info import ForwardMode
+from sglang_aux.srt.managers.schedule_batch import extend_inputs
 from sglang_aux.srt.mem_cache.memory_pool import PADDING_SLOT
+from sglang_aux.srt.model_executor.runner.forward_parts import ForwardParts
 from sglang_aux.srt.model_executor.runner_utils.capture_sizes import prefill_graph_plan
-from sglang_aux.srt.model_executor.runner_utils.prefill_buffers import PrefillInputBuffers
 from sglang_aux.srt.server_args import ServerArgs
 from sglang_aux.test.ci.ci_register import register_cpu_ci
 from sglang_aux.test.runtime_utils import make_runner, new_requests, release, tiny_checkpoint
@@ -33,6 +34,15 @@ def ckpts(tmp_path_factory):
     root = tmp_path_factory.mktemp("ckpt")
     return {p: tiny_checkpoint(p, root) for p in ("tiny-llama", "tiny-qwen3", "tiny-k3",
                                                    "tiny-llama-dflash")}
+
+
+def _prefills(runner):
+    runner.init_forwards(ForwardParts(ForwardMode.EXTEND))
+    return runner.graph_runners.get(ForwardMode.EXTEND)
+
+
+def _batch(runner, reqs):
+    return runner.prepare(extend_inputs(runner, reqs))
 
 
 def _kv(runner, reqs):
@@ -63,14 +73,14 @@ def test_plan_defaults_and_overrides():
 @pytest.mark.parametrize("model", ["tiny-llama", "tiny-qwen3", "tiny-k3"])
 def test_replay_equals_eager_at_every_size_and_padded(ckpts, model):
     graphs = make_runner(ckpts[model], **GRAPHS, **COMMON)
-    graphs.init_prefill_graphs()
+    g = _prefills(graphs)
     eager = make_runner(ckpts[model], **COMMON)
-    assert graphs.prefill_graph_runner.capture_tokens == TOKENS
-    assert eager.prefill_graph_runner is None
+    assert [x.arrival_tokens for x in g.layouts] == TOKENS
+    assert _prefills(eager) is None
     for seed, lens in enumerate(BATCHES):
         a, b = new_requests(graphs, lens, seed), new_requests(eager, lens, seed)
-        fa, fb = build_extend_batch(graphs, a), build_extend_batch(eager, b)
-        assert graphs.prefill_graph_runner.can_run_graph(fa)
+        fa, fb = _batch(graphs, a), _batch(eager, b)
+        assert fa.prepared_graph is not None and fb.prepared_graph is None
         la, lb = graphs.forward(fa).next_token_logits, eager.forward(fb).next_token_logits
         assert la.shape == lb.shape == (len(lens), graphs.model_config.hf_config.vocab_size)
         torch.testing.assert_close(la, lb, **CLOSE)
@@ -82,14 +92,14 @@ def test_replay_equals_eager_at_every_size_and_padded(ckpts, model):
 
 def test_prefill_after_a_cached_prefix(ckpts):
     graphs = make_runner(ckpts["tiny-llama"], **GRAPHS, **COMMON)
-    graphs.init_prefill_graphs()
+    _prefills(graphs)
     eager = make_runner(ckpts["tiny-llama"], **COMMON)
     a, b = new_requests(graphs, [30], 7), new_requests(eager, [30], 7)
-    graphs.forward(build_extend_batch(graphs, a))
-    eager.forward(build_extend_batch(eager, b))
+    graphs.forward(_batch(graphs, a))
+    eager.forward(_batch(eager, b))
     for r in (*a, *b):
         r.output_ids += [3, 1, 4, 1, 5]
-    fa, fb = build_extend_batch(graphs, a), build_extend_batch(eager, b)
+    fa, fb = _batch(graphs, a), _batch(eager, b)
     assert fa.extend_prefix_lens_cpu == [30] and fa.num_tokens == 5
     torch.testing.assert_close(graphs.forward(fa).next_token_logits,
                                eager.forward(fb).next_token_logits, **CLOSE)
@@ -97,11 +107,11 @@ def test_prefill_after_a_cached_prefix(ckpts):
 
 def test_padding_writes_only_the_padding_slot(ckpts):
     runner = make_runner(ckpts["tiny-llama"], **GRAPHS, **COMMON)
-    runner.init_prefill_graphs()
+    _prefills(runner)
     reqs = new_requests(runner, [9, 4], 1)  # 13 tokens in the 16-token graph, 2 requests
     kv = runner.token_to_kv_pool
     before = [t.clone() for t in kv.k_buffer]
-    runner.forward(build_extend_batch(runner, reqs))
+    runner.forward(_batch(runner, reqs))
     pool = runner.req_to_token_pool.req_to_token
     live = {int(s) for r in reqs for s in pool[r.req_pool_idx, : r.kv_len]}
     for old, new in zip(before, kv.k_buffer, strict=True):
@@ -112,18 +122,11 @@ def test_padding_writes_only_the_padding_slot(ckpts):
 
 def test_what_runs_eagerly(ckpts):
     runner = make_runner(ckpts["tiny-llama"], **GRAPHS, **COMMON)
-    runner.init_prefill_graphs()
-    graphs = runner.prefill_graph_runner
+    _prefills(runner)
     for lens, fits in (([65], False), ([3, 3, 3], False), ([3, 3], True)):
         reqs = new_requests(runner, lens, 0)
-        assert graphs.can_run_graph(build_extend_batch(runner, reqs)) == fits, lens
+        assert (_batch(runner, reqs).prepared_graph is not None) == fits, lens
         release(runner, reqs)
-
-
-def test_borrowed_aux_buffer_must_cover_the_largest_graph():
-    with pytest.raises(ValueError, match=r"aux buffer \(32, 8\).*64 tokens"):
-        PrefillInputBuffers.create(max_tokens=64, max_bs=2, vocab_size=10, dtype=torch.float32,
-                                   device="cpu", aux_hidden_states=torch.zeros(32, 8))
 
 
 def _engine(ckpts, dflash=True, **kw):
@@ -144,14 +147,18 @@ def test_dflash_engines_with_prefill_graphs_generate_the_same(ckpts, projection)
     graphs = _engine(ckpts, speculative_dflash_aux_projection=projection, **GRAPHS,
                      disable_radix_cache=True)
     runner = graphs.worker.model_runner
-    assert runner.prefill_graph_runner is not None
-    if projection == "packed":  # the prefill graphs write the verify graphs' shared buffer
-        shared = runner.graph_runner.buffers.aux_hidden_states
-        assert shared.shape[0] == TOKENS[-1]
-        assert runner.prefill_graph_runner.buffers.aux_hidden_states is shared
+    prefills = runner.graph_runners[ForwardMode.EXTEND]
+    # the prefill graphs write rows of the verify graphs' one aux storage (64 rows: the
+    # largest prefill graph, more than 4 running requests' 4-token verify steps)
+    storage = runner.aux_storage
+    assert storage.buffer.shape[0] == TOKENS[-1] and storage.streamed == (projection != "packed")
+    for fb in prefills.static:
+        rows = fb.aux_hidden_states_buffer if projection == "packed" \
+            else fb.aux_projection.acc
+        assert rows.data_ptr() == storage.buffer.data_ptr()
     replays = []
-    replay = runner.prefill_graph_runner.backend.replay
-    runner.prefill_graph_runner.backend.replay = lambda h: (replays.append(1), replay(h))
+    replay = prefills.backend.replay
+    prefills.backend.replay = lambda h: (replays.append(1), replay(h))
     eager = _engine(ckpts, speculative_dflash_aux_projection=projection,
                     disable_prefill_cuda_graph=True)
     target = _engine(ckpts, dflash=False, **GRAPHS)

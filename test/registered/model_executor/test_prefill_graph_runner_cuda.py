@@ -8,7 +8,9 @@ import pytest
 import torch
 
 from sglang_aux.srt.entrypoints.engine import Engine
-from sglang_aux.srt.managers.schedule_batch import build_extend_batch
+from sglang_aux.srt.forward_state.forward_batch_info import ForwardMode
+from sglang_aux.srt.managers.schedule_batch import extend_inputs
+from sglang_aux.srt.model_executor.runner.forward_parts import ForwardParts
 from sglang_aux.test.ci.ci_register import register_cuda_ci
 from sglang_aux.test.runtime_utils import make_runner, new_requests, release, tiny_checkpoint
 from sglang_aux.test.sync_checks import strict_sync
@@ -26,13 +28,15 @@ BATCHES = [[16], [20, 12], [64], [128], [10], [40, 7], [100, 3], [5]]
 def test_cuda_prefill_graph_replay_equals_eager(tmp_path, preset):
     path = tiny_checkpoint(preset, tmp_path)
     graphs = make_runner(path, **COMMON)
-    graphs.init_prefill_graphs()
-    assert type(graphs.prefill_graph_runner.backend).__name__ == "CudaGraphBackend"
+    graphs.init_forwards(ForwardParts(ForwardMode.EXTEND))
+    assert type(graphs.graph_runners[ForwardMode.EXTEND].backend).__name__ == "CudaGraphBackend"
     eager = make_runner(path, **{**COMMON, "disable_prefill_cuda_graph": True})
+    eager.init_forwards(ForwardParts(ForwardMode.EXTEND))
     for seed, lens in enumerate(BATCHES):
         a, b = new_requests(graphs, lens, seed), new_requests(eager, lens, seed)
-        fa, fb = build_extend_batch(graphs, a), build_extend_batch(eager, b)
-        assert graphs.prefill_graph_runner.can_run_graph(fa)
+        fa = graphs.prepare(extend_inputs(graphs, a))
+        fb = eager.prepare(extend_inputs(eager, b))
+        assert fa.prepared_graph is not None and fb.prepared_graph is None
         la = graphs.forward(fa).next_token_logits.clone()
         lb = eager.forward(fb).next_token_logits
         torch.testing.assert_close(la, lb, rtol=1e-4, atol=1e-4)

@@ -1,7 +1,7 @@
 """Step prologues (CPU eager-replay backend): a graph that derives its inputs from (row, kv_len,
 last token) per request gives the eager step's inputs and logits at every captured size and
-at padded ones; batches it did not prepare run eagerly; block tokens it does not read are
-refused."""
+at padded ones; batches the runner did not prepare run eagerly; block tokens come from the
+prologue's storage."""
 
 import sys
 
@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from sglang_aux.srt.forward_state.forward_batch_info import ForwardMode
-from sglang_aux.srt.managers.schedule_batch import build_step_batch, publish_rows, reserve_kv
+from sglang_aux.srt.managers.schedule_batch import publish_rows, reserve_kv, step_inputs
+from sglang_aux.srt.model_executor.runner.forward_parts import ForwardParts
 from sglang_aux.srt.model_executor.runner.step_prologue import StepPrologue
 from sglang_aux.test.ci.ci_register import register_cpu_ci
 from sglang_aux.test.runtime_utils import (
@@ -35,9 +36,9 @@ def path(tmp_path_factory):
 
 def _pair(path, mode, width, prologue):
     graphs = make_runner(path, **COMMON)
-    graphs.init_decode_graphs(mode, width, step_prologue=prologue)
+    graphs.init_forwards(ForwardParts(mode, width, prologue))
     eager = make_runner(path, disable_decode_cuda_graph=True, **COMMON)
-    eager.init_decode_graphs(mode, width)
+    eager.init_forwards(ForwardParts(mode, width, prologue))
     return graphs, eager
 
 
@@ -53,10 +54,11 @@ def test_prepared_steps_equal_eager_steps(path, mode, width, fill):
             reserve_kv(runner, r, r.kv_len + width)
         publish_rows(graphs, a)
         publish_rows(eager, b)
-        fa = build_step_batch(graphs, a, mode, width, fill_token_id=fill)
-        fb = build_step_batch(eager, b, mode, width, fill_token_id=fill)
-        assert fa.prepared_graph_bs == graphs.graph_runner.padded_bs(bs)
-        assert fb.prepared_graph_bs is None and fb.batch_size == fa.batch_size == bs
+        fa = graphs.prepare(step_inputs(a, mode, width))
+        fb = eager.prepare(step_inputs(b, mode, width))
+        padded = graphs.step_graphs.layouts[fa.prepared_graph].step_bs
+        assert padded == min(x for x in SIZES if x >= bs)
+        assert fb.prepared_graph is None and fb.batch_size == fa.batch_size == bs
         la = graphs.forward(fa).next_token_logits.clone()
         lb = eager.forward(fb).next_token_logits
         for name in FIELDS:  # the prologue filled the graph's views at replay
@@ -75,20 +77,21 @@ def test_block_tokens_come_from_the_prologues_storage(path):
         reserve_kv(runner, r, r.kv_len + 4)
     publish_rows(graphs, a)
     publish_rows(eager, b)
-    fa = build_step_batch(graphs, a, ForwardMode.TARGET_VERIFY, 4, block_tokens=drafts[:3])
-    fb = build_step_batch(eager, b, ForwardMode.TARGET_VERIFY, 4, block_tokens=drafts[:3])
+    fa = graphs.prepare(step_inputs(a, ForwardMode.TARGET_VERIFY, 4))
+    fb = eager.prepare(step_inputs(b, ForwardMode.TARGET_VERIFY, 4))
     graphs.forward(fa)
     assert fa.input_ids.view(3, 4)[:, 1:].tolist() == drafts[:3].tolist()
     assert torch.equal(fa.input_ids, fb.input_ids)
-    with pytest.raises(ValueError, match="block tokens a graph's prologue does not read"):
-        build_step_batch(graphs, a, ForwardMode.TARGET_VERIFY, 4, block_tokens=drafts[:3] + 1)
+    drafts += 1  # the prologue reads the storage at replay, eagerly at prepare
+    graphs.forward(fa)
+    assert fa.input_ids.view(3, 4)[:, 1:].tolist() == drafts[:3].tolist()
 
 
 def test_batches_it_did_not_prepare_run_eagerly(path):
     graphs, _ = _pair(path, ForwardMode.DECODE, 1, StepPrologue())
     reqs = prefill_random(graphs, [5, 7])
     fb = fixed_batch(graphs, reqs, ForwardMode.DECODE, 1)  # random ids, not (last, fill)
-    assert not graphs.graph_runner.can_run_graph(fb)
+    assert fb.prepared_graph is None
     before = list(fb.input_ids.tolist())
     graphs.forward(fb)
     assert fb.input_ids.tolist() == before

@@ -15,11 +15,13 @@ from sglang_aux.srt.configs.model_config import ModelConfig
 from sglang_aux.srt.forward_state.forward_batch_info import ForwardMode
 from sglang_aux.srt.layers.aux_hidden_states import SupportsSharedAuxHiddenStates
 from sglang_aux.srt.managers.schedule_batch import (
-    build_extend_batch,
-    build_step_batch,
+    extend_inputs,
     publish_rows,
     reserve_kv,
+    step_inputs,
 )
+from sglang_aux.srt.model_executor.runner.forward_parts import ForwardParts
+from sglang_aux.srt.model_executor.runner.step_prologue import StepPrologue
 from sglang_aux.srt.model_loader.loader import get_model
 from sglang_aux.srt.model_loader.preset_checkpoint import write_checkpoint
 from sglang_aux.srt.models.kimi_k3 import KimiK3ForCausalLM, KimiK3MoE
@@ -48,8 +50,10 @@ def load(path: Path, pp_size: int = 1) -> tuple[KimiK3ForCausalLM, ModelConfig]:
 
 def runner_for(model: KimiK3ForCausalLM, config: ModelConfig):
     """A CPU runner around `model` (its KV memory, torch-native attention)."""
-    return make_runner(config.model_path, model=model, max_running_requests=8,
-                       max_total_tokens=512, context_length=256)
+    runner = make_runner(config.model_path, model=model, max_running_requests=8,
+                         max_total_tokens=512, context_length=256, disable_decode_cuda_graph=True)
+    runner.init_forwards(ForwardParts(ForwardMode.DECODE, 1, StepPrologue()))
+    return runner
 
 
 def run(model: KimiK3ForCausalLM, config: ModelConfig, prompts: list[list[int]], **batch_fields):
@@ -187,7 +191,7 @@ def test_decode_and_chunked_prefill_match_one_prefill(ckpt: Path) -> None:
         req.output_ids.append(tok)
         reserve_kv(runner, req, req.kv_len + 1)
     publish_rows(runner, reqs)
-    fb = build_step_batch(runner, reqs, ForwardMode.DECODE, 1)
+    fb = runner.prepare(step_inputs(reqs, ForwardMode.DECODE, 1))
     runner.attn_backend.init_forward_metadata(fb)
     decoded = model(fb.input_ids, fb.positions, fb).next_token_logits
 
@@ -201,7 +205,7 @@ def test_decode_and_chunked_prefill_match_one_prefill(ckpt: Path) -> None:
     model(fb.input_ids, fb.positions, fb)
     for req, full_prompt in zip(reqs, longer, strict=True):
         req.origin_input_ids = full_prompt  # the rest of the prompt arrives as a second chunk
-    fb = build_extend_batch(runner, reqs)
+    fb = runner.prepare(extend_inputs(runner, reqs))
     runner.attn_backend.init_forward_metadata(fb)
     chunked = model(fb.input_ids, fb.positions, fb).next_token_logits
     torch.testing.assert_close(chunked, full, **LOGIT_TOL)

@@ -28,7 +28,7 @@ def test_dflash_greedy_equals_target_only_with_cuda_graphs(tmp_path, target, sha
     engine = Engine(model_path=tiny_checkpoint(target, tmp_path), speculative_algorithm="DFLASH",
                     speculative_draft_model_path=tiny_checkpoint(f"{target}-dflash", tmp_path),
                     disable_shared_aux_buffer=not shared, **common)
-    assert type(engine.worker.target_runner.graph_runner.backend).__name__ == "CudaGraphBackend"
+    assert type(engine.worker.target_runner.step_graphs.backend).__name__ == "CudaGraphBackend"
     outs = engine.generate(PROMPTS, GREEDY)
     for r, o in zip(ref, outs, strict=True):
         assert o["output_ids"] == r["output_ids"]
@@ -47,11 +47,11 @@ def test_sampled_graphs_equal_eager_at_every_size(tmp_path, mixed):
                   speculative_draft_model_path=tiny_checkpoint("tiny-llama-dflash", tmp_path))
     graphs, eager = Engine(**common), Engine(**common, disable_decode_cuda_graph=True)
     for runner in (graphs.worker.draft_runner, graphs.worker.target_runner):
-        gr = runner.graph_runner
+        gr = runner.step_graphs
         assert type(gr.backend).__name__ == "CudaGraphBackend"
-        assert gr.sampling_graphs.keys() == {1, 2, 4, 8}
+        assert [x.step_bs for x in gr.layouts] == [1, 2, 4, 8] and len(gr.sampling_graphs) == 4
         tail = gr.capture_stats["sampling_tail"]
-        print(f"{gr.forward_mode.name}: main graphs {gr.capture_stats['free_memory_drop_bytes']}"
+        print(f"{gr.mode.name}: main graphs {gr.capture_stats['free_memory_drop_bytes']}"
               f" B, sampling tails {tail['free_memory_drop_bytes']} B in {tail['seconds']} s")
     rejected = 0
     for bs in range(1, 9):  # 3, 5, 6, 7 replay padded graphs

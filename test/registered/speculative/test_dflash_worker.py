@@ -7,13 +7,14 @@ import pytest
 import torch
 
 from sglang_aux.srt.entrypoints.engine import Engine
-from sglang_aux.srt.managers.schedule_batch import Req, build_extend_batch, reserve_kv
+from sglang_aux.srt.managers.schedule_batch import Req, reserve_kv
 from sglang_aux.srt.sampling.sampling_params import SamplingParams
 from sglang_aux.test.ci.ci_register import register_cpu_ci
 from sglang_aux.test.runtime_utils import (
     assert_kv_all_back,
     assert_spec_counts,
     eager_forward,
+    extend_batch,
     tiny_checkpoint,
 )
 
@@ -47,7 +48,7 @@ def _dflash(ckpts, target, **kw):
 def test_greedy_dflash_equals_target_only(ckpts, target_only, target, shared):
     engine = _dflash(ckpts, target, disable_shared_aux_buffer=not shared)
     runner = engine.worker.target_runner
-    assert (runner.graph_runner.buffers.aux_hidden_states is not None) == shared
+    assert (runner.aux_storage is not None) == shared
     outs = engine.generate(PROMPTS, GREEDY)
     for ref, out in zip(target_only[target], outs, strict=True):
         assert out["output_ids"] == ref["output_ids"]
@@ -115,9 +116,7 @@ def _draft_context_error(worker, req: Req) -> float:
     recomputation prefills the whole committed sequence into fresh rows."""
     tr = worker.target_runner
     committed = (req.origin_input_ids + req.output_ids)[: req.kv_len]
-    fresh = Req("check", committed, SamplingParams())
-    fresh.req_pool_idx = tr.req_to_token_pool.alloc()
-    fb = build_extend_batch(tr, [fresh])
+    (fresh,), fb = extend_batch(tr, [committed])
     aux = eager_forward(tr, fb).aux_hidden_states
     slots = tr.req_to_token_pool.req_to_token[req.req_pool_idx, : req.kv_len].long()
     pool = worker.draft_runner.token_to_kv_pool
@@ -147,8 +146,7 @@ def _run_steps(worker, prompt_ids, steps=4):
 def test_aux_rows_consumed_before_next_target_forward(ckpts):
     engine = _dflash(ckpts, "tiny-k3")
     worker = engine.worker
-    buf = worker.target_runner.graph_runner.buffers.aux_hidden_states
-    assert buf is not None
+    buf = worker.target_runner.aux_storage.buffer
     worker.on_aux_consumed = lambda: buf.fill_(float("nan"))
     prompts = [engine.tokenizer.encode(p) for p in PROMPTS[1:3]]
     reqs = _run_steps(worker, prompts)

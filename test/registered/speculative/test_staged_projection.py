@@ -10,10 +10,8 @@ import torch
 
 from sglang_aux.srt.entrypoints.engine import Engine
 from sglang_aux.srt.layers.quantization.mxfp8_gemm_choice import SLICED_CUBLAS_MIN_M
-from sglang_aux.srt.managers.schedule_batch import Req, build_extend_batch
-from sglang_aux.srt.sampling.sampling_params import SamplingParams
 from sglang_aux.test.ci.ci_register import register_cpu_ci
-from sglang_aux.test.runtime_utils import eager_forward, release, tiny_checkpoint
+from sglang_aux.test.runtime_utils import eager_forward, extend_batch, release, tiny_checkpoint
 
 register_cpu_ci(est_time=45, suite="default")
 
@@ -37,11 +35,7 @@ def _engine(tmp_path, device, target="tiny-k3", **kw):
 
 
 def _prefill_batch(worker, prompts):
-    runner = worker.target_runner
-    reqs = [Req(f"p{i}", ids, SamplingParams()) for i, ids in enumerate(prompts)]
-    for r in reqs:
-        r.req_pool_idx = runner.req_to_token_pool.alloc()
-    return reqs, build_extend_batch(runner, reqs)
+    return extend_batch(worker.target_runner, prompts)
 
 
 # 98 rows: the production GEMM for M; 1,095: from SLICED_CUBLAS_MIN_M, one aux slice per cuBLAS

@@ -12,7 +12,7 @@ from test_dflash_worker import _draft_context_error, _run_steps
 
 from sglang_aux.srt.entrypoints.engine import Engine
 from sglang_aux.srt.forward_state.forward_batch_info import ForwardMode
-from sglang_aux.srt.managers.schedule_batch import build_step_batch, publish_rows, reserve_kv
+from sglang_aux.srt.managers.schedule_batch import publish_rows, reserve_kv, step_inputs
 from sglang_aux.srt.managers.scheduler_info import graph_memory
 from sglang_aux.test.ci.ci_register import register_cpu_ci
 from sglang_aux.test.runtime_utils import (
@@ -64,7 +64,7 @@ def test_greedy_streamed_verify_equals_target_only(tmp_path, device, dtype, targ
     ref = Engine(model_path=tiny_checkpoint(target, tmp_path),
                  **_common(device, dtype)).generate(PROMPTS, GREEDY)
     engine = _streamed(tmp_path, device, dtype, target, mxfp8)
-    gr = engine.worker.target_runner.graph_runner
+    gr = engine.worker.target_runner.step_graphs
     replays = _count_replays(gr)
     outs = engine.generate(PROMPTS, GREEDY)
     assert replays, "no verify graph replayed"
@@ -72,30 +72,29 @@ def test_greedy_streamed_verify_equals_target_only(tmp_path, device, dtype, targ
         if dtype == "float32":
             assert a["output_ids"] == b["output_ids"]
         assert b["meta_info"]["spec_verify_ct"] > 0
-    for bs, fb in gr.forward_batches.items():  # every graph streamed all K slices
-        assert fb.aux_projection.num_accumulated == fb.aux_projection.num_slices, bs
+    for x, fb in zip(gr.layouts, gr.static, strict=True):  # every graph streamed all K slices
+        assert fb.aux_projection.num_accumulated == fb.aux_projection.num_slices, x
     assert_kv_all_back(engine)
 
 
 def test_verify_runner_holds_only_the_accumulator(tmp_path, device, dtype):
     engine = _streamed(tmp_path, device, dtype, "tiny-k3", mxfp8=False)
-    gr = engine.worker.target_runner.graph_runner
+    runner = engine.worker.target_runner
+    gr, storage = runner.step_graphs, runner.aux_storage
     draft = engine.worker.draft_runner.model
-    b = gr.buffers
-    assert b.aux_hidden_states is None
-    assert all(out.aux_hidden_states is None for out in gr.outputs.values())
+    assert storage.streamed
+    assert all(out.aux_hidden_states is None for out in gr.outputs)
     # the prefill graphs (CUDA) write the same accumulator: it has rows for the largest
-    rows = max([gr.max_num_token, *engine.worker.target_runner.prefill_capture_tokens])
-    assert b.aux_projection_acc.shape == (rows, draft.fc.out_features)
-    assert b.aux_projection_acc.dtype == torch.float32
-    for bs, fb in gr.forward_batches.items():  # row prefixes of the one accumulator
+    rows = max([runner.server_args.max_running_requests * engine.worker.block_size,
+                *runner.prefill_capture_tokens])
+    assert storage.buffer.shape == (rows, draft.fc.out_features)
+    assert storage.buffer.dtype == torch.float32
+    for x, fb in zip(gr.layouts, gr.static, strict=True):  # row prefixes of the one acc
         acc = fb.aux_projection.acc
-        assert acc.data_ptr() == b.aux_projection_acc.data_ptr()
-        assert acc.shape[0] == bs * gr.captured_req_width
-    nbytes = b.aux_projection_acc.numel() * 4
-    assert gr.capture_stats["aux_path"] == "streamed"
-    assert gr.capture_stats["aux_buffer_bytes"] == nbytes
-    info = graph_memory(gr)
+        assert acc.data_ptr() == storage.buffer.data_ptr()
+        assert acc.shape[0] == x.num_tokens
+    nbytes = storage.buffer.numel() * 4
+    info = graph_memory(runner)
     assert info["aux_path"] == "streamed" and info["aux_buffer_bytes"] == nbytes
     packed = rows * draft.fc.in_features * torch.finfo(torch.float32).bits // 8
     assert nbytes < packed
@@ -105,7 +104,7 @@ def test_verify_runner_holds_only_the_accumulator(tmp_path, device, dtype):
 def test_replay_equals_eager_at_every_size_and_padded(tmp_path, device, dtype, target, mxfp8):
     worker = _streamed(tmp_path, device, dtype, target, mxfp8).worker
     runner, pool = worker.target_runner, worker.draft_runner.token_to_kv_pool
-    gr, block = runner.graph_runner, worker.block_size
+    gr, block = runner.step_graphs, worker.block_size
     tol = 1e-5 if dtype == "float32" else 2e-2
     g = torch.Generator().manual_seed(0)
     vocab = runner.model_config.hf_config.vocab_size
@@ -122,12 +121,12 @@ def test_replay_equals_eager_at_every_size_and_padded(tmp_path, device, dtype, t
         for eager in (False, True):
             for k in pool.k_buffer:
                 k[slots] = float("nan")
-            runner.graph_runner = None if eager else gr  # None: ModelRunner's eager path
-            fb = build_step_batch(runner, reqs, ForwardMode.TARGET_VERIFY, block,
-                                  block_tokens=worker._drafts[:bs])
-            assert (fb.prepared_graph_bs is None) == eager
+            if eager:  # no verify graphs: ModelRunner's eager path
+                del runner.graph_runners[ForwardMode.TARGET_VERIFY]
+            fb = runner.prepare(step_inputs(reqs, ForwardMode.TARGET_VERIFY, block))
+            assert (fb.prepared_graph is None) == eager
             logits = runner.forward(fb).next_token_logits.clone()
-            runner.graph_runner = gr
+            runner.graph_runners[ForwardMode.TARGET_VERIFY] = gr
             ctx = [k[slots].clone() for k in pool.k_buffer]
             got.append((logits, ctx, worker._verdicts[:bs].clone()))
         (logits, ctx, verdict), (e_logits, e_ctx, e_verdict) = got
@@ -144,7 +143,7 @@ def test_replay_equals_eager_at_every_size_and_padded(tmp_path, device, dtype, t
 def test_poisoned_accumulator_between_steps_changes_nothing(tmp_path, device, dtype):
     engine = _streamed(tmp_path, device, dtype, "tiny-k3", mxfp8=False)
     worker = engine.worker
-    acc = worker.target_runner.graph_runner.buffers.aux_projection_acc
+    acc = worker.target_runner.aux_storage.buffer
     worker.on_aux_consumed = lambda: acc.fill_(float("nan"))
     prompts = [engine.tokenizer.encode(p) for p in PROMPTS[1:3]]
     reqs = _run_steps(worker, prompts)

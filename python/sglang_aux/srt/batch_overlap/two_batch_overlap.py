@@ -22,7 +22,7 @@ _SHARED_FIELDS = {"forward_mode", "req_to_token_pool", "token_to_kv_pool", "attn
                   "capture_hidden_mode", "is_capturing", "has_sampling"}
 _MIXED_ONLY_FIELDS = {"mixed_step_bs", "mixed_step_width"}
 _PARENT_ONLY_FIELDS = {"aux_hidden_states_buffer", "next_token_logits_buffer", "aux_projection",
-                       "prepared_graph_bs"}
+                       "prepared_graph"}
 
 
 def filter_batch(parent: ForwardBatch, *, start_req: int, end_req: int, start_token: int,

@@ -90,10 +90,9 @@ class ForwardBatch:
     is_capturing: bool = False
     # Some request samples (T > 0): the epilogue's sampling step runs too (runner/epilogue.py).
     has_sampling: bool = False
-    # The captured size whose static buffer already holds this batch (a graph runner's
-    # `prepare_step`, or `prepare_mixed`: a MIXED graph's step size): its tensors are views
-    # its graph's prologue fills at replay.
-    prepared_graph_bs: int | None = None
+    # The graph (its index in the mode's GraphRunner) whose static storage holds this batch
+    # (`ModelRunner.prepare`): its tensors are views the graph's prologue fills at replay.
+    prepared_graph: int | None = None
     # MIXED: the leading requests that take a step (`mixed_step_width` tokens each, padded
     # requests of a graph included) and `[rows]` the token rows the LM head reads: every step
     # token, then each arrival's last token (a graph pads them with row 0).

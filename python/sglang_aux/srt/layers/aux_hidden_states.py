@@ -18,7 +18,6 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import torch
 
-from sglang_aux.srt.configs.speculative_algorithm import SpeculativeAlgorithm
 from sglang_aux.srt.forward_state.protocols import AuxProjection
 
 if TYPE_CHECKING:
@@ -176,18 +175,3 @@ def shared_aux_hidden_states_width(model: object) -> int:
     if len(set(widths.values())) > 1:
         raise ValueError(f"{type(model).__name__} reports two aux widths: {widths}")
     return next(iter(widths.values()), 0)
-
-
-def resolve_aux_hidden_states_width(
-    *, model: object, spec_algorithm: SpeculativeAlgorithm, is_draft_worker: bool
-) -> int:
-    """Width of the runner-owned aux buffer, 0 for no shared buffer.
-
-    Only a DFlash-family target shares: its aux states are consumed (written into the draft
-    KV cache) before the next target forward. EAGLE3 keeps its hidden states across steps,
-    drafts capture nothing, and a model that does not opt in keeps the list path. Pipeline
-    stages are excluded by the model itself (its packed width is 0 there).
-    """
-    if not spec_algorithm.is_dflash_family() or is_draft_worker:
-        return 0
-    return shared_aux_hidden_states_width(model)

@@ -23,7 +23,7 @@ class FinishCheck:
     tokenizer: Tokenizer
     eos_token_ids: set[int]
     context_len: int
-    tokens_per_step: int  # the most positions one step writes per request
+    tokens_per_req: int  # the most positions one step writes per request
 
     def may_stop(self, req: Req, new_tokens: list[int]) -> bool:
         """Whether a stop string or regex can end `req` within `new_tokens` (not yet
@@ -43,8 +43,8 @@ class FinishCheck:
             matched = self._stop_in_text(req, req.output_ids[-_stop_window(req):])
             if matched is not None:
                 return {"type": "stop", "matched": matched}
-        # the next step writes positions up to seq_len - 1 + tokens_per_step - 1
-        at_context_end = req.seq_len + self.tokens_per_step - 1 >= self.context_len
+        # the next step writes positions up to seq_len - 1 + tokens_per_req - 1
+        at_context_end = req.seq_len + self.tokens_per_req - 1 >= self.context_len
         if len(req.output_ids) >= p.max_new_tokens or at_context_end:
             return {"type": "length", "length": len(req.output_ids)}
         return None

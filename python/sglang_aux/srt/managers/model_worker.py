@@ -9,12 +9,13 @@ from sglang_aux.srt.forward_state.forward_batch_info import CaptureHiddenMode, F
 from sglang_aux.srt.managers.pending_step import PendingStep
 from sglang_aux.srt.managers.schedule_batch import (
     Req,
-    build_extend_batch,
-    build_mixed_batch,
-    build_step_batch,
+    extend_inputs,
+    mixed_inputs,
+    step_inputs,
 )
 from sglang_aux.srt.managers.step_logprobs import StepLogprobs, packed_prefill
 from sglang_aux.srt.model_executor.model_runner import ModelRunner
+from sglang_aux.srt.model_executor.runner.forward_parts import ForwardParts
 from sglang_aux.srt.model_executor.runner.step_prologue import StepPrologue
 from sglang_aux.srt.model_executor.runner_utils.host_transfer import HostReadback, PendingRows
 from sglang_aux.srt.sampling.penalties import PenaltyRows, sample_next_tokens
@@ -24,28 +25,28 @@ from sglang_aux.srt.server_args import ServerArgs
 
 class ModelWorker:
     """The scheduler's `Worker` without speculation: one ModelRunner, one token per request per
-    step (SGLang's `TpModelWorker`, without tensor parallelism). `prefill` and `decode` launch
+    step (SGLang's `ModelWorker`, without tensor parallelism). `prefill` and `decode` launch
     a step and return it pending; its `tokens()` gives each request's new tokens, and the scheduler
     appends them and decides when a request ends.
 
     A decode step issues no per-request device work: one input copy, the rows
-    (`build_step_batch`; a graph derives the rest in its prologue from the rows' device
+    (`step_inputs`; a graph derives the rest in its prologue from the rows' device
     state), the forward (a graph replay when one fits), sampling on the device, the rows'
     state advanced on the device, one readback queued. A prefill likewise: one input copy, a
     prefill graph when one fits, sampling, the rows' state set, one readback.
     """
 
-    tokens_per_step = 1
+    tokens_per_req = 1
 
     def __init__(self, model_config: ModelConfig, server_args: ServerArgs,
                  model_runner: ModelRunner | None = None):
         self.model_runner = runner = model_runner or ModelRunner(model_config, server_args)
         prologue = StepPrologue()
-        runner.init_decode_graphs(ForwardMode.DECODE, captured_req_width=1,
-                                  step_prologue=prologue)
-        runner.init_prefill_graphs()
+        forwards = [ForwardParts(ForwardMode.DECODE, self.tokens_per_req, prologue),
+                    ForwardParts(ForwardMode.EXTEND)]
         if server_args.enable_mixed_chunk:
-            runner.init_mixed_graphs(1, prologue)
+            forwards.append(ForwardParts(ForwardMode.MIXED, self.tokens_per_req, prologue))
+        runner.init_forwards(*forwards)
         self.sampling_rows = SamplingRows(server_args.max_running_requests,
                                           model_config.hf_config.vocab_size, runner.device)
         self.penalty_rows = PenaltyRows(server_args.max_running_requests,
@@ -61,10 +62,10 @@ class ModelWorker:
 
     def prefill(self, reqs: list[Req]) -> PendingStep:
         self._write_rows(reqs)
-        fb = build_extend_batch(self.model_runner, reqs)
         logprobs = StepLogprobs.of(reqs, prefill=True)
-        if logprobs is not None and logprobs.needs_hidden:
-            fb.capture_hidden_mode = CaptureHiddenMode.FULL
+        hidden = CaptureHiddenMode.FULL if logprobs is not None and logprobs.needs_hidden \
+            else CaptureHiddenMode.NULL
+        fb = self.model_runner.prepare(extend_inputs(self.model_runner, reqs, hidden))
         out = self.model_runner.forward(fb)
         # the sampled token sits at position seq_len (= kv_len after the prefill)
         tokens = self._sample(out.next_token_logits, reqs, fb.req_pool_indices, fb.seq_lens)
@@ -74,7 +75,7 @@ class ModelWorker:
             kv_growth=0, logprobs=logprobs)
 
     def decode(self, reqs: list[Req]) -> PendingStep:
-        fb = build_step_batch(self.model_runner, reqs, ForwardMode.DECODE, 1)
+        fb = self.model_runner.prepare(step_inputs(reqs, ForwardMode.DECODE, self.tokens_per_req))
         logits = self.model_runner.forward(fb).next_token_logits
         tokens = self._sample(logits, reqs, fb.req_pool_indices, fb.seq_lens)
         self.model_runner.req_to_token_pool.advance_rows(fb.req_pool_indices, 1, tokens)
@@ -88,7 +89,7 @@ class ModelWorker:
         readback: the two steps it returns share it."""
         runner, bs, n = self.model_runner, len(reqs), len(arrivals)
         self._write_rows(arrivals)
-        fb = build_mixed_batch(runner, reqs, arrivals)
+        fb = runner.prepare(mixed_inputs(runner, reqs, arrivals, self.tokens_per_req))
         logits = runner.forward(fb).next_token_logits[: bs + n]  # step rows, then arrivals
         sb = fb.mixed_step_bs
         rows = torch.cat([fb.req_pool_indices[:bs], fb.req_pool_indices[sb : sb + n]])

@@ -18,7 +18,6 @@ drafts fall past the new `kv_len`, so the next step overwrites them before any r
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from itertools import accumulate
 
 import torch
 
@@ -29,13 +28,8 @@ from sglang_aux.srt.forward_state.forward_batch_info import (
 )
 from sglang_aux.srt.mem_cache.radix_cache import TreeNode
 from sglang_aux.srt.model_executor.model_runner import ModelRunner
-from sglang_aux.srt.model_executor.runner.mixed_prologue import MixedHostInputs
-from sglang_aux.srt.model_executor.runner.step_prologue import StepPrologue
-from sglang_aux.srt.model_executor.runner_utils.host_transfer import (
-    to_device,
-    to_device_into,
-    to_device_parts,
-)
+from sglang_aux.srt.model_executor.runner.forward_layout import ForwardInputs
+from sglang_aux.srt.model_executor.runner_utils.host_transfer import to_device
 from sglang_aux.srt.sampling.logprobs import LogprobParams, PositionLogprobs
 from sglang_aux.srt.sampling.sampling_params import SamplingParams
 
@@ -133,38 +127,16 @@ def _extend_lists(runner: ModelRunner, reqs: list[Req]
     return ids, positions, token_rows, prefix, ext
 
 
-def build_extend_batch(runner: ModelRunner, reqs: list[Req],
-                       capture_hidden_mode: CaptureHiddenMode = CaptureHiddenMode.NULL
-                       ) -> ForwardBatch:
-    """Prefill every request's uncached tokens (reserving slots where the reservation is
-    short). The host sends one copy; the slots are gathered from the request rows on the
-    device."""
+def extend_inputs(runner: ModelRunner, reqs: list[Req],
+                  capture_hidden_mode: CaptureHiddenMode = CaptureHiddenMode.NULL
+                  ) -> ForwardInputs:
+    """A prefill of every request's uncached tokens (reserving slots where the reservation is
+    short; kv_len then counts them), as host values (`ModelRunner.prepare` makes the batch:
+    one copy, the slots gathered from the request rows on the device)."""
     ids, positions, token_rows, prefix, ext = _extend_lists(runner, reqs)
-    seq_lens = [r.kv_len for r in reqs]
-    start_loc = [0, *accumulate(ext)][:-1]
-    (input_ids, positions_t, token_rows_t, rows, seq_lens_t, prefix_t, ext_t,
-     start_t) = to_device_parts([ids, positions, token_rows, [r.req_pool_idx for r in reqs],
-                                 seq_lens, prefix, ext, start_loc], runner.device)
-    return ForwardBatch(
-        forward_mode=ForwardMode.EXTEND,
-        batch_size=len(reqs),
-        input_ids=input_ids,
-        req_pool_indices=rows,
-        seq_lens=seq_lens_t,
-        seq_lens_cpu=torch.tensor(seq_lens, dtype=torch.int64),
-        out_cache_loc=runner.req_to_token_pool.req_to_token[token_rows_t, positions_t].to(
-            torch.int64),
-        positions=positions_t,
-        req_to_token_pool=runner.req_to_token_pool,
-        token_to_kv_pool=runner.token_to_kv_pool,
-        attn_backend=runner.attn_backend,
-        extend_prefix_lens_cpu=prefix,
-        extend_seq_lens_cpu=ext,
-        extend_prefix_lens=prefix_t,
-        extend_seq_lens=ext_t,
-        extend_start_loc=start_t,
-        capture_hidden_mode=capture_hidden_mode,
-    )
+    return ForwardInputs(ForwardMode.EXTEND, arrival_rows=[r.req_pool_idx for r in reqs],
+                         ids=ids, positions=positions, token_rows=token_rows, prefix=prefix,
+                         ext=ext, capture_hidden_mode=capture_hidden_mode)
 
 
 def build_fixed_batch(runner: ModelRunner, reqs: list[Req], mode: ForwardMode,
@@ -191,95 +163,44 @@ def build_fixed_batch(runner: ModelRunner, reqs: list[Req], mode: ForwardMode,
     )
 
 
-def build_step_batch(runner: ModelRunner, reqs: list[Req], mode: ForwardMode, width: int,
-                     fill_token_id: int = 0, block_tokens: torch.Tensor | None = None
-                     ) -> ForwardBatch:
-    """A decode step: `width` tokens per request at positions `[kv_len, kv_len + width)` of
-    each row's device kv_len, the row's last token first, then `block_tokens`
-    `[bs, width - 1]` or `fill_token_id`. The host sends one copy (the rows); the rest is
-    derived on the device by `StepPrologue` from the rows' device state: inside the graph
-    when the runner's graphs have one and one fits (the prologue then reads the block tokens
-    from its own static storage), else right here."""
-    bs = len(reqs)
-    bounds = [r.kv_len + r.pending_tokens for r in reqs]  # the device kv_lens are at most these
+def _step_bounds(reqs: list[Req], tokens_per_req: int) -> list[int]:
+    """Upper bounds of the requests' device kv_lens, checked against their reservations."""
+    bounds = [r.kv_len + r.pending_tokens for r in reqs]
     for r, bound in zip(reqs, bounds, strict=True):
-        if bound + width > r.kv_reserved:
-            raise RuntimeError(f"request {r.rid}: a {width}-token step at up to {bound} passes "
-                               f"its {r.kv_reserved} reserved slots")
-    rows = [r.req_pool_idx for r in reqs]
-    graphs = runner.graph_runner
-    if graphs is not None and graphs.forward_mode == mode and graphs.fits_step(bs):
-        prologue = graphs.step_prologue
-        if block_tokens is not None and (
-                prologue.block_tokens is None
-                or prologue.block_tokens(bs).data_ptr() != block_tokens.data_ptr()):
-            raise ValueError("block tokens a graph's prologue does not read: pass the storage "
-                             "its block_tokens returns")
-        return graphs.prepare_step(rows, bounds)
-    dev, n = runner.device, bs * width
-    ints = dict(dtype=torch.int64, device=dev)
-    fb = ForwardBatch(
-        forward_mode=mode,
-        batch_size=bs,
-        input_ids=torch.empty(n, **ints),
-        req_pool_indices=torch.empty(bs, **ints),
-        seq_lens=torch.empty(bs, **ints),
-        seq_lens_cpu=torch.tensor(bounds, dtype=torch.int64) + width,
-        out_cache_loc=torch.empty(n, **ints),
-        positions=torch.empty(n, **ints),
-        req_to_token_pool=runner.req_to_token_pool,
-        token_to_kv_pool=runner.token_to_kv_pool,
-        attn_backend=runner.attn_backend,
-    )
-    tokens = None if block_tokens is None else (lambda _: block_tokens)
-    StepPrologue(fill_token_id, tokens)(fb, to_device([rows], dev)[0])
-    return fb
+        if bound + tokens_per_req > r.kv_reserved:
+            raise RuntimeError(f"request {r.rid}: a {tokens_per_req}-token step at up to "
+                               f"{bound} passes its {r.kv_reserved} reserved slots")
+    return bounds
 
 
-def mixed_host_inputs(runner: ModelRunner, reqs: list[Req], arrivals: list[Req]
-                      ) -> MixedHostInputs:
-    """The host's part of a MIXED forward (`build_mixed_batch`): the step requests' rows and
-    every arrival's uncached tokens (reserving its slots; kv_len then counts them), packed in
-    the layout `ModelRunner.mixed_layout` picks."""
-    bs, n, width = len(reqs), len(arrivals), runner.mixed_width
+def step_inputs(reqs: list[Req], mode: ForwardMode, tokens_per_req: int) -> ForwardInputs:
+    """A decode step of `tokens_per_req` tokens per request at positions `[kv_len, kv_len +
+    tokens_per_req)` of each row's device kv_len. The host sends the rows; the runner's
+    `StepPrologue` for `mode` derives the rest on the device (the row's last token first,
+    then the prologue's block tokens or fill token)."""
+    return ForwardInputs(mode, step_rows=[r.req_pool_idx for r in reqs],
+                         step_kv_bounds=_step_bounds(reqs, tokens_per_req))
+
+
+def mixed_inputs(runner: ModelRunner, reqs: list[Req], arrivals: list[Req],
+                 tokens_per_req: int) -> ForwardInputs:
+    """One MIXED forward: a step of `tokens_per_req` tokens for each of `reqs`, as
+    `step_inputs` steps them, then the prefill of every arrival's uncached tokens, as
+    `extend_inputs` does (reserving its slots).
+
+    The batch `ModelRunner.prepare` makes has its logits rows in this order: every live step
+    token, each arrival's last token, then padding; so `next_token_logits[:len(reqs) *
+    tokens_per_req + len(arrivals)]` are the live ones. Requests: the step ones from 0, the
+    arrivals from `mixed_step_bs`."""
     if not reqs or not arrivals:
-        raise ValueError(f"a mixed batch needs step requests and arrivals, got {bs} and {n}")
-    if not width:
-        raise ValueError("MIXED forwards need the runner's init_mixed_graphs")
-    bounds = [r.kv_len + r.pending_tokens for r in reqs]  # the device kv_lens are at most these
-    for r, bound in zip(reqs, bounds, strict=True):
-        if bound + width > r.kv_reserved:
-            raise RuntimeError(f"request {r.rid}: a {width}-token step at up to {bound} passes "
-                               f"its {r.kv_reserved} reserved slots")
+        raise ValueError(f"a mixed batch needs step requests and arrivals, got {len(reqs)} "
+                         f"and {len(arrivals)}")
+    bounds = _step_bounds(reqs, tokens_per_req)
     ids, positions, token_rows, prefix, ext = _extend_lists(runner, arrivals)
-    return runner.mixed_layout(bs, n, len(ids)).pack(
-        step_rows=[r.req_pool_idx for r in reqs], step_kv_bounds=bounds,
-        arrival_rows=[r.req_pool_idx for r in arrivals], ids=ids, positions=positions,
-        token_rows=token_rows, prefix=prefix, ext=ext)
-
-
-def build_mixed_batch(runner: ModelRunner, reqs: list[Req], arrivals: list[Req]
-                      ) -> ForwardBatch:
-    """One MIXED forward: a step of the runner's `mixed_width` tokens for each of `reqs`, as
-    `build_step_batch` steps them, then the prefill of every arrival's uncached tokens, as
-    `build_extend_batch` does (reserving its slots). The host sends one copy
-    (`mixed_host_inputs`, laid out as the runner's smallest mixed graph that fits, if one
-    does); the runner's `MixedPrologue` derives the rest from device state: inside that graph,
-    else right here.
-
-    Logits rows, in order: every live step token, each arrival's last token, then padding;
-    so `next_token_logits[:len(reqs) * width + len(arrivals)]` are the live ones. Requests:
-    the step ones from 0, the arrivals from `mixed_step_bs`."""
-    host = mixed_host_inputs(runner, reqs, arrivals)
-    layout, graphs = host.layout, runner.mixed_graph_runner
-    if graphs is not None and graphs.has_layout(layout):
-        return graphs.prepare_mixed(host)
-    packed = torch.empty(layout.num_values, dtype=torch.int64, device=runner.device)
-    to_device_into(packed, host.values)
-    fb = layout.batch(packed, runner, seq_lens_cpu=torch.tensor(host.seq_lens_cpu),
-                      extend_seq_lens_cpu=host.extend_seq_lens_cpu)
-    runner.mixed_prologue(fb, layout.token_rows(packed))
-    return fb
+    return ForwardInputs(ForwardMode.MIXED, step_rows=[r.req_pool_idx for r in reqs],
+                         step_kv_bounds=bounds, arrival_rows=[r.req_pool_idx for r in arrivals],
+                         ids=ids, positions=positions, token_rows=token_rows, prefix=prefix,
+                         ext=ext)
 
 
 def publish_rows(runner: ModelRunner, reqs: list[Req]) -> None:

@@ -28,7 +28,7 @@ most of the GPU idle. They touch disjoint memory: the prefill writes only the ar
 sampling parameters, slots and draft context, and reads cached prefix slots that no forward
 writes again; the decode step writes only the running requests'; admission's slot and row
 writes are issued before the side stream starts; and the prefill graphs then keep their own
-aux storage and graph pool (`ModelRunner.init_prefill_graphs`).
+aux rows and graph pool (`ModelRunner.init_forwards`, `aux_storage.aux_rows`).
 
 With mixed steps (`--enable-mixed-chunk`, SGLang's flag) arrivals that fit a mixed forward
 (`mixed_limits`) are not prefilled in a step of their own: one MIXED forward runs the running
@@ -67,7 +67,7 @@ class Worker(Protocol):
     worker (speculative/dflash_worker.py), typed here so this layer never imports the one
     above it."""
 
-    tokens_per_step: int  # most tokens one decode step can add to a request
+    tokens_per_req: int  # most tokens one decode step can add to a request
 
     @property
     def model_runner(self) -> ModelRunner: ...  # the target's: pools, graph limits, device
@@ -98,8 +98,8 @@ class Scheduler:
         self.allocator = runner.token_to_kv_pool_allocator
         self.max_running_requests = max_running_requests
         self.context_len = context_len
-        self.finish = FinishCheck(tokenizer, eos_token_ids, context_len, worker.tokens_per_step)
-        self.limits = RequestLimits(context_len, worker.tokens_per_step, self.allocator.size,
+        self.finish = FinishCheck(tokenizer, eos_token_ids, context_len, worker.tokens_per_req)
+        self.limits = RequestLimits(context_len, worker.tokens_per_req, self.allocator.size,
                                     overlap, context_len * tokenizer.max_chars_per_token)
         self.on_update = on_update
         self.overlap = overlap
@@ -310,7 +310,7 @@ class Scheduler:
     def _can_launch(self, req: Req) -> bool:
         """Whether a step fits what is known of `req`: its kv_len may have grown by the
         steps in flight, and the step's positions stay inside its slots and the context."""
-        end = req.kv_len + req.pending_tokens + self.worker.tokens_per_step
+        end = req.kv_len + req.pending_tokens + self.worker.tokens_per_req
         return end <= min(req.kv_reserved, self.context_len)
 
     def _complete(self, step: PendingStep) -> None:

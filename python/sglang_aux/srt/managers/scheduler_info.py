@@ -8,48 +8,48 @@ import os
 
 import torch
 
-from sglang_aux.srt.layers.aux_hidden_states import resolve_aux_hidden_states_width
+from sglang_aux.srt.forward_state.forward_batch_info import ForwardMode
 from sglang_aux.srt.managers.scheduler import Scheduler
 from sglang_aux.srt.managers.server_metrics import StepThroughput
 from sglang_aux.srt.managers.serving_engine import ServingEngine
-from sglang_aux.srt.model_executor.runner.decode_cuda_graph_runner import DecodeCudaGraphRunner
+from sglang_aux.srt.model_executor.model_runner import ModelRunner
+from sglang_aux.srt.model_executor.runner_utils.aux_storage import resolve_aux_hidden_states_width
 
 GRAPH_KEYS = ("forward_mode", "capture_bs", "prefill_capture_tokens", "graph_memory_bytes",
               "graph_memory_reserved_bytes", "graph_memory_allocated_bytes", "aux_path",
               "aux_buffer_bytes", "aux_per_graph_bytes", "aux_bytes_saved")
 
 
-def graph_memory(graph_runner: DecodeCudaGraphRunner | None) -> dict:
-    """Capture sizes and the aux-state memory of the target's decode graphs; nulls without
-    graphs. `aux_per_graph_bytes` is what one aux output per captured graph would retain,
-    sum(bs * tokens per request * aux width * element size), plus the prefill graphs'
-    token counts times the same row size; the shared buffer (or the
-    streamed projection's fp32 accumulator, `aux_path` "streamed") saves that less its own
-    size (nothing when sharing is off)."""
-    if graph_runner is None:
+def graph_memory(runner: ModelRunner) -> dict:
+    """Capture sizes and the aux-state memory of a runner's step graphs; nulls without them.
+    `aux_per_graph_bytes` is what one aux output per captured graph (step, prefill and mixed
+    graphs alike) would retain, sum(tokens * aux width * element size); the runner's one aux
+    storage (or the streamed projection's fp32 accumulator, `aux_path` "streamed") saves that
+    less its own size (nothing when sharing is off)."""
+    step = runner.step_graphs
+    if step is None:
         return dict.fromkeys(GRAPH_KEYS)
-    runner = graph_runner.model_runner
     aux_width = resolve_aux_hidden_states_width(
         model=runner.model, spec_algorithm=runner.spec_algorithm,
         is_draft_worker=runner.is_draft_worker,
     )
     elem = runner.model_config.dtype.itemsize
-    # the prefill graphs write the same storage; each would retain its own output otherwise
-    prefill = runner.prefill_graph_runner
-    prefill_tokens = [] if prefill is None else prefill.capture_tokens
-    per_graph = (sum(bs * graph_runner.captured_req_width for bs in graph_runner.capture_bs)
-                 + sum(prefill_tokens)) * aux_width * elem
-    shared = graph_runner.buffers.aux_nbytes()
-    stats = graph_runner.capture_stats
+    prefill = runner.graph_runners.get(ForwardMode.EXTEND)
+    prefill_tokens = [] if prefill is None else [x.arrival_tokens for x in prefill.layouts]
+    per_graph = sum(x.num_tokens for g in runner.graph_runners.values()
+                    for x in g.layouts) * aux_width * elem
+    storage = runner.aux_storage
+    shared = 0 if storage is None else storage.nbytes()
+    stats = step.capture_stats
     return {
-        "forward_mode": graph_runner.forward_mode.name,
-        "capture_bs": list(graph_runner.capture_bs),
-        "prefill_capture_tokens": list(prefill_tokens),
+        "forward_mode": step.mode.name,
+        "capture_bs": [x.step_bs for x in step.layouts],
+        "prefill_capture_tokens": prefill_tokens,
         # the capture's drop in free device memory (SGLang's figure), and the allocator's view
         "graph_memory_bytes": stats.get("free_memory_drop_bytes"),
         "graph_memory_reserved_bytes": stats.get("reserved_delta_bytes"),
         "graph_memory_allocated_bytes": stats.get("allocated_delta_bytes"),
-        "aux_path": graph_runner.buffers.aux_path,
+        "aux_path": "per-graph" if storage is None else storage.path,
         "aux_buffer_bytes": shared,
         "aux_per_graph_bytes": per_graph,
         "aux_bytes_saved": per_graph - shared if shared else 0,
@@ -83,7 +83,7 @@ def engine_info(engine: ServingEngine, throughput: StepThroughput) -> dict:
         "scheduler_stats": dict(sched.stats),
         **prefix_cache_info(sched),
         "last_gen_throughput": throughput.last_gen_throughput,
-        **graph_memory(runner.graph_runner),
+        **graph_memory(runner),
         "num_running_reqs": len(sched.running),
         "num_queue_reqs": len(sched.waiting),
         "scheduler_pid": os.getpid(),

@@ -18,6 +18,7 @@ advances each request's kv_len.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable
 
@@ -35,15 +36,15 @@ from sglang_aux.srt.layers.logits_processor import LogitsProcessorOutput
 from sglang_aux.srt.managers.pending_step import PendingStep
 from sglang_aux.srt.managers.schedule_batch import (
     Req,
-    build_extend_batch,
-    build_mixed_batch,
-    build_step_batch,
+    extend_inputs,
+    mixed_inputs,
+    step_inputs,
 )
 from sglang_aux.srt.managers.step_logprobs import StepLogprobs, packed_prefill
 from sglang_aux.srt.model_executor.model_runner import ModelRunner
 from sglang_aux.srt.model_executor.runner.epilogue import Epilogue
+from sglang_aux.srt.model_executor.runner.forward_parts import ForwardParts, StreamedAux
 from sglang_aux.srt.model_executor.runner.step_prologue import StepPrologue
-from sglang_aux.srt.model_executor.runner.streamed_aux import StreamedAux
 from sglang_aux.srt.model_executor.runner_utils.host_transfer import HostReadback, PendingRows
 from sglang_aux.srt.sampling.penalties import PenaltyRows, sample_next_tokens
 from sglang_aux.srt.sampling.sampler import Lane, sample_from_probs, sampling_probs, uniform
@@ -82,16 +83,19 @@ class DFlashWorker:
         if fc_quant == "mxfp8":
             draft_runner.model.quantize_fc_mxfp8()
         self.staged_min_tokens = server_args.dflash_staged_projection_min_tokens
-        # streamed: prefills and verify forwards project each aux state into the draft fc's
-        # fp32 accumulator as the target taps it (DFlashDraftModel.new_streamed_projection).
-        self.streamed_aux = server_args.speculative_dflash_aux_projection == "streamed"
+        # set: every target forward projects each aux state into the draft fc's fp32
+        # accumulator as the target taps it (DFlashDraftModel.new_streamed_projection)
+        self.streamed_aux: StreamedAux | None = None
+        if server_args.speculative_dflash_aux_projection == "streamed":
+            self.streamed_aux = StreamedAux(draft_runner.model.fc.out_features,
+                                            draft_runner.model.new_streamed_projection)
         self._staged_logged = False
         draft_runner.model.set_target_modules(
             self.target_runner.model.get_input_embeddings(), self.target_runner.model.lm_head_weight
         )
         self.block_size = b = server_args.speculative_num_draft_tokens or dc.block_size
         self.mask_token_id = dc.mask_token_id
-        self.tokens_per_step = self.block_size
+        self.tokens_per_req = b
         self.propose: Proposer = self._graph_proposals
         # Called after each step's aux rows (or streamed accumulator) are consumed (tests poison
         # the storage here).
@@ -111,38 +115,29 @@ class DFlashWorker:
         # step's readback adds its arrivals' first tokens in the rows after (`mixed`)
         self._verdicts = torch.zeros((rows, b + 1), dtype=torch.int64, device=device)
         verify, block = ForwardMode.TARGET_VERIFY, ForwardMode.DRAFT_BLOCK
-        # What the target's verify graphs contain besides the model (bench_graph_memory.py
-        # captures them too): the commit + acceptance epilogue (and its rejection-sampling
-        # tail), and the streamed projection.
-        self.verify_epilogue = Epilogue(verify, self._verify_epilogue, self._verify_sampling)
-        self.verify_streamed_aux: StreamedAux | None = None
-        if self.streamed_aux:
-            draft = draft_runner.model
-            self.verify_streamed_aux = StreamedAux(verify, draft.fc.out_features,
-                                                   draft.new_streamed_projection)
-        self.verify_prologue = StepPrologue(block_tokens=lambda bs: self._drafts[:bs])
-        self.target_runner.init_decode_graphs(
-            verify, b, self.verify_epilogue, streamed_aux=self.verify_streamed_aux,
-            step_prologue=self.verify_prologue)
-        # Prefills commit the prompt's draft context in their own forward (graph or eager).
-        extend = ForwardMode.EXTEND
-        self.target_runner.init_prefill_graphs(
-            Epilogue(extend, self._prefill_epilogue),
-            streamed_aux=None if not self.streamed_aux else StreamedAux(
-                extend, draft_runner.model.fc.out_features,
-                draft_runner.model.new_streamed_projection))
-        draft_runner.init_decode_graphs(
-            block, b, Epilogue(block, self._draft_epilogue, self._draft_sampling),
-            step_prologue=StepPrologue(fill_token_id=self.mask_token_id))
+        # What the target's verify forwards run besides the model, inside their graphs
+        # (bench_graph_memory.py captures them too): the prologue (`[anchor, drafts]` from
+        # `_drafts`), the commit + acceptance epilogue and its rejection-sampling tail, the
+        # streamed projection.
+        self.verify_parts = ForwardParts(
+            verify, b, StepPrologue(block_tokens=lambda bs: self._drafts[:bs]),
+            Epilogue(verify, self._verify_epilogue, self._verify_sampling), self.streamed_aux)
+        forwards = [self.verify_parts,
+                    # prefills commit the prompt's draft context in their own forward
+                    ForwardParts(ForwardMode.EXTEND,
+                                 epilogue=Epilogue(ForwardMode.EXTEND, self._prefill_epilogue),
+                                 streamed_aux=self.streamed_aux)]
         if server_args.enable_mixed_chunk:
             # Verify steps that carry arrivals' prefills: the commit covers both, greedy
             # acceptance the step rows; the rejection tail runs after (`mixed`).
             mixed = ForwardMode.MIXED
-            self.target_runner.init_mixed_graphs(
-                b, self.verify_prologue, Epilogue(mixed, self._mixed_epilogue),
-                streamed_aux=None if not self.streamed_aux else StreamedAux(
-                    mixed, draft_runner.model.fc.out_features,
-                    draft_runner.model.new_streamed_projection))
+            forwards.append(ForwardParts(mixed, b, self.verify_parts.prologue,
+                                         Epilogue(mixed, self._mixed_epilogue),
+                                         self.streamed_aux))
+        self.target_runner.init_forwards(*forwards)
+        draft_runner.init_forwards(ForwardParts(
+            block, b, StepPrologue(fill_token_id=self.mask_token_id),
+            Epilogue(block, self._draft_epilogue, self._draft_sampling)))
 
     @property
     def model_runner(self) -> ModelRunner:
@@ -158,12 +153,14 @@ class DFlashWorker:
 
     def prefill(self, reqs: list[Req]) -> PendingStep:
         self._write_rows(reqs)
-        fb = build_extend_batch(self.target_runner, reqs)
         logprobs = StepLogprobs.of(reqs, prefill=True)
+        inputs = extend_inputs(self.target_runner, reqs)
         if logprobs is not None and logprobs.needs_hidden:
-            fb.capture_hidden_mode = CaptureHiddenMode.FULL
-        if not self.streamed_aux:  # streamed: the runner feeds the projection
-            fb.aux_projection = self._staged_projection_for(fb.num_tokens)
+            inputs = dataclasses.replace(inputs, capture_hidden_mode=CaptureHiddenMode.FULL)
+        if self.streamed_aux is None:  # streamed: the runner feeds the projection
+            inputs = dataclasses.replace(
+                inputs, aux_projection=self._staged_projection_for(len(inputs.ids)))
+        fb = self.target_runner.prepare(inputs)
         out = self.target_runner.forward(fb)  # its epilogue committed the draft context
         tokens = self._first_tokens(out.next_token_logits, reqs, fb.req_pool_indices,
                                     fb.seq_lens)
@@ -175,9 +172,8 @@ class DFlashWorker:
     def decode(self, reqs: list[Req]) -> PendingStep:
         bs, b = len(reqs), self.block_size
         has_sampling = self._draft(reqs)
-        # `[anchor, drafts]` per request: the verify graph's prologue reads `_drafts` itself
-        verify_fb = build_step_batch(self.target_runner, reqs, ForwardMode.TARGET_VERIFY, b,
-                                     block_tokens=self._drafts[:bs])
+        # `[anchor, drafts]` per request: the verify prologue reads `_drafts` itself
+        verify_fb = self.target_runner.prepare(step_inputs(reqs, ForwardMode.TARGET_VERIFY, b))
         verify_fb.has_sampling = has_sampling
         # The graph (or the eager forward) commits the draft context and leaves the verdicts.
         out = self.target_runner.forward(verify_fb)
@@ -207,7 +203,7 @@ class DFlashWorker:
         bs, n, b = len(reqs), len(arrivals), self.block_size
         self._write_rows(arrivals)
         has_sampling = self._draft(reqs)
-        fb = build_mixed_batch(self.target_runner, reqs, arrivals)
+        fb = self.target_runner.prepare(mixed_inputs(self.target_runner, reqs, arrivals, b))
         out = self.target_runner.forward(fb)
         if self.on_aux_consumed is not None:
             self.on_aux_consumed()
@@ -270,8 +266,8 @@ class DFlashWorker:
         """The draft block's proposals for `reqs` into `_drafts[:bs]`; whether a request
         samples (known on the host: only then do the epilogues' sampling steps run)."""
         has_sampling = not all(r.sampling_params.is_greedy for r in reqs)
-        draft_fb = build_step_batch(self.draft_runner, reqs, ForwardMode.DRAFT_BLOCK,
-                                    self.block_size, fill_token_id=self.mask_token_id)
+        draft_fb = self.draft_runner.prepare(step_inputs(reqs, ForwardMode.DRAFT_BLOCK,
+                                                         self.block_size))
         draft_fb.has_sampling = has_sampling
         self.draft_runner.forward(draft_fb)  # proposals in `_drafts[:bs]`
         drafts = self.propose(reqs, draft_fb)

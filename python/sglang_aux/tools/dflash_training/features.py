@@ -10,7 +10,7 @@ import torch
 from sglang_aux.srt.forward_state.forward_batch_info import CaptureHiddenMode
 from sglang_aux.srt.managers.schedule_batch import (
     Req,
-    build_extend_batch,
+    extend_inputs,
     map_cached_prefix,
     release_kv,
 )
@@ -60,7 +60,8 @@ def extract_aux(runner: ModelRunner, samples: list[Sample], layer_ids: list[int]
     first.req_pool_idx = pool.alloc()
     # FULL runs it eagerly: the runner's graphs were captured before these layers were set
     # to be captured, so they return no aux rows
-    rows = runner.forward(build_extend_batch(runner, [first], CaptureHiddenMode.FULL))
+    rows = runner.forward(runner.prepare(extend_inputs(runner, [first],
+                                                       CaptureHiddenMode.FULL)))
     prefix, out = rows.aux_hidden_states[:skip].clone(), [rows.aux_hidden_states[skip:].clone()]
     prefix_slots = pool.req_to_token[first.req_pool_idx, :skip].clone()
     release_kv(runner, first, keep=skip)
@@ -71,7 +72,7 @@ def extract_aux(runner: ModelRunner, samples: list[Sample], layer_ids: list[int]
         for r in reqs:
             r.req_pool_idx = pool.alloc()
             map_cached_prefix(runner, r, prefix_slots)
-        fb = build_extend_batch(runner, reqs, CaptureHiddenMode.FULL)
+        fb = runner.prepare(extend_inputs(runner, reqs, CaptureHiddenMode.FULL))
         rows = runner.forward(fb).aux_hidden_states.split([len(r.origin_input_ids) - skip
                                                            for r in reqs])
         out += [a.clone() for a in rows]

@@ -18,9 +18,7 @@ class ModelRunnerView(Protocol):
     model: nn.Module
     model_config: ModelConfig
     device: torch.device
-    pp_size: int
     attn_backend: AttentionBackend
     req_to_token_pool: ReqToTokenPool
     token_to_kv_pool: MHATokenToKVPool
 
-    def get_aux_hidden_states_width(self) -> int: ...

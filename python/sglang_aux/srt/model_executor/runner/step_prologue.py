@@ -1,13 +1,13 @@
 """A decode step's inputs, derived on the device from its request rows.
 
-The host sends one integer per request, its row (`rows`, one pinned copy per step); each row's
-kv_len and last token are device state the previous forward left (`ReqToTokenPool.kv_lens`,
-`last_tokens`). From them a step of `width` tokens per request gets positions
-`kv_len + [0, width)`, KV slots gathered from the request rows, lengths `kv_len + width`, and
-input ids: the last token, then the block's other tokens (the owner's static storage, e.g.
-DFlash's draft proposals) or `fill_token_id`. A graph runner given a prologue runs it inside
-every graph, before the model, so a replay needs only the rows copy; an eager step runs the
-same function over fresh tensors (`schedule_batch.build_step_batch`).
+The host sends one integer per request, its row (`req_pool_indices`, one pinned copy per
+step); each row's kv_len and last token are device state the previous forward left
+(`ReqToTokenPool.kv_lens`, `last_tokens`). From them a step of `width` tokens per request
+gets positions `kv_len + [0, width)`, KV slots gathered from the request rows, lengths
+`kv_len + width`, and input ids: the last token, then the block's other tokens (the owner's
+static storage, e.g. DFlash's draft proposals) or `fill_token_id`. A graph runs it inside
+the graph, before the model, so a replay needs only the rows copy; an eager step runs the
+same function over fresh tensors (`ForwardLayout.complete`).
 """
 
 from __future__ import annotations
@@ -27,12 +27,12 @@ class StepPrologue:
     # static (a graph reads it at replay); None: `fill_token_id`
     block_tokens: Callable[[int], torch.Tensor] | None = None
 
-    def __call__(self, fb: ForwardBatch, rows: torch.Tensor) -> None:
-        """Write `fb`'s input_ids, positions, out_cache_loc, seq_lens and req_pool_indices in
-        place from `rows` `[>= bs]` and the pool's row state."""
+    def __call__(self, fb: ForwardBatch) -> None:
+        """Write `fb`'s input_ids, positions, out_cache_loc and seq_lens in place from its
+        rows (`req_pool_indices`) and the pool's row state."""
         bs, width = fb.batch_size, fb.tokens_per_req
         pool = fb.req_to_token_pool
-        rows = rows[:bs]
+        rows = fb.req_pool_indices
         kv_lens, last = pool.kv_lens[rows], pool.last_tokens[rows]
         positions = fb.positions.view(bs, width)
         torch.add(kv_lens[:, None], torch.arange(width, device=rows.device), out=positions)
@@ -46,4 +46,3 @@ class StepPrologue:
             else:
                 ids[:, 1:] = self.block_tokens(bs)
         torch.add(kv_lens, width, out=fb.seq_lens)
-        fb.req_pool_indices.copy_(rows)

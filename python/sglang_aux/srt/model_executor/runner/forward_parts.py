@@ -1,0 +1,47 @@
+"""What every forward of one mode runs besides the model, inside its graph when one replays.
+
+A runner's workers register one `ForwardParts` per mode they run (`ModelRunner.init_forwards`):
+how many tokens each stepping request holds, the prologue that derives a step's inputs from
+its rows, the epilogue that consumes the outputs, and the streamed projection the model feeds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from sglang_aux.srt.forward_state.forward_batch_info import ForwardMode
+from sglang_aux.srt.layers.aux_hidden_states import AuxProjection
+from sglang_aux.srt.model_executor.runner.epilogue import Epilogue
+from sglang_aux.srt.model_executor.runner.step_prologue import StepPrologue
+
+
+@dataclass(frozen=True)
+class StreamedAux:
+    """The draft fc projection a forward's aux states stream into, instead of packed aux rows:
+    every forward gets one over the runner's `[rows, width]` fp32 accumulator (`AuxStorage`),
+    reset before the model runs; the epilogue consumes its result inside the same forward."""
+
+    width: int  # H_draft: the accumulator's columns
+    # (num_tokens, aux dtype, acc [num_tokens, width] fp32 or None to allocate) -> projection
+    new: Callable[[int, torch.dtype, torch.Tensor | None], AuxProjection]
+
+
+@dataclass(frozen=True)
+class ForwardParts:
+    mode: ForwardMode
+    tokens_per_req: int = 0  # tokens per stepping request (a step mode, MIXED); 0: none
+    prologue: StepPrologue | None = None  # required when tokens_per_req > 0
+    epilogue: Epilogue | None = None
+    streamed_aux: StreamedAux | None = None
+
+    def __post_init__(self):
+        if self.epilogue is not None and self.epilogue.mode != self.mode:
+            raise ValueError(f"a {self.epilogue.mode.name} epilogue for {self.mode.name}")
+        steps = self.mode.is_cuda_graph() or self.mode.is_mixed()
+        if steps != (self.tokens_per_req > 0) or (steps and self.prologue is None):
+            raise ValueError(f"{self.mode.name} forwards need tokens per request and a step "
+                             f"prologue exactly when requests step, got {self.tokens_per_req} "
+                             f"and {self.prologue}")

@@ -1,0 +1,97 @@
+"""The aux storage of a DFlash target runner: its width, its one allocation, its row views.
+
+DFlash's draft reads the target's aux states (K captured layers, `[K * hidden]` per token) of
+every forward, inside that forward (the epilogue commits them to the draft KV cache before it
+returns). So one `[rows, K * hidden]` tensor, sized once for the largest forward the runner can
+run, serves every forward: each writes a row prefix and its epilogue consumes it before the
+next forward starts. With the streamed projection (`--speculative-dflash-aux-projection
+streamed`) the same rows hold the draft fc's fp32 accumulator `[rows, H_draft]` instead.
+
+Life cycle here: `resolve_aux_hidden_states_width` (who gets one, how wide), `aux_rows` (how
+many rows), `AuxStorage.create` (the one allocation, `ModelRunner.init_forwards`), `rows`
+(a forward's view, `GraphRunner.capture` and `ModelRunner.forward`). Written by
+`layers/aux_hidden_states.py`, consumed by `speculative/dflash_worker.py`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+from torch import nn
+
+from sglang_aux.srt.forward_state.forward_batch_info import ForwardMode
+from sglang_aux.srt.layers.aux_hidden_states import shared_aux_hidden_states_width
+
+if TYPE_CHECKING:
+    from sglang_aux.srt.configs.speculative_algorithm import SpeculativeAlgorithm
+    from sglang_aux.srt.server_args import ServerArgs
+
+
+def resolve_aux_hidden_states_width(
+    *, model: nn.Module, spec_algorithm: SpeculativeAlgorithm, is_draft_worker: bool
+) -> int:
+    """Width of the runner-owned aux storage, 0 for none.
+
+    Only a DFlash-family target shares: its aux states are consumed (written into the draft
+    KV cache) before the next target forward. EAGLE3 keeps its hidden states across steps,
+    drafts capture nothing, and a model that does not opt in keeps the list path. Pipeline
+    stages are excluded by the model itself (its packed width is 0 there). A model opts in
+    with `get_packed_aux_hidden_size()` or SGLang 0.5.23's `get_aux_hidden_states_width()`.
+    """
+    if not spec_algorithm.is_dflash_family() or is_draft_worker:
+        return 0
+    return shared_aux_hidden_states_width(model)
+
+
+def aux_rows(args: ServerArgs, *, tokens_per_req: int, prefill_graph_tokens: int,
+             mixed: bool) -> tuple[int, int]:
+    """(rows, rows of prefills beside a step) the storage needs: the largest step any graph
+    or eager path runs (every running request, or a padded graph's, times `tokens_per_req`),
+    the largest prefill graph, the largest mixed forward (a step plus
+    `--mixed-chunk-max-prefill-tokens`). Prefills that run beside a step
+    (`--enable-concurrent-prefill`) get rows of their own after those. An eager prefill has no
+    bound here (no chunked prefill): one past the rows writes a transient tensor instead."""
+    reqs = max([args.max_running_requests, *(args.cuda_graph_bs_decode or [])])
+    step = reqs * tokens_per_req
+    if mixed:
+        step += args.mixed_chunk_max_prefill_tokens
+    if args.enable_concurrent_prefill:
+        return step, prefill_graph_tokens
+    return max(step, prefill_graph_tokens), 0
+
+
+@dataclass(frozen=True)
+class AuxStorage:
+    # [rows + beside_rows, K * hidden] in the model dtype (the packer's output), or
+    # [rows + beside_rows, H_draft] fp32 (the streamed projection's accumulator)
+    buffer: torch.Tensor
+    streamed: bool
+    beside_start: int  # EXTEND views start here (0 unless prefills run beside a step)
+
+    @classmethod
+    def create(cls, *, rows: int, beside_rows: int, width: int, streamed: bool,
+               dtype: torch.dtype, device: torch.device) -> AuxStorage:
+        """The runner's one aux allocation; `dtype` is the model's (fp32 when streamed)."""
+        if rows < 1 or width < 1:
+            raise ValueError(f"aux storage needs rows and a width, got {rows} x {width}")
+        dtype = torch.float32 if streamed else dtype
+        buffer = torch.zeros((rows + beside_rows, width), dtype=dtype, device=device)
+        return cls(buffer, streamed, rows if beside_rows else 0)
+
+    def rows(self, mode: ForwardMode, num_tokens: int) -> torch.Tensor | None:
+        """The row view `[num_tokens, width]` a `mode` forward writes, or None when it has
+        more tokens than the storage rows (an eager prefill past every bound)."""
+        start = self.beside_start if mode == ForwardMode.EXTEND else 0
+        stop = start + num_tokens
+        end = self.buffer.shape[0] if mode == ForwardMode.EXTEND or not self.beside_start \
+            else self.beside_start
+        return self.buffer[start:stop] if stop <= end else None
+
+    def nbytes(self) -> int:
+        return self.buffer.numel() * self.buffer.element_size()
+
+    @property
+    def path(self) -> str:
+        return "streamed" if self.streamed else "shared"
