@@ -23,7 +23,35 @@ from sglang_aux.srt.sampling.sampling_rows import SamplingRows
 from sglang_aux.srt.server_args import ServerArgs
 
 
-class ModelWorker:
+class RequestRowStaging:
+    """A worker's per-request sampling state on the device, staged at admission; the
+    target-only and the speculative workers share it."""
+
+    sampling_rows: SamplingRows
+    penalty_rows: PenaltyRows
+
+    def admit(self, req: Req, eos_token_ids: set[int] = frozenset()) -> None:
+        """Per-request work at admission (its row and KV are reserved): stage its sampling
+        parameters (min_new_tokens masks `eos_token_ids` too) for the prefill that runs it."""
+        self.sampling_rows.stage(req.req_pool_idx, req.sampling_params, req.seed)
+        self.penalty_rows.stage(req.req_pool_idx, req.sampling_params, req.output_ids,
+                                eos_token_ids)
+
+    def _write_rows(self, reqs: list[Req]) -> None:
+        """Copy the staged rows of `reqs` to the device tables the step reads."""
+        rows = [r.req_pool_idx for r in reqs]
+        self.sampling_rows.write(rows)
+        self.penalty_rows.write(rows)
+
+    def _sample(self, logits: torch.Tensor, reqs: list[Req], rows: torch.Tensor,
+                positions: torch.Tensor) -> torch.Tensor:
+        """The next token of each request from its logits at `positions` (penalties,
+        min_new_tokens and its sampling parameters applied)."""
+        return sample_next_tokens(self.sampling_rows, self.penalty_rows, logits,
+                                  [r.sampling_params for r in reqs], rows, positions)
+
+
+class ModelWorker(RequestRowStaging):
     """The scheduler's `Worker` without speculation: one ModelRunner, one token per request per
     step (SGLang's `ModelWorker`, without tensor parallelism). `prefill` and `decode` launch
     a step and return it pending; its `tokens()` gives each request's new tokens, and the scheduler
@@ -52,13 +80,6 @@ class ModelWorker:
         self.penalty_rows = PenaltyRows(server_args.max_running_requests,
                                         model_config.hf_config.vocab_size, runner.device)
         self.readback = HostReadback(runner.device)
-
-    def admit(self, req: Req, eos_token_ids: set[int] = frozenset()) -> None:
-        """Per-request work at admission (its row and KV are reserved): stage its sampling
-        parameters (min_new_tokens masks `eos_token_ids` too) for the prefill that runs it."""
-        self.sampling_rows.stage(req.req_pool_idx, req.sampling_params, req.seed)
-        self.penalty_rows.stage(req.req_pool_idx, req.sampling_params, req.output_ids,
-                                eos_token_ids)
 
     def prefill(self, reqs: list[Req]) -> PendingStep:
         self._write_rows(reqs)
@@ -102,15 +123,6 @@ class ModelWorker:
         return [PendingStep(reqs, PendingRows(copy, 0, bs), _decoded, kv_growth=1),
                 PendingStep(arrivals, PendingRows(copy, bs, bs + n), _one_token, kv_growth=0)]
 
-    def _write_rows(self, reqs: list[Req]) -> None:
-        rows = [r.req_pool_idx for r in reqs]
-        self.sampling_rows.write(rows)
-        self.penalty_rows.write(rows)
-
-    def _sample(self, logits: torch.Tensor, reqs: list[Req], rows: torch.Tensor,
-                positions: torch.Tensor) -> torch.Tensor:
-        return sample_next_tokens(self.sampling_rows, self.penalty_rows, logits,
-                                  [r.sampling_params for r in reqs], rows, positions)
 
 def _one_token(_req: Req, token: int) -> list[int]:
     return [token]

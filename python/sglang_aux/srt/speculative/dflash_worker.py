@@ -33,6 +33,7 @@ from sglang_aux.srt.forward_state.forward_batch_info import (
 )
 from sglang_aux.srt.forward_state.protocols import AuxProjection
 from sglang_aux.srt.layers.logits_processor import LogitsProcessorOutput
+from sglang_aux.srt.managers.model_worker import RequestRowStaging
 from sglang_aux.srt.managers.pending_step import PendingStep
 from sglang_aux.srt.managers.schedule_batch import (
     Req,
@@ -46,7 +47,7 @@ from sglang_aux.srt.model_executor.runner.epilogue import Epilogue
 from sglang_aux.srt.model_executor.runner.forward_parts import ForwardParts, StreamedAux
 from sglang_aux.srt.model_executor.runner.step_prologue import StepPrologue
 from sglang_aux.srt.model_executor.runner_utils.host_transfer import HostReadback, PendingRows
-from sglang_aux.srt.sampling.penalties import PenaltyRows, sample_next_tokens
+from sglang_aux.srt.sampling.penalties import PenaltyRows
 from sglang_aux.srt.sampling.sampler import Lane, sample_from_probs, sampling_probs, uniform
 from sglang_aux.srt.sampling.sampling_rows import SamplingRows
 from sglang_aux.srt.server_args import ServerArgs
@@ -60,7 +61,7 @@ logger = logging.getLogger(__name__)
 Proposer = Callable[[list[Req], ForwardBatch], torch.Tensor]
 
 
-class DFlashWorker:
+class DFlashWorker(RequestRowStaging):
     def __init__(self, target_config: ModelConfig, draft_config: ModelConfig,
                  server_args: ServerArgs, token_to_id: Callable[[str], int | None] | None = None):
         dc = DFlashConfig.from_hf_config(draft_config.hf_config, token_to_id=token_to_id,
@@ -144,13 +145,6 @@ class DFlashWorker:
         """The runner whose request rows and KV slots the scheduler manages."""
         return self.target_runner
 
-    def admit(self, req: Req, eos_token_ids: set[int] = frozenset()) -> None:
-        """Per-request work at admission (its row and KV are reserved): stage its sampling
-        parameters (min_new_tokens masks `eos_token_ids` too) for the prefill that runs it."""
-        self.sampling_rows.stage(req.req_pool_idx, req.sampling_params, req.seed)
-        self.penalty_rows.stage(req.req_pool_idx, req.sampling_params, req.output_ids,
-                                eos_token_ids)
-
     def prefill(self, reqs: list[Req]) -> PendingStep:
         self._write_rows(reqs)
         logprobs = StepLogprobs.of(reqs, prefill=True)
@@ -162,7 +156,7 @@ class DFlashWorker:
                 inputs, aux_projection=self._staged_projection_for(len(inputs.ids)))
         fb = self.target_runner.prepare(inputs)
         out = self.target_runner.forward(fb)  # its epilogue committed the draft context
-        tokens = self._first_tokens(out.next_token_logits, reqs, fb.req_pool_indices,
+        tokens = self._sample(out.next_token_logits, reqs, fb.req_pool_indices,
                                     fb.seq_lens)
         self.target_runner.req_to_token_pool.set_rows(fb.req_pool_indices, fb.seq_lens, tokens)
         return PendingStep(reqs, self.readback.start(packed_prefill(
@@ -222,7 +216,7 @@ class DFlashWorker:
         pool.advance_rows(fb.req_pool_indices[:bs], added,
                           verdicts.gather(1, added[:, None])[:, 0])
         rows, seq_lens = fb.req_pool_indices[sb : sb + n], fb.seq_lens[sb : sb + n]
-        first = self._first_tokens(logits[step_tokens : step_tokens + n], arrivals, rows,
+        first = self._sample(logits[step_tokens : step_tokens + n], arrivals, rows,
                                    seq_lens)
         pool.set_rows(rows, seq_lens, first)
         # One readback of both halves: each arrival's first token leads a row after the
@@ -234,16 +228,6 @@ class DFlashWorker:
                 PendingStep(arrivals, PendingRows(copy, bs, bs + n), _first_of_row,
                             kv_growth=0)]
 
-    def _write_rows(self, reqs: list[Req]) -> None:
-        rows = [r.req_pool_idx for r in reqs]
-        self.sampling_rows.write(rows)
-        self.penalty_rows.write(rows)
-
-    def _first_tokens(self, logits: torch.Tensor, reqs: list[Req], rows: torch.Tensor,
-                      seq_lens: torch.Tensor) -> torch.Tensor:
-        """The tokens prefills sample, at positions `seq_lens`."""
-        return sample_next_tokens(self.sampling_rows, self.penalty_rows, logits,
-                                  [r.sampling_params for r in reqs], rows, seq_lens)
 
     def _verify_processed(self, reqs: list[Req], rows: torch.Tensor, logits: torch.Tensor,
                           has_sampling: bool) -> None:
