@@ -27,7 +27,8 @@ from sglang_aux.srt.layers.quantization.chunked_cublas_gemm import (
     chunked_gemm_accumulate,
 )
 from sglang_aux.srt.layers.quantization.dequant_gemm import dequantize_rows
-from sglang_aux.srt.layers.quantization.mxfp8 import MXFP8_BLOCK, quantize_mxfp8
+from sglang_aux.srt.layers.quantization.mxfp8 import quantize_mxfp8
+from sglang_aux.srt.layers.quantization.mxfp8_format import MXFP8_BLOCK
 
 
 def chain(x, w, acc, hidden: int, n_block: int = 0) -> None:

@@ -31,7 +31,8 @@ from triton.testing import do_bench
 from sglang_aux.srt.layers.quantization import accumulating_gemm as ag
 from sglang_aux.srt.layers.quantization import chunked_cublas_gemm as cc
 from sglang_aux.srt.layers.quantization import mxfp8_gemm_choice as choice
-from sglang_aux.srt.layers.quantization.mxfp8 import dequantize_mxfp8, quantize_mxfp8
+from sglang_aux.srt.layers.quantization.mxfp8 import quantize_mxfp8
+from sglang_aux.srt.layers.quantization.mxfp8_format import dequantize_mxfp8
 from sglang_aux.srt.layers.quantization.staged_input import allocate_retained_input
 
 BF16_DENSE_FLOPS = 790e12  # H200 dense BF16 as measured here; FP8 is twice that

@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass
 import torch
 
 from sglang_aux.srt.layers.quantization.accumulating_gemm import dense_gemm_accumulate
-from sglang_aux.srt.layers.quantization.mxfp8 import MXFP8_BLOCK
+from sglang_aux.srt.layers.quantization.mxfp8_format import MXFP8_BLOCK
 from sglang_aux.srt.layers.quantization.mxfp8_linear import MXFP8Linear
 from sglang_aux.srt.layers.quantization.staged_input import (
     MXFP8InputAccumulator,

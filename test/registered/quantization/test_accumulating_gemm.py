@@ -17,7 +17,8 @@ import pytest  # noqa: E402
 
 from sglang_aux.srt.layers.quantization import accumulating_gemm as ag  # noqa: E402
 from sglang_aux.srt.layers.quantization import mxfp8_gemm_choice as choice  # noqa: E402
-from sglang_aux.srt.layers.quantization.mxfp8 import dequantize_mxfp8, quantize_mxfp8  # noqa: E402
+from sglang_aux.srt.layers.quantization.mxfp8 import quantize_mxfp8
+from sglang_aux.srt.layers.quantization.mxfp8_format import dequantize_mxfp8
 from sglang_aux.test.ci.ci_register import register_cpu_ci  # noqa: E402
 
 register_cpu_ci(est_time=70, suite="default")

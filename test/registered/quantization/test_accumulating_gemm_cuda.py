@@ -12,7 +12,8 @@ import torch
 
 from sglang_aux.srt.layers.quantization import accumulating_gemm as ag
 from sglang_aux.srt.layers.quantization import mxfp8_gemm_choice as choice
-from sglang_aux.srt.layers.quantization.mxfp8 import dequantize_mxfp8, mxfp8_gemm, quantize_mxfp8
+from sglang_aux.srt.layers.quantization.mxfp8 import mxfp8_gemm, quantize_mxfp8
+from sglang_aux.srt.layers.quantization.mxfp8_format import dequantize_mxfp8
 from sglang_aux.srt.layers.quantization.mxfp8_linear import MXFP8Linear
 from sglang_aux.srt.layers.quantization.streamed_projection import StreamedProjection
 from sglang_aux.test.ci.ci_register import register_cuda_ci

@@ -17,10 +17,8 @@ import pytest  # noqa: E402
 
 from sglang_aux.srt.layers.quantization import chunked_cublas_gemm as cc  # noqa: E402
 from sglang_aux.srt.layers.quantization import mxfp8_gemm_choice as choice  # noqa: E402
-from sglang_aux.srt.layers.quantization.mxfp8 import (  # noqa: E402
-    dequantize_mxfp8,
-    quantize_mxfp8,
-)
+from sglang_aux.srt.layers.quantization.mxfp8 import quantize_mxfp8
+from sglang_aux.srt.layers.quantization.mxfp8_format import dequantize_mxfp8
 from sglang_aux.srt.layers.quantization.mxfp8_linear import MXFP8Linear  # noqa: E402
 from sglang_aux.srt.layers.quantization.staged_input import MXFP8InputAccumulator  # noqa: E402
 from sglang_aux.srt.layers.quantization.streamed_projection import (  # noqa: E402

@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from sglang_aux.srt.layers.quantization import mxfp8_gemm_choice as choice
-from sglang_aux.srt.layers.quantization.mxfp8 import dequantize_mxfp8, quantize_mxfp8
+from sglang_aux.srt.layers.quantization.mxfp8 import quantize_mxfp8
+from sglang_aux.srt.layers.quantization.mxfp8_format import dequantize_mxfp8
 from sglang_aux.srt.layers.quantization.mxfp8_linear import MXFP8Linear
 from sglang_aux.srt.layers.quantization.staged_input import MXFP8InputAccumulator
 from sglang_aux.srt.layers.quantization.streamed_projection import StreamedProjection

@@ -16,12 +16,8 @@ from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
 from sglang_aux.srt.layers.quantization import mxfp8_kernels
-from sglang_aux.srt.layers.quantization.mxfp8 import (
-    ZERO_BLOCK_SCALE_BYTE,
-    dequantize_mxfp8,
-    mxfp8_gemm,
-    quantize_mxfp8,
-)
+from sglang_aux.srt.layers.quantization.mxfp8 import mxfp8_gemm, quantize_mxfp8
+from sglang_aux.srt.layers.quantization.mxfp8_format import ZERO_BLOCK_SCALE_BYTE, dequantize_mxfp8
 from sglang_aux.srt.layers.quantization.mxfp8_gemm_choice import mxfp8_gemm_accumulate
 from sglang_aux.srt.layers.quantization.mxfp8_linear import MXFP8Linear
 from sglang_aux.srt.layers.quantization.staged_input import (

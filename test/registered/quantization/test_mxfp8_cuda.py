@@ -9,10 +9,9 @@ import torch
 # run as a script).
 from test_mxfp8 import assert_bytes_equal, assert_gemm_close, awkward_bf16, run_staged
 
-from sglang_aux.srt.layers.quantization.mxfp8 import (
+from sglang_aux.srt.layers.quantization.mxfp8 import mxfp8_gemm, quantize_mxfp8
+from sglang_aux.srt.layers.quantization.mxfp8_format import (
     dequantize_mxfp8,
-    mxfp8_gemm,
-    quantize_mxfp8,
     quantize_mxfp8_reference,
 )
 from sglang_aux.srt.layers.quantization.mxfp8_linear import MXFP8Linear

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import torch
 
-from sglang_aux.srt.forward_state.protocols import AuxProjection
+from sglang_aux.srt.forward_state.forward_batch_info import AuxProjection
 
 if TYPE_CHECKING:
     from sglang_aux.srt.forward_state.forward_batch_info import ForwardBatch

@@ -27,11 +27,11 @@ import torch
 from sglang_aux.srt.configs.dflash_config import DFlashConfig
 from sglang_aux.srt.configs.model_config import ModelConfig
 from sglang_aux.srt.forward_state.forward_batch_info import (
+    AuxProjection,
     CaptureHiddenMode,
     ForwardBatch,
     ForwardMode,
 )
-from sglang_aux.srt.forward_state.protocols import AuxProjection
 from sglang_aux.srt.layers.logits_processor import LogitsProcessorOutput
 from sglang_aux.srt.managers.model_worker import RequestRowStaging
 from sglang_aux.srt.managers.pending_step import PendingStep

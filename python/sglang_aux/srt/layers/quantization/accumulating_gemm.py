@@ -36,7 +36,7 @@ import torch
 import triton
 import triton.language as tl
 
-from sglang_aux.srt.layers.quantization.mxfp8 import MXFP8_BLOCK
+from sglang_aux.srt.layers.quantization.mxfp8_format import MXFP8_BLOCK
 
 _INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 DENSE_BLOCK_K = 64

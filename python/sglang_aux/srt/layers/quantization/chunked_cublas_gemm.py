@@ -36,7 +36,7 @@ import torch
 
 from sglang_aux.srt.layers.quantization.accumulating_gemm import _INTERPRETED
 from sglang_aux.srt.layers.quantization.dequant_gemm import check_weight_operands, dequantize_rows
-from sglang_aux.srt.layers.quantization.mxfp8 import MXFP8_BLOCK, dequantize_mxfp8
+from sglang_aux.srt.layers.quantization.mxfp8_format import MXFP8_BLOCK, dequantize_mxfp8
 
 _NAME = re.compile(r"cublas_kc(\d+)(?:_wr(\d+))?(_ov)?")
 

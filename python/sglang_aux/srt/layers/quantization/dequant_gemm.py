@@ -37,7 +37,7 @@ from sglang_aux.srt.layers.quantization.accumulating_gemm import (
     _store_tile,
     _tile_coords,
 )
-from sglang_aux.srt.layers.quantization.mxfp8 import MXFP8_BLOCK
+from sglang_aux.srt.layers.quantization.mxfp8_format import MXFP8_BLOCK
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
-from sglang_aux.srt.layers.quantization.mxfp8 import E4M3_MAX, E8M0_BIAS, MXFP8_BLOCK
+from sglang_aux.srt.layers.quantization.mxfp8_format import E4M3_MAX, E8M0_BIAS, MXFP8_BLOCK
 
 _INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 # Biased fp32 exponent of 2^-6, the smallest normal E4M3 binade; below it the grid is 2^-9.

@@ -2,13 +2,8 @@
 
 import torch
 
-from sglang_aux.srt.layers.quantization.mxfp8 import (
-    MXFP8_BLOCK,
-    SCALES_DTYPE,
-    VALUES_DTYPE,
-    mxfp8_gemm,
-    quantize_mxfp8,
-)
+from sglang_aux.srt.layers.quantization.mxfp8 import mxfp8_gemm, quantize_mxfp8
+from sglang_aux.srt.layers.quantization.mxfp8_format import MXFP8_BLOCK, SCALES_DTYPE, VALUES_DTYPE
 
 
 class MXFP8Linear(torch.nn.Module):

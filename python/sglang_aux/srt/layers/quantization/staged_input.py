@@ -9,13 +9,8 @@ concat, and the same GEMM on the same bytes gives bitwise-equal output.
 
 import torch
 
-from sglang_aux.srt.layers.quantization.mxfp8 import (
-    MXFP8_BLOCK,
-    SCALES_DTYPE,
-    VALUES_DTYPE,
-    mxfp8_gemm,
-    quantize_mxfp8,
-)
+from sglang_aux.srt.layers.quantization.mxfp8 import mxfp8_gemm, quantize_mxfp8
+from sglang_aux.srt.layers.quantization.mxfp8_format import MXFP8_BLOCK, SCALES_DTYPE, VALUES_DTYPE
 from sglang_aux.srt.layers.quantization.mxfp8_linear import MXFP8Linear
 from sglang_aux.srt.layers.quantization.slice_sequence import SliceSequence
 

@@ -16,11 +16,11 @@ from __future__ import annotations
 
 import torch
 
-from sglang_aux.srt.layers.quantization.mxfp8 import (
+from sglang_aux.srt.layers.quantization.mxfp8 import quantize_mxfp8
+from sglang_aux.srt.layers.quantization.mxfp8_format import (
     CHUNKED_CUBLAS_PREFIX,
     MXFP8_BLOCK,
     dequantize_mxfp8,
-    quantize_mxfp8,
 )
 from sglang_aux.srt.layers.quantization.mxfp8_linear import MXFP8Linear
 from sglang_aux.srt.layers.quantization.slice_sequence import SliceSequence

@@ -32,7 +32,7 @@ from sglang_aux.srt.mem_cache.memory_pool import PADDING_REQ_ROW
 from sglang_aux.srt.model_executor.runner.step_prologue import StepPrologue
 
 if TYPE_CHECKING:
-    from sglang_aux.srt.forward_state.protocols import AuxProjection
+    from sglang_aux.srt.forward_state.forward_batch_info import AuxProjection
     from sglang_aux.srt.model_executor.runner.model_runner_view import ModelRunnerView
 
 # The packed tensor's parts, in order: the host writes every part before `out_cache_loc` (a
