@@ -146,14 +146,10 @@ def dspark_draft_preset(target: str, *, num_layers: int, num_aux: int, gamma: in
     """A DSpark draft for `target`: the DFlash draft's layers (block of gamma rows, one
     proposal each) with a vanilla Markov head of rank `markov_rank` and a confidence head
     that reads it, under SGLang's config keys."""
-    return {
-        **dflash_draft_preset(target, num_layers=num_layers, num_aux=num_aux, block_size=gamma),
-        "architectures": ["DSparkDraftModel"],
-        "markov_rank": markov_rank,
-        "markov_head_type": "vanilla",
-        "enable_confidence_head": True,
-        "confidence_head_with_markov": True,
-    }
+    from sglang_aux.srt.configs.dspark_config import dspark_config_keys
+
+    return {**dflash_draft_preset(target, num_layers=num_layers, num_aux=num_aux,
+                                  block_size=gamma), **dspark_config_keys(markov_rank)}
 
 
 PRESETS["tiny-k3-dflash"] = dflash_draft_preset("tiny-k3", num_layers=2, num_aux=3, block_size=4)

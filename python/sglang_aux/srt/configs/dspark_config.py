@@ -20,6 +20,15 @@ MARKOV_HEAD_TYPES = ("vanilla",)  # SGLang's "gated" and "rnn" heads are not imp
 SPECULATORS_DSPARK = "dspark"
 
 
+def dspark_config_keys(markov_rank: int) -> dict:
+    """The keys a DSpark draft's config.json adds to a DFlash draft's, as SGLang's published
+    drafts write them: a vanilla Markov head of rank `markov_rank` and a confidence head that
+    reads it."""
+    return {"architectures": ["DSparkDraftModel"], "markov_rank": markov_rank,
+            "markov_head_type": MARKOV_HEAD_TYPES[0], "enable_confidence_head": True,
+            "confidence_head_with_markov": True}
+
+
 def dspark_field(config: SimpleNamespace, key: str):
     """A DSpark setting: `dspark_config`'s value, then `dflash_config`'s, then the top
     level's; None when none has it."""
