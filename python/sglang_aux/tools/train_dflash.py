@@ -77,6 +77,10 @@ RECIPES: dict[str, dict] = {
         intermediate_size=2816, gamma=7.0, sampled_passes=2, sample_temperature=0.7,
         gen_batch=256, holdout=200, steps=20_000, deadline_s=540, gen_budget_s=240),
 }
+# DSpark beside it on the same data, schedule and deadline; gamma 15 verifies the same 16
+# tokens per request as the block-16 DFlash draft
+RECIPES["qwen2.5-coder-1.5b-instruct-dspark-b15"] = dict(
+    RECIPES["qwen2.5-coder-1.5b-instruct-dflash-b16"], algorithm="dspark", block_size=15)
 # Seconds a deadline keeps for what follows training: writing the draft and its card.
 DEADLINE_RESERVE_S = 20
 SMOKE_DEFAULTS = dict(target="tiny-llama", num_samples=6, num_shots=0, max_new_tokens=24,

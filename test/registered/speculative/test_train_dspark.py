@@ -14,6 +14,7 @@ import torch
 
 from sglang_aux.srt.configs.model_config import ModelConfig
 from sglang_aux.srt.managers.schedule_batch import release_kv
+from sglang_aux.srt.model_loader import builtin
 from sglang_aux.srt.model_loader.loader import get_model
 from sglang_aux.srt.model_loader.weight_utils import (
     checkpoint_tensors,
@@ -209,6 +210,19 @@ def test_eval_is_refused_for_dspark():
     args = train_dflash.parse_args(["--algorithm", "dspark", "--block-size", "7"])
     assert args.out.endswith("smollm2-135m-instruct-dspark-b7")
     assert args.markov_rank == 256
+
+
+def test_recipe_is_the_dflash_recipe_as_dspark(tmp_path, monkeypatch):
+    monkeypatch.setenv("SGLANG_AUX_CACHE", str(tmp_path))
+    name = "qwen2.5-coder-1.5b-instruct-dspark-b15"
+    with pytest.raises(FileNotFoundError, match=f"train_dflash --recipe {name}"):
+        builtin.resolve_model_path(name)
+    dspark = train_dflash.parse_args(["--recipe", name])
+    dflash = train_dflash.parse_args(["--recipe", "qwen2.5-coder-1.5b-instruct-dflash-b16"])
+    differ = {k for k in vars(dspark) if getattr(dspark, k) != getattr(dflash, k)}
+    assert differ == {"algorithm", "block_size", "recipe", "out", "command"}
+    assert (dspark.algorithm, dspark.block_size) == ("dspark", 15)
+    assert dspark.out == str(tmp_path / "drafts" / name)
 
 
 def test_smoke_run_writes_a_draft_that_loads_as_dspark(target, tmp_path):

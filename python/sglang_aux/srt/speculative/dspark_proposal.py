@@ -51,6 +51,7 @@ def _check_shapes(draft: DSparkDraftModel, base_logits: torch.Tensor, anchor_tok
                          f"base_logits {tuple(base_logits.shape)}")
 
 
+@torch.no_grad()
 def propose_block(draft: DSparkDraftModel, base_logits: torch.Tensor, anchor_tokens: torch.Tensor,
                   positions: torch.Tensor, params: SamplingTensors | None, *, all_greedy: bool,
                   hidden: torch.Tensor | None = None) -> DSparkProposal:
