@@ -1,15 +1,25 @@
-"""Train a DFlash draft for a target on its own GSM8K continuations, write it as an HF folder.
+"""Train a DFlash (or DSpark) draft for a target on its own GSM8K continuations, write it as an
+HF folder.
 
     python -m sglang_aux.tools.train_dflash --eval              # SmolLM2 draft, GPU
     python -m sglang_aux.tools.train_dflash --eval-only --out DIR
     python -m sglang_aux.tools.train_dflash --smoke --out DIR   # tiny-llama, CPU, seconds
     python -m sglang_aux.tools.train_dflash --recipe qwen2.5-coder-1.5b-instruct-dflash-b16
+    python -m sglang_aux.tools.train_dflash --algorithm dspark --block-size 7   # DSpark, GPU
 
 Steps: (a) k-shot GSM8K train prompts, continued greedily by the target (our Engine);
 (b) the target's aux states of every sequence (one EXTEND forward each); (c, d) a fresh
 draft trained on the block objective (dense attention, same function as the paged path);
 (e) config.json + model.safetensors + README.md card; `--eval` then measures the mean accept
 length of greedy DFlash decoding on held-out GSM8K test prompts.
+
+`--algorithm dspark` trains a DSpark draft on the same data, features and schedule (one flag
+apart, so both compare at equal data and time budget): the DFlash backbone plus a Markov head
+and a confidence head, on the paper's loss (`dflash_training/dspark_objective.py`), which
+needs the target's distribution at every block row: the features then keep each token's
+final hidden state beside its aux states, and the trainer applies the frozen LM head on the
+fly (`extract_aux(..., final_hidden=True)`; why, with the memory figures: that module).
+`--block-size` is then gamma, the proposals per step (a request verifies gamma + 1 tokens).
 """
 
 from __future__ import annotations
@@ -37,9 +47,11 @@ from sglang_aux.tools.dflash_training.data import (
     load_samples,
     save_samples,
 )
+from sglang_aux.tools.dflash_training.dspark_objective import DSparkTrainer
 from sglang_aux.tools.dflash_training.evaluate import measure_accept_length
 from sglang_aux.tools.dflash_training.export import (
     draft_config,
+    dspark_draft_config,
     new_draft,
     render_card,
     set_card_eval,
@@ -65,18 +77,28 @@ RECIPES: dict[str, dict] = {
         intermediate_size=2816, gamma=7.0, sampled_passes=2, sample_temperature=0.7,
         gen_batch=256, holdout=200, steps=20_000, deadline_s=540, gen_budget_s=240),
 }
+# DSpark beside it on the same data, schedule and deadline; gamma 15 verifies the same 16
+# tokens per request as the block-16 DFlash draft
+RECIPES["qwen2.5-coder-1.5b-instruct-dspark-b15"] = dict(
+    RECIPES["qwen2.5-coder-1.5b-instruct-dflash-b16"], algorithm="dspark", block_size=15)
 # Seconds a deadline keeps for what follows training: writing the draft and its card.
 DEADLINE_RESERVE_S = 20
 SMOKE_DEFAULTS = dict(target="tiny-llama", num_samples=6, num_shots=0, max_new_tokens=24,
                       gen_batch=8, num_layers=1, num_aux_layers=2, block_size=4, steps=20,
                       batch_size=4, anchors_per_seq=4, log_every=5, eval_num_prompts=2,
-                      context_length=1024, device="cpu")
+                      context_length=1024, device="cpu", markov_rank=16)
+ALGORITHMS = ("dflash", "dspark")
+DEFAULT_MARKOV_RANK = 256  # the published DSpark drafts' rank
 
 
 def make_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add = p.add_argument
     add("--target", default="smollm2-135m-instruct", help="target folder or built-in name")
+    add("--algorithm", choices=ALGORITHMS, default="dflash",
+        help="the draft to train: DFlash, or DSpark (DFlash + Markov and confidence heads)")
+    add("--markov-rank", type=int, default=DEFAULT_MARKOV_RANK,
+        help="DSpark: the Markov head's rank r")
     add("--out", default=None,
         help="draft folder (default for a built-in target: the package's data/drafts/"
              "<target>-dflash-b<block>)")
@@ -108,7 +130,8 @@ def make_parser() -> argparse.ArgumentParser:
     add("--num-aux-layers", type=int, default=5, help="target layers the draft reads (K)")
     add("--intermediate-size", type=int, default=None,
         help="the draft layers' MLP width (default: the target's)")
-    add("--block-size", type=int, default=8)
+    add("--block-size", type=int, default=8,
+        help="DFlash: block tokens (anchor + proposals); DSpark: gamma (proposals)")
     add("--mask-token", default=None, help=f"token text or id (default: first of "
         f"{', '.join(MASK_TOKEN_CANDIDATES)} the tokenizer keeps whole)")
     add("--steps", type=int, default=TrainConfig.steps)
@@ -147,6 +170,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         args.data_path = str(gsm8k_path("train"))
     if args.generate_only and not args.samples_file:
         parser.error("--generate-only needs --samples-file")
+    if args.algorithm == "dspark" and (args.eval or args.eval_only):
+        parser.error("--eval needs a DSpark worker, which does not exist yet "
+                     "(--speculative-algorithm DSPARK is not implemented)")
+    if args.markov_rank < 1:
+        parser.error(f"--markov-rank must be >= 1, got {args.markov_rank}")
     if (args.eval or args.eval_only) and args.eval_data_path is None and not args.holdout:
         args.eval_data_path = str(gsm8k_path("test"))
     if args.out is None and args.recipe and not args.generate_only:
@@ -154,7 +182,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if args.out is None and not args.generate_only:
         if Path(args.target).is_dir() or args.smoke:
             parser.error("--out is required for this target")
-        args.out = str(DRAFTS_DIR / f"{args.target}-dflash-b{args.block_size}")
+        args.out = str(DRAFTS_DIR / f"{args.target}-{args.algorithm}-b{args.block_size}")
     args.command = "python -m sglang_aux.tools.train_dflash " + shlex.join(
         sys.argv[1:] if argv is None else argv)
     return args
@@ -247,10 +275,13 @@ def train(args: argparse.Namespace, target: str, started: float) -> Path | None:
     engine = Engine(model_path=target, **_engine_args(args, args.gen_batch))
     runner = engine.worker.model_runner
     mask_name, mask_id = resolve_mask_token(engine.tokenizer, args.mask_token)
-    config = draft_config(json.loads((Path(target) / "config.json").read_text()),
-                          num_layers=args.num_layers, num_aux_layers=args.num_aux_layers,
-                          block_size=args.block_size, mask_token_id=mask_id,
-                          intermediate_size=args.intermediate_size)
+    dspark = args.algorithm == "dspark"
+    shape = dict(num_layers=args.num_layers, num_aux_layers=args.num_aux_layers,
+                 block_size=args.block_size, mask_token_id=mask_id,
+                 intermediate_size=args.intermediate_size)
+    target_config = json.loads((Path(target) / "config.json").read_text())
+    config = (dspark_draft_config(target_config, markov_rank=args.markov_rank, **shape)
+              if dspark else draft_config(target_config, **shape))
     loaded = bool(args.samples_file) and Path(args.samples_file).is_file()
     if loaded:
         samples = load_samples(args.samples_file)[: args.num_samples]
@@ -263,7 +294,8 @@ def train(args: argparse.Namespace, target: str, started: float) -> Path | None:
         return None
     t0 = time.perf_counter()
     layer_ids = config["dflash_config"]["target_layer_ids"]
-    prefix_aux, aux = extract_aux(runner, samples, layer_ids, skip=common_prefix_len(samples))
+    prefix_aux, aux = extract_aux(runner, samples, layer_ids, skip=common_prefix_len(samples),
+                                  final_hidden=dspark)
     data = SequenceSet(samples, aux, runner.device, prefix_aux)
     del aux, prefix_aux
     timings["features"] = time.perf_counter() - t0
@@ -273,8 +305,8 @@ def train(args: argparse.Namespace, target: str, started: float) -> Path | None:
                       anchors_per_seq=args.anchors_per_seq, gamma=args.gamma, seed=args.seed,
                       log_every=args.log_every)
     draft = new_draft(config, runner.device, args.seed)
-    trainer = Trainer(draft, runner.model.get_input_embeddings(), runner.model.lm_head_weight,
-                      mask_id, cfg)
+    trainer = (DSparkTrainer if dspark else Trainer)(
+        draft, runner.model.get_input_embeddings(), runner.model.lm_head_weight, mask_id, cfg)
     stats = trainer.fit(data, _train_budget(args, started))
     timings["train"] = stats["train_seconds"]
     target_name = Path(args.target).name if Path(args.target).is_dir() else args.target

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from sglang_aux.srt.configs.dflash_config import build_target_layer_ids
+from sglang_aux.srt.configs.dspark_config import dspark_config_keys
 
 BYTE_VOCAB = 256
 MASK_TOKEN_ID = BYTE_VOCAB + 3  # <|mask|>
@@ -141,6 +142,15 @@ def dflash_draft_preset(target: str, *, num_layers: int, num_aux: int, block_siz
     }
 
 
+def dspark_draft_preset(target: str, *, num_layers: int, num_aux: int, gamma: int,
+                        markov_rank: int) -> dict:
+    """A DSpark draft for `target`: the DFlash draft's layers (block of gamma rows, one
+    proposal each) with a vanilla Markov head of rank `markov_rank` and a confidence head
+    that reads it, under SGLang's config keys."""
+    return {**dflash_draft_preset(target, num_layers=num_layers, num_aux=num_aux,
+                                  block_size=gamma), **dspark_config_keys(markov_rank)}
+
+
 PRESETS["tiny-k3-dflash"] = dflash_draft_preset("tiny-k3", num_layers=2, num_aux=3, block_size=4)
 PRESETS["tiny-llama-dflash"] = dflash_draft_preset("tiny-llama", num_layers=1, num_aux=2,
                                                    block_size=4)
@@ -153,3 +163,15 @@ PRESETS["k3-shaped-dflash"] = dflash_draft_preset("k3-shaped", num_layers=1, num
 # The shipped SmolLM2 draft's shape (2 layers, K = 5, block 8), random weights.
 PRESETS["smollm2-shaped-dflash"] = dflash_draft_preset("smollm2-shaped", num_layers=2,
                                                        num_aux=5, block_size=8)
+# gamma 3: anchor + 3 proposals, the same 4 verify tokens per request as the tiny DFlash drafts
+TINY_DSPARK_GAMMA = 3
+TINY_MARKOV_RANK = 16
+PRESETS["tiny-k3-dspark"] = dspark_draft_preset("tiny-k3", num_layers=2, num_aux=3,
+                                                gamma=TINY_DSPARK_GAMMA,
+                                                markov_rank=TINY_MARKOV_RANK)
+PRESETS["tiny-llama-dspark"] = dspark_draft_preset("tiny-llama", num_layers=1, num_aux=2,
+                                                   gamma=TINY_DSPARK_GAMMA,
+                                                   markov_rank=TINY_MARKOV_RANK)
+PRESETS["tiny-qwen3-dspark"] = dspark_draft_preset("tiny-qwen3", num_layers=1, num_aux=2,
+                                                   gamma=TINY_DSPARK_GAMMA,
+                                                   markov_rank=TINY_MARKOV_RANK)

@@ -12,6 +12,8 @@ _MODELS = {
     "Qwen3ForCausalLM": "sglang_aux.srt.models.qwen3",
     "KimiK3ForCausalLM": "sglang_aux.srt.models.kimi_k3",
     "DFlashDraftModel": "sglang_aux.srt.models.dflash",
+    "DSparkDraftModel": "sglang_aux.srt.models.dspark",
+    "Qwen3DSparkModel": "sglang_aux.srt.models.dspark",
 }
 
 

@@ -83,11 +83,10 @@ def block_inputs(input_ids: torch.Tensor, anchors: torch.Tensor, block_size: int
     return ids.flatten(1), positions.flatten(1)
 
 
-def draft_block_logits(draft: DFlashDraftModel, embed: nn.Embedding, lm_head: torch.Tensor,
-                       aux: torch.Tensor, input_ids: torch.Tensor, anchors: torch.Tensor,
-                       mask_token_id: int) -> torch.Tensor:
-    """Logits `[N, A, B, vocab]` of every block position, through the target's (frozen)
-    embedding and LM head: offset j predicts token anchor + j (offset 0 is the anchor).
+def draft_block_hidden(draft: DFlashDraftModel, embed: nn.Embedding, aux: torch.Tensor,
+                       input_ids: torch.Tensor, anchors: torch.Tensor, mask_token_id: int
+                       ) -> torch.Tensor:
+    """Final draft hidden states `[N, A, B, H]` of every block position.
 
     aux `[N, T, K * H_t]` and input_ids `[N, T]` are padded sequences; anchors `[N, A]` are
     positions with `1 <= anchor < T`. Rows past a sequence's end are never read, because no
@@ -99,5 +98,14 @@ def draft_block_logits(draft: DFlashDraftModel, embed: nn.Embedding, lm_head: to
     backend = DenseBlockAttention(context_kv(draft, aux), block_mask(anchors, t, b))
     # The residual stream in the draft's parameter dtype (fp32 master weights in training).
     x = embed(ids.flatten()).to(draft.fc.weight.dtype)
-    hidden = draft.block_hidden(x, positions.flatten(), backend).view(n, anchors.shape[1], b, -1)
+    return draft.block_hidden(x, positions.flatten(), backend).view(n, anchors.shape[1], b, -1)
+
+
+def draft_block_logits(draft: DFlashDraftModel, embed: nn.Embedding, lm_head: torch.Tensor,
+                       aux: torch.Tensor, input_ids: torch.Tensor, anchors: torch.Tensor,
+                       mask_token_id: int) -> torch.Tensor:
+    """Logits `[N, A, B, vocab]` of every block position (`draft_block_hidden`), through the
+    target's (frozen) embedding and LM head: offset j predicts token anchor + j (offset 0 is
+    the anchor)."""
+    hidden = draft_block_hidden(draft, embed, aux, input_ids, anchors, mask_token_id)
     return hidden @ lm_head.t().to(hidden.dtype)

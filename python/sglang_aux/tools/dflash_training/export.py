@@ -1,5 +1,6 @@
-"""A fresh DFlash draft for a target, and the HF-format folder a trained one is shipped as:
-config.json (with `dflash_config`), model.safetensors, README.md."""
+"""A fresh DFlash (or DSpark) draft for a target, and the HF-format folder a trained one is
+shipped as: config.json (with `dflash_config`; DSpark's head keys beside it),
+model.safetensors, README.md."""
 
 from __future__ import annotations
 
@@ -13,8 +14,10 @@ import torch
 from safetensors.torch import save_file
 
 from sglang_aux.srt.configs.dflash_config import build_target_layer_ids
+from sglang_aux.srt.configs.dspark_config import dspark_config_keys
 from sglang_aux.srt.model_loader.model_cache import write_folder
 from sglang_aux.srt.models.dflash import DFlashDraftModel
+from sglang_aux.srt.models.registry import get_model_class
 from sglang_aux.srt.models.weight_utils import checkpoint_tensors
 
 # Keys a draft copies from its target: same width, heads and RoPE, so the target's embedding
@@ -54,12 +57,19 @@ def draft_config(target: dict, *, num_layers: int, num_aux_layers: int, block_si
     }
 
 
+def dspark_draft_config(target: dict, *, markov_rank: int, **kwargs) -> dict:
+    """`draft_config(target, **kwargs)` as a DSpark draft (its `block_size` is gamma) with a
+    Markov head of rank `markov_rank` and a confidence head."""
+    return {**draft_config(target, **kwargs), **dspark_config_keys(markov_rank)}
+
+
 def new_draft(config: dict, device: torch.device, seed: int) -> DFlashDraftModel:
-    """fp32 master weights, PyTorch's default init from a private CPU seed (the global CUDA
-    generator is never reseeded: graphs may already be captured in this process)."""
+    """The config's draft class with fp32 master weights, PyTorch's default init from a
+    private CPU seed (the global CUDA generator is never reseeded: graphs may already be
+    captured in this process)."""
     with torch.random.fork_rng(devices=[]):
         torch.random.default_generator.manual_seed(seed)
-        draft = DFlashDraftModel(SimpleNamespace(**config))
+        draft = get_model_class(config["architectures"][0])(SimpleNamespace(**config))
     return draft.to(device)
 
 
@@ -115,9 +125,18 @@ def render_card(name: str, info: dict) -> str:
     """The README card: what the draft is, its data and training, results and the command."""
     dc = info["config"]["dflash_config"]
     acc = " ".join(f"{a:.3f}" for a in info["acc"])
+    kind = "DSpark" if "markov_rank" in info["config"] else "DFlash"
+    heads = "" if kind == "DFlash" else f"""\
+- Heads: Markov rank {info['config']['markov_rank']} (vanilla), a confidence head on \
+[hidden; markov_w1[previous token]]. Block size = gamma: row k proposes the token at \
+anchor + k + 1. Loss: the paper's 0.1 cross-entropy + 0.9 L1 distance to the target's \
+distribution + 1.0 confidence BCE against 1 - TV, rows weighted exp(-k / {info['gamma']}).
+- Expected accept length (rejection sampling, training blocks) \
+{info['expected_accept']:.3f}; confidence mean absolute error {info['confidence_error']:.3f}.
+"""
     return f"""# {name}
 
-DFlash draft for `{info['target']}`, trained by `sglang_aux.tools.train_dflash`.
+{kind} draft for `{info['target']}`, trained by `sglang_aux.tools.train_dflash`.
 
 - Draft: {info['config']['num_hidden_layers']} Qwen3-style layer(s), hidden \
 {info['config']['hidden_size']}, MLP {info['config']['intermediate_size']}, \
@@ -131,12 +150,12 @@ fc {len(dc['target_layer_ids'])} x {dc['target_hidden_size']} \
 tokens, stop at "Question"); {info['num_tokens']} tokens.
 - Training: {info['steps']} steps x {info['batch_size']} sequences x {info['anchors']} blocks, \
 AdamW lr {info['lr']} (warm-up + cosine), loss decay gamma {info['gamma']}, seed {info['seed']}.
-- Final loss {info['loss']:.4f}; accuracy per offset 1..{dc['block_size'] - 1}: {acc}; \
+- Final loss {info['loss']:.4f}; accuracy per offset 1..{len(info['acc'])}: {acc}; \
 training accept length {info['accept']:.3f}.
-{EVAL_LINE} {info.get('eval', 'not measured')}
+{heads}{EVAL_LINE} {info.get('eval', 'not measured')}
 - Time: {info['timings']} on {info['device']}.
 
-Use: `--model-path {info['target']} --speculative-algorithm DFLASH \
+Use: `--model-path {info['target']} --speculative-algorithm {kind.upper()} \
 --speculative-draft-model-path <this folder>` (a shipped draft also by its name).
 
 Made with:

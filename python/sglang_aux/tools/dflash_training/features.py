@@ -1,5 +1,7 @@
 """The target's aux hidden states of every training sequence, as the DFlash worker sees them:
-EXTEND forwards with the draft's `target_layer_ids` captured, the shared k-shot prefix cached."""
+EXTEND forwards with the draft's `target_layer_ids` captured, the shared k-shot prefix cached;
+for DSpark's distribution matching also the target's final hidden states (what its LM head
+reads), kept as `H` more columns of every row."""
 
 from __future__ import annotations
 
@@ -8,6 +10,7 @@ import logging
 import torch
 
 from sglang_aux.srt.forward_state.forward_batch_info import CaptureHiddenMode
+from sglang_aux.srt.layers.logits_processor import LogitsProcessorOutput
 from sglang_aux.srt.managers.schedule_batch import (
     Req,
     extend_inputs,
@@ -41,9 +44,18 @@ def _batches(samples: list[Sample], skip: int, max_tokens: int, max_reqs: int
     return out + ([cur] if cur else [])
 
 
+def _rows(out: LogitsProcessorOutput, final_hidden: bool) -> torch.Tensor:
+    """A forward's per-token rows: aux `[T, K * H]`, with `final_hidden` `[T, K * H + H]`."""
+    if not final_hidden:
+        return out.aux_hidden_states
+    return torch.cat([out.aux_hidden_states, out.hidden_states.to(out.aux_hidden_states.dtype)],
+                     dim=-1)
+
+
 @torch.no_grad()
 def extract_aux(runner: ModelRunner, samples: list[Sample], layer_ids: list[int],
-                skip: int = 0) -> tuple[torch.Tensor, list[torch.Tensor]]:
+                skip: int = 0, final_hidden: bool = False
+                ) -> tuple[torch.Tensor, list[torch.Tensor]]:
     """The first sample's rows `[skip, K * H]` before position `skip` (the prefix every sample
     shares), and per sample its rows from `skip` on, `[len(ids) - skip, K * H]`: copies in the
     target's dtype on its device (a batch's whole output is not kept).
@@ -51,6 +63,8 @@ def extract_aux(runner: ModelRunner, samples: list[Sample], layer_ids: list[int]
     The shared prefix runs once: its K/V stays in the slots of the first forward and every
     later sequence reads it as a cached prefix, as the server's prefix cache serves the
     k-shot prompt, so only the `len(ids) - skip` own tokens of a sequence are computed.
+    With `final_hidden`, every row is `[K * H aux | H final]`: the target's logits at a token
+    are its final columns times the LM head.
     Runs on `runner`'s own KV memory and request rows (everything is given back), so the
     runner of the data-generation Engine can do it once generation is over.
     """
@@ -60,9 +74,10 @@ def extract_aux(runner: ModelRunner, samples: list[Sample], layer_ids: list[int]
     first.req_pool_idx = pool.alloc()
     # FULL runs it eagerly: the runner's graphs were captured before these layers were set
     # to be captured, so they return no aux rows
-    rows = runner.forward(runner.prepare(extend_inputs(runner, [first],
-                                                       CaptureHiddenMode.FULL)))
-    prefix, out = rows.aux_hidden_states[:skip].clone(), [rows.aux_hidden_states[skip:].clone()]
+    rows = _rows(runner.forward(runner.prepare(extend_inputs(runner, [first],
+                                                             CaptureHiddenMode.FULL))),
+                 final_hidden)
+    prefix, out = rows[:skip].clone(), [rows[skip:].clone()]
     prefix_slots = pool.req_to_token[first.req_pool_idx, :skip].clone()
     release_kv(runner, first, keep=skip)
     rest = samples[1:]
@@ -73,8 +88,8 @@ def extract_aux(runner: ModelRunner, samples: list[Sample], layer_ids: list[int]
             r.req_pool_idx = pool.alloc()
             map_cached_prefix(runner, r, prefix_slots)
         fb = runner.prepare(extend_inputs(runner, reqs, CaptureHiddenMode.FULL))
-        rows = runner.forward(fb).aux_hidden_states.split([len(r.origin_input_ids) - skip
-                                                           for r in reqs])
+        rows = _rows(runner.forward(fb), final_hidden).split([len(r.origin_input_ids) - skip
+                                                              for r in reqs])
         out += [a.clone() for a in rows]
         for r in reqs:
             release_kv(runner, r, keep=skip)

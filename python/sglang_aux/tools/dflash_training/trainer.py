@@ -171,14 +171,18 @@ class Trainer:
         self.weights = offset_weights(draft.dflash_config.block_size, cfg.gamma, self.device)
         self.generator = torch.Generator().manual_seed(cfg.seed)
 
+    def objective(self, batch: Batch, anchors: torch.Tensor) -> tuple[torch.Tensor, dict]:
+        """The DFlash block loss of these blocks and its stats."""
+        logits = draft_block_logits(self.draft, self.embed, self.lm_head, batch.aux,
+                                    batch.ids, anchors, self.mask_token_id)
+        labels = block_labels(batch, anchors, self.draft.dflash_config.block_size)
+        return block_loss(logits, labels, self.weights)
+
     def step(self, batch: Batch, anchors: torch.Tensor) -> dict:
         """One optimizer step on these blocks; returns the step's loss and accuracy."""
         self.draft.train()
         with torch.autocast("cuda", torch.bfloat16, enabled=self.device.type == "cuda"):
-            logits = draft_block_logits(self.draft, self.embed, self.lm_head, batch.aux,
-                                        batch.ids, anchors, self.mask_token_id)
-            labels = block_labels(batch, anchors, self.draft.dflash_config.block_size)
-            loss, stats = block_loss(logits, labels, self.weights)
+            loss, stats = self.objective(batch, anchors)
         self.opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(self.draft.parameters(), self.cfg.grad_clip)
@@ -219,8 +223,10 @@ class Trainer:
                     logger.info("time budget %.0f s: %d steps", time_budget_s, self.total_steps)
             if step % self.cfg.log_every == 0 or step == self.total_steps:
                 avg = _mean_stats(window)
-                logger.info("step %d/%d loss %.4f accept %.3f lr %.2e acc/offset %s (%.0f s)",
-                            step, self.total_steps, avg["loss"], avg["accept"],
+                extra = "".join(f" {k} {v:.3f}" for k, v in avg.items()
+                                if k not in ("loss", "accept", "acc"))
+                logger.info("step %d/%d loss %.4f accept %.3f%s lr %.2e acc/offset %s (%.0f s)",
+                            step, self.total_steps, avg["loss"], avg["accept"], extra,
                             self.lr,
                             " ".join(f"{a:.2f}" for a in avg["acc"]),
                             time.perf_counter() - start)
@@ -230,7 +236,7 @@ class Trainer:
 
 
 def _mean_stats(window: list[dict]) -> dict:
+    """Every scalar stat averaged, and the per-offset accuracy offset by offset."""
     n = len(window)
-    return {"loss": sum(s["loss"] for s in window) / n,
-            "accept": sum(s["accept"] for s in window) / n,
+    return {**{k: sum(s[k] for s in window) / n for k in window[0] if k != "acc"},
             "acc": [sum(col) / n for col in zip(*(s["acc"] for s in window), strict=True)]}

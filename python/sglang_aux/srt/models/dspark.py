@@ -1,0 +1,131 @@
+"""DSpark draft (`DSparkDraftModel`): the DFlash draft plus a low-rank Markov head and a
+confidence head, in SGLang's checkpoint layout.
+
+The backbone is the DFlash draft unchanged, with SGLang's DSpark slot convention: the block
+is `[anchor, MASK x (gamma - 1)]` and row k gives base logits for the token at anchor + k + 1,
+so one forward yields gamma proposals (verify: anchor + gamma tokens). Proposals are drawn
+row by row (`speculative/dspark_proposal.py`): row k's logits are its base logits plus
+`markov_w2(markov_w1[token chosen at k - 1])` (the anchor for k = 0), a bias that makes each
+proposal depend on the one before it. The confidence head estimates, per row, the probability
+that the proposal is accepted: `sigmoid(proj([hidden; markov_w1[previous token]]) / T)` in
+fp32 (T = 1 until calibrated, SGLang's `sts_temperatures`).
+
+Checkpoint names: `markov_head.markov_w1.weight` `[V, r]`, `markov_head.markov_w2.weight`
+`[V, r]`, `confidence_head.proj.weight` `[1, H (+ r)]`, `confidence_head.proj.bias` `[1]`,
+beside the DFlash draft's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from types import SimpleNamespace
+
+import torch
+from torch import nn
+
+from sglang_aux.srt.configs.dspark_config import DSparkConfig, dspark_field
+from sglang_aux.srt.models.dflash import DFlashDraftModel
+
+MARKOV_WEIGHTS = ("markov_head.markov_w1.weight", "markov_head.markov_w2.weight")
+CONFIDENCE_PREFIX = "confidence_head."
+
+
+class DSparkMarkovHead(nn.Module):
+    """A bigram bias of rank r: `markov_w2(markov_w1[previous token])` `[..., V]`."""
+
+    def __init__(self, vocab_size: int, rank: int):
+        super().__init__()
+        self.markov_w1 = nn.Embedding(vocab_size, rank)
+        self.markov_w2 = nn.Linear(rank, vocab_size, bias=False)
+
+    def embed(self, prev_tokens: torch.Tensor) -> torch.Tensor:
+        """`[...]` token ids -> `[..., r]`."""
+        return self.markov_w1(prev_tokens)
+
+    def bias(self, prev_tokens: torch.Tensor) -> torch.Tensor:
+        """`[...]` token ids -> `[..., V]` logit bias."""
+        return self.markov_w2(self.markov_w1(prev_tokens))
+
+
+class DSparkConfidenceHead(nn.Module):
+    """`Linear(H + r -> 1)` in fp32 whatever the draft's dtype: its output is a probability
+    the verify scheduler multiplies along the block, where bf16 rounding would compound."""
+
+    def __init__(self, hidden_size: int, markov_rank: int):
+        super().__init__()
+        self.proj = nn.Linear(hidden_size + markov_rank, 1, dtype=torch.float32)
+        self.register_buffer("temperature", torch.ones((), dtype=torch.float32),
+                             persistent=False)
+
+    def raw(self, hidden: torch.Tensor, prev_embed: torch.Tensor | None) -> torch.Tensor:
+        """Logits `[...]` from hidden `[..., H]` and, with the Markov input, `[..., r]`."""
+        features = hidden if prev_embed is None else torch.cat(
+            [hidden, prev_embed.to(hidden.dtype)], dim=-1)
+        return self.proj(features.float()).squeeze(-1)
+
+    def forward(self, hidden: torch.Tensor, prev_embed: torch.Tensor | None) -> torch.Tensor:
+        return torch.sigmoid(self.raw(hidden, prev_embed) / self.temperature)
+
+
+def _with_dspark_block(config: SimpleNamespace, gamma: int) -> SimpleNamespace:
+    """A copy of `config` whose `dflash_config` carries gamma as the backbone's block size
+    (and a mask token given only under `dspark_config`), as the DFlash draft reads them."""
+    dflash = dict(getattr(config, "dflash_config", None) or {}, block_size=gamma)
+    mask = dspark_field(config, "mask_token_id")
+    if mask is not None:
+        dflash["mask_token_id"] = mask
+    return SimpleNamespace(**{**vars(config), "dflash_config": dflash})
+
+
+class DSparkDraftModel(DFlashDraftModel):
+    def __init__(self, config: SimpleNamespace, pp_size: int = 1):
+        dspark = DSparkConfig.from_hf_config(config)
+        super().__init__(_with_dspark_block(config, dspark.gamma), pp_size)
+        self.dspark_config = dspark
+        self.markov_head = DSparkMarkovHead(config.vocab_size, dspark.markov_rank)
+        self.confidence_head = None
+        if dspark.confidence_head:
+            rank = dspark.markov_rank if dspark.confidence_with_markov else 0
+            self.confidence_head = DSparkConfidenceHead(config.hidden_size, rank)
+
+    @property
+    def gamma(self) -> int:
+        return self.dspark_config.gamma
+
+    def confidence(self, hidden: torch.Tensor, prev_tokens: torch.Tensor) -> torch.Tensor:
+        """Acceptance probability `[...]` (fp32) of the proposal drawn at each row, from the
+        row's draft hidden state `[..., H]` and the token before it `[...]`."""
+        if self.confidence_head is None:
+            raise RuntimeError("this DSpark draft has no confidence head "
+                               "(enable_confidence_head is false)")
+        embed = self.markov_head.embed(prev_tokens) if self.dspark_config.confidence_with_markov \
+            else None
+        return self.confidence_head(hidden, embed)
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """The DFlash draft's tensors plus the heads'. A checkpoint without the Markov head
+        (a DFlash draft) or, when the config enables it, without the confidence head is
+        refused, naming what it lacks; with the head disabled its tensors are skipped."""
+        weights = [(n, t) for n, t in weights if self.confidence_head is not None
+                   or not n.removeprefix("model.").startswith(CONFIDENCE_PREFIX)]
+        names = {name.removeprefix("model.") for name, _ in weights}
+        lacking = [n for n in MARKOV_WEIGHTS if n not in names]
+        if lacking:
+            raise ValueError(f"not a DSpark checkpoint: it has no Markov head (lacks "
+                             f"{', '.join(lacking)}); a DFlash draft loads with "
+                             "--speculative-algorithm DFLASH")
+        if self.confidence_head is not None:
+            wanted = [CONFIDENCE_PREFIX + n for n, _ in self.confidence_head.named_parameters()]
+            lacking = [n for n in wanted if n not in names]
+            if lacking:
+                raise ValueError(f"the DSpark config enables the confidence head but the "
+                                 f"checkpoint lacks {', '.join(lacking)} (set "
+                                 "enable_confidence_head to false to load it without)")
+        super().load_weights(weights)
+
+
+class Qwen3DSparkModel(DSparkDraftModel):
+    """The architecture name SGLang's published DSpark drafts carry."""
+
+
+EntryClass = [DSparkDraftModel, Qwen3DSparkModel]

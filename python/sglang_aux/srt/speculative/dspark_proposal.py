@@ -1,0 +1,91 @@
+"""DSpark's sequential (semi-autoregressive) proposal over one draft block.
+
+The draft forward gives base logits for every block row at once; the proposals are then
+chosen row by row, because row k's logits add the Markov bias of the token chosen at row
+k - 1 (the anchor for row 0). The loop runs gamma fixed steps of fixed shapes with no host
+sync, so it is captured inside the draft's graph as it stands. Greedy rows take the argmax;
+sampled rows draw from temperature / top-k / top-p / min-p of the corrected logits, exactly
+as the target-only sampler restricts (`sampling_probs`), with counter-based draws on the
+DRAFT lane keyed by (request seed, the proposal's token position).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from sglang_aux.srt.models.dspark import DSparkDraftModel
+from sglang_aux.srt.sampling.sampler import (
+    Lane,
+    SamplingTensors,
+    sample_from_probs,
+    sampling_probs,
+    uniform,
+)
+
+
+@dataclass
+class DSparkProposal:
+    tokens: torch.Tensor  # [bs, gamma] int64
+    confidence: torch.Tensor | None  # [bs, gamma] float32; None without a confidence head
+    # [bs, gamma, vocab] float32: what each sampled proposal was drawn from (the rejection
+    # test's q); None when every request is greedy
+    probs: torch.Tensor | None
+
+
+def _check_shapes(draft: DSparkDraftModel, base_logits: torch.Tensor, anchor_tokens: torch.Tensor,
+                  positions: torch.Tensor, hidden: torch.Tensor | None) -> None:
+    bs, gamma = base_logits.shape[:2]
+    if base_logits.dim() != 3 or gamma != draft.gamma:
+        raise ValueError(f"base_logits {tuple(base_logits.shape)} must be [bs, gamma="
+                         f"{draft.gamma}, vocab]")
+    if tuple(anchor_tokens.shape) != (bs,):
+        raise ValueError(f"anchor_tokens {tuple(anchor_tokens.shape)} must be ({bs},) like "
+                         f"base_logits {tuple(base_logits.shape)}")
+    if tuple(positions.shape) != (bs, gamma):
+        raise ValueError(f"positions {tuple(positions.shape)} must be ({bs}, {gamma}) like "
+                         f"base_logits {tuple(base_logits.shape)}")
+    if hidden is not None and tuple(hidden.shape[:2]) != (bs, gamma):
+        raise ValueError(f"hidden {tuple(hidden.shape)} must be [{bs}, {gamma}, H] like "
+                         f"base_logits {tuple(base_logits.shape)}")
+
+
+@torch.no_grad()
+def propose_block(draft: DSparkDraftModel, base_logits: torch.Tensor, anchor_tokens: torch.Tensor,
+                  positions: torch.Tensor, params: SamplingTensors | None, *, all_greedy: bool,
+                  hidden: torch.Tensor | None = None) -> DSparkProposal:
+    """The block's proposals, chosen in order, and each one's acceptance confidence.
+
+    base_logits `[bs, gamma, V]`: the draft's row logits (row k for the token at anchor + k +
+    1); anchor_tokens `[bs]`; positions `[bs, gamma]` int64: each proposal's token position
+    (the seed counter of its draw); params: per-request sampling parameters (None when
+    `all_greedy`, known on the host); hidden `[bs, gamma, H]`: the rows' final draft hidden
+    states, needed for confidences (without it, or without a confidence head, confidence is
+    None).
+    """
+    _check_shapes(draft, base_logits, anchor_tokens, positions, hidden)
+    if not all_greedy and params is None:
+        raise ValueError("sampled proposals need the requests' sampling parameters")
+    markov, head = draft.markov_head, draft.confidence_head
+    bs, gamma, vocab = base_logits.shape
+    tokens = torch.empty((bs, gamma), dtype=torch.int64, device=base_logits.device)
+    probs = None if all_greedy else torch.empty((bs, gamma, vocab), dtype=torch.float32,
+                                                device=base_logits.device)
+    with_confidence = head is not None and hidden is not None
+    confidence = torch.empty((bs, gamma), dtype=torch.float32, device=base_logits.device) \
+        if with_confidence else None
+    prev = anchor_tokens.to(torch.int64)
+    for k in range(gamma):
+        if with_confidence:
+            confidence[:, k] = draft.confidence(hidden[:, k], prev)
+        step = base_logits[:, k] + markov.bias(prev).to(base_logits.dtype)  # [bs, V]
+        chosen = step.argmax(-1)
+        if not all_greedy:
+            q = sampling_probs(step, params)
+            probs[:, k] = q
+            drawn = sample_from_probs(q, uniform(params.seed, positions[:, k], Lane.DRAFT))
+            chosen = torch.where(params.is_greedy, chosen, drawn)
+        tokens[:, k] = chosen
+        prev = chosen
+    return DSparkProposal(tokens, confidence, probs)

@@ -1,0 +1,145 @@
+"""DSpark's training objective (the paper's, as DeepSpec's trainer computes it) on the DFlash
+training path.
+
+The block `[anchor, MASK x (G - 1)]` sits at positions anchor..anchor + G - 1 and runs through
+the draft's dense forward (`draft_block_hidden`, shared with DFlash). Row k is trained to
+predict the token at anchor + k + 1 (SGLang's DSpark slots), its base logits corrected by the
+Markov head of the true token before it (teacher forcing: the anchor for k = 0, the data
+token at anchor + k after). Per row, weighted `exp(-k / decay)` over the rows the sequence
+still covers and normalized by the weights' sum:
+- 0.1 x cross-entropy to the data token;
+- 0.9 x distribution matching: `||p_draft - p_target||_1`, twice the total variation between
+  the draft's and the target's next-token distributions (`1 - TV` is the probability that
+  rejection sampling accepts the draft's token, so this term raises acceptance directly; the
+  paper's code uses this L1 distance, not a KL);
+- 1.0 x binary cross-entropy of the confidence head's logit against that acceptance
+  probability `1 - TV` (detached), so the head learns the chance the proposal survives.
+
+The target's distribution at row k is its LM head on its final hidden state at anchor + k,
+computed on the fly from the final hidden states kept beside the aux rows (`extract_aux(...,
+final_hidden=True)`). Why not stored logits: for Qwen2.5-Coder-1.5B (H 1,536, V 151,936,
+K = 5 aux layers, bf16) a token's aux rows take 15,360 bytes and its final hidden state 3,072
+more (+20%: 3.1 GB per million training tokens), where its full logits would take 303,872
+(304 GB per million tokens); stored top-k logits (64 x 6 bytes) would fit but drop the tail
+mass the L1 term measures. On the fly costs one LM-head GEMM per step beside the draft's:
+32 sequences x 16 blocks x gamma 7 = 3,584 rows, 1.7 TFLOP, and a `[3,584, 151,936]` fp32
+distribution (2.2 GB) next to the draft's, which the cross-entropy needs anyway.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from sglang_aux.srt.models.dspark import DSparkDraftModel
+from sglang_aux.tools.dflash_training.draft_forward import draft_block_hidden
+from sglang_aux.tools.dflash_training.trainer import IGNORE, Batch, TrainConfig, Trainer
+
+
+@dataclass(frozen=True)
+class DSparkLossWeights:
+    """The paper's mix (DeepSpec's `ce_loss_alpha`, `l1_loss_alpha`, `confidence_head_alpha`)."""
+
+    cross_entropy: float = 0.1
+    distribution: float = 0.9
+    confidence: float = 1.0
+
+
+def dspark_labels(batch: Batch, anchors: torch.Tensor, gamma: int
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Labels `[N, A, G]` (the token at anchor + k + 1, IGNORE past the sequence's end) and
+    the teacher-forced previous tokens `[N, A, G]` (the token at anchor + k)."""
+    k = torch.arange(gamma, device=anchors.device)
+    at = anchors[:, :, None] + k  # [N, A, G]
+    last = batch.ids.shape[1] - 1
+    valid = at + 1 < batch.lens[:, None, None]
+    labels = batch.ids.gather(1, (at + 1).clamp(max=last).flatten(1)).view(at.shape)
+    prev = batch.ids.gather(1, at.clamp(max=last).flatten(1)).view(at.shape)
+    return torch.where(valid, labels, IGNORE), prev
+
+
+def row_weights(gamma: int, decay: float, device: torch.device) -> torch.Tensor:
+    """`exp(-k / decay)` for rows k = 0..G-1: a proposal counts only when every one before it
+    was accepted."""
+    return torch.exp(-torch.arange(gamma, device=device, dtype=torch.float32) / decay)
+
+
+def dspark_loss(logits: torch.Tensor, target_logits: torch.Tensor, labels: torch.Tensor,
+                confidence_logits: torch.Tensor | None, weights: torch.Tensor,
+                mix: DSparkLossWeights) -> tuple[torch.Tensor, dict]:
+    """The weighted loss of Markov-corrected draft logits `[N, A, G, V]` against the data
+    labels `[N, A, G]` and the target's logits, plus the confidence logits `[N, A, G]`; stats:
+    per-row accuracy, the greedy accept length and the expected one under rejection sampling
+    (`accept`, `expected_accept`), and the confidence's mean absolute error."""
+    valid = labels != IGNORE
+    w = weights * valid
+    den = w.sum()
+    ce = F.cross_entropy(logits.flatten(0, 2).float(), labels.flatten(), ignore_index=IGNORE,
+                         reduction="none").view(labels.shape)
+    p_draft = torch.softmax(logits.float(), -1)
+    with torch.no_grad():
+        p_target = torch.softmax(target_logits.float(), -1)
+    l1 = (p_draft - p_target).abs().sum(-1)  # [N, A, G]
+    accept = (1 - 0.5 * l1.detach()).clamp(0.0, 1.0)
+    loss = mix.cross_entropy * (ce * w).sum() + mix.distribution * (l1 * w).sum()
+    conf_err = float("nan")
+    if confidence_logits is not None:
+        bce = F.binary_cross_entropy_with_logits(confidence_logits.float(), accept,
+                                                 reduction="none")
+        loss = loss + mix.confidence * (bce * w).sum()
+        with torch.no_grad():
+            conf_err = ((confidence_logits.float().sigmoid() - accept).abs() * valid).sum() \
+                / valid.sum().clamp(min=1)
+    loss = loss / den
+    with torch.no_grad():
+        correct = (logits.argmax(-1) == labels) & valid
+        acc = correct.sum((0, 1)) / valid.sum((0, 1)).clamp(min=1)
+        blocks = valid[..., 0]
+        greedy = 1 + correct.int().cumprod(-1).sum(-1).float()
+        expected = 1 + (accept * valid).cumprod(-1).sum(-1)
+        stats = {"loss": loss.item(), "acc": acc.tolist(),
+                 "accept": greedy[blocks].mean().item(),
+                 "expected_accept": expected[blocks].mean().item(),
+                 "confidence_error": float(conf_err)}
+    return loss, stats
+
+
+class DSparkTrainer(Trainer):
+    """The DFlash trainer's loop and schedule on DSpark's objective. Batches carry every
+    token's row as `[K * H aux | H final]` (`extract_aux(..., final_hidden=True)`)."""
+
+    def __init__(self, draft: DSparkDraftModel, embed: nn.Embedding, lm_head: torch.Tensor,
+                 mask_token_id: int, cfg: TrainConfig,
+                 mix: DSparkLossWeights = DSparkLossWeights()):
+        super().__init__(draft, embed, lm_head, mask_token_id, cfg)
+        self.mix = mix
+        self.weights = row_weights(draft.gamma, cfg.gamma, self.device)
+
+    def objective(self, batch: Batch, anchors: torch.Tensor) -> tuple[torch.Tensor, dict]:
+        draft, gamma = self.draft, self.draft.gamma
+        width = draft.fc.in_features
+        if batch.aux.shape[-1] != width + self.lm_head.shape[1]:
+            raise ValueError(f"DSpark training rows {tuple(batch.aux.shape)} must hold the aux "
+                             f"states ({width}) and the final hidden state "
+                             f"({self.lm_head.shape[1]}): extract_aux(..., final_hidden=True)")
+        aux, final = batch.aux[..., :width], batch.aux[..., width:]
+        hidden = draft_block_hidden(draft, self.embed, aux, batch.ids, anchors,
+                                    self.mask_token_id)  # [N, A, G, H]
+        labels, prev = dspark_labels(batch, anchors, gamma)
+        logits = hidden @ self.lm_head.t().to(hidden.dtype)
+        logits = logits + draft.markov_head.bias(prev).to(logits.dtype)
+        confidence = None
+        if draft.confidence_head is not None:
+            embed = draft.markov_head.embed(prev) if draft.dspark_config.confidence_with_markov \
+                else None
+            with torch.autocast(self.device.type, enabled=False):  # the head is fp32
+                confidence = draft.confidence_head.raw(hidden.float(), embed)
+        with torch.no_grad():
+            at = (anchors[:, :, None] + torch.arange(gamma, device=anchors.device)).clamp(
+                max=final.shape[1] - 1)  # [N, A, G]
+            rows = final.gather(1, at.flatten(1)[..., None].expand(-1, -1, final.shape[-1]))
+            target_logits = rows.view(*at.shape, -1) @ self.lm_head.t().to(rows.dtype)
+        return dspark_loss(logits, target_logits, labels, confidence, self.weights, self.mix)

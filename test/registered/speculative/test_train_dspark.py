@@ -1,0 +1,251 @@
+"""DSpark draft training on CPU (`train_dflash --algorithm dspark`): the rows' labels and
+teacher-forced previous tokens (slot k predicts anchor + k + 1), the paper's loss on known
+distributions (0.1 CE + 0.9 L1 to the target + confidence BCE against 1 - TV), the target's
+final hidden states kept beside the aux rows give its own logits, the target distribution
+each row is matched to, overfitting a fixed batch, and a smoke run of the whole tool whose
+draft loads as a DSparkDraftModel."""
+
+import json
+import math
+import sys
+
+import pytest
+import torch
+
+from sglang_aux.srt.configs.model_config import ModelConfig
+from sglang_aux.srt.configs.presets import MASK_TOKEN_ID, PRESETS
+from sglang_aux.srt.managers.schedule_batch import release_kv
+from sglang_aux.srt.model_loader import builtin
+from sglang_aux.srt.model_loader.loader import get_model
+from sglang_aux.srt.models.dspark import DSparkDraftModel
+from sglang_aux.srt.models.weight_utils import (
+    checkpoint_tensors,
+    init_random_weights,
+    safetensors_weights_iterator,
+)
+from sglang_aux.test.ci.ci_register import register_cpu_ci
+from sglang_aux.test.gsm8k_data import local_path_or_skip
+from sglang_aux.test.runtime_utils import make_runner, prefill, tiny_checkpoint
+from sglang_aux.tools import train_dflash
+from sglang_aux.tools.dflash_training import dspark_objective
+from sglang_aux.tools.dflash_training.data import Sample, common_prefix_len
+from sglang_aux.tools.dflash_training.draft_forward import draft_block_logits
+from sglang_aux.tools.dflash_training.dspark_objective import (
+    DSparkLossWeights,
+    DSparkTrainer,
+    dspark_labels,
+    dspark_loss,
+    row_weights,
+)
+from sglang_aux.tools.dflash_training.export import dspark_draft_config, new_draft
+from sglang_aux.tools.dflash_training.features import extract_aux
+from sglang_aux.tools.dflash_training.trainer import (
+    IGNORE,
+    Batch,
+    SequenceSet,
+    TrainConfig,
+    sample_anchors,
+)
+
+register_cpu_ci(est_time=30, suite="default")
+
+GAMMA = 3
+HIDDEN = PRESETS["tiny-llama"]["hidden_size"]
+
+
+@pytest.fixture(scope="module")
+def target(tmp_path_factory):
+    return tiny_checkpoint("tiny-llama", tmp_path_factory.mktemp("ckpt"))
+
+
+def test_labels_and_teacher_forced_previous_tokens():
+    ids = torch.arange(100, 110)[None].repeat(2, 1)  # tokens 100..109
+    batch = Batch(torch.zeros(2, 10, 1), ids, torch.tensor([3, 6]), torch.tensor([10, 8]))
+    labels, prev = dspark_labels(batch, torch.tensor([[3, 7], [6, 5]]), GAMMA)
+    assert labels[0, 0].tolist() == [104, 105, 106]
+    assert prev[0, 0].tolist() == [103, 104, 105]  # the anchor, then the data tokens
+    assert labels[0, 1].tolist() == [108, 109, IGNORE]  # past the end
+    assert labels[1, 0].tolist() == [107, IGNORE, IGNORE]  # this sequence has 8 tokens
+    assert labels[1, 1].tolist() == [106, 107, IGNORE]
+    torch.testing.assert_close(row_weights(3, 4.0, torch.device("cpu")),
+                               torch.tensor([1.0, math.exp(-0.25), math.exp(-0.5)]))
+
+
+def test_loss_on_known_distributions():
+    """Two rows over a 3-token vocabulary, by hand: TV, acceptance, CE, BCE and weights."""
+    p_draft = torch.tensor([[0.5, 0.3, 0.2], [0.1, 0.1, 0.8]])
+    p_target = torch.tensor([[0.2, 0.6, 0.2], [0.1, 0.1, 0.8]])
+    logits, target = p_draft.log()[None, None], p_target.log()[None, None]  # [1, 1, 2, 3]
+    labels = torch.tensor([[[1, 2]]])
+    conf = torch.tensor([[[0.0, 2.0]]])
+    w = torch.tensor([1.0, 0.5])
+    loss, stats = dspark_loss(logits, target, labels, conf, w, DSparkLossWeights())
+    l1 = torch.tensor([0.6, 0.0])  # |.5-.2| + |.3-.6| + 0, identical rows
+    accept = 1 - l1 / 2  # 0.7, 1.0
+    ce = -torch.tensor([math.log(0.3), math.log(0.8)])
+    sig = torch.sigmoid(conf[0, 0])
+    bce = -(accept * sig.log() + (1 - accept) * (1 - sig).log())
+    expected = ((0.1 * ce + 0.9 * l1 + 1.0 * bce) * w).sum() / w.sum()
+    torch.testing.assert_close(loss, expected)
+    assert stats["acc"] == [0.0, 1.0]  # row 0's argmax is token 0, not 1
+    assert stats["accept"] == 1.0  # greedy: the first row already misses
+    assert stats["expected_accept"] == pytest.approx(1 + 0.7 + 0.7)
+    assert stats["confidence_error"] == pytest.approx(((sig - accept).abs().mean()).item())
+    # an ignored row weighs nothing
+    loss_one, _ = dspark_loss(logits, target, torch.tensor([[[1, IGNORE]]]), conf, w,
+                              DSparkLossWeights())
+    torch.testing.assert_close(loss_one, 0.1 * ce[0] + 0.9 * l1[0] + bce[0])
+
+
+def _rows(target_path: str, layer_ids: list[int], seed: int = 3):
+    tr = make_runner(target_path, aux_layer_ids=layer_ids, max_total_tokens=2048,
+                     max_running_requests=4)
+    g = torch.Generator().manual_seed(seed)
+    shots = torch.randint(0, 256, (11,), generator=g).tolist()
+    samples = [Sample(shots + torch.randint(0, 256, (n,), generator=g).tolist(),
+                      torch.randint(0, 256, (m,), generator=g).tolist())
+               for n, m in [(5, 19), (3, 12), (8, 16)]]
+    return tr, samples
+
+
+def test_final_hidden_columns_give_the_targets_logits(target):
+    """extract_aux(..., final_hidden=True) keeps the aux columns as before and adds the
+    final hidden state, whose product with the LM head is the target's own next-token
+    logits (checked at every sequence's last token against a plain prefill)."""
+    config = dspark_draft_config(PRESETS["tiny-llama"], markov_rank=8, num_layers=1,
+                                 num_aux_layers=2, block_size=GAMMA, mask_token_id=MASK_TOKEN_ID)
+    layer_ids = config["dflash_config"]["target_layer_ids"]
+    tr, samples = _rows(target, layer_ids)
+    skip = common_prefix_len(samples)
+    prefix, rows = extract_aux(tr, samples, layer_ids, skip=skip)
+    prefix_f, rows_f = extract_aux(tr, samples, layer_ids, skip=skip, final_hidden=True)
+    width = prefix.shape[-1]
+    assert prefix_f.shape[-1] == width + HIDDEN
+    torch.testing.assert_close(prefix_f[:, :width], prefix)
+    for s, a, f in zip(samples, rows, rows_f, strict=True):
+        torch.testing.assert_close(f[:, :width], a)
+        reqs, out = prefill(tr, [s.ids])
+        release_kv(tr, reqs[0])
+        torch.testing.assert_close(f[-1, width:] @ tr.model.lm_head_weight.t(),
+                                   out.next_token_logits[0], rtol=1e-4, atol=1e-4)
+
+
+def _trainer(target_path: str, steps: int = 40):
+    config = dspark_draft_config(PRESETS["tiny-llama"], markov_rank=8, num_layers=1,
+                                 num_aux_layers=2, block_size=GAMMA, mask_token_id=MASK_TOKEN_ID)
+    layer_ids = config["dflash_config"]["target_layer_ids"]
+    tr, samples = _rows(target_path, layer_ids)
+    prefix, rows = extract_aux(tr, samples, layer_ids, skip=common_prefix_len(samples),
+                               final_hidden=True)
+    draft = new_draft(config, torch.device("cpu"), seed=0)
+    assert isinstance(draft, DSparkDraftModel)
+    init_random_weights(draft, seed=1)
+    data = SequenceSet(samples, rows, torch.device("cpu"), prefix)
+    trainer = DSparkTrainer(draft, tr.model.get_input_embeddings(), tr.model.lm_head_weight,
+                            MASK_TOKEN_ID, TrainConfig(steps=steps, lr=3e-3, warmup_frac=0.0))
+    return tr, data, trainer
+
+
+def test_rows_are_matched_to_the_targets_distribution_at_their_position(target, monkeypatch):
+    """Row k of the block anchored at a is matched to the target's distribution after token
+    a + k (its LM head on the stored final hidden state there), its logits are the base
+    logits plus the Markov bias of the data token at a + k."""
+    tr, data, trainer = _trainer(target)
+    seen = {}
+
+    def spy(logits, target_logits, labels, confidence, weights, mix):
+        seen.update(logits=logits, target=target_logits, labels=labels)
+        return dspark_loss(logits, target_logits, labels, confidence, weights, mix)
+
+    monkeypatch.setattr(dspark_objective, "dspark_loss", spy)
+    batch = data.batch([0, 2])
+    anchors = torch.tensor([[17, 25], [20, 30]])
+    with torch.no_grad():
+        trainer.objective(batch, anchors)
+    width = trainer.draft.fc.in_features
+    lm_head = tr.model.lm_head_weight
+    markov = trainer.draft.markov_head
+    for n in range(2):
+        for a in range(2):
+            for k in range(GAMMA):
+                pos = int(anchors[n, a]) + k
+                expected = batch.aux[n, pos, width:] @ lm_head.t()
+                torch.testing.assert_close(seen["target"][n, a, k], expected)
+                assert seen["labels"][n, a, k] == batch.ids[n, pos + 1]
+    # the Markov bias is the data token's: undo it and the rows are the backbone's argmax
+    prev = batch.ids.gather(1, (anchors[:, :, None] + torch.arange(GAMMA)).flatten(1))
+    base = seen["logits"] - markov.bias(prev).view(2, 2, GAMMA, -1)
+    with torch.no_grad():
+        backbone = draft_block_logits(trainer.draft, tr.model.get_input_embeddings(), lm_head,
+                                      batch.aux[..., :width], batch.ids, anchors,
+                                      MASK_TOKEN_ID)
+    torch.testing.assert_close(base, backbone, rtol=1e-4, atol=1e-4)
+
+
+def test_loss_decreases_on_a_fixed_batch(target):
+    _, data, trainer = _trainer(target)
+    batch = data.batch([0, 1])
+    anchors = sample_anchors(batch, 8, torch.Generator().manual_seed(0))
+    first = trainer.step(batch, anchors)
+    for _ in range(38):
+        trainer.step(batch, anchors)
+    last = trainer.step(batch, anchors)
+    assert last["loss"] < 0.5 * first["loss"], (first, last)
+    assert last["confidence_error"] < first["confidence_error"]
+    assert last["expected_accept"] > first["expected_accept"]
+
+
+def test_rows_without_final_hidden_are_refused(target):
+    _, data, trainer = _trainer(target)
+    batch = data.batch([0])
+    batch.aux = batch.aux[..., :trainer.draft.fc.in_features]
+    with pytest.raises(ValueError, match=r"must hold the aux states \(128\) and the final "
+                                         r"hidden state \(64\)"):
+        trainer.objective(batch, torch.tensor([[17]]))
+
+
+def test_eval_is_refused_for_dspark():
+    with pytest.raises(SystemExit):
+        train_dflash.parse_args(["--smoke", "--algorithm", "dspark", "--out", "d", "--eval"])
+    args = train_dflash.parse_args(["--algorithm", "dspark", "--block-size", "7"])
+    assert args.out.endswith("smollm2-135m-instruct-dspark-b7")
+    assert args.markov_rank == 256
+
+
+def test_recipe_is_the_dflash_recipe_as_dspark(tmp_path, monkeypatch):
+    monkeypatch.setenv("SGLANG_AUX_CACHE", str(tmp_path))
+    name = "qwen2.5-coder-1.5b-instruct-dspark-b15"
+    with pytest.raises(FileNotFoundError, match=f"train_dflash --recipe {name}"):
+        builtin.resolve_model_path(name)
+    dspark = train_dflash.parse_args(["--recipe", name])
+    dflash = train_dflash.parse_args(["--recipe", "qwen2.5-coder-1.5b-instruct-dflash-b16"])
+    differ = {k for k in vars(dspark) if getattr(dspark, k) != getattr(dflash, k)}
+    assert differ == {"algorithm", "block_size", "recipe", "out", "command"}
+    assert (dspark.algorithm, dspark.block_size) == ("dspark", 15)
+    assert dspark.out == str(tmp_path / "drafts" / name)
+
+
+def test_smoke_run_writes_a_draft_that_loads_as_dspark(target, tmp_path):
+    local_path_or_skip("train")
+    out = tmp_path / "draft"
+    train_dflash.main(["--smoke", "--algorithm", "dspark", "--target", target, "--out",
+                       str(out), "--num-samples", "4", "--steps", "8", "--block-size",
+                       str(GAMMA)])
+    config = json.loads((out / "config.json").read_text())
+    assert config["architectures"] == ["DSparkDraftModel"]
+    assert (config["markov_rank"], config["markov_head_type"]) == (16, "vanilla")
+    assert config["dflash_config"]["block_size"] == GAMMA
+    draft = get_model(ModelConfig.from_pretrained(out), "cpu")
+    assert isinstance(draft, DSparkDraftModel) and draft.gamma == GAMMA
+    written = dict(safetensors_weights_iterator(out))
+    loaded = checkpoint_tensors(draft)
+    assert set(written) == set(loaded)
+    for name, tensor in written.items():
+        assert torch.equal(loaded[name], tensor), name
+    card = (out / "README.md").read_text()
+    assert "DSpark draft for" in card and "Markov rank 16" in card
+    assert "--speculative-algorithm DSPARK" in card
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-q"]))
