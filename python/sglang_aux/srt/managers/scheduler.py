@@ -143,7 +143,10 @@ class Scheduler:
                       "prefill_seconds": 0.0, "decode_seconds": 0.0,
                       "prefill_delayed_passes": 0, "prefills_beside_decode": 0,
                       "mixed_steps": 0, "mixed_requests": 0, "mixed_seconds": 0.0,
-                      "chunked_prefill_steps": 0}
+                      "chunked_prefill_steps": 0,
+                      # the allocator's largest peak above a step's start (CUDA; the host
+                      # allocates as it launches, so no sync is needed)
+                      "max_step_peak_bytes": 0}
 
     @property
     def eos_token_ids(self) -> set[int]:
@@ -281,6 +284,10 @@ class Scheduler:
 
     def step(self) -> None:
         start = time.perf_counter()
+        device = self.runner.device
+        if device.type == "cuda":
+            base = torch.cuda.memory_allocated(device)
+            torch.cuda.reset_peak_memory_stats(device)
         prefill = self._prefill_now()
         new, launched = self._launch_mixed() if prefill else ([], [])
         kind = "mixed_seconds"
@@ -295,6 +302,9 @@ class Scheduler:
         for step in done:
             self._complete(step)
         self.stats[kind] += time.perf_counter() - start
+        if device.type == "cuda":
+            peak = torch.cuda.max_memory_allocated(device) - base
+            self.stats["max_step_peak_bytes"] = max(self.stats["max_step_peak_bytes"], peak)
 
     def _launch_mixed(self) -> tuple[list[Req], list[PendingStep]]:
         """Admitted arrivals and the one mixed forward that steps the running batch and
