@@ -89,6 +89,10 @@ class ServerArgs:
     # flag name), up to this many arrival tokens per forward (managers/scheduler.py)
     enable_mixed_chunk: bool = False
     mixed_chunk_max_prefill_tokens: int = 512
+    # SGLang's: a prompt longer than this prefills over several steps of at most this many
+    # tokens, between the running batch's steps; <= 0 (SGLang's -1): off; None: SGLang's pick
+    # for the device's memory (`resolved_chunked_prefill_size`)
+    chunked_prefill_size: int | None = None
     host: str = "127.0.0.1"
     port: int = 30000
     api_key: str | None = None
@@ -198,6 +202,21 @@ class ServerArgs:
             return not self.disable_overlap_schedule
         return self.resolved_device().startswith("cuda")
 
+    def resolved_chunked_prefill_size(self) -> int | None:
+        """The chunk size, None when off. Unset, SGLang's default by the device's memory:
+        2048 below 35 GiB, 8192 below 160 GiB (an H100 or H200), else 16384; 4096 where it
+        knows no GPU memory (the CPU here)."""
+        n = self.chunked_prefill_size
+        if n is not None:
+            return n if n > 0 else None
+        device = self.resolved_device()
+        if not device.startswith("cuda"):
+            return 4096
+        import torch
+
+        gib = torch.cuda.get_device_properties(torch.device(device)).total_memory / 2**30
+        return 2048 if gib < 35 else 8192 if gib < 160 else 16384
+
     def resolved_attention_backend(self) -> str:
         if self.attention_backend is not None:
             return self.attention_backend
@@ -302,6 +321,11 @@ class ServerArgs:
         add("--mixed-chunk-max-prefill-tokens", type=int,
             default=d["mixed_chunk_max_prefill_tokens"],
             help="most arrival tokens one mixed forward takes; a longer prefill runs alone")
+        add("--chunked-prefill-size", type=int, default=None,
+            help="prefill a longer prompt over several scheduler steps of at most this many "
+                 "tokens, between the running batch's steps; -1 turns it off (default: "
+                 "SGLang's pick for the GPU's memory: 2048 below 35 GiB, 8192 below 160 GiB, "
+                 "else 16384; 4096 on CPU)")
         if serving:
             add("--host", default=d["host"], help="address to listen on")
             add("--port", type=int, default=d["port"], help="port to listen on")

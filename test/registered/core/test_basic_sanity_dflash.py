@@ -37,7 +37,9 @@ def servers(tmp_path_factory, device):
     ckpt = tmp_path_factory.mktemp("ckpt")
     target, draft = tiny_checkpoint("tiny-k3", ckpt), tiny_checkpoint("tiny-k3-dflash", ckpt)
     common = ["--model-path", target, "--device", device, "--max-total-tokens", "16384",
-              "--max-running-requests", "64", "--cuda-graph-max-bs-decode", "16"]
+              "--max-running-requests", "64", "--cuda-graph-max-bs-decode", "16",
+              # the aux figures below weigh the storage against graph outputs only
+              "--chunked-prefill-size", "-1"]
     dflash = [*common, "--speculative-algorithm", "DFLASH", "--speculative-draft-model-path",
               draft, "--speculative-num-draft-tokens", str(BLOCK),
               "--speculative-dflash-block-size", str(BLOCK)]

@@ -23,9 +23,11 @@ def _load_test():
     return module
 
 
-@pytest.mark.parametrize("mixed", [False, True], ids=["apart", "mixed"])
-def test_load_test_passes_on_a_small_dflash_server(tmp_path, mixed):
-    """With `--enable-mixed-chunk` the concurrent phase's arrivals ride in verify steps."""
+@pytest.mark.parametrize("flags", [[], ["--enable-mixed-chunk"], ["--chunked-prefill-size", "8"]],
+                         ids=["apart", "mixed", "chunked"])
+def test_load_test_passes_on_a_small_dflash_server(tmp_path, flags):
+    """With `--enable-mixed-chunk` the concurrent phase's arrivals ride in verify steps; with
+    `--chunked-prefill-size 8` longer prompts prefill in chunks between them."""
     target = tiny_checkpoint("tiny-k3", tmp_path)
     draft = tiny_checkpoint("tiny-k3-dflash", tmp_path)
     out = tmp_path / "load.json"
@@ -36,7 +38,7 @@ def test_load_test_passes_on_a_small_dflash_server(tmp_path, mixed):
         "--model-path", target, "--device", "cpu", "--speculative-algorithm", "DFLASH",
         "--speculative-draft-model-path", draft, "--max-running-requests", "8",
         "--cuda-graph-max-bs-decode", "8", "--max-total-tokens", "8192",
-        *(["--enable-mixed-chunk"] if mixed else [])])
+        *flags])
     assert out.is_file()
     assert report["aborted"] == 4 and report["checked"] == 12
     assert report["greedy_checked"] > 0 and report["greedy_mismatched"] == []
@@ -44,8 +46,9 @@ def test_load_test_passes_on_a_small_dflash_server(tmp_path, mixed):
     assert report["long_decode_steps"] >= 60
     assert report["radix_cache_hit_tokens"] > 0  # the concurrent phase repeats the references
     assert report["ok"]
-    mixed_steps = report["scheduler_stats_after_concurrent"]["mixed_steps"]
-    assert (mixed_steps > 0) == mixed, mixed_steps
+    stats = report["scheduler_stats_after_concurrent"]
+    assert (stats["mixed_steps"] > 0) == ("--enable-mixed-chunk" in flags), stats["mixed_steps"]
+    assert (stats["chunked_prefill_steps"] > 0) == ("--chunked-prefill-size" in flags), stats
 
 
 if __name__ == "__main__":

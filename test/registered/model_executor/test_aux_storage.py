@@ -51,7 +51,7 @@ def _engine(ckpts, **kw):
                   cuda_graph_bs_decode=[1, 2, 3], cuda_graph_tokens_prefill=PREFILL_TOKENS,
                   cuda_graph_max_bs_prefill=2, enable_mixed_chunk=True,
                   mixed_chunk_max_prefill_tokens=MIXED_TOKENS, disable_overlap_schedule=True,
-                  **kw)
+                  chunked_prefill_size=-1, **kw)  # rows for graphs only (chunks: their test)
 
 
 # tokens are bytes: the last prompt is too long for a mixed forward (a step of its own) but

@@ -133,7 +133,8 @@ def _engine(ckpts, dflash=True, **kw):
     spec = dict(speculative_algorithm="DFLASH",
                 speculative_draft_model_path=ckpts["tiny-llama-dflash"]) if dflash else {}
     return Engine(model_path=ckpts["tiny-llama"], device="cpu", dtype="float32",
-                  cuda_graph_bs_decode=[1, 2, 4], **spec, **COMMON, **kw)
+                  cuda_graph_bs_decode=[1, 2, 4], chunked_prefill_size=-1, **spec, **COMMON,
+                  **kw)  # the storage's rows: the graphs' (test_chunked_prefill.py: a chunk's)
 
 
 PROMPTS = [list(range(3, 3 + n)) for n in (5, 17, 40, 90)]  # 90 > 64: an eager prefill

@@ -50,7 +50,8 @@ def _streamed(tmp_path, device, dtype, target: str, mxfp8: bool, **kw) -> Engine
     return Engine(model_path=tiny_checkpoint(target, tmp_path), speculative_algorithm="DFLASH",
                   speculative_draft_model_path=tiny_checkpoint(f"{target}-dflash", tmp_path),
                   speculative_draft_fc_quantization="mxfp8" if mxfp8 else None,
-                  speculative_dflash_aux_projection="streamed", **_common(device, dtype), **kw)
+                  speculative_dflash_aux_projection="streamed", chunked_prefill_size=-1,
+                  **_common(device, dtype), **kw)
 
 
 def _count_replays(graph_runner) -> list[int]:

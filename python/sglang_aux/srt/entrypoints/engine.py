@@ -50,6 +50,7 @@ class Engine:
             side_stream=SideStream(self.worker.model_runner.device)
             if args.enable_concurrent_prefill else None,
             mixed_limits=self.worker.model_runner.mixed_limits(),
+            chunked_prefill_size=args.resolved_chunked_prefill_size(),
         )
         self.requests = RequestFactory(self.tokenizer, self.scheduler.limits,
                                        self.model_config.hf_config.vocab_size, args.random_seed)

@@ -37,6 +37,8 @@ def server_info(server: TokenizerManager, engine: dict) -> dict:
     if args.get("api_key"):
         args["api_key"] = "<redacted>"
     engine = dict(engine)
+    # the scheduler's pick when the flag left it to the device's memory
+    args["chunked_prefill_size"] = engine["chunked_prefill_size"]
     # SGLang's per-scheduler figures (one scheduler here)
     states = [{"avg_spec_accept_length": server.metrics.mean_accept_length(),
                "last_gen_throughput": engine.pop("last_gen_throughput")}]

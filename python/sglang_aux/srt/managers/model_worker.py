@@ -95,6 +95,13 @@ class ModelWorker(RequestRowStaging):
             logprobs, tokens, out, fb, self.model_runner.model.lm_head_weight)), _one_token,
             kv_growth=0, logprobs=logprobs)
 
+    def prefill_chunk(self, req: Req, num_tokens: int) -> None:
+        """A chunk of `req`'s prompt that is not its last (chunked prefill): the K/V of its
+        next `num_tokens` tokens, nothing sampled or read back; its last chunk is a
+        `prefill`."""
+        runner = self.model_runner
+        runner.forward(runner.prepare(extend_inputs(runner, [req], chunk=num_tokens)))
+
     def decode(self, reqs: list[Req]) -> PendingStep:
         fb = self.model_runner.prepare(step_inputs(reqs, ForwardMode.DECODE, self.tokens_per_req))
         logits = self.model_runner.forward(fb).next_token_logits

@@ -110,13 +110,16 @@ def release_kv(runner: ModelRunner, req: Req, keep: int = 0) -> None:
     req.req_pool_idx, req.kv_reserved = None, 0
 
 
-def _extend_lists(runner: ModelRunner, reqs: list[Req]
+def _extend_lists(runner: ModelRunner, reqs: list[Req], chunk: int | None = None
                   ) -> tuple[list[int], list[int], list[int], list[int], list[int]]:
-    """Host lists of every request's uncached tokens (reserving slots where the reservation is
-    short; kv_len then counts them): ids, positions, token rows, prefix and new lengths."""
+    """Host lists of every request's uncached tokens, or of its next `chunk` of them
+    (reserving slots where the reservation is short; kv_len then counts them): ids,
+    positions, token rows, prefix and new lengths."""
     ids, positions, token_rows, prefix, ext = [], [], [], [], []
     for r in reqs:
         tokens = (r.origin_input_ids + r.output_ids)[r.kv_len:]
+        if chunk is not None:
+            tokens = tokens[:chunk]
         reserve_kv(runner, r, r.kv_len + len(tokens))
         ids += tokens
         positions += range(r.kv_len, r.kv_len + len(tokens))
@@ -128,12 +131,13 @@ def _extend_lists(runner: ModelRunner, reqs: list[Req]
 
 
 def extend_inputs(runner: ModelRunner, reqs: list[Req],
-                  capture_hidden_mode: CaptureHiddenMode = CaptureHiddenMode.NULL
-                  ) -> ForwardInputs:
-    """A prefill of every request's uncached tokens (reserving slots where the reservation is
-    short; kv_len then counts them), as host values (`ModelRunner.prepare` makes the batch:
-    one copy, the slots gathered from the request rows on the device)."""
-    ids, positions, token_rows, prefix, ext = _extend_lists(runner, reqs)
+                  capture_hidden_mode: CaptureHiddenMode = CaptureHiddenMode.NULL,
+                  chunk: int | None = None) -> ForwardInputs:
+    """A prefill of every request's uncached tokens, or of its next `chunk` of them (chunked
+    prefill), reserving slots where the reservation is short (kv_len then counts them), as
+    host values (`ModelRunner.prepare` makes the batch: one copy, the slots gathered from the
+    request rows on the device)."""
+    ids, positions, token_rows, prefix, ext = _extend_lists(runner, reqs, chunk)
     return ForwardInputs(ForwardMode.EXTEND, arrival_rows=[r.req_pool_idx for r in reqs],
                          ids=ids, positions=positions, token_rows=token_rows, prefix=prefix,
                          ext=ext, capture_hidden_mode=capture_hidden_mode)

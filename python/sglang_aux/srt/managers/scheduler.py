@@ -35,6 +35,16 @@ With mixed steps (`--enable-mixed-chunk`, SGLang's flag) arrivals that fit a mix
 batch's decode (or DFlash verify) step and their prefill (`Worker.mixed`), so a small model's
 latency-bound forward is paid once for both. Both halves come back as steps of their own that
 share one readback; an arrival too long for it is prefilled apart, as before.
+
+With chunked prefill (`--chunked-prefill-size N`, SGLang's flag) a prompt with more than N
+uncached tokens is admitted alone (its row and whole reservation taken as usual) and becomes
+`chunked`: each prefill turn runs its next N tokens (`Worker.prefill_chunk`: K/V and, with
+DFlash, the draft context of those tokens, committed inside that forward, nothing sampled),
+and the running batch's step runs between two chunks, so running requests keep decoding. Its
+last chunk is an ordinary `prefill` over the cached-so-far prefix: it samples the first token
+and the request joins the running batch. Nothing waiting is admitted meanwhile (one chunked
+request at a time, as SGLang). Its kv_len counts every launched chunk, so an abort hands the
+prefix cache only positions whose target and draft K/V a launched forward writes.
 """
 
 from __future__ import annotations
@@ -79,6 +89,10 @@ class Worker(Protocol):
 
     def decode(self, reqs: list[Req]) -> PendingStep: ...
 
+    # the K/V (and draft context) of `req`'s next `num_tokens` prompt tokens: a chunk of a
+    # chunked prefill that is not its last; nothing sampled, nothing read back
+    def prefill_chunk(self, req: Req, num_tokens: int) -> None: ...
+
     # a decode step of `reqs` with the prefill of `arrivals` in one forward: (step, prefill)
     def mixed(self, reqs: list[Req], arrivals: list[Req]) -> list[PendingStep]: ...
 
@@ -91,7 +105,8 @@ class Scheduler:
                  prefill_delayer: PrefillDelayer | None = None,
                  prefill_graph_limits: tuple[int, int] | None = None,
                  side_stream: SideStream | None = None,
-                 mixed_limits: tuple[int, int, int] | None = None):
+                 mixed_limits: tuple[int, int, int] | None = None,
+                 chunked_prefill_size: int | None = None):
         self.worker = worker
         self.runner = runner = worker.model_runner
         self.req_to_token_pool = runner.req_to_token_pool
@@ -113,6 +128,10 @@ class Scheduler:
         # set (`--enable-mixed-chunk`): (step requests, arrivals, arrival tokens) one mixed
         # forward takes; arrivals that fit ride in the running batch's step
         self.mixed_limits = mixed_limits
+        # set: most new tokens one prefill step runs; a longer prompt is prefilled in chunks
+        self.chunked_prefill_size = chunked_prefill_size
+        self.chunked: Req | None = None  # admitted, mid chunked prefill, not running yet
+        self._decode_turn = False  # a chunk ran last: the running batch steps next
         self.cache_hit_tokens = 0  # prompt tokens admitted with their K/V already cached
         self.admitted_prompt_tokens = 0
         self.waiting: deque[Req] = deque()
@@ -123,7 +142,11 @@ class Scheduler:
                       "prefill_requests": 0, "prefill_tokens": 0, "decode_batch_requests": 0,
                       "prefill_seconds": 0.0, "decode_seconds": 0.0,
                       "prefill_delayed_passes": 0, "prefills_beside_decode": 0,
-                      "mixed_steps": 0, "mixed_requests": 0, "mixed_seconds": 0.0}
+                      "mixed_steps": 0, "mixed_requests": 0, "mixed_seconds": 0.0,
+                      "chunked_prefill_steps": 0,
+                      # the allocator's largest peak above a step's start (CUDA; the host
+                      # allocates as it launches, so no sync is needed)
+                      "max_step_peak_bytes": 0}
 
     @property
     def eos_token_ids(self) -> set[int]:
@@ -138,7 +161,7 @@ class Scheduler:
         self.waiting.append(req)
 
     def has_work(self) -> bool:
-        return bool(self.waiting or self.running or self.in_flight)
+        return bool(self.waiting or self.running or self.in_flight or self.chunked)
 
     def _reservation(self, req: Req) -> int:
         return self.limits.reservation(req)
@@ -147,9 +170,14 @@ class Scheduler:
         """Waiting requests for one prefill, in order, while rows and KV last; with `limits`
         (a prefill graph's), only as many requests and uncached tokens as one graph takes (a
         larger prefill runs eagerly, many times slower on a small model: the rest wait one
-        step). `strict`: the first request must fit the token budget too (a mixed forward)."""
+        step). `strict`: the first request must fit the token budget too (a mixed forward).
+        With chunked prefill, no more than N uncached tokens; a first request with more
+        becomes `chunked` instead (admitted, returned in no list)."""
         admitted, tokens = [], 0
         width, budget = limits or (None, None)
+        n = self.chunked_prefill_size
+        if n is not None:
+            budget = n if budget is None else min(budget, n)
         while self.waiting and len(self.running) + len(admitted) < self.max_running_requests:
             if width is not None and len(admitted) == width:
                 break
@@ -157,6 +185,17 @@ class Scheduler:
             if not self._take_kv(req):
                 break
             uncached = len(req.origin_input_ids) - req.kv_len
+            if self._next_chunk(req) is not None:
+                if admitted or strict:
+                    self._untake_kv(req)
+                    break
+                self.waiting.popleft()
+                if not self._admit_one(req):
+                    continue
+                self.cache_hit_tokens += req.cached_tokens
+                self.admitted_prompt_tokens += len(req.origin_input_ids)
+                self.chunked = req
+                break
             if (admitted or strict) and budget is not None and tokens + uncached > budget:
                 self._untake_kv(req)
                 break
@@ -222,9 +261,21 @@ class Scheduler:
         release_kv(self.runner, req, keep=req.cached_tokens)
         req.kv_len = req.cached_tokens = 0
 
+    def _next_chunk(self, req: Req) -> int | None:
+        """Tokens of `req`'s next prefill step when it is a chunk that is not the last; None
+        when the rest runs in one prefill. Prompt logprobs come from one prefill of the
+        positions from their start on (`StepLogprobs`), so chunks stop there."""
+        n, rest = self.chunked_prefill_size, len(req.origin_input_ids) - req.kv_len
+        if n is None or rest <= n:
+            return None
+        stop = len(req.origin_input_ids) if req.logprob is None else req.logprob.start_len
+        return min(n, stop - req.kv_len) if stop > req.kv_len else None
+
     def abort(self, req: Req) -> None:
-        """Drop `req` (waiting or running) and release its KV (`_release`); call between
-        steps."""
+        """Drop `req` (waiting, mid chunked prefill or running) and release its KV
+        (`_release`); call between steps."""
+        if req is self.chunked:
+            self.chunked = None
         self.waiting = deque(r for r in self.waiting if r is not req)
         self.running = [r for r in self.running if r is not req]
         if req.req_pool_idx is not None:
@@ -233,12 +284,16 @@ class Scheduler:
 
     def step(self) -> None:
         start = time.perf_counter()
+        device = self.runner.device
+        if device.type == "cuda":
+            base = torch.cuda.memory_allocated(device)
+            torch.cuda.reset_peak_memory_stats(device)
         prefill = self._prefill_now()
         new, launched = self._launch_mixed() if prefill else ([], [])
         kind = "mixed_seconds"
         if not launched:
-            new, launched = self._launch_apart(prefill)
-            kind = "prefill_seconds" if new and len(launched) == 1 else "decode_seconds"
+            new, launched, prefilled = self._launch_apart(prefill)
+            kind = "prefill_seconds" if prefilled and len(launched) <= 1 else "decode_seconds"
         self.running += new
         for step in launched:
             for r in step.reqs:
@@ -247,11 +302,14 @@ class Scheduler:
         for step in done:
             self._complete(step)
         self.stats[kind] += time.perf_counter() - start
+        if device.type == "cuda":
+            peak = torch.cuda.max_memory_allocated(device) - base
+            self.stats["max_step_peak_bytes"] = max(self.stats["max_step_peak_bytes"], peak)
 
     def _launch_mixed(self) -> tuple[list[Req], list[PendingStep]]:
         """Admitted arrivals and the one mixed forward that steps the running batch and
         prefills them; nothing when no arrival fits one (the caller prefills apart)."""
-        if self.mixed_limits is None or not self.waiting:
+        if self.mixed_limits is None or not self.waiting or self.chunked is not None:
             return [], []
         max_step, width, budget = self.mixed_limits
         batch = [r for r in self.running if self._can_launch(r)]
@@ -270,10 +328,15 @@ class Scheduler:
         self.stats["prefill_tokens"] += sum(len(r.origin_input_ids) - r.kv_len for r in new)
         return new, self.worker.mixed(batch, new)
 
-    def _launch_apart(self, prefill: bool) -> tuple[list[Req], list[PendingStep]]:
-        """A prefill step of admitted arrivals, or a decode step of the running batch, or
-        (side stream) both at once."""
-        new = self._admit(self.prefill_graph_limits) if prefill else []
+    def _launch_apart(self, prefill: bool) -> tuple[list[Req], list[PendingStep], bool]:
+        """A prefill step of admitted arrivals (or a chunk of the chunked request), or a
+        decode step of the running batch, or (side stream) both at once; and whether a
+        prefill ran."""
+        new = self._admit(self.prefill_graph_limits) if prefill and self.chunked is None else []
+        if prefill and self.chunked is not None:
+            new, launched = self._launch_chunk()
+            return new, launched, True
+        self._decode_turn = False
         side = self.side_stream if new else None
         launched: list[PendingStep] = []
         if new:
@@ -296,9 +359,26 @@ class Scheduler:
                 launched.append(self.worker.decode(batch))
         if side is not None:
             side.join()
-        return new, launched
+        return new, launched, bool(new)
+
+    def _launch_chunk(self) -> tuple[list[Req], list[PendingStep]]:
+        """The chunked request's next chunk; its last one is a prefill that samples its first
+        token, and the request joins the running batch."""
+        req, n = self.chunked, self._next_chunk(self.chunked)
+        self.stats["prefill_steps"] += 1
+        self.stats["chunked_prefill_steps"] += 1
+        self.stats["prefill_tokens"] += n or len(req.origin_input_ids) - req.kv_len
+        if n is not None:
+            self.worker.prefill_chunk(req, n)
+            self._decode_turn = True
+            return [], []
+        self.chunked = None
+        self.stats["prefill_requests"] += 1
+        return [req], [self.worker.prefill([req])]
 
     def _prefill_now(self) -> bool:
+        if self.chunked is not None:
+            return not (self._decode_turn and self.running)
         if not self.waiting:
             return False
         d = self.prefill_delayer
@@ -371,7 +451,7 @@ class Scheduler:
         """Free every cached KV slot, only when no request waits or runs (as SGLang; a step
         still in flight then holds finished requests only, and work that reuses the slots
         launches after it): the number freed, else None."""
-        if self.waiting or self.running:
+        if self.waiting or self.running or self.chunked:
             return None
         return 0 if self.tree_cache is None else self.tree_cache.reset()
 

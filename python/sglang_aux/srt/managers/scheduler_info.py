@@ -80,6 +80,8 @@ def engine_info(engine: ServingEngine, throughput: StepThroughput) -> dict:
         # the caching allocator's live bytes on the runner's device (None off the GPU)
         "device_memory_allocated": torch.cuda.memory_allocated(runner.device)
         if runner.device.type == "cuda" else None,
+        # as SGLang reports it: the resolved size, -1 when off
+        "chunked_prefill_size": sched.chunked_prefill_size or -1,
         "scheduler_stats": dict(sched.stats),
         **prefix_cache_info(sched),
         "last_gen_throughput": throughput.last_gen_throughput,

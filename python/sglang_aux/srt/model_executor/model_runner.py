@@ -176,11 +176,12 @@ class ModelRunner:
             raise ValueError(f"streamed projections of two widths: {streamed}")
         width = next(iter(streamed)) if streamed else self.get_aux_hidden_states_width()
         step = next((p for p in self.forwards.values() if p.tokens_per_req), None)
-        prefill = max(self.prefill_capture_tokens, default=0) \
-            if ForwardMode.EXTEND in self.forwards else 0
+        extend = ForwardMode.EXTEND in self.forwards
+        prefill = max(self.prefill_capture_tokens, default=0) if extend else 0
+        chunk = (self.server_args.resolved_chunked_prefill_size() or 0) if extend else 0
         rows, beside_rows = aux_rows(self.server_args,
                                      tokens_per_req=0 if step is None else step.tokens_per_req,
-                                     prefill_graph_tokens=prefill,
+                                     prefill_graph_tokens=prefill, chunk_tokens=chunk,
                                      mixed=ForwardMode.MIXED in self.forwards)
         if width == 0 or rows + beside_rows == 0:
             return None

@@ -44,6 +44,7 @@ from sglang_aux.srt.managers.schedule_batch import (
 from sglang_aux.srt.managers.step_logprobs import StepLogprobs, packed_prefill
 from sglang_aux.srt.model_executor.model_runner import ModelRunner
 from sglang_aux.srt.model_executor.runner.epilogue import Epilogue
+from sglang_aux.srt.model_executor.runner.forward_layout import ForwardInputs
 from sglang_aux.srt.model_executor.runner.forward_parts import ForwardParts, StreamedAux
 from sglang_aux.srt.model_executor.runner.step_prologue import StepPrologue
 from sglang_aux.srt.model_executor.runner_utils.host_transfer import HostReadback, PendingRows
@@ -151,10 +152,7 @@ class DFlashWorker(RequestRowStaging):
         inputs = extend_inputs(self.target_runner, reqs)
         if logprobs is not None and logprobs.needs_hidden:
             inputs = dataclasses.replace(inputs, capture_hidden_mode=CaptureHiddenMode.FULL)
-        if self.streamed_aux is None:  # streamed: the runner feeds the projection
-            inputs = dataclasses.replace(
-                inputs, aux_projection=self._staged_projection_for(len(inputs.ids)))
-        fb = self.target_runner.prepare(inputs)
+        fb = self.target_runner.prepare(self._with_projection(inputs))
         out = self.target_runner.forward(fb)  # its epilogue committed the draft context
         tokens = self._sample(out.next_token_logits, reqs, fb.req_pool_indices,
                                     fb.seq_lens)
@@ -162,6 +160,26 @@ class DFlashWorker(RequestRowStaging):
         return PendingStep(reqs, self.readback.start(packed_prefill(
             logprobs, tokens, out, fb, self.target_runner.model.lm_head_weight)),
             _first_token, kv_growth=0, logprobs=logprobs)
+
+    def prefill_chunk(self, req: Req, num_tokens: int) -> None:
+        """A chunk of `req`'s prompt that is not its last (chunked prefill): the target K/V
+        of its next `num_tokens` tokens, and their draft context, committed by the forward's
+        epilogue from that forward's aux rows, staged input or streamed projection (so a
+        step's aux memory is bounded by the chunk). Nothing is sampled: the last chunk is a
+        `prefill`."""
+        runner = self.target_runner
+        runner.forward(runner.prepare(self._with_projection(
+            extend_inputs(runner, [req], chunk=num_tokens))))
+        if self.on_aux_consumed is not None:
+            self.on_aux_consumed()
+
+    def _with_projection(self, inputs: ForwardInputs) -> ForwardInputs:
+        """A prefill's inputs with the staged MXFP8 fc input when it is large enough
+        (streamed: the runner feeds its own projection)."""
+        if self.streamed_aux is not None:
+            return inputs
+        return dataclasses.replace(
+            inputs, aux_projection=self._staged_projection_for(len(inputs.ids)))
 
     def decode(self, reqs: list[Req]) -> PendingStep:
         bs, b = len(reqs), self.block_size

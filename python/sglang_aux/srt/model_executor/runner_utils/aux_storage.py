@@ -46,20 +46,22 @@ def resolve_aux_hidden_states_width(
 
 
 def aux_rows(args: ServerArgs, *, tokens_per_req: int, prefill_graph_tokens: int,
-             mixed: bool) -> tuple[int, int]:
+             chunk_tokens: int, mixed: bool) -> tuple[int, int]:
     """(rows, rows of prefills beside a step) the storage needs: the largest step any graph
     or eager path runs (every running request, or a padded graph's, times `tokens_per_req`),
     the largest prefill graph, the largest mixed forward (a step plus
-    `--mixed-chunk-max-prefill-tokens`). Prefills that run beside a step
-    (`--enable-concurrent-prefill`) get rows of their own after those. An eager prefill has no
-    bound here (no chunked prefill): one past the rows writes a transient tensor instead."""
+    `--mixed-chunk-max-prefill-tokens`), and with chunked prefill a chunk (`chunk_tokens`,
+    `--chunked-prefill-size`: no prefill step runs more). Prefills that run beside a step
+    (`--enable-concurrent-prefill`) get rows of their own after those. Without chunked prefill
+    an eager prefill has no bound: one past the rows writes a transient tensor."""
     reqs = max([args.max_running_requests, *(args.cuda_graph_bs_decode or [])])
     step = reqs * tokens_per_req
     if mixed:
         step += args.mixed_chunk_max_prefill_tokens
+    prefill = max(prefill_graph_tokens, chunk_tokens)
     if args.enable_concurrent_prefill:
-        return step, prefill_graph_tokens
-    return max(step, prefill_graph_tokens), 0
+        return step, prefill
+    return max(step, prefill), 0
 
 
 @dataclass(frozen=True)
@@ -82,7 +84,8 @@ class AuxStorage:
 
     def rows(self, mode: ForwardMode, num_tokens: int) -> torch.Tensor | None:
         """The row view `[num_tokens, width]` a `mode` forward writes, or None when it has
-        more tokens than the storage rows (an eager prefill past every bound)."""
+        more tokens than the storage rows (an eager prefill past every bound:
+        chunked prefill off)."""
         start = self.beside_start if mode == ForwardMode.EXTEND else 0
         stop = start + num_tokens
         end = self.buffer.shape[0] if mode == ForwardMode.EXTEND or not self.beside_start \

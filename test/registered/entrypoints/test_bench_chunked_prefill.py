@@ -1,0 +1,51 @@
+"""The chunked prefill benchmark (benchmark/spec_decode/bench_chunked_prefill.py) in its CPU
+smoke mode: a tiny-k3 chunk step under each aux projection, then a long prompt through two real
+HTTP servers (chunked and unchunked) while other requests decode; the servers report their
+chunk size, the chunked one prefills in chunks, and both give the same greedy tokens."""
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+from sglang_aux.test.ci.ci_register import register_cpu_ci
+
+register_cpu_ci(est_time=60, suite="default")
+
+SCRIPT = Path(__file__).resolve().parents[3] / "benchmark/spec_decode/bench_chunked_prefill.py"
+
+
+def _bench():
+    sys.path.insert(0, str(SCRIPT.parent))
+    spec = importlib.util.spec_from_file_location("bench_chunked_prefill", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_smoke_run_reports_every_figure(tmp_path, capsys):
+    out = tmp_path / "bench.json"
+    report = _bench().main(["--smoke", "--out", str(out)])
+    assert out.is_file()
+    printed = capsys.readouterr().out
+    assert "step peak B" in printed and "prefill tok/s" in printed
+    steps = {s["path"]: s for s in report["chunk_step"]}
+    assert set(steps) == {"concat", "staged", "streamed"}
+    # the packed rows of a chunk: 32 tokens x 3 captures x hidden 64, fp32; the streamed
+    # accumulator's: 32 x the draft's hidden 64, fp32; staged writes none of them
+    assert steps["concat"]["aux_rows_bytes"] == 32 * 3 * 64 * 4
+    assert steps["streamed"]["aux_rows_bytes"] == 32 * 64 * 4
+    assert steps["staged"]["aux_rows_bytes"] == 0
+    chunked, whole = report["long_prompt"]
+    assert chunked["server_chunked_prefill_size"] == 32
+    assert whole["server_chunked_prefill_size"] == -1
+    assert chunked["chunked_prefill_steps"] >= 200 // 32 and whole["chunked_prefill_steps"] == 0
+    assert report["same_tokens"] and len(chunked["output_ids"]) == 8
+    for r in (chunked, whole):
+        assert r["ttft_s"] > 0 and r["prefill_tok_s"] > 0
+        assert r["others_decode_tok_s_before"] > 0
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-v"]))

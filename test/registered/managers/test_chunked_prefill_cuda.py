@@ -1,0 +1,79 @@
+"""Chunked prefill with real CUDA graphs (run on the H200): fp32 greedy outputs with
+`--chunked-prefill-size` equal unchunked ones, target-only and DFlash (packed, staged MXFP8 and
+streamed projections), for a chunk below one draft block and prompts ending on a chunk
+boundary, decode/verify and prefill graphs replayed, overlap on; an abort mid chunked prefill
+gives every slot and row back; and no chunk step allocates a transient aux tensor."""
+
+import sys
+
+import pytest
+import torch
+
+from sglang_aux.srt.entrypoints.engine import Engine
+from sglang_aux.test.ci.ci_register import register_cuda_ci
+from sglang_aux.test.runtime_utils import assert_kv_all_back, tiny_checkpoint
+
+register_cuda_ci(est_time=180, suite="default")
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+GREEDY = {"temperature": 0, "max_new_tokens": 12, "ignore_eos": True}
+COMMON = dict(device="cuda", dtype="float32", max_total_tokens=8192, max_running_requests=4,
+              cuda_graph_bs_decode=[1, 2, 4], cuda_graph_tokens_prefill=[16, 64],
+              cuda_graph_max_bs_prefill=2, context_length=1024)
+LENS = [5, 48, 111, 300, 3, 64]  # 48 and 64 end on 16-token chunk boundaries
+PROJECTIONS = {"packed": {},
+               "staged": dict(speculative_draft_fc_quantization="mxfp8",
+                              dflash_staged_projection_min_tokens=1),
+               "streamed": dict(speculative_dflash_aux_projection="streamed")}
+
+
+def _engine(tmp_path, kind: str, chunk: int, **kw) -> Engine:
+    spec = {} if kind == "target" else dict(
+        speculative_algorithm="DFLASH",
+        speculative_draft_model_path=tiny_checkpoint("tiny-k3-dflash", tmp_path))
+    return Engine(model_path=tiny_checkpoint("tiny-k3", tmp_path), chunked_prefill_size=chunk,
+                  **spec, **{**COMMON, **kw})
+
+
+def _prompts(vocab: int) -> list[list[int]]:
+    g = torch.Generator().manual_seed(0)
+    return [torch.randint(0, vocab, (n,), generator=g).tolist() for n in LENS]
+
+
+@pytest.mark.parametrize("kind,projection", [("target", "packed"), ("dflash", "packed"),
+                                             ("dflash", "staged"), ("dflash", "streamed")])
+def test_chunked_equals_unchunked_with_graphs(tmp_path, kind, projection):
+    ref = _engine(tmp_path, kind, -1, **PROJECTIONS[projection])
+    prompts = _prompts(ref.model_config.hf_config.vocab_size)
+    want = [o["output_ids"] for o in ref.generate(input_ids=prompts, sampling_params=GREEDY)]
+    for n in (3, 16):
+        eng = _engine(tmp_path, kind, n, **PROJECTIONS[projection])
+        runner = eng.worker.model_runner
+        assert runner.step_graphs is not None and runner.prefill_graph_limits() is not None
+        got = [o["output_ids"] for o in eng.generate(input_ids=prompts, sampling_params=GREEDY)]
+        assert got == want, n
+        assert eng.scheduler.stats["chunked_prefill_steps"] > 0
+        if kind == "dflash":
+            rows = runner.aux_storage.rows
+            assert all(rows(m, n) is not None for m in runner.forwards)
+        assert_kv_all_back(eng)
+
+
+@pytest.mark.parametrize("kind", ["target", "dflash"])
+def test_abort_mid_chunked_prefill_gives_everything_back(tmp_path, kind):
+    eng = _engine(tmp_path, kind, 16)
+    sched = eng.scheduler
+    (long_,) = _prompts(eng.model_config.hf_config.vocab_size)[3:4]
+    req = eng.make_request(input_ids=long_, sampling_params=GREEDY)
+    sched.add_request(req)
+    while not (sched.chunked is req and req.kv_len >= 64):
+        sched.step()
+    sched.abort(req)
+    while sched.has_work():
+        sched.step()
+    torch.cuda.synchronize()
+    assert_kv_all_back(eng)
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-v"]))
