@@ -91,14 +91,15 @@ def test_chunked_with_overlap_and_prefill_graphs(ckpts, kind):
 
 
 def _trace(engine: Engine) -> list[str]:
-    """The order in which the scheduler calls the worker (the real methods still run)."""
+    """The order in which the scheduler calls the worker (the real methods still run); a
+    mixed forward carrying a chunk that is not the last reads `mixed_chunk`."""
     calls, worker = [], engine.worker
-    for name in ("prefill", "prefill_chunk", "decode"):
+    for name in ("prefill", "prefill_chunk", "decode", "mixed"):
         real = getattr(worker, name)
 
-        def traced(*a, _real=real, _name=name):
-            calls.append(_name)
-            return _real(*a)
+        def traced(*a, _real=real, _name=name, **kw):
+            calls.append(f"{_name}_chunk" if kw.get("chunk") else _name)
+            return _real(*a, **kw)
         setattr(worker, name, traced)
     return calls
 
@@ -129,6 +130,65 @@ def test_chunks_alternate_with_running_steps(ckpts, kind):
     ref = _engine(ckpts, "tiny-llama", kind, -1)
     assert _ids(ref.generate(input_ids=[long_], sampling_params=GREEDY)) == [b.output_ids]
     assert_kv_all_back(eng)
+
+
+MIXED_BUDGET = 16
+MIXED = dict(enable_mixed_chunk=True, mixed_chunk_max_prefill_tokens=MIXED_BUDGET)
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+@pytest.mark.parametrize("kind", ["target", "dflash"])
+def test_chunks_ride_in_mixed_steps(ckpts, kind, overlap):
+    """With `--enable-mixed-chunk` a long prompt arriving while a request decodes is prefilled
+    inside the running batch's MIXED forwards, min(N, budget) tokens a step (N below the
+    draft block, and 45 = 15 x 3 ending on a chunk boundary), its first token sampled by the
+    forward of its last chunk; outputs equal unchunked, non-mixed ones."""
+    ref = _engine(ckpts, "tiny-llama", kind, -1)
+    vocab = ref.model_config.hf_config.vocab_size
+    short, long_ = _prompts(vocab, [4, 45], seed=2)
+    long_params = {**GREEDY, "max_new_tokens": 12}
+    want = _ids(ref.generate(input_ids=[short, long_],
+                             sampling_params=[{**GREEDY, "max_new_tokens": 60}, long_params]))
+    for n in (BLOCK - 1, 8, 37):
+        eng = _engine(ckpts, "tiny-llama", kind, n, disable_overlap_schedule=not overlap,
+                      **MIXED)
+        calls = _trace(eng)
+        a = eng.make_request(input_ids=short, sampling_params={**GREEDY, "max_new_tokens": 60})
+        b = eng.make_request(input_ids=long_, sampling_params=long_params)
+        eng.scheduler.add_request(a)
+        for _ in range(3):
+            eng.scheduler.step()
+        eng.scheduler.add_request(b)
+        start = len(calls)
+        while b.kv_len < len(long_):
+            assert not b.output_ids
+            eng.scheduler.step()
+        size = min(n, MIXED_BUDGET)
+        chunks = -(-len(long_) // size) - 1
+        assert calls[start:] == ["mixed_chunk"] * chunks + ["mixed"], (n, calls[start:])
+        while not (a.finished and b.finished):
+            eng.scheduler.step()
+        while eng.scheduler.in_flight:
+            eng.scheduler.step()
+        assert [a.output_ids, b.output_ids] == want, n
+        assert eng.scheduler.stats["mixed_steps"] >= chunks + 1
+        assert_kv_all_back(eng)
+
+
+@pytest.mark.parametrize("kind", ["target", "dflash"])
+def test_mixed_chunked_equals_unchunked(ckpts, kind):
+    """Several prompts at once, chunked and mixed: equal to unchunked, non-mixed; twice, the
+    second round from the prefix cache."""
+    ref = _engine(ckpts, "tiny-llama", kind, -1)
+    prompts = _prompts(ref.model_config.hf_config.vocab_size, LENS)
+    want = _ids(ref.generate(input_ids=prompts, sampling_params=GREEDY))
+    for n in (BLOCK - 1, 16, 37):
+        eng = _engine(ckpts, "tiny-llama", kind, n, **MIXED)
+        calls = _trace(eng)
+        for _ in range(2):
+            assert _ids(eng.generate(input_ids=prompts, sampling_params=GREEDY)) == want, n
+        assert "mixed_chunk" in calls, calls
+        assert_kv_all_back(eng)
 
 
 @pytest.mark.parametrize("model", ["tiny-llama", "tiny-k3"])
@@ -174,6 +234,37 @@ def test_abort_mid_chunked_prefill(ckpts, kind, overlap, radix):
     ref = _engine(ckpts, "tiny-llama", kind, -1)
     want = _ids(ref.generate(input_ids=[long_], sampling_params=GREEDY))
     assert _ids(eng.generate(input_ids=[long_], sampling_params=GREEDY)) == want
+    assert_kv_all_back(eng)
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+@pytest.mark.parametrize("kind", ["target", "dflash"])
+def test_abort_mid_mixed_chunked_prefill(ckpts, kind, overlap):
+    """An abort while a long prompt's chunks ride in mixed forwards gives back every slot and
+    row; its chunks' target K/V and draft context, handed to the prefix cache, are final."""
+    eng = _engine(ckpts, "tiny-llama", kind, 8, disable_overlap_schedule=not overlap, **MIXED)
+    sched = eng.scheduler
+    calls = _trace(eng)
+    short, long_ = _prompts(eng.model_config.hf_config.vocab_size, [5, 60], seed=4)
+    other = eng.make_request(input_ids=short, sampling_params={**GREEDY, "max_new_tokens": 40})
+    req = eng.make_request(input_ids=long_, sampling_params=GREEDY)
+    sched.add_request(other)
+    sched.step()
+    sched.add_request(req)
+    while not (sched.chunked is req and req.kv_len >= 24):
+        sched.step()
+    assert calls.count("mixed_chunk") >= 3 and "prefill_chunk" not in calls, calls
+    assert req.kv_len < len(long_) and not req.output_ids
+    sched.abort(req)
+    assert sched.chunked is None and req.req_pool_idx is None
+    while not other.finished or sched.in_flight:
+        sched.step()
+    if kind == "dflash":
+        assert cached_kv_error(eng, committed_tokens(req)) < 1e-4
+    assert_kv_all_back(eng)
+    ref = _engine(ckpts, "tiny-llama", kind, -1)
+    want = _ids(ref.generate(input_ids=[long_, short], sampling_params=GREEDY))
+    assert _ids(eng.generate(input_ids=[long_, short], sampling_params=GREEDY)) == want
     assert_kv_all_back(eng)
 
 

@@ -112,23 +112,31 @@ class ModelWorker(RequestRowStaging):
         return PendingStep(reqs, self.readback.start(readback), _decoded, kv_growth=1,
                            logprobs=logprobs)
 
-    def mixed(self, reqs: list[Req], arrivals: list[Req]) -> list[PendingStep]:
+    def mixed(self, reqs: list[Req], arrivals: list[Req],
+              chunk: int | None = None) -> list[PendingStep]:
         """One forward of a decode step of `reqs` and the prefill of `arrivals` (MIXED), one
-        readback: the two steps it returns share it."""
-        runner, bs, n = self.model_runner, len(reqs), len(arrivals)
-        self._write_rows(arrivals)
-        fb = runner.prepare(mixed_inputs(runner, reqs, arrivals, self.tokens_per_req))
+        readback: the two steps it returns share it. With `chunk`, `arrivals` is the one
+        chunked request and the forward runs its next `chunk` prompt tokens, a chunk that is
+        not its last: nothing is sampled for it and only the decode step comes back."""
+        runner, bs = self.model_runner, len(reqs)
+        n = 0 if chunk is not None else len(arrivals)  # arrivals sampled
+        if n:  # a chunked request's rows are staged once, for its last chunk
+            self._write_rows(arrivals)
+        fb = runner.prepare(mixed_inputs(runner, reqs, arrivals, self.tokens_per_req, chunk))
         logits = runner.forward(fb).next_token_logits[: bs + n]  # step rows, then arrivals
         sb = fb.mixed_step_bs
         rows = torch.cat([fb.req_pool_indices[:bs], fb.req_pool_indices[sb : sb + n]])
         # a decode token sits at kv_len + 1, a first token at the prompt's length
         positions = torch.cat([fb.seq_lens[:bs], fb.seq_lens[sb : sb + n]])
-        tokens = self._sample(logits, reqs + arrivals, rows, positions)
+        tokens = self._sample(logits, reqs + arrivals[:n], rows, positions)
         runner.req_to_token_pool.advance_rows(rows[:bs], 1, tokens[:bs])
-        runner.req_to_token_pool.set_rows(rows[bs:], positions[bs:], tokens[bs:])
         copy = self.readback.start(tokens)
-        return [PendingStep(reqs, PendingRows(copy, 0, bs), _decoded, kv_growth=1),
-                PendingStep(arrivals, PendingRows(copy, bs, bs + n), _one_token, kv_growth=0)]
+        steps = [PendingStep(reqs, PendingRows(copy, 0, bs), _decoded, kv_growth=1)]
+        if n:
+            runner.req_to_token_pool.set_rows(rows[bs:], positions[bs:], tokens[bs:])
+            steps.append(PendingStep(arrivals, PendingRows(copy, bs, bs + n), _one_token,
+                                     kv_growth=0))
+        return steps
 
 
 def _one_token(_req: Req, token: int) -> list[int]:

@@ -187,10 +187,10 @@ def step_inputs(reqs: list[Req], mode: ForwardMode, tokens_per_req: int) -> Forw
 
 
 def mixed_inputs(runner: ModelRunner, reqs: list[Req], arrivals: list[Req],
-                 tokens_per_req: int) -> ForwardInputs:
+                 tokens_per_req: int, chunk: int | None = None) -> ForwardInputs:
     """One MIXED forward: a step of `tokens_per_req` tokens for each of `reqs`, as
-    `step_inputs` steps them, then the prefill of every arrival's uncached tokens, as
-    `extend_inputs` does (reserving its slots).
+    `step_inputs` steps them, then the prefill of every arrival's uncached tokens, or of its
+    next `chunk` of them (chunked prefill), as `extend_inputs` does (reserving its slots).
 
     The batch `ModelRunner.prepare` makes has its logits rows in this order: every live step
     token, each arrival's last token, then padding; so `next_token_logits[:len(reqs) *
@@ -200,7 +200,7 @@ def mixed_inputs(runner: ModelRunner, reqs: list[Req], arrivals: list[Req],
         raise ValueError(f"a mixed batch needs step requests and arrivals, got {len(reqs)} "
                          f"and {len(arrivals)}")
     bounds = _step_bounds(reqs, tokens_per_req)
-    ids, positions, token_rows, prefix, ext = _extend_lists(runner, arrivals)
+    ids, positions, token_rows, prefix, ext = _extend_lists(runner, arrivals, chunk)
     return ForwardInputs(ForwardMode.MIXED, step_rows=[r.req_pool_idx for r in reqs],
                          step_kv_bounds=bounds, arrival_rows=[r.req_pool_idx for r in arrivals],
                          ids=ids, positions=positions, token_rows=token_rows, prefix=prefix,

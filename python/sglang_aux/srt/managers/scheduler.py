@@ -34,7 +34,8 @@ With mixed steps (`--enable-mixed-chunk`, SGLang's flag) arrivals that fit a mix
 (`mixed_limits`) are not prefilled in a step of their own: one MIXED forward runs the running
 batch's decode (or DFlash verify) step and their prefill (`Worker.mixed`), so a small model's
 latency-bound forward is paid once for both. Both halves come back as steps of their own that
-share one readback; an arrival too long for it is prefilled apart, as before.
+share one readback; an arrival too long for it is prefilled apart, as before, unless chunked
+prefill is on: then it is chunked and each step's mixed forward carries its next chunk.
 
 With chunked prefill (`--chunked-prefill-size N`, SGLang's flag) a prompt with more than N
 uncached tokens is admitted alone (its row and whole reservation taken as usual) and becomes
@@ -42,8 +43,10 @@ uncached tokens is admitted alone (its row and whole reservation taken as usual)
 DFlash, the draft context of those tokens, committed inside that forward, nothing sampled),
 and the running batch's step runs between two chunks, so running requests keep decoding. Its
 last chunk is an ordinary `prefill` over the cached-so-far prefix: it samples the first token
-and the request joins the running batch. Nothing waiting is admitted meanwhile (one chunked
-request at a time, as SGLang). Its kv_len counts every launched chunk, so an abort hands the
+and the request joins the running batch. With mixed steps, while a running batch can step,
+each chunk (at most min(N, the mixed token budget)) rides in its step's MIXED forward instead,
+its last one sampling the first token (as SGLang). Nothing waiting is admitted meanwhile (one
+chunked request at a time, as SGLang). Its kv_len counts every launched chunk, so an abort hands the
 prefix cache only positions whose target and draft K/V a launched forward writes.
 """
 
@@ -93,8 +96,10 @@ class Worker(Protocol):
     # chunked prefill that is not its last; nothing sampled, nothing read back
     def prefill_chunk(self, req: Req, num_tokens: int) -> None: ...
 
-    # a decode step of `reqs` with the prefill of `arrivals` in one forward: (step, prefill)
-    def mixed(self, reqs: list[Req], arrivals: list[Req]) -> list[PendingStep]: ...
+    # a decode step of `reqs` with the prefill of `arrivals` in one forward: (step, prefill);
+    # with `chunk`, of the one chunked request's next `chunk` tokens, not its last: (step,)
+    def mixed(self, reqs: list[Req], arrivals: list[Req],
+              chunk: int | None = None) -> list[PendingStep]: ...
 
 
 class Scheduler:
@@ -172,7 +177,8 @@ class Scheduler:
         larger prefill runs eagerly, many times slower on a small model: the rest wait one
         step). `strict`: the first request must fit the token budget too (a mixed forward).
         With chunked prefill, no more than N uncached tokens; a first request with more
-        becomes `chunked` instead (admitted, returned in no list)."""
+        becomes `chunked` instead (admitted, returned in no list; a mixed forward takes its
+        chunks too)."""
         admitted, tokens = [], 0
         width, budget = limits or (None, None)
         n = self.chunked_prefill_size
@@ -186,7 +192,7 @@ class Scheduler:
                 break
             uncached = len(req.origin_input_ids) - req.kv_len
             if self._next_chunk(req) is not None:
-                if admitted or strict:
+                if admitted:
                     self._untake_kv(req)
                     break
                 self.waiting.popleft()
@@ -309,16 +315,19 @@ class Scheduler:
     def _launch_mixed(self) -> tuple[list[Req], list[PendingStep]]:
         """Admitted arrivals and the one mixed forward that steps the running batch and
         prefills them; nothing when no arrival fits one (the caller prefills apart)."""
-        if self.mixed_limits is None or not self.waiting or self.chunked is not None:
+        if self.mixed_limits is None or not (self.waiting or self.chunked):
             return [], []
         max_step, width, budget = self.mixed_limits
         batch = [r for r in self.running if self._can_launch(r)]
         if not batch or len(batch) > max_step:
             return [], []
         # logprobs are computed by the prefill and decode steps apart (StepLogprobs)
-        if any(r.logprob is not None for r in (*batch, *self.waiting)):
+        pending = self.waiting if self.chunked is None else [self.chunked]
+        if any(r.logprob is not None for r in (*batch, *pending)):
             return [], []
-        new = self._admit((width, budget), strict=True)
+        new = self._admit((width, budget), strict=True) if self.chunked is None else []
+        if self.chunked is not None:
+            return self._launch_mixed_chunk(batch, budget)
         if not new:
             return [], []
         self.stats["mixed_steps"] += 1
@@ -327,6 +336,25 @@ class Scheduler:
         self.stats["prefill_requests"] += len(new)
         self.stats["prefill_tokens"] += sum(len(r.origin_input_ids) - r.kv_len for r in new)
         return new, self.worker.mixed(batch, new)
+
+    def _launch_mixed_chunk(self, batch: list[Req], budget: int
+                            ) -> tuple[list[Req], list[PendingStep]]:
+        """One mixed forward of the running batch's step and the chunked request's next
+        chunk, of at most min(N, `budget`) tokens; its last chunk samples its first token and
+        the request joins the running batch."""
+        req = self.chunked
+        size = min(self.chunked_prefill_size, budget)
+        rest = len(req.origin_input_ids) - req.kv_len
+        self.stats["mixed_steps"] += 1
+        self.stats["chunked_prefill_steps"] += 1
+        self.stats["decode_batch_requests"] += len(batch)
+        self.stats["prefill_tokens"] += min(size, rest)
+        if rest > size:
+            return [], self.worker.mixed(batch, [req], chunk=size)
+        self.chunked = None
+        self.stats["mixed_requests"] += 1
+        self.stats["prefill_requests"] += 1
+        return [req], self.worker.mixed(batch, [req])
 
     def _launch_apart(self, prefill: bool) -> tuple[list[Req], list[PendingStep], bool]:
         """A prefill step of admitted arrivals (or a chunk of the chunked request), or a

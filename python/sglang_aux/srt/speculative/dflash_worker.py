@@ -207,15 +207,21 @@ class DFlashWorker(RequestRowStaging):
         return PendingStep(reqs, self.readback.start(readback), self._verified, kv_growth=b,
                            logprobs=logprobs)
 
-    def mixed(self, reqs: list[Req], arrivals: list[Req]) -> list[PendingStep]:
+    def mixed(self, reqs: list[Req], arrivals: list[Req],
+              chunk: int | None = None) -> list[PendingStep]:
         """A verify step of `reqs` and the prefill of `arrivals` in one target forward
         (MIXED): drafts as `decode`, then one forward whose epilogue commits the draft context
         of every token (block rows and prompts) and accepts greedily; one readback, shared by
-        the two steps it returns."""
-        bs, n, b = len(reqs), len(arrivals), self.block_size
-        self._write_rows(arrivals)
+        the two steps it returns. With `chunk`, `arrivals` is the one chunked request and the
+        forward runs (and commits the draft context of) its next `chunk` prompt tokens, not
+        its last: nothing is sampled for it and only the verify step comes back."""
+        bs, b = len(reqs), self.block_size
+        n = 0 if chunk is not None else len(arrivals)  # arrivals sampled
+        if n:  # a chunked request's rows are staged once, for its last chunk
+            self._write_rows(arrivals)
         has_sampling = self._draft(reqs)
-        fb = self.target_runner.prepare(mixed_inputs(self.target_runner, reqs, arrivals, b))
+        fb = self.target_runner.prepare(mixed_inputs(self.target_runner, reqs, arrivals, b,
+                                                     chunk))
         out = self.target_runner.forward(fb)
         if self.on_aux_consumed is not None:
             self.on_aux_consumed()
@@ -233,6 +239,9 @@ class DFlashWorker(RequestRowStaging):
         pool = self.target_runner.req_to_token_pool
         pool.advance_rows(fb.req_pool_indices[:bs], added,
                           verdicts.gather(1, added[:, None])[:, 0])
+        if not n:
+            return [PendingStep(reqs, self.readback.start(verdicts), self._verified,
+                                kv_growth=b)]
         rows, seq_lens = fb.req_pool_indices[sb : sb + n], fb.seq_lens[sb : sb + n]
         first = self._sample(logits[step_tokens : step_tokens + n], arrivals, rows,
                                    seq_lens)
