@@ -2,7 +2,8 @@
 `--chunked-prefill-size` equal unchunked ones, target-only and DFlash (packed, staged MXFP8 and
 streamed projections), for a chunk below one draft block and prompts ending on a chunk
 boundary, decode/verify and prefill graphs replayed, overlap on; an abort mid chunked prefill
-gives every slot and row back; and no chunk step allocates a transient aux tensor."""
+gives every slot and row back; and no chunk step allocates a transient aux tensor. With
+`--enable-mixed-chunk` the chunks ride in captured MIXED graphs and outputs stay equal."""
 
 import sys
 
@@ -73,6 +74,36 @@ def test_abort_mid_chunked_prefill_gives_everything_back(tmp_path, kind):
         sched.step()
     torch.cuda.synchronize()
     assert_kv_all_back(eng)
+
+
+@pytest.mark.parametrize("kind,projection", [("target", "packed"), ("dflash", "packed"),
+                                             ("dflash", "streamed")])
+def test_mixed_chunks_equal_unchunked_with_graphs(tmp_path, kind, projection):
+    """A long prompt arriving while a request decodes: its chunks (min(N, 16) tokens) ride in
+    the running batch's MIXED graph replays; outputs equal unchunked, non-mixed ones."""
+    ref = _engine(tmp_path, kind, -1, **PROJECTIONS[projection])
+    short, long_ = _prompts(ref.model_config.hf_config.vocab_size)[:4:3]
+    params = [{**GREEDY, "max_new_tokens": 80}, GREEDY]
+    want = [o["output_ids"] for o in ref.generate(input_ids=[short, long_],
+                                                  sampling_params=params)]
+    for n in (3, 64):
+        eng = _engine(tmp_path, kind, n, enable_mixed_chunk=True,
+                      mixed_chunk_max_prefill_tokens=16, **PROJECTIONS[projection])
+        assert eng.worker.model_runner.mixed_limits()[2] == 16
+        sched = eng.scheduler
+        a = eng.make_request(input_ids=short, sampling_params=params[0])
+        b = eng.make_request(input_ids=long_, sampling_params=params[1])
+        sched.add_request(a)
+        sched.step()
+        sched.add_request(b)
+        while sched.has_work():
+            sched.step()
+        assert [a.output_ids, b.output_ids] == want, n
+        # `a` may finish first: the chunks left then run in steps of their own
+        assert sched.stats["mixed_steps"] > 0
+        assert sched.stats["chunked_prefill_steps"] >= len(long_) // min(n, 16) - 1
+        torch.cuda.synchronize()
+        assert_kv_all_back(eng)
 
 
 if __name__ == "__main__":
