@@ -47,6 +47,19 @@ class Mutation:
 
 
 MUTATIONS = [
+    # chunked prefill (issue 29): a chunk's tokens at the positions after the prefix so far
+    Mutation("chunked prefill: a chunk's positions start one past the prefix",
+             f"{SRT}/managers/schedule_batch.py",
+             "positions += range(r.kv_len, r.kv_len + len(tokens))",
+             "positions += range(r.kv_len + (chunk is not None), "
+             "r.kv_len + len(tokens) + (chunk is not None))",
+             ("test/registered/managers/test_chunked_prefill.py",)),
+    # DSpark compact verify (issue 30): survival is the running product of confidences
+    Mutation("compact verify ranks raw confidences, not survivals",
+             f"{SRT}/speculative/dspark_verify_lens.py",
+             "survival = torch.cumprod(confidence.float(), dim=1)",
+             "survival = confidence.float()",
+             ("test/registered/speculative/test_dspark_verify_lens.py",)),
     # penalties and min_new_tokens inside a DFlash block (issue 28)
     Mutation("block position j does not count the drafts before it",
              f"{SRT}/sampling/penalties.py",
