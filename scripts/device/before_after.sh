@@ -50,6 +50,24 @@ case ${1:-} in
       "$out/$tree/harness" "${NUM_QUESTIONS:-1319}" "target dflash dflash_mixed" 2>&1 \
       | grep -E "Accuracy|throughput|Accept|did not"
     tar czf "$out/$tree.tgz" -C "$out" "$tree" && rm -rf "${out:?}/$tree" ;;
+  --alternate)
+    # The harness at 32 concurrent only, the two trees in turn ROUNDS times (before, after,
+    # before, ...): run-to-run spread against the trees' difference.
+    out=$2; rounds=${3:-2}; configs=${4:-dflash}
+    ln -sf "$PWD/$DRAFT_REL" "$BEFORE/$DRAFT_REL"
+    export SGLANG_AUX_GSM8K_DIR=$PWD/.carry/gsm8k PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
+    root=$PWD
+    for r in $(seq "$rounds"); do
+      for tree in before after; do
+        dir=$root; [ "$tree" = before ] && dir=$root/$BEFORE
+        (cd "$dir" && PYTHONPATH=/tmp/site:$dir/python N1=1 N8=1 MODEL=smollm2-135m-instruct \
+          timeout 150 bash benchmark/gsm8k/run_gsm8k_eval.sh smollm2-135m-instruct-dflash-b8 \
+          "$out/alt_${tree}_$r" "${NUM_QUESTIONS:-1319}" "$configs" 2>&1 \
+          | grep -E "n=[0-9]+ p=32.*(throughput|Accept)" | sed "s/^/[$tree round $r] /")
+      done
+    done
+    tar czf "$out/alternate.tgz" -C "$out" $(cd "$out" && ls -d alt_*) && rm -rf "$out"/alt_* ;;
   *)
-    echo "usage: $0 --pack [REV] | --run OUT before|after"; exit 2 ;;
+    echo "usage: $0 --pack [REV] | --run OUT before|after | --alternate OUT [ROUNDS [CONFIGS]]"
+    exit 2 ;;
 esac

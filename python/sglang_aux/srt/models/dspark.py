@@ -54,6 +54,8 @@ class DSparkConfidenceHead(nn.Module):
     def __init__(self, hidden_size: int, markov_rank: int):
         super().__init__()
         self.proj = nn.Linear(hidden_size + markov_rank, 1, dtype=torch.float32)
+        # an untrained head says 0.5, the same on every device (the constructor's draw is not)
+        nn.init.zeros_(self.proj.bias)
         self.register_buffer("temperature", torch.ones((), dtype=torch.float32),
                              persistent=False)
 
