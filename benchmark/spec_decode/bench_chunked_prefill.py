@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import os
 import sys
 import tempfile
 import threading
@@ -34,6 +35,7 @@ import torch
 
 from sglang_aux.srt.configs.presets import PRESETS
 from sglang_aux.srt.entrypoints.engine import Engine
+from sglang_aux.srt.managers.scheduler import STEP_PEAK_ENV
 from sglang_aux.test.runtime_utils import tiny_checkpoint
 from sglang_aux.test.server_utils import launched_server
 
@@ -118,6 +120,7 @@ def long_prompt(a: argparse.Namespace, chunk: int, log: Path) -> dict:
     g = torch.Generator().manual_seed(1)
     prompt = torch.randint(3, vocab, (a.prompt_tokens,), generator=g).tolist()
     greedy = {"temperature": 0, "ignore_eos": True}
+    os.environ[STEP_PEAK_ENV] = "1"  # the server inherits it: max_step_peak_bytes
     with launched_server(args, log, timeout_s=1200) as url:
         info = httpx.get(f"{url}/get_server_info").json()
         # warm the kernels on a shorter prompt of other tokens (no prefix cache hit)

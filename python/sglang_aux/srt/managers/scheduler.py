@@ -53,6 +53,7 @@ prefix cache only positions whose target and draft K/V a launched forward writes
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections import deque
 from collections.abc import Callable
@@ -73,6 +74,9 @@ if TYPE_CHECKING:
 from sglang_aux.srt.model_loader.tokenizer import Tokenizer
 
 logger = logging.getLogger(__name__)
+
+# "1": scheduler_stats carries max_step_peak_bytes (CUDA)
+STEP_PEAK_ENV = "SGLANG_AUX_RECORD_STEP_PEAK"
 
 
 class Worker(Protocol):
@@ -148,10 +152,15 @@ class Scheduler:
                       "prefill_seconds": 0.0, "decode_seconds": 0.0,
                       "prefill_delayed_passes": 0, "prefills_beside_decode": 0,
                       "mixed_steps": 0, "mixed_requests": 0, "mixed_seconds": 0.0,
-                      "chunked_prefill_steps": 0,
-                      # the allocator's largest peak above a step's start (CUDA; the host
-                      # allocates as it launches, so no sync is needed)
-                      "max_step_peak_bytes": 0}
+                      "chunked_prefill_steps": 0}
+        # The allocator's largest peak above a step's start (CUDA; the host allocates as it
+        # launches, so no sync is needed), on request: torch's memory_allocated and
+        # max_memory_allocated each build and sort the allocator's whole stats dict, about
+        # 0.1 ms of host time a call, and small models' steps are host-bound.
+        self.record_step_peak = (self.runner.device.type == "cuda"
+                                 and os.environ.get(STEP_PEAK_ENV, "0") == "1")
+        if self.record_step_peak:
+            self.stats["max_step_peak_bytes"] = 0
 
     @property
     def eos_token_ids(self) -> set[int]:
@@ -291,7 +300,7 @@ class Scheduler:
     def step(self) -> None:
         start = time.perf_counter()
         device = self.runner.device
-        if device.type == "cuda":
+        if self.record_step_peak:
             base = torch.cuda.memory_allocated(device)
             torch.cuda.reset_peak_memory_stats(device)
         prefill = self._prefill_now()
@@ -308,7 +317,7 @@ class Scheduler:
         for step in done:
             self._complete(step)
         self.stats[kind] += time.perf_counter() - start
-        if device.type == "cuda":
+        if self.record_step_peak:
             peak = torch.cuda.max_memory_allocated(device) - base
             self.stats["max_step_peak_bytes"] = max(self.stats["max_step_peak_bytes"], peak)
 
