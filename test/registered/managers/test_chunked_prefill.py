@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from sglang_aux.srt.entrypoints.engine import Engine
+from sglang_aux.srt.forward_state.forward_batch_info import ForwardMode
 from sglang_aux.srt.model_executor.runner_utils.aux_storage import AuxStorage
 from sglang_aux.test.ci.ci_register import register_cpu_ci
 from sglang_aux.test.runtime_utils import (
@@ -294,6 +295,26 @@ def test_no_transient_aux_tensor_with_chunking(ckpts, projection):
     assert off.worker.target_runner.aux_storage.rows(
         storage_mode := views[0][0], len(prompt)) is None, storage_mode
     assert _ids(off.generate(input_ids=[prompt], sampling_params=GREEDY)) == _ids(out)
+
+
+def test_staged_chunks_need_no_rows(ckpts):
+    """With an MXFP8 draft fc, chunks of at least the staged projection's start feed it
+    directly: the storage holds rows only below that start, not a whole chunk's, and the
+    tokens equal an unchunked run's."""
+    staged = dict(speculative_draft_fc_quantization="mxfp8",
+                  dflash_staged_projection_min_tokens=24)
+    eng = _engine(ckpts, "tiny-k3", "dflash", 64, **staged)
+    runner = eng.worker.target_runner
+    assert runner.forwards[ForwardMode.EXTEND].staged_from_tokens == 24
+    rows = runner.aux_storage.buffer.shape[0]
+    plain = _engine(ckpts, "tiny-k3", "dflash", 64)
+    assert plain.worker.target_runner.forwards[ForwardMode.EXTEND].staged_from_tokens is None
+    assert plain.worker.target_runner.aux_storage.buffer.shape[0] >= 64 > rows
+    (prompt,) = _prompts(eng.model_config.hf_config.vocab_size, [150], seed=7)
+    want = _ids(_engine(ckpts, "tiny-k3", "dflash", -1, **staged).generate(
+        input_ids=[prompt], sampling_params=GREEDY))
+    assert _ids(eng.generate(input_ids=[prompt], sampling_params=GREEDY)) == want
+    assert eng.scheduler.stats["chunked_prefill_steps"] >= 2
 
 
 if __name__ == "__main__":

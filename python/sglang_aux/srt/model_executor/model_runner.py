@@ -176,9 +176,11 @@ class ModelRunner:
             raise ValueError(f"streamed projections of two widths: {streamed}")
         width = next(iter(streamed)) if streamed else self.get_aux_hidden_states_width()
         step = next((p for p in self.forwards.values() if p.tokens_per_req), None)
-        extend = ForwardMode.EXTEND in self.forwards
+        extend = self.forwards.get(ForwardMode.EXTEND)
         prefill = max(self.prefill_capture_tokens, default=0) if extend else 0
         chunk = (self.server_args.resolved_chunked_prefill_size() or 0) if extend else 0
+        if extend is not None and extend.staged_from_tokens is not None:
+            chunk = min(chunk, extend.staged_from_tokens - 1)
         rows, beside_rows = aux_rows(self.server_args,
                                      tokens_per_req=0 if step is None else step.tokens_per_req,
                                      prefill_graph_tokens=prefill, chunk_tokens=chunk,

@@ -128,7 +128,8 @@ class DFlashWorker(RequestRowStaging):
                     # prefills commit the prompt's draft context in their own forward
                     ForwardParts(ForwardMode.EXTEND,
                                  epilogue=Epilogue(ForwardMode.EXTEND, self._prefill_epilogue),
-                                 streamed_aux=self.streamed_aux)]
+                                 streamed_aux=self.streamed_aux,
+                                 staged_from_tokens=self._staged_from_tokens())]
         if server_args.enable_mixed_chunk:
             # Verify steps that carry arrivals' prefills: the commit covers both, greedy
             # acceptance the step rows; the rejection tail runs after (`mixed`).
@@ -373,13 +374,21 @@ class DFlashWorker(RequestRowStaging):
         drafts = self._drafts[:bs]
         drafts.copy_(torch.where(params.is_greedy[:, None], drafts, drawn))
 
+    def _staged_from_tokens(self) -> int | None:
+        """The prefill size from which the staged MXFP8 fc input replaces packed aux rows;
+        None when it never does (a bf16 fc, a target without the staged path, streamed)."""
+        if (self.streamed_aux is not None or not self.draft_runner.model.fc_is_mxfp8
+                or not self.target_runner.model.supports_staged_aux_projection):
+            return None
+        return self.staged_min_tokens
+
     def _staged_projection_for(self, num_tokens: int):
         """A staged MXFP8 fc input for a large prefill, else None (list + concat path)."""
-        draft, target = self.draft_runner.model, self.target_runner.model
-        if (num_tokens < self.staged_min_tokens or not draft.fc_is_mxfp8
-                or not target.supports_staged_aux_projection):
+        start = self._staged_from_tokens()
+        if start is None or num_tokens < start:
             return None
-        acc = draft.new_staged_projection(num_tokens, self.target_runner.model_config.dtype)
+        acc = self.draft_runner.model.new_staged_projection(
+            num_tokens, self.target_runner.model_config.dtype)
         if not self._staged_logged:
             self._staged_logged = True
             logger.info("Staged MXFP8 aux projection active: %d tokens, width %d, %d slices",

@@ -36,6 +36,9 @@ class ForwardParts:
     prologue: StepPrologue | None = None  # required when tokens_per_req > 0
     epilogue: Epilogue | None = None
     streamed_aux: StreamedAux | None = None
+    # EXTEND: prefills of at least this many tokens bring their own staged projection
+    # (`ForwardInputs.aux_projection`), so the aux storage needs no rows for them
+    staged_from_tokens: int | None = None
 
     def __post_init__(self):
         if self.epilogue is not None and self.epilogue.mode != self.mode:
@@ -45,3 +48,7 @@ class ForwardParts:
             raise ValueError(f"{self.mode.name} forwards need tokens per request and a step "
                              f"prologue exactly when requests step, got {self.tokens_per_req} "
                              f"and {self.prologue}")
+        if self.staged_from_tokens is not None and (self.mode != ForwardMode.EXTEND
+                                                    or self.staged_from_tokens < 1):
+            raise ValueError(f"staged projections start at a positive size of an EXTEND "
+                             f"forward, got {self.staged_from_tokens} for {self.mode.name}")

@@ -51,7 +51,8 @@ def aux_rows(args: ServerArgs, *, tokens_per_req: int, prefill_graph_tokens: int
     or eager path runs (every running request, or a padded graph's, times `tokens_per_req`),
     the largest prefill graph, the largest mixed forward (a step plus
     `--mixed-chunk-max-prefill-tokens`), and with chunked prefill a chunk (`chunk_tokens`,
-    `--chunked-prefill-size`: no prefill step runs more). Prefills that run beside a step
+    `--chunked-prefill-size`: no prefill step runs more; the caller caps it below a staged
+    projection's start). Prefills that run beside a step
     (`--enable-concurrent-prefill`) get rows of their own after those. Without chunked prefill
     an eager prefill has no bound: one past the rows writes a transient tensor."""
     reqs = max([args.max_running_requests, *(args.cuda_graph_bs_decode or [])])
