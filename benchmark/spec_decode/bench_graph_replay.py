@@ -8,7 +8,10 @@ and a DFLASH engine's TARGET_VERIFY graphs (block of the `<preset>-dflash` draft
 over live-looking inputs: every request row maps `--context` tokens to distinct KV slots, so
 attention reads a real context. Replay ms is the median of CUDA-event timings over `--iters`
 replays after warm-up. Kernels per layer: GPU kernels launched by one eager forward of the same
-captured batch (the graph holds the same kernels), divided by the layer count.
+captured batch (the graph holds the same kernels), divided by the layer count. Bandwidth
+(`step_bandwidth.py`): the bytes a step reads (weights, K/V of the context), their rate at the
+replay time, and its fraction of the device-to-device copy bandwidth measured in the same run;
+with `--kernel-table N` (default 12 on CUDA) each replay's N costliest kernels.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import time
 
 import torch
 from bench_cached_prefill import kernel_table, print_kernel_table  # script folder on sys.path
+from step_bandwidth import copy_bandwidth, kv_bytes, weight_bytes
 
 from sglang_aux.srt.entrypoints.engine import Engine
 from sglang_aux.srt.model_executor.runner.forward_layout import ForwardInputs
@@ -105,10 +109,17 @@ def measure(preset: str, verify: bool, sizes: list[int], args) -> list[dict]:
         _load_live_inputs(runner, gr, i, args.context)
         ms = replay_ms(gr.backend, gr.graphs[i], args.iters, runner.device.type == "cuda")
         kernels = _kernels(runner, gr, i)
+        w = gr.layouts[i].tokens_per_req
+        weights = weight_bytes(runner.model, runner.model_config.hf_config, bs * w)
+        kv = kv_bytes(runner.token_to_kv_pool, bs, args.context, w)
+        tb_s = (weights + kv) / (ms / 1e3) / 1e12
         row = {"preset": preset, "graph": gr.mode.name, "bs": bs,
-               "tokens_per_req": gr.layouts[i].tokens_per_req, "context": args.context,
+               "tokens_per_req": w, "context": args.context,
                "replay_ms": ms, "kernels": kernels, "layers": layers,
-               "kernels_per_layer": None if kernels is None else kernels / layers}
+               "kernels_per_layer": None if kernels is None else kernels / layers,
+               "weight_bytes": weights, "kv_bytes": kv, "achieved_tb_s": tb_s,
+               "copy_tb_s": args.copy_tb_s, "fraction_of_copy": tb_s / args.copy_tb_s,
+               "floor_ms": (weights + kv) / (args.copy_tb_s * 1e12) * 1e3}
         if args.kernel_table and runner.device.type == "cuda":
             row["kernel_table"] = kernel_table(lambda i=i: gr.backend.replay(gr.graphs[i]),
                                                args.kernel_table)
@@ -125,10 +136,17 @@ def main() -> None:
     p.add_argument("--context", type=int, default=900)
     p.add_argument("--iters", type=int, default=200)
     p.add_argument("--device", default="auto")
-    p.add_argument("--kernel-table", type=int, default=0,
-                   help="print the N costliest kernels of each replay (torch profiler)")
+    p.add_argument("--kernel-table", type=int, default=None,
+                   help="print the N costliest kernels of each replay (torch profiler; "
+                        "default 12 on CUDA, 0 turns it off)")
     p.add_argument("--out", default="benchmark/spec_decode/graph_replay.json")
     args = p.parse_args()
+    device = torch.device("cuda" if args.device == "auto" and torch.cuda.is_available()
+                          else "cpu" if args.device == "auto" else args.device)
+    if args.kernel_table is None:
+        args.kernel_table = 12 if device.type == "cuda" else 0
+    args.copy_tb_s = copy_bandwidth(device) / 1e12
+    print(f"device-to-device copy: {args.copy_tb_s:.2f} TB/s (read + written)")
     rows = []
     for preset in args.presets:
         if args.decode_bs:
@@ -138,13 +156,15 @@ def main() -> None:
     decode_bs1 = {r["preset"]: r["replay_ms"] for r in rows
                   if r["graph"] == "DECODE" and r["bs"] == 1}
     print(f"{'preset':>15} {'graph':>13} {'bs':>4} {'replay ms':>10} {'kern/layer':>10} "
-          f"{'vs decode bs1':>13}")
+          f"{'vs decode bs1':>13} {'MB read':>9} {'floor ms':>9} {'TB/s':>6} {'of copy':>8}")
     for r in rows:
         kpl = "-" if r["kernels_per_layer"] is None else f"{r['kernels_per_layer']:.1f}"
         ref = decode_bs1.get(r["preset"])
         ratio = f"{r['replay_ms'] / ref:.2f}x" if ref else "-"
+        read = (r["weight_bytes"] + r["kv_bytes"]) / 1e6
         print(f"{r['preset']:>15} {r['graph']:>13} {r['bs']:>4} {r['replay_ms']:>10.3f} "
-              f"{kpl:>10} {ratio:>13}")
+              f"{kpl:>10} {ratio:>13} {read:>9.1f} {r['floor_ms']:>9.3f} "
+              f"{r['achieved_tb_s']:>6.2f} {r['fraction_of_copy']:>7.0%}")
         print_kernel_table(r.get("kernel_table", []), "    ")
     with open(args.out, "w") as f:
         json.dump({"args": vars(args), "rows": rows}, f, indent=1)
