@@ -3,6 +3,12 @@
 A runner's workers register one `ForwardParts` per mode they run (`ModelRunner.init_forwards`):
 how many tokens each stepping request holds, the prologue that derives a step's inputs from
 its rows, the epilogue that consumes the outputs, and the streamed projection the model feeds.
+
+A ragged step (`ragged`, DSpark's compact verify) gives each request its own token count, at
+most `tokens_per_req`, chosen on the device: its forwards are token-major, one pseudo-request
+per token (a layout of width 1 whose `step_bs` is the token count), and its graphs are
+captured per token bucket (`capture_sizes.ragged_token_buckets`); `RaggedStepPrologue`
+spreads the requests over the tokens.
 """
 
 from __future__ import annotations
@@ -36,6 +42,12 @@ class ForwardParts:
     prologue: StepPrologue | None = None  # required when tokens_per_req > 0
     epilogue: Epilogue | None = None
     streamed_aux: StreamedAux | None = None
+    ragged: bool = False  # token-major steps of per-request lengths up to tokens_per_req
+
+    @property
+    def layout_width(self) -> int:
+        """Tokens per stepping entry of this mode's layouts: 1 for a ragged step."""
+        return 1 if self.ragged and self.tokens_per_req else self.tokens_per_req
 
     def __post_init__(self):
         if self.epilogue is not None and self.epilogue.mode != self.mode:
@@ -45,3 +57,5 @@ class ForwardParts:
             raise ValueError(f"{self.mode.name} forwards need tokens per request and a step "
                              f"prologue exactly when requests step, got {self.tokens_per_req} "
                              f"and {self.prologue}")
+        if self.ragged and not self.mode.is_cuda_graph():
+            raise ValueError(f"only step modes run ragged, not {self.mode.name}")
