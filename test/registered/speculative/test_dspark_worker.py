@@ -153,6 +153,24 @@ def test_compact_lengths_respect_budget_bounds_and_buckets(ckpts, align):
     assert_kv_all_back(engine)
 
 
+def test_compact_batches_past_the_largest_bucket_run_eagerly(ckpts):
+    """More requests than the largest verify graph takes: the step runs eagerly with exactly
+    its budget's tokens, and greedy output still equals target-only."""
+    prompts = PROMPTS * 2
+    common = dict(COMMON, max_running_requests=8)
+    ref = Engine(model_path=ckpts["tiny-llama"], **common).generate(prompts, STAGGERED * 2)
+    engine = _dspark(ckpts, mode="compact", **common)
+    worker = engine.worker
+    largest = worker.target_runner.step_graphs.layouts[-1].step_bs
+    verifies = _record_forwards(worker.target_runner)
+    outs = engine.generate(prompts, STAGGERED * 2)
+    assert [o["output_ids"] for o in outs] == [o["output_ids"] for o in ref]
+    eager = [bs for bs, g in verifies if g is None]
+    assert eager and all(n > largest for n in eager)
+    assert all(g is not None for bs, g in verifies if bs <= largest)
+    assert_kv_all_back(engine)
+
+
 def _oracle(worker, references: dict[str, list[int]]):
     """Proposals read from the target-only output."""
     gamma = worker.gamma

@@ -130,12 +130,15 @@ class DSparkWorker(DFlashWorker):
     def _plan_verify(self, bs: int, every_token: bool) -> int:
         """Each request's verify length into `_verify_lens[:bs]` (0 after, up to the step's
         tokens) and the step's token count: the captured bucket holding the budget, or
-        exactly the budget without graphs. No host sync: the lengths stay on the device."""
+        exactly the budget where no graph does (an eager step). No host sync: the lengths
+        stay on the device."""
         gamma, b = self.gamma, self.block_size
         take = bs * gamma if every_token else min(bs * gamma,
                                                   round(self.budget_frac * bs * gamma))
         graphs = self.target_runner.step_graphs
-        buckets = [x.step_bs for x in graphs.layouts] if graphs is not None else [bs + take]
+        buckets = [x.step_bs for x in graphs.layouts] if graphs is not None else []
+        if not buckets or bs + take > buckets[-1]:
+            buckets = [bs + take]
         if every_token:
             lens = torch.full((bs,), b, dtype=torch.int64, device=self._verify_lens.device)
             n = round_up_to_bucket(bs + take, buckets)
