@@ -116,6 +116,18 @@ def test_greedy_dspark_equals_target_only(ckpts, target_only, target, mode, over
     assert_kv_all_back(engine)
 
 
+@pytest.mark.parametrize("variant", [dict(speculative_dflash_aux_projection="streamed"),
+                                     dict(disable_shared_aux_buffer=True),
+                                     dict(disable_decode_cuda_graph=True)])
+def test_compact_verify_on_every_aux_path(ckpts, target_only, variant):
+    """Compact verify's ragged forwards through the streamed projection, per-forward aux
+    outputs and eager steps: greedy output still equals target-only."""
+    engine = _dspark(ckpts, "tiny-k3", "compact", **variant)
+    outs = engine.generate(PROMPTS, STAGGERED)
+    assert [o["output_ids"] for o in outs] == [o["output_ids"] for o in target_only["tiny-k3"]]
+    assert_kv_all_back(engine)
+
+
 @pytest.mark.parametrize("align", [False, True])
 def test_compact_lengths_respect_budget_bounds_and_buckets(ckpts, align):
     frac = 0.5
