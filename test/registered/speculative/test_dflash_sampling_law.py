@@ -192,10 +192,21 @@ def test_compact_verify_keeps_every_token_on_the_target_law(pairs):
     _, _, p, _ = pair = pairs["DSPARK", "noisy"]
     engine = _engine(pair, "DSPARK", "compact", max_running_requests=REQUESTS,
                      cuda_graph_bs_decode=[REQUESTS])
-    b = engine.worker.block_size
-    steps = _record_steps(engine.worker)
+    worker = engine.worker
+    b = worker.block_size
+    steps = _record_steps(worker)
+    verdicts, verified = [], worker._verified
+
+    def recording(req, row):
+        verdicts.append((row[0], row[-1]))  # accepted drafts, tokens verified
+        return verified(req, row)
+
+    worker._verified = recording
     params = [dict(SAMPLED, max_new_tokens=NEW_TOKENS, seed=i) for i in range(REQUESTS)]
     outs = engine.generate(input_ids=[PROMPT] * REQUESTS, sampling_params=params)
+    # no block accepts past its verified drafts, and the cap binds often
+    assert all(accepted <= length - 1 for accepted, length in verdicts)
+    assert sum(accepted == length - 1 < b - 1 for accepted, length in verdicts) > 100
     spent = sum(o["meta_info"]["spec_verify_tokens"] for o in outs)
     assert spent < b * sum(o["meta_info"]["spec_verify_ct"] for o in outs)
     alpha = FALSE_ALARM / b

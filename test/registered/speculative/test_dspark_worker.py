@@ -128,8 +128,11 @@ def test_compact_verify_on_every_aux_path(ckpts, target_only, variant):
     assert_kv_all_back(engine)
 
 
-@pytest.mark.parametrize("align", [False, True])
-def test_compact_lengths_respect_budget_bounds_and_buckets(ckpts, align):
+@pytest.mark.parametrize("align,sampled", [(False, False), (True, False), (False, True)])
+def test_compact_lengths_respect_budget_bounds_and_buckets(ckpts, align, sampled):
+    """Every step's lengths: 1..gamma + 1, the budget spent (to the bucket with `align`), the
+    bucket captured; no request accepts more than its verified drafts, greedy or sampled
+    (`test_dflash_sampling_law.py` holds the cap where drafts are often accepted)."""
     frac = 0.5
     engine = _dspark(ckpts, mode="compact", dspark_verify_budget_frac=frac,
                      speculative_dspark_align_verify_tokens_to_graph_tier=align)
@@ -149,7 +152,9 @@ def test_compact_lengths_respect_budget_bounds_and_buckets(ckpts, align):
         return verified(req, row)
 
     worker._plan_verify, worker._verified = recording_plan, recording_verified
-    outs = engine.generate(PROMPTS, STAGGERED)
+    params = [dict(p, temperature=1.0, seed=i) if sampled else p
+              for i, p in enumerate(STAGGERED)]
+    outs = engine.generate(PROMPTS, params)
     assert plans and len({n for _, n, _ in plans}) > 1
     for bs, n, lens in plans:
         live, rest = lens[:bs], lens[bs:]
