@@ -33,6 +33,7 @@ PENALTIES = f"{T}/sampling/test_penalties.py"
 # start four engines first)
 CONTEXT = f"{WORKER}::test_aux_rows_consumed_before_next_target_forward"
 KNOWN = f"{WORKER}::test_acceptance_under_known_proposals"
+DSPARK_KNOWN = f"{T}/speculative/test_dspark_worker.py::test_acceptance_under_known_proposals"
 STOP = threading.Event()  # set on Ctrl-C: no new runs; running ones are terminated
 RUNNING: set[subprocess.Popen] = set()
 
@@ -60,6 +61,22 @@ MUTATIONS = [
              "survival = torch.cumprod(confidence.float(), dim=1)",
              "survival = confidence.float()",
              ("test/registered/speculative/test_dspark_verify_lens.py",)),
+    # the DSpark worker (issue 30)
+    Mutation("compact verify: greedy acceptance past a request's verified tokens",
+             f"{SRT}/speculative/dspark_worker.py",
+             "self._verify_lens[:r]).packed()", "None).packed()", (DSPARK_KNOWN,)),
+    Mutation("compact verify: rejection sampling past a request's verified tokens",
+             f"{SRT}/speculative/dspark_worker.py",
+             "num_verified=self._verify_lens[:r])", "num_verified=None)",
+             (f"{ENGINE_LAW}::test_compact_verify_keeps_every_token_on_the_target_law",)),
+    Mutation("ragged verify: each token reads the draft one position late",
+             f"{SRT}/model_executor/runner/ragged_step_prologue.py",
+             "(offset - 1).clamp_min(0)]", "offset.clamp_max(block.shape[1] - 1)]",
+             (DSPARK_KNOWN,)),
+    Mutation("DSpark's Markov loop starts from the mask token, not the anchor",
+             f"{SRT}/speculative/dspark_worker.py",
+             "fb.input_ids.view(bs, gamma)[:, 0]", "fb.input_ids.view(bs, gamma)[:, 1]",
+             (f"{ENGINE_LAW}::test_every_block_position_follows_the_target_law[DSPARK]",)),
     # penalties and min_new_tokens inside a DFlash block (issue 28)
     Mutation("block position j does not count the drafts before it",
              f"{SRT}/sampling/penalties.py",
@@ -73,8 +90,8 @@ MUTATIONS = [
     # the three the suite used to miss
     Mutation("bonus token drawn from max(p - q, 0) instead of p",
              f"{SRT}/speculative/dflash_info.py",
-             "q_next = torch.where((accepted < num_drafts)[:, None], q_next, 0.0)",
-             "q_next = torch.where((accepted <= num_drafts)[:, None], q_next, 0.0)",
+             "q_next = torch.where((accepted < limit)[:, None], q_next, 0.0)",
+             "q_next = torch.where((accepted <= limit)[:, None], q_next, 0.0)",
              (LAW, ENGINE_LAW)),
     Mutation("proposal drawn with the accept test's random number",
              f"{SRT}/speculative/dflash_worker.py",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import logging
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,9 +17,15 @@ DTYPES = ("auto", "float32", "float16", "bfloat16")
 LOAD_FORMATS = ("auto", "dummy")
 FC_QUANTIZATIONS = ("none", "mxfp8")
 AUX_PROJECTIONS = ("packed", "streamed")
-# What the CLI offers: the algorithms that run (EAGLE3 and DSPARK stay in the enum, where the
-# gating checks use them).
-CLI_ALGORITHMS = ("NONE", "DFLASH")
+# What the CLI offers: the algorithms that run (EAGLE3 stays in the enum, where the gating
+# checks use it).
+CLI_ALGORITHMS = ("NONE", "DFLASH", "DSPARK")
+# SGLang's environment variable choosing how many tokens each DSpark request verifies:
+# static (all gamma + 1), compact (per-request lengths from the confidence head)
+RAGGED_VERIFY_MODE_ENV = "SGLANG_RAGGED_VERIFY_MODE"
+RAGGED_VERIFY_MODES = ("static", "compact")
+
+logger = logging.getLogger(__name__)
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -57,6 +64,15 @@ class ServerArgs:
     speculative_draft_model_path: str | None = None
     speculative_num_draft_tokens: int | None = None
     speculative_dflash_block_size: int | None = None
+    # DSpark's gamma: proposals per block (a request verifies gamma + 1 tokens); None: the
+    # draft config's block_size, else 7 (SGLang's)
+    speculative_dspark_block_size: int | None = None
+    # compact verify: grow the requests' verify lengths, by survival, to the token bucket the
+    # step's graph pads to anyway (SGLang's flag; no effect under static verify)
+    speculative_dspark_align_verify_tokens_to_graph_tier: bool = False
+    # ours: compact verify's extra tokens per step beyond each request's anchor, as a fraction
+    # of every request's gamma drafts (1.0 verifies everything, as SGLang without a cost table)
+    dspark_verify_budget_frac: float = 0.5
     speculative_draft_fc_quantization: str | None = None  # "mxfp8"; None: the draft config's
     dflash_staged_projection_min_tokens: int = 1024  # staged MXFP8 fc input from this size on
     # packed: [T, K*H] aux rows, then fc (shared graph buffer; staged input for large MXFP8
@@ -169,6 +185,9 @@ class ServerArgs:
     def _check_dflash(self, algo: SpeculativeAlgorithm) -> None:
         if self.pp_size > 1:
             raise ValueError(f"{algo.value} does not support pipeline parallelism (--pp-size 1)")
+        if algo == SpeculativeAlgorithm.DSPARK:
+            self._check_dspark()
+            return
         n, b = self.speculative_num_draft_tokens, self.speculative_dflash_block_size
         if n is not None and b is not None and n != b:
             raise ValueError(
@@ -176,6 +195,44 @@ class ServerArgs:
                 "must agree: DFlash verifies one block of draft tokens"
             )
         self.speculative_num_draft_tokens = self.speculative_dflash_block_size = n or b
+
+    def _check_dspark(self) -> None:
+        if self.speculative_dflash_block_size is not None:
+            raise ValueError("--speculative-dflash-block-size is DFlash's; DSpark's block is "
+                             "--speculative-dspark-block-size (gamma)")
+        gamma, n = self.speculative_dspark_block_size, self.speculative_num_draft_tokens
+        if gamma is not None and gamma < 2:
+            raise ValueError(f"--speculative-dspark-block-size must be >= 2, got {gamma}")
+        if gamma is not None and n is not None and n != gamma + 1:
+            raise ValueError(f"--speculative-num-draft-tokens ({n}) must be "
+                             f"--speculative-dspark-block-size + 1 ({gamma + 1}): a DSpark "
+                             "request verifies its anchor and gamma drafts")
+        if n is not None and gamma is None:
+            if n < 3:
+                raise ValueError(f"--speculative-num-draft-tokens must be >= 3 with DSPARK, "
+                                 f"got {n}")
+            self.speculative_dspark_block_size = n - 1
+        if not 0.0 <= self.dspark_verify_budget_frac <= 1.0:
+            raise ValueError(f"--dspark-verify-budget-frac must be in [0, 1], got "
+                             f"{self.dspark_verify_budget_frac}")
+        mode = self.ragged_verify_mode()
+        if mode == "compact" and self.enable_mixed_chunk:
+            raise ValueError(f"--enable-mixed-chunk with {RAGGED_VERIFY_MODE_ENV}=compact: a "
+                             "compact verify step runs ragged lengths no mixed graph takes; "
+                             "use static verify or drop the flag")
+        if self.speculative_dspark_align_verify_tokens_to_graph_tier and mode != "compact":
+            logger.warning("--speculative-dspark-align-verify-tokens-to-graph-tier only acts "
+                           "with %s=compact (got %s)", RAGGED_VERIFY_MODE_ENV, mode)
+
+    @staticmethod
+    def ragged_verify_mode() -> str:
+        """DSpark's verify mode from SGLang's environment variable (default static)."""
+        mode = os.environ.get(RAGGED_VERIFY_MODE_ENV, "static").strip().lower() or "static"
+        if mode not in RAGGED_VERIFY_MODES:
+            raise ValueError(f"{RAGGED_VERIFY_MODE_ENV}={mode!r} is not supported; choose "
+                             f"from {', '.join(RAGGED_VERIFY_MODES)} (SGLang's cap-accept is "
+                             "not built)")
+        return mode
 
     @property
     def spec_algorithm(self) -> SpeculativeAlgorithm:
@@ -261,13 +318,22 @@ class ServerArgs:
         add("--speculative-algorithm", default=None, type=_cli_algorithm, choices=CLI_ALGORITHMS,
             help="default: DFLASH for the built-in default model, else NONE")
         add("--speculative-draft-model-path", default=None,
-            help="the DFlash draft: a folder, preset or shipped draft (default: "
-                 f"{DEFAULT_DRAFT_MODEL} with the default model, else required for DFLASH)")
+            help="the DFlash or DSpark draft: a folder, preset or shipped draft (default: "
+                 f"{DEFAULT_DRAFT_MODEL} with the default model, else required)")
         add("--speculative-num-draft-tokens", type=int, default=None,
             help="tokens per verified block (default: the draft config's block size)")
         add("--speculative-dflash-block-size", type=int, default=None,
             help="alias of --speculative-num-draft-tokens for DFlash; must agree "
                  "(default: the draft config's)")
+        add("--speculative-dspark-block-size", type=int, default=None,
+            help="DSpark's gamma, proposals per draft block; a request verifies gamma + 1 "
+                 "tokens (default: the draft config's block_size, else 7)")
+        add("--speculative-dspark-align-verify-tokens-to-graph-tier", action="store_true",
+            help=f"with {RAGGED_VERIFY_MODE_ENV}=compact, fill the token bucket a verify step "
+                 "pads to with the next most likely drafts instead of padding")
+        add("--dspark-verify-budget-frac", type=float, default=d["dspark_verify_budget_frac"],
+            help=f"with {RAGGED_VERIFY_MODE_ENV}=compact, the drafts a step verifies beyond "
+                 "each request's anchor, as a fraction of all requests' gamma drafts")
         add("--speculative-draft-fc-quantization", default=None, choices=FC_QUANTIZATIONS,
             help="store the DFlash draft's fc as MXFP8 (default: the draft config's "
                  "'quantization')")

@@ -3,8 +3,9 @@
 Every prompt is the first `--num-shots` train questions with their worked answers, then the
 test question; greedy `/generate` requests go out `--parallel` at a time and stop at the next
 `Question`. The model's answer is the last integer of its output, the label the number after
-`####`. Prints Accuracy, Invalid, Latency, Output throughput and the mean accept length
-(speculative decoding; 0 without it), and appends them as one JSON line to `--result-file`.
+`####`. Prints Accuracy, Invalid, Latency, Output throughput, the mean accept length and the
+target tokens verified per accepted token (speculative decoding; 0 without it: DSpark's
+compact verify spends fewer), and appends them as one JSON line to `--result-file`.
 The questions: `--data-path`, else `gsm8k_data.gsm8k_path` (`$SGLANG_AUX_GSM8K_DIR`, the copy
 beside the checkout, or the official files, downloaded into the cache on first use).
 """
@@ -120,6 +121,9 @@ def run_eval(args: argparse.Namespace) -> dict:
     n = max(len(questions), 1)
     tokens = sum(o["meta_info"]["completion_tokens"] for o in answered)
     accept = [o["meta_info"]["spec_accept_length"] for o in answered]
+    verified = sum(o["meta_info"].get("spec_verify_tokens", 0) for o in answered)
+    emitted = sum(o["meta_info"].get("spec_accepted_drafts", 0)
+                  + o["meta_info"].get("spec_verify_ct", 0) for o in answered)
     metrics = {
         "task": "gsm8k",
         "model": model,
@@ -134,6 +138,7 @@ def run_eval(args: argparse.Namespace) -> dict:
         "latency": latency,
         "output_throughput": tokens / latency if latency > 0 else 0.0,
         "accept_length": sum(accept) / len(accept) if accept else 0.0,
+        "verify_tokens_per_accepted": verified / emitted if emitted else 0.0,
     }
     if errors:
         print(f"Errors: {len(errors)} (first: {errors[0]})")
@@ -142,6 +147,7 @@ def run_eval(args: argparse.Namespace) -> dict:
     print(f"Latency: {latency:.3f} s")
     print(f"Output throughput: {metrics['output_throughput']:.3f} token/s")
     print(f"Accept length: {metrics['accept_length']:.3f}")
+    print(f"Verify tokens per accepted token: {metrics['verify_tokens_per_accepted']:.3f}")
     if args.result_file:
         with open(args.result_file, "a") as f:
             f.write(json.dumps(metrics) + "\n")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -182,3 +183,22 @@ def assert_spec_counts(meta: dict, block_size: int) -> None:
     emitted = 1 + steps + accepted
     assert meta["completion_tokens"] <= emitted < meta["completion_tokens"] + block_size, meta
     assert meta["spec_accept_length"] == meta["completion_tokens"] / steps
+
+
+def assert_graphs_equal_eager(graphs: Engine, eager: Engine, prompts: list[str],
+                              params_of: Callable[[int], dict], max_bs: int = 8) -> None:
+    """At every batch size up to `max_bs` (those between captured sizes replay padded graphs):
+    the graph engine's outputs and accept histograms equal the eager engine's; request i
+    samples with `params_of(i)`. Some draft must be rejected, or the rejection path went
+    untested."""
+    rejected = 0
+    for bs in range(1, max_bs + 1):
+        params = [params_of(i) for i in range(bs)]
+        batch = (prompts * max_bs)[:bs]
+        for x, y in zip(graphs.generate(batch, params), eager.generate(batch, params),
+                        strict=True):
+            assert x["output_ids"] == y["output_ids"], bs
+            hist = x["meta_info"]["spec_accept_histogram"]
+            assert hist == y["meta_info"]["spec_accept_histogram"]
+            rejected += hist[0]
+    assert rejected > 0, "no draft was rejected: the rejection path went untested"

@@ -26,14 +26,16 @@ MIN_EXPECTED = 5.0  # cells expected to hold fewer draws are pooled
 
 
 def position_laws(p0: torch.Tensor, transitions: list[torch.Tensor],
-                  drafts: torch.Tensor) -> torch.Tensor:
+                  drafts: torch.Tensor | list[torch.Tensor]) -> torch.Tensor:
     """`[B, 2V + 1]` float64: per block position i (0-based), the law of Y_i as cells
     `[x goes on (V), x stops (V), not reached]`.
 
     `p0` `[V]`: the target after the anchor; `transitions[i - 1]` `[V, V]`: the target's row
     i given the token at block position i (i = 1 .. B - 1, Markov on the last draft);
-    `drafts` `[B - 1, V]`: the draft distribution at each draft offset."""
-    num_drafts, vocab = drafts.shape
+    `drafts` `[B - 1, V]`: the draft distribution at each draft offset; or, for a draft that
+    conditions on the token before (DSpark's Markov head), per offset i `[W, V]` given the
+    previous token w (offset 0: `[1, V]`, given the anchor)."""
+    num_drafts, vocab = len(drafts), p0.numel()
     block = num_drafts + 1
     laws = torch.zeros((block, 2 * vocab + 1), dtype=torch.float64)
     reach = torch.ones(1, dtype=torch.float64)  # P(reach i, previous token = w)

@@ -96,10 +96,11 @@ def test_neither_spelling_keeps_the_list_path(ckpt):
     assert runner.aux_storage is None
 
 
-def test_only_dflash_targets_share_and_two_widths_are_refused(ckpt):
+@pytest.mark.parametrize("family", [SpeculativeAlgorithm.DFLASH, SpeculativeAlgorithm.DSPARK])
+def test_only_dflash_family_targets_share_and_two_widths_are_refused(ckpt, family):
     model = SGLangSpelling(get_model(ModelConfig.from_pretrained(ckpt), "cpu"))
     model.set_dflash_layers_to_capture(AUX)
-    dflash = SpeculativeAlgorithm.DFLASH
+    dflash = family
     assert resolve_aux_hidden_states_width(model=model, spec_algorithm=dflash,
                                            is_draft_worker=False) == len(AUX) * HIDDEN
     assert resolve_aux_hidden_states_width(model=model, spec_algorithm=dflash,

@@ -2,7 +2,7 @@
 modules, the GGUF import and a DFlash generation, mapped to distributions and checked against
 the closure of pyproject's `dependencies`); without Triton the CPU still serves (the torch twins)
 and a kernel asked for names the fix. The CLI: `--help` offers the algorithms that run and
-gives every flag help and a default; DSPARK, `--tp-size 2` and a busy port are one-line usage
+gives every flag help and a default; EAGLE3, `--tp-size 2` and a busy port are one-line usage
 errors (the last before any model loads); `generate` puts prompts through the chat template
 (`--raw` not) and lists offline flags only; every tiny preset has its `-dflash` draft.
 `.ci/run` installs the README's main-job line in a clean virtual environment and serves."""
@@ -134,9 +134,9 @@ def _help(module) -> str:
 
 def test_launch_server_help_lists_what_runs_with_help_and_defaults():
     text = _help("sglang_aux.launch_server")
-    assert CLI_ALGORITHMS == ("NONE", "DFLASH")
-    assert "--speculative-algorithm {NONE,DFLASH}" in text
-    assert "DSPARK" not in text and "EAGLE3" not in text
+    assert CLI_ALGORITHMS == ("NONE", "DFLASH", "DSPARK")
+    assert "--speculative-algorithm {NONE,DFLASH,DSPARK}" in text
+    assert "EAGLE3" not in text
     options = re.split(r"\n  (?=-)", text.split("options:", 1)[1])[1:]
     assert len(options) > 40
     for option in options:
@@ -151,14 +151,14 @@ def test_launch_server_help_lists_what_runs_with_help_and_defaults():
            "(default: 1)" in text
 
 
-def test_dspark_is_a_one_line_usage_error():
+def test_eagle3_is_a_one_line_usage_error():
     run = subprocess.run([sys.executable, "-m", "sglang_aux.launch_server",
-                          "--speculative-algorithm", "DSPARK"], capture_output=True, text=True,
+                          "--speculative-algorithm", "EAGLE3"], capture_output=True, text=True,
                          timeout=SUBPROCESS_TIMEOUT_S)
     assert run.returncode == 2 and "Traceback" not in run.stderr
     assert run.stderr.strip().splitlines()[-1].endswith(
-        "argument --speculative-algorithm: DSPARK is not implemented in this runtime; choose "
-        "from NONE, DFLASH")
+        "argument --speculative-algorithm: EAGLE3 is not implemented in this runtime; choose "
+        "from NONE, DFLASH, DSPARK")
 
 
 def test_tensor_parallelism_is_a_usage_error_naming_why(capsys):

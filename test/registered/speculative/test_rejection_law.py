@@ -65,9 +65,11 @@ def _exact_block_law(p0, transitions, drafts) -> dict[tuple, float]:
     return law
 
 
-def _enumerated_law(p0, transitions, drafts, grid: int) -> dict[tuple, float]:
+def _enumerated_law(p0, transitions, drafts, grid: int,
+                    num_verified: int | None = None) -> dict[tuple, float]:
     """The law `rejection_verify` implements: all draft tuples (weighted by q) x all
-    midpoints of `grid` cells for each accept test and for the residual draw."""
+    midpoints of `grid` cells for each accept test and for the residual draw (each block
+    verifying its first `num_verified` tokens only, when given)."""
     num_drafts, vocab = drafts.shape
     tuples = torch.tensor(list(itertools.product(range(vocab), repeat=num_drafts)))
     u = (torch.arange(grid, dtype=torch.float64) + 0.5) / grid
@@ -78,7 +80,9 @@ def _enumerated_law(p0, transitions, drafts, grid: int) -> dict[tuple, float]:
     n = rows_d.shape[0]
     target = torch.stack([p0.expand(n, -1)] + [transitions[i][rows_d[:, i]]
                                               for i in range(num_drafts)], 1)
-    v = rejection_verify(rows_d, drafts.expand(n, -1, -1), target, rows_a, rows_r.contiguous())
+    verified = None if num_verified is None else torch.full((n,), num_verified)
+    v = rejection_verify(rows_d, drafts.expand(n, -1, -1), target, rows_a, rows_r.contiguous(),
+                         verified)
     weight = drafts.gather(1, rows_d.T).prod(0) / (accept.shape[0] * grid)
     # an emitted block as one integer: its length, then its tokens in base `vocab`
     length = v.accepted + 1
@@ -111,6 +115,29 @@ def test_rejection_sampling_law_is_exact_on_tiny_vocabularies(den, vocab, block)
         for key in set(want) | set(got):
             assert abs(got.get(key, 0.0) - want.get(key, 0.0)) < 1e-9, (
                 seed, key, got.get(key), want.get(key), p0, transitions, drafts)
+
+
+@pytest.mark.parametrize("den,vocab,block,verified", [(4, 3, 4, 1), (4, 3, 4, 2), (4, 3, 4, 3),
+                                                     (6, 3, 3, 2)])
+def test_fewer_verified_tokens_give_the_shorter_block_law(den, vocab, block, verified):
+    """A block that verified only its first `verified` tokens (DSpark's compact verify) has
+    exactly the law of a block of that many tokens: the drafts past them and the target's
+    rows past them (poisoned here: all mass on token 0) are never read, and the token after
+    its last verified draft comes from the target alone."""
+    grid = math.lcm(*range(1, den + 1))
+    poison = torch.zeros(vocab, vocab, dtype=torch.float64)
+    poison[:, 0] = 1.0
+    for seed in range(4):
+        g = torch.Generator().manual_seed(5000 + 100 * block + 10 * verified + seed)
+        p0 = _grid_distribution(g, vocab, den)
+        transitions = [torch.stack([_grid_distribution(g, vocab, den) for _ in range(vocab)])
+                       for _ in range(verified - 1)] + [poison] * (block - verified)
+        drafts = torch.stack([_grid_distribution(g, vocab, den) for _ in range(block - 1)])
+        want = _exact_block_law(p0, transitions[: verified - 1], drafts[: verified - 1])
+        got = _enumerated_law(p0, transitions, drafts, grid, num_verified=verified)
+        assert abs(sum(got.values()) - 1.0) < 1e-9
+        for key in set(want) | set(got):
+            assert abs(got.get(key, 0.0) - want.get(key, 0.0)) < 1e-9, (seed, key)
 
 
 def _random_pair(g: torch.Generator, vocab: int):

@@ -17,6 +17,7 @@ from sglang_aux.srt.model_loader.builtin import resolve_draft, resolve_model
 from sglang_aux.srt.sampling.sampling_params import SamplingParams
 from sglang_aux.srt.server_args import ServerArgs
 from sglang_aux.srt.speculative.dflash_worker import DFlashWorker
+from sglang_aux.srt.speculative.dspark_worker import DSparkWorker
 
 
 class Engine:
@@ -66,13 +67,13 @@ class Engine:
         algo = self.server_args.spec_algorithm
         if algo.is_none():
             return ModelWorker(self.model_config, self.server_args)
-        if algo == SpeculativeAlgorithm.DFLASH:
-            return DFlashWorker(self.model_config, resolve_draft(self.server_args),
-                                self.server_args, token_to_id=self.tokenizer.token_to_id)
-        raise NotImplementedError(
-            f"--speculative-algorithm {algo.value} is not implemented in this runtime yet "
-            "(DFLASH and NONE are)"
-        )
+        workers = {SpeculativeAlgorithm.DFLASH: DFlashWorker,
+                   SpeculativeAlgorithm.DSPARK: DSparkWorker}
+        if algo not in workers:
+            raise NotImplementedError(f"--speculative-algorithm {algo.value} is not "
+                                      "implemented in this runtime (DFLASH, DSPARK and NONE are)")
+        return workers[algo](self.model_config, resolve_draft(self.server_args),
+                             self.server_args, token_to_id=self.tokenizer.token_to_id)
 
     def make_request(self, *, text: str | None = None, input_ids: list[int] | None = None,
                      sampling_params: dict | SamplingParams | None = None,

@@ -41,6 +41,8 @@ def server_info(server: TokenizerManager, engine: dict) -> dict:
     args["chunked_prefill_size"] = engine["chunked_prefill_size"]
     # SGLang's per-scheduler figures (one scheduler here)
     states = [{"avg_spec_accept_length": server.metrics.mean_accept_length(),
+               "avg_spec_verify_tokens_per_accepted":
+                   server.metrics.verify_tokens_per_accepted(),
                "last_gen_throughput": engine.pop("last_gen_throughput")}]
     counts = {k: engine.pop(k) for k in ("num_running_reqs", "num_queue_reqs", "scheduler_pid")}
     head = [k for k in engine if k not in GRAPH_KEYS]
@@ -82,6 +84,12 @@ def render_metrics(server: TokenizerManager, engine: dict) -> str:
         _metric("spec_accept_length", "gauge",
                 "Mean tokens per speculative verify step (0 without speculation).",
                 m.mean_accept_length()),
+        _metric("spec_verify_tokens_total", "counter",
+                "Target tokens spent verifying drafts, over finished requests.",
+                m.spec_verify_tokens),
+        _metric("spec_accepted_tokens_total", "counter",
+                "Tokens speculative verify steps emitted, over finished requests.",
+                m.spec_accepted_tokens),
         _metric("num_running_reqs", "gauge",
                 "Requests in the running batch.", engine["num_running_reqs"]),
         _metric("num_queue_reqs", "gauge",

@@ -52,11 +52,13 @@ class Finished:
     spec_verify_ct: int
     spec_accepted_tokens: int
     spec_accept_histogram: list[int]
+    spec_verify_tokens: int
 
     @classmethod
     def of(cls, req: Req) -> Finished:
         return cls(req.finished_reason, req.cached_tokens, req.spec_verify_ct,
-                   req.spec_accepted_tokens, list(req.spec_accept_histogram))
+                   req.spec_accepted_tokens, list(req.spec_accept_histogram),
+                   req.spec_verify_tokens)
 
     def apply(self, req: Req) -> None:
         """Copy the fields onto the front end's copy of the request."""
@@ -65,6 +67,7 @@ class Finished:
         req.spec_verify_ct = self.spec_verify_ct
         req.spec_accepted_tokens = self.spec_accepted_tokens
         req.spec_accept_histogram = self.spec_accept_histogram
+        req.spec_verify_tokens = self.spec_verify_tokens
 
 
 @dataclass(frozen=True)

@@ -65,6 +65,7 @@ class ModelWorker(RequestRowStaging):
     """
 
     tokens_per_req = 1
+    logprob_refusal = None
 
     def __init__(self, model_config: ModelConfig, server_args: ServerArgs,
                  model_runner: ModelRunner | None = None):

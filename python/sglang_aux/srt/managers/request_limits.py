@@ -17,6 +17,8 @@ class RequestLimits:
     # more characters than this cannot tokenize into the context: context_len times the
     # tokenizer's `max_chars_per_token`
     max_prompt_chars: int
+    # why the worker returns no logprobs (SGLang's DSpark refuses return_logprob); None: it does
+    logprob_refusal: str | None = None
 
     def reservation(self, req: Req) -> int:
         """The KV slots `req` is given at admission. A step writes `tokens_per_req`
@@ -40,6 +42,8 @@ class RequestLimits:
         n = len(req.origin_input_ids)
         if n == 0:
             raise ValueError("the prompt is empty")
+        if req.logprob is not None and self.logprob_refusal is not None:
+            raise ValueError(f"return_logprob is not supported: {self.logprob_refusal}")
         if n + self.tokens_per_req > self.context_len:
             raise ValueError(f"the prompt has {n} tokens; the context holds {self.context_len}"
                              f" (less {self.tokens_per_req} for a decode step)")

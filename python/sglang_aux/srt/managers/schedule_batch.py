@@ -54,6 +54,8 @@ class Req:
     # speculative bookkeeping: verify steps and tokens they produced (accepted drafts + bonus)
     spec_verify_ct: int = 0
     spec_accepted_tokens: int = 0
+    # target tokens those steps verified (a block each; fewer under DSpark's compact verify)
+    spec_verify_tokens: int = 0
     # [num_draft_tokens]: entry i counts the verify steps that accepted i drafts
     spec_accept_histogram: list[int] = field(default_factory=list)
     logprob: LogprobParams | None = None  # set: the request asks for logprobs
@@ -68,11 +70,14 @@ class Req:
     def finished(self) -> bool:
         return self.finished_reason is not None
 
-    def record_spec_verify(self, accepted_drafts: int, num_draft_tokens: int) -> None:
-        """One verify step of a `num_draft_tokens` block that accepted `accepted_drafts`."""
+    def record_spec_verify(self, accepted_drafts: int, num_draft_tokens: int,
+                           verify_tokens: int) -> None:
+        """One verify step of a `num_draft_tokens` block that verified `verify_tokens` of it
+        and accepted `accepted_drafts`."""
         if not self.spec_accept_histogram:
             self.spec_accept_histogram = [0] * num_draft_tokens
         self.spec_verify_ct += 1
+        self.spec_verify_tokens += verify_tokens
         self.spec_accepted_tokens += accepted_drafts + 1
         self.spec_accept_histogram[accepted_drafts] += 1
 

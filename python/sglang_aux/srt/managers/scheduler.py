@@ -85,6 +85,7 @@ class Worker(Protocol):
     above it."""
 
     tokens_per_req: int  # most tokens one decode step can add to a request
+    logprob_refusal: str | None  # why requests asking for logprobs are refused; None: served
 
     @property
     def model_runner(self) -> ModelRunner: ...  # the target's: pools, graph limits, device
@@ -124,7 +125,8 @@ class Scheduler:
         self.context_len = context_len
         self.finish = FinishCheck(tokenizer, eos_token_ids, context_len, worker.tokens_per_req)
         self.limits = RequestLimits(context_len, worker.tokens_per_req, self.allocator.size,
-                                    overlap, context_len * tokenizer.max_chars_per_token)
+                                    overlap, context_len * tokenizer.max_chars_per_token,
+                                    worker.logprob_refusal)
         self.on_update = on_update
         self.overlap = overlap
         self.tree_cache = tree_cache

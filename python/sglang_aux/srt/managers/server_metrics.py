@@ -20,6 +20,7 @@ class ServerMetrics:
     generation_tokens: int = 0
     spec_verify_ct: int = 0
     spec_accepted_tokens: int = 0
+    spec_verify_tokens: int = 0  # target tokens verify steps spent
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def add(self, **deltas: int) -> None:
@@ -30,6 +31,11 @@ class ServerMetrics:
     def mean_accept_length(self) -> float:
         """Tokens per verify step over every finished speculative request (0: none)."""
         return self.spec_accepted_tokens / self.spec_verify_ct if self.spec_verify_ct else 0.0
+
+    def verify_tokens_per_accepted(self) -> float:
+        """Target tokens verified per emitted speculative token (0: none)."""
+        return (self.spec_verify_tokens / self.spec_accepted_tokens
+                if self.spec_accepted_tokens else 0.0)
 
 
 @dataclass

@@ -262,7 +262,8 @@ class TokenizerManager:
                                  prompt_tokens=len(live.req.origin_input_ids),
                                  generation_tokens=live.received,
                                  spec_verify_ct=finished.spec_verify_ct,
-                                 spec_accepted_tokens=finished.spec_accepted_tokens)
+                                 spec_accepted_tokens=finished.spec_accepted_tokens,
+                                 spec_verify_tokens=finished.spec_verify_tokens)
                 logger.debug("finished %s: %d prompt + %d output tokens, %s, %.3f s", rid,
                              len(live.req.origin_input_ids), live.received,
                              finished.finished_reason, time.perf_counter() - live.start)

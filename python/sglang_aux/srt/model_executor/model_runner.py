@@ -43,6 +43,7 @@ from sglang_aux.srt.model_executor.runner_utils.capture_sizes import (
     mixed_graph_plan,
     mixed_max_arrivals,
     prefill_graph_plan,
+    ragged_token_buckets,
 )
 from sglang_aux.srt.model_executor.runner_utils.host_transfer import to_device_into
 from sglang_aux.srt.model_executor.runner_utils.pool import PREFILL_POOL, SHARED_POOL
@@ -210,6 +211,9 @@ class ModelRunner:
                          args.max_running_requests)
             sizes = get_capture_bs(max_bs=max_bs, speculative=not self.spec_algorithm.is_none(),
                                    override=args.cuda_graph_bs_decode)
+            if parts.ragged:
+                return [ForwardLayout(mode, n, 1)
+                        for n in ragged_token_buckets(max_bs=sizes[-1], tokens_per_req=w)]
             return [ForwardLayout(mode, bs, w) for bs in sizes]
         if mode == ForwardMode.EXTEND:
             if self.prefill_capture_tokens and not extend_ok:
@@ -253,7 +257,7 @@ class ModelRunner:
         derived on the device (`ForwardLayout.complete`: in the graph, or right here)."""
         # a prefill needs no registered parts; a step needs its prologue
         parts = self.forwards.get(inputs.mode) or ForwardParts(inputs.mode)
-        live = ForwardLayout.of(inputs, parts.tokens_per_req)
+        live = ForwardLayout.of(inputs, parts.layout_width)
         if live.num_reqs == 0:
             raise ValueError(f"a {inputs.mode.name} forward needs requests")
         graphs = self.graph_runners.get(inputs.mode)

@@ -24,6 +24,8 @@ import torch
 from torch import nn
 
 from sglang_aux.srt.configs.dspark_config import DSparkConfig, dspark_field
+from sglang_aux.srt.forward_state.forward_batch_info import ForwardBatch
+from sglang_aux.srt.layers.logits_processor import LogitsProcessorOutput
 from sglang_aux.srt.models.dflash import DFlashDraftModel
 
 MARKOV_WEIGHTS = ("markov_head.markov_w1.weight", "markov_head.markov_w2.weight")
@@ -93,6 +95,16 @@ class DSparkDraftModel(DFlashDraftModel):
     @property
     def gamma(self) -> int:
         return self.dspark_config.gamma
+
+    @torch.no_grad()
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
+                forward_batch: ForwardBatch) -> LogitsProcessorOutput:
+        """The DFlash draft's block logits `[bs * gamma, vocab]`, with every row's final
+        hidden state `[bs * gamma, H]` kept: the confidence head reads them."""
+        hidden = self.block_hidden(self._borrowed("embed")(input_ids), positions, forward_batch)
+        out = self.logits_processor(hidden, self._borrowed("lm_head"), forward_batch)
+        out.hidden_states = hidden
+        return out
 
     def confidence(self, hidden: torch.Tensor, prev_tokens: torch.Tensor) -> torch.Tensor:
         """Acceptance probability `[...]` (fp32) of the proposal drawn at each row, from the

@@ -4,7 +4,9 @@ A block for one request is `[anchor, d_1 .. d_{B-1}]`; the target's row i predic
 after block position i. Draft `d_{i+1}` is accepted while it matches (greedy) or passes the
 rejection test (sampling) against target row i; the first target row past the accepted drafts
 gives one more token (the bonus, or the corrected token), so a step emits accepted + 1.
-Both verifiers are batched tensor code without host syncs (capturable in a graph).
+Both verifiers are batched tensor code without host syncs (capturable in a graph). A request
+that verified only its first `num_verified` block tokens (DSpark's compact verify) accepts at
+most `num_verified - 1` drafts; the token after them comes from the target alone.
 """
 
 from __future__ import annotations
@@ -26,36 +28,50 @@ class BlockVerdicts:
         return torch.cat([self.accepted[:, None], self.tokens], dim=1)
 
 
-def greedy_verify(drafts: torch.Tensor, target_argmax: torch.Tensor) -> BlockVerdicts:
+def _verified(match: torch.Tensor, num_verified: torch.Tensor | None) -> torch.Tensor:
+    """`match` `[bs, B-1]` where each request's drafts past its verified tokens fail."""
+    if num_verified is None:
+        return match
+    offset = torch.arange(match.shape[1], device=match.device)
+    return match & (offset < num_verified[:, None] - 1)
+
+
+def greedy_verify(drafts: torch.Tensor, target_argmax: torch.Tensor,
+                  num_verified: torch.Tensor | None = None) -> BlockVerdicts:
     """`drafts` `[bs, B-1]`, `target_argmax` `[bs, B]` (the target's greedy token after each
-    block position). Accepted drafts equal the target's tokens, so the emitted tokens are the
-    target's argmax row."""
-    match = drafts == target_argmax[:, :-1]
+    block position; past a request's `num_verified` `[bs]` tokens, never read). Accepted
+    drafts equal the target's tokens, so the emitted tokens are the target's argmax row."""
+    match = _verified(drafts == target_argmax[:, :-1], num_verified)
     return BlockVerdicts(match.long().cumprod(-1).sum(-1), target_argmax)
 
 
 def rejection_verify(drafts: torch.Tensor, draft_probs: torch.Tensor,
                      target_probs: torch.Tensor, u_accept: torch.Tensor,
-                     u_residual: torch.Tensor) -> BlockVerdicts:
+                     u_residual: torch.Tensor,
+                     num_verified: torch.Tensor | None = None) -> BlockVerdicts:
     """Speculative sampling: emitted tokens are distributed as sampling from the target alone.
 
     `drafts` `[bs, B-1]`, sampled from `draft_probs` `[bs, B-1, V]`; `target_probs` `[bs, B, V]`:
     the target's distribution after each block position (after the same temperature, top-k
     and top-p transform). `u_accept` `[bs, B-1]` and `u_residual` `[bs, B]` are independent
     uniforms: the rejection test of each draft, and the draw of the token after j accepted
-    drafts (from the residual `max(p - q, 0)`, or from p for the bonus).
+    drafts (from the residual `max(p - q, 0)`, or from p for the bonus). `num_verified`
+    `[bs]`: tokens each request verified (target rows past them are never read); a request
+    that accepts all its verified drafts draws the next token from p, as a full block's bonus.
     """
     bs, num_drafts = drafts.shape
     vocab = target_probs.shape[-1]
     p = target_probs[:, :-1].gather(-1, drafts[..., None])[..., 0]  # [bs, B-1]
     q = draft_probs.gather(-1, drafts[..., None])[..., 0]
     ok = (q > 0) & (u_accept * q <= p)
+    ok = _verified(ok, num_verified)
     accepted = ok.long().cumprod(-1).sum(-1)  # [bs]
+    limit = num_drafts if num_verified is None else num_verified - 1
     at = accepted[:, None, None].expand(bs, 1, vocab)
     p_next = target_probs.gather(1, at)[:, 0]  # [bs, V]
     # after all B-1 drafts there is no draft distribution: the bonus draws from p alone
     q_next = draft_probs.gather(1, at.clamp_max(num_drafts - 1))[:, 0]
-    q_next = torch.where((accepted < num_drafts)[:, None], q_next, 0.0)
+    q_next = torch.where((accepted < limit)[:, None], q_next, 0.0)
     residual = (p_next - q_next).clamp_min_(0)
     # p == q: a rejection has probability zero; should rounding produce one, draw from p
     residual = torch.where(residual.sum(-1, keepdim=True) > 0, residual, p_next)

@@ -63,6 +63,8 @@ Proposer = Callable[[list[Req], ForwardBatch], torch.Tensor]
 
 
 class DFlashWorker(RequestRowStaging):
+    logprob_refusal: str | None = None
+
     def __init__(self, target_config: ModelConfig, draft_config: ModelConfig,
                  server_args: ServerArgs, token_to_id: Callable[[str], int | None] | None = None):
         dc = DFlashConfig.from_hf_config(draft_config.hf_config, token_to_id=token_to_id,
@@ -95,7 +97,7 @@ class DFlashWorker(RequestRowStaging):
         draft_runner.model.set_target_modules(
             self.target_runner.model.get_input_embeddings(), self.target_runner.model.lm_head_weight
         )
-        self.block_size = b = server_args.speculative_num_draft_tokens or dc.block_size
+        self.block_size = b = self._num_verify_tokens(server_args, dc)
         self.mask_token_id = dc.mask_token_id
         self.tokens_per_req = b
         self.propose: Proposer = self._graph_proposals
@@ -108,22 +110,13 @@ class DFlashWorker(RequestRowStaging):
         self.sampling_rows = SamplingRows(rows, target_config.hf_config.vocab_size, device)
         self.penalty_rows = PenaltyRows(rows, target_config.hf_config.vocab_size, device)
         self.readback = HostReadback(device)
-        # Epilogue outputs, row prefixes per batch; borrowed until the runner's next forward.
-        self._drafts = torch.zeros((rows, b - 1), dtype=torch.int64, device=device)
-        # what sampled drafts were drawn from, `[rows, B-1, vocab]`, for the rejection test
-        self._draft_probs = torch.zeros((rows, b - 1, vocab), dtype=torch.float32,
-                                        device=device)
-        # `[rows, 1 + B]` per step request: accepted drafts, then the new tokens; a mixed
-        # step's readback adds its arrivals' first tokens in the rows after (`mixed`)
-        self._verdicts = torch.zeros((rows, b + 1), dtype=torch.int64, device=device)
-        verify, block = ForwardMode.TARGET_VERIFY, ForwardMode.DRAFT_BLOCK
+        self._init_step_storage(rows, vocab, device)
+        block = ForwardMode.DRAFT_BLOCK
         # What the target's verify forwards run besides the model, inside their graphs
         # (bench_graph_memory.py captures them too): the prologue (`[anchor, drafts]` from
         # `_drafts`), the commit + acceptance epilogue and its rejection-sampling tail, the
         # streamed projection.
-        self.verify_parts = ForwardParts(
-            verify, b, StepPrologue(block_tokens=lambda bs: self._drafts[:bs]),
-            Epilogue(verify, self._verify_epilogue, self._verify_sampling), self.streamed_aux)
+        self.verify_parts = self._verify_parts()
         forwards = [self.verify_parts,
                     # prefills commit the prompt's draft context in their own forward
                     ForwardParts(ForwardMode.EXTEND,
@@ -139,8 +132,35 @@ class DFlashWorker(RequestRowStaging):
                                          self.streamed_aux))
         self.target_runner.init_forwards(*forwards)
         draft_runner.init_forwards(ForwardParts(
-            block, b, StepPrologue(fill_token_id=self.mask_token_id),
+            block, self.draft_width, StepPrologue(fill_token_id=self.mask_token_id),
             Epilogue(block, self._draft_epilogue, self._draft_sampling)))
+
+    def _num_verify_tokens(self, server_args: ServerArgs, dc: DFlashConfig) -> int:
+        """Tokens a request verifies per step: DFlash's block, `[anchor, B-1 drafts]`."""
+        return server_args.speculative_num_draft_tokens or dc.block_size
+
+    @property
+    def draft_width(self) -> int:
+        """Tokens per request of a draft forward: DFlash drafts over the verify block."""
+        return self.block_size
+
+    def _init_step_storage(self, rows: int, vocab: int, device: torch.device) -> None:
+        """The epilogues' outputs, row prefixes per batch; borrowed until the runner's next
+        forward."""
+        b = self.block_size
+        self._drafts = torch.zeros((rows, b - 1), dtype=torch.int64, device=device)
+        # what sampled drafts were drawn from, `[rows, B-1, vocab]`, for the rejection test
+        self._draft_probs = torch.zeros((rows, b - 1, vocab), dtype=torch.float32,
+                                        device=device)
+        # `[rows, 1 + B]` per step request: accepted drafts, then the new tokens; a mixed
+        # step's readback adds its arrivals' first tokens in the rows after (`mixed`)
+        self._verdicts = torch.zeros((rows, b + 1), dtype=torch.int64, device=device)
+
+    def _verify_parts(self) -> ForwardParts:
+        verify = ForwardMode.TARGET_VERIFY
+        return ForwardParts(
+            verify, self.block_size, StepPrologue(block_tokens=lambda bs: self._drafts[:bs]),
+            Epilogue(verify, self._verify_epilogue, self._verify_sampling), self.streamed_aux)
 
     @property
     def model_runner(self) -> ModelRunner:
@@ -279,7 +299,7 @@ class DFlashWorker(RequestRowStaging):
         samples (known on the host: only then do the epilogues' sampling steps run)."""
         has_sampling = not all(r.sampling_params.is_greedy for r in reqs)
         draft_fb = self.draft_runner.prepare(step_inputs(reqs, ForwardMode.DRAFT_BLOCK,
-                                                         self.block_size))
+                                                         self.draft_width))
         draft_fb.has_sampling = has_sampling
         self.draft_runner.forward(draft_fb)  # proposals in `_drafts[:bs]`
         drafts = self.propose(reqs, draft_fb)
@@ -290,7 +310,7 @@ class DFlashWorker(RequestRowStaging):
     def _verified(self, req: Req, row: list[int]) -> list[int]:
         """One request's verdict row: the anchor and the accepted drafts are now KV."""
         req.kv_len += row[0] + 1
-        req.record_spec_verify(row[0], self.block_size)
+        req.record_spec_verify(row[0], self.block_size, self.block_size)
         return row[1 : row[0] + 2]
 
     def commit_draft_context(self, aux: torch.Tensor | AuxProjection, positions: torch.Tensor,
@@ -313,6 +333,10 @@ class DFlashWorker(RequestRowStaging):
         """Inside the TARGET_VERIFY graph: consume the aux rows (or the streamed projection)
         the forward just wrote, and accept greedily (`_verdicts[:bs]`)."""
         self.commit_draft_context(_aux_of(fb, out), fb.positions, fb.out_cache_loc)
+        self._accept_verified(fb, out)
+
+    def _accept_verified(self, fb: ForwardBatch, out: LogitsProcessorOutput) -> None:
+        """Greedy acceptance of a verify forward's blocks into `_verdicts`."""
         bs = fb.batch_size
         self._accept_greedy(bs, fb.input_ids.view(bs, -1)[:, 1:], out.next_token_logits)
 
@@ -337,17 +361,20 @@ class DFlashWorker(RequestRowStaging):
                                fb.req_pool_indices, out.next_token_logits)
 
     def _rejection_sample(self, bs: int, drafts: torch.Tensor, positions: torch.Tensor,
-                          rows: torch.Tensor, logits: torch.Tensor, min_p: bool = False) -> None:
+                          rows: torch.Tensor, logits: torch.Tensor, min_p: bool = False,
+                          num_verified: torch.Tensor | None = None) -> None:
         """Lossless rejection sampling of `bs` blocks' drafts `[bs, B-1]` (block positions
         `[bs, B]`, logits `[bs * B, vocab]`) against `_draft_probs[:bs]`; greedy requests keep
-        their greedy verdicts. `min_p`: a request may set it (known on the host)."""
+        their greedy verdicts. `min_p`: a request may set it (known on the host);
+        `num_verified` `[bs]`: block tokens each request verified (`rejection_verify`)."""
         b = self.block_size
         params = self.sampling_rows.gather(rows, min_p)
         p = sampling_probs(logits, params.repeat_interleave(b)).view(bs, b, -1)
         seed = params.seed[:, None]
         sampled = rejection_verify(drafts, self._draft_probs[:bs], p,
                                    uniform(seed, positions[:, 1:], Lane.ACCEPT),
-                                   uniform(seed, positions + 1, Lane.RESIDUAL)).packed()
+                                   uniform(seed, positions + 1, Lane.RESIDUAL),
+                                   num_verified).packed()
         verdicts = self._verdicts[:bs]
         verdicts.copy_(torch.where(params.is_greedy[:, None], verdicts, sampled))
 

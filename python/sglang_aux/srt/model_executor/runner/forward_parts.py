@@ -3,6 +3,12 @@
 A runner's workers register one `ForwardParts` per mode they run (`ModelRunner.init_forwards`):
 how many tokens each stepping request holds, the prologue that derives a step's inputs from
 its rows, the epilogue that consumes the outputs, and the streamed projection the model feeds.
+
+A ragged step (`ragged`, DSpark's compact verify) gives each request its own token count, at
+most `tokens_per_req`, chosen on the device: its forwards are token-major, one pseudo-request
+per token (a layout of width 1 whose `step_bs` is the token count), and its graphs are
+captured per token bucket (`capture_sizes.ragged_token_buckets`); `RaggedStepPrologue`
+spreads the requests over the tokens.
 """
 
 from __future__ import annotations
@@ -39,6 +45,12 @@ class ForwardParts:
     # EXTEND: prefills of at least this many tokens bring their own staged projection
     # (`ForwardInputs.aux_projection`), so the aux storage needs no rows for them
     staged_from_tokens: int | None = None
+    ragged: bool = False  # token-major steps of per-request lengths up to tokens_per_req
+
+    @property
+    def layout_width(self) -> int:
+        """Tokens per stepping entry of this mode's layouts: 1 for a ragged step."""
+        return 1 if self.ragged and self.tokens_per_req else self.tokens_per_req
 
     def __post_init__(self):
         if self.epilogue is not None and self.epilogue.mode != self.mode:
@@ -52,3 +64,5 @@ class ForwardParts:
                                                     or self.staged_from_tokens < 1):
             raise ValueError(f"staged projections start at a positive size of an EXTEND "
                              f"forward, got {self.staged_from_tokens} for {self.mode.name}")
+        if self.ragged and not self.mode.is_cuda_graph():
+            raise ValueError(f"only step modes run ragged, not {self.mode.name}")

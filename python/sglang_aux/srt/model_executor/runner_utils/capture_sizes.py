@@ -29,6 +29,13 @@ def get_capture_bs(
     return sorted({bs for bs in base if bs <= max_bs} | {max_bs})
 
 
+def ragged_token_buckets(*, max_bs: int, tokens_per_req: int) -> list[int]:
+    """Token counts a ragged step's graphs are captured for (DSpark's compact verify): the
+    speculative batch-size list read as token counts, up to `max_bs` requests of
+    `tokens_per_req` tokens each; a step pads its tokens to the next bucket."""
+    return get_capture_bs(max_bs=max_bs * tokens_per_req, speculative=True)
+
+
 # About 1.5x apart: a prefill pads to the next size, so at most a third of a graph's tokens
 # are padding.
 _PREFILL_TOKENS = [16, 32, 64, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096,

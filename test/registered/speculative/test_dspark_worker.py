@@ -1,0 +1,323 @@
+"""DSpark end to end on CPU (issue 30): greedy DSpark equals target-only token for token on
+the three tiny targets, static and compact verify, overlap on and off, through every captured
+graph size and a padded one; compact lengths within the budget, 1..gamma + 1 and the token
+buckets in a served run; acceptance exact under known proposals (at most `lens - 1` drafts);
+mixed steps; the aux gating and storage; the refusals (logprobs, bad flags, bad drafts)."""
+
+import json
+import os
+import shutil
+import sys
+from contextlib import contextmanager
+
+import pytest
+import torch
+
+from sglang_aux.srt.configs.model_config import ModelConfig
+from sglang_aux.srt.configs.speculative_algorithm import SpeculativeAlgorithm
+from sglang_aux.srt.entrypoints.engine import Engine
+from sglang_aux.srt.model_executor.runner_utils.aux_storage import (
+    resolve_aux_hidden_states_width,
+)
+from sglang_aux.srt.model_loader.loader import get_model
+from sglang_aux.srt.server_args import RAGGED_VERIFY_MODE_ENV
+from sglang_aux.test.ci.ci_register import register_cpu_ci
+from sglang_aux.test.runtime_utils import assert_kv_all_back, assert_spec_counts, tiny_checkpoint
+
+register_cpu_ci(est_time=150, suite="default")
+
+PAIRS = {"tiny-llama": "tiny-llama-dspark", "tiny-qwen3": "tiny-qwen3-dspark",
+         "tiny-k3": "tiny-k3-dspark"}
+PROMPTS = ["Hi", "The quick brown fox jumps over", "12 + 30 =", "Natalia sold clips to 48 of"]
+GREEDY = {"temperature": 0, "ignore_eos": True}
+# requests end one after another: the batch steps at 4, 3 (padded to 4), 2 and 1
+STAGGERED = [dict(GREEDY, max_new_tokens=n) for n in (26, 19, 12, 6)]
+CAPTURED = [1, 2, 4]
+COMMON = dict(device="cpu", max_total_tokens=4096, cuda_graph_bs_decode=CAPTURED,
+              max_running_requests=4)
+
+
+@pytest.fixture(scope="module")
+def ckpts(tmp_path_factory):
+    root = tmp_path_factory.mktemp("ckpt")
+    names = {p for pair in PAIRS.items() for p in pair} | {"tiny-llama-dflash"}
+    return {p: tiny_checkpoint(p, root) for p in names}
+
+
+@pytest.fixture(scope="module")
+def target_only(ckpts):
+    return {t: Engine(model_path=ckpts[t], **COMMON).generate(PROMPTS, STAGGERED)
+            for t in PAIRS}
+
+
+@contextmanager
+def _verify_mode(mode: str):
+    old = os.environ.get(RAGGED_VERIFY_MODE_ENV)
+    os.environ[RAGGED_VERIFY_MODE_ENV] = mode
+    try:
+        yield
+    finally:
+        if old is None:
+            del os.environ[RAGGED_VERIFY_MODE_ENV]
+        else:
+            os.environ[RAGGED_VERIFY_MODE_ENV] = old
+
+
+def _dspark(ckpts, target="tiny-llama", mode="static", **kw) -> Engine:
+    with _verify_mode(mode):
+        return Engine(model_path=ckpts[target], speculative_algorithm="DSPARK",
+                      speculative_draft_model_path=ckpts[PAIRS[target]], **{**COMMON, **kw})
+
+
+def _record_forwards(runner) -> list[tuple[int, int | None]]:
+    """(batch size, the graph it replayed or None) of every forward of the runner's step mode
+    from now on."""
+    seen, forward = [], runner.forward
+
+    def record(fb):
+        if fb.forward_mode.is_cuda_graph():
+            seen.append((fb.batch_size, fb.prepared_graph))
+        return forward(fb)
+
+    runner.forward = record
+    return seen
+
+
+@pytest.mark.parametrize("target", list(PAIRS))
+@pytest.mark.parametrize("mode", ["static", "compact"])
+@pytest.mark.parametrize("overlap", [False, True])
+def test_greedy_dspark_equals_target_only(ckpts, target_only, target, mode, overlap):
+    engine = _dspark(ckpts, target, mode, disable_overlap_schedule=not overlap)
+    worker = engine.worker
+    drafts, verifies = (_record_forwards(worker.draft_runner),
+                        _record_forwards(worker.target_runner))
+    outs = engine.generate(PROMPTS, STAGGERED)
+    b = worker.block_size
+    assert b == worker.gamma + 1 == 4
+    for ref, out in zip(target_only[target], outs, strict=True):
+        assert out["output_ids"] == ref["output_ids"]
+        m = out["meta_info"]
+        assert_spec_counts(m, b)
+        if mode == "static":
+            assert m["spec_verify_tokens"] == b * m["spec_verify_ct"]
+        else:
+            assert m["spec_verify_ct"] <= m["spec_verify_tokens"] < b * m["spec_verify_ct"]
+    # the draft's graphs: every captured size and a padded batch of 3
+    assert all(g is not None for _, g in drafts)
+    assert {bs for bs, _ in drafts} == {1, 2, 3, 4}
+    assert {g for _, g in drafts} == set(range(len(CAPTURED)))
+    assert all(g is not None for _, g in verifies)
+    graphs = worker.target_runner.step_graphs
+    if mode == "static":
+        assert {g for _, g in verifies} == set(range(len(CAPTURED)))
+    else:  # token buckets: several, each a captured layout
+        assert graphs.layouts[-1].step_bs == CAPTURED[-1] * b
+        assert len({g for _, g in verifies}) > 2
+    assert_kv_all_back(engine)
+
+
+@pytest.mark.parametrize("variant", [dict(speculative_dflash_aux_projection="streamed"),
+                                     dict(disable_shared_aux_buffer=True),
+                                     dict(disable_decode_cuda_graph=True)])
+def test_compact_verify_on_every_aux_path(ckpts, target_only, variant):
+    """Compact verify's ragged forwards through the streamed projection, per-forward aux
+    outputs and eager steps: greedy output still equals target-only."""
+    engine = _dspark(ckpts, "tiny-k3", "compact", **variant)
+    outs = engine.generate(PROMPTS, STAGGERED)
+    assert [o["output_ids"] for o in outs] == [o["output_ids"] for o in target_only["tiny-k3"]]
+    assert_kv_all_back(engine)
+
+
+@pytest.mark.parametrize("align,sampled", [(False, False), (True, False), (False, True)])
+def test_compact_lengths_respect_budget_bounds_and_buckets(ckpts, align, sampled):
+    """Every step's lengths: 1..gamma + 1, the budget spent (to the bucket with `align`), the
+    bucket captured; no request accepts more than its verified drafts, greedy or sampled
+    (`test_dflash_sampling_law.py` holds the cap where drafts are often accepted)."""
+    frac = 0.5
+    engine = _dspark(ckpts, mode="compact", dspark_verify_budget_frac=frac,
+                     speculative_dspark_align_verify_tokens_to_graph_tier=align)
+    worker = engine.worker
+    gamma, b = worker.gamma, worker.block_size
+    buckets = [x.step_bs for x in worker.target_runner.step_graphs.layouts]
+    plans, verdicts = [], []
+    plan, verified = worker._plan_verify, worker._verified
+
+    def recording_plan(bs, every_token):
+        n = plan(bs, every_token)
+        plans.append((bs, n, worker._verify_lens[:n].tolist()))
+        return n
+
+    def recording_verified(req, row):
+        verdicts.append((row[0], row[-1]))
+        return verified(req, row)
+
+    worker._plan_verify, worker._verified = recording_plan, recording_verified
+    params = [dict(p, temperature=1.0, seed=i) if sampled else p
+              for i, p in enumerate(STAGGERED)]
+    outs = engine.generate(PROMPTS, params)
+    assert plans and len({n for _, n, _ in plans}) > 1
+    for bs, n, lens in plans:
+        live, rest = lens[:bs], lens[bs:]
+        assert n in buckets and all(1 <= x <= b for x in live) and not any(rest)
+        take = min(bs * gamma, round(frac * bs * gamma))
+        if align:
+            take = min(n - bs, bs * gamma)
+        # random confidences are far above the survival floor: the budget is spent whole
+        assert sum(live) == bs + take <= n, (bs, n, lens)
+    assert all(0 <= accepted <= length - 1 for accepted, length in verdicts)
+    assert sum(o["meta_info"]["spec_verify_tokens"] for o in outs) == sum(
+        length for _, length in verdicts)
+    assert_kv_all_back(engine)
+
+
+def test_compact_batches_past_the_largest_bucket_run_eagerly(ckpts):
+    """More requests than the largest verify graph takes: the step runs eagerly with exactly
+    its budget's tokens, and greedy output still equals target-only."""
+    prompts = PROMPTS * 2
+    common = dict(COMMON, max_running_requests=8)
+    ref = Engine(model_path=ckpts["tiny-llama"], **common).generate(prompts, STAGGERED * 2)
+    engine = _dspark(ckpts, mode="compact", **common)
+    worker = engine.worker
+    largest = worker.target_runner.step_graphs.layouts[-1].step_bs
+    verifies = _record_forwards(worker.target_runner)
+    outs = engine.generate(prompts, STAGGERED * 2)
+    assert [o["output_ids"] for o in outs] == [o["output_ids"] for o in ref]
+    eager = [bs for bs, g in verifies if g is None]
+    assert eager and all(n > largest for n in eager)
+    assert all(g is not None for bs, g in verifies if bs <= largest)
+    assert_kv_all_back(engine)
+
+
+def _oracle(worker, references: dict[str, list[int]]):
+    """Proposals read from the target-only output."""
+    gamma = worker.gamma
+
+    def propose(reqs, fb):
+        rows = []
+        for r in reqs:
+            n = len(r.output_ids)
+            rows.append((references[r.rid][n : n + gamma] + [0] * gamma)[:gamma])
+        return torch.tensor(rows, device=fb.input_ids.device)
+
+    return propose
+
+
+@pytest.mark.parametrize("mode", ["static", "compact"])
+def test_acceptance_under_known_proposals(ckpts, mode):
+    """Every proposal right: static accepts all gamma, compact exactly `lens - 1` (the bonus
+    comes from the row after the last verified draft)."""
+    engine = _dspark(ckpts, mode=mode, disable_overlap_schedule=True)
+    worker = engine.worker
+    params = dict(GREEDY, max_new_tokens=1 + 4 * worker.block_size)
+    # references past the end: a compact step's drafts may reach beyond max_new_tokens
+    refs = engine.generate(PROMPTS, dict(params, max_new_tokens=3 * params["max_new_tokens"]))
+    by_rid = {f"req-{i + len(PROMPTS)}": r["output_ids"] for i, r in enumerate(refs)}
+    worker.propose = _oracle(worker, by_rid)
+    rows, verified = [], worker._verified
+
+    def recording(req, row):
+        rows.append(row)
+        return verified(req, row)
+
+    worker._verified = recording
+    outs = engine.generate(PROMPTS, params)
+    for ref, out in zip(refs, outs, strict=True):
+        assert out["output_ids"] == ref["output_ids"][: params["max_new_tokens"]]
+    assert rows
+    for row in rows:
+        want = worker.gamma if mode == "static" else row[-1] - 1
+        assert row[0] == want, row
+    if mode == "compact":
+        assert len({row[-1] for row in rows}) > 1, "lengths should vary with confidence"
+    assert_kv_all_back(engine)
+
+
+def test_mixed_steps_equal_target_only(ckpts):
+    prompts = PROMPTS + ["x", "What is the capital of France?", "Once upon a time"]
+    params = dict(GREEDY, max_new_tokens=10)
+    common = dict(COMMON, max_running_requests=3, cuda_graph_bs_decode=[1, 2, 3],
+                  cuda_graph_tokens_prefill=[16, 32, 64], cuda_graph_max_bs_prefill=2,
+                  enable_mixed_chunk=True, mixed_chunk_max_prefill_tokens=16)
+    ref = Engine(model_path=ckpts["tiny-llama"], **common).generate(prompts, params)
+    engine = _dspark(ckpts, **common)
+    mixed = []
+    orig = engine.worker.mixed
+
+    def counting(*a, **kw):
+        mixed.append(1)
+        return orig(*a, **kw)
+
+    engine.worker.mixed = counting
+    outs = engine.generate(prompts, params)
+    assert mixed, "no mixed step ran"
+    assert [o["output_ids"] for o in outs] == [o["output_ids"] for o in ref]
+    assert_kv_all_back(engine)
+
+
+def test_dspark_targets_share_the_aux_storage(ckpts):
+    config = ModelConfig.from_pretrained(ckpts["tiny-llama"])
+    model = get_model(config, "cpu")
+    model.set_dflash_layers_to_capture([0, 1])
+    dspark = SpeculativeAlgorithm.DSPARK
+    assert dspark.is_dflash_family()
+    width = resolve_aux_hidden_states_width(model=model, spec_algorithm=dspark,
+                                            is_draft_worker=False)
+    assert width == 2 * config.hf_config.hidden_size
+    assert resolve_aux_hidden_states_width(model=model, spec_algorithm=dspark,
+                                           is_draft_worker=True) == 0
+    for mode in ("static", "compact"):
+        worker = _dspark(ckpts, "tiny-k3", mode).worker
+        storage = worker.target_runner.aux_storage
+        assert storage is not None and worker.draft_runner.aux_storage is None
+        graphs = worker.target_runner.step_graphs
+        # every verify graph (a batch size, or a token bucket) writes a row view of it
+        for layout, static in zip(graphs.layouts, graphs.static, strict=True):
+            rows = static.aux_hidden_states_buffer
+            assert rows.data_ptr() == storage.buffer.data_ptr()
+            assert rows.shape[0] == layout.num_tokens
+        assert storage.buffer.shape[0] >= graphs.layouts[-1].num_tokens
+
+
+def test_dspark_refuses_logprobs(ckpts):
+    engine = _dspark(ckpts)
+    with pytest.raises(ValueError, match="return_logprob"):
+        engine.generate(PROMPTS[0], dict(GREEDY, max_new_tokens=4), return_logprob=True)
+    out = engine.generate(PROMPTS[0], dict(GREEDY, max_new_tokens=4))  # still serving
+    assert out["meta_info"]["completion_tokens"] == 4
+
+
+def test_dspark_start_errors(ckpts, tmp_path):
+    t = ckpts["tiny-llama"]
+    with pytest.raises(ValueError, match="markov_rank"):
+        Engine(model_path=t, speculative_algorithm="DSPARK",
+               speculative_draft_model_path=ckpts["tiny-llama-dflash"], **COMMON)
+    with pytest.raises(ValueError, match="pipeline"):
+        _dspark(ckpts, pp_size=2)
+    with pytest.raises(ValueError, match="dspark-block-size \\+ 1"):
+        _dspark(ckpts, speculative_dspark_block_size=3, speculative_num_draft_tokens=5)
+    with pytest.raises(ValueError, match="DFlash's"):
+        _dspark(ckpts, speculative_dflash_block_size=4)
+    with pytest.raises(ValueError, match="enable-mixed-chunk"):
+        _dspark(ckpts, mode="compact", enable_mixed_chunk=True)
+    with pytest.raises(ValueError, match="cap-accept"):
+        _dspark(ckpts, mode="cap-accept")
+    headless = tmp_path / "headless"
+    shutil.copytree(ckpts["tiny-llama-dspark"], headless)
+    cfg = json.loads((headless / "config.json").read_text())
+    cfg["enable_confidence_head"] = False
+    (headless / "config.json").write_text(json.dumps(cfg))
+    with _verify_mode("compact"), pytest.raises(ValueError, match="confidence head"):
+        Engine(model_path=t, speculative_algorithm="DSPARK",
+               speculative_draft_model_path=str(headless), **COMMON)
+    # the flag overrides the checkpoint's gamma; static verify runs without the head
+    engine = Engine(model_path=t, speculative_algorithm="DSPARK",
+                    speculative_draft_model_path=str(headless),
+                    speculative_dspark_block_size=5, **COMMON)
+    assert engine.worker.block_size == 6 == engine.worker.draft_runner.model.gamma + 1
+    assert engine.worker.target_runner.step_graphs.layouts[0].tokens_per_req == 6
+    out = engine.generate(PROMPTS[1], dict(GREEDY, max_new_tokens=8))
+    assert out["meta_info"]["spec_accept_histogram"].__len__() == 6
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-q"]))
