@@ -23,10 +23,12 @@ CACHE_ENTRIES = 256  # compiled grammars kept; the oldest finished one goes firs
 
 class GrammarBackend:
     def __init__(self, vocab: Callable[[], list[bytes]], vocab_size: int,
-                 stop_token_ids: Iterable[int]):
+                 stop_token_ids: Iterable[int], any_whitespace: bool = True):
         """`vocab()`: every token's bytes, b"" for special tokens (never matched by a
         grammar); `vocab_size`: the logits' width (ids past the vocabulary are never
-        allowed); `stop_token_ids`: what ends a grammar (EOS)."""
+        allowed); `stop_token_ids`: what ends a grammar (EOS); `any_whitespace`: JSON
+        schemas allow optional whitespace (SGLang's default)."""
+        self.any_whitespace = any_whitespace
         self._vocab = vocab
         self.vocab_size = vocab_size
         self._stop_token_ids = sorted(stop_token_ids)
@@ -54,7 +56,7 @@ class GrammarBackend:
                                          vocab_size=self.vocab_size,
                                          stop_token_ids=self._stop_token_ids)
                 self._compiler = xgr.GrammarCompiler(info, max_threads=1, cache_enabled=False)
-        return self._compiler.compile_grammar(to_grammar(key))
+        return self._compiler.compile_grammar(to_grammar(key, self.any_whitespace))
 
     def new_grammar(self, compiled: Any, output_ids: list[int]) -> RequestGrammar:
         """A request's own matcher at the start of `compiled`, advanced by its output so far;

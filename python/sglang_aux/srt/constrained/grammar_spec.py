@@ -32,14 +32,15 @@ def load_xgrammar() -> ModuleType:
     return xgrammar
 
 
-def to_grammar(key: GrammarKey) -> Any:
+def to_grammar(key: GrammarKey, any_whitespace: bool = True) -> Any:
     """xgrammar's `Grammar` of `key`; ValueError naming the field when its text is not a valid
-    grammar of that kind."""
+    grammar of that kind. `any_whitespace`: a JSON schema allows whitespace between tokens
+    (else compact JSON)."""
     xgr = load_xgrammar()
     field, text = key
     try:
         if field == "json_schema":
-            return xgr.Grammar.from_json_schema(text)
+            return xgr.Grammar.from_json_schema(text, any_whitespace=any_whitespace)
         if field == "regex":
             return xgr.Grammar.from_regex(text)
         if field == "ebnf":

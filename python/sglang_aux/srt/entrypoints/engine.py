@@ -52,8 +52,9 @@ class Engine:
             if args.enable_concurrent_prefill else None,
             mixed_limits=self.worker.model_runner.mixed_limits(),
             chunked_prefill_size=args.resolved_chunked_prefill_size(),
-            grammar_backend=GrammarBackend(self.tokenizer.vocab_bytes,
-                                           self.model_config.hf_config.vocab_size, eos_ids),
+            grammar_backend=GrammarBackend(
+                self.tokenizer.vocab_bytes, self.model_config.hf_config.vocab_size, eos_ids,
+                any_whitespace=not args.constrained_json_disable_any_whitespace),
         )
         self.requests = RequestFactory(self.tokenizer, self.scheduler.limits,
                                        self.model_config.hf_config.vocab_size, args.random_seed)

@@ -54,7 +54,6 @@ _OPENAI_UNSUPPORTED = {
         "bootstrap_host", "bootstrap_port", "bootstrap_room", "routed_dp_rank",
         "data_parallel_rank", "disagg_prefill_dp_rank")},
     "images_config": None, "mm_processor_kwargs": None, "logit_bias": None,
-    "json_schema": None, "regex": None, "ebnf": None, "response_format": None,
     "return_cached_tokens_details": False, "return_spec_tokens_details": False,
     "return_token_ids": False,
 }
@@ -80,7 +79,8 @@ CHAT_NO_EFFECT = _OPENAI_NO_EFFECT | {
     "return_flat_raw_top_logprobs_b64",
 }
 
-# `response_format` values that ask for nothing beyond plain text
+# `response_format` values that ask for nothing beyond plain text (others ask for a grammar:
+# `protocol.response_format_grammar`)
 PLAIN_RESPONSE_FORMATS = ({"type": "text"},)
 
 
