@@ -6,12 +6,9 @@ penalties, min_p and sampling. The pieces below them: the grammar check, the bit
 block masks a DFlash verify uses, the compiled-grammar cache, and a compile that does not
 stall the running batch."""
 
-import json
-import re
 import sys
 import threading
 
-import jsonschema
 import pytest
 import torch
 
@@ -19,6 +16,7 @@ from sglang_aux.srt.entrypoints.engine import Engine
 from sglang_aux.srt.model_loader.tokenizer import Tokenizer
 from sglang_aux.srt.sampling.sampling_params import SamplingParams
 from sglang_aux.test.ci.ci_register import register_cpu_ci
+from sglang_aux.test.grammar_cases import EBNF, GRAMMARS, REGEX, SCHEMA, check_output
 from sglang_aux.test.runtime_utils import assert_kv_all_back, tiny_checkpoint
 
 register_cpu_ci(est_time=60, suite="default")
@@ -33,30 +31,9 @@ from sglang_aux.srt.constrained.token_bitmask import (  # noqa: E402
     is_allowed,
 )
 
-REGEX = r"[0-9]{3}-(yes|no)"
-# bounded fields: a random model ends them only where the grammar forces it to
-SCHEMA = {"type": "object",
-          "properties": {"name": {"type": "string", "pattern": "[a-z]{1,6}"},
-                         "age": {"type": "integer", "minimum": 0, "maximum": 150}},
-          "required": ["name", "age"], "additionalProperties": False}
-EBNF = 'root ::= "a" ("b" | "c")+ "d"'
 PROMPTS = ["Hi", "The quick brown fox", "x", "12 + 30 =", "What is the capital of France?"]
 COMMON = dict(device="cpu", dtype="float32", max_total_tokens=8192, max_running_requests=8,
               cuda_graph_bs_decode=[1, 2, 4, 8])
-
-
-def _grammars() -> list[dict]:
-    return [{"regex": REGEX}, {"json_schema": json.dumps(SCHEMA)}, {"ebnf": EBNF}]
-
-
-def check_output(params: dict, text: str) -> None:
-    """`text` is a whole sentence of the request's grammar."""
-    if "regex" in params:
-        assert re.fullmatch(params["regex"], text), text
-    elif "json_schema" in params:
-        jsonschema.validate(json.loads(text), json.loads(params["json_schema"]))
-    elif "ebnf" in params:
-        assert re.fullmatch(r"a[bc]+d", text), text
 
 
 @pytest.fixture(scope="module")
@@ -82,7 +59,7 @@ def engines(ckpts):
 
 def _batch(extra: dict) -> list[dict]:
     """Each grammar, then a request without one, all with `extra`."""
-    return [{"max_new_tokens": 96, **g, **extra} for g in _grammars()] + [
+    return [{"max_new_tokens": 96, **g, **extra} for g in GRAMMARS] + [
         {"max_new_tokens": 24, "ignore_eos": True, **extra}]
 
 

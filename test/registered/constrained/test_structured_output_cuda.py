@@ -3,16 +3,14 @@ target-only with the same grammar token for token (fp32; the masks are applied t
 the graphs leave, the verify's by `_verify_processed`), every output follows its grammar,
 and batches mix grammar and plain requests at captured and padded sizes."""
 
-import json
-import re
 import sys
 
-import jsonschema
 import pytest
 import torch
 
 from sglang_aux.srt.entrypoints.engine import Engine
 from sglang_aux.test.ci.ci_register import register_cuda_ci
+from sglang_aux.test.grammar_cases import GRAMMARS, check_output
 from sglang_aux.test.runtime_utils import tiny_checkpoint
 
 register_cuda_ci(est_time=50, suite="default")
@@ -20,23 +18,8 @@ register_cuda_ci(est_time=50, suite="default")
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 pytest.importorskip("xgrammar", reason="structured output needs xgrammar ([grammar] extra)")
 
-REGEX = r"[0-9]{3}-(yes|no)"
-SCHEMA = {"type": "object",
-          "properties": {"name": {"type": "string", "pattern": "[a-z]{1,6}"},
-                         "age": {"type": "integer", "minimum": 0, "maximum": 150}},
-          "required": ["name", "age"], "additionalProperties": False}
-GRAMMARS = [{"regex": REGEX}, {"json_schema": json.dumps(SCHEMA)},
-            {"ebnf": 'root ::= "a" ("b" | "c")+ "d"'}, {}]
+GRAMMARS = [*GRAMMARS, {}]
 PROMPTS = ["Hi", "The quick brown fox", "x", "12 + 30 =", "What is", "Natalia sold", "y"]
-
-
-def _check(params: dict, text: str) -> None:
-    if "regex" in params:
-        assert re.fullmatch(params["regex"], text), text
-    elif "json_schema" in params:
-        jsonschema.validate(json.loads(text), SCHEMA)
-    elif "ebnf" in params:
-        assert re.fullmatch(r"a[bc]+d", text), text
 
 
 def test_greedy_grammar_dflash_equals_target_only_with_cuda_graphs(tmp_path):
@@ -55,7 +38,7 @@ def test_greedy_grammar_dflash_equals_target_only_with_cuda_graphs(tmp_path):
         got = spec.generate(PROMPTS[:bs], params)
         for p, w, g in zip(params, want, got, strict=True):
             assert g["output_ids"] == w["output_ids"]
-            _check(p, g["text"])
+            check_output(p, g["text"])
         assert sum(g["meta_info"]["spec_verify_ct"] for g in got) > 0
 
 

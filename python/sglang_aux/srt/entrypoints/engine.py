@@ -120,4 +120,5 @@ class Engine:
         return request_output(self.tokenizer, req, latency)
 
     def shutdown(self) -> None:
-        """Nothing runs in the background yet; kept for SGLang's Engine interface."""
+        """Stop the grammar compile threads (SGLang's Engine interface)."""
+        self.scheduler.grammar_backend.shutdown()

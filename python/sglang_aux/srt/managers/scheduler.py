@@ -48,6 +48,14 @@ each chunk (at most min(N, the mixed token budget)) rides in its step's MIXED fo
 its last one sampling the first token (as SGLang). Nothing waiting is admitted meanwhile (one
 chunked request at a time, as SGLang). Its kv_len counts every launched chunk, so an abort hands the
 prefix cache only positions whose target and draft K/V a launched forward writes.
+
+With structured output (`grammar_backend`), a request naming a grammar waits in
+`grammar_queue` while a pool thread compiles it, and joins `waiting` with a matcher of its own
+once compiled, so no step waits for a compile. The workers fill each step's token masks on the
+host from the matchers, which must have seen every emitted token: a step with a grammar
+request completes in the `step()` that launched it (no overlap lag for it; other steps keep
+theirs), and grammar requests never ride in a mixed forward. Each emitted token advances the
+request's matcher; one that accepted a stop token finishes the request (as SGLang).
 """
 
 from __future__ import annotations
