@@ -19,9 +19,9 @@ def bitmask_words(vocab_size: int) -> int:
 
 
 def allow_all(rows: int, vocab_size: int) -> torch.Tensor:
-    """A host bitmask `[rows, words]` that allows every token (pinned when CUDA can use it)."""
-    return torch.full((rows, bitmask_words(vocab_size)), ALLOW_ALL, dtype=torch.int32,
-                      pin_memory=torch.cuda.is_available())
+    """A host bitmask `[rows, words]` that allows every token. Pageable: xgrammar fills only
+    tensors whose DLPack device is the CPU, which a pinned one may not report."""
+    return torch.full((rows, bitmask_words(vocab_size)), ALLOW_ALL, dtype=torch.int32)
 
 
 def is_allowed(bitmask: torch.Tensor, row: int, token: int) -> bool:

@@ -59,7 +59,12 @@ class RequestRowStaging:
         grammar. Filled on the host from each matcher's state: the scheduler never leaves a
         step with a grammar request in flight (`Scheduler.step`)."""
         host = batch_bitmask([r.grammar for r in reqs], self.sampling_rows.vocab_size, drafts)
-        return None if host is None else host.to(self.sampling_rows.device, non_blocking=True)
+        if host is None:
+            return None
+        device = self.sampling_rows.device
+        if device.type == "cuda":  # pinned and non-blocking: a pageable copy would wait
+            return host.pin_memory().to(device, non_blocking=True)
+        return host.to(device)
 
 
 class ModelWorker(RequestRowStaging):
