@@ -77,6 +77,10 @@ def test_openai_response_format_json_schema(server):
                          "json_schema": {"name": "person", "schema": SCHEMA, "strict": True}})
     choice = whole.choices[0]
     assert choice.finish_reason == "stop"
+    text = _client(server).chat.completions.create(
+        model=MODEL, messages=MESSAGES, temperature=0, max_tokens=8,
+        response_format={"type": "text"})
+    assert text.choices[0].finish_reason == "length"  # plain text: no grammar ends it
     jsonschema.validate(json.loads(choice.message.content), SCHEMA)
 
 

@@ -72,13 +72,15 @@ RESPONSE_FORMAT_TYPES = ("text", "json_object", "json_schema", "structural_tag")
 ANY_JSON_OBJECT = '{"type": "object"}'  # what json_object asks for (as SGLang)
 
 
-def response_format_grammar(fmt: dict[str, Any]) -> tuple[str, str]:
-    """The native grammar field and text an OpenAI `response_format` asks for (`text` is
-    dropped before: `sglang_fields`); a 400 naming the part that is wrong."""
+def response_format_grammar(fmt: dict[str, Any]) -> tuple[str, str] | None:
+    """The native grammar field and text an OpenAI `response_format` asks for, None for
+    plain text; a 400 naming the part that is wrong."""
     kind = fmt.get("type")
-    if kind not in RESPONSE_FORMAT_TYPES[1:]:
+    if kind not in RESPONSE_FORMAT_TYPES:
         raise APIError(400, f"response_format.type must be one of "
                             f"{', '.join(RESPONSE_FORMAT_TYPES)}, got {kind!r}")
+    if kind == "text":
+        return None
     if kind == "json_object":
         return "json_schema", ANY_JSON_OBJECT
     if kind == "structural_tag":  # the whole object, as SGLang passes it on
@@ -257,8 +259,10 @@ class OpenAISamplingRequest(SGLangRequest):
                   "no_stop_trim": self.no_stop_trim, "ignore_eos": self.ignore_eos,
                   "skip_special_tokens": self.skip_special_tokens, "seed": self.seed,
                   "json_schema": self.json_schema, "regex": self.regex, "ebnf": self.ebnf}
-        if self.response_format is not None:
-            field, text = response_format_grammar(self.response_format)
+        grammar = None if self.response_format is None else response_format_grammar(
+            self.response_format)
+        if grammar is not None:
+            field, text = grammar
             if params.get(field) is not None:
                 raise APIError(400, f"give at most one of {field} and response_format")
             params[field] = text

@@ -79,17 +79,11 @@ CHAT_NO_EFFECT = _OPENAI_NO_EFFECT | {
     "return_flat_raw_top_logprobs_b64",
 }
 
-# `response_format` values that ask for nothing beyond plain text (others ask for a grammar:
-# `protocol.response_format_grammar`)
-PLAIN_RESPONSE_FORMATS = ({"type": "text"},)
-
 
 def drop_known_fields(body: dict, unsupported: dict[str, Any], no_effect: frozenset[str],
                       what: str) -> dict:
     """`body` without the fields of the two tables (ValueError naming a field given at a
     value this server does not implement)."""
     body = {k: v for k, v in body.items() if k not in no_effect}
-    if body.get("response_format") in PLAIN_RESPONSE_FORMATS:
-        del body["response_format"]
     refuse_unsupported(body, unsupported, what)
     return body
