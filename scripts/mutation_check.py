@@ -29,6 +29,7 @@ ENGINE_LAW = f"{T}/speculative/test_dflash_sampling_law.py"
 WORKER = f"{T}/speculative/test_dflash_worker.py"
 TAPS = f"{T}/compat/test_aux_taps_hf.py"
 PENALTIES = f"{T}/sampling/test_penalties.py"
+GRAMMAR = f"{T}/constrained/test_structured_output.py"
 # the worker's tests that read the draft context and the bookkeeping back (its greedy ones
 # start four engines first)
 CONTEXT = f"{WORKER}::test_aux_rows_consumed_before_next_target_forward"
@@ -77,6 +78,20 @@ MUTATIONS = [
              f"{SRT}/speculative/dspark_worker.py",
              "fb.input_ids.view(bs, gamma)[:, 0]", "fb.input_ids.view(bs, gamma)[:, 1]",
              (f"{ENGINE_LAW}::test_every_block_position_follows_the_target_law[DSPARK]",)),
+    # structured output (issue 28): block masks, their rollback, no overlap lag
+    Mutation("DFlash verify ignores the grammar masks",
+             f"{SRT}/speculative/dflash_worker.py",
+             "            apply_token_bitmask(processed, token_bitmask)",
+             "            pass", (GRAMMAR,)),
+    Mutation("block masks leave the matcher advanced along the drafts",
+             f"{SRT}/constrained/request_grammar.py",
+             "            self._matcher.rollback(walked)",
+             "            pass", (f"{GRAMMAR}::test_block_masks_walk_the_drafts_and_roll_back",)),
+    Mutation("a grammar step keeps the overlap lag",
+             f"{SRT}/managers/scheduler.py",
+             "lag = self.overlap and not any(r.grammar is not None for s in launched "
+             "for r in s.reqs)",
+             "lag = self.overlap", (GRAMMAR,)),
     # penalties and min_new_tokens inside a DFlash block (issue 28)
     Mutation("block position j does not count the drafts before it",
              f"{SRT}/sampling/penalties.py",

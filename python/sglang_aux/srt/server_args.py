@@ -109,6 +109,9 @@ class ServerArgs:
     # tokens, between the running batch's steps; <= 0 (SGLang's -1): off; None: SGLang's pick
     # for the device's memory (`resolved_chunked_prefill_size`)
     chunked_prefill_size: int | None = None
+    # SGLang's: JSON schemas compile without optional whitespace (compact JSON; a small model
+    # may otherwise wander in whitespace the grammar allows)
+    constrained_json_disable_any_whitespace: bool = False
     host: str = "127.0.0.1"
     port: int = 30000
     api_key: str | None = None
@@ -392,6 +395,9 @@ class ServerArgs:
                  "tokens, between the running batch's steps; -1 turns it off (default: "
                  "SGLang's pick for the GPU's memory: 2048 below 35 GiB, 8192 below 160 GiB, "
                  "else 16384; 4096 on CPU)")
+        add("--constrained-json-disable-any-whitespace", action="store_true",
+            help="compile json_schema (and response_format) grammars without optional "
+                 "whitespace: compact JSON")
         if serving:
             add("--host", default=d["host"], help="address to listen on")
             add("--port", type=int, default=d["port"], help="port to listen on")

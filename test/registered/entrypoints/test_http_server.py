@@ -52,7 +52,7 @@ BAD_CASES = [  # (path, JSON body or raw text, status, words in the reason)
     ("/v1/completions", {"prompt": "hi", "n": 2, "best_of": 1}, 400, "best_of"),
     ("/v1/completions", {"prompt": "hi", "no_such_field": 2}, 422, "no_such_field"),
     ("/generate", {"text": "hi", "lora_path": "x"}, 400, "lora_path"),
-    ("/generate", {"text": "hi", "sampling_params": {"regex": "a+"}}, 400, "regex"),
+    ("/generate", {"text": "hi", "sampling_params": {"regex": "(a+"}}, 400, "regex"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "tools": [{}]},
      400, "tools"),
     ("/v1/completions", {"prompt": ""}, 400, "empty"),

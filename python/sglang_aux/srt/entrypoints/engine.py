@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 
 from sglang_aux.srt.configs.speculative_algorithm import SpeculativeAlgorithm
+from sglang_aux.srt.constrained.grammar_backend import GrammarBackend
 from sglang_aux.srt.managers.model_worker import ModelWorker
 from sglang_aux.srt.managers.prefill_delayer import PrefillDelayer
 from sglang_aux.srt.managers.request_factory import RequestFactory
@@ -52,6 +53,9 @@ class Engine:
             if args.enable_concurrent_prefill else None,
             mixed_limits=self.worker.model_runner.mixed_limits(),
             chunked_prefill_size=args.resolved_chunked_prefill_size(),
+            grammar_backend=GrammarBackend(
+                self.tokenizer.vocab_bytes, self.model_config.hf_config.vocab_size, eos_ids,
+                any_whitespace=not args.constrained_json_disable_any_whitespace),
         )
         self.requests = RequestFactory(self.tokenizer, self.scheduler.limits,
                                        self.model_config.hf_config.vocab_size, args.random_seed)
@@ -117,4 +121,5 @@ class Engine:
         return request_output(self.tokenizer, req, latency)
 
     def shutdown(self) -> None:
-        """Nothing runs in the background yet; kept for SGLang's Engine interface."""
+        """Stop the grammar compile threads (SGLang's Engine interface)."""
+        self.scheduler.grammar_backend.shutdown()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from sglang_aux.srt.configs.model_config import ModelConfig
+from sglang_aux.srt.constrained.request_grammar import batch_bitmask
 from sglang_aux.srt.forward_state.forward_batch_info import CaptureHiddenMode, ForwardMode
 from sglang_aux.srt.managers.pending_step import PendingStep
 from sglang_aux.srt.managers.schedule_batch import (
@@ -46,9 +47,24 @@ class RequestRowStaging:
     def _sample(self, logits: torch.Tensor, reqs: list[Req], rows: torch.Tensor,
                 positions: torch.Tensor) -> torch.Tensor:
         """The next token of each request from its logits at `positions` (penalties,
-        min_new_tokens and its sampling parameters applied)."""
+        min_new_tokens, its grammar and its sampling parameters applied)."""
         return sample_next_tokens(self.sampling_rows, self.penalty_rows, logits,
-                                  [r.sampling_params for r in reqs], rows, positions)
+                                  [r.sampling_params for r in reqs], rows, positions,
+                                  self._token_bitmask(reqs))
+
+    def _token_bitmask(self, reqs: list[Req],
+                       drafts: list[list[int]] | None = None) -> torch.Tensor | None:
+        """The step's grammar masks (`batch_bitmask`: one row per request, or per block
+        position with `drafts`) in one copy to the device; None when no request has a
+        grammar. Filled on the host from each matcher's state: the scheduler never leaves a
+        step with a grammar request in flight (`Scheduler.step`)."""
+        host = batch_bitmask([r.grammar for r in reqs], self.sampling_rows.vocab_size, drafts)
+        if host is None:
+            return None
+        device = self.sampling_rows.device
+        if device.type == "cuda":  # pinned and non-blocking: a pageable copy would wait
+            return host.pin_memory().to(device, non_blocking=True)
+        return host.to(device)
 
 
 class ModelWorker(RequestRowStaging):

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from sglang_aux.srt.constrained.request_grammar import RequestGrammar
 from sglang_aux.srt.forward_state.forward_batch_info import (
     CaptureHiddenMode,
     ForwardBatch,
@@ -61,6 +62,8 @@ class Req:
     logprob: LogprobParams | None = None  # set: the request asks for logprobs
     input_logprobs: list[PositionLogprobs] = field(default_factory=list)  # from start_len
     output_logprobs: list[PositionLogprobs] = field(default_factory=list)  # per output token
+    # set at admission when its sampling params name a grammar (`Scheduler`)
+    grammar: RequestGrammar | None = field(default=None, repr=False)
 
     @property
     def seq_len(self) -> int:

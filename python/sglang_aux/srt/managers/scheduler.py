@@ -48,6 +48,14 @@ each chunk (at most min(N, the mixed token budget)) rides in its step's MIXED fo
 its last one sampling the first token (as SGLang). Nothing waiting is admitted meanwhile (one
 chunked request at a time, as SGLang). Its kv_len counts every launched chunk, so an abort hands the
 prefix cache only positions whose target and draft K/V a launched forward writes.
+
+With structured output (`grammar_backend`), a request naming a grammar waits in
+`grammar_queue` while a pool thread compiles it, and joins `waiting` with a matcher of its own
+once compiled, so no step waits for a compile. The workers fill each step's token masks on the
+host from the matchers, which must have seen every emitted token: a step with a grammar
+request completes in the `step()` that launched it (no overlap lag for it; other steps keep
+theirs), and grammar requests never ride in a mixed forward. Each emitted token advances the
+request's matcher; one that accepted a stop token finishes the request (as SGLang).
 """
 
 from __future__ import annotations
@@ -57,10 +65,12 @@ import os
 import time
 from collections import deque
 from collections.abc import Callable
+from concurrent.futures import FIRST_COMPLETED, Future, wait
 from typing import TYPE_CHECKING, Protocol
 
 import torch
 
+from sglang_aux.srt.constrained.grammar_backend import GrammarBackend
 from sglang_aux.srt.managers.finish_check import FinishCheck
 from sglang_aux.srt.managers.pending_step import PendingStep
 from sglang_aux.srt.managers.prefill_delayer import PrefillDelayer
@@ -77,6 +87,7 @@ logger = logging.getLogger(__name__)
 
 # "1": scheduler_stats carries max_step_peak_bytes (CUDA)
 STEP_PEAK_ENV = "SGLANG_AUX_RECORD_STEP_PEAK"
+GRAMMAR_WAIT_S = 0.05  # an idle step's wait for a grammar compile (no busy loop meanwhile)
 
 
 class Worker(Protocol):
@@ -116,7 +127,8 @@ class Scheduler:
                  prefill_graph_limits: tuple[int, int] | None = None,
                  side_stream: SideStream | None = None,
                  mixed_limits: tuple[int, int, int] | None = None,
-                 chunked_prefill_size: int | None = None):
+                 chunked_prefill_size: int | None = None,
+                 grammar_backend: GrammarBackend | None = None):
         self.worker = worker
         self.runner = runner = worker.model_runner
         self.req_to_token_pool = runner.req_to_token_pool
@@ -142,6 +154,10 @@ class Scheduler:
         # set: most new tokens one prefill step runs; a longer prompt is prefilled in chunks
         self.chunked_prefill_size = chunked_prefill_size
         self.chunked: Req | None = None  # admitted, mid chunked prefill, not running yet
+        # set: requests may ask for structured output; they wait in `grammar_queue` until
+        # their grammar is compiled (off this thread), then join `waiting`
+        self.grammar_backend = grammar_backend
+        self.grammar_queue: list[tuple[Req, Future]] = []
         self._decode_turn = False  # a chunk ran last: the running batch steps next
         self.cache_hit_tokens = 0  # prompt tokens admitted with their K/V already cached
         self.admitted_prompt_tokens = 0
@@ -171,13 +187,42 @@ class Scheduler:
     def validate(self, req: Req) -> None:
         """ValueError when the request can never run."""
         self.limits.validate(req)
+        if req.sampling_params.grammar_key is not None and self.grammar_backend is None:
+            raise ValueError("this engine serves no structured output (no grammar backend)")
 
     def add_request(self, req: Req) -> None:
         self.validate(req)
-        self.waiting.append(req)
+        key = req.sampling_params.grammar_key
+        if key is None:
+            self.waiting.append(req)
+        else:
+            self.grammar_queue.append((req, self.grammar_backend.compile(key)))
 
     def has_work(self) -> bool:
-        return bool(self.waiting or self.running or self.in_flight or self.chunked)
+        return bool(self.waiting or self.running or self.in_flight or self.chunked
+                    or self.grammar_queue)
+
+    def _take_compiled(self) -> None:
+        """Requests whose grammar compiled join `waiting` with a matcher of their own, in
+        arrival order; one whose grammar failed to compile fails alone. With nothing else to
+        do, wait a moment for a compile first."""
+        if not self.grammar_queue:
+            return
+        if not (self.waiting or self.running or self.in_flight or self.chunked):
+            wait([f for _, f in self.grammar_queue], GRAMMAR_WAIT_S, FIRST_COMPLETED)
+        pending = []
+        for req, future in self.grammar_queue:
+            if not future.done():
+                pending.append((req, future))
+                continue
+            try:
+                req.grammar = self.grammar_backend.new_grammar(future.result(), req.output_ids)
+            except Exception as e:
+                req.finished_reason = {"type": "abort", "message": f"grammar: {e}"}
+                self._notify(req)
+                continue
+            self.waiting.append(req)
+        self.grammar_queue = pending
 
     def _reservation(self, req: Req) -> int:
         return self.limits.reservation(req)
@@ -294,6 +339,7 @@ class Scheduler:
         if req is self.chunked:
             self.chunked = None
         self.waiting = deque(r for r in self.waiting if r is not req)
+        self.grammar_queue = [(r, f) for r, f in self.grammar_queue if r is not req]
         self.running = [r for r in self.running if r is not req]
         if req.req_pool_idx is not None:
             self._release(req)
@@ -305,6 +351,7 @@ class Scheduler:
         if self.record_step_peak:
             base = torch.cuda.memory_allocated(device)
             torch.cuda.reset_peak_memory_stats(device)
+        self._take_compiled()
         prefill = self._prefill_now()
         new, launched = self._launch_mixed() if prefill else ([], [])
         kind = "mixed_seconds"
@@ -315,7 +362,11 @@ class Scheduler:
         for step in launched:
             for r in step.reqs:
                 r.pending_tokens += step.kv_growth
-        done, self.in_flight = (self.in_flight, launched) if self.overlap else (launched, [])
+        # A grammar request's next masks need this step's tokens on the host: a step with
+        # one completes now, without overlap's one-step lag (other steps keep it).
+        lag = self.overlap and not any(r.grammar is not None for s in launched for r in s.reqs)
+        done, self.in_flight = (self.in_flight, launched) if lag else (
+            self.in_flight + launched, [])
         for step in done:
             self._complete(step)
         self.stats[kind] += time.perf_counter() - start
@@ -332,9 +383,10 @@ class Scheduler:
         batch = [r for r in self.running if self._can_launch(r)]
         if not batch or len(batch) > max_step:
             return [], []
-        # logprobs are computed by the prefill and decode steps apart (StepLogprobs)
+        # logprobs are computed by the prefill and decode steps apart (StepLogprobs); grammar
+        # masks by the workers' prefill and decode steps
         pending = self.waiting if self.chunked is None else [self.chunked]
-        if any(r.logprob is not None for r in (*batch, *pending)):
+        if any(r.logprob is not None or r.grammar is not None for r in (*batch, *pending)):
             return [], []
         new = self._admit((width, budget), strict=True) if self.chunked is None else []
         if self.chunked is not None:
@@ -461,10 +513,24 @@ class Scheduler:
             if logprobs is not None:
                 req.output_logprobs.append(logprobs[k])
             self.stats["generated_tokens"] += 1
-            req.finished_reason = self.finish.reason(req, tok, check_stop)
+            grammar_end = self._advance_grammar(req, tok)
+            req.finished_reason = self.finish.reason(req, tok, check_stop) or grammar_end
             if req.finished:
                 self._release(req)
                 break
+
+    @staticmethod
+    def _advance_grammar(req: Req, tok: int) -> dict | None:
+        """Advance `req`'s grammar by its new token `tok`: a finish reason once the grammar
+        has ended (it accepted a stop token, as SGLang finishes), else None. The token was
+        chosen under the grammar's mask, so a refusal is a bug: the request fails loudly."""
+        grammar = req.grammar
+        if grammar is None:
+            return None
+        if not grammar.accept(tok):
+            return {"type": "abort", "message": f"internal error: token {tok} breaks the "
+                                                "request's grammar"}
+        return {"type": "stop", "matched": tok} if grammar.terminated else None
 
     def _release(self, req: Req) -> None:
         """Finished or aborted, between steps: the K/V of its first min(kv_len, seq_len)

@@ -105,6 +105,12 @@ class Tokenizer:
             return [_BYTE_OF[c] for c in piece]
         return list(self.token_text(token_id).encode())
 
+    def vocab_bytes(self) -> list[bytes]:
+        """Every token's bytes by id (`token_bytes`), b"" for added and special tokens: what
+        a grammar matches against (`GrammarBackend`), which never matches those."""
+        added = self._added_ids
+        return [b"" if i in added else bytes(self.token_bytes(i)) for i in range(self.vocab_size)]
+
     @functools.cached_property
     def _added_ids(self) -> frozenset[int]:
         return frozenset(self._tok.get_added_tokens_decoder())

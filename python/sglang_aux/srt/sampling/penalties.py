@@ -21,6 +21,7 @@ from typing import NamedTuple
 
 import torch
 
+from sglang_aux.srt.constrained.token_bitmask import apply_token_bitmask
 from sglang_aux.srt.sampling.sampling_params import SamplingParams
 from sglang_aux.srt.sampling.sampling_rows import SamplingRows
 
@@ -134,16 +135,23 @@ class PenaltyRows:
 
 def sample_next_tokens(sampling_rows: SamplingRows, penalty_rows: PenaltyRows,
                        logits: torch.Tensor, params: list[SamplingParams], rows: torch.Tensor,
-                       positions: torch.Tensor) -> torch.Tensor:
+                       positions: torch.Tensor,
+                       token_bitmask: torch.Tensor | None = None) -> torch.Tensor:
     """One token per row at `positions`; when a request processes its logits (penalties,
     min_new_tokens, min_p: known on the host), from the processed logits, counted for the
-    next step."""
+    next step; with `token_bitmask` (`[rows, words]` on the device: a request has a grammar),
+    only among the tokens it allows."""
     all_greedy = all(p.is_greedy for p in params)
-    if not any(p.processes_logits for p in params):
-        return sampling_rows.sample(logits, rows, positions, all_greedy)
-    logits = penalty_rows.apply(logits, rows)
-    tokens = sampling_rows.sample(logits, rows, positions, all_greedy, min_p=True)
-    penalty_rows.advance(rows, tokens[:, None], 1)
+    penalized = any(p.processes_logits for p in params)
+    if penalized:
+        logits = penalty_rows.apply(logits, rows)
+    if token_bitmask is not None:
+        # the forward's logits stay raw (logprobs read them): a processed copy is masked
+        logits = apply_token_bitmask(logits if penalized else logits.to(torch.float32, copy=True),
+                                     token_bitmask)
+    tokens = sampling_rows.sample(logits, rows, positions, all_greedy, min_p=penalized)
+    if penalized:
+        penalty_rows.advance(rows, tokens[:, None], 1)
     return tokens
 
 

@@ -13,6 +13,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from sglang_aux.srt.constrained.grammar_spec import GRAMMAR_FIELDS, GrammarKey, to_grammar
 from sglang_aux.srt.sampling.param_ranges import check_int64_fields
 
 MAX_NEW_TOKENS_LIMIT = 1 << 20
@@ -21,13 +22,11 @@ MAX_PENALTY = 2.0  # SGLang's bound on |frequency_penalty|, |presence_penalty|, 
 MAX_N = 128  # parallel samples of one prompt
 MAX_TOP_LOGPROBS = 20  # OpenAI's bound on top_logprobs; ours for every route
 
-# SGLang's fields this server does not implement, with the value that means "off". Grammar
-# backends (xgrammar) are not wired to DFlash's block verification; the others have no
-# counterpart here (beam search, watermarks, custom logit processors), or are SGLang's
+# SGLang's fields this server does not implement, with the value that means "off": they have
+# no counterpart here (beam search, watermarks, custom logit processors), or are SGLang's
 # internal fields (set by its own normalisation, never meant to come from a client).
 UNSUPPORTED: dict[str, Any] = {
-    "beam_width": None, "json_schema": None, "regex": None, "ebnf": None,
-    "structural_tag": None, "stream_interval": None, "logit_bias": None,
+    "beam_width": None, "stream_interval": None, "logit_bias": None,
     "custom_params": None, "watermark": None,
     "stop_strs": None, "stop_regex_strs": None, "stop_str_max_len": 0,
     "stop_regex_max_len": 0, "is_normalized": False, "ebnf_full_assistant": False,
@@ -77,6 +76,11 @@ class SamplingParams:
     no_stop_trim: bool = False
     skip_special_tokens: bool = True
     spaces_between_special_tokens: bool = True
+    # structured output (`srt/constrained`): at most one of them
+    json_schema: str | None = None
+    regex: str | None = None
+    ebnf: str | None = None
+    structural_tag: str | None = None
 
     @classmethod
     def from_dict(cls, d: dict | None) -> SamplingParams:
@@ -104,6 +108,12 @@ class SamplingParams:
     @property
     def is_greedy(self) -> bool:
         return self.temperature < GREEDY_EPS or self.top_k == 1
+
+    @property
+    def grammar_key(self) -> GrammarKey | None:
+        """`(field, text)` of its grammar, None without one."""
+        return next(((f, getattr(self, f)) for f in GRAMMAR_FIELDS
+                     if getattr(self, f) is not None), None)
 
     @property
     def has_penalties(self) -> bool:
@@ -173,3 +183,14 @@ class SamplingParams:
         check(self.seed is None or is_int(self.seed),
               f"seed must be an integer, got {self.seed!r}")
         check_int64_fields(self)
+        self._verify_grammar()
+
+    def _verify_grammar(self) -> None:
+        given = [f for f in GRAMMAR_FIELDS if getattr(self, f) is not None]
+        if len(given) > 1:
+            raise ValueError(f"give at most one of {', '.join(GRAMMAR_FIELDS)}; got "
+                             f"{', '.join(given)}")
+        if given and not isinstance(getattr(self, given[0]), str):
+            raise ValueError(f"{given[0]} must be a string, got {getattr(self, given[0])!r}")
+        if given:
+            to_grammar(self.grammar_key)

@@ -63,7 +63,9 @@ def rejection_verify(drafts: torch.Tensor, draft_probs: torch.Tensor,
     vocab = target_probs.shape[-1]
     p = target_probs[:, :-1].gather(-1, drafts[..., None])[..., 0]  # [bs, B-1]
     q = draft_probs.gather(-1, drafts[..., None])[..., 0]
-    ok = (q > 0) & (u_accept * q <= p)
+    # p = 0 (a token the target's processing or grammar excludes) is never accepted, even
+    # on a draw of exactly 0
+    ok = (q > 0) & (p > 0) & (u_accept * q <= p)
     ok = _verified(ok, num_verified)
     accepted = ok.long().cumprod(-1).sum(-1)  # [bs]
     limit = num_drafts if num_verified is None else num_verified - 1

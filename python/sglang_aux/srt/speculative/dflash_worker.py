@@ -26,6 +26,7 @@ import torch
 
 from sglang_aux.srt.configs.dflash_config import DFlashConfig
 from sglang_aux.srt.configs.model_config import ModelConfig
+from sglang_aux.srt.constrained.token_bitmask import apply_token_bitmask
 from sglang_aux.srt.forward_state.forward_batch_info import (
     AuxProjection,
     CaptureHiddenMode,
@@ -205,6 +206,7 @@ class DFlashWorker(RequestRowStaging):
     def decode(self, reqs: list[Req]) -> PendingStep:
         bs, b = len(reqs), self.block_size
         has_sampling = self._draft(reqs)
+        token_bitmask = self._block_bitmask(reqs)
         # `[anchor, drafts]` per request: the verify prologue reads `_drafts` itself
         verify_fb = self.target_runner.prepare(step_inputs(reqs, ForwardMode.TARGET_VERIFY, b))
         verify_fb.has_sampling = has_sampling
@@ -212,9 +214,9 @@ class DFlashWorker(RequestRowStaging):
         out = self.target_runner.forward(verify_fb)
         if self.on_aux_consumed is not None:
             self.on_aux_consumed()
-        if any(r.sampling_params.processes_logits for r in reqs):
+        if token_bitmask is not None or any(r.sampling_params.processes_logits for r in reqs):
             self._verify_processed(reqs, verify_fb.req_pool_indices, out.next_token_logits,
-                                   has_sampling)
+                                   has_sampling, token_bitmask)
         verdicts = self._verdicts[:bs]  # [bs, 1 + B]: accepted drafts, then the new tokens
         added = verdicts[:, 0] + 1
         self.target_runner.req_to_token_pool.advance_rows(
@@ -278,21 +280,37 @@ class DFlashWorker(RequestRowStaging):
 
 
     def _verify_processed(self, reqs: list[Req], rows: torch.Tensor, logits: torch.Tensor,
-                          has_sampling: bool) -> None:
+                          has_sampling: bool, token_bitmask: torch.Tensor | None = None) -> None:
         """`_verdicts[:bs]` again, from the verify logits processed (penalties,
         min_new_tokens, min-p) as target-only decoding would after each block position's
-        drafts (the graph accepted against the raw ones); then the emitted tokens are counted.
-        Runs before the rows' kv_len advances: block position j sits at kv_len + j."""
+        drafts, and restricted to what each position's grammar mask allows (`token_bitmask`
+        `[bs * B, words]`, `_block_bitmask`), so greedy acceptance and rejection sampling use
+        the target-only distribution (the graph accepted against the raw logits); then the
+        emitted tokens are counted. Runs before the rows' kv_len advances: block position j
+        sits at kv_len + j."""
         bs, b = len(reqs), self.block_size
         drafts = self._drafts[:bs]
-        processed = self.penalty_rows.apply(logits, rows, drafts)
+        penalized = any(r.sampling_params.processes_logits for r in reqs)
+        processed = (self.penalty_rows.apply(logits, rows, drafts) if penalized
+                     else logits.to(torch.float32, copy=True))
+        if token_bitmask is not None:
+            apply_token_bitmask(processed, token_bitmask)
         self._accept_greedy(bs, drafts, processed)
         if has_sampling:
             kv_lens = self.target_runner.req_to_token_pool.kv_lens[rows]
             positions = kv_lens[:, None] + torch.arange(b, device=kv_lens.device)
-            self._rejection_sample(bs, drafts, positions, rows, processed, min_p=True)
-        verdicts = self._verdicts[:bs]
-        self.penalty_rows.advance(rows, verdicts[:, 1:], verdicts[:, 0] + 1)
+            self._rejection_sample(bs, drafts, positions, rows, processed, min_p=penalized)
+        if penalized:
+            verdicts = self._verdicts[:bs]
+            self.penalty_rows.advance(rows, verdicts[:, 1:], verdicts[:, 0] + 1)
+
+    def _block_bitmask(self, reqs: list[Req]) -> torch.Tensor | None:
+        """The grammar masks of every block position (`RequestGrammar.fill_block`) on the
+        device, None when no request has a grammar. Walking the matchers along the drafts
+        needs them on the host: one readback, in grammar batches only."""
+        if all(r.grammar is None for r in reqs):
+            return None
+        return self._token_bitmask(reqs, self._drafts[: len(reqs)].tolist())
 
     def _draft(self, reqs: list[Req]) -> bool:
         """The draft block's proposals for `reqs` into `_drafts[:bs]`; whether a request

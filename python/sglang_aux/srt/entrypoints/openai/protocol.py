@@ -68,6 +68,31 @@ def sse(payload: dict) -> str:
     return f"data: {json.dumps(payload)}\n\n"
 
 
+RESPONSE_FORMAT_TYPES = ("text", "json_object", "json_schema", "structural_tag")
+ANY_JSON_OBJECT = '{"type": "object"}'  # what json_object asks for (as SGLang)
+
+
+def response_format_grammar(fmt: dict[str, Any]) -> tuple[str, str] | None:
+    """The native grammar field and text an OpenAI `response_format` asks for, None for
+    plain text; a 400 naming the part that is wrong."""
+    kind = fmt.get("type")
+    if kind not in RESPONSE_FORMAT_TYPES:
+        raise APIError(400, f"response_format.type must be one of "
+                            f"{', '.join(RESPONSE_FORMAT_TYPES)}, got {kind!r}")
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return "json_schema", ANY_JSON_OBJECT
+    if kind == "structural_tag":  # the whole object, as SGLang passes it on
+        return "structural_tag", json.dumps(fmt)
+    spec = fmt.get("json_schema")
+    schema = spec.get("schema") if isinstance(spec, dict) else None
+    if not isinstance(schema, dict | bool):
+        raise APIError(400, "response_format.json_schema.schema must be a JSON schema "
+                            f"(an object), got {schema!r}")
+    return "json_schema", json.dumps(schema)
+
+
 class StrictModel(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
@@ -216,6 +241,11 @@ class OpenAISamplingRequest(SGLangRequest):
     ignore_eos: bool = False
     skip_special_tokens: bool = True
     rid: str | list[str] | None = None
+    # structured output: OpenAI's response_format, or SGLang's grammar fields
+    response_format: dict[str, Any] | None = None
+    json_schema: str | None = None
+    regex: str | None = None
+    ebnf: str | None = None
 
     def sampling_params(self, max_tokens: int | None) -> dict:
         """The native sampling dict of one choice (validated later by SamplingParams; null
@@ -227,7 +257,15 @@ class OpenAISamplingRequest(SGLangRequest):
                   "min_new_tokens": self.min_tokens, "stop": self.stop,
                   "stop_token_ids": self.stop_token_ids, "stop_regex": self.stop_regex,
                   "no_stop_trim": self.no_stop_trim, "ignore_eos": self.ignore_eos,
-                  "skip_special_tokens": self.skip_special_tokens, "seed": self.seed}
+                  "skip_special_tokens": self.skip_special_tokens, "seed": self.seed,
+                  "json_schema": self.json_schema, "regex": self.regex, "ebnf": self.ebnf}
+        grammar = None if self.response_format is None else response_format_grammar(
+            self.response_format)
+        if grammar is not None:
+            field, text = grammar
+            if params.get(field) is not None:
+                raise APIError(400, f"give at most one of {field} and response_format")
+            params[field] = text
         if max_tokens is not None:
             params["max_new_tokens"] = max_tokens
         return params

@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator, Callable
 
 from fastapi import Request
 
+from sglang_aux.srt.constrained.grammar_spec import GRAMMAR_FIELDS
 from sglang_aux.srt.entrypoints.openai.protocol import (
     CLIENT_CLOSED_REQUEST,
     SSE_DONE,
@@ -57,7 +58,9 @@ async def submit_samples(server: TokenizerManager, prompt: dict, sampling_params
     if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= MAX_N:
         raise APIError(400, f"n must be an integer in [1, {MAX_N}], got {n!r}")
     if n > 1 and server.spec.radix_cache:
-        warm = {**params, "max_new_tokens": 0, "min_new_tokens": 0}
+        # the warm-up samples nothing: no grammar to compile for it
+        warm = {**params, "max_new_tokens": 0, "min_new_tokens": 0,
+                **dict.fromkeys(GRAMMAR_FIELDS)}
         await (await submit_request(server, **prompt, sampling_params=warm)).result()
     seed = params.get("seed", params.get("sampling_seed"))
     streams: list[RequestStream] = []

@@ -54,7 +54,6 @@ _OPENAI_UNSUPPORTED = {
         "bootstrap_host", "bootstrap_port", "bootstrap_room", "routed_dp_rank",
         "data_parallel_rank", "disagg_prefill_dp_rank")},
     "images_config": None, "mm_processor_kwargs": None, "logit_bias": None,
-    "json_schema": None, "regex": None, "ebnf": None, "response_format": None,
     "return_cached_tokens_details": False, "return_spec_tokens_details": False,
     "return_token_ids": False,
 }
@@ -80,16 +79,11 @@ CHAT_NO_EFFECT = _OPENAI_NO_EFFECT | {
     "return_flat_raw_top_logprobs_b64",
 }
 
-# `response_format` values that ask for nothing beyond plain text
-PLAIN_RESPONSE_FORMATS = ({"type": "text"},)
-
 
 def drop_known_fields(body: dict, unsupported: dict[str, Any], no_effect: frozenset[str],
                       what: str) -> dict:
     """`body` without the fields of the two tables (ValueError naming a field given at a
     value this server does not implement)."""
     body = {k: v for k, v in body.items() if k not in no_effect}
-    if body.get("response_format") in PLAIN_RESPONSE_FORMATS:
-        del body["response_format"]
     refuse_unsupported(body, unsupported, what)
     return body
