@@ -166,6 +166,26 @@ def test_sampling_and_penalties_stay_in_the_grammar(engines, kind, extra):
         assert len(o["output_ids"]) >= extra.get("min_new_tokens", 0)
 
 
+@pytest.mark.parametrize("mode", ["static", "compact"])
+def test_dspark_greedy_with_a_grammar_equals_target_only(engines, ckpts, tmp_path, monkeypatch,
+                                                        mode):
+    """DSpark's verify applies the same block masks; compact verifies every token of a
+    grammar batch (its ragged rows would not line up with the masks)."""
+    monkeypatch.setenv("SGLANG_RAGGED_VERIFY_MODE", mode)
+    dspark = Engine(model_path=ckpts["tiny-llama"],
+                    speculative_algorithm="DSPARK",
+                    speculative_draft_model_path=tiny_checkpoint("tiny-llama-dspark", tmp_path),
+                    disable_overlap_schedule=True, constrained_json_disable_any_whitespace=True,
+                    **COMMON)
+    params = _batch({"temperature": 0})
+    ref = engines["target", False].generate(PROMPTS[: len(params)], params)
+    outs = dspark.generate(PROMPTS[: len(params)], params)
+    assert [o["output_ids"] for o in outs] == [r["output_ids"] for r in ref]
+    assert sum(o["meta_info"]["spec_verify_ct"] for o in outs) > 0
+    assert_kv_all_back(dspark)
+    dspark.shutdown()
+
+
 def test_dflash_greedy_with_penalties_and_grammar_equals_target_only(engines):
     params = _batch({"temperature": 0, "repetition_penalty": 1.5, "presence_penalty": 0.7})
     ref = engines["target", False].generate(PROMPTS[: len(params)], params)

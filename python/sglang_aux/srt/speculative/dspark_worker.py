@@ -16,8 +16,9 @@ lossless rejection sampling, overlap and mixed steps. What differs:
   bucket is known on the host). The verify forward is ragged (`RaggedStepPrologue`: token
   major, graphs per token bucket, the aux storage sized for the largest); its epilogue
   gathers each request's block rows and accepts at most `lens - 1` drafts. A step with a
-  request whose logits are processed (penalties, min_new_tokens) verifies every token, as
-  static, so target-only's processing applies row by row.
+  request whose logits are processed (penalties, min_new_tokens) or restricted by a grammar
+  verifies every token, as static, so target-only's processing and the grammar's block masks
+  apply row by row.
 
 Each request's verify tokens are counted (`spec_verify_tokens`), so verify tokens per
 accepted token compare static with compact.
@@ -102,7 +103,9 @@ class DSparkWorker(DFlashWorker):
             return super().decode(reqs)
         bs, b = len(reqs), self.block_size
         has_sampling = self._draft(reqs)
-        processed = any(r.sampling_params.processes_logits for r in reqs)
+        token_bitmask = self._block_bitmask(reqs)
+        processed = token_bitmask is not None or any(r.sampling_params.processes_logits
+                                                     for r in reqs)
         n = self._plan_verify(bs, every_token=processed)
         inputs = step_inputs(reqs, ForwardMode.TARGET_VERIFY, b)
         # token-major: n entries, the requests' rows first; each token's length is bounded
@@ -118,7 +121,8 @@ class DSparkWorker(DFlashWorker):
             self.on_aux_consumed()
         rows = self._request_rows[:bs]
         if processed:  # every token verified, request-major: the static layout's rows
-            self._verify_processed(reqs, rows, out.next_token_logits[: bs * b], has_sampling)
+            self._verify_processed(reqs, rows, out.next_token_logits[: bs * b], has_sampling,
+                                   token_bitmask)
         verdicts = self._verdicts[:bs]
         added = verdicts[:, 0] + 1
         self.target_runner.req_to_token_pool.advance_rows(
