@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from sglang_aux.srt.configs.model_config import ModelConfig
+from sglang_aux.srt.distributed.communication_op import broadcast_from_first_rank
 from sglang_aux.srt.forward_state.forward_batch_info import CaptureHiddenMode, ForwardMode
 from sglang_aux.srt.managers.pending_step import PendingStep
 from sglang_aux.srt.managers.schedule_batch import (
@@ -46,14 +47,16 @@ class RequestRowStaging:
     def _sample(self, logits: torch.Tensor, reqs: list[Req], rows: torch.Tensor,
                 positions: torch.Tensor) -> torch.Tensor:
         """The next token of each request from its logits at `positions` (penalties,
-        min_new_tokens and its sampling parameters applied)."""
-        return sample_next_tokens(self.sampling_rows, self.penalty_rows, logits,
-                                  [r.sampling_params for r in reqs], rows, positions)
+        min_new_tokens and its sampling parameters applied); rank 0's under tensor
+        parallelism, so ranks cannot diverge."""
+        return broadcast_from_first_rank(sample_next_tokens(
+            self.sampling_rows, self.penalty_rows, logits, [r.sampling_params for r in reqs],
+            rows, positions))
 
 
 class ModelWorker(RequestRowStaging):
     """The scheduler's `Worker` without speculation: one ModelRunner, one token per request per
-    step (SGLang's `ModelWorker`, without tensor parallelism). `prefill` and `decode` launch
+    step (SGLang's `ModelWorker`; under tensor parallelism each rank runs one, on its shard). `prefill` and `decode` launch
     a step and return it pending; its `tokens()` gives each request's new tokens, and the scheduler
     appends them and decides when a request ends.
 
