@@ -26,6 +26,8 @@ import torch.distributed as dist
 logger = logging.getLogger(__name__)
 
 DEFAULT_DIST_TIMEOUT_S = 600
+# torch 2.13 renamed all_gather_into_tensor (deprecated there); the H200's torch 2.11 has only it
+_all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 IDLE_WAIT = timedelta(days=365)  # followers wait for rank 0's next step while it idles
 
 
@@ -52,8 +54,11 @@ class GroupCoordinator:
         if self.world_size == 1:
             return x if out is None else out.copy_(x)
         x = x.contiguous()
-        stacked = torch.empty((self.world_size, *x.shape), dtype=x.dtype, device=x.device)
-        dist.all_gather_into_tensor(stacked, x, group=self.device_group)
+        # ranks' tensors one after another along dim 0 (gloo requires that layout)
+        flat = torch.empty((self.world_size * x.shape[0], *x.shape[1:]), dtype=x.dtype,
+                           device=x.device)
+        _all_gather_single(flat, x, group=self.device_group)
+        stacked = flat.view(self.world_size, *x.shape)
         gathered = stacked.movedim(0, -2).reshape(*x.shape[:-1], -1)
         return gathered if out is None else out.copy_(gathered)
 

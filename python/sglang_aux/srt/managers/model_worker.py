@@ -56,9 +56,9 @@ class RequestRowStaging:
 
 class ModelWorker(RequestRowStaging):
     """The scheduler's `Worker` without speculation: one ModelRunner, one token per request per
-    step (SGLang's `ModelWorker`; under tensor parallelism each rank runs one, on its shard). `prefill` and `decode` launch
-    a step and return it pending; its `tokens()` gives each request's new tokens, and the scheduler
-    appends them and decides when a request ends.
+    step (SGLang's `ModelWorker`; under tensor parallelism each rank runs one, on its shard).
+    `prefill` and `decode` launch a step and return it pending; its `tokens()` gives each
+    request's new tokens, and the scheduler appends them and decides when a request ends.
 
     A decode step issues no per-request device work: one input copy, the rows
     (`step_inputs`; a graph derives the rest in its prologue from the rows' device
