@@ -52,27 +52,31 @@ class Engine:
         self.server_args = args
         self.model_config, self.tokenizer = resolve_model(args)
         tp_group = self._join_tp_group(tp_rank)
-        self.worker = self._make_worker()
-        eos = getattr(self.model_config.hf_config, "eos_token_id", None)
-        eos_ids = set(eos if isinstance(eos, list) else [eos]) - {None}
-        if self.tokenizer.eos_token_id is not None:
-            eos_ids.add(self.tokenizer.eos_token_id)
-        graph_limits = self.worker.model_runner.prefill_graph_limits()
-        self.scheduler = Scheduler(
-            self.worker, self.tokenizer,
-            max_running_requests=args.max_running_requests,
-            context_len=self.model_config.context_len,
-            eos_token_ids=eos_ids,
-            overlap=args.resolved_overlap_schedule(),
-            tree_cache=None if args.disable_radix_cache
-            else RadixCache(self.worker.model_runner.token_to_kv_pool_allocator),
-            prefill_delayer=self._prefill_delayer(graph_limits),
-            prefill_graph_limits=graph_limits,
-            side_stream=SideStream(self.worker.model_runner.device)
-            if args.enable_concurrent_prefill else None,
-            mixed_limits=self.worker.model_runner.mixed_limits(),
-            chunked_prefill_size=args.resolved_chunked_prefill_size(),
-        )
+        try:
+            self.worker = self._make_worker()
+            eos = getattr(self.model_config.hf_config, "eos_token_id", None)
+            eos_ids = set(eos if isinstance(eos, list) else [eos]) - {None}
+            if self.tokenizer.eos_token_id is not None:
+                eos_ids.add(self.tokenizer.eos_token_id)
+            graph_limits = self.worker.model_runner.prefill_graph_limits()
+            self.scheduler = Scheduler(
+                self.worker, self.tokenizer,
+                max_running_requests=args.max_running_requests,
+                context_len=self.model_config.context_len,
+                eos_token_ids=eos_ids,
+                overlap=args.resolved_overlap_schedule(),
+                tree_cache=None if args.disable_radix_cache
+                else RadixCache(self.worker.model_runner.token_to_kv_pool_allocator),
+                prefill_delayer=self._prefill_delayer(graph_limits),
+                prefill_graph_limits=graph_limits,
+                side_stream=SideStream(self.worker.model_runner.device)
+                if args.enable_concurrent_prefill else None,
+                mixed_limits=self.worker.model_runner.mixed_limits(),
+                chunked_prefill_size=args.resolved_chunked_prefill_size(),
+            )
+        except BaseException:
+            self._leave_tp_group()  # a failed start leaves no rank behind
+            raise
         self.step_broadcast = StepBroadcast(self.scheduler, tp_group)
         self.requests = RequestFactory(self.tokenizer, self.scheduler.limits,
                                        self.model_config.hf_config.vocab_size, args.random_seed)
@@ -173,5 +177,8 @@ class Engine:
             try:
                 self.step_broadcast.stop()
             finally:
-                stop_followers(self._followers)
-                destroy_distributed_environment()
+                self._leave_tp_group()
+
+    def _leave_tp_group(self) -> None:
+        stop_followers(self._followers)
+        destroy_distributed_environment()

@@ -1,0 +1,95 @@
+"""Tensor parallelism through the offline Engine, on the CPU with gloo, in real processes:
+`--tp-size 2` greedy output equals `--tp-size 1` token for token (fp32) for the Llama, Qwen3
+and K3-style families, target-only and with their DFlash drafts (greedy DFlash is lossless,
+so it equals target-only), seeded sampling too; `--tp-size 4` replicates the two KV heads;
+each rank holds its share of the heads and the whole-width aux storage."""
+
+import sys
+
+import pytest
+
+from sglang_aux.srt.configs.presets import PRESETS
+from sglang_aux.srt.entrypoints.engine import Engine
+from sglang_aux.test.ci.ci_register import register_cpu_ci
+from sglang_aux.test.runtime_utils import tiny_checkpoint
+
+register_cpu_ci(est_time=90, suite="default")
+
+PROMPTS = ["Hi", "The quick brown fox jumps over", "12 + 30 =", "Natalia sold clips to 48"]
+GREEDY = {"temperature": 0, "max_new_tokens": 12, "ignore_eos": True}
+SAMPLED = {"temperature": 0.9, "top_p": 0.9, "max_new_tokens": 12, "ignore_eos": True,
+           "sampling_seed": 7}
+ENGINE = {"device": "cpu", "max_total_tokens": 2048, "max_running_requests": 4,
+          "cuda_graph_bs_decode": [1, 2, 4]}
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory):
+    return tmp_path_factory.mktemp("ckpt")
+
+
+def _generate(params: dict | list[dict], prompts=PROMPTS, **kwargs) -> tuple[list, Engine]:
+    """Output ids of `prompts`, and the engine (shut down: its other ranks have stopped)."""
+    engine = Engine(**ENGINE, **kwargs)
+    try:
+        outs = engine.generate(prompts, params)
+    finally:
+        engine.shutdown()
+    return outs, engine
+
+
+def _ids(outs: list[dict]) -> list[list[int]]:
+    return [o["output_ids"] for o in outs]
+
+
+@pytest.mark.parametrize("target,draft", [("tiny-llama", "tiny-llama-dflash"),
+                                          ("tiny-qwen3", "tiny-qwen3-dflash"),
+                                          ("tiny-k3", "tiny-k3-dflash")])
+def test_tp2_greedy_equals_tp1_target_only_and_dflash(root, target, draft):
+    path = tiny_checkpoint(target, root)
+    ref, _ = _generate(GREEDY, model_path=path)
+    tp2, engine = _generate(GREEDY, model_path=path, tp_size=2)
+    assert _ids(tp2) == _ids(ref)
+    assert len({tuple(i) for i in _ids(ref)}) > 1
+    runner = engine.worker.model_runner
+    heads = PRESETS[target]["num_key_value_heads"]
+    assert runner.token_to_kv_pool.k_buffer[0].shape[1] == heads // 2  # this rank's KV heads
+
+    dflash = {"speculative_algorithm": "DFLASH",
+              "speculative_draft_model_path": tiny_checkpoint(draft, root)}
+    spec, engine = _generate(GREEDY, model_path=path, tp_size=2, **dflash)
+    assert _ids(spec) == _ids(ref)  # greedy DFlash at TP2 is lossless too
+    assert all(o["meta_info"]["spec_verify_ct"] > 0 for o in spec)
+    # rank 0's target runner owns the whole-width aux storage [rows, K * hidden]
+    draft_cfg = PRESETS[draft]["dflash_config"]
+    width = len(draft_cfg["target_layer_ids"]) * PRESETS[target]["hidden_size"]
+    assert engine.worker.target_runner.aux_storage.buffer.shape[1] == width
+
+
+def test_tp2_sampled_dflash_equals_tp1(root):
+    """Seeded sampling: rank 0's drafts and verdicts are the ones every rank commits."""
+    dflash = {"model_path": tiny_checkpoint("tiny-llama", root), "speculative_algorithm":
+              "DFLASH", "speculative_draft_model_path": tiny_checkpoint("tiny-llama-dflash", root)}
+    ref, _ = _generate(SAMPLED, **dflash)
+    tp2, _ = _generate(SAMPLED, tp_size=2, **dflash)
+    assert _ids(tp2) == _ids(ref)
+    greedy, _ = _generate(GREEDY, **dflash)
+    assert _ids(ref) != _ids(greedy)  # the sampling really sampled
+
+
+def test_tp4_replicates_kv_heads(root):
+    """Two KV heads over four ranks: each rank holds the one its query head reads."""
+    path = tiny_checkpoint("tiny-qwen3", root)
+    ref, _ = _generate(GREEDY, PROMPTS[:2], model_path=path)
+    tp4, engine = _generate(GREEDY, PROMPTS[:2], model_path=path, tp_size=4)
+    assert _ids(tp4) == _ids(ref)
+    assert engine.worker.model_runner.token_to_kv_pool.k_buffer[0].shape[1] == 1
+
+
+def test_heads_that_do_not_divide_fail_clearly(root):
+    with pytest.raises(ValueError, match="is not divisible by --tp-size 3"):
+        Engine(**ENGINE, model_path=tiny_checkpoint("tiny-llama", root), tp_size=3)
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-v"]))
