@@ -38,6 +38,11 @@ def _generate(params: dict | list[dict], prompts=PROMPTS, **kwargs) -> tuple[lis
     return outs, engine
 
 
+def _flat(x) -> list:
+    """The scalars of SGLang's nested logprob entries, in order."""
+    return [v for item in x for v in _flat(item)] if isinstance(x, list | tuple) else [x]
+
+
 def _ids(outs: list[dict]) -> list[list[int]]:
     return [o["output_ids"] for o in outs]
 
@@ -75,6 +80,40 @@ def test_tp2_sampled_dflash_equals_tp1(root):
     assert _ids(tp2) == _ids(ref)
     greedy, _ = _generate(GREEDY, **dflash)
     assert _ids(ref) != _ids(greedy)  # the sampling really sampled
+
+
+def test_tp2_mixed_chunked_prefill_and_logprobs_equal_tp1(root):
+    """Followers replay rank 0's scheduling whatever it decides: arrivals riding in verify
+    steps (MIXED), prompts prefilled in chunks, more prompts than running slots; then prompt
+    and output logprobs (requests that run apart) from the gathered LM head."""
+    kwargs = {"model_path": tiny_checkpoint("tiny-k3", root), "speculative_algorithm": "DFLASH",
+              "speculative_draft_model_path": tiny_checkpoint("tiny-k3-dflash", root),
+              "enable_mixed_chunk": True, "mixed_chunk_max_prefill_tokens": 16,
+              "chunked_prefill_size": 8, "disable_decode_cuda_graph": True}
+    prompts = [*PROMPTS, "A longer prompt that takes a few chunks to prefill", "x"]
+    logprob = {"return_logprob": True, "top_logprobs_num": 2}
+
+    def run(**extra):
+        engine = Engine(**ENGINE, **kwargs, **extra)
+        try:
+            outs = engine.generate(prompts, GREEDY)
+            stats = dict(engine.scheduler.stats)
+            outs += engine.generate(PROMPTS[:2], GREEDY, **logprob, logprob_start_len=0)
+            return outs, stats
+        finally:
+            engine.shutdown()
+
+    (ref, _), (tp2, stats) = run(), run(tp_size=2)
+    assert stats["mixed_steps"] > 0 and stats["chunked_prefill_steps"] > 0
+    assert _ids(tp2) == _ids(ref)
+    for r, t in zip(ref[-2:], tp2[-2:], strict=True):
+        for key in ("input_token_logprobs", "output_token_logprobs", "output_top_logprobs"):
+            got, want = _flat(t["meta_info"][key]), _flat(r["meta_info"][key])
+            assert [v for v in got if not isinstance(v, float)] == \
+                [v for v in want if not isinstance(v, float)], key  # token ids, None
+            assert [v for v in got if isinstance(v, float)] == pytest.approx(
+                [v for v in want if isinstance(v, float)], abs=1e-4), key
+    assert len(_flat(ref[-1]["meta_info"]["input_token_logprobs"])) > 9
 
 
 def test_tp4_replicates_kv_heads(root):

@@ -42,12 +42,14 @@ class GroupCoordinator:
     def is_first_rank(self) -> bool:
         return self.rank == 0
 
+    @torch.no_grad()  # collectives write in place; nothing here is differentiated
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
         """Sum over ranks, in place (capturable in a CUDA graph on NCCL)."""
         if self.world_size > 1:
             dist.all_reduce(x, group=self.device_group)
         return x
 
+    @torch.no_grad()  # collectives write in place; nothing here is differentiated
     def all_gather(self, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         """Every rank's `x` `[..., n]` side by side along the last dim -> `[..., world * n]`
         (into `out` when given)."""
@@ -62,6 +64,7 @@ class GroupCoordinator:
         gathered = stacked.movedim(0, -2).reshape(*x.shape[:-1], -1)
         return gathered if out is None else out.copy_(gathered)
 
+    @torch.no_grad()  # collectives write in place; nothing here is differentiated
     def broadcast(self, x: torch.Tensor, src: int = 0) -> torch.Tensor:
         """Rank `src`'s `x` on every rank, in place (capturable on NCCL)."""
         if self.world_size > 1:
