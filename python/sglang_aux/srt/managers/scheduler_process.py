@@ -46,7 +46,8 @@ def run_scheduler_process(server_args: ServerArgs, commands: Connection, outputs
     logging.basicConfig(level=server_args.log_level.upper(), format=LOG_FORMAT)
     with torch.no_grad():
         try:
-            engine = make_engine(server_args, tp_rank=tp_rank)
+            engine = (make_engine(server_args) if tp_rank is None
+                      else make_engine(server_args, tp_rank=tp_rank))
         except BaseException as e:  # start() re-raises it in the front end
             _send_startup_error(outputs, e)
             return

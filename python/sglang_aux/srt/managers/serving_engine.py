@@ -24,6 +24,6 @@ class ServingEngine(Protocol):
     step_broadcast: StepBroadcast
 
 
-# called in the scheduler process (and each tensor-parallel follower, with `tp_rank=`): a
-# module-level callable (pickled by reference)
+# called in the scheduler process with the args alone (under tensor parallelism, and in each
+# follower, with `tp_rank=` too): a module-level callable (pickled by reference)
 EngineFactory = Callable[..., ServingEngine]
