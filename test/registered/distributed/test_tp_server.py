@@ -42,7 +42,7 @@ def server_args(ckpts):
     return ["--model-path", target, "--speculative-algorithm", "DFLASH",
             "--speculative-draft-model-path", draft, "--device", "cpu",
             "--context-length", str(CONTEXT), "--max-total-tokens", "4096",
-            "--cuda-graph-bs-decode", "1", "2", "4"]
+            "--cuda-graph-bs-decode", "1", "2", "4", "--dist-timeout", "60"]
 
 
 @pytest.fixture(scope="module")
