@@ -27,6 +27,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from multiprocessing.connection import wait
+from multiprocessing.process import BaseProcess
 
 from sglang_aux.srt.managers.io_struct import EngineSpec, RequestOut
 from sglang_aux.srt.managers.request_factory import RequestFactory
@@ -82,7 +83,7 @@ class TokenizerManager:
             args=(server_args, child_commands, child_outputs, make_engine,
                   tp_ranks[0] if server_args.tp_size > 1 else None))
         self._make_engine = make_engine
-        self._followers: list = []  # this node's other tensor-parallel ranks, once started
+        self._followers: list[BaseProcess] = []  # this node's other TP ranks, once started
         self._follower_exit: str | None = None  # why a follower ended the scheduler
         self._child_ends = (child_commands, child_outputs)
         self._tokenize = ThreadPoolExecutor(TOKENIZER_THREADS, thread_name_prefix="tokenize")
@@ -123,7 +124,8 @@ class TokenizerManager:
             msg = self._outputs.recv()
         except EOFError:
             stop_followers(self._followers)
-            raise SchedulerGone(f"the scheduler process exited (exit code "
+            cause = f"{self._follower_exit}, so " if self._follower_exit else ""
+            raise SchedulerGone(f"{cause}the scheduler process exited (exit code "
                                 f"{self._wait_exit(None)}) before its engine was ready"
                                 ) from None
         if msg[0] == "startup_error":
@@ -137,16 +139,17 @@ class TokenizerManager:
         self.requests = RequestFactory(spec.tokenizer, spec.limits, spec.vocab_size,
                                        spec.server_args.random_seed)
         self._reader.start()
-        if self._followers:
-            threading.Thread(target=self._watch_followers, name="tp-follower-watch",
-                             daemon=True).start()
         return spec
 
     def _start_followers(self) -> None:
-        """The node's tensor-parallel ranks after its first (the scheduler process's)."""
+        """The node's tensor-parallel ranks after its first (the scheduler process's), watched
+        from now on: one that fails while rank 0 starts would otherwise leave it waiting in a
+        collective until `--dist-timeout`."""
         ranks = node_ranks(self.server_args)[1:]
         if self.server_args.tp_size > 1 and ranks:
             self._followers = start_followers(self.server_args, self._make_engine, ranks)
+            threading.Thread(target=self._watch_followers, name="tp-follower-watch",
+                             daemon=True).start()
 
     def _watch_followers(self) -> None:
         """Wait for a follower to exit; unless shutting down, end the scheduler process (the
