@@ -2,8 +2,8 @@
 `--tp-size 2` (DFlash) serves the same greedy tokens as the offline Engine at `--tp-size 1`;
 two launch_server processes as two nodes (`--nnodes 2 --node-rank 0/1`) serve the same as
 one; a rank killed mid-request fails that request naming the rank and ends the server in
-bounded time; a node that never joins fails start-up with a clear error after
-`--dist-timeout`."""
+bounded time, and one that dies at start fails start-up naming it; a node that never joins
+fails start-up with a clear error after `--dist-timeout`."""
 
 import json
 import os
@@ -17,6 +17,8 @@ import httpx
 import pytest
 
 from sglang_aux.srt.entrypoints.engine import Engine
+from sglang_aux.srt.managers.tokenizer_manager import SchedulerGone, TokenizerManager
+from sglang_aux.srt.server_args import ServerArgs
 from sglang_aux.test.ci.ci_register import register_cpu_ci
 from sglang_aux.test.runtime_utils import tiny_checkpoint
 from sglang_aux.test.server_utils import free_port, launched_server, launched_server_process
@@ -142,6 +144,26 @@ def test_rank_death_mid_request_ends_the_server(server_args, tmp_path):
         assert proc.returncode != 0
         assert time.monotonic() - start < END_WITHIN_S
     assert "tensor-parallel" in log.read_text()
+
+
+def rank1_dies_at_start(args: ServerArgs, tp_rank: int | None = None) -> Engine:
+    """An engine factory whose rank 1 dies before joining (as a crash loading its shard
+    would); rank 0 is left waiting for it in the rendezvous."""
+    if tp_rank == 1:
+        os._exit(3)
+    return Engine(args, tp_rank=tp_rank)
+
+
+def test_rank_that_dies_at_start_fails_startup_naming_it(ckpts):
+    args = ServerArgs(model_path=ckpts[0], device="cpu", max_total_tokens=2048, tp_size=2,
+                      cuda_graph_bs_decode=[1], dist_timeout=600)
+    manager = TokenizerManager(args, rank1_dies_at_start)
+    start = time.monotonic()
+    with pytest.raises(SchedulerGone, match=r"rank process sglang_aux-tp1 \(pid \d+\) exited "
+                                            r"with code 3, so the scheduler process exited"):
+        manager.start()
+    assert time.monotonic() - start < END_WITHIN_S  # not the 600 s rendezvous timeout
+    manager.shutdown()
 
 
 def test_node_that_never_joins_fails_startup(server_args, tmp_path):
