@@ -1,6 +1,6 @@
 """Tensor parallelism through the offline Engine, on the CPU with gloo, in real processes:
-`--tp-size 2` greedy output equals `--tp-size 1` token for token (fp32) for the Llama, Qwen3
-and K3-style families, target-only and with their DFlash drafts (greedy DFlash is lossless,
+`--tp-size 2` greedy output equals `--tp-size 1` token for token (fp32) for the Llama, Qwen2,
+Qwen3 and K3-style families, target-only and with their DFlash drafts (greedy DFlash is lossless,
 so it equals target-only), seeded sampling too; `--tp-size 4` replicates the two KV heads;
 each rank holds its share of the heads and the whole-width aux storage."""
 
@@ -11,6 +11,7 @@ import pytest
 from sglang_aux.srt.configs.presets import PRESETS
 from sglang_aux.srt.entrypoints.engine import Engine
 from sglang_aux.test.ci.ci_register import register_cpu_ci
+from sglang_aux.test.hf_checkpoints import save_tiny_qwen2
 from sglang_aux.test.runtime_utils import tiny_checkpoint
 
 register_cpu_ci(est_time=120, suite="default")
@@ -70,6 +71,16 @@ def test_tp2_greedy_equals_tp1_target_only_and_dflash(root, target, draft):
     draft_cfg = PRESETS[draft]["dflash_config"]
     width = len(draft_cfg["target_layer_ids"]) * PRESETS[target]["hidden_size"]
     assert engine.worker.target_runner.aux_storage.buffer.shape[1] == width
+
+
+def test_tp2_qwen2_biases_and_untied_head_equal_tp1(root):
+    """A Qwen2 checkpoint transformers saved: q/k/v biases cut with their rows, an untied LM
+    head split by vocabulary."""
+    pytest.importorskip("transformers", reason="the checkpoint is saved by transformers")
+    path = save_tiny_qwen2(root / "qwen2")
+    ref, _ = _generate(GREEDY, model_path=path)
+    tp2, _ = _generate(GREEDY, model_path=path, tp_size=2)
+    assert _ids(tp2) == _ids(ref)
 
 
 def test_tp2_sampled_dflash_equals_tp1(root):
