@@ -3,6 +3,8 @@
     python benchmark/aux_memory/bench_graph_memory.py --max-bs 48 64 72 --out graph_memory.json
     python benchmark/aux_memory/bench_graph_memory.py --preset smollm2-shaped --max-bs 32 64 \
         --out graph_memory_smollm2.json
+    python benchmark/aux_memory/bench_graph_memory.py --tp-size 2 --max-bs 64 \
+        --out graph_memory_tp2.json    # one row per rank: each holds its own buffer and graphs
 
 Every (max bs, path) configuration runs in its own process, so each starts from a fresh
 allocator; within one, the same model, sizes and capture order. Paths:
@@ -23,8 +25,10 @@ from __future__ import annotations
 
 import argparse
 import copy
+import dataclasses
 import gc
 import json
+import socket
 import subprocess
 import sys
 
@@ -32,6 +36,7 @@ import torch
 
 from sglang_aux.srt.configs.model_config import ModelConfig
 from sglang_aux.srt.configs.presets import PRESETS
+from sglang_aux.srt.distributed.parallel_state import init_distributed_environment
 from sglang_aux.srt.model_executor.runner_utils.capture_sizes import get_capture_bs
 from sglang_aux.srt.model_executor.runner_utils.memory_probe import MemoryProbe
 from sglang_aux.srt.server_args import ServerArgs
@@ -61,7 +66,14 @@ def run_one(a: argparse.Namespace, max_bs: int, path: str) -> dict:
         disable_shared_aux_buffer=path != "shared", disable_decode_cuda_graph=True,
         disable_prefill_cuda_graph=True,  # the verify graphs alone, captured below
         speculative_dflash_aux_projection="streamed" if path == "streamed" else "packed",
+        tp_size=a.tp_size,
     )
+    if a.tp_size > 1:  # this process is rank `a.tp_rank`: its shard, its buffer, its graphs
+        init_distributed_environment(world_size=a.tp_size, rank=a.tp_rank,
+                                     local_rank=a.tp_rank, dist_init_addr=a.dist_init_addr,
+                                     device=a.device)
+        args = dataclasses.replace(args, device=f"cuda:{a.tp_rank}") \
+            if a.device == "cuda" else args
     worker = DFlashWorker(cfg, draft_cfg, args)
     runner = worker.target_runner
     h, k = cfg.hf_config.hidden_size, len(runner.model.model.layers_to_capture)
@@ -93,6 +105,7 @@ def run_one(a: argparse.Namespace, max_bs: int, path: str) -> dict:
     assert aux_path == path, (aux_path, path)
     return {
         "model": a.model_path or a.preset, "max_bs": max_bs, "path": path, "block": a.block,
+        "tp_size": a.tp_size, "tp_rank": a.tp_rank,
         "num_aux": k, "hidden": h, "hidden_draft": h_draft, "num_sizes": len(sizes),
         "capture_bs": sizes, "setup_and_capture": total, "capture_only": gr.capture_stats,
         "aux_retained_measured_bytes": sum(retained.values()),
@@ -112,7 +125,11 @@ def main() -> None:
     p.add_argument("--block", type=int, default=8)
     p.add_argument("--out", default="benchmark/aux_memory/graph_memory.json")
     p.add_argument("--device", default="cuda", help="cpu runs a smoke check (no memory figures)")
+    p.add_argument("--tp-size", type=int, default=1,
+                   help="tensor-parallel ranks, one process and GPU each (a row per rank)")
     p.add_argument("--child", choices=PATHS, help=argparse.SUPPRESS)
+    p.add_argument("--tp-rank", type=int, default=0, help=argparse.SUPPRESS)
+    p.add_argument("--dist-init-addr", help=argparse.SUPPRESS)
     a = p.parse_args()
     if a.model_path and not a.draft_path:
         p.error("--model-path needs --draft-path")
@@ -128,21 +145,42 @@ def main() -> None:
                 cmd += ["--num-aux", str(a.num_aux)]
             if a.model_path:
                 cmd += ["--model-path", a.model_path, "--draft-path", a.draft_path]
-            out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
-            rows.append(json.loads(next(ln[7:] for ln in out.splitlines()
-                                        if ln.startswith("RESULT "))))
+            rows += run_ranks(cmd, a.tp_size)
     with open(a.out, "w") as f:
         json.dump(rows, f, indent=1)
     mib = 2**20
-    print(f"{'max_bs':>6} {'path':>9} {'free drop':>10} {'reserved':>10} {'allocated':>10} "
-          f"{'aux meas':>9} {'aux theory':>10}  (MiB, set-up + capture)")
+    print(f"{'max_bs':>6} {'path':>9} {'rank':>4} {'free drop':>10} {'reserved':>10} "
+          f"{'allocated':>10} {'aux meas':>9} {'aux theory':>10}  (MiB, set-up + capture)")
     for r in rows:
         t = r["setup_and_capture"]
-        print(f"{r['max_bs']:>6} {r['path']:>9} {t['free_memory_drop_bytes'] / mib:>10.1f} "
+        print(f"{r['max_bs']:>6} {r['path']:>9} {r['tp_rank']:>4} "
+              f"{t['free_memory_drop_bytes'] / mib:>10.1f} "
               f"{t['reserved_delta_bytes'] / mib:>10.1f} "
               f"{t['allocated_delta_bytes'] / mib:>10.1f} "
               f"{r['aux_retained_measured_bytes'] / mib:>9.1f} "
               f"{r['aux_retained_theoretical_bytes'] / mib:>10.1f}")
+
+
+def run_ranks(cmd: list[str], tp_size: int) -> list[dict]:
+    """Run a configuration's child, one process per rank (meeting at a free loopback port);
+    each rank's row."""
+    if tp_size == 1:
+        procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)]
+    else:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            addr = f"127.0.0.1:{s.getsockname()[1]}"
+        procs = [subprocess.Popen([*cmd, "--tp-size", str(tp_size), "--tp-rank", str(r),
+                                   "--dist-init-addr", addr], stdout=subprocess.PIPE, text=True)
+                 for r in range(tp_size)]
+    rows = []
+    for proc in procs:
+        out = proc.communicate()[0]
+        if proc.returncode:
+            raise subprocess.CalledProcessError(proc.returncode, proc.args, out)
+        rows.append(json.loads(next(ln[7:] for ln in out.splitlines()
+                                    if ln.startswith("RESULT "))))
+    return rows
 
 
 if __name__ == "__main__":

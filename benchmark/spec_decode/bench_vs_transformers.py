@@ -10,7 +10,8 @@ Greedy, static batches of `bs` prompts, two modes: `forced` (`--max-new-tokens` 
 EOS ignored / `min_new_tokens`) and `natural` (stop at "Question", EOS, or the limit).
 Engines: transformers `generate(cache_implementation="static")` in the model dtype (the
 baseline), ours target-only (decode graphs), ours DFLASH with the shared aux buffer, with
-`--disable-shared-aux-buffer`, and with the streamed projection (no `[T, K*H]` tensor).
+`--disable-shared-aux-buffer`, and with the streamed projection (no `[T, K*H]` tensor); on two
+GPUs also `target_tp2` / `dflash_tp2` (`--tp-size 2`).
 tokens/s = generated tokens / wall time of the timed calls (prefill included; our prefix cache
 is off, since every prompt repeats across modes and warm-ups and transformers keeps no
 prefix). GPU busy: the
@@ -44,7 +45,11 @@ OURS = {
     "dflash_noshare": {"speculative_algorithm": "DFLASH", "disable_shared_aux_buffer": True},
     "dflash_streamed": {"speculative_algorithm": "DFLASH",
                         "speculative_dflash_aux_projection": "streamed"},
+    # two GPUs (scripts/device/tp2_figures.sh); not in the default list
+    "target_tp2": {"tp_size": 2},
+    "dflash_tp2": {"speculative_algorithm": "DFLASH", "tp_size": 2},
 }
+ONE_GPU = ["target", "dflash", "dflash_noshare", "dflash_streamed"]
 
 
 def gsm8k_prompts(data_path: Path | None, n: int, shots: int) -> list[str]:
@@ -161,7 +166,7 @@ def main() -> None:
     p.add_argument("--max-new-tokens", type=int, default=256)
     p.add_argument("--profile-tokens", type=int, default=32)
     p.add_argument("--engines", nargs="+", choices=["transformers", *OURS],
-                   default=["transformers", *OURS])
+                   default=["transformers", *ONE_GPU])
     p.add_argument("--dtype", default="bfloat16")
     p.add_argument("--device", default="cuda")
     p.add_argument("--out", default="benchmark/spec_decode/vs_transformers.json")
@@ -188,6 +193,8 @@ def main() -> None:
                 r = run(name, eng, chunks, a.max_new_tokens, mode == "natural", a.profile_tokens)
                 rows.append({"mode": mode, "bs": bs, "prompts": n, **r})
                 print(f"{name:>15} {mode:>8} bs {bs:>3}: {r['tok_per_s']:9.1f} tok/s", flush=True)
+        if isinstance(eng, OurEngine):
+            eng.engine.shutdown()  # a tensor-parallel engine's other ranks stop
         del eng
         torch.cuda.empty_cache()
     summarize(rows, a)

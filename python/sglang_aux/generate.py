@@ -53,8 +53,11 @@ def main(argv: list[str] | None = None) -> list[dict]:
     texts = [prompt_text(engine.tokenizer, p, args.raw) for p in prompts]
     params = {"max_new_tokens": args.max_new_tokens, "temperature": args.temperature}
     start = time.perf_counter()
-    outs = engine.generate(texts, params)
-    seconds = time.perf_counter() - start
+    try:
+        outs = engine.generate(texts, params)
+        seconds = time.perf_counter() - start
+    finally:
+        engine.shutdown()  # under --tp-size, the other ranks stop
     for prompt, out in zip(prompts, outs, strict=True):
         print(f"--- {prompt!r}\n{out['text']!r}\n{json.dumps(out['meta_info'])}")
     tokens = sum(o["meta_info"]["completion_tokens"] for o in outs)

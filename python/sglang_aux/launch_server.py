@@ -34,7 +34,8 @@ def main(argv: list[str] | None = None) -> None:
     ServerArgs.add_cli_args(parser)
     args = parser.parse_args(argv)
     server_args = ServerArgs.from_parsed(parser, args)
-    check_port(parser, server_args.host, server_args.port)
+    if server_args.node_rank == 0:  # other nodes serve no HTTP
+        check_port(parser, server_args.host, server_args.port)
     logging.basicConfig(level=args.log_level.upper(), format=LOG_FORMAT)
     launch_server(server_args)
 

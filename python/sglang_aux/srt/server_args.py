@@ -45,6 +45,25 @@ def _cli_algorithm(name: str) -> str:
         f"{name} is not implemented in this runtime; choose from {', '.join(CLI_ALGORITHMS)}")
 
 
+def _is_host_port(addr: str) -> bool:
+    host, _, port = addr.rpartition(":")
+    return bool(host) and port.isdigit() and 0 < int(port) < 65536
+
+
+def _add_parallel_args(add, d: dict) -> None:
+    """The tensor-parallel flags (SGLang's names; docs/tensor_parallel.md)."""
+    add("--tp-size", type=int, default=d["tp_size"],
+        help="tensor-parallel ranks, one process (and device) each")
+    add("--nnodes", type=int, default=d["nnodes"], help="nodes the ranks spread over")
+    add("--node-rank", type=int, default=d["node_rank"],
+        help="this node's index; node 0 serves HTTP, the others run their ranks only")
+    add("--dist-init-addr", default=None,
+        help="HOST:PORT of the ranks' rendezvous on node 0 (needed with --nnodes > 1; "
+             "default on one node: a free loopback port)")
+    add("--dist-timeout", type=int, default=None,
+        help="seconds to wait for every node to join, and for a collective (default: 600)")
+
+
 @dataclass
 class ServerArgs:
     model_path: str | None = None  # None: the built-in default model
@@ -60,6 +79,13 @@ class ServerArgs:
     max_running_requests: int = 64
     tp_size: int = 1
     pp_size: int = 1
+    # tensor parallelism over several nodes (SGLang's names): tp_size / nnodes ranks per node,
+    # rendezvous at dist_init_addr (host:port; None on one node: a free loopback port);
+    # dist_timeout: seconds a node may take to join, and a collective to answer (None: 600)
+    nnodes: int = 1
+    node_rank: int = 0
+    dist_init_addr: str | None = None
+    dist_timeout: int | None = None
     speculative_algorithm: str | None = None  # None: DFLASH for the built-in default, else NONE
     speculative_draft_model_path: str | None = None
     speculative_num_draft_tokens: int | None = None
@@ -155,9 +181,7 @@ class ServerArgs:
             raise ValueError("--enable-two-batch-overlap: this runtime does not split batches "
                              "(only the split's aux contract, two_batch_overlap.filter_batch, "
                              "is built); run without it")
-        if self.tp_size != 1:
-            raise ValueError(f"--tp-size {self.tp_size}: tensor parallelism is not built yet; "
-                             "this runtime runs one device (--tp-size 1)")
+        self._check_parallel()
         if not 0.0 < self.mem_fraction_static < 1.0:
             raise ValueError(
                 f"--mem-fraction-static must be in (0, 1), got {self.mem_fraction_static}"
@@ -184,6 +208,22 @@ class ServerArgs:
                              "arrivals' prefills beside the running batch's step: pick one")
         if algo.is_dflash_family():
             self._check_dflash(algo)
+
+    def _check_parallel(self) -> None:
+        """The tensor-parallel layout: whole nodes of ranks, a rendezvous across nodes."""
+        if self.nnodes < 1 or self.tp_size % self.nnodes:
+            raise ValueError(f"--tp-size {self.tp_size} must be a multiple of --nnodes "
+                             f"{self.nnodes} (>= 1): each node runs tp_size / nnodes ranks")
+        if not 0 <= self.node_rank < self.nnodes:
+            raise ValueError(f"--node-rank {self.node_rank} must be in [0, --nnodes "
+                             f"{self.nnodes})")
+        if self.nnodes > 1 and not self.dist_init_addr:
+            raise ValueError("--nnodes > 1 needs --dist-init-addr HOST:PORT (node 0's address, "
+                             "the same on every node)")
+        if self.dist_init_addr is not None and not _is_host_port(self.dist_init_addr):
+            raise ValueError(f"--dist-init-addr must be HOST:PORT, got {self.dist_init_addr!r}")
+        if self.dist_timeout is not None and self.dist_timeout <= 0:
+            raise ValueError(f"--dist-timeout must be > 0 seconds, got {self.dist_timeout}")
 
     def _check_dflash(self, algo: SpeculativeAlgorithm) -> None:
         if self.pp_size > 1:
@@ -314,8 +354,7 @@ class ServerArgs:
             help="KV cache slots (default: what --mem-fraction-static leaves)")
         add("--max-running-requests", type=int, default=d["max_running_requests"],
             help="requests decoded together at most")
-        add("--tp-size", type=int, default=d["tp_size"],
-            help="tensor parallelism: only 1 (one device) is built")
+        _add_parallel_args(add, d)
         add("--pp-size", type=int, default=d["pp_size"],
             help="pipeline stages: only 1 runs (the flag exists for the aux gating contract)")
         add("--speculative-algorithm", default=None, type=_cli_algorithm, choices=CLI_ALGORITHMS,

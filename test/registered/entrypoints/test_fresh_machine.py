@@ -2,9 +2,10 @@
 modules, the GGUF import and a DFlash generation, mapped to distributions and checked against
 the closure of pyproject's `dependencies`); without Triton the CPU still serves (the torch twins)
 and a kernel asked for names the fix. The CLI: `--help` offers the algorithms that run and
-gives every flag help and a default; EAGLE3, `--tp-size 2` and a busy port are one-line usage
-errors (the last before any model loads); `generate` puts prompts through the chat template
-(`--raw` not) and lists offline flags only; every tiny preset has its `-dflash` draft.
+gives every flag help and a default; EAGLE3, a bad `--tp-size` layout and a busy port are
+one-line usage errors (the last before any model loads); `generate` puts prompts through the
+chat template (`--raw` not) and lists offline flags only; every tiny preset has its `-dflash`
+draft.
 `.ci/run` installs the README's main-job line in a clean virtual environment and serves."""
 
 import importlib.metadata
@@ -147,7 +148,7 @@ def test_launch_server_help_lists_what_runs_with_help_and_defaults():
         assert described, f"{flag} has no help"
         assert "default" in option, f"{flag} shows no default"
     assert "--port PORT           port to listen on (default: 30000)" in text
-    assert "--tp-size TP_SIZE     tensor parallelism: only 1 (one device) is built " \
+    assert "--tp-size TP_SIZE     tensor-parallel ranks, one process (and device) each " \
            "(default: 1)" in text
 
 
@@ -161,12 +162,16 @@ def test_eagle3_is_a_one_line_usage_error():
         "from NONE, DFLASH, DSPARK")
 
 
-def test_tensor_parallelism_is_a_usage_error_naming_why(capsys):
-    line = _usage_error(launch_server.main, ["--tp-size", "2"], capsys)
-    assert line.endswith("--tp-size 2: tensor parallelism is not built yet; this runtime runs "
-                         "one device (--tp-size 1)")
-    line = _usage_error(generate.main, ["--tp-size", "2"], capsys)
-    assert "tensor parallelism is not built yet" in line
+def test_bad_tensor_parallel_layouts_are_usage_errors_naming_why(capsys):
+    """--tp-size runs (test/registered/distributed/); layouts that cannot are refused before
+    any rank starts."""
+    line = _usage_error(launch_server.main, ["--tp-size", "3", "--nnodes", "2"], capsys)
+    assert line.endswith("--tp-size 3 must be a multiple of --nnodes 2 (>= 1): each node runs "
+                         "tp_size / nnodes ranks")
+    line = _usage_error(launch_server.main, ["--tp-size", "2", "--nnodes", "2"], capsys)
+    assert "--nnodes > 1 needs --dist-init-addr HOST:PORT" in line
+    line = _usage_error(generate.main, ["--tp-size", "2", "--dist-init-addr", "nohost"], capsys)
+    assert "--dist-init-addr must be HOST:PORT, got 'nohost'" in line
 
 
 def test_two_batch_overlap_is_a_usage_error_naming_why(capsys):

@@ -2,16 +2,31 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 from sglang_aux.srt.configs.speculative_algorithm import SpeculativeAlgorithm
 from sglang_aux.srt.constrained.grammar_backend import GrammarBackend
+from sglang_aux.srt.distributed.parallel_state import (
+    GroupCoordinator,
+    destroy_distributed_environment,
+    get_tp_group,
+    init_distributed_environment,
+)
 from sglang_aux.srt.managers.model_worker import ModelWorker
 from sglang_aux.srt.managers.prefill_delayer import PrefillDelayer
 from sglang_aux.srt.managers.request_factory import RequestFactory
 from sglang_aux.srt.managers.request_output import request_output
 from sglang_aux.srt.managers.schedule_batch import Req
 from sglang_aux.srt.managers.scheduler import Scheduler, Worker
+from sglang_aux.srt.managers.tp_ranks import (
+    node_ranks,
+    ranks_per_node,
+    start_followers,
+    stop_followers,
+    with_rendezvous,
+)
+from sglang_aux.srt.managers.tp_step_broadcast import StepBroadcast
 from sglang_aux.srt.mem_cache.radix_cache import RadixCache
 from sglang_aux.srt.model_executor.runner_utils.side_stream import SideStream
 from sglang_aux.srt.model_loader.builtin import resolve_draft, resolve_model
@@ -22,9 +37,14 @@ from sglang_aux.srt.speculative.dspark_worker import DSparkWorker
 
 
 class Engine:
-    """Runs the scheduler in the caller's thread. Keyword arguments are ServerArgs fields."""
+    """Runs the scheduler in the caller's thread. Keyword arguments are ServerArgs fields.
 
-    def __init__(self, server_args: ServerArgs | None = None, **kwargs):
+    With `--tp-size` > 1 this process is rank 0 and starts the node's other ranks
+    (`tp_ranks.py`), unless `tp_rank` says which rank it is (a process the server or a
+    follower node started); call `shutdown()` to stop them."""
+
+    def __init__(self, server_args: ServerArgs | None = None, *, tp_rank: int | None = None,
+                 **kwargs):
         args = server_args or ServerArgs(**kwargs)
         if args.pp_size > 1:
             raise ValueError(
@@ -33,32 +53,67 @@ class Engine:
             )
         self.server_args = args
         self.model_config, self.tokenizer = resolve_model(args)
-        self.worker = self._make_worker()
-        eos = getattr(self.model_config.hf_config, "eos_token_id", None)
-        eos_ids = set(eos if isinstance(eos, list) else [eos]) - {None}
-        if self.tokenizer.eos_token_id is not None:
-            eos_ids.add(self.tokenizer.eos_token_id)
-        graph_limits = self.worker.model_runner.prefill_graph_limits()
-        self.scheduler = Scheduler(
-            self.worker, self.tokenizer,
-            max_running_requests=args.max_running_requests,
-            context_len=self.model_config.context_len,
-            eos_token_ids=eos_ids,
-            overlap=args.resolved_overlap_schedule(),
-            tree_cache=None if args.disable_radix_cache
-            else RadixCache(self.worker.model_runner.token_to_kv_pool_allocator),
-            prefill_delayer=self._prefill_delayer(graph_limits),
-            prefill_graph_limits=graph_limits,
-            side_stream=SideStream(self.worker.model_runner.device)
-            if args.enable_concurrent_prefill else None,
-            mixed_limits=self.worker.model_runner.mixed_limits(),
-            chunked_prefill_size=args.resolved_chunked_prefill_size(),
-            grammar_backend=GrammarBackend(
-                self.tokenizer.vocab_bytes, self.model_config.hf_config.vocab_size, eos_ids,
-                any_whitespace=not args.constrained_json_disable_any_whitespace),
-        )
+        tp_group = self._join_tp_group(tp_rank)
+        try:
+            self.worker = self._make_worker()
+            eos = getattr(self.model_config.hf_config, "eos_token_id", None)
+            eos_ids = set(eos if isinstance(eos, list) else [eos]) - {None}
+            if self.tokenizer.eos_token_id is not None:
+                eos_ids.add(self.tokenizer.eos_token_id)
+            graph_limits = self.worker.model_runner.prefill_graph_limits()
+            self.scheduler = Scheduler(
+                self.worker, self.tokenizer,
+                max_running_requests=args.max_running_requests,
+                context_len=self.model_config.context_len,
+                eos_token_ids=eos_ids,
+                overlap=args.resolved_overlap_schedule(),
+                tree_cache=None if args.disable_radix_cache
+                else RadixCache(self.worker.model_runner.token_to_kv_pool_allocator),
+                prefill_delayer=self._prefill_delayer(graph_limits),
+                prefill_graph_limits=graph_limits,
+                side_stream=SideStream(self.worker.model_runner.device)
+                if args.enable_concurrent_prefill else None,
+                mixed_limits=self.worker.model_runner.mixed_limits(),
+                chunked_prefill_size=args.resolved_chunked_prefill_size(),
+                grammar_backend=GrammarBackend(
+                    self.tokenizer.vocab_bytes, self.model_config.hf_config.vocab_size,
+                    eos_ids, any_whitespace=not args.constrained_json_disable_any_whitespace),
+            )
+        except BaseException:
+            self._leave_tp_group()  # a failed start leaves no rank behind
+            raise
+        self.step_broadcast = StepBroadcast(self.scheduler, tp_group)
         self.requests = RequestFactory(self.tokenizer, self.scheduler.limits,
                                        self.model_config.hf_config.vocab_size, args.random_seed)
+
+    def _join_tp_group(self, tp_rank: int | None) -> GroupCoordinator:
+        """This process's tensor-parallel group (one rank without `--tp-size`); as rank 0 of
+        an offline engine, first start the node's other ranks."""
+        args = self.server_args
+        self._followers = []
+        if args.tp_size == 1:
+            return get_tp_group()
+        if args.spec_algorithm.is_dflash_family():
+            resolve_draft(args)  # a preset draft is written now, before any model is sharded
+        if tp_rank is None:
+            if args.node_rank != 0:
+                raise ValueError("an offline Engine is rank 0, on node 0; run the other nodes "
+                                 "with `python -m sglang_aux.launch_server --node-rank N`")
+            args = self.server_args = with_rendezvous(args)
+            ranks = node_ranks(args)
+            tp_rank = ranks[0]
+            self._followers = start_followers(args, type(self), ranks[1:])
+        local_rank = tp_rank % ranks_per_node(args)
+        if args.resolved_device() == "cuda":
+            args = self.server_args = dataclasses.replace(args, device=f"cuda:{local_rank}")
+        try:
+            return init_distributed_environment(
+                world_size=args.tp_size, rank=tp_rank, local_rank=local_rank,
+                dist_init_addr=args.dist_init_addr, device=args.resolved_device(),
+                timeout_s=args.dist_timeout)
+        except BaseException:
+            stop_followers(self._followers, timeout=0)
+            raise
 
     def _prefill_delayer(self, graph_limits: tuple[int, int] | None) -> PrefillDelayer | None:
         args = self.server_args
@@ -110,9 +165,9 @@ class Engine:
                 for i in range(n)]
         start = time.perf_counter()
         for r in reqs:
-            self.scheduler.add_request(r)
+            self.step_broadcast.add_request(r)
         while not all(r.finished for r in reqs):
-            self.scheduler.step()
+            self.step_broadcast.step()
         latency = time.perf_counter() - start
         outs = [self.output_of(r, latency) for r in reqs]
         return outs[0] if single else outs
@@ -121,5 +176,15 @@ class Engine:
         return request_output(self.tokenizer, req, latency)
 
     def shutdown(self) -> None:
-        """Stop the grammar compile threads (SGLang's Engine interface)."""
+        """Stop the grammar compile threads, and the tensor-parallel ranks this engine leads
+        and leave the group (SGLang's Engine interface)."""
         self.scheduler.grammar_backend.shutdown()
+        if self.step_broadcast.replicated:
+            try:
+                self.step_broadcast.stop()
+            finally:
+                self._leave_tp_group()
+
+    def _leave_tp_group(self) -> None:
+        stop_followers(self._followers)
+        destroy_distributed_environment()

@@ -54,6 +54,7 @@ from sglang_aux.srt.entrypoints.server_info import model_info, render_metrics, s
 from sglang_aux.srt.managers.request_output import logprob_meta_info
 from sglang_aux.srt.managers.request_stream import StreamDelta
 from sglang_aux.srt.managers.tokenizer_manager import SchedulerGone, TokenizerManager
+from sglang_aux.srt.managers.tp_ranks import run_follower_node
 from sglang_aux.srt.server_args import ServerArgs
 
 logger = logging.getLogger(__name__)
@@ -247,11 +248,19 @@ def _exit_on_sigterm(signum: int, frame: FrameType | None) -> None:
     raise SystemExit(128 + signum)
 
 
+def serve_follower_node(server_args: ServerArgs) -> int:
+    """A node past the first (`--node-rank` > 0) serves no HTTP: it runs its tensor-parallel
+    ranks, which follow rank 0 on node 0, until they end; their exit code."""
+    return run_follower_node(server_args, Engine)
+
+
 def launch_server(server_args: ServerArgs) -> None:
     """Build the Engine in the scheduler process, then serve HTTP until interrupted (the
     scheduler process is stopped on the way out). If the scheduler process dies, the requests
     in flight fail, the server stops and this raises SystemExit(SCHEDULER_EXIT_CODE), so a
     supervisor sees it and restarts it."""
+    if server_args.node_rank > 0:
+        raise SystemExit(serve_follower_node(server_args))
     sys.setswitchinterval(gil_switch_interval())
     # uvicorn answers SIGTERM with a graceful shutdown, then raises it again: unwind then, as
     # on Ctrl-C, so that the scheduler process is stopped below instead of left to notice

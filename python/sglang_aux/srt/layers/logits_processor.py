@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import torch
 
 from sglang_aux.srt.forward_state.forward_batch_info import CaptureHiddenMode, ForwardBatch
+from sglang_aux.srt.layers.vocab_parallel_embedding import lm_head_logits
 
 
 @dataclass
@@ -22,7 +23,9 @@ class LogitsProcessor:
     """Applies the LM head to the rows that need logits.
 
     With `forward_batch.next_token_logits_buffer` set (graph capture), the logits are written
-    into that buffer, so the graph's output lives in runner-owned storage.
+    into that buffer, so the graph's output lives in runner-owned storage. Under tensor
+    parallelism `lm_head_weight` is this rank's vocabulary rows and the logits are gathered:
+    every rank holds the whole `[rows, vocab]`.
     """
 
     def __call__(self, hidden: torch.Tensor, lm_head_weight: torch.Tensor,
@@ -37,10 +40,6 @@ class LogitsProcessor:
                 ext = torch.tensor(forward_batch.extend_seq_lens_cpu, device=hidden.device)
             # a padded request (0 new tokens) repeats the previous row; its logits are unused
             rows = hidden[(ext.cumsum(0) - 1).clamp_min(0)]
-        out = forward_batch.next_token_logits_buffer
-        if out is None:
-            logits = torch.matmul(rows, lm_head_weight.t())
-        else:
-            logits = torch.matmul(rows, lm_head_weight.t(), out=out)
+        logits = lm_head_logits(rows, lm_head_weight, forward_batch.next_token_logits_buffer)
         kept = hidden if forward_batch.capture_hidden_mode == CaptureHiddenMode.FULL else None
         return LogitsProcessorOutput(logits, kept, aux_hidden_states)

@@ -6,6 +6,7 @@ import torch
 
 from sglang_aux.srt.configs.model_config import ModelConfig
 from sglang_aux.srt.constrained.request_grammar import batch_bitmask
+from sglang_aux.srt.distributed.communication_op import broadcast_from_first_rank
 from sglang_aux.srt.forward_state.forward_batch_info import CaptureHiddenMode, ForwardMode
 from sglang_aux.srt.managers.pending_step import PendingStep
 from sglang_aux.srt.managers.schedule_batch import (
@@ -47,10 +48,11 @@ class RequestRowStaging:
     def _sample(self, logits: torch.Tensor, reqs: list[Req], rows: torch.Tensor,
                 positions: torch.Tensor) -> torch.Tensor:
         """The next token of each request from its logits at `positions` (penalties,
-        min_new_tokens, its grammar and its sampling parameters applied)."""
-        return sample_next_tokens(self.sampling_rows, self.penalty_rows, logits,
-                                  [r.sampling_params for r in reqs], rows, positions,
-                                  self._token_bitmask(reqs))
+        min_new_tokens, its grammar and its sampling parameters applied); rank 0's under
+        tensor parallelism, so ranks cannot diverge."""
+        return broadcast_from_first_rank(sample_next_tokens(
+            self.sampling_rows, self.penalty_rows, logits, [r.sampling_params for r in reqs],
+            rows, positions, self._token_bitmask(reqs)))
 
     def _token_bitmask(self, reqs: list[Req],
                        drafts: list[list[int]] | None = None) -> torch.Tensor | None:
@@ -69,9 +71,9 @@ class RequestRowStaging:
 
 class ModelWorker(RequestRowStaging):
     """The scheduler's `Worker` without speculation: one ModelRunner, one token per request per
-    step (SGLang's `ModelWorker`, without tensor parallelism). `prefill` and `decode` launch
-    a step and return it pending; its `tokens()` gives each request's new tokens, and the scheduler
-    appends them and decides when a request ends.
+    step (SGLang's `ModelWorker`; under tensor parallelism each rank runs one, on its shard).
+    `prefill` and `decode` launch a step and return it pending; its `tokens()` gives each
+    request's new tokens, and the scheduler appends them and decides when a request ends.
 
     A decode step issues no per-request device work: one input copy, the rows
     (`step_inputs`; a graph derives the rest in its prologue from the rows' device

@@ -9,6 +9,11 @@ work, and after each step send one message with every request's new tokens
 scheduler isolates it); a step that raises fails the requests in flight, and the loop keeps
 serving. The loop ends on "stop" or when the front end's pipe closes (the server
 died): nobody is left to serve.
+
+Under tensor parallelism this process is rank 0: each command and step also goes to the
+follower ranks (`tp_step_broadcast.py`), and a step that raises ends the process (the group
+may be broken: a rank died or stopped answering), after failing the requests in flight with
+the reason.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from multiprocessing.connection import Connection
 
 import torch
 
+from sglang_aux.srt.distributed.parallel_state import destroy_distributed_environment
 from sglang_aux.srt.managers.io_struct import EngineSpec, Finished, NewLogprobs, RequestOut
 from sglang_aux.srt.managers.schedule_batch import Req
 from sglang_aux.srt.managers.scheduler_info import engine_info
@@ -34,12 +40,14 @@ logger = logging.getLogger(__name__)
 LOG_FORMAT = "[%(asctime)s] %(levelname)s %(name)s: %(message)s"
 
 def run_scheduler_process(server_args: ServerArgs, commands: Connection, outputs: Connection,
-                          make_engine: EngineFactory) -> None:
-    """The child's main: build the engine, report it ready (or why not), serve commands."""
+                          make_engine: EngineFactory, tp_rank: int | None = None) -> None:
+    """The child's main: build the engine (as tensor-parallel rank `tp_rank`, whose
+    followers the front end started), report it ready (or why not), serve commands."""
     logging.basicConfig(level=server_args.log_level.upper(), format=LOG_FORMAT)
     with torch.no_grad():
         try:
-            engine = make_engine(server_args)
+            engine = (make_engine(server_args) if tp_rank is None
+                      else make_engine(server_args, tp_rank=tp_rank))
         except BaseException as e:  # start() re-raises it in the front end
             _send_startup_error(outputs, e)
             return
@@ -48,6 +56,8 @@ def run_scheduler_process(server_args: ServerArgs, commands: Connection, outputs
             SchedulerLoop(engine, commands, outputs).run()
         except (BrokenPipeError, EOFError, ConnectionResetError):
             logger.info("the front end went away; the scheduler process exits")
+        finally:
+            destroy_distributed_environment()
 
 
 def _send_startup_error(outputs: Connection, error: BaseException) -> None:
@@ -80,6 +90,7 @@ class SchedulerLoop:
     def __init__(self, engine: ServingEngine, commands: Connection, outputs: Connection):
         self.engine = engine
         self.sched = engine.scheduler
+        self.steps = engine.step_broadcast  # the scheduler's commands and steps, to every rank
         self.commands = commands
         self.outputs = outputs
         self.throughput = StepThroughput()
@@ -100,13 +111,14 @@ class SchedulerLoop:
             cmd = self.commands.recv()
             kind = cmd[0]
             if kind == "stop":
+                self.steps.stop()
                 return False
             if kind == "add":
                 self._add(*cmd[1:])
             elif kind == "abort":
                 self._abort(cmd[1])
             elif kind == "flush_cache":
-                self.outputs.send(("reply", cmd[1], self.sched.flush_cache()))
+                self.outputs.send(("reply", cmd[1], self.steps.flush_cache()))
             elif kind == "info":
                 self.outputs.send(("reply", cmd[1], engine_info(self.engine, self.throughput)))
             else:
@@ -116,7 +128,7 @@ class SchedulerLoop:
     def _add(self, rid: str, input_ids: list[int], params, seed: int, logprob) -> None:
         req = Req(rid, input_ids, params, seed=seed, logprob=logprob)
         try:
-            self.sched.add_request(req)  # the front end validated it against the same limits
+            self.steps.add_request(req)  # the front end validated it against the same limits
         except ValueError as e:
             self.outputs.send(("failed", [rid], str(e)))
             return
@@ -125,7 +137,7 @@ class SchedulerLoop:
     def _abort(self, rid: str) -> None:
         live = self._live.pop(rid, None)
         if live is not None:  # else it finished (or failed) already
-            self.sched.abort(live.req)
+            self.steps.abort(live.req)
             self.outputs.send(("aborted", rid))
             logger.debug("aborted %s after %d tokens", rid, live.sent)
 
@@ -133,9 +145,11 @@ class SchedulerLoop:
         start, emitted = time.perf_counter(), self._emitted
         failed: list[str] = []
         try:
-            self.sched.step()
+            self.steps.step()
             self.throughput.record_step(self._emitted - emitted, time.perf_counter() - start)
         except Exception as e:
+            if self.steps.replicated:
+                self._end_tensor_parallel(e)
             # Keep serving: fail what was in flight and start from an empty scheduler.
             logger.exception("scheduler step failed; failing %d requests", len(self._live))
             self.sched.in_flight = []  # its requests are failed below
@@ -150,6 +164,16 @@ class SchedulerLoop:
             self._updates = []
         if failed:
             self.outputs.send(("failed", failed, reason))
+
+    def _end_tensor_parallel(self, error: Exception) -> None:
+        """A tensor-parallel step failed: the ranks may no longer agree (or one is gone), so
+        fail every request in flight with the reason and end the process."""
+        reason = (f"tensor-parallel step failed on rank {self.steps.group.rank} of "
+                  f"{self.steps.group.world_size} (a rank died or stopped answering?): "
+                  f"{error!r}; the server stops")
+        logger.error(reason)
+        self.outputs.send(("failed", list(self._live), reason))
+        raise SystemExit(1) from error
 
     def _on_update(self, req: Req) -> None:
         live = self._live.get(req.rid)

@@ -9,6 +9,7 @@ from typing import Protocol
 
 from sglang_aux.srt.configs.model_config import ModelConfig
 from sglang_aux.srt.managers.scheduler import Scheduler, Worker
+from sglang_aux.srt.managers.tp_step_broadcast import StepBroadcast
 from sglang_aux.srt.model_loader.tokenizer import Tokenizer
 from sglang_aux.srt.server_args import ServerArgs
 
@@ -19,7 +20,10 @@ class ServingEngine(Protocol):
     tokenizer: Tokenizer
     worker: Worker  # managers.model_worker.ModelWorker or speculative's DFlashWorker
     scheduler: Scheduler
+    # the scheduler's commands and steps, sent to the other tensor-parallel ranks
+    step_broadcast: StepBroadcast
 
 
-# called in the scheduler process: a module-level callable (pickled by reference)
-EngineFactory = Callable[[ServerArgs], ServingEngine]
+# called in the scheduler process with the args alone (under tensor parallelism, and in each
+# follower, with `tp_rank=` too): a module-level callable (pickled by reference)
+EngineFactory = Callable[..., ServingEngine]

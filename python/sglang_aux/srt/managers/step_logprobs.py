@@ -17,6 +17,7 @@ import torch
 
 from sglang_aux.srt.forward_state.forward_batch_info import ForwardBatch
 from sglang_aux.srt.layers.logits_processor import LogitsProcessorOutput
+from sglang_aux.srt.layers.vocab_parallel_embedding import lm_head_logits
 from sglang_aux.srt.managers.schedule_batch import Req
 from sglang_aux.srt.model_executor.runner_utils.host_transfer import to_device
 from sglang_aux.srt.sampling.logprobs import (
@@ -104,7 +105,7 @@ class StepLogprobs:
             reqs.append(r)
             counts.append(n)
         rows_t, toks_t = to_device([rows, toks], dev)
-        values = position_logprobs(hidden[rows_t] @ weight.t(), toks_t, self.top_n,
+        values = position_logprobs(lm_head_logits(hidden[rows_t], weight), toks_t, self.top_n,
                                    self._ids(reqs, counts, dev))
         return values.view(torch.int64).reshape(-1)
 

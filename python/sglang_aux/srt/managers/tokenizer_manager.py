@@ -10,6 +10,9 @@ updates to their event loops in one `call_soon_threadsafe` per loop, so a loop w
 step. If the scheduler process dies, `alive` turns false at once (its pipe closes), every
 waiting request fails with the reason, and so does every later one; then
 `on_scheduler_exit` is called (the HTTP server exits, so that a supervisor restarts it).
+Under tensor parallelism the scheduler process is rank 0 and this side also starts the node's
+follower ranks (`tp_ranks.py`); a follower that exits ends the scheduler process too (rank 0
+may be waiting on it inside a collective), with the same consequences and the rank named.
 """
 
 from __future__ import annotations
@@ -23,6 +26,8 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from multiprocessing.connection import wait
+from multiprocessing.process import BaseProcess
 
 from sglang_aux.srt.managers.io_struct import EngineSpec, RequestOut
 from sglang_aux.srt.managers.request_factory import RequestFactory
@@ -31,6 +36,12 @@ from sglang_aux.srt.managers.schedule_batch import Req
 from sglang_aux.srt.managers.scheduler_process import run_scheduler_process
 from sglang_aux.srt.managers.server_metrics import ServerMetrics
 from sglang_aux.srt.managers.serving_engine import EngineFactory
+from sglang_aux.srt.managers.tp_ranks import (
+    node_ranks,
+    start_followers,
+    stop_followers,
+    with_rendezvous,
+)
 from sglang_aux.srt.model_loader.tokenizer import Tokenizer
 from sglang_aux.srt.server_args import ServerArgs
 
@@ -59,15 +70,21 @@ class TokenizerManager:
     def __init__(self, server_args: ServerArgs, make_engine: EngineFactory):
         """`make_engine` builds the engine in the scheduler process (the server passes
         `entrypoints.engine.Engine`): a module-level callable, pickled there by reference."""
+        server_args = with_rendezvous(server_args)  # every rank is given the same address
         self.server_args = server_args  # replaced by the engine's resolved ones at start()
         self.metrics = ServerMetrics()
         self.spec: EngineSpec | None = None
         ctx = multiprocessing.get_context("spawn")  # CUDA cannot run in a forked child
         child_commands, self._commands = ctx.Pipe(duplex=False)
         self._outputs, child_outputs = ctx.Pipe(duplex=False)
+        tp_ranks = node_ranks(server_args)
         self._process = ctx.Process(
             target=run_scheduler_process, name="sglang_aux-scheduler", daemon=True,
-            args=(server_args, child_commands, child_outputs, make_engine))
+            args=(server_args, child_commands, child_outputs, make_engine,
+                  tp_ranks[0] if server_args.tp_size > 1 else None))
+        self._make_engine = make_engine
+        self._followers: list[BaseProcess] = []  # this node's other TP ranks, once started
+        self._follower_exit: str | None = None  # why a follower ended the scheduler
         self._child_ends = (child_commands, child_outputs)
         self._tokenize = ThreadPoolExecutor(TOKENIZER_THREADS, thread_name_prefix="tokenize")
         self._live: dict[str, _Live] = {}  # added on an event loop, removed by the reader
@@ -102,15 +119,19 @@ class TokenizerManager:
         self._process.start()
         for end in self._child_ends:  # the child's now: EOF here once it exits
             end.close()
+        self._start_followers()
         try:
             msg = self._outputs.recv()
         except EOFError:
-            raise SchedulerGone(f"the scheduler process exited (exit code "
+            stop_followers(self._followers)
+            cause = f"{self._follower_exit}, so " if self._follower_exit else ""
+            raise SchedulerGone(f"{cause}the scheduler process exited (exit code "
                                 f"{self._wait_exit(None)}) before its engine was ready"
                                 ) from None
         if msg[0] == "startup_error":
             _, error, text = msg
             self._wait_exit(STOP_TIMEOUT_S)
+            stop_followers(self._followers)
             error.add_note(f"raised in the scheduler process:\n{text}")
             raise error
         self.spec = spec = msg[1]
@@ -119,6 +140,29 @@ class TokenizerManager:
                                        spec.server_args.random_seed)
         self._reader.start()
         return spec
+
+    def _start_followers(self) -> None:
+        """The node's tensor-parallel ranks after its first (the scheduler process's), watched
+        from now on: one that fails while rank 0 starts would otherwise leave it waiting in a
+        collective until `--dist-timeout`."""
+        ranks = node_ranks(self.server_args)[1:]
+        if self.server_args.tp_size > 1 and ranks:
+            self._followers = start_followers(self.server_args, self._make_engine, ranks)
+            threading.Thread(target=self._watch_followers, name="tp-follower-watch",
+                             daemon=True).start()
+
+    def _watch_followers(self) -> None:
+        """Wait for a follower to exit; unless shutting down, end the scheduler process (the
+        reader then fails every request, naming the rank)."""
+        by_sentinel = {p.sentinel: p for p in self._followers}
+        gone = by_sentinel[wait(list(by_sentinel))[0]]
+        gone.join()
+        if self._stopping:
+            return
+        self._follower_exit = (f"tensor-parallel rank process {gone.name} (pid {gone.pid}) "
+                               f"exited with code {gone.exitcode}")
+        logger.error("%s; stopping the scheduler process", self._follower_exit)
+        self._process.terminate()
 
     async def submit(self, *, text: str | None = None, input_ids: list[int] | None = None,
                      sampling_params: dict | None = None,
@@ -185,6 +229,7 @@ class TokenizerManager:
             self._process.kill()
             code = self._wait_exit(None)
         logger.info("the scheduler process stopped (exit code %s)", code)
+        stop_followers(self._followers)
 
     def _wait_exit(self, timeout: float | None) -> int | None:
         """Join the scheduler process; its exit code, or None while it runs. The reader thread
@@ -237,6 +282,8 @@ class TokenizerManager:
         code = self._wait_exit(STOP_TIMEOUT_S)
         reason = (f"the scheduler process exited (exit code {code}); this "
                   "server cannot run requests any more")
+        if self._follower_exit is not None:
+            reason = f"{self._follower_exit}, so {reason}"
         with self._lock:
             self._error = reason
             replies, self._replies = self._replies, {}

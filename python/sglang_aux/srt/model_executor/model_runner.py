@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from sglang_aux.srt.configs.model_config import ModelConfig
+from sglang_aux.srt.distributed.parallel_state import get_tp_group, kv_heads_per_rank
 from sglang_aux.srt.forward_state.forward_batch_info import (
     CaptureHiddenMode,
     ForwardBatch,
@@ -108,14 +109,19 @@ class ModelRunner:
                 server_args.max_running_requests, model_config.context_len, self.device
             )
         self.req_to_token_pool = req_to_token_pool
+        tp = get_tp_group()
+        # this rank's KV heads: the pool holds only what its attention reads
+        self.num_kv_heads = kv_heads_per_rank(model_config.num_kv_heads, tp.world_size)
         if token_to_kv_pool_allocator is None:
-            size = kv_pool_size(model_config, server_args, self.device)
+            # every rank schedules the same slots: the size the smallest rank holds
+            size = tp.min_int(kv_pool_size(model_config, server_args, self.device,
+                                           self.num_kv_heads))
             token_to_kv_pool_allocator = TokenToKVPoolAllocator(size, self.device)
         self.token_to_kv_pool_allocator = token_to_kv_pool_allocator
         self.token_to_kv_pool = MHATokenToKVPool(
             token_to_kv_pool_allocator.size,
             model_config.num_layers,
-            model_config.num_kv_heads,
+            self.num_kv_heads,
             model_config.head_dim,
             model_config.dtype,
             self.device,

@@ -39,10 +39,12 @@ from types import SimpleNamespace
 import torch
 from torch import nn
 
+from sglang_aux.srt.distributed.communication_op import tensor_model_parallel_all_reduce
 from sglang_aux.srt.forward_state.forward_batch_info import ForwardBatch
 from sglang_aux.srt.layers.aux_hidden_states import AuxHiddenStates
 from sglang_aux.srt.layers.layernorm import RMSNorm
 from sglang_aux.srt.layers.triton_ops.dispatch import use_triton
+from sglang_aux.srt.layers.vocab_parallel_embedding import VocabParallelEmbedding
 from sglang_aux.srt.models.llama import LlamaAttention, LlamaForCausalLM, LlamaMLP
 
 
@@ -92,6 +94,11 @@ class KimiK3MoE(nn.Module):
     NOTE: every expert runs on every token, weighted by a dense `[T, E]` routing matrix that
     is zero off the top-k: fixed shapes and no data-dependent control flow, so a decode graph
     can capture it. Fine at test sizes; a grouped-GEMM kernel would replace it at scale.
+
+    Tensor parallelism (SGLang's TP MoE, not expert parallelism): every rank holds every
+    expert, each split along its intermediate dimension like a dense MLP; the router is
+    replicated. The routed mixture and the shared experts are linear in the ranks' partial
+    down projections, so they are summed locally and reduced once per layer.
     """
 
     def __init__(self, config: SimpleNamespace):
@@ -103,9 +110,11 @@ class KimiK3MoE(nn.Module):
                 f"num_experts_per_tok={self.top_k} must be in [1, num_experts={config.num_experts}]"
             )
         self.gate = nn.Linear(h, config.num_experts, bias=False)
-        self.experts = nn.ModuleList([LlamaMLP(h, inter) for _ in range(config.num_experts)])
+        self.experts = nn.ModuleList([LlamaMLP(h, inter, reduce_results=False)
+                                      for _ in range(config.num_experts)])
         n_shared = getattr(config, "n_shared_experts", 0) or 0
-        self.shared_experts = LlamaMLP(h, inter * n_shared) if n_shared > 0 else None
+        self.shared_experts = (LlamaMLP(h, inter * n_shared, reduce_results=False)
+                               if n_shared > 0 else None)
 
     def routing_weights(self, x: torch.Tensor) -> torch.Tensor:
         """`[T, E]` fp32 weights: renormalized top-k softmax probabilities, zero elsewhere."""
@@ -120,7 +129,7 @@ class KimiK3MoE(nn.Module):
         out = torch.einsum("te,teh->th", weights, routed)
         if self.shared_experts is not None:
             out = out + self.shared_experts(x)
-        return out
+        return tensor_model_parallel_all_reduce(out)
 
 
 class KimiK3DecoderLayer(nn.Module):
@@ -163,7 +172,7 @@ class KimiK3Model(nn.Module):
         if self.block_size < 1:
             raise ValueError(f"attn_res_block_size must be >= 1, got {self.block_size}")
         h, eps = config.hidden_size, config.rms_norm_eps
-        self.embed_tokens = nn.Embedding(config.vocab_size, h)
+        self.embed_tokens = VocabParallelEmbedding(config.vocab_size, h)
         self.layers = nn.ModuleList(
             [KimiK3DecoderLayer(config, i) for i in range(config.num_hidden_layers)]
         )

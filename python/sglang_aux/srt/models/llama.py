@@ -18,6 +18,12 @@ from sglang_aux.srt.configs.decoder_config import (
     check_decoder_config,
     full_attention_layers,
 )
+from sglang_aux.srt.distributed.parallel_state import (
+    divide,
+    get_tensor_model_parallel_rank,
+    get_tensor_model_parallel_world_size,
+    kv_heads_per_rank,
+)
 from sglang_aux.srt.forward_state.forward_batch_info import ForwardBatch
 from sglang_aux.srt.layers.activation import SiluAndMul
 from sglang_aux.srt.layers.aux_hidden_states import (
@@ -28,12 +34,16 @@ from sglang_aux.srt.layers.aux_hidden_states import (
     finish_aux_hidden_states,
 )
 from sglang_aux.srt.layers.layernorm import RMSNorm
-from sglang_aux.srt.layers.linear import MergedColumnLinear
+from sglang_aux.srt.layers.linear import MergedColumnLinear, RowParallelLinear, column_shards
 from sglang_aux.srt.layers.logits_processor import LogitsProcessor, LogitsProcessorOutput
 from sglang_aux.srt.layers.quantization.staged_input import MXFP8InputAccumulator
 from sglang_aux.srt.layers.radix_attention import RadixAttention
 from sglang_aux.srt.layers.rope_scaling import RopeScaling
 from sglang_aux.srt.layers.rotary_embedding import RotaryEmbedding
+from sglang_aux.srt.layers.vocab_parallel_embedding import (
+    ParallelLMHead,
+    VocabParallelEmbedding,
+)
 from sglang_aux.srt.models.weight_utils import load_named_weights
 
 
@@ -41,21 +51,38 @@ def head_dim_of(config: SimpleNamespace) -> int:
     return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
 
 
+def qkv_shards(num_heads: int, num_kv_heads: int, head_dim: int
+               ) -> tuple[dict[str, int], dict[str, tuple[int, int]]]:
+    """This rank's q/k/v rows and where they start in the checkpoint: query heads split over
+    ranks; KV heads split too, or, fewer than ranks, each rank holds the one its query heads
+    read (replicated over `tp / num_kv_heads` ranks)."""
+    tp, rank = get_tensor_model_parallel_world_size(), get_tensor_model_parallel_rank()
+    q = divide(num_heads, tp, "the number of attention heads")
+    kv = kv_heads_per_rank(num_kv_heads, tp)
+    kv_start = rank * kv if num_kv_heads >= tp else rank * num_kv_heads // tp
+    d = head_dim
+    sizes = {"q_proj": q * d, "k_proj": kv * d, "v_proj": kv * d}
+    slices = {"q_proj": (rank * q * d, num_heads * d),
+              "k_proj": (kv_start * d, num_kv_heads * d),
+              "v_proj": (kv_start * d, num_kv_heads * d)}
+    return sizes, slices
+
+
 class LlamaAttention(nn.Module):
     """Self-attention with one merged `qkv_proj` GEMM; per-head q/k norm (Qwen3 sets
-    `q_norm`/`k_norm`), RoPE and the K/V store run as one fused step after it."""
+    `q_norm`/`k_norm`), RoPE and the K/V store run as one fused step after it. Under tensor
+    parallelism each rank runs its heads (`qkv_shards`) and `o_proj` sums the ranks'."""
 
     def __init__(self, config: SimpleNamespace, layer_id: int):
         super().__init__()
-        self.num_heads = config.num_attention_heads
-        self.num_kv_heads = config.num_key_value_heads
-        self.head_dim = head_dim_of(config)
+        self.head_dim = d = head_dim_of(config)
+        sizes, slices = qkv_shards(config.num_attention_heads, config.num_key_value_heads, d)
+        self.num_heads = sizes["q_proj"] // d  # this rank's
+        self.num_kv_heads = sizes["k_proj"] // d
         qkv_bias, o_bias = self.projection_biases(config)
-        h, d = config.hidden_size, self.head_dim
-        self.qkv_proj = MergedColumnLinear(
-            h, {"q_proj": self.num_heads * d, "k_proj": self.num_kv_heads * d,
-                "v_proj": self.num_kv_heads * d}, bias=qkv_bias)
-        self.o_proj = nn.Linear(self.num_heads * d, h, bias=o_bias)
+        h = config.hidden_size
+        self.qkv_proj = MergedColumnLinear(h, sizes, bias=qkv_bias, shard_slices=slices)
+        self.o_proj = RowParallelLinear(config.num_attention_heads * d, h, bias=o_bias)
         self.rotary_emb = RotaryEmbedding(d, config.max_position_embeddings,
                                           RopeScaling.from_hf_config(config))
         pattern = self.layer_attention(config, layer_id)
@@ -90,12 +117,17 @@ class LlamaAttention(nn.Module):
 
 
 class LlamaMLP(nn.Module):
-    def __init__(self, hidden_size: int, intermediate_size: int):
+    """Gate/up column-parallel, down row-parallel: one all-reduce, or none with
+    `reduce_results=False` (the MoE sums its experts first)."""
+
+    def __init__(self, hidden_size: int, intermediate_size: int, reduce_results: bool = True):
         super().__init__()
-        self.gate_up_proj = MergedColumnLinear(
-            hidden_size, {"gate_proj": intermediate_size, "up_proj": intermediate_size})
+        sizes, slices = column_shards({"gate_proj": intermediate_size,
+                                       "up_proj": intermediate_size})
+        self.gate_up_proj = MergedColumnLinear(hidden_size, sizes, shard_slices=slices)
         self.act_fn = SiluAndMul()
-        self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=False)
+        self.down_proj = RowParallelLinear(intermediate_size, hidden_size, bias=False,
+                                           reduce_results=reduce_results)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(self.act_fn(self.gate_up_proj(x)))
@@ -157,7 +189,7 @@ class LlamaModel(nn.Module):
 
     def __init__(self, config: SimpleNamespace):
         super().__init__()
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(
             [self.layer_cls(config, i) for i in range(config.num_hidden_layers)]
         )
@@ -182,11 +214,12 @@ class LlamaForCausalLM(nn.Module):
         self.model = self.model_cls(config)
         self.tie_word_embeddings = getattr(config, "tie_word_embeddings", False)
         if not self.tie_word_embeddings:
-            self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+            self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size)
         self.logits_processor = LogitsProcessor()
 
     @property
     def lm_head_weight(self) -> torch.Tensor:
+        """This rank's vocabulary rows `[V / tp, H]` (all of them on one rank)."""
         return self.model.embed_tokens.weight if self.tie_word_embeddings else self.lm_head.weight
 
     def get_input_embeddings(self) -> nn.Embedding:

@@ -30,17 +30,27 @@ def checkpoint_targets(module: nn.Module) -> dict[str, torch.Tensor]:
     This is SGLang's stacked-params mapping, read off the merged modules themselves so the
     shard names and order have one definition (`MergedColumnLinear.shard_sizes`).
     """
+    return {name: t for name, (t, _) in _targets(module).items()}
+
+
+Cut = tuple[int, int, int]  # (dim, this rank's start along it, the checkpoint's size there)
+
+
+def _targets(module: nn.Module) -> dict[str, tuple[torch.Tensor, Cut | None]]:
+    """`checkpoint_targets` with where each target's piece of the checkpoint tensor lies
+    under tensor parallelism (`tp_slice`), None for the whole tensor."""
     merged = {name: m for name, m in module.named_modules() if isinstance(m, MergedColumnLinear)}
-    targets: dict[str, torch.Tensor] = {}
+    targets: dict[str, tuple[torch.Tensor, Cut | None]] = {}
     for name, param in module.named_parameters():
         owner, _, leaf = name.rpartition(".")
         if owner not in merged:
-            targets[name] = param
+            targets[name] = param, getattr(param, "tp_slice", None)
             continue
         parent = owner.rpartition(".")[0]
-        for shard in merged[owner].shard_sizes:
+        m = merged[owner]
+        for shard in m.shard_sizes:
             targets[f"{parent}.{shard}.{leaf}" if parent else f"{shard}.{leaf}"] = (
-                merged[owner].shard_param(shard, leaf))
+                m.shard_param(shard, leaf), (0, *m.shard_slices[shard]))
     return targets
 
 
@@ -55,10 +65,11 @@ def load_named_weights(module: nn.Module, weights: Iterable[tuple[str, torch.Ten
     """Copy checkpoint tensors into `module`'s parameters by name (merged projections shard by
     shard, see `checkpoint_targets`).
 
+    Under tensor parallelism each target takes this rank's piece of the checkpoint tensor.
     Raises ValueError for a tensor whose shape differs from its target, a checkpoint name
     the module does not have, or a tensor (or merged-projection shard) the checkpoint lacks.
     """
-    targets = checkpoint_targets(module)
+    targets = _targets(module)
     loaded: set[str] = set()
     for name, tensor in weights:
         if name in skip:
@@ -67,7 +78,9 @@ def load_named_weights(module: nn.Module, weights: Iterable[tuple[str, torch.Ten
             raise ValueError(
                 f"checkpoint tensor {name!r} has no parameter in {type(module).__name__}"
             )
-        target = targets[name]
+        target, cut = targets[name]
+        if cut is not None and tensor.dim() == target.dim() and tensor.shape[cut[0]] == cut[2]:
+            tensor = tensor.narrow(cut[0], cut[1], target.shape[cut[0]])
         if tuple(tensor.shape) != tuple(target.shape):
             raise ValueError(
                 f"checkpoint tensor {name!r} has shape {tuple(tensor.shape)}, the model expects "

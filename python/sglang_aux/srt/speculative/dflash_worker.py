@@ -27,6 +27,7 @@ import torch
 from sglang_aux.srt.configs.dflash_config import DFlashConfig
 from sglang_aux.srt.configs.model_config import ModelConfig
 from sglang_aux.srt.constrained.token_bitmask import apply_token_bitmask
+from sglang_aux.srt.distributed.communication_op import broadcast_from_first_rank
 from sglang_aux.srt.forward_state.forward_batch_info import (
     AuxProjection,
     CaptureHiddenMode,
@@ -371,6 +372,7 @@ class DFlashWorker(RequestRowStaging):
         """`_verdicts[:bs]` from `bs` blocks' drafts `[bs, B-1]` and their logits rows."""
         target_argmax = logits.view(bs, self.block_size, -1).argmax(-1)
         self._verdicts[:bs] = greedy_verify(drafts, target_argmax).packed()
+        broadcast_from_first_rank(self._verdicts[:bs])  # rank 0 decides: ranks cannot diverge
 
     def _verify_sampling(self, fb: ForwardBatch, out: LogitsProcessorOutput) -> None:
         """The TARGET_VERIFY sampling tail (`_rejection_sample`)."""
@@ -394,7 +396,8 @@ class DFlashWorker(RequestRowStaging):
                                    uniform(seed, positions + 1, Lane.RESIDUAL),
                                    num_verified).packed()
         verdicts = self._verdicts[:bs]
-        verdicts.copy_(torch.where(params.is_greedy[:, None], verdicts, sampled))
+        broadcast_from_first_rank(verdicts.copy_(torch.where(params.is_greedy[:, None],
+                                                             verdicts, sampled)))
 
     def _graph_proposals(self, reqs: list[Req], _fb: ForwardBatch) -> torch.Tensor:
         return self._drafts[: len(reqs)]
@@ -404,6 +407,7 @@ class DFlashWorker(RequestRowStaging):
         offsets (no shift); greedy proposals land in `_drafts[:bs]`."""
         bs, b = fb.batch_size, self.block_size
         self._drafts[:bs] = out.next_token_logits.view(bs, b, -1)[:, 1:].argmax(-1)
+        broadcast_from_first_rank(self._drafts[:bs])
 
     def _draft_sampling(self, fb: ForwardBatch, out: LogitsProcessorOutput) -> None:
         """The DRAFT_BLOCK sampling tail: sampled requests draw their proposals instead, from
@@ -417,7 +421,8 @@ class DFlashWorker(RequestRowStaging):
         positions = fb.positions.view(bs, b)[:, 1:].reshape(-1)
         drawn = sample_from_probs(q, uniform(rows.seed, positions, Lane.DRAFT)).view(bs, b - 1)
         drafts = self._drafts[:bs]
-        drafts.copy_(torch.where(params.is_greedy[:, None], drafts, drawn))
+        broadcast_from_first_rank(drafts.copy_(torch.where(params.is_greedy[:, None], drafts,
+                                                           drawn)))
 
     def _staged_from_tokens(self) -> int | None:
         """The prefill size from which the staged MXFP8 fc input replaces packed aux rows;

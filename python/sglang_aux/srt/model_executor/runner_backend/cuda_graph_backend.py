@@ -7,7 +7,11 @@ import gc
 import torch
 
 from sglang_aux.srt.layers.logits_processor import LogitsProcessorOutput
-from sglang_aux.srt.model_executor.runner_backend.base import CapturedFn, GraphBackend
+from sglang_aux.srt.model_executor.runner_backend.base import (
+    NUM_WARMUPS,
+    CapturedFn,
+    GraphBackend,
+)
 from sglang_aux.srt.model_executor.runner_utils.pool import (
     SHARED_POOL,
     get_global_graph_memory_pool,
@@ -38,6 +42,18 @@ class CudaGraphBackend(GraphBackend):
                 gc.enable()
         torch.cuda.synchronize(self.device)
         return graph, out
+
+    def warm_and_capture(self, fn: CapturedFn) -> tuple[torch.cuda.CUDAGraph,
+                                                        LogitsProcessorOutput]:
+        """The warm-ups run on the capture stream (PyTorch's rule for graphs that capture
+        NCCL collectives: under tensor parallelism each forward all-reduces and gathers)."""
+        self.stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(self.stream):
+            for _ in range(NUM_WARMUPS):
+                fn()
+        torch.cuda.current_stream(self.device).wait_stream(self.stream)
+        self.synchronize()
+        return self.capture(fn)
 
     def replay(self, handle: torch.cuda.CUDAGraph) -> None:
         handle.replay()
