@@ -240,6 +240,10 @@ class ServerArgs:
         self.speculative_num_draft_tokens = self.speculative_dflash_block_size = n or b
 
     def _check_dspark(self) -> None:
+        if self.tp_size > 1:
+            raise ValueError("DSPARK with --tp-size > 1 is not built yet (its proposal loop and "
+                             "compact verify are not run across ranks): use --tp-size 1 or "
+                             "DFLASH")
         if self.speculative_dflash_block_size is not None:
             raise ValueError("--speculative-dflash-block-size is DFlash's; DSpark's block is "
                              "--speculative-dspark-block-size (gamma)")

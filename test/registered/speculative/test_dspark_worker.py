@@ -297,6 +297,8 @@ def test_dspark_start_errors(ckpts, tmp_path):
         _dspark(ckpts, speculative_dspark_block_size=3, speculative_num_draft_tokens=5)
     with pytest.raises(ValueError, match="DFlash's"):
         _dspark(ckpts, speculative_dflash_block_size=4)
+    with pytest.raises(ValueError, match="DSPARK with --tp-size > 1 is not built"):
+        _dspark(ckpts, tp_size=2)
     with pytest.raises(ValueError, match="enable-mixed-chunk"):
         _dspark(ckpts, mode="compact", enable_mixed_chunk=True)
     with pytest.raises(ValueError, match="cap-accept"):
