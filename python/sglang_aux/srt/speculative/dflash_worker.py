@@ -311,6 +311,7 @@ class DFlashWorker(RequestRowStaging):
         needs them on the host: one readback, in grammar batches only."""
         if all(r.grammar is None for r in reqs):
             return None
+        # the step's second host sync, grammar batches only: xgrammar's matchers walk on the host
         return self._token_bitmask(reqs, self._drafts[: len(reqs)].tolist())
 
     def _draft(self, reqs: list[Req]) -> bool:
