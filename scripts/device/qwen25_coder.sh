@@ -32,7 +32,8 @@
 # server wheels (carry .carry/wheels: scripts/device/fetch_server_wheels.sh), and for SGLang's
 # harness its client (carry .carry/sglang-client: scripts/device/fetch_sglang_client.sh).
 # Environment: DEADLINE, CUDA_TESTS (train), SAMPLED_PASSES, GEN_BUDGET (gen), NUM_QUESTIONS
-# (eval, eval2). Measured 2026-12-02 (second session): `train` with the suite beside it 516 s,
+# (eval, eval2), EVAL_CONFIGS (eval: default "target dflash"), SGLANG_HARNESS= (eval: ours
+# only), HELDOUT=1 (eval: the held-out accept too), EXTRA_TESTS (eval: more test files). Measured 2026-12-02 (second session): `train` with the suite beside it 516 s,
 # held-out accept 3.39 (docs/benchmarks.md section 14); the accept length is data- and
 # step-limited, so the next run is `gen` then `train` (features of ~36k continuations, ~80 GB
 # of aux states on the device, and a whole call of training).
@@ -81,7 +82,11 @@ case $phase in
     $py -m sglang_aux.tools.train_dflash --recipe $DRAFT --generate-only \
       --samples-file /root/samples.jsonl --sampled-passes "${SAMPLED_PASSES:-4}" \
       --gen-budget-s "${GEN_BUDGET:-500}" 2>&1 | grep -v Warning | tail -20
-    wc -l /root/samples.jsonl ;;
+    wc -l /root/samples.jsonl
+    # the continuations come back too (xz, 15 MiB pieces): a later session trains on the same
+    # data without generating it (carry the pieces, `cat samples.jsonl.xz.part-* | xz -d`)
+    xz -T0 -6 -c /root/samples.jsonl | split -b 15M - "$out/samples.jsonl.xz.part-"
+    ls -la "$out" ;;
   eval|eval2)
     ev=/root/$phase; mkdir -p "$ev"
     pack() { tar czf "$out/$phase.tgz" -C "$ev" .; }
@@ -98,9 +103,15 @@ case $phase in
     if [ $phase = eval ]; then
       [ -d .carry/sglang-client ] && $py -m sglang_aux.test.sglang_client \
         --offline .carry/sglang-client
-      SGLANG_HARNESS=1 harness "target dflash"
-      timeout 200 $py -m pytest -q test/registered/core/test_qwen25_coder_dflash_cuda.py 2>&1 \
-        | tee "$ev/lossless.log" | tail -3
+      SGLANG_HARNESS=${SGLANG_HARNESS-1} harness "${EVAL_CONFIGS:-target dflash}"
+      if [ "${HELDOUT:-0}" = 1 ]; then
+        timeout 120 $py -m sglang_aux.tools.train_dflash --recipe $DRAFT --eval-only 2>&1 \
+          | grep "eval:" | tee "$ev/heldout.log"
+        cp "$(draft_dir)/README.md" "$ev/draft_README.md"
+        pack
+      fi
+      timeout 200 $py -m pytest -q test/registered/core/test_qwen25_coder_dflash_cuda.py \
+        ${EXTRA_TESTS:-} 2>&1 | tee "$ev/lossless.log" | tail -3
       pack
       exit 0
     fi

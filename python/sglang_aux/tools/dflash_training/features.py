@@ -6,6 +6,7 @@ reads), kept as `H` more columns of every row."""
 from __future__ import annotations
 
 import logging
+import sys
 
 import torch
 
@@ -27,6 +28,28 @@ logger = logging.getLogger(__name__)
 # Tokens per forward at most: bounds the activations (MLP intermediate, captured aux rows)
 # beside the features already kept on the device.
 MAX_FORWARD_TOKENS = 16384
+# Device memory the features leave free for training: on Qwen2.5-Coder-1.5B a step's logits
+# (32 x 16 blocks x 16 tokens x 151,936) with their fp32 loss copy and gradient peak near
+# 20 GB. Rows past that wait in host memory and travel with their batch (`SequenceSet`).
+TRAIN_RESERVE_BYTES = 24 << 30
+
+
+def device_room(device: torch.device) -> int:
+    """Bytes `device` can still hand out: the driver's free memory plus torch's cached,
+    unallocated blocks; unbounded for the host."""
+    if device.type != "cuda":
+        return sys.maxsize
+    free, _ = torch.cuda.mem_get_info(device)
+    return free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+
+
+def keep_rows(rows: list[torch.Tensor], reserve_bytes: int) -> list[torch.Tensor]:
+    """Copies of `rows` (views of one forward's output), on their device while it keeps
+    `reserve_bytes` free after them, else in host memory."""
+    size = sum(r.nbytes for r in rows)
+    if rows and device_room(rows[0].device) >= reserve_bytes + size:
+        return [r.clone() for r in rows]
+    return [r.cpu() for r in rows]
 
 
 def _batches(samples: list[Sample], skip: int, max_tokens: int, max_reqs: int
@@ -54,11 +77,13 @@ def _rows(out: LogitsProcessorOutput, final_hidden: bool) -> torch.Tensor:
 
 @torch.no_grad()
 def extract_aux(runner: ModelRunner, samples: list[Sample], layer_ids: list[int],
-                skip: int = 0, final_hidden: bool = False
+                skip: int = 0, final_hidden: bool = False,
+                reserve_bytes: int = TRAIN_RESERVE_BYTES
                 ) -> tuple[torch.Tensor, list[torch.Tensor]]:
     """The first sample's rows `[skip, K * H]` before position `skip` (the prefix every sample
     shares), and per sample its rows from `skip` on, `[len(ids) - skip, K * H]`: copies in the
-    target's dtype on its device (a batch's whole output is not kept).
+    target's dtype on its device (a batch's whole output is not kept), in host memory once
+    the device would keep less than `reserve_bytes` free.
 
     The shared prefix runs once: its K/V stays in the slots of the first forward and every
     later sequence reads it as a cached prefix, as the server's prefix cache serves the
@@ -77,7 +102,7 @@ def extract_aux(runner: ModelRunner, samples: list[Sample], layer_ids: list[int]
     rows = _rows(runner.forward(runner.prepare(extend_inputs(runner, [first],
                                                              CaptureHiddenMode.FULL))),
                  final_hidden)
-    prefix, out = rows[:skip].clone(), [rows[skip:].clone()]
+    prefix, out = rows[:skip].clone(), keep_rows([rows[skip:]], reserve_bytes)
     prefix_slots = pool.req_to_token[first.req_pool_idx, :skip].clone()
     release_kv(runner, first, keep=skip)
     rest = samples[1:]
@@ -90,11 +115,15 @@ def extract_aux(runner: ModelRunner, samples: list[Sample], layer_ids: list[int]
         fb = runner.prepare(extend_inputs(runner, reqs, CaptureHiddenMode.FULL))
         rows = _rows(runner.forward(fb), final_hidden).split([len(r.origin_input_ids) - skip
                                                               for r in reqs])
-        out += [a.clone() for a in rows]
+        out += keep_rows(list(rows), reserve_bytes)
         for r in reqs:
             release_kv(runner, r, keep=skip)
         if len(out) % 1024 <= len(batch):
             logger.info("aux states for %d/%d sequences", len(out), len(samples))
     alloc.free(prefix_slots)
     runner.model.set_dflash_layers_to_capture([])
+    spilled = sum(a.device != prefix.device for a in out)
+    if spilled:
+        logger.info("aux states of %d/%d sequences in host memory (%.1f GB)", spilled, len(out),
+                    sum(a.nbytes for a in out if a.device != prefix.device) / 1e9)
     return prefix, out

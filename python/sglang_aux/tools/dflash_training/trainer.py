@@ -22,6 +22,7 @@ from torch.nn.utils.rnn import pad_sequence
 from sglang_aux.srt.models.dflash import DFlashDraftModel
 from sglang_aux.tools.dflash_training.data import Sample
 from sglang_aux.tools.dflash_training.draft_forward import draft_block_logits
+from sglang_aux.tools.dflash_training.features import TRAIN_RESERVE_BYTES, device_room
 
 logger = logging.getLogger(__name__)
 
@@ -60,10 +61,13 @@ class SequenceSet:
     starts. Sequences with fewer than two continuation tokens teach nothing and are dropped.
 
     Every sequence starts with the same `prefix_aux` rows `[P, K * H]` (the k-shot prefix,
-    kept once); `aux[i]` holds sample i's rows from position P on."""
+    kept once); `aux[i]` holds sample i's rows from position P on. Host rows move to the
+    device while it keeps `reserve_bytes` free; the rest stay on the host and are copied
+    in with their batch."""
 
     def __init__(self, samples: list[Sample], aux: list[torch.Tensor], device: torch.device,
-                 prefix_aux: torch.Tensor | None = None):
+                 prefix_aux: torch.Tensor | None = None,
+                 reserve_bytes: int = TRAIN_RESERVE_BYTES):
         keep = [i for i, s in enumerate(samples) if len(s.output_ids) >= 2]
         if not keep:
             raise ValueError(f"none of {len(samples)} samples has two continuation tokens")
@@ -77,7 +81,8 @@ class SequenceSet:
                                  f"{len(samples[i].prompt_ids)}), but {p} shared and "
                                  f"{len(aux[i])} own aux rows")
         self.ids = [torch.tensor(samples[i].ids, device=device) for i in keep]
-        self.aux = [aux[i].to(device) for i in keep]
+        self.aux = [aux[i] if aux[i].device == device or device_room(device) < (
+            reserve_bytes + aux[i].nbytes) else aux[i].to(device) for i in keep]
         self.prompt_lens = torch.tensor([len(samples[i].prompt_ids) for i in keep], device=device)
         self.lens = torch.tensor([len(samples[i].ids) for i in keep], device=device)
         self.num_tokens = int(self.lens.sum())
@@ -86,7 +91,8 @@ class SequenceSet:
         return len(self.ids)
 
     def batch(self, index: list[int]) -> Batch:
-        aux = [torch.cat([self.prefix_aux, self.aux[i]]) for i in index]
+        dev = self.prefix_aux.device
+        aux = [torch.cat([self.prefix_aux, self.aux[i].to(dev)]) for i in index]
         return Batch(pad_sequence(aux, batch_first=True),
                      pad_sequence([self.ids[i] for i in index], batch_first=True),
                      self.prompt_lens[index], self.lens[index])

@@ -1,0 +1,51 @@
+"""Training features past the device's room on the H200: `extract_aux` keeps a sequence's
+aux rows in host memory once the device would keep less than the reserve free, `SequenceSet`
+leaves them there, and a batch built from host rows equals one built from device rows
+bit for bit (tiny-llama, fp32)."""
+
+import pytest
+import torch
+
+from sglang_aux.srt.configs.presets import MASK_TOKEN_ID, PRESETS
+from sglang_aux.test.ci.ci_register import register_cuda_ci
+from sglang_aux.test.runtime_utils import make_runner, tiny_checkpoint
+from sglang_aux.tools.dflash_training.data import Sample, common_prefix_len
+from sglang_aux.tools.dflash_training.export import draft_config
+from sglang_aux.tools.dflash_training.features import extract_aux
+from sglang_aux.tools.dflash_training.trainer import SequenceSet
+
+register_cuda_ci(est_time=20, suite="default")
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+
+def test_rows_past_the_reserve_wait_on_the_host(tmp_path):
+    config = draft_config(PRESETS["tiny-llama"], num_layers=1, num_aux_layers=2, block_size=4,
+                          mask_token_id=MASK_TOKEN_ID)
+    layer_ids = config["dflash_config"]["target_layer_ids"]
+    runner = make_runner(tiny_checkpoint("tiny-llama", tmp_path), aux_layer_ids=layer_ids,
+                         device="cuda", dtype="float32", max_total_tokens=2048,
+                         max_running_requests=4)
+    g = torch.Generator().manual_seed(5)
+    shots = torch.randint(0, 256, (17,), generator=g).tolist()
+    samples = [Sample(shots + torch.randint(0, 256, (n,), generator=g).tolist(),
+                      torch.randint(0, 256, (m,), generator=g).tolist())
+               for n, m in [(4, 9), (2, 5), (7, 6), (3, 4), (5, 8)]]
+    skip = common_prefix_len(samples)
+    dev = torch.device("cuda")
+    everything = torch.cuda.get_device_properties(dev).total_memory
+    prefix, on_device = extract_aux(runner, samples, layer_ids, skip=skip, reserve_bytes=0)
+    prefix_h, on_host = extract_aux(runner, samples, layer_ids, skip=skip,
+                                    reserve_bytes=everything)
+    assert all(a.device.type == "cuda" for a in on_device)
+    assert all(a.device.type == "cpu" for a in on_host)
+    assert prefix_h.device.type == "cuda"  # the shared prefix is kept once, on the device
+    for a, b in zip(on_device, on_host, strict=True):
+        assert torch.equal(a, b.to(dev))
+    kept_on_host = SequenceSet(samples, on_host, dev, prefix_h, reserve_bytes=everything)
+    moved = SequenceSet(samples, on_host, dev, prefix_h, reserve_bytes=0)
+    assert all(a.device.type == "cpu" for a in kept_on_host.aux)
+    assert all(a.device.type == "cuda" for a in moved.aux)
+    a, b = kept_on_host.batch([3, 0, 4]), moved.batch([3, 0, 4])
+    assert a.aux.device.type == "cuda"
+    assert torch.equal(a.aux, b.aux) and torch.equal(a.ids, b.ids)
