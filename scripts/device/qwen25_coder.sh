@@ -3,26 +3,30 @@
 # call, the calls one right after the other: the machine is given back after 30 s idle, and
 # with it the staged GGUF, the imported model and the draft in its cache.
 #
-#   bash scripts/device/qwen25_coder.sh train OUT   # the draft: train_dflash --recipe (< 10 min)
-#   bash scripts/device/qwen25_coder.sh gen OUT     # optional, the call before `train`: more
-#                                                   # continuations (SAMPLED_PASSES, default 4)
-#                                                   # so that `train` only extracts and trains
+#   bash scripts/device/qwen25_coder.sh gen OUT     # the call before `train`: the recipe's
+#                                                   # continuations (SAMPLED_PASSES=5), kept on
+#                                                   # the machine and sent back (xz)
+#   bash scripts/device/qwen25_coder.sh train OUT   # the draft: train_dflash --recipe on them
+#   bash scripts/device/qwen25_coder.sh draft-in OUT  # or: a draft carried back in parts
 #   bash scripts/device/qwen25_coder.sh eval OUT    # GSM8K: target-only and DFlash (ours and
 #                                                   # SGLang's harness), lossless fp32 test
 #   bash scripts/device/qwen25_coder.sh eval2 OUT   # GSM8K: no shared buffer, streamed; held-out
 #                                                   # accept, graph memory, vs transformers
 #
-# Measured 2026-12-02: staging 17 puts + the join (stage_qwen2_gguf.sh, MARGIN_MIB=2, from a
-# checkout without the SmolLM2 weights) about 2 minutes with the cold start; `train` with
-# DEADLINE=520 (join included) 516 s: generate 157 s (the GGUF import, then greedy + 2 sampled
-# passes over 7,268 questions at batch 256), features 38 s, 4,535 steps in 267 s.
+# Measured 2026-12-02 (fourth session; docs/benchmarks.md section 14): staging 17 puts + the
+# join (stage_qwen2_gguf.sh, MARGIN_MIB=2, from a checkout without the SmolLM2 weights) about
+# 2 minutes plus the cold start; then three calls one right after the other:
 #   run(command="bash scripts/device/stage_qwen2_gguf.sh --model 1.5b --join 17 && \
-#       DEADLINE=520 bash scripts/device/qwen25_coder.sh train $OUT",
-#       carry=[".carry/qwen2-gguf/17", ".carry/gsm8k"], timeout_s=600)
-#   run(command="bash scripts/device/qwen25_coder.sh eval $OUT",
-#       carry=[".carry/gsm8k", ".carry/wheels", ".carry/sglang-client"], timeout_s=600)
-#   run(command="bash scripts/device/qwen25_coder.sh eval2 $OUT",
-#       carry=[".carry/gsm8k", ".carry/wheels"], timeout_s=600)
+#       SAMPLED_PASSES=5 GEN_BUDGET=430 bash scripts/device/qwen25_coder.sh gen $OUT",
+#       carry=[".carry/qwen2-gguf/17", ".carry/gsm8k"], timeout_s=560)        # 353 s
+#   run(command="CUDA_TESTS=0 DEADLINE=500 bash scripts/device/qwen25_coder.sh train $OUT",
+#       carry=[".carry/gsm8k"], timeout_s=540)                                # 492 s
+#   run(command="EVAL_CONFIGS='target dflash' SGLANG_HARNESS= HELDOUT=1 \
+#       bash scripts/device/qwen25_coder.sh eval $OUT",
+#       carry=[".carry/gsm8k", ".carry/wheels"], timeout_s=450)               # 244 s
+# (43,608 continuations, 6,120 training steps; held-out accept 4.11, served 4.20.) A later
+# session skips `gen` by carrying the returned samples (.carry/qwen-samples: 6.4 MB of xz) and
+# `train` reads them; `draft-in` brings a trained draft back instead of training it again.
 # `train` sends the draft back over the calls (draft.tar.part-*, see send_parts) and,
 # once the trainer is past data generation, runs the CUDA suite beside it (CUDA_TESTS=0: not),
 # its logs in OUT/cuda.tgz; `eval`/`eval2` pack everything they measured into OUT/eval.tgz /
@@ -33,10 +37,8 @@
 # harness its client (carry .carry/sglang-client: scripts/device/fetch_sglang_client.sh).
 # Environment: DEADLINE, CUDA_TESTS (train), SAMPLED_PASSES, GEN_BUDGET (gen), NUM_QUESTIONS
 # (eval, eval2), EVAL_CONFIGS (eval: default "target dflash"), SGLANG_HARNESS= (eval: ours
-# only), HELDOUT=1 (eval: the held-out accept too), EXTRA_TESTS (eval: more test files). Measured 2026-12-02 (second session): `train` with the suite beside it 516 s,
-# held-out accept 3.39 (docs/benchmarks.md section 14); the accept length is data- and
-# step-limited, so the next run is `gen` then `train` (features of ~36k continuations, ~80 GB
-# of aux states on the device, and a whole call of training).
+# only), HELDOUT=1 (eval: the held-out accept too), EXTRA_TESTS (eval: more test files),
+# DRAFT_PARTS (draft-in: how many parts make the draft, default 6).
 set -uo pipefail
 phase=$1; out=$2
 mkdir -p "$out"
@@ -59,7 +61,22 @@ send_parts() {
   done
 }
 case $phase in
+  draft-in)  # a draft trained in an earlier session, carried back in its 16 MiB tar parts
+    # (.carry/qwen-draft-parts/1, then /2: three parts a call beside the lite tree); the
+    # call that brings the last part unpacks it where its name resolves
+    mkdir -p /root/draft-in && cp .carry/qwen-draft-parts/*/draft.tar.part-* /root/draft-in/
+    if [ "$(ls /root/draft-in | wc -l)" -ge "${DRAFT_PARTS:-6}" ]; then
+      dest=$($py -c "from sglang_aux.srt.model_loader.builtin import trained_draft_dir as d; \
+print(d('$DRAFT').parent)")
+      mkdir -p "$dest" && cat /root/draft-in/draft.tar.part-* | tar x -C "$dest" && draft_dir
+    fi
+    ls /root/draft-in ;;
   train)
+    # continuations carried from an earlier session (`gen` returns them): the same data
+    if [ ! -f /root/samples.jsonl ] && ls .carry/qwen-samples/samples.jsonl.xz.part-* \
+        > /dev/null 2>&1; then
+      cat .carry/qwen-samples/samples.jsonl.xz.part-* | xz -d > /root/samples.jsonl
+    fi
     if [ "${CUDA_TESTS:-1}" = 1 ]; then
       # the trainer's generation and feature passes take ~200 s; the suite then shares the
       # GPU with its training loop, which paces itself to the deadline
@@ -80,7 +97,7 @@ case $phase in
     if [ -n "${tests:-}" ]; then wait $tests; cat /root/cuda.log; fi ;;
   gen)  # the data alone, so the next call (`train`) trains for its whole 10 minutes
     $py -m sglang_aux.tools.train_dflash --recipe $DRAFT --generate-only \
-      --samples-file /root/samples.jsonl --sampled-passes "${SAMPLED_PASSES:-4}" \
+      --samples-file /root/samples.jsonl --sampled-passes "${SAMPLED_PASSES:-5}" \
       --gen-budget-s "${GEN_BUDGET:-500}" 2>&1 | grep -v Warning | tail -20
     wc -l /root/samples.jsonl
     # the continuations come back too (xz, 15 MiB pieces): a later session trains on the same

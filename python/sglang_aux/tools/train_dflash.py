@@ -74,8 +74,8 @@ EVAL_PARALLEL = 64  # concurrent evaluation requests, as the GSM8K harness's --p
 RECIPES: dict[str, dict] = {
     "qwen2.5-coder-1.5b-instruct-dflash-b16": dict(
         target="qwen2.5-coder-1.5b-instruct", block_size=16, num_layers=2, num_aux_layers=5,
-        intermediate_size=2816, gamma=7.0, sampled_passes=2, sample_temperature=0.7,
-        gen_batch=256, holdout=200, steps=20_000, deadline_s=540, gen_budget_s=240),
+        intermediate_size=2816, gamma=7.0, sampled_passes=5, sample_temperature=0.7,
+        gen_batch=256, holdout=200, steps=6_120),
 }
 # DSpark beside it on the same data, schedule and deadline; gamma 15 verifies the same 16
 # tokens per request as the block-16 DFlash draft

@@ -243,8 +243,9 @@ def test_recipe_sets_defaults_and_resolves_its_draft(tmp_path, monkeypatch):
         builtin.resolve_model_path(name)
     args = train_dflash.parse_args(["--recipe", name, "--steps", "7"])
     assert (args.target, args.block_size, args.num_layers, args.num_aux_layers,
-            args.intermediate_size, args.holdout, args.steps) == (
-        "qwen2.5-coder-1.5b-instruct", 16, 2, 5, 2816, 200, 7)
+            args.intermediate_size, args.holdout, args.sampled_passes, args.steps) == (
+        "qwen2.5-coder-1.5b-instruct", 16, 2, 5, 2816, 200, 5, 7)
+    assert train_dflash.parse_args(["--recipe", name]).steps == 6_120
     assert args.out == str(tmp_path / "drafts" / name)
     (tmp_path / "drafts" / name).mkdir(parents=True)
     (tmp_path / "drafts" / name / "config.json").write_text("{}")
