@@ -170,9 +170,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         args.data_path = str(gsm8k_path("train"))
     if args.generate_only and not args.samples_file:
         parser.error("--generate-only needs --samples-file")
-    if args.algorithm == "dspark" and (args.eval or args.eval_only):
-        parser.error("--eval needs a DSpark worker, which does not exist yet "
-                     "(--speculative-algorithm DSPARK is not implemented)")
     if args.markov_rank < 1:
         parser.error(f"--markov-rank must be >= 1, got {args.markov_rank}")
     if (args.eval or args.eval_only) and args.eval_data_path is None and not args.holdout:
@@ -233,6 +230,7 @@ def evaluate(args: argparse.Namespace, target: str) -> str:
     """Held-out accept length; written into the card and returned as its text."""
     prompts, source = _eval_prompts(args)
     res = measure_accept_length(target, args.out, prompts, args.max_new_tokens,
+                                args.algorithm.upper(),
                                 **_engine_args(args, min(len(prompts), EVAL_PARALLEL)))
     logger.info("eval: %s", res)
     text = (f"{res['accept_length']:.3f} (mean per request; {res['accept_length_per_step']:.3f}"

@@ -204,9 +204,7 @@ def test_rows_without_final_hidden_are_refused(target):
         trainer.objective(batch, torch.tensor([[17]]))
 
 
-def test_eval_is_refused_for_dspark():
-    with pytest.raises(SystemExit):
-        train_dflash.parse_args(["--smoke", "--algorithm", "dspark", "--out", "d", "--eval"])
+def test_dspark_defaults():
     args = train_dflash.parse_args(["--algorithm", "dspark", "--block-size", "7"])
     assert args.out.endswith("smollm2-135m-instruct-dspark-b7")
     assert args.markov_rank == 256
@@ -226,11 +224,14 @@ def test_recipe_is_the_dflash_recipe_as_dspark(tmp_path, monkeypatch):
 
 
 def test_smoke_run_writes_a_draft_that_loads_as_dspark(target, tmp_path):
+    """The tool trains a DSpark draft that loads as one, and `--eval` measures its held-out
+    accept length with the DSpark worker (written into the card)."""
     local_path_or_skip("train")
+    local_path_or_skip("test")
     out = tmp_path / "draft"
     train_dflash.main(["--smoke", "--algorithm", "dspark", "--target", target, "--out",
                        str(out), "--num-samples", "4", "--steps", "8", "--block-size",
-                       str(GAMMA)])
+                       str(GAMMA), "--eval"])
     config = json.loads((out / "config.json").read_text())
     assert config["architectures"] == ["DSparkDraftModel"]
     assert (config["markov_rank"], config["markov_head_type"]) == (16, "vanilla")
@@ -245,6 +246,8 @@ def test_smoke_run_writes_a_draft_that_loads_as_dspark(target, tmp_path):
     card = (out / "README.md").read_text()
     assert "DSpark draft for" in card and "Markov rank 16" in card
     assert "--speculative-algorithm DSPARK" in card
+    assert "Held-out accept length: not measured" not in card
+    assert "held-out GSM8K prompts" in card
 
 
 if __name__ == "__main__":

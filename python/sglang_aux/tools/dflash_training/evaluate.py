@@ -1,4 +1,5 @@
-"""Held-out accept length of a draft: greedy DFlash generation through the Engine's worker."""
+"""Held-out accept length of a draft: greedy DFlash (or DSpark) generation through the
+Engine's worker."""
 
 from __future__ import annotations
 
@@ -11,10 +12,11 @@ from sglang_aux.test.few_shot_gsm8k import STOP
 
 
 def measure_accept_length(target: str, draft: str, prompts: list[str], max_new_tokens: int,
-                          **engine_args) -> dict:
+                          algorithm: str = "DFLASH", **engine_args) -> dict:
     """Mean accept length over `prompts` (per request, as the GSM8K harness reports it) and
-    per verify step (every step weighs the same)."""
-    engine = Engine(model_path=target, speculative_algorithm="DFLASH",
+    per verify step (every step weighs the same), with `algorithm`'s worker (DFLASH or
+    DSPARK; DSpark's verify mode is `SGLANG_RAGGED_VERIFY_MODE`'s, static by default)."""
+    engine = Engine(model_path=target, speculative_algorithm=algorithm,
                     speculative_draft_model_path=draft, **engine_args)
     params = {"temperature": 0, "max_new_tokens": max_new_tokens, "stop": STOP}
     start = time.perf_counter()
