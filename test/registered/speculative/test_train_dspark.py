@@ -8,6 +8,7 @@ draft loads as a DSparkDraftModel."""
 import json
 import math
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -221,6 +222,28 @@ def test_recipe_is_the_dflash_recipe_as_dspark(tmp_path, monkeypatch):
     assert differ == {"algorithm", "block_size", "recipe", "out", "command"}
     assert (dspark.algorithm, dspark.block_size) == ("dspark", 15)
     assert dspark.out == str(tmp_path / "drafts" / name)
+
+
+def test_smollm2_recipe_matches_its_shipped_dflash_draft(tmp_path, monkeypatch):
+    """The SmolLM2 DSpark recipe trains on the shipped DFlash draft's data and shape: the same
+    questions and passes, layers, target layers and verified tokens per request."""
+    monkeypatch.setenv("SGLANG_AUX_CACHE", str(tmp_path))
+    name = "smollm2-135m-instruct-dspark-b7"
+    with pytest.raises(FileNotFoundError, match=f"train_dflash --recipe {name}"):
+        builtin.resolve_model_path(name)
+    args = train_dflash.parse_args(["--recipe", name])
+    shipped = json.loads((Path(builtin.resolve_model_path("smollm2-135m-instruct-dflash-b8"))
+                          / "config.json").read_text())
+    card = (Path(builtin.resolve_model_path("smollm2-135m-instruct-dflash-b8"))
+            / "README.md").read_text()
+    assert (args.target, args.algorithm) == ("smollm2-135m-instruct", "dspark")
+    assert args.num_layers == shipped["num_hidden_layers"]
+    assert args.num_aux_layers == len(shipped["dflash_config"]["target_layer_ids"])
+    assert args.block_size + 1 == shipped["dflash_config"]["block_size"]
+    assert f"{args.steps} steps" in card and f"loss decay gamma {args.gamma}" in card
+    assert args.holdout == 200 and "The last 200 train questions are held out" in card
+    assert args.sampled_passes == 2 and "two seeded passes" in card
+    assert args.out == str(tmp_path / "drafts" / name)
 
 
 def test_smoke_run_writes_a_draft_that_loads_as_dspark(target, tmp_path):

@@ -33,7 +33,7 @@ SHIPPED_DRAFTS = ("smollm2-135m-instruct-dflash-b8",)
 # Drafts too large for the repository (their card says why): one command trains each into the
 # cache, where its name then resolves.
 TRAINED_DRAFTS = ("qwen2.5-coder-1.5b-instruct-dflash-b16",
-                  "qwen2.5-coder-1.5b-instruct-dspark-b15")
+                  "qwen2.5-coder-1.5b-instruct-dspark-b15", "smollm2-135m-instruct-dspark-b7")
 
 
 def assembled_gguf(packages: PartPackages) -> Path:
@@ -74,8 +74,8 @@ def _trained_draft(name: str) -> str:
     path = trained_draft_dir(name)
     if not (path / "config.json").is_file():
         raise FileNotFoundError(
-            f"draft {name!r} is not trained on this machine ({path}); train it (one GPU, "
-            f"under 10 minutes on an H200) with `python -m sglang_aux.tools.train_dflash "
+            f"draft {name!r} is not trained on this machine ({path}); train it (one GPU; "
+            f"5 to 15 minutes on an H200) with `python -m sglang_aux.tools.train_dflash "
             f"--recipe {name}`"
         )
     return str(path)
