@@ -38,7 +38,12 @@
 # Environment: DEADLINE, CUDA_TESTS (train), SAMPLED_PASSES, GEN_BUDGET (gen), NUM_QUESTIONS
 # (eval, eval2), EVAL_CONFIGS (eval: default "target dflash"), SGLANG_HARNESS= (eval: ours
 # only), HELDOUT=1 (eval: the held-out accept too), EXTRA_TESTS (eval: more test files),
-# DRAFT_PARTS (draft-in: how many parts make the draft, default 6).
+# DRAFT_PARTS (draft-in: how many parts make the draft, default 6), TRAIN_FLAGS (train: more
+# train_dflash flags, e.g. --eval). Issue 30's Qwen comparison, Qwen staged and the samples
+# carried: DRAFT=qwen2.5-coder-1.5b-instruct-dspark-b15 TRAIN_FLAGS=--eval DEADLINE=500 ... train
+# (the DFlash draft's data and training time), `draft-in` (the DFlash draft), then
+# EVAL_CONFIGS="target_mixed dflash dflash_mixed dspark dspark_compact" \
+#   DSPARK_DRAFT=qwen2.5-coder-1.5b-instruct-dspark-b15 ... eval.
 set -uo pipefail
 phase=$1; out=$2
 mkdir -p "$out"
@@ -86,7 +91,7 @@ print(d('$DRAFT').parent)")
     fi
     # continuations `gen` wrote in the call before are read back, else generated here
     $py -m sglang_aux.tools.train_dflash --recipe $DRAFT ${DEADLINE:+--deadline-s $DEADLINE} \
-      --samples-file /root/samples.jsonl 2>&1 | grep -v Warning | grep -v "aux states for" | tee /root/train.log \
+      --samples-file /root/samples.jsonl ${TRAIN_FLAGS:-} 2>&1 | grep -v Warning | grep -v "aux states for" | tee /root/train.log \
       | grep -E "generat|budget|sequences|00/|Error|error|Traceback" | tail -40
     draft=$(draft_dir) || exit 1
     cp "$draft/README.md" "$out/draft_README.md"
