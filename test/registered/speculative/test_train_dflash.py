@@ -154,6 +154,35 @@ def test_loss_decreases_on_a_fixed_batch(target):
     assert losses[-1] < 0.3 * losses[0], losses
 
 
+def test_sliced_block_loss_equals_the_whole_batch_loss(target):
+    """The block loss over slices of one block gives the loss, stats and parameter gradients
+    of one slice holding the whole batch; each hidden row's gradient is its slice's own, so
+    the draft's gradients agree to fp32 rounding of the sums over rows."""
+    tr, _, draft, reqs, aux = _setup(target, num_layers=1)
+    samples = [Sample(r.origin_input_ids[:10], r.origin_input_ids[10:]) for r in reqs]
+    data = SequenceSet(samples, list(aux), torch.device("cpu"))
+    trainer = Trainer(draft, tr.model.get_input_embeddings(), tr.model.lm_head_weight,
+                      MASK_TOKEN_ID, TrainConfig())
+    batch = data.batch([0, 1])
+    anchors = sample_anchors(batch, 5, torch.Generator().manual_seed(2))
+    results = []
+    for rows in (10_000, BLOCK):
+        trainer.slice_rows = rows
+        draft.zero_grad(set_to_none=True)
+        loss, stats = trainer.objective(batch, anchors)
+        loss.backward()
+        results.append((loss.detach(), stats,
+                        {n: p.grad.clone() for n, p in draft.named_parameters()
+                         if p.grad is not None}))
+    (whole, s_whole, g_whole), (sliced, s_sliced, g_sliced) = results
+    torch.testing.assert_close(sliced, whole)
+    for k in s_whole:
+        torch.testing.assert_close(s_sliced[k], s_whole[k])
+    assert set(g_sliced) == set(g_whole) and g_whole
+    for n in g_whole:
+        torch.testing.assert_close(g_sliced[n], g_whole[n], rtol=1e-5, atol=1e-6, msg=n)
+
+
 def test_shared_prefix_rows_are_kept_once(target):
     """A SequenceSet given the k-shot prefix's rows once builds the same batches as one given
     every sequence's rows whole; rows that do not add up to a sequence are refused."""

@@ -36,6 +36,7 @@ from sglang_aux.tools.dflash_training.dspark_objective import (
     DSparkTrainer,
     dspark_labels,
     dspark_loss,
+    row_terms,
     row_weights,
 )
 from sglang_aux.tools.dflash_training.export import dspark_draft_config, new_draft
@@ -88,10 +89,11 @@ def test_loss_on_known_distributions():
     bce = -(accept * sig.log() + (1 - accept) * (1 - sig).log())
     expected = ((0.1 * ce + 0.9 * l1 + 1.0 * bce) * w).sum() / w.sum()
     torch.testing.assert_close(loss, expected)
-    assert stats["acc"] == [0.0, 1.0]  # row 0's argmax is token 0, not 1
-    assert stats["accept"] == 1.0  # greedy: the first row already misses
-    assert stats["expected_accept"] == pytest.approx(1 + 0.7 + 0.7)
-    assert stats["confidence_error"] == pytest.approx(((sig - accept).abs().mean()).item())
+    assert stats["acc"].tolist() == [0.0, 1.0]  # row 0's argmax is token 0, not 1
+    assert stats["accept"].item() == 1.0  # greedy: the first row already misses
+    assert stats["expected_accept"].item() == pytest.approx(1 + 0.7 + 0.7)
+    assert stats["confidence_error"].item() == pytest.approx(
+        ((sig - accept).abs().mean()).item())
     # an ignored row weighs nothing
     loss_one, _ = dspark_loss(logits, target, torch.tensor([[[1, IGNORE]]]), conf, w,
                               DSparkLossWeights())
@@ -152,17 +154,21 @@ def test_rows_are_matched_to_the_targets_distribution_at_their_position(target, 
     a + k (its LM head on the stored final hidden state there), its logits are the base
     logits plus the Markov bias of the data token at a + k."""
     tr, data, trainer = _trainer(target)
-    seen = {}
+    parts = []
 
-    def spy(logits, target_logits, labels, confidence, weights, mix):
-        seen.update(logits=logits, target=target_logits, labels=labels)
-        return dspark_loss(logits, target_logits, labels, confidence, weights, mix)
+    def spy(logits, target_logits, labels, w, mix):
+        parts.append((logits, target_logits, labels))
+        return row_terms(logits, target_logits, labels, w, mix)
 
-    monkeypatch.setattr(dspark_objective, "dspark_loss", spy)
+    monkeypatch.setattr(dspark_objective, "row_terms", spy)
+    trainer.slice_rows = GAMMA  # one block a slice: the rows below come from 4 slices
     batch = data.batch([0, 2])
     anchors = torch.tensor([[17, 25], [20, 30]])
     with torch.no_grad():
         trainer.objective(batch, anchors)
+    assert len(parts) == 4
+    seen = {k: torch.cat([p[i] for p in parts]).view(2, 2, GAMMA, *parts[0][i].shape[2:])
+            for i, k in enumerate(("logits", "target", "labels"))}
     width = trainer.draft.fc.in_features
     lm_head = tr.model.lm_head_weight
     markov = trainer.draft.markov_head
@@ -194,6 +200,31 @@ def test_loss_decreases_on_a_fixed_batch(target):
     assert last["loss"] < 0.5 * first["loss"], (first, last)
     assert last["confidence_error"] < first["confidence_error"]
     assert last["expected_accept"] > first["expected_accept"]
+
+
+def test_sliced_loss_equals_the_whole_batch_loss(target):
+    """The objective over slices of one block gives the loss, stats and every parameter's
+    gradient of one slice holding the whole batch (fp32; the Markov head's gradient is summed
+    over slices in another order, hence the tolerance)."""
+    _, data, trainer = _trainer(target)
+    batch = data.batch([0, 1, 2])
+    anchors = sample_anchors(batch, 3, torch.Generator().manual_seed(4))
+    results = []
+    for rows in (10_000, GAMMA):
+        trainer.slice_rows = rows
+        trainer.opt.zero_grad(set_to_none=True)
+        loss, stats = trainer.objective(batch, anchors)
+        loss.backward()
+        grads = {n: p.grad.clone() for n, p in trainer.draft.named_parameters()
+                 if p.grad is not None}
+        results.append((loss.detach(), stats, grads))
+    (whole, s_whole, g_whole), (sliced, s_sliced, g_sliced) = results
+    torch.testing.assert_close(sliced, whole)
+    for k in s_whole:
+        torch.testing.assert_close(s_sliced[k], s_whole[k], equal_nan=True)
+    assert set(g_sliced) == set(g_whole) and "markov_head.markov_w2.weight" in g_whole
+    for n in g_whole:
+        torch.testing.assert_close(g_sliced[n], g_whole[n], rtol=1e-5, atol=1e-6, msg=n)
 
 
 def test_rows_without_final_hidden_are_refused(target):

@@ -22,8 +22,8 @@ K = 5 aux layers, bf16) a token's aux rows take 15,360 bytes and its final hidde
 more (+20%: 3.1 GB per million training tokens), where its full logits would take 303,872
 (304 GB per million tokens); stored top-k logits (64 x 6 bytes) would fit but drop the tail
 mass the L1 term measures. On the fly costs one LM-head GEMM per step beside the draft's:
-32 sequences x 16 blocks x gamma 7 = 3,584 rows, 1.7 TFLOP, and a `[3,584, 151,936]` fp32
-distribution (2.2 GB) next to the draft's, which the cross-entropy needs anyway.
+32 sequences x 16 blocks x gamma 7 = 3,584 rows, 1.7 TFLOP. Both distributions exist one
+slice of blocks at a time (`sliced_loss`): whole, at gamma 15 they would take ~40 GB.
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ from torch import nn
 
 from sglang_aux.srt.models.dspark import DSparkDraftModel
 from sglang_aux.tools.dflash_training.draft_forward import draft_block_hidden
+from sglang_aux.tools.dflash_training.sliced_loss import loss_in_slices
 from sglang_aux.tools.dflash_training.trainer import IGNORE, Batch, TrainConfig, Trainer
 
 
@@ -67,44 +68,67 @@ def row_weights(gamma: int, decay: float, device: torch.device) -> torch.Tensor:
     return torch.exp(-torch.arange(gamma, device=device, dtype=torch.float32) / decay)
 
 
-def dspark_loss(logits: torch.Tensor, target_logits: torch.Tensor, labels: torch.Tensor,
-                confidence_logits: torch.Tensor | None, weights: torch.Tensor,
-                mix: DSparkLossWeights) -> tuple[torch.Tensor, dict]:
-    """The weighted loss of Markov-corrected draft logits `[N, A, G, V]` against the data
-    labels `[N, A, G]` and the target's logits, plus the confidence logits `[N, A, G]`; stats:
-    per-row accuracy, the greedy accept length and the expected one under rejection sampling
-    (`accept`, `expected_accept`), and the confidence's mean absolute error."""
-    valid = labels != IGNORE
-    w = weights * valid
-    den = w.sum()
-    ce = F.cross_entropy(logits.flatten(0, 2).float(), labels.flatten(), ignore_index=IGNORE,
+def row_terms(logits: torch.Tensor, target_logits: torch.Tensor, labels: torch.Tensor,
+              w: torch.Tensor, mix: DSparkLossWeights
+              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Rows `[..., V]` of Markov-corrected draft logits against their data labels and the
+    target's logits, with weights `w` (zero on ignored rows): the weighted sum of the
+    cross-entropy and distribution-matching terms (not normalized), whether the argmax is the
+    label, and the acceptance probability `1 - TV` (detached)."""
+    ce = F.cross_entropy(logits.flatten(0, -2).float(), labels.flatten(), ignore_index=IGNORE,
                          reduction="none").view(labels.shape)
     p_draft = torch.softmax(logits.float(), -1)
     with torch.no_grad():
         p_target = torch.softmax(target_logits.float(), -1)
-    l1 = (p_draft - p_target).abs().sum(-1)  # [N, A, G]
-    accept = (1 - 0.5 * l1.detach()).clamp(0.0, 1.0)
-    loss = mix.cross_entropy * (ce * w).sum() + mix.distribution * (l1 * w).sum()
-    conf_err = float("nan")
+    l1 = (p_draft - p_target).abs().sum(-1)
+    with torch.no_grad():
+        accept = (1 - 0.5 * l1).clamp(0.0, 1.0)
+        correct = (logits.argmax(-1) == labels) & (labels != IGNORE)
+    terms = mix.cross_entropy * (ce * w).sum() + mix.distribution * (l1 * w).sum()
+    return terms, correct, accept
+
+
+def finish_loss(loss: torch.Tensor, correct: torch.Tensor, accept: torch.Tensor,
+                confidence_logits: torch.Tensor | None, labels: torch.Tensor,
+                weights: torch.Tensor, mix: DSparkLossWeights) -> tuple[torch.Tensor, dict]:
+    """The normalized row terms `loss` plus the confidence head's BCE against `accept`, and
+    the stats (device tensors): per-row accuracy, the greedy accept length and the expected
+    one under rejection sampling (`accept`, `expected_accept`), the confidence's mean
+    absolute error."""
+    valid = labels != IGNORE
+    w = weights * valid
+    conf_err = torch.full((), float("nan"), device=loss.device)
     if confidence_logits is not None:
         bce = F.binary_cross_entropy_with_logits(confidence_logits.float(), accept,
                                                  reduction="none")
-        loss = loss + mix.confidence * (bce * w).sum()
+        loss = loss + mix.confidence * (bce * w).sum() / w.sum()
         with torch.no_grad():
             conf_err = ((confidence_logits.float().sigmoid() - accept).abs() * valid).sum() \
                 / valid.sum().clamp(min=1)
-    loss = loss / den
     with torch.no_grad():
-        correct = (logits.argmax(-1) == labels) & valid
         acc = correct.sum((0, 1)) / valid.sum((0, 1)).clamp(min=1)
         blocks = valid[..., 0]
+        num_blocks = blocks.sum().clamp(min=1)  # masked means: boolean indexing would sync
         greedy = 1 + correct.int().cumprod(-1).sum(-1).float()
         expected = 1 + (accept * valid).cumprod(-1).sum(-1)
-        stats = {"loss": loss.item(), "acc": acc.tolist(),
-                 "accept": greedy[blocks].mean().item(),
-                 "expected_accept": expected[blocks].mean().item(),
-                 "confidence_error": float(conf_err)}
+        stats = {"loss": loss.detach(), "acc": acc,
+                 "accept": (greedy * blocks).sum() / num_blocks,
+                 "expected_accept": (expected * blocks).sum() / num_blocks,
+                 "confidence_error": conf_err}
     return loss, stats
+
+
+def dspark_loss(logits: torch.Tensor, target_logits: torch.Tensor, labels: torch.Tensor,
+                confidence_logits: torch.Tensor | None, weights: torch.Tensor,
+                mix: DSparkLossWeights) -> tuple[torch.Tensor, dict]:
+    """The weighted loss of Markov-corrected draft logits `[N, A, G, V]` against the data
+    labels `[N, A, G]` and the target's logits, plus the confidence logits `[N, A, G]`, in one
+    piece (`DSparkTrainer.objective` computes the same over slices of blocks), normalized by
+    the weights' sum over valid rows; stats as `finish_loss`."""
+    w = weights * (labels != IGNORE)
+    terms, correct, accept = row_terms(logits, target_logits, labels, w, mix)
+    return finish_loss(terms / w.sum(), correct, accept, confidence_logits, labels, weights,
+                       mix)
 
 
 class DSparkTrainer(Trainer):
@@ -129,17 +153,34 @@ class DSparkTrainer(Trainer):
         hidden = draft_block_hidden(draft, self.embed, aux, batch.ids, anchors,
                                     self.mask_token_id)  # [N, A, G, H]
         labels, prev = dspark_labels(batch, anchors, gamma)
-        logits = hidden @ self.lm_head.t().to(hidden.dtype)
-        logits = logits + draft.markov_head.bias(prev).to(logits.dtype)
+        markov = draft.markov_head
+        embed = markov.embed(prev)  # [N, A, G, r]
+        at = (anchors[:, :, None] + torch.arange(gamma, device=anchors.device)).clamp(
+            max=final.shape[1] - 1)  # [N, A, G]
+        final_rows = final.gather(1, at.flatten(1)[..., None].expand(-1, -1, final.shape[-1]))
+        w = self.weights * (labels != IGNORE)
+        den = w.sum()
+        lm_head, mix = self.lm_head, self.mix
+
+        def one_slice(h: torch.Tensor, e: torch.Tensor, lab: torch.Tensor, wt: torch.Tensor,
+                      fin: torch.Tensor):
+            logits = h @ lm_head.t().to(h.dtype)
+            logits = logits + markov.markov_w2(e).to(logits.dtype)
+            with torch.no_grad():
+                target_logits = fin @ lm_head.t().to(fin.dtype)
+            terms, correct, accept = row_terms(logits, target_logits, lab, wt, mix)
+            return terms / den, {"correct": correct, "accept": accept}
+
+        n, a = labels.shape[:2]
+        loss, parts = loss_in_slices(
+            one_slice, [hidden.flatten(0, 1), embed.flatten(0, 1)],
+            [labels.flatten(0, 1), w.flatten(0, 1), final_rows.view(n * a, gamma, -1)],
+            max(1, self.slice_rows // gamma))
+        correct = parts["correct"].view(labels.shape)
+        accept = parts["accept"].view(labels.shape)
         confidence = None
         if draft.confidence_head is not None:
-            embed = draft.markov_head.embed(prev) if draft.dspark_config.confidence_with_markov \
-                else None
+            prev_embed = embed if draft.dspark_config.confidence_with_markov else None
             with torch.autocast(self.device.type, enabled=False):  # the head is fp32
-                confidence = draft.confidence_head.raw(hidden.float(), embed)
-        with torch.no_grad():
-            at = (anchors[:, :, None] + torch.arange(gamma, device=anchors.device)).clamp(
-                max=final.shape[1] - 1)  # [N, A, G]
-            rows = final.gather(1, at.flatten(1)[..., None].expand(-1, -1, final.shape[-1]))
-            target_logits = rows.view(*at.shape, -1) @ self.lm_head.t().to(rows.dtype)
-        return dspark_loss(logits, target_logits, labels, confidence, self.weights, self.mix)
+                confidence = draft.confidence_head.raw(hidden.float(), prev_embed)
+        return finish_loss(loss, correct, accept, confidence, labels, self.weights, mix)

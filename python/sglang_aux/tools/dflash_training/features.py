@@ -28,12 +28,14 @@ logger = logging.getLogger(__name__)
 # Tokens per forward at most: bounds the activations (MLP intermediate, captured aux rows)
 # beside the features already kept on the device.
 MAX_FORWARD_TOKENS = 16384
-# Device memory the features leave free for training: on Qwen2.5-Coder-1.5B a step's logits
-# (32 x 16 blocks x 16 tokens x 151,936), their fp32 loss copy and gradient, and the context
-# of a batch of long sequences. Measured on the H200: 24 GiB ran out of memory at step ~200,
-# 40 GiB trained 6,120 steps. Rows past that wait in host memory and travel with their batch
+# Device memory the features leave free for training: the step's activations and its loss
+# (one slice of logits at a time since `sliced_loss`), and the context of a batch of long
+# sequences. Measured on the H200 with Qwen2.5-Coder-1.5B before the loss was sliced (the
+# whole step's 1.25 G logits at once): 24 GiB ran out of memory at step ~200, 40 GiB trained
+# 6,120 steps. Rows past that wait in pinned host memory and travel with their batch
 # (`SequenceSet`).
 TRAIN_RESERVE_BYTES = 40 << 30
+HOST_CHUNK_BYTES = 1 << 30
 
 
 def device_room(device: torch.device) -> int:
@@ -45,13 +47,38 @@ def device_room(device: torch.device) -> int:
     return free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
 
 
-def keep_rows(rows: list[torch.Tensor], reserve_bytes: int) -> list[torch.Tensor]:
+class HostRows:
+    """Pinned host memory for aux rows the device has no room for, packed into chunks of
+    `HOST_CHUNK_BYTES`: torch's pinned allocator rounds every block up to a power of two,
+    which would waste up to half of ~60 GB of rows allocated one forward at a time."""
+
+    def __init__(self) -> None:
+        self.chunk: torch.Tensor | None = None
+        self.used = 0
+
+    def copy(self, rows: torch.Tensor) -> torch.Tensor:
+        """A pinned host copy of `rows`."""
+        n = rows.nbytes
+        if n > HOST_CHUNK_BYTES:
+            return rows.to("cpu").pin_memory()
+        if self.chunk is None or self.used + n > HOST_CHUNK_BYTES:
+            self.chunk = torch.empty(HOST_CHUNK_BYTES, dtype=torch.uint8, pin_memory=True)
+            self.used = 0
+        out = self.chunk[self.used:self.used + n].view(rows.dtype).view(rows.shape)
+        out.copy_(rows)
+        self.used += -(-n // 64) * 64  # the next row starts aligned for any dtype
+        return out
+
+
+def keep_rows(rows: list[torch.Tensor], reserve_bytes: int, host: HostRows
+              ) -> list[torch.Tensor]:
     """Copies of `rows` (views of one forward's output), on their device while it keeps
-    `reserve_bytes` free after them, else in host memory."""
+    `reserve_bytes` free after them, else in `host`'s pinned memory (a batch copies them in
+    without a sync, `trainer.to_device`)."""
     size = sum(r.nbytes for r in rows)
-    if rows and device_room(rows[0].device) >= reserve_bytes + size:
+    if not rows or device_room(rows[0].device) >= reserve_bytes + size:
         return [r.clone() for r in rows]
-    return [r.cpu() for r in rows]
+    return [host.copy(r) for r in rows]
 
 
 def _batches(samples: list[Sample], skip: int, max_tokens: int, max_reqs: int
@@ -104,7 +131,8 @@ def extract_aux(runner: ModelRunner, samples: list[Sample], layer_ids: list[int]
     rows = _rows(runner.forward(runner.prepare(extend_inputs(runner, [first],
                                                              CaptureHiddenMode.FULL))),
                  final_hidden)
-    prefix, out = rows[:skip].clone(), keep_rows([rows[skip:]], reserve_bytes)
+    host = HostRows()
+    prefix, out = rows[:skip].clone(), keep_rows([rows[skip:]], reserve_bytes, host)
     prefix_slots = pool.req_to_token[first.req_pool_idx, :skip].clone()
     release_kv(runner, first, keep=skip)
     rest = samples[1:]
@@ -117,7 +145,7 @@ def extract_aux(runner: ModelRunner, samples: list[Sample], layer_ids: list[int]
         fb = runner.prepare(extend_inputs(runner, reqs, CaptureHiddenMode.FULL))
         rows = _rows(runner.forward(fb), final_hidden).split([len(r.origin_input_ids) - skip
                                                               for r in reqs])
-        out += keep_rows(list(rows), reserve_bytes)
+        out += keep_rows(list(rows), reserve_bytes, host)
         for r in reqs:
             release_kv(runner, r, keep=skip)
         if len(out) % 1024 <= len(batch):

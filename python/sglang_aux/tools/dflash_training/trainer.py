@@ -21,8 +21,9 @@ from torch.nn.utils.rnn import pad_sequence
 
 from sglang_aux.srt.models.dflash import DFlashDraftModel
 from sglang_aux.tools.dflash_training.data import Sample
-from sglang_aux.tools.dflash_training.draft_forward import draft_block_logits
+from sglang_aux.tools.dflash_training.draft_forward import draft_block_hidden
 from sglang_aux.tools.dflash_training.features import TRAIN_RESERVE_BYTES, device_room
+from sglang_aux.tools.dflash_training.sliced_loss import SLICE_ROWS, loss_in_slices
 
 logger = logging.getLogger(__name__)
 
@@ -83,8 +84,9 @@ class SequenceSet:
         self.ids = [torch.tensor(samples[i].ids, device=device) for i in keep]
         self.aux = [aux[i] if aux[i].device == device or device_room(device) < (
             reserve_bytes + aux[i].nbytes) else aux[i].to(device) for i in keep]
-        self.prompt_lens = torch.tensor([len(samples[i].prompt_ids) for i in keep], device=device)
-        self.lens = torch.tensor([len(samples[i].ids) for i in keep], device=device)
+        # lengths stay on the host: a batch gathers them there and sends them without a sync
+        self.prompt_lens = torch.tensor([len(samples[i].prompt_ids) for i in keep])
+        self.lens = torch.tensor([len(samples[i].ids) for i in keep])
         self.num_tokens = int(self.lens.sum())
 
     def __len__(self) -> int:
@@ -92,17 +94,26 @@ class SequenceSet:
 
     def batch(self, index: list[int]) -> Batch:
         dev = self.prefix_aux.device
-        aux = [torch.cat([self.prefix_aux, self.aux[i].to(dev)]) for i in index]
+        aux = [torch.cat([self.prefix_aux, to_device(self.aux[i], dev)]) for i in index]
         return Batch(pad_sequence(aux, batch_first=True),
                      pad_sequence([self.ids[i] for i in index], batch_first=True),
-                     self.prompt_lens[index], self.lens[index])
+                     to_device(self.prompt_lens[index], dev), to_device(self.lens[index], dev))
+
+
+def to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """`t` on `device`; a host tensor goes from pinned memory without waiting for the
+    device's queue (a copy from pageable memory syncs the stream first, which would stall
+    the next step's preparation behind the last one's kernels)."""
+    if device.type != "cuda" or t.is_cuda:
+        return t.to(device)
+    return (t if t.is_pinned() else t.pin_memory()).to(device, non_blocking=True)
 
 
 def sample_anchors(batch: Batch, num: int, generator: torch.Generator) -> torch.Tensor:
     """`[N, num]` anchors uniform over each continuation's positions that have a next token:
     `prompt_len <= anchor <= len - 2` (the first anchor is the first generated token, whose
     context is the whole prompt, as after a prefill)."""
-    u = torch.rand(len(batch.lens), num, generator=generator).to(batch.lens.device)
+    u = to_device(torch.rand(len(batch.lens), num, generator=generator), batch.lens.device)
     span = (batch.lens - 1 - batch.prompt_lens)[:, None]
     return batch.prompt_lens[:, None] + (u * span).long().clamp(max=span - 1)
 
@@ -124,20 +135,33 @@ def offset_weights(block_size: int, gamma: float, device: torch.device) -> torch
     return w
 
 
-def block_loss(logits: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor
-               ) -> tuple[torch.Tensor, dict]:
-    """Weighted cross-entropy over valid block offsets, plus per-offset accuracy and the
-    accept length greedy verification would give (1 + the run of correct offsets from 1)."""
-    ce = F.cross_entropy(logits.flatten(0, 2).float(), labels.flatten(), ignore_index=IGNORE,
-                         reduction="none").view(labels.shape)
+def block_loss(hidden: torch.Tensor, lm_head: torch.Tensor, labels: torch.Tensor,
+               weights: torch.Tensor, slice_rows: int = SLICE_ROWS) -> tuple[torch.Tensor, dict]:
+    """Weighted cross-entropy over valid block offsets of the draft's hidden states
+    `[N, A, B, H]` through the (frozen) LM head, `slice_rows` logit rows at a time
+    (`loss_in_slices`), plus per-offset accuracy and the accept length greedy verification
+    would give (1 + the run of correct offsets from 1). Stats stay on the device."""
+    b = labels.shape[-1]
     valid = labels != IGNORE
     w = weights * valid
-    loss = (ce * w).sum() / w.sum()
+    den = w.sum()
+
+    def one_slice(h: torch.Tensor, lab: torch.Tensor, wt: torch.Tensor):
+        logits = h @ lm_head.t().to(h.dtype)
+        ce = F.cross_entropy(logits.flatten(0, 1).float(), lab.flatten(), ignore_index=IGNORE,
+                             reduction="none").view(lab.shape)
+        with torch.no_grad():
+            correct = (logits.argmax(-1) == lab) & (lab != IGNORE)
+        return (ce * wt).sum() / den, {"correct": correct}
+
+    loss, parts = loss_in_slices(one_slice, [hidden.flatten(0, 1)],
+                                 [labels.flatten(0, 1), w.flatten(0, 1)],
+                                 max(1, slice_rows // b))
     with torch.no_grad():
-        correct = (logits.argmax(-1) == labels) & valid
-        acc = correct.sum((0, 1)) / valid.sum((0, 1)).clamp(min=1)
-        accept = 1 + correct[..., 1:].int().cumprod(-1).sum(-1).float().mean()
-    return loss, {"loss": loss.item(), "acc": acc[1:].tolist(), "accept": accept.item()}
+        correct = parts["correct"]
+        acc = correct.sum(0) / valid.flatten(0, 1).sum(0).clamp(min=1)
+        accept = 1 + correct[:, 1:].int().cumprod(-1).sum(-1).float().mean()
+    return loss, {"loss": loss.detach(), "acc": acc[1:], "accept": accept}
 
 
 # A time budget sets the number of steps at BUDGET_PROBE_STEPS, from the pace of the steps
@@ -175,21 +199,24 @@ class Trainer:
         self.warmup = max(1, int(cfg.steps * cfg.warmup_frac))
         self.num_steps = 0
         self.weights = offset_weights(draft.dflash_config.block_size, cfg.gamma, self.device)
+        self.slice_rows = SLICE_ROWS  # logit rows the loss holds at a time
         self.generator = torch.Generator().manual_seed(cfg.seed)
 
     def objective(self, batch: Batch, anchors: torch.Tensor) -> tuple[torch.Tensor, dict]:
         """The DFlash block loss of these blocks and its stats."""
-        logits = draft_block_logits(self.draft, self.embed, self.lm_head, batch.aux,
-                                    batch.ids, anchors, self.mask_token_id)
+        hidden = draft_block_hidden(self.draft, self.embed, batch.aux, batch.ids, anchors,
+                                    self.mask_token_id)
         labels = block_labels(batch, anchors, self.draft.dflash_config.block_size)
-        return block_loss(logits, labels, self.weights)
+        return block_loss(hidden, self.lm_head, labels, self.weights, self.slice_rows)
 
     def step(self, batch: Batch, anchors: torch.Tensor) -> dict:
-        """One optimizer step on these blocks; returns the step's loss and accuracy."""
+        """One optimizer step on these blocks; returns the step's loss and accuracy as device
+        tensors (reading them is a host sync: `fit` does it once per log line)."""
         self.draft.train()
+        # before the objective: its sliced loss hands some parameters their gradient inside it
+        self.opt.zero_grad(set_to_none=True)
         with torch.autocast("cuda", torch.bfloat16, enabled=self.device.type == "cuda"):
             loss, stats = self.objective(batch, anchors)
-        self.opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(self.draft.parameters(), self.cfg.grad_clip)
         for group in self.opt.param_groups:
@@ -242,7 +269,10 @@ class Trainer:
 
 
 def _mean_stats(window: list[dict]) -> dict:
-    """Every scalar stat averaged, and the per-offset accuracy offset by offset."""
-    n = len(window)
-    return {**{k: sum(s[k] for s in window) / n for k in window[0] if k != "acc"},
-            "acc": [sum(col) / n for col in zip(*(s["acc"] for s in window), strict=True)]}
+    """Every stat averaged over the window, on the host: scalars as floats, the per-offset
+    accuracy as a list (one host sync per stat)."""
+    out = {}
+    for k in window[0]:
+        mean = torch.stack([torch.as_tensor(s[k], dtype=torch.float32) for s in window]).mean(0)
+        out[k] = mean.tolist()
+    return out
