@@ -49,6 +49,22 @@ class Mutation:
 
 
 MUTATIONS = [
+    # draft training: the sliced LM-head loss (its gradient is handed on in the caller's
+    # backward; parameters read inside get theirs during the objective)
+    Mutation("sliced loss: the slices' gradients are not handed on to the draft",
+             "python/sglang_aux/tools/dflash_training/sliced_loss.py",
+             "return total + (handed_on - handed_on.detach()), stats", "return total, stats",
+             (f"{T}/speculative/test_sliced_loss.py",)),
+    Mutation("training step zeroes gradients after the objective",
+             "python/sglang_aux/tools/dflash_training/trainer.py",
+             "        self.opt.zero_grad(set_to_none=True)\n        with torch.autocast(\"cuda\","
+             " torch.bfloat16, enabled=self.device.type == \"cuda\"):\n"
+             "            loss, stats = self.objective(batch, anchors)\n        loss.backward()",
+             "        with torch.autocast(\"cuda\", torch.bfloat16, enabled=self.device.type =="
+             " \"cuda\"):\n            loss, stats = self.objective(batch, anchors)\n"
+             "        self.opt.zero_grad(set_to_none=True)\n        loss.backward()",
+             (f"{T}/speculative/test_train_dspark.py::"
+              "test_a_step_updates_the_markov_head_inside_the_sliced_loss",)),
     # chunked prefill (issue 29): a chunk's tokens at the positions after the prefix so far
     Mutation("chunked prefill: a chunk's positions start one past the prefix",
              f"{SRT}/managers/schedule_batch.py",

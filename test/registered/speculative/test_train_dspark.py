@@ -227,6 +227,19 @@ def test_sliced_loss_equals_the_whole_batch_loss(target):
         torch.testing.assert_close(g_sliced[n], g_whole[n], rtol=1e-5, atol=1e-6, msg=n)
 
 
+def test_a_step_updates_the_markov_head_inside_the_sliced_loss(target):
+    """The Markov head's `markov_w2` gets its gradient inside the objective's slices, so the
+    step zeroes gradients before the objective, not after it."""
+    _, data, trainer = _trainer(target)
+    batch = data.batch([0, 1])
+    anchors = sample_anchors(batch, 4, torch.Generator().manual_seed(1))
+    w2 = trainer.draft.markov_head.markov_w2.weight
+    before = w2.detach().clone()
+    trainer.slice_rows = GAMMA
+    trainer.step(batch, anchors)
+    assert not torch.equal(w2.detach(), before)
+
+
 def test_rows_without_final_hidden_are_refused(target):
     _, data, trainer = _trainer(target)
     batch = data.batch([0])
