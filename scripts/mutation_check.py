@@ -49,6 +49,15 @@ class Mutation:
 
 
 MUTATIONS = [
+    # sampling tails in slices / without the logits copy
+    Mutation("sample_from_probs: every slice draws with the first slice's uniforms",
+             f"{SRT}/sampling/sampler.py",
+             "target = u[s:s + step, ..., None]", "target = u[:len(cdf), ..., None]",
+             (f"{T}/sampling/test_sampler.py",)),
+    Mutation("rejection sampling reads the anchor's distribution as the first draft's",
+             f"{SRT}/speculative/dflash_worker.py",
+             "return self._draft_probs[:bs, 1:]", "return self._draft_probs[:bs, :-1]",
+             (f"{WORKER}::test_sampled_drafts_and_their_distributions_line_up",)),
     # draft training: the sliced LM-head loss (its gradient is handed on in the caller's
     # backward; parameters read inside get theirs during the objective)
     Mutation("sliced loss: the slices' gradients are not handed on to the draft",

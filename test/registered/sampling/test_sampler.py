@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from sglang_aux.srt.sampling.sampler import (
+    SAMPLE_ROWS,
     Lane,
     SamplingTensors,
     sample,
@@ -63,6 +64,29 @@ def test_sample_from_probs_follows_the_distribution():
     tv = 0.5 * sum(abs(counts.get(t, 0) / n - float(probs[t] / probs.sum()))
                    for t in range(VOCAB))
     assert tv < 0.015, tv
+
+
+def _draw_whole(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    cdf = probs.cumsum(-1)
+    return (cdf <= u[..., None] * cdf[..., -1:]).sum(-1).clamp_max(probs.shape[-1] - 1)
+
+
+@pytest.mark.parametrize("shape", [(3, 50), (SAMPLE_ROWS * 2 + 7, 50), (40, 15, 50)])
+def test_sample_from_probs_in_slices_equals_one_whole_draw(shape):
+    """Drawing `SAMPLE_ROWS` rows at a time, from a contiguous block or a strided view (the
+    DRAFT_BLOCK tail's offsets 1..B-1), gives the whole draw's tokens, and a zero-probability
+    token is never chosen."""
+    g = torch.Generator().manual_seed(7)
+    probs = torch.rand(*shape, generator=g)
+    probs[..., ::3] = 0.0
+    u = torch.rand(*shape[:-1], generator=g)
+    drawn = sample_from_probs(probs, u)
+    assert drawn.shape == shape[:-1] and drawn.dtype == torch.int64
+    assert torch.equal(drawn, _draw_whole(probs, u))
+    assert (probs.gather(-1, drawn[..., None]) > 0).all()
+    if len(shape) == 3:  # a view that skips each block's first row
+        full = torch.rand(shape[0], shape[1] + 1, shape[2], generator=g)
+        assert torch.equal(sample_from_probs(full[:, 1:], u), _draw_whole(full[:, 1:], u))
 
 
 @pytest.mark.parametrize("all_greedy", [True, False])

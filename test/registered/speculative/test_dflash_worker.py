@@ -2,11 +2,13 @@
 known proposals, and aux rows consumed before the next target forward."""
 
 import sys
+from types import SimpleNamespace
 
 import pytest
 import torch
 
 from sglang_aux.srt.entrypoints.engine import Engine
+from sglang_aux.srt.layers.logits_processor import LogitsProcessorOutput
 from sglang_aux.srt.managers.schedule_batch import Req, reserve_kv
 from sglang_aux.srt.sampling.sampling_params import SamplingParams
 from sglang_aux.test.ci.ci_register import register_cpu_ci
@@ -171,6 +173,33 @@ def test_reading_after_poison_is_detected(ckpts):
     worker.commit_draft_context = commit
     err = _draft_context_error(worker, reqs[0])
     assert not err < 1e-4, "a late read of the shared buffer went unnoticed"
+
+
+def test_sampled_drafts_and_their_distributions_line_up(ckpts):
+    """The DRAFT_BLOCK sampling tail: block offset j (1..B-1) proposes from the distribution
+    of the draft forward's row j, keeps that distribution at `_draft_q(bs)[:, j - 1]` for the
+    rejection test, and its draws follow the draft's law there (each offset's logits peak on
+    a different token here, so a shifted row would show)."""
+    worker = _dflash(ckpts, "tiny-llama").worker
+    bs, b = 2, worker.block_size
+    vocab = worker._draft_probs.shape[-1]
+    rows = [0, 1]
+    for r in rows:
+        worker.sampling_rows.stage(r, SamplingParams(temperature=1.0), seed=100 + r)
+    worker.sampling_rows.write(rows)
+    logits = torch.full((bs, b, vocab), -30.0)
+    for j in range(b):
+        logits[:, j, 10 + j] = 0.0  # offset j: token 10 + j, near certain
+    out = LogitsProcessorOutput(next_token_logits=logits.view(bs * b, vocab),
+                                hidden_states=None)
+    fb = SimpleNamespace(batch_size=bs, req_pool_indices=torch.tensor(rows),
+                         positions=torch.arange(bs * b) + 7)
+    worker._drafts[:bs] = -1
+    worker._draft_sampling(fb, out)
+    q = worker._draft_q(bs)
+    assert q.shape == (bs, b - 1, vocab)
+    assert q.argmax(-1).tolist() == [list(range(11, 10 + b))] * bs
+    assert worker._drafts[:bs].tolist() == [list(range(11, 10 + b))] * bs
 
 
 def test_dflash_start_errors(ckpts):

@@ -21,6 +21,8 @@ _MASK32 = 0xFFFFFFFF
 # Odd multipliers below 2**31: a 32-bit value times one stays below 2**63, so int64 never
 # overflows and the hash is the same on every device.
 _MIX = (0x7FEB352D, 0x2C1B3C6D, 0x297A2D39)
+# Rows whose CDF `sample_from_probs` holds at a time.
+SAMPLE_ROWS = 256
 _UNIFORM_BITS = 24  # float32 holds 24 bits exactly: draws are multiples of 2**-24 in [0, 1)
 
 
@@ -97,10 +99,17 @@ def _restrict_min_p(probs: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
 
 def sample_from_probs(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     """Inverse-CDF draw per row: the first token whose cumulative mass exceeds `u` times the
-    row's total, so a zero-probability token is never chosen. `probs` `[rows, V]` -> `[rows]`."""
-    cdf = probs.cumsum(-1)
-    target = u[:, None] * cdf[:, -1:]
-    return (cdf <= target).sum(-1).clamp_max(probs.shape[-1] - 1)
+    row's total, so a zero-probability token is never chosen. `probs` `[..., V]` (any view)
+    and `u` `[...]` -> `[...]` int64. The CDF and its comparison exist for `SAMPLE_ROWS` rows
+    at a time (leading slices): whole, a DRAFT_BLOCK tail's would be `[bs * B, V]` float32
+    twice over, 583 MB at bs 64, block 16 and Qwen2.5's 151,936 tokens."""
+    out = torch.empty(u.shape, dtype=torch.int64, device=probs.device)
+    step = max(1, SAMPLE_ROWS // max(1, u[0].numel()))
+    for s in range(0, len(u), step):
+        cdf = probs[s:s + step].cumsum(-1)
+        target = u[s:s + step, ..., None] * cdf[..., -1:]
+        out[s:s + step] = (cdf <= target).sum(-1).clamp_max(probs.shape[-1] - 1)
+    return out
 
 
 def sample(logits: torch.Tensor, params: SamplingTensors | None, positions: torch.Tensor,

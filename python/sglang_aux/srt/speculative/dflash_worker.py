@@ -151,12 +151,18 @@ class DFlashWorker(RequestRowStaging):
         forward."""
         b = self.block_size
         self._drafts = torch.zeros((rows, b - 1), dtype=torch.int64, device=device)
-        # what sampled drafts were drawn from, `[rows, B-1, vocab]`, for the rejection test
-        self._draft_probs = torch.zeros((rows, b - 1, vocab), dtype=torch.float32,
-                                        device=device)
+        # what sampled drafts were drawn from, `[rows, B, vocab]`, for the rejection test:
+        # offsets 1..B-1 (`_draft_q`); offset 0, the anchor's, is kept so that the draft
+        # forward's logits rows go in whole, without a `[bs * (B-1), vocab]` copy
+        self._draft_probs = torch.zeros((rows, b, vocab), dtype=torch.float32, device=device)
         # `[rows, 1 + B]` per step request: accepted drafts, then the new tokens; a mixed
         # step's readback adds its arrivals' first tokens in the rows after (`mixed`)
         self._verdicts = torch.zeros((rows, b + 1), dtype=torch.int64, device=device)
+
+    def _draft_q(self, bs: int) -> torch.Tensor:
+        """The distributions `bs` requests' drafts were drawn from, `[bs, B-1, vocab]` (a view
+        of `_draft_probs`)."""
+        return self._draft_probs[:bs, 1:]
 
     def _verify_parts(self) -> ForwardParts:
         verify = ForwardMode.TARGET_VERIFY
@@ -385,14 +391,14 @@ class DFlashWorker(RequestRowStaging):
                           rows: torch.Tensor, logits: torch.Tensor, min_p: bool = False,
                           num_verified: torch.Tensor | None = None) -> None:
         """Lossless rejection sampling of `bs` blocks' drafts `[bs, B-1]` (block positions
-        `[bs, B]`, logits `[bs * B, vocab]`) against `_draft_probs[:bs]`; greedy requests keep
+        `[bs, B]`, logits `[bs * B, vocab]`) against `_draft_q(bs)`; greedy requests keep
         their greedy verdicts. `min_p`: a request may set it (known on the host);
         `num_verified` `[bs]`: block tokens each request verified (`rejection_verify`)."""
         b = self.block_size
         params = self.sampling_rows.gather(rows, min_p)
         p = sampling_probs(logits, params.repeat_interleave(b)).view(bs, b, -1)
         seed = params.seed[:, None]
-        sampled = rejection_verify(drafts, self._draft_probs[:bs], p,
+        sampled = rejection_verify(drafts, self._draft_q(bs), p,
                                    uniform(seed, positions[:, 1:], Lane.ACCEPT),
                                    uniform(seed, positions + 1, Lane.RESIDUAL),
                                    num_verified).packed()
@@ -412,15 +418,15 @@ class DFlashWorker(RequestRowStaging):
 
     def _draft_sampling(self, fb: ForwardBatch, out: LogitsProcessorOutput) -> None:
         """The DRAFT_BLOCK sampling tail: sampled requests draw their proposals instead, from
-        the distributions it leaves in `_draft_probs[:bs]`."""
+        the distributions it leaves in `_draft_q(bs)`."""
         bs, b = fb.batch_size, self.block_size
         params = self.sampling_rows.gather(fb.req_pool_indices)
-        rows = params.repeat_interleave(b - 1)
-        q = self._draft_probs[:bs].view(bs * (b - 1), -1)
-        logits = out.next_token_logits.view(bs, b, -1)[:, 1:].reshape(bs * (b - 1), -1)
-        sampling_probs(logits, rows, out=q)
-        positions = fb.positions.view(bs, b)[:, 1:].reshape(-1)
-        drawn = sample_from_probs(q, uniform(rows.seed, positions, Lane.DRAFT)).view(bs, b - 1)
+        # every block row, the anchor's too: the logits go in as the forward left them
+        sampling_probs(out.next_token_logits[: bs * b], params.repeat_interleave(b),
+                       out=self._draft_probs[:bs].view(bs * b, -1))
+        positions = fb.positions.view(bs, b)[:, 1:]
+        drawn = sample_from_probs(self._draft_q(bs),
+                                  uniform(params.seed[:, None], positions, Lane.DRAFT))
         drafts = self._drafts[:bs]
         broadcast_from_first_rank(drafts.copy_(torch.where(params.is_greedy[:, None], drafts,
                                                            drawn)))

@@ -199,9 +199,9 @@ class DSparkWorker(DFlashWorker):
     def _draft_sampling(self, fb: ForwardBatch, out: LogitsProcessorOutput) -> None:
         """The DRAFT_BLOCK sampling tail: the loop again, drawing the sampled requests'
         proposals (greedy ones choose as in the main graph) and keeping what they were drawn
-        from in `_draft_probs[:bs]`."""
+        from in `_draft_q(bs)`."""
         proposal = self._propose(fb, out, self.sampling_rows.gather(fb.req_pool_indices))
-        self._draft_probs[: fb.batch_size].copy_(proposal.probs)
+        self._draft_q(fb.batch_size).copy_(proposal.probs)
 
     def _propose(self, fb: ForwardBatch, out: LogitsProcessorOutput,
                  params: SamplingTensors | None) -> DSparkProposal:
