@@ -167,6 +167,17 @@ def _merge_splits(out_ptrs, part_ptrs, lse_ptrs, row_valid, num_splits, stride_p
     tl.store(out_ptrs, merged.to(out_ptrs.dtype.element_ty), mask=row_valid[:, None])
 
 
+def grid_kv_splits(programs: int, max_context_len: int, device: torch.device,
+                   merge: MergeMode, min_split_keys: int) -> int:
+    """The key splits a launch of `programs` (request, kv head, row tile) programs gets when
+    none is forced; the in-kernel merge drops splits past the pool's context bound, which
+    could never run."""
+    splits = pick_num_kv_splits(programs, device)
+    if merge == "in_kernel":
+        splits = min(splits, triton.cdiv(max_context_len, min_split_keys))
+    return splits
+
+
 def decode_attention_fwd(
     q: torch.Tensor,  # [bs * q_len, H, D]
     k_buffer: torch.Tensor,  # [num_slots, KVH, D]
@@ -202,10 +213,8 @@ def decode_attention_fwd(
         raise ValueError(f"min_split_keys {min_split_keys} is not a multiple of the "
                          f"{block_n}-key tile")
     if num_kv_splits is None:
-        num_kv_splits = pick_num_kv_splits(bs * num_kv_heads * m_tiles, q.device)
-        if in_kernel:  # splits past the pool's context bound could never run
-            num_kv_splits = min(num_kv_splits, triton.cdiv(req_to_token.shape[1],
-                                                           min_split_keys))
+        num_kv_splits = grid_kv_splits(bs * num_kv_heads * m_tiles, req_to_token.shape[1],
+                                       q.device, merge, min_split_keys)
     partial_out, partial_lse, split_counters = out, out, out  # unused when unsplit
     if num_kv_splits > 1:
         # Per-split results in fp32; allocated per call (from the graph's pool when captured).
