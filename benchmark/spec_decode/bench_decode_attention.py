@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
 import time
 
@@ -36,6 +35,9 @@ import torch
 if not torch.cuda.is_available():
     # NOTE: before any @triton.jit definition is imported: the kernels run interpreted.
     os.environ["TRITON_INTERPRET"] = "1"
+
+from bench_graph_replay import replay_ms  # noqa: E402  (this script's folder is on sys.path)
+from step_bandwidth import copy_bandwidth  # noqa: E402
 
 from sglang_aux.srt.forward_state.forward_batch_info import ForwardBatch, ForwardMode  # noqa: E402
 from sglang_aux.srt.layers.attention.torch_native_backend import (  # noqa: E402
@@ -48,11 +50,13 @@ from sglang_aux.srt.layers.attention.triton_ops.decode_attention import (  # noq
 )
 from sglang_aux.srt.layers.radix_attention import RadixAttention  # noqa: E402
 from sglang_aux.srt.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool  # noqa: E402
+from sglang_aux.srt.model_executor.runner_backend.cuda_graph_backend import (  # noqa: E402
+    CudaGraphBackend,
+)
 
 QWEN_HEADS = (12, 2, 128)  # Qwen2.5-1.5B: q heads, kv heads, head_dim
 # Enough distinct K/V per graph to stream this many times the L2 cache between re-reads.
 L2_PASSES = 2
-COPY_BYTES = 1 << 30
 # fp32 checks are near-exact; bf16 rounds P, K and V to 16 bits in both paths
 REL_ERR_BOUND = {torch.float32: 1e-4, torch.bfloat16: 2e-2}
 # the CPU picks one split: force three, so both paths split and merge at the longer context
@@ -118,42 +122,10 @@ def _us_per_call(backend: TritonAttnBackend, fb: ForwardBatch, layers: list[Radi
         t0 = time.perf_counter()
         calls()
         return (time.perf_counter() - t0) * 1e6 / len(layers)
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):  # compiles, and sizes the in-kernel merge's counters
-        calls()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        calls()
-    graph.replay()
-    times = []
-    for _ in range(iters):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3)
-    return statistics.median(times) / len(layers)
-
-
-def _copy_tb_s(iters: int) -> float | None:
-    """Device-to-device copy bandwidth (read + write bytes / time), for scale."""
-    if not torch.cuda.is_available():
-        return None
-    src = torch.empty(COPY_BYTES, dtype=torch.uint8, device="cuda")
-    dst = torch.empty_like(src)
-    dst.copy_(src)
-    times = []
-    for _ in range(iters):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        dst.copy_(src)
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e-3)
-    return 2 * COPY_BYTES / statistics.median(times) / 1e12
+    # the warm-ups compile the kernels and size the in-kernel merge's counters
+    graphs = CudaGraphBackend(q.device)
+    graph, _ = graphs.warm_and_capture(calls)
+    return replay_ms(graphs, graph, iters, cuda=True) * 1e3 / len(layers)
 
 
 def _paths(num_kv_splits: int | None, min_split_keys: list[int]
@@ -197,7 +169,8 @@ def run(args: argparse.Namespace) -> dict:
                     torch.cuda.empty_cache()
     return dict(device=torch.cuda.get_device_name(0) if cuda else "cpu (interpreter)",
                 torch=torch.__version__, dtype=str(dtype), heads=QWEN_HEADS,
-                copy_tb_s=_copy_tb_s(args.iters), args=vars(args), rows=rows)
+                copy_tb_s=copy_bandwidth(torch.device("cuda")) / 1e12 if cuda else None,
+                args=vars(args), rows=rows)
 
 
 def _table(report: dict) -> str:

@@ -22,6 +22,7 @@ SCRIPT = Path(__file__).resolve().parents[3] / "benchmark/spec_decode/bench_deco
 
 
 def _bench():
+    sys.path.insert(0, str(SCRIPT.parent))  # its sibling scripts, as when run directly
     spec = importlib.util.spec_from_file_location("bench_decode_attention", SCRIPT)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
