@@ -227,11 +227,6 @@ MERGE_HEAD_CONFIGS = [(2, 2, 32), (8, 2, 16), (12, 2, 16)]
 MERGE_WINDOWS = [FULL_CONTEXT, 100]
 
 
-def in_kernel_backend(num_kv_splits: int | None = MERGE_SPLITS) -> TritonAttnBackend:
-    return TritonAttnBackend(num_kv_splits=num_kv_splits, decode_merge="in_kernel",
-                             min_split_keys=MERGE_MIN_KEYS)
-
-
 @pytest.mark.parametrize("window", MERGE_WINDOWS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
 @pytest.mark.parametrize("heads,kv_heads,head_dim", MERGE_HEAD_CONFIGS)
@@ -242,7 +237,8 @@ def test_in_kernel_merge_matches_torch_native(mode, q_len, attn_type, heads, kv_
     equal to torch_native and to the split + merge-kernel path, padded rows included."""
     seed = fresh_seed()
     req_pool, kv_pool = make_pools(kv_heads, head_dim, dtype)
-    backend = in_kernel_backend()
+    backend = TritonAttnBackend(num_kv_splits=MERGE_SPLITS, decode_merge="in_kernel",
+                                min_split_keys=MERGE_MIN_KEYS)
     lens = [max(n, q_len) for n in MERGE_CONTEXTS]  # a request holds its q_len tokens
     fb = fixed_layout_batch(mode, q_len, req_pool, kv_pool, backend, lens)
     q, k, v = random_qkv(fb.num_tokens, heads, kv_heads, head_dim, dtype)

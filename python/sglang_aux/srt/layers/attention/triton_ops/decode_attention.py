@@ -236,7 +236,8 @@ def decode_attention_fwd(
         partial_lse.stride(0), partial_lse.stride(1),
         req_to_token.stride(0),
         Q_LEN=q_len, GROUP=group, M_TILES=m_tiles, NUM_KV_SPLITS=num_kv_splits,
-        MERGE_IN_KERNEL=in_kernel, MIN_SPLIT_KEYS=min_split_keys, CAUSAL=causal,
+        MERGE_IN_KERNEL=in_kernel and num_kv_splits > 1,  # one split: the launch kernel
+        MIN_SPLIT_KEYS=min_split_keys, CAUSAL=causal,
         SLIDING_WINDOW_SIZE=sliding_window_size, DOT_PRECISION=tiling.dot_precision(q.dtype),
         HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n,
         num_warps=tiling.num_warps(block_m, head_dim), num_stages=tiling.NUM_STAGES,
