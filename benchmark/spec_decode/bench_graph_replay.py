@@ -12,6 +12,7 @@ captured batch (the graph holds the same kernels), divided by the layer count. B
 (`step_bandwidth.py`): the bytes a step reads (weights, K/V of the context), their rate at the
 replay time, and its fraction of the device-to-device copy bandwidth measured in the same run;
 with `--kernel-table N` (default 12 on CUDA) each replay's N costliest kernels.
+`--triton-attention-decode-merge in_kernel` measures the one-launch decode attention.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from step_bandwidth import copy_bandwidth, kv_bytes, weight_bytes
 
 from sglang_aux.srt.entrypoints.engine import Engine
 from sglang_aux.srt.model_executor.runner.forward_layout import ForwardInputs
+from sglang_aux.srt.server_args import TRITON_DECODE_MERGES
 
 
 def _runner_and_graphs(engine: Engine, verify: bool):
@@ -100,7 +102,8 @@ def measure(preset: str, verify: bool, sizes: list[int], args) -> list[dict]:
                  "speculative_draft_model_path": f"{preset}-dflash"}
     engine = Engine(model_path=preset, load_format="dummy", device=args.device,
                     max_running_requests=max(sizes), cuda_graph_bs_decode=sorted(set(sizes)),
-                    context_length=args.context + 64, **extra)
+                    context_length=args.context + 64,
+                    triton_attention_decode_merge=args.triton_attention_decode_merge, **extra)
     runner, gr = _runner_and_graphs(engine, verify)
     layers = runner.model_config.num_layers
     rows = []
@@ -136,6 +139,8 @@ def main() -> None:
     p.add_argument("--context", type=int, default=900)
     p.add_argument("--iters", type=int, default=200)
     p.add_argument("--device", default="auto")
+    p.add_argument("--triton-attention-decode-merge", default="launch",
+                   choices=TRITON_DECODE_MERGES, help="the server flag of that name")
     p.add_argument("--kernel-table", type=int, default=None,
                    help="print the N costliest kernels of each replay (torch profiler; "
                         "default 12 on CUDA, 0 turns it off)")

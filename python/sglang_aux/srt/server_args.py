@@ -13,6 +13,9 @@ from sglang_aux.srt.configs.presets import DEFAULT_DRAFT_MODEL, DEFAULT_MODEL
 from sglang_aux.srt.configs.speculative_algorithm import SpeculativeAlgorithm
 
 ATTENTION_BACKENDS = ("torch_native", "triton")
+# How the Triton backend's fixed-layout attention combines key splits (its
+# `decode_attention.MERGE_MODES`): a merge kernel after the split one, or in the split kernel
+TRITON_DECODE_MERGES = ("launch", "in_kernel")
 DTYPES = ("auto", "float32", "float16", "bfloat16")
 LOAD_FORMATS = ("auto", "dummy")
 FC_QUANTIZATIONS = ("none", "mxfp8")
@@ -74,6 +77,7 @@ class ServerArgs:
     load_format: str = "auto"  # auto: safetensors; dummy: random weights (benchmarks)
     context_length: int | None = None
     attention_backend: str | None = None  # None: triton on CUDA, torch_native on CPU
+    triton_attention_decode_merge: str = "launch"  # ours; one of TRITON_DECODE_MERGES
     mem_fraction_static: float = 0.85
     max_total_tokens: int | None = None  # KV slots; None: derived from memory
     max_running_requests: int = 64
@@ -169,6 +173,7 @@ class ServerArgs:
             self.served_model_name = Path(os.path.abspath(self.model_path or DEFAULT_MODEL)).name
         for name, choices in (("dtype", DTYPES), ("load_format", LOAD_FORMATS),
                               ("attention_backend", (None, *ATTENTION_BACKENDS)),
+                              ("triton_attention_decode_merge", TRITON_DECODE_MERGES),
                               ("speculative_draft_fc_quantization", (None, *FC_QUANTIZATIONS)),
                               ("speculative_dflash_aux_projection", AUX_PROJECTIONS)):
             if getattr(self, name) not in choices:
@@ -352,6 +357,11 @@ class ServerArgs:
                  "max_position_embeddings)")
         add("--attention-backend", default=None, choices=ATTENTION_BACKENDS,
             help="default: triton on CUDA, torch_native on CPU")
+        add("--triton-attention-decode-merge", default=d["triton_attention_decode_merge"],
+            choices=TRITON_DECODE_MERGES,
+            help="how Triton decode/verify attention combines key splits: launch (a merge "
+                 "kernel after the split one) or in_kernel (short contexts unsplit, long ones "
+                 "merged by the split kernel: one launch; not yet measured on the H200)")
         add("--mem-fraction-static", type=float, default=d["mem_fraction_static"],
             help="fraction of the device's memory for weights and the KV cache")
         add("--max-total-tokens", type=int, default=None,

@@ -1,8 +1,9 @@
 """TritonAttnBackend == TorchNativeAttnBackend in every mode, via Triton's CPU interpreter.
 
 Fresh random K/V every run (the seed is in every failure message), scattered pool slots,
-requests of different lengths, GQA, padded graph rows, the split-K merge path, causal and
-bidirectional layers, sliding windows, and keys before a window never read (NaN there).
+requests of different lengths, GQA, padded graph rows, the split-K merge path (a merge
+kernel, or in-kernel: short contexts unsplit, long ones merged by their last split), causal
+and bidirectional layers, sliding windows, and keys before a window never read (NaN there).
 """
 
 import os
@@ -10,6 +11,7 @@ import os
 # NOTE: must precede any @triton.jit definition, i.e. any import of triton or the backend.
 os.environ["TRITON_INTERPRET"] = "1"
 
+import argparse  # noqa: E402
 import sys  # noqa: E402
 
 import pytest  # noqa: E402
@@ -20,6 +22,11 @@ from sglang_aux.srt.layers.attention.torch_native_backend import TorchNativeAttn
 from sglang_aux.srt.layers.attention.triton_backend import (  # noqa: E402
     ExtendMetadata,
     TritonAttnBackend,
+)
+from sglang_aux.srt.layers.attention.triton_ops.decode_attention import (  # noqa: E402
+    MERGE_MODES,
+    SplitCounters,
+    decode_attention_fwd,
 )
 from sglang_aux.srt.layers.attention.triton_ops.extend_attention import (  # noqa: E402
     extend_attention_fwd,
@@ -35,10 +42,12 @@ from sglang_aux.srt.mem_cache.memory_pool import (  # noqa: E402
     MHATokenToKVPool,
     ReqToTokenPool,
 )
+from sglang_aux.srt.model_executor.model_runner import make_attn_backend  # noqa: E402
+from sglang_aux.srt.server_args import ServerArgs  # noqa: E402
 from sglang_aux.test.ci.ci_register import register_cpu_ci  # noqa: E402
 from sglang_aux.test.kernel_checks import fresh_seed
 
-register_cpu_ci(est_time=120, suite="default")
+register_cpu_ci(est_time=200, suite="default")
 
 # Max |triton - torch_native| over max |torch_native| (seen: ~3e-7 fp32, ~4e-4 fp16). fp32
 # differs only in summation order; in fp16 both round P to fp16, at different points.
@@ -98,17 +107,17 @@ def make_batch(mode: ForwardMode, req_pool, kv_pool, rows: list[int], seq_lens: 
     )
 
 
-def fixed_layout_batch(mode: ForwardMode, q_len: int, req_pool, kv_pool,
-                       backend) -> ForwardBatch:
-    """Live requests whose last `q_len` tokens are this forward's, then padded rows: one with
-    seq_len 1 at position 0, one as the decode graph runner pads (seq_len q_len, positions
-    0..q_len-1). Both read request row 0 (slot 0) and write slot 0."""
-    rows = place_requests(req_pool, FIXED_SEQ_LENS)
+def fixed_layout_batch(mode: ForwardMode, q_len: int, req_pool, kv_pool, backend,
+                       lens: list[int] = FIXED_SEQ_LENS) -> ForwardBatch:
+    """Live requests of `lens` tokens whose last `q_len` are this forward's, then padded
+    rows: one with seq_len 1 at position 0, one as the decode graph runner pads (seq_len q_len,
+    positions 0..q_len-1). Both read request row 0 (slot 0) and write slot 0."""
+    rows = place_requests(req_pool, lens)
     positions, locs = [], []
-    for row, n in zip(rows, FIXED_SEQ_LENS, strict=True):
+    for row, n in zip(rows, lens, strict=True):
         positions.append(torch.arange(n - q_len, n))
         locs.append(req_pool.req_to_token[row, n - q_len : n].long())
-    seq_lens = list(FIXED_SEQ_LENS)
+    seq_lens = list(lens)
     for pad_len, pad_pos in ((1, torch.zeros(q_len, dtype=torch.int64)),
                              (q_len, torch.arange(q_len))):
         rows.append(PADDING_REQ_ROW)
@@ -206,16 +215,105 @@ def test_fixed_layout_matches_torch_native(mode, q_len, attn_type, heads, kv_hea
     assert_close(out, ref, dtype, seed)
 
 
-@pytest.mark.parametrize("num_kv_splits", [None, 3])
+# In-kernel merge: contexts of 1 key, a short one, exactly one key tile (= MERGE_MIN_KEYS: one
+# split), one key past it (two), three chunks of MERGE_MIN_KEYS and a long one whose chunks
+# grow past it (MERGE_SPLITS splits at most).
+MERGE_CONTEXTS = [1, 9, 64, 65, 129, 250]
+MERGE_MIN_KEYS = 64
+MERGE_SPLITS = 3
+# (q heads, kv heads, head_dim): GQA ratios 1, 4 and 6 (Qwen2.5-1.5B's 12 over 2)
+MERGE_HEAD_CONFIGS = [(2, 2, 32), (8, 2, 16), (12, 2, 16)]
+# A window of 100 keys still splits a long context in two.
+MERGE_WINDOWS = [FULL_CONTEXT, 100]
+
+
+@pytest.mark.parametrize("window", MERGE_WINDOWS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
+@pytest.mark.parametrize("heads,kv_heads,head_dim", MERGE_HEAD_CONFIGS)
+@pytest.mark.parametrize("mode,q_len,attn_type", FIXED_MODES, ids=FIXED_IDS)
+def test_in_kernel_merge_matches_torch_native(mode, q_len, attn_type, heads, kv_heads,
+                                              head_dim, dtype, window):
+    """One launch: short contexts unsplit, longer ones split and merged by their last split;
+    equal to torch_native and to the split + merge-kernel path, padded rows included."""
+    seed = fresh_seed()
+    req_pool, kv_pool = make_pools(kv_heads, head_dim, dtype)
+    backend = TritonAttnBackend(num_kv_splits=MERGE_SPLITS, decode_merge="in_kernel",
+                                min_split_keys=MERGE_MIN_KEYS)
+    lens = [max(n, q_len) for n in MERGE_CONTEXTS]  # a request holds its q_len tokens
+    fb = fixed_layout_batch(mode, q_len, req_pool, kv_pool, backend, lens)
+    q, k, v = random_qkv(fb.num_tokens, heads, kv_heads, head_dim, dtype)
+    layer = RadixAttention(heads, head_dim, 0.3, kv_heads, LAYER_ID, window, attn_type)
+    out, ref = run_both(fb, backend, layer, q, k, v)
+    assert_close(out, ref, dtype, seed)
+    launch = TritonAttnBackend(num_kv_splits=MERGE_SPLITS)
+    launch.init_forward_metadata(fb)
+    assert_close(out, launch.forward(q, None, None, layer, fb, save_kv_cache=False), dtype,
+                 seed)
+
+
+@pytest.mark.parametrize("merge", MERGE_MODES)
+def test_decode_kernel_writes_every_row_and_repeats(merge):
+    """Straight at the kernel with NaN-poisoned outputs, three times in a row: every row is
+    written (the tile's merging split or its only split) and the arrival counters are back to
+    zero after each launch (a stale count would skip or misplace the merge)."""
+    seed = fresh_seed()
+    heads, kv_heads, head_dim = MERGE_HEAD_CONFIGS[2]
+    req_pool, kv_pool = make_pools(kv_heads, head_dim, torch.float32)
+    fb = fixed_layout_batch(ForwardMode.TARGET_VERIFY, BLOCK, req_pool, kv_pool, None,
+                            [max(n, BLOCK) for n in MERGE_CONTEXTS])
+    q = torch.randn(fb.num_tokens, heads, head_dim)
+    counters = SplitCounters()
+    outs = []
+    for _ in range(3):
+        out = torch.full_like(q, float("nan"))
+        decode_attention_fwd(q, kv_pool.k_buffer[LAYER_ID], kv_pool.v_buffer[LAYER_ID], out,
+                             req_pool.req_to_token, fb.req_pool_indices, fb.seq_lens,
+                             fb.positions, 0.3, True, MERGE_SPLITS, merge=merge,
+                             counters=counters, min_split_keys=MERGE_MIN_KEYS)
+        assert torch.isfinite(out).all(), f"rows left unwritten (seed {seed})"
+        outs.append(out)
+    for out in outs[1:]:
+        assert torch.equal(out, outs[0]), f"a repeated launch differs (seed {seed})"
+
+
+def test_in_kernel_merge_rejects_bad_settings():
+    with pytest.raises(ValueError, match="decode_merge must be one of"):
+        TritonAttnBackend(decode_merge="twice")
+    req_pool, kv_pool = make_pools(2, 32, torch.float32)
+    backend = TritonAttnBackend(num_kv_splits=2, decode_merge="in_kernel", min_split_keys=100)
+    fb = fixed_layout_batch(ForwardMode.DECODE, 1, req_pool, kv_pool, backend)
+    q = torch.randn(fb.num_tokens, 4 * 32)
+    layer = RadixAttention(4, 32, 1.0, 2, LAYER_ID)
+    with pytest.raises(ValueError, match="min_split_keys 100 is not a multiple of the 64"):
+        backend.forward(q, None, None, layer, fb, save_kv_cache=False)
+
+
+def test_decode_merge_flag_reaches_the_backend():
+    parser = argparse.ArgumentParser()
+    ServerArgs.add_cli_args(parser, serving=False)
+    args = ServerArgs.from_cli_args(parser.parse_args(["--triton-attention-decode-merge",
+                                                       "in_kernel"]))
+    assert args.triton_attention_decode_merge == "in_kernel"
+    assert ServerArgs().triton_attention_decode_merge == "launch"
+    backend = make_attn_backend("triton", args.triton_attention_decode_merge)
+    assert isinstance(backend, TritonAttnBackend) and backend.decode_merge == "in_kernel"
+    with pytest.raises(ValueError, match="--triton-attention-decode-merge must be one of"):
+        ServerArgs(triton_attention_decode_merge="fused")
+
+
+@pytest.mark.parametrize("num_kv_splits,decode_merge", [(None, "launch"), (3, "launch"),
+                                                        (3, "in_kernel")])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
 @pytest.mark.parametrize("heads,kv_heads,head_dim", HEAD_CONFIGS)
-def test_mixed_matches_torch_native(heads, kv_heads, head_dim, dtype, num_kv_splits):
+def test_mixed_matches_torch_native(heads, kv_heads, head_dim, dtype, num_kv_splits,
+                                    decode_merge):
     """A MIXED batch: three step requests of BLOCK tokens (a decode graph's padded row among
     them) through the fixed-layout kernel, then two arrivals and a padded one through the
     extend kernel at a row offset."""
     seed = fresh_seed()
     req_pool, kv_pool = make_pools(kv_heads, head_dim, dtype)
-    backend = TritonAttnBackend(num_kv_splits=num_kv_splits)
+    backend = TritonAttnBackend(num_kv_splits=num_kv_splits, decode_merge=decode_merge,
+                                min_split_keys=MERGE_MIN_KEYS)
     step_lens, arr_prefix, arr_ext = [10 + BLOCK, 130 + BLOCK], [0, 23], [9, 70]
     arr_lens = [p + e for p, e in zip(arr_prefix, arr_ext, strict=True)]
     rows = place_requests(req_pool, step_lens + arr_lens)
@@ -277,12 +375,14 @@ def test_keys_before_the_window_are_never_read(mode, q_len, attn_type):
     assert_close(out, ref, torch.float32, seed)
 
 
-def test_replay_reads_batch_tensors_in_place():
+@pytest.mark.parametrize("decode_merge", MERGE_MODES)
+def test_replay_reads_batch_tensors_in_place(decode_merge):
     """Graph-style reuse: the same ForwardBatch tensors, refreshed in place, give new results."""
     seed = fresh_seed()
     heads, kv_heads, head_dim = HEAD_CONFIGS[0]
     req_pool, kv_pool = make_pools(kv_heads, head_dim, torch.float32)
-    backend = TritonAttnBackend(num_kv_splits=2)
+    backend = TritonAttnBackend(num_kv_splits=2, decode_merge=decode_merge,
+                                min_split_keys=MERGE_MIN_KEYS)
     backend.init_cuda_graph_state(max_bs=len(FIXED_SEQ_LENS) + 2, max_num_tokens=64)
     fb = fixed_layout_batch(ForwardMode.TARGET_VERIFY, BLOCK, req_pool, kv_pool, backend)
     backend.init_forward_metadata_capture_cuda_graph(fb)

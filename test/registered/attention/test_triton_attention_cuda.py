@@ -2,7 +2,8 @@
 
 Larger shapes than the CPU interpreter test: contexts up to 2k, batches up to 32, head_dim
 64 and 128, automatic key splits, causal and bidirectional layers, sliding windows (checked,
-replayed in graphs, and timed: at 16k context a windowed layer must beat a full one). Fresh
+replayed in graphs, and timed: at 16k context a windowed layer must beat a full one), the
+in-kernel merge (graphs captured at short contexts replayed up to the maximum). Fresh
 random inputs every run (the seed is in every failure message). Run this file in its own
 process: under TRITON_INTERPRET=1 (set by the CPU test) the kernels would be interpreted, so
 the tests skip.
@@ -31,10 +32,11 @@ try:
     import triton
 
     from sglang_aux.srt.layers.attention.triton_backend import TritonAttnBackend
+    from sglang_aux.srt.layers.attention.triton_ops.tiling import MIN_SPLIT_KEYS
 except ImportError:  # no triton: the skip below says why
     triton = None
 
-register_cuda_ci(est_time=300, suite="default")
+register_cuda_ci(est_time=420, suite="default")
 
 pytestmark = pytest.mark.skipif(
     triton is None or not torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1",
@@ -237,17 +239,7 @@ def test_cuda_graph_replay_matches_torch_native(mode, q_len, attn_type, dtype, w
     layer = RadixAttention(heads, head_dim, head_dim**-0.5, kv_heads, LAYER_ID, window,
                            attn_type)
 
-    backend.init_forward_metadata_capture_cuda_graph(fb)
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):  # warm-up compiles the kernels outside the capture
-        for _ in range(2):
-            backend.forward(q, k, v, layer, fb, save_kv_cache=True)
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = backend.forward(q, k, v, layer, fb, save_kv_cache=True)  # static output
-
+    graph, out = capture_forward(backend, fb, layer, q, k, v)
     for num_live in (bs - 1, 3, 1):  # new requests, rows and lengths; the rest padded
         lens = random_lens(num_live, q_len)
         rows = place_requests(req_pool, num_slots, lens)
@@ -266,6 +258,126 @@ def test_cuda_graph_replay_matches_torch_native(mode, q_len, attn_type, dtype, w
                      f"{mode.name} window {window} replay with {num_live} live")
         for row in rows:
             req_pool.free(row)
+
+
+def capture_forward(backend, fb: ForwardBatch, layer, q, k, v):
+    """A graph of one forward over static tensors (warm-ups first, as the graph runner does:
+    they compile the kernels and size the in-kernel merge's counters) and its static output."""
+    backend.init_forward_metadata_capture_cuda_graph(fb)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            backend.forward(q, k, v, layer, fb, save_kv_cache=True)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = backend.forward(q, k, v, layer, fb, save_kv_cache=True)
+    return graph, out
+
+
+QWEN_HEADS = (12, 2, 128)  # Qwen2.5-1.5B: GQA ratio 6
+MERGE_BATCH_SIZES = (1, 8, 32)
+MERGE_MODES_IDS = ["DECODE", "TARGET_VERIFY-16"]
+MERGE_FIXED_MODES = [FIXED_MODES[0], (ForwardMode.TARGET_VERIFY, 16, DECODER)]
+
+
+def merge_base_lens() -> list[int]:
+    """Lengths every in-kernel merge check covers: one key tile, the split threshold (one
+    split) and one key past it (two), the issue's 900-token context, the pool's maximum."""
+    return [64, MIN_SPLIT_KEYS, MIN_SPLIT_KEYS + 1, 900, MAX_CONTEXT]
+
+
+def merge_lens(num_live: int, q_len: int, shift: int = 0) -> list[int]:
+    """merge_base_lens() rotated by `shift` (so one request replays each in turn), then fresh
+    random lengths, each at least q_len."""
+    base = merge_base_lens()
+    base = base[shift:] + base[:shift]
+    extra = torch.randint(1, MAX_CONTEXT + 1, (max(num_live - len(base), 0),)).tolist()
+    return [max(n, q_len) for n in (base + extra)[:num_live]]
+
+
+@pytest.mark.parametrize("window", [FULL_CONTEXT, WINDOW])
+@pytest.mark.parametrize("bs", MERGE_BATCH_SIZES)
+@pytest.mark.parametrize("heads,kv_heads,head_dim", [QWEN_HEADS, HEAD_CONFIGS[0]])
+@pytest.mark.parametrize("mode,q_len,attn_type", FIXED_MODES, ids=FIXED_MODE_IDS)
+def test_in_kernel_merge_matches_torch_native(mode, q_len, attn_type, heads, kv_heads,
+                                              head_dim, bs, window):
+    """One launch (short contexts unsplit, long ones merged by their last split) equals
+    torch_native and the split + merge-kernel path, a padded row included; each of
+    merge_base_lens() is the first request's once."""
+    seed = fresh_seed()
+    num_live = max(bs - 1, 1)
+    num_slots = num_live * MAX_CONTEXT + 64
+    req_pool, kv_pool = make_pools(num_slots, kv_heads, head_dim, torch.bfloat16)
+    backend, launch = TritonAttnBackend(decode_merge="in_kernel"), TritonAttnBackend()
+    layer = RadixAttention(heads, head_dim, head_dim**-0.5, kv_heads, LAYER_ID, window,
+                           attn_type)
+    for shift in range(len(merge_base_lens())):
+        lens = merge_lens(num_live, q_len, shift)
+        rows = place_requests(req_pool, num_slots, lens)
+        fb = make_batch(mode, req_pool, kv_pool, backend,
+                        fixed_layout_tensors(req_pool, rows, lens, q_len, bs - num_live))
+        q, k, v = random_qkv(fb.num_tokens, heads, kv_heads, head_dim, torch.bfloat16)
+        backend.init_forward_metadata(fb)
+        out = backend.forward(q, k, v, layer, fb, save_kv_cache=True)
+        what = f"in-kernel {mode.name} bs {bs} window {window} lens {lens[:5]}"
+        assert_close(out, reference(fb, layer, q, k, v), seed, what)
+        assert_close(out, launch.forward(q, k, v, layer, fb, save_kv_cache=False), seed,
+                     what + " vs merge kernel")
+        for row in rows:
+            req_pool.free(row)
+
+
+@pytest.mark.parametrize("mode,q_len,attn_type", MERGE_FIXED_MODES, ids=MERGE_MODES_IDS)
+def test_in_kernel_merge_graph_replay_equals_eager(mode, q_len, attn_type):
+    """Graphs captured at every size with short contexts only (smallest first, so the split
+    counters grow between captures), then each replayed full and padded at lengths up to the
+    pool's maximum: bitwise equal to the eager forward of the same inputs (same grid, same
+    merge order) and close to torch_native."""
+    seed = fresh_seed()
+    heads, kv_heads, head_dim = QWEN_HEADS
+    dtype = torch.bfloat16
+    num_slots = max(MERGE_BATCH_SIZES) * MAX_CONTEXT + 64
+    req_pool, kv_pool = make_pools(num_slots, kv_heads, head_dim, dtype)
+    backend = TritonAttnBackend(decode_merge="in_kernel")
+    backend.init_cuda_graph_state(max_bs=max(MERGE_BATCH_SIZES),
+                                  max_num_tokens=max(MERGE_BATCH_SIZES) * q_len)
+    layer = RadixAttention(heads, head_dim, head_dim**-0.5, kv_heads, LAYER_ID, FULL_CONTEXT,
+                           attn_type)
+    captured = []
+    for bs in MERGE_BATCH_SIZES:
+        lens = [q_len + 3] * bs
+        rows = place_requests(req_pool, num_slots, lens)
+        static = fixed_layout_tensors(req_pool, rows, lens, q_len, num_padded=0)
+        fb = make_batch(mode, req_pool, kv_pool, backend, static)
+        qkv = random_qkv(fb.num_tokens, heads, kv_heads, head_dim, dtype)
+        captured.append((bs, static, fb, qkv, *capture_forward(backend, fb, layer, *qkv)))
+        for row in rows:
+            req_pool.free(row)
+
+    for bs, static, fb, (q, k, v), graph, out in captured:
+        for num_live in sorted({bs, max(bs - 3, 1)}, reverse=True):
+            for shift in range(len(merge_base_lens())):
+                lens = merge_lens(num_live, q_len, shift)
+                rows = place_requests(req_pool, num_slots, lens)
+                for name, t in fixed_layout_tensors(req_pool, rows, lens, q_len,
+                                                    bs - num_live).items():
+                    static[name].copy_(t)
+                for t, fresh in zip((q, k, v), random_qkv(fb.num_tokens, heads, kv_heads,
+                                                          head_dim, dtype), strict=True):
+                    t.copy_(fresh)
+                backend.init_forward_metadata_replay_cuda_graph(fb)
+                out.fill_(float("nan"))
+                graph.replay()
+                torch.cuda.synchronize()
+                replayed = out.clone()
+                what = f"{mode.name} graph bs {bs}, {num_live} live, lens {lens[:5]}"
+                eager = backend.forward(q, k, v, layer, fb, save_kv_cache=False)
+                assert torch.equal(replayed, eager), f"{what}: replay != eager (seed {seed})"
+                assert_close(replayed, reference(fb, layer, q, k, v), seed, what)
+                for row in rows:
+                    req_pool.free(row)
 
 
 def test_decode_faster_than_torch_native():

@@ -56,12 +56,12 @@ logger = logging.getLogger(__name__)
 CPU_DEFAULT_MAX_CAPTURE_BS = 8
 
 
-def make_attn_backend(name: str) -> AttentionBackend:
+def make_attn_backend(name: str, decode_merge: str = "launch") -> AttentionBackend:
     if name == "triton":
         require_triton()
         from sglang_aux.srt.layers.attention.triton_backend import TritonAttnBackend
 
-        return TritonAttnBackend()
+        return TritonAttnBackend(decode_merge=decode_merge)
     from sglang_aux.srt.layers.attention.torch_native_backend import TorchNativeAttnBackend
 
     return TorchNativeAttnBackend()
@@ -126,7 +126,8 @@ class ModelRunner:
             model_config.dtype,
             self.device,
         )
-        self.attn_backend = make_attn_backend(server_args.resolved_attention_backend())
+        self.attn_backend = make_attn_backend(server_args.resolved_attention_backend(),
+                                              server_args.triton_attention_decode_merge)
         self.prefill_capture_tokens, self.prefill_capture_bs = prefill_graph_plan(
             server_args, on_cuda=self.device.type == "cuda",
             hidden_size=model_config.hf_config.hidden_size)

@@ -12,7 +12,13 @@ from typing import TYPE_CHECKING
 import torch
 
 from sglang_aux.srt.layers.attention.base_attn_backend import AttentionBackend
-from sglang_aux.srt.layers.attention.triton_ops.decode_attention import decode_attention_fwd
+from sglang_aux.srt.layers.attention.triton_ops import tiling
+from sglang_aux.srt.layers.attention.triton_ops.decode_attention import (
+    MERGE_MODES,
+    MergeMode,
+    SplitCounters,
+    decode_attention_fwd,
+)
 from sglang_aux.srt.layers.attention.triton_ops.extend_attention import extend_attention_fwd
 from sglang_aux.srt.layers.attention.triton_ops.tiling import check_head_dim
 
@@ -75,15 +81,28 @@ class TritonAttnBackend(AttentionBackend):
     key split the padding rows merge to 0.
 
     `num_kv_splits` fixes the key split of every mode (None: enough splits to fill the
-    device's SMs; tests force a value to cover the merge path).
+    device's SMs; tests force a value to cover the merge path). `decode_merge` picks how the
+    fixed-layout modes combine key splits (`decode_attention.py`): "launch" (the default) runs
+    a merge kernel after every split launch; "in_kernel" keeps contexts up to
+    `min_split_keys` in one program that writes the output, and merges longer ones in the
+    same launch. In-kernel merges share `SplitCounters`, so this backend's fixed-layout
+    forwards must not run concurrently (they do not: the scheduler's side stream runs EXTEND).
     """
 
     extend_graph_safe = True
 
-    def __init__(self, num_kv_splits: int | None = None):
+    def __init__(self, num_kv_splits: int | None = None, decode_merge: MergeMode = "launch",
+                 min_split_keys: int = tiling.MIN_SPLIT_KEYS):
         if num_kv_splits is not None and num_kv_splits < 1:
             raise ValueError(f"num_kv_splits must be >= 1, got {num_kv_splits}")
+        if decode_merge not in MERGE_MODES:
+            raise ValueError(f"decode_merge must be one of {MERGE_MODES}, got {decode_merge!r}")
+        if min_split_keys < 1:
+            raise ValueError(f"min_split_keys must be >= 1, got {min_split_keys}")
         self.num_kv_splits = num_kv_splits
+        self.decode_merge = decode_merge
+        self.min_split_keys = min_split_keys
+        self._split_counters = SplitCounters()
         self._extend: ExtendMetadata | None = None
 
     def init_forward_metadata(self, forward_batch: ForwardBatch) -> None:
@@ -131,20 +150,26 @@ class TritonAttnBackend(AttentionBackend):
                                  self.num_kv_splits, q_offset=t)
             if mode.is_mixed():
                 n = forward_batch.mixed_step_bs
-                decode_attention_fwd(q[:t], k_buffer, v_buffer, out[:t], req_to_token,
-                                     forward_batch.req_pool_indices[:n],
-                                     forward_batch.seq_lens[:n], forward_batch.positions[:t],
-                                     layer.scaling, layer.is_causal, self.num_kv_splits,
-                                     layer.sliding_window_size)
+                self._fixed_layout(q[:t], k_buffer, v_buffer, out[:t], req_to_token,
+                                   forward_batch.req_pool_indices[:n],
+                                   forward_batch.seq_lens[:n], forward_batch.positions[:t],
+                                   layer)
         else:
             bs = forward_batch.batch_size
             if q.shape[0] % bs:
                 raise ValueError(f"{q.shape[0]} tokens do not split evenly over {bs} requests")
-            decode_attention_fwd(q, k_buffer, v_buffer, out, req_to_token,
-                                 forward_batch.req_pool_indices, forward_batch.seq_lens,
-                                 forward_batch.positions, layer.scaling, layer.is_causal,
-                                 self.num_kv_splits, layer.sliding_window_size)
+            self._fixed_layout(q, k_buffer, v_buffer, out, req_to_token,
+                               forward_batch.req_pool_indices, forward_batch.seq_lens,
+                               forward_batch.positions, layer)
         return out.view(-1, num_heads * head_dim)
+
+    def _fixed_layout(self, q, k_buffer, v_buffer, out, req_to_token, req_pool_indices,
+                      seq_lens, positions, layer: RadixAttention) -> None:
+        decode_attention_fwd(q, k_buffer, v_buffer, out, req_to_token, req_pool_indices,
+                             seq_lens, positions, layer.scaling, layer.is_causal,
+                             self.num_kv_splits, layer.sliding_window_size,
+                             merge=self.decode_merge, counters=self._split_counters,
+                             min_split_keys=self.min_split_keys)
 
     def _extend_metadata(self, fb: ForwardBatch) -> ExtendMetadata:
         # A caller that skipped init_forward_metadata still gets this batch's layout, never

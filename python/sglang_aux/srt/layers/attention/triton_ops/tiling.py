@@ -25,6 +25,10 @@ MERGE_NUM_WARPS = 4
 # dtype; the kernels are bound by the gathered K/V loads, not by pipelining depth.
 NUM_STAGES = 2
 MAX_KV_SPLITS = 16
+# The in-kernel merge splits a tile's keys only past this many per split (4 key tiles at
+# head_dim <= 128): shorter contexts stream in one program and skip the merge. A first guess,
+# not yet measured on the H200: `bench_decode_attention.py --min-split-keys` sweeps it.
+MIN_SPLIT_KEYS = 256
 # Launch about this many programs per SM before splitting keys further stops paying off.
 PROGRAMS_PER_SM = 2
 

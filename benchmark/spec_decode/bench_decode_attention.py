@@ -1,0 +1,220 @@
+"""Fixed-layout Triton attention per layer call: split + merge kernel against the in-kernel merge.
+
+    python benchmark/spec_decode/bench_decode_attention.py --bs 1 8 32 \
+        --contexts 128 900 4096 --q-lens 1 16 --min-split-keys 128 256 512 \
+        --out decode_attention.json
+    python benchmark/spec_decode/bench_decode_attention.py --smoke   # CPU: the interpreter
+
+Qwen2.5-1.5B's attention (12 q heads over 2 kv heads, head_dim 128, bf16; fp32 on the CPU,
+whose interpreter mishandles bf16). Every request holds `context` keys in scattered pool slots;
+`q_len` 1 is DECODE, more is TARGET_VERIFY (causal in the block). Paths: "launch" (today's
+default: the split kernel, then the merge kernel when it split) and "in_kernel@N" for each
+`--min-split-keys` N (one launch: contexts up to N keys unsplit, longer ones merged by their
+last split). Each path is checked first against torch_native on fresh random inputs, its
+output poisoned with NaN before the call.
+
+Time per layer call, on CUDA: one graph of back-to-back calls, each reading its own layer's
+K/V (as many layers as `--calls`, more when one layer's K/V is small enough that the calls
+would fit in L2 and re-read it from there), replayed `--iters` times (CUDA events, median),
+divided by the calls; launch gaps count as in a decode graph. On the CPU: the wall time of one
+interpreted call, a smoke of the harness, not a figure. Bytes per call: the K/V read
+(bs * context * kv heads * head_dim * 2 * element size); TB/s = bytes / time, next to a
+device-to-device copy's TB/s measured in the same run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+import torch
+
+if not torch.cuda.is_available():
+    # NOTE: before any @triton.jit definition is imported: the kernels run interpreted.
+    os.environ["TRITON_INTERPRET"] = "1"
+
+from bench_graph_replay import replay_ms  # noqa: E402  (this script's folder is on sys.path)
+from step_bandwidth import copy_bandwidth  # noqa: E402
+
+from sglang_aux.srt.forward_state.forward_batch_info import ForwardBatch, ForwardMode  # noqa: E402
+from sglang_aux.srt.layers.attention.torch_native_backend import (  # noqa: E402
+    TorchNativeAttnBackend,
+)
+from sglang_aux.srt.layers.attention.triton_backend import TritonAttnBackend  # noqa: E402
+from sglang_aux.srt.layers.attention.triton_ops import tiling  # noqa: E402
+from sglang_aux.srt.layers.attention.triton_ops.decode_attention import (  # noqa: E402
+    grid_kv_splits,
+)
+from sglang_aux.srt.layers.radix_attention import RadixAttention  # noqa: E402
+from sglang_aux.srt.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool  # noqa: E402
+from sglang_aux.srt.model_executor.runner_backend.cuda_graph_backend import (  # noqa: E402
+    CudaGraphBackend,
+)
+
+QWEN_HEADS = (12, 2, 128)  # Qwen2.5-1.5B: q heads, kv heads, head_dim
+# Enough distinct K/V per graph to stream this many times the L2 cache between re-reads.
+L2_PASSES = 2
+# fp32 checks are near-exact; bf16 rounds P, K and V to 16 bits in both paths
+REL_ERR_BOUND = {torch.float32: 1e-4, torch.bfloat16: 2e-2}
+# the CPU picks one split: force three, so both paths split and merge at the longer context
+SMOKE = dict(bs=[1, 3], contexts=[16, 130], q_lens=[1, 4], min_split_keys=[64],
+             num_kv_splits=3, max_context=256, calls=1, iters=1)
+
+
+def _batch(bs: int, context: int, q_len: int, max_context: int, num_layers: int, device: str,
+           dtype: torch.dtype) -> ForwardBatch:
+    """`bs` requests of `context` keys each in scattered slots; their last q_len are new."""
+    heads, kv_heads, head_dim = QWEN_HEADS
+    num_slots = bs * context + 1
+    req_pool = ReqToTokenPool(bs, max(context, max_context), device)
+    kv_pool = MHATokenToKVPool(num_slots, num_layers, kv_heads, head_dim, dtype, device)
+    for buf in (*kv_pool.k_buffer, *kv_pool.v_buffer):
+        buf.normal_()
+    slots = (torch.randperm(num_slots - 1) + 1).to(device).split(context)
+    rows = [req_pool.alloc() for _ in range(bs)]
+    for row, chunk in zip(rows, slots, strict=True):
+        req_pool.write(row, 0, chunk)
+    seq_lens = torch.full((bs,), context, device=device)
+    positions = torch.arange(context - q_len, context, device=device).repeat(bs)
+    mode = ForwardMode.DECODE if q_len == 1 else ForwardMode.TARGET_VERIFY
+    return ForwardBatch(
+        forward_mode=mode, batch_size=bs,
+        input_ids=torch.zeros(bs * q_len, dtype=torch.int64, device=device),
+        req_pool_indices=torch.tensor(rows, device=device), seq_lens=seq_lens,
+        seq_lens_cpu=seq_lens.cpu(), out_cache_loc=torch.zeros(bs * q_len, dtype=torch.int64,
+                                                               device=device),
+        positions=positions, req_to_token_pool=req_pool, token_to_kv_pool=kv_pool,
+        attn_backend=None)
+
+
+def _layers(num_layers: int) -> list[RadixAttention]:
+    heads, kv_heads, head_dim = QWEN_HEADS
+    return [RadixAttention(heads, head_dim, head_dim**-0.5, kv_heads, i)
+            for i in range(num_layers)]
+
+
+def _check(backend: TritonAttnBackend, fb: ForwardBatch, layer: RadixAttention,
+           q: torch.Tensor) -> float:
+    """Max |path - torch_native| over max |torch_native| on layer 0; raises past the bound."""
+    ref = TorchNativeAttnBackend()
+    ref.init_forward_metadata(fb)
+    expected = ref.forward(q, None, None, layer, fb, save_kv_cache=False).float()
+    backend.init_forward_metadata(fb)
+    out = backend.forward(q, None, None, layer, fb, save_kv_cache=False).float()
+    if not torch.isfinite(out).all():
+        raise AssertionError("non-finite output")
+    err = ((out - expected).abs().max() / expected.abs().max()).item()
+    if err > REL_ERR_BOUND[q.dtype]:
+        raise AssertionError(f"rel err {err:.2e} over {REL_ERR_BOUND[q.dtype]:.0e}")
+    return err
+
+
+def _us_per_call(backend: TritonAttnBackend, fb: ForwardBatch, layers: list[RadixAttention],
+                 q: torch.Tensor, iters: int) -> float:
+    def calls() -> None:
+        for layer in layers:
+            backend.forward(q, None, None, layer, fb, save_kv_cache=False)
+
+    if not q.is_cuda:
+        t0 = time.perf_counter()
+        calls()
+        return (time.perf_counter() - t0) * 1e6 / len(layers)
+    # the warm-ups compile the kernels and size the in-kernel merge's counters
+    graphs = CudaGraphBackend(q.device)
+    graph, _ = graphs.warm_and_capture(calls)
+    return replay_ms(graphs, graph, iters, cuda=True) * 1e3 / len(layers)
+
+
+def _paths(num_kv_splits: int | None, min_split_keys: list[int]
+           ) -> dict[str, TritonAttnBackend]:
+    paths = {"launch": TritonAttnBackend(num_kv_splits)}
+    for n in min_split_keys:
+        paths[f"in_kernel@{n}"] = TritonAttnBackend(num_kv_splits, "in_kernel", n)
+    return paths
+
+
+def run(args: argparse.Namespace) -> dict:
+    cuda = torch.cuda.is_available()
+    device, dtype = ("cuda", torch.bfloat16) if cuda else ("cpu", torch.float32)
+    heads, kv_heads, head_dim = QWEN_HEADS
+    l2_bytes = torch.cuda.get_device_properties(0).L2_cache_size if cuda else 0
+    rows = []
+    for q_len in args.q_lens:
+        for bs in args.bs:
+            for context in args.contexts:
+                kv_bytes = 2 * bs * context * kv_heads * head_dim * dtype.itemsize
+                num_layers = max(args.calls, -(-L2_PASSES * l2_bytes // kv_bytes))
+                torch.manual_seed(args.seed + context * 1000 + bs * 10 + q_len)
+                fb = _batch(bs, context, q_len, args.max_context, num_layers, device, dtype)
+                layers = _layers(num_layers)
+                q = torch.randn(bs * q_len, heads * head_dim, device=device, dtype=dtype)
+                m_tiles = -(-q_len * (heads // kv_heads) // tiling.q_block(
+                    q_len * (heads // kv_heads), head_dim))
+                for name, backend in _paths(args.num_kv_splits, args.min_split_keys).items():
+                    splits = args.num_kv_splits or grid_kv_splits(
+                        bs * kv_heads * m_tiles, fb.req_to_token_pool.max_context_len,
+                        q.device, backend.decode_merge, backend.min_split_keys)
+                    err = _check(backend, fb, layers[0], q)
+                    us = _us_per_call(backend, fb, layers, q, args.iters)
+                    rows.append(dict(
+                        q_len=q_len, bs=bs, context=context, path=name, grid_splits=splits,
+                        launches=1 if backend.decode_merge == "in_kernel" or splits == 1 else 2,
+                        us_per_call=us, kv_bytes=kv_bytes, tb_s=kv_bytes / us / 1e6,
+                        calls_per_graph=num_layers, rel_err=err))
+                del fb, layers
+                if cuda:
+                    torch.cuda.empty_cache()
+    return dict(device=torch.cuda.get_device_name(0) if cuda else "cpu (interpreter)",
+                torch=torch.__version__, dtype=str(dtype), heads=QWEN_HEADS,
+                copy_tb_s=copy_bandwidth(torch.device("cuda")) / 1e12 if cuda else None,
+                args=vars(args), rows=rows)
+
+
+def _table(report: dict) -> str:
+    base = {(r["q_len"], r["bs"], r["context"]): r["us_per_call"] for r in report["rows"]
+            if r["path"] == "launch"}
+    lines = [f"{report['device']}, {report['dtype']}, copy "
+             f"{report['copy_tb_s'] or float('nan'):.2f} TB/s",
+             "q_len bs context path            splits launches us/call  TB/s  vs launch"]
+    for r in report["rows"]:
+        ratio = base[(r["q_len"], r["bs"], r["context"])] / r["us_per_call"]
+        lines.append(f"{r['q_len']:>5} {r['bs']:>2} {r['context']:>7} {r['path']:<16}"
+                     f"{r['grid_splits']:>6} {r['launches']:>8} {r['us_per_call']:>7.2f} "
+                     f"{r['tb_s']:>5.2f} {ratio:>9.2f}x")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--bs", type=int, nargs="+", default=[1, 8, 32])
+    p.add_argument("--contexts", type=int, nargs="+", default=[128, 900, 4096])
+    p.add_argument("--q-lens", type=int, nargs="+", default=[1, 16],
+                   help="tokens per request: 1 is DECODE, more TARGET_VERIFY")
+    p.add_argument("--min-split-keys", type=int, nargs="+", default=[tiling.MIN_SPLIT_KEYS],
+                   help="one in-kernel path per value (multiples of 64)")
+    p.add_argument("--max-context", type=int, default=32768,
+                   help="the request pool's context bound (a runner's; caps in-kernel splits)")
+    p.add_argument("--num-kv-splits", type=int, default=None,
+                   help="force the grid's key splits (default: the device's pick)")
+    p.add_argument("--calls", type=int, default=28, help="layer calls per graph, at least")
+    p.add_argument("--iters", type=int, default=100)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--smoke", action="store_true",
+                   help="tiny shapes, one call each (the CPU's interpreter)")
+    p.add_argument("--out", default="benchmark/spec_decode/decode_attention.json")
+    args = p.parse_args(argv)
+    if args.smoke:
+        for name, value in SMOKE.items():
+            setattr(args, name, value)
+    report = run(args)
+    with open(args.out, "w") as f:
+        json.dump(report, f, indent=1)
+    print(_table(report))
+    return report
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

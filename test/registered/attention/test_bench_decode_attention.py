@@ -1,0 +1,52 @@
+"""The decode attention benchmark (benchmark/spec_decode/bench_decode_attention.py) in its CPU
+smoke mode: every (tokens per request, bs, context) row has both paths, each checked against
+torch_native inside the run; the merge-kernel path launches twice, the in-kernel one once."""
+
+import os
+
+# NOTE: must precede any @triton.jit definition, i.e. any import of triton or the backend.
+os.environ["TRITON_INTERPRET"] = "1"
+
+import importlib.util  # noqa: E402
+import json  # noqa: E402
+import sys  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import pytest  # noqa: E402
+
+from sglang_aux.test.ci.ci_register import register_cpu_ci  # noqa: E402
+
+register_cpu_ci(est_time=30, suite="default")
+
+SCRIPT = Path(__file__).resolve().parents[3] / "benchmark/spec_decode/bench_decode_attention.py"
+
+
+def _bench():
+    sys.path.insert(0, str(SCRIPT.parent))  # its sibling scripts, as when run directly
+    spec = importlib.util.spec_from_file_location("bench_decode_attention", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_smoke_run_reports_every_row(tmp_path, capsys):
+    out = tmp_path / "bench.json"
+    bench = _bench()
+    report = bench.main(["--smoke", "--out", str(out)])
+    assert json.loads(out.read_text())["rows"] == report["rows"]
+    assert "vs launch" in capsys.readouterr().out
+    smoke = bench.SMOKE
+    paths = {"launch", *(f"in_kernel@{n}" for n in smoke["min_split_keys"])}
+    seen = {(r["q_len"], r["bs"], r["context"], r["path"]) for r in report["rows"]}
+    assert seen == {(q, b, c, p) for q in smoke["q_lens"] for b in smoke["bs"]
+                    for c in smoke["contexts"] for p in paths}
+    heads, kv_heads, head_dim = bench.QWEN_HEADS
+    for r in report["rows"]:
+        assert r["grid_splits"] == smoke["num_kv_splits"]
+        assert r["launches"] == (2 if r["path"] == "launch" else 1)
+        assert r["kv_bytes"] == 2 * r["bs"] * r["context"] * kv_heads * head_dim * 4
+        assert r["us_per_call"] > 0 and 0 <= r["rel_err"] < 1e-4
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-v"]))
