@@ -39,8 +39,8 @@
 # (eval, eval2), EVAL_CONFIGS (eval: default "target dflash"), SGLANG_HARNESS= (eval: ours
 # only), HELDOUT=1 (eval: the held-out accept too), EXTRA_TESTS (eval: more test files),
 # DRAFT_PARTS (draft-in: how many parts make the draft, default 6), TRAIN_FLAGS (train: more
-# train_dflash flags, e.g. --eval). Issue 30's Qwen comparison, Qwen staged and the samples
-# carried: DRAFT=qwen2.5-coder-1.5b-instruct-dspark-b15 TRAIN_FLAGS=--eval DEADLINE=500 ... train
+# train_dflash flags, e.g. '--eval --profile-steps 20'). Issue 30's Qwen comparison, Qwen staged and the samples
+# carried: DRAFT=qwen2.5-coder-1.5b-instruct-dspark-b15 TRAIN_FLAGS='--eval --profile-steps 20' DEADLINE=500 ... train
 # (the DFlash draft's data and training time), `draft-in` (the DFlash draft), then
 # EVAL_CONFIGS="target_mixed dflash dflash_mixed dspark dspark_compact" \
 #   DSPARK_DRAFT=qwen2.5-coder-1.5b-instruct-dspark-b15 ... eval.

@@ -149,6 +149,9 @@ def make_parser() -> argparse.ArgumentParser:
     add("--gamma", type=float, default=TrainConfig.gamma, help="loss decay over offsets")
     add("--seed", type=int, default=TrainConfig.seed)
     add("--log-every", type=int, default=TrainConfig.log_every)
+    add("--profile-steps", type=int, default=0,
+        help="profile this many training steps after the first few and log where a step's "
+             "time goes (torch.profiler: wall, device busy, top ops)")
     add("--train-budget-s", type=float, default=None,
         help="train at most about this long: fewer steps (timed over the first ones), the "
              "cosine schedule shortened to match")
@@ -309,7 +312,7 @@ def train(args: argparse.Namespace, target: str, started: float) -> Path | None:
     runner.model.requires_grad_(False)
     cfg = TrainConfig(steps=args.steps, batch_size=args.batch_size, lr=args.lr,
                       anchors_per_seq=args.anchors_per_seq, gamma=args.gamma, seed=args.seed,
-                      log_every=args.log_every)
+                      log_every=args.log_every, profile_steps=args.profile_steps)
     draft = new_draft(config, runner.device, args.seed)
     trainer = (DSparkTrainer if dspark else Trainer)(
         draft, runner.model.get_input_embeddings(), runner.model.lm_head_weight, mask_id, cfg)

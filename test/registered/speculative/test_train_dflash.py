@@ -3,6 +3,7 @@
 smoke run of the whole tool whose draft folder our Engine runs losslessly."""
 
 import json
+import logging
 import sys
 import time
 from pathlib import Path
@@ -340,6 +341,28 @@ def test_time_budget_shortens_the_schedule(target):
     stats = trainer.fit(data, time_budget_s=0.0)  # only the timed probe steps fit
     assert stats["steps"] == BUDGET_PROBE_STEPS
     assert trainer.lr == pytest.approx(0.0, abs=1e-12)  # the cosine ended at the last step
+
+
+@pytest.mark.parametrize("steps", [12, 7])
+def test_profile_logs_where_a_step_goes(target, caplog, steps):
+    """`profile_steps`: the steps after the warm-up ones run under torch.profiler and one
+    log line gives the wall time a step took and the ops by self time; a run that ends
+    inside the profiled steps still logs them."""
+    tr, _, draft, reqs, aux = _setup(target, num_layers=1)
+    samples = [Sample(r.origin_input_ids[:10], r.origin_input_ids[10:]) for r in reqs]
+    data = SequenceSet(samples, list(aux), torch.device("cpu"))
+    trainer = Trainer(draft, tr.model.get_input_embeddings(), tr.model.lm_head_weight,
+                      MASK_TOKEN_ID, TrainConfig(steps=steps, batch_size=2, anchors_per_seq=2,
+                                                 profile_steps=4))
+    with caplog.at_level(logging.INFO, logger="sglang_aux.tools.dflash_training.trainer"):
+        trainer.fit(data)
+    lines = [r.getMessage() for r in caplog.records if "profile of" in r.getMessage()]
+    assert len(lines) == 1
+    profiled = min(4, steps - BUDGET_WARMUP_STEPS)
+    assert lines[0].startswith(f"profile of {profiled} steps: ")
+    assert "Self CPU" in lines[0] and "aten::mm" in lines[0]
+    with pytest.raises(ValueError, match="profile_steps must be >= 0, got -1"):
+        TrainConfig(profile_steps=-1)
 
 
 def _timed_trainer(target: str, monkeypatch, slow_steps: int, slow_s: float, fast_s: float

@@ -42,11 +42,14 @@ class TrainConfig:
     grad_clip: float = 1.0
     seed: int = 0
     log_every: int = 50
+    profile_steps: int = 0  # steps profiled after the warm-up ones (0: none), table logged
 
     def __post_init__(self) -> None:
         for name in ("steps", "batch_size", "anchors_per_seq", "log_every"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.profile_steps < 0:
+            raise ValueError(f"profile_steps must be >= 0, got {self.profile_steps}")
 
 
 @dataclass
@@ -236,12 +239,15 @@ class Trainer:
         new last step). Returns the stats averaged over the last `log_every` steps, the
         number of steps and the seconds taken."""
         start, window, step = time.perf_counter(), [], 0
+        profile = StepProfile(self.cfg.profile_steps, self.device)
         while step < self.total_steps:
+            profile.before(step)
             index = torch.randint(len(data), (self.cfg.batch_size,), generator=self.generator)
             batch = data.batch(index.tolist())
             window.append(self.step(batch, sample_anchors(batch, self.cfg.anchors_per_seq,
                                                           self.generator)))
             step += 1
+            profile.after(step, self.total_steps)
             if step == BUDGET_WARMUP_STEPS:
                 paced_from = time.perf_counter()
             if time_budget_s is not None and step >= BUDGET_PROBE_STEPS and (
@@ -266,6 +272,47 @@ class Trainer:
                 window = []
         self.draft.eval()
         return {**avg, "steps": step, "train_seconds": time.perf_counter() - start}
+
+
+class StepProfile:
+    """torch.profiler over `num_steps` training steps from `BUDGET_WARMUP_STEPS` on: when
+    they end, logs the wall time a step took, the device's busy time within it (the sum of
+    its kernels') and the ops that took the most self time, device first."""
+
+    def __init__(self, num_steps: int, device: torch.device):
+        self.first, self.last = BUDGET_WARMUP_STEPS, BUDGET_WARMUP_STEPS + num_steps
+        self.num_steps, self.device = num_steps, device
+        self.prof: torch.profiler.profile | None = None
+        self.started = 0.0
+
+    def before(self, step: int) -> None:
+        if self.num_steps and step == self.first:
+            activities = [torch.profiler.ProfilerActivity.CPU]
+            if self.device.type == "cuda":
+                activities.append(torch.profiler.ProfilerActivity.CUDA)
+                torch.cuda.synchronize(self.device)
+            self.prof = torch.profiler.profile(activities=activities)
+            self.prof.__enter__()
+            self.started = time.perf_counter()
+
+    def after(self, step: int, total: int) -> None:
+        """After `step` of `total` (a run shorter than the profile ends it early)."""
+        if self.prof is None or step < min(self.last, total):
+            return
+        self.num_steps = step - self.first
+        cuda = self.device.type == "cuda"
+        if cuda:
+            torch.cuda.synchronize(self.device)
+        wall = (time.perf_counter() - self.started) / self.num_steps
+        self.prof.__exit__(None, None, None)
+        events = self.prof.key_averages()
+        busy = sum(e.self_device_time_total for e in events) / 1e3 / self.num_steps if cuda \
+            else float("nan")
+        logger.info("profile of %d steps: %.1f ms a step, the device busy %.1f ms of it\n%s",
+                    self.num_steps, wall * 1e3, busy, events.table(
+                        sort_by="self_cuda_time_total" if cuda else "self_cpu_time_total",
+                        row_limit=30))
+        self.prof = None
 
 
 def _mean_stats(window: list[dict]) -> dict:
