@@ -11,6 +11,7 @@ from pathlib import Path
 
 from sglang_aux.srt.configs.presets import DEFAULT_DRAFT_MODEL, DEFAULT_MODEL
 from sglang_aux.srt.configs.speculative_algorithm import SpeculativeAlgorithm
+from sglang_aux.srt.layers.triton_ops.dispatch import GEMV_BACKENDS
 
 ATTENTION_BACKENDS = ("torch_native", "triton")
 DTYPES = ("auto", "float32", "float16", "bfloat16")
@@ -74,6 +75,9 @@ class ServerArgs:
     load_format: str = "auto"  # auto: safetensors; dummy: random weights (benchmarks)
     context_length: int | None = None
     attention_backend: str | None = None  # None: triton on CUDA, torch_native on CPU
+    # dense projections of <= 16-token forwards: torch (cuBLAS / the CPU GEMM) or triton (the
+    # skinny-GEMM kernel with norm, bias and SiLU-mul fused; layers/decode_gemv.py)
+    decode_gemv_backend: str = "torch"
     mem_fraction_static: float = 0.85
     max_total_tokens: int | None = None  # KV slots; None: derived from memory
     max_running_requests: int = 64
@@ -169,6 +173,7 @@ class ServerArgs:
             self.served_model_name = Path(os.path.abspath(self.model_path or DEFAULT_MODEL)).name
         for name, choices in (("dtype", DTYPES), ("load_format", LOAD_FORMATS),
                               ("attention_backend", (None, *ATTENTION_BACKENDS)),
+                              ("decode_gemv_backend", GEMV_BACKENDS),
                               ("speculative_draft_fc_quantization", (None, *FC_QUANTIZATIONS)),
                               ("speculative_dflash_aux_projection", AUX_PROJECTIONS)):
             if getattr(self, name) not in choices:
@@ -352,6 +357,10 @@ class ServerArgs:
                  "max_position_embeddings)")
         add("--attention-backend", default=None, choices=ATTENTION_BACKENDS,
             help="default: triton on CUDA, torch_native on CPU")
+        add("--decode-gemv-backend", default=d["decode_gemv_backend"], choices=GEMV_BACKENDS,
+            help="dense projections of forwards of at most 16 tokens: torch (cuBLAS) or triton "
+                 "(a skinny GEMM with the RMSNorm, bias and SiLU-mul fused; not yet measured "
+                 "on the H200, docs/kernels.md)")
         add("--mem-fraction-static", type=float, default=d["mem_fraction_static"],
             help="fraction of the device's memory for weights and the KV cache")
         add("--max-total-tokens", type=int, default=None,

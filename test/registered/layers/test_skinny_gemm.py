@@ -12,7 +12,10 @@ import os
 # NOTE: must precede any @triton.jit definition, i.e. any import of the layers.
 os.environ["TRITON_INTERPRET"] = "1"
 
+import json  # noqa: E402
+import subprocess  # noqa: E402
 import sys  # noqa: E402
+from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
@@ -29,7 +32,9 @@ from sglang_aux.srt.layers.triton_ops.skinny_gemm import (  # noqa: E402
 from sglang_aux.test.ci.ci_register import register_cpu_ci  # noqa: E402
 from sglang_aux.test.kernel_checks import fresh_seed  # noqa: E402
 
-register_cpu_ci(est_time=60, suite="default")
+register_cpu_ci(est_time=70, suite="default")
+
+BENCH = Path(__file__).resolve().parents[3] / "benchmark/spec_decode/bench_gemv.py"
 
 # fp32: summation order only (K <= 1000 terms of O(1/sqrt(K))); fp16: the kernel rounds once
 # where the twin rounds the projection, the SiLU and the product each (up to ~3 fp16 ulps).
@@ -163,6 +168,24 @@ def test_zero_rows_launch_nothing():
     y, stream = skinny_gemm(torch.empty(0, 32), torch.randn(8, 32), norm_weight=torch.ones(32),
                             residual=torch.empty(0, 32))
     assert y.shape == (0, 8) and stream.shape == (0, 32)
+
+
+def test_bench_runs_on_the_cpu(tmp_path):
+    """bench_gemv.py's smoke mode: interpreter, shrunk shapes, checked outputs, JSON."""
+    out = tmp_path / "gemv.json"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    proc = subprocess.run([sys.executable, str(BENCH), "--device", "cpu", "--iters", "1",
+                           "--rows", "1", "16", "--shapes", "qkv", "down", "--out", str(out)],
+                          cwd=BENCH.parent, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(out.read_text())
+    assert [(r["shape"], r["m"]) for r in result["rows"]] == [
+        ("qkv", 1), ("qkv", 16), ("down", 1), ("down", 16)]
+    for r in result["rows"]:
+        assert r["max_err"] < 1e-4 and r.get("max_err_fused", 0.0) < 1e-4, r
+        assert r["ours"]["us"] > 0 and r["cublas"]["tb_s"] > 0
+    assert "ours_fused" in result["rows"][0] and "ours_fused" not in result["rows"][2]
+    assert "down" in proc.stdout.splitlines()[-1]
 
 
 if __name__ == "__main__":

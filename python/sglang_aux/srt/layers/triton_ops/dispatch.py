@@ -23,6 +23,9 @@ import torch
 
 ENV_VAR = "SGLANG_AUX_FUSED_KERNELS"
 MODES = ("auto", "off", "force")
+# `--decode-gemv-backend`: the dense projections of small forwards on cuBLAS (torch) or on the
+# skinny-GEMM kernel (triton; layers/decode_gemv.py), which these rules then gate like any other.
+GEMV_BACKENDS = ("torch", "triton")
 
 
 @functools.cache

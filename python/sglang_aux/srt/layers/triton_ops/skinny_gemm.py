@@ -10,7 +10,9 @@ over programs; the split is reduced inside the kernel by the last program to fin
 and the one holding the last ticket sums the partials in split order, so the result does not
 depend on which program finished when (deterministic), applies the epilogue, and puts the
 counter back to zero for the next launch or graph replay. The counters are cached per device
-and stream (launches on one stream are ordered, so they never share a counter at once).
+and stream (launches on one stream are ordered, so they never share a counter at once); a
+graph keeps those of the stream it was captured on, so graphs captured on one stream must not
+replay concurrently (the runner's graphs replay one at a time on its stream).
 
 Fused variants (constexpr flags):
 - `HAS_NORM`: x is the pre-norm stream; each program computes the RMSNorm statistics of the
@@ -80,7 +82,7 @@ def gemv_config(n_out: int, k: int, elem_bytes: int, num_sms: int,
 
 
 @functools.cache
-def _num_sms(device: torch.device) -> int:
+def device_sms(device: torch.device) -> int:
     if device.type != "cuda":
         return H200_SMS
     return torch.cuda.get_device_properties(device).multi_processor_count
@@ -245,7 +247,7 @@ def skinny_gemm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     stream = torch.empty((m, k), dtype=x.dtype, device=x.device) if residual is not None else x
     if m == 0:
         return y if norm_weight is None else (y, stream)
-    cfg = gemv_config(n_out, k, weight.element_size(), _num_sms(x.device), split_k)
+    cfg = gemv_config(n_out, k, weight.element_size(), device_sms(x.device), split_k)
     tiles = triton.cdiv(n_out, cfg.block_n)
     if cfg.split_k > 1:
         if tiles > MAX_COUNTERS:
