@@ -23,9 +23,9 @@ from torch.nn import functional as F  # noqa: E402
 
 from sglang_aux.srt.layers.activation import SiluAndMul  # noqa: E402
 from sglang_aux.srt.layers.layernorm import RMSNorm  # noqa: E402
+from sglang_aux.srt.layers.triton_ops.dispatch import GEMV_MAX_ROWS  # noqa: E402
 from sglang_aux.srt.layers.triton_ops.skinny_gemm import (  # noqa: E402
     H200_SMS,
-    MAX_ROWS,
     gemv_config,
     skinny_gemm,
 )
@@ -148,7 +148,7 @@ def test_bias_reaches_both_halves_of_a_silu_mul():
 
 def test_bad_inputs_are_named():
     x, w = torch.randn(3, 32), torch.randn(8, 32)
-    with pytest.raises(ValueError, match=rf"rows <= {MAX_ROWS}, K\] .* shape \(17, 32\)"):
+    with pytest.raises(ValueError, match=rf"rows <= {GEMV_MAX_ROWS}, K\] .* shape \(17, 32\)"):
         skinny_gemm(torch.randn(17, 32), w)
     with pytest.raises(ValueError, match=r"weight \(8, 30\) .* for the input \(3, 32\)"):
         skinny_gemm(x, torch.randn(8, 30))

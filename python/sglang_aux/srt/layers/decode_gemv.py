@@ -16,17 +16,17 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
-from sglang_aux.srt.layers.triton_ops.dispatch import GEMV_BACKENDS, use_triton
+from sglang_aux.srt.layers.layernorm import RMSNorm, add_norm
+from sglang_aux.srt.layers.triton_ops.dispatch import (
+    GEMV_BACKENDS,
+    GEMV_DTYPES,
+    GEMV_MAX_ROWS,
+    use_triton,
+)
 
 if TYPE_CHECKING:
     from sglang_aux.srt.layers.activation import SiluAndMul
-    from sglang_aux.srt.layers.layernorm import RMSNorm
     from sglang_aux.srt.layers.linear import MergedColumnLinear
-
-# Rows the kernel takes: one 16-row tensor-core operand (`skinny_gemm.MAX_ROWS`, kept here so
-# the torch path never imports Triton).
-MAX_GEMV_ROWS = 16
-_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 
 def set_decode_gemv_backend(model: nn.Module, backend: str) -> None:
@@ -41,8 +41,8 @@ def set_decode_gemv_backend(model: nn.Module, backend: str) -> None:
 def use_gemv(layer: nn.Module, x: torch.Tensor) -> bool:
     """Whether `layer` (with `weight` and `gemv_backend`) runs the kernel on `x` `[rows, K]`."""
     w = layer.weight
-    return (layer.gemv_backend == "triton" and x.dim() == 2 and 0 < x.shape[0] <= MAX_GEMV_ROWS
-            and x.dtype == w.dtype and w.dtype in _DTYPES and w.is_contiguous()
+    return (layer.gemv_backend == "triton" and x.dim() == 2 and 0 < x.shape[0] <= GEMV_MAX_ROWS
+            and x.dtype == w.dtype and w.dtype in GEMV_DTYPES and w.is_contiguous()
             and x.stride(-1) == 1 and use_triton(x))
 
 
@@ -58,6 +58,6 @@ def norm_linear(norm: RMSNorm, linear: MergedColumnLinear, hidden: torch.Tensor,
         return skinny_gemm(hidden, linear.weight, linear.bias, norm_weight=norm.weight,
                            eps=norm.variance_epsilon, residual=residual,
                            silu_mul=act is not None)
-    x, stream = (norm(hidden), hidden) if residual is None else norm(hidden, residual)
+    x, stream = add_norm(norm, hidden, residual)
     y = linear(x)
     return (y if act is None else act(y)), stream

@@ -34,7 +34,7 @@ from sglang_aux.srt.layers.aux_hidden_states import (
     finish_aux_hidden_states,
 )
 from sglang_aux.srt.layers.decode_gemv import norm_linear
-from sglang_aux.srt.layers.layernorm import RMSNorm
+from sglang_aux.srt.layers.layernorm import RMSNorm, add_norm
 from sglang_aux.srt.layers.linear import MergedColumnLinear, RowParallelLinear, column_shards
 from sglang_aux.srt.layers.logits_processor import LogitsProcessor, LogitsProcessorOutput
 from sglang_aux.srt.layers.quantization.staged_input import MXFP8InputAccumulator
@@ -169,12 +169,6 @@ class LlamaDecoderLayer(nn.Module):
         return mlp.down_proj(act), residual
 
 
-def _add_norm(norm: RMSNorm, hidden: torch.Tensor, residual: torch.Tensor | None
-              ) -> tuple[torch.Tensor, torch.Tensor]:
-    """`(norm(stream), stream)` of the stream `hidden + residual`."""
-    return (norm(hidden), hidden) if residual is None else norm(hidden, residual)
-
-
 def run_decoder_layers(layers: nn.ModuleList, positions: torch.Tensor, hidden: torch.Tensor,
                        forward_batch: ForwardBatch, final_norm: RMSNorm,
                        aux: AuxHiddenStates | None = None,
@@ -189,7 +183,7 @@ def run_decoder_layers(layers: nn.ModuleList, positions: torch.Tensor, hidden: t
         wants = aux is not None and i in layers_to_capture
         hidden, residual = layer(positions, hidden, residual, forward_batch,
                                  aux if wants else None)
-    out, stream = _add_norm(final_norm, hidden, residual)
+    out, stream = add_norm(final_norm, hidden, residual)
     if aux is not None and len(layers) in layers_to_capture:
         aux.capture(stream, owned=True)
     return out

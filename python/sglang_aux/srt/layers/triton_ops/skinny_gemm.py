@@ -38,9 +38,9 @@ import torch
 import triton
 import triton.language as tl
 
-MAX_ROWS = 16  # one tl.dot operand of 16 rows; more rows are a GEMM, cuBLAS's job
-BLOCK_M = 16
-SUPPORTED_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+from sglang_aux.srt.layers.triton_ops.dispatch import GEMV_DTYPES, GEMV_MAX_ROWS
+
+BLOCK_M = GEMV_MAX_ROWS  # one tl.dot operand; more rows are a GEMM, cuBLAS's job
 # The H200's SMs: the table's target off CUDA (the CPU interpreter), so CI runs the choices
 # the H200 would make.
 H200_SMS = 132
@@ -221,15 +221,15 @@ def skinny_gemm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     `residual` when given) and the result is `(y, stream)`: the stream is a new tensor when
     `residual` is given, else x itself, as the unfused add + norm returns it. `split_k`
     overrides the table's split along K."""
-    if x.dim() != 2 or x.stride(-1) != 1 or x.shape[0] > MAX_ROWS:
-        raise ValueError(f"skinny_gemm needs [rows <= {MAX_ROWS}, K] with a contiguous last "
+    if x.dim() != 2 or x.stride(-1) != 1 or x.shape[0] > GEMV_MAX_ROWS:
+        raise ValueError(f"skinny_gemm needs [rows <= {GEMV_MAX_ROWS}, K] with a contiguous last "
                          f"dim, got shape {tuple(x.shape)} strides {x.stride()}")
     m, k = x.shape
     if weight.dim() != 2 or weight.shape[1] != k or not weight.is_contiguous():
         raise ValueError(f"weight {tuple(weight.shape)} (contiguous: {weight.is_contiguous()}) "
                          f"is not a contiguous [N, {k}] for the input {tuple(x.shape)}")
-    if x.dtype != weight.dtype or x.dtype not in SUPPORTED_DTYPES:
-        raise ValueError(f"skinny_gemm takes x and weight of one dtype of {SUPPORTED_DTYPES}, "
+    if x.dtype != weight.dtype or x.dtype not in GEMV_DTYPES:
+        raise ValueError(f"skinny_gemm takes x and weight of one dtype of {GEMV_DTYPES}, "
                          f"got {x.dtype} and {weight.dtype}")
     n = weight.shape[0]
     if bias is not None and tuple(bias.shape) != (n,):
