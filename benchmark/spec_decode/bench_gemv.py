@@ -174,6 +174,7 @@ class Case:
         return (self.ours_fused(0).float() - ref).abs().max().item()
 
 
+@torch.inference_mode()  # the layers take their kernels only outside autograd
 def run(args: argparse.Namespace) -> dict:
     device = torch.device(args.device)
     dtype = getattr(torch, args.dtype)

@@ -41,12 +41,15 @@ TOL = {"atol": 1e-4, "rtol": 1e-4}
 
 
 @pytest.fixture(scope="module")
-def checkpoints(tmp_path_factory):
-    root = tmp_path_factory.mktemp("ckpt")
-    paths = {"tiny-llama": tiny_checkpoint("tiny-llama", root)}
-    if pytest.importorskip("transformers", reason="tiny-qwen2 is saved by transformers"):
-        paths["tiny-qwen2"] = save_tiny_qwen2(root / "tiny-qwen2")
-    return paths
+def root(tmp_path_factory):
+    return tmp_path_factory.mktemp("ckpt")
+
+
+def _checkpoint(root, preset: str) -> str:
+    if preset == "tiny-qwen2":
+        pytest.importorskip("transformers", reason="tiny-qwen2 is saved by transformers")
+        return save_tiny_qwen2(root / "tiny-qwen2")
+    return tiny_checkpoint(preset, root)
 
 
 @pytest.fixture
@@ -72,9 +75,9 @@ def _greedy(path: str, backend: str) -> list[list[int]]:
 
 
 @pytest.mark.parametrize("preset", ["tiny-llama", "tiny-qwen2"])
-def test_greedy_tokens_equal_the_torch_backend(checkpoints, monkeypatch, launches, preset):
+def test_greedy_tokens_equal_the_torch_backend(root, monkeypatch, launches, preset):
     monkeypatch.setenv(ENV_VAR, "force")
-    path = checkpoints[preset]
+    path = _checkpoint(root, preset)
     ref = _greedy(path, "torch")
     assert not launches, "the torch backend never runs the kernel"
     out = _greedy(path, "triton")
@@ -94,14 +97,14 @@ def test_greedy_tokens_equal_the_torch_backend(checkpoints, monkeypatch, launche
     (ForwardMode.DECODE, 1, [20]), (ForwardMode.DECODE, 1, [20, 17, 30]),
     (ForwardMode.TARGET_VERIFY, 8, [20]), (ForwardMode.TARGET_VERIFY, 16, [20]),
     (ForwardMode.TARGET_VERIFY, 16, [20, 17])])
-def test_step_logits_and_aux_equal_the_torch_backend(checkpoints, monkeypatch, launches, preset,
+def test_step_logits_and_aux_equal_the_torch_backend(root, monkeypatch, launches, preset,
                                                      mode, width, prompts):
     """Prefills past 16 tokens; then a step of `width` tokens per request: one request's
     verify of 16 is the kernel's largest case, two requests' (32 rows) run cuBLAS."""
     monkeypatch.setenv(ENV_VAR, "force")
     out = {}
     for backend in ("torch", "triton"):
-        runner = make_runner(checkpoints[preset], aux_layer_ids=[0, 2], max_total_tokens=512,
+        runner = make_runner(_checkpoint(root, preset), aux_layer_ids=[0, 2], max_total_tokens=512,
                              max_running_requests=4, context_length=256,
                              decode_gemv_backend=backend)
         reqs = prefill_random(runner, prompts, seed=3)
@@ -114,12 +117,13 @@ def test_step_logits_and_aux_equal_the_torch_backend(checkpoints, monkeypatch, l
     assert {r for r, *_ in launches} == ({rows} if rows <= 16 else set())
 
 
-def test_off_by_default_and_validated(checkpoints):
-    assert ServerArgs(model_path=checkpoints["tiny-llama"]).decode_gemv_backend == "torch"
+def test_off_by_default_and_validated(root):
+    path = _checkpoint(root, "tiny-llama")
+    assert ServerArgs(model_path=path).decode_gemv_backend == "torch"
     with pytest.raises(ValueError, match=r"--decode-gemv-backend must be one of \('torch', "
                                          r"'triton'\), got 'cutlass'"):
-        ServerArgs(model_path=checkpoints["tiny-llama"], decode_gemv_backend="cutlass")
-    runner = make_runner(checkpoints["tiny-llama"], max_total_tokens=64,
+        ServerArgs(model_path=path, decode_gemv_backend="cutlass")
+    runner = make_runner(path, max_total_tokens=64,
                          decode_gemv_backend="triton")
     assert runner.model.model.layers[0].mlp.down_proj.gemv_backend == "triton"
     with pytest.raises(ValueError, match="decode GEMV backend 'cuda'"):

@@ -150,19 +150,20 @@ def _runner(path, backend):
                        cuda_graph_bs_decode=CAPTURE, decode_gemv_backend=backend)
 
 
-@pytest.fixture(scope="module")
-def qwen2_path(tmp_path_factory):
-    pytest.importorskip("transformers", reason="tiny-qwen2 is saved by transformers")
-    return save_tiny_qwen2(tmp_path_factory.mktemp("ckpt") / "tiny-qwen2")
+def _checkpoint(tmp_path, preset: str) -> str:
+    if preset == "tiny-qwen2":
+        pytest.importorskip("transformers", reason="tiny-qwen2 is saved by transformers")
+        return save_tiny_qwen2(tmp_path / "tiny-qwen2")
+    return tiny_checkpoint(preset, tmp_path)
 
 
 @pytest.mark.parametrize("preset", ["tiny-llama", "tiny-qwen2"])
 @pytest.mark.parametrize("mode,width", [(ForwardMode.DECODE, 1),
                                         (ForwardMode.TARGET_VERIFY, 16)])
-def test_model_graph_replay_equals_eager_and_torch(tmp_path, qwen2_path, preset, mode, width):
+def test_model_graph_replay_equals_eager_and_torch(tmp_path, preset, mode, width):
     """bs 1..16 decode (1..16 rows: the kernel) and verify of 16 (bs 1: the kernel; more:
     cuBLAS), at every captured size and the padded 3 and 11."""
-    path = qwen2_path if preset == "tiny-qwen2" else tiny_checkpoint(preset, tmp_path)
+    path = _checkpoint(tmp_path, preset)
     runners = {b: _runner(path, b) for b in ("torch", "triton")}
     for runner in runners.values():
         drafts = torch.randint(0, runner.model_config.hf_config.vocab_size, (16, width - 1),
