@@ -27,6 +27,7 @@ from bench_cached_prefill import kernel_table, print_kernel_table  # script fold
 from step_bandwidth import copy_bandwidth, kv_bytes, weight_bytes
 
 from sglang_aux.srt.entrypoints.engine import Engine
+from sglang_aux.srt.layers.triton_ops.dispatch import GEMV_BACKENDS
 from sglang_aux.srt.model_executor.runner.forward_layout import ForwardInputs
 from sglang_aux.srt.server_args import TRITON_DECODE_MERGES
 
@@ -103,7 +104,8 @@ def measure(preset: str, verify: bool, sizes: list[int], args) -> list[dict]:
     engine = Engine(model_path=preset, load_format="dummy", device=args.device,
                     max_running_requests=max(sizes), cuda_graph_bs_decode=sorted(set(sizes)),
                     context_length=args.context + 64,
-                    triton_attention_decode_merge=args.triton_attention_decode_merge, **extra)
+                    triton_attention_decode_merge=args.triton_attention_decode_merge,
+                    decode_gemv_backend=args.decode_gemv_backend, **extra)
     runner, gr = _runner_and_graphs(engine, verify)
     layers = runner.model_config.num_layers
     rows = []
@@ -117,6 +119,7 @@ def measure(preset: str, verify: bool, sizes: list[int], args) -> list[dict]:
         kv = kv_bytes(runner.token_to_kv_pool, bs, args.context, w)
         tb_s = (weights + kv) / (ms / 1e3) / 1e12
         row = {"preset": preset, "graph": gr.mode.name, "bs": bs,
+               "decode_gemv_backend": args.decode_gemv_backend,
                "tokens_per_req": w, "context": args.context,
                "replay_ms": ms, "kernels": kernels, "layers": layers,
                "kernels_per_layer": None if kernels is None else kernels / layers,
@@ -144,6 +147,8 @@ def main() -> None:
     p.add_argument("--kernel-table", type=int, default=None,
                    help="print the N costliest kernels of each replay (torch profiler; "
                         "default 12 on CUDA, 0 turns it off)")
+    p.add_argument("--decode-gemv-backend", default="torch", choices=GEMV_BACKENDS,
+                   help="the engines' --decode-gemv-backend (docs/kernels.md)")
     p.add_argument("--out", default="benchmark/spec_decode/graph_replay.json")
     args = p.parse_args()
     device = torch.device("cuda" if args.device == "auto" and torch.cuda.is_available()

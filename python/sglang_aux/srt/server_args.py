@@ -11,6 +11,7 @@ from pathlib import Path
 
 from sglang_aux.srt.configs.presets import DEFAULT_DRAFT_MODEL, DEFAULT_MODEL
 from sglang_aux.srt.configs.speculative_algorithm import SpeculativeAlgorithm
+from sglang_aux.srt.layers.triton_ops.dispatch import GEMV_BACKENDS
 
 ATTENTION_BACKENDS = ("torch_native", "triton")
 # How the Triton backend's fixed-layout attention combines key splits (its
@@ -78,6 +79,9 @@ class ServerArgs:
     context_length: int | None = None
     attention_backend: str | None = None  # None: triton on CUDA, torch_native on CPU
     triton_attention_decode_merge: str = "launch"  # ours; one of TRITON_DECODE_MERGES
+    # dense projections of <= 16-token forwards: torch (cuBLAS / the CPU GEMM) or triton (the
+    # skinny-GEMM kernel with norm, bias and SiLU-mul fused; layers/decode_gemv.py)
+    decode_gemv_backend: str = "torch"
     mem_fraction_static: float = 0.85
     max_total_tokens: int | None = None  # KV slots; None: derived from memory
     max_running_requests: int = 64
@@ -174,6 +178,7 @@ class ServerArgs:
         for name, choices in (("dtype", DTYPES), ("load_format", LOAD_FORMATS),
                               ("attention_backend", (None, *ATTENTION_BACKENDS)),
                               ("triton_attention_decode_merge", TRITON_DECODE_MERGES),
+                              ("decode_gemv_backend", GEMV_BACKENDS),
                               ("speculative_draft_fc_quantization", (None, *FC_QUANTIZATIONS)),
                               ("speculative_dflash_aux_projection", AUX_PROJECTIONS)):
             if getattr(self, name) not in choices:
@@ -362,6 +367,10 @@ class ServerArgs:
             help="how Triton decode/verify attention combines key splits: launch (a merge "
                  "kernel after the split one) or in_kernel (short contexts unsplit, long ones "
                  "merged by the split kernel: one launch; not yet measured on the H200)")
+        add("--decode-gemv-backend", default=d["decode_gemv_backend"], choices=GEMV_BACKENDS,
+            help="dense projections of forwards of at most 16 tokens: torch (cuBLAS) or triton "
+                 "(a skinny GEMM with the RMSNorm, bias and SiLU-mul fused; not yet measured "
+                 "on the H200, docs/kernels.md)")
         add("--mem-fraction-static", type=float, default=d["mem_fraction_static"],
             help="fraction of the device's memory for weights and the KV cache")
         add("--max-total-tokens", type=int, default=None,

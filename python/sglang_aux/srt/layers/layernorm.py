@@ -39,3 +39,10 @@ class RMSNorm(nn.Module):
         xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.variance_epsilon)
         out = (xf * self.weight.float()).to(x.dtype)
         return out if residual is None else (out, x)
+
+
+def add_norm(norm: RMSNorm, hidden: torch.Tensor, residual: torch.Tensor | None
+             ) -> tuple[torch.Tensor, torch.Tensor]:
+    """`(norm(stream), stream)` of the residual stream `hidden + residual` (`hidden` alone
+    when residual is None)."""
+    return (norm(hidden), hidden) if residual is None else norm(hidden, residual)

@@ -13,6 +13,9 @@ once after.
 
 A parameter cut from a larger checkpoint tensor carries `tp_slice = (dim, start, full)`: the
 dimension, this rank's first index along it and the checkpoint's size there.
+
+Both run a forward of at most 16 tokens through the decode GEMV kernel when
+`gemv_backend` is `triton` (`decode_gemv.py`; the runner sets it from the server flag).
 """
 
 from __future__ import annotations
@@ -30,9 +33,21 @@ from sglang_aux.srt.distributed.parallel_state import (
     get_tensor_model_parallel_rank,
     get_tensor_model_parallel_world_size,
 )
+from sglang_aux.srt.layers.decode_gemv import use_gemv
+
+
+def _linear(layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """`x W^T + bias` of `layer`'s weight: the decode GEMV kernel or cuBLAS / the CPU GEMM."""
+    if use_gemv(layer, x):
+        from sglang_aux.srt.layers.triton_ops.skinny_gemm import skinny_gemm
+
+        return skinny_gemm(x, layer.weight, bias)
+    return F.linear(x, layer.weight, bias)
 
 
 class MergedColumnLinear(nn.Module):
+    gemv_backend = "torch"
+
     def __init__(self, in_features: int, shard_sizes: dict[str, int], bias: bool = False,
                  shard_slices: dict[str, tuple[int, int]] | None = None):
         """`shard_sizes`: checkpoint shard name -> the rows this rank holds, in order;
@@ -57,7 +72,7 @@ class MergedColumnLinear(nn.Module):
             nn.init.uniform_(self.bias, -bound, bound)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight, self.bias)
+        return _linear(self, x, self.bias)
 
     def split(self, out: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """The merged output `[T, sum(out_i)]` as per-shard views `[T, out_i]`."""
@@ -85,6 +100,8 @@ class RowParallelLinear(nn.Linear):
     way (a column-parallel output). `reduce_results=False` leaves the partial sum for a caller
     that adds several before one all-reduce (the MoE)."""
 
+    gemv_backend = "torch"
+
     def __init__(self, in_features: int, out_features: int, bias: bool = False,
                  reduce_results: bool = True):
         tp = get_tensor_model_parallel_world_size()
@@ -96,10 +113,10 @@ class RowParallelLinear(nn.Linear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.tp_size == 1:
-            return F.linear(x, self.weight, self.bias)
+            return _linear(self, x, self.bias)
         if not self.reduce_results and self.bias is not None:
             raise ValueError("a row-parallel bias needs the reduced output (reduce_results)")
-        out = F.linear(x, self.weight)
+        out = _linear(self, x, None)
         if self.reduce_results:
             out = tensor_model_parallel_all_reduce(out)
         return out if self.bias is None else out + self.bias

@@ -20,6 +20,7 @@ from sglang_aux.srt.forward_state.forward_batch_info import (
     ForwardMode,
 )
 from sglang_aux.srt.layers.attention.base_attn_backend import AttentionBackend
+from sglang_aux.srt.layers.decode_gemv import set_decode_gemv_backend
 from sglang_aux.srt.layers.logits_processor import LogitsProcessorOutput
 from sglang_aux.srt.layers.triton_ops.dispatch import require_triton
 from sglang_aux.srt.mem_cache.memory_pool import (
@@ -102,6 +103,7 @@ class ModelRunner:
         self.model = model or get_model(model_config, self.device, pp_size=self.pp_size,
                                         load_format=server_args.load_format,
                                         seed=server_args.random_seed)
+        set_decode_gemv_backend(self.model, server_args.decode_gemv_backend)
         if aux_layer_ids:
             self.model.set_dflash_layers_to_capture(list(aux_layer_ids))
         if req_to_token_pool is None:

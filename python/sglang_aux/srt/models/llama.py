@@ -33,7 +33,8 @@ from sglang_aux.srt.layers.aux_hidden_states import (
     ProjectedAuxCapture,
     finish_aux_hidden_states,
 )
-from sglang_aux.srt.layers.layernorm import RMSNorm
+from sglang_aux.srt.layers.decode_gemv import norm_linear
+from sglang_aux.srt.layers.layernorm import RMSNorm, add_norm
 from sglang_aux.srt.layers.linear import MergedColumnLinear, RowParallelLinear, column_shards
 from sglang_aux.srt.layers.logits_processor import LogitsProcessor, LogitsProcessorOutput
 from sglang_aux.srt.layers.quantization.staged_input import MXFP8InputAccumulator
@@ -106,7 +107,12 @@ class LlamaAttention(nn.Module):
 
     def forward(self, positions: torch.Tensor, x: torch.Tensor,
                 forward_batch: ForwardBatch) -> torch.Tensor:
-        q, k, v = self.qkv_proj.split(self.qkv_proj(x))  # views of one [T, (H + 2 KVH) D]
+        return self.attend(positions, self.qkv_proj(x), forward_batch)
+
+    def attend(self, positions: torch.Tensor, qkv: torch.Tensor,
+               forward_batch: ForwardBatch) -> torch.Tensor:
+        """Attention and `o_proj` from the merged projection's output `[T, (H + 2 KVH) D]`."""
+        q, k, v = self.qkv_proj.split(qkv)
         store = self.attn.kv_store(forward_batch)
         if store is None:  # an attention stand-in without a KV pool (DFlash training)
             q, k = self.rotary_emb(positions, q, k, self.q_norm, self.k_norm)
@@ -149,19 +155,18 @@ class LlamaDecoderLayer(nn.Module):
         """The residual stream entering is `hidden + residual` (`hidden` alone when residual
         is None); returns `(hidden, residual)` that sum to the stream after this layer. Each
         add is fused into the RMSNorm after it. With `aux`, the stream entering is captured:
-        the fused add produces it anyway, as a fresh tensor no kernel writes later (owned)."""
-        x, residual = _add_norm(self.input_layernorm, hidden, residual)
+        the fused add produces it anyway, as a fresh tensor no kernel writes later (owned).
+        Each norm also runs with the projection after it (`norm_linear`: one decode GEMV
+        kernel at a few tokens), the MLP's SiLU-mul with its gate | up projection."""
+        attn = self.self_attn
+        qkv, residual = norm_linear(self.input_layernorm, attn.qkv_proj, hidden, residual)
         if aux is not None:
             aux.capture(residual, owned=True)
-        hidden = self.self_attn(positions, x, forward_batch)
-        x, residual = self.post_attention_layernorm(hidden, residual)
-        return self.mlp(x), residual
-
-
-def _add_norm(norm: RMSNorm, hidden: torch.Tensor, residual: torch.Tensor | None
-              ) -> tuple[torch.Tensor, torch.Tensor]:
-    """`(norm(stream), stream)` of the stream `hidden + residual`."""
-    return (norm(hidden), hidden) if residual is None else norm(hidden, residual)
+        hidden = attn.attend(positions, qkv, forward_batch)
+        mlp = self.mlp
+        act, residual = norm_linear(self.post_attention_layernorm, mlp.gate_up_proj, hidden,
+                                    residual, mlp.act_fn)
+        return mlp.down_proj(act), residual
 
 
 def run_decoder_layers(layers: nn.ModuleList, positions: torch.Tensor, hidden: torch.Tensor,
@@ -178,7 +183,7 @@ def run_decoder_layers(layers: nn.ModuleList, positions: torch.Tensor, hidden: t
         wants = aux is not None and i in layers_to_capture
         hidden, residual = layer(positions, hidden, residual, forward_batch,
                                  aux if wants else None)
-    out, stream = _add_norm(final_norm, hidden, residual)
+    out, stream = add_norm(final_norm, hidden, residual)
     if aux is not None and len(layers) in layers_to_capture:
         aux.capture(stream, owned=True)
     return out

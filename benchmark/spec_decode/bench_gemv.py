@@ -1,0 +1,232 @@
+"""Decode GEMV kernel vs cuBLAS at the Qwen2.5-Coder-1.5B projection shapes, M = 1..16 rows.
+
+    python benchmark/spec_decode/bench_gemv.py --rows 1 2 4 8 16 --iters 200 --out gemv.json
+    python benchmark/spec_decode/bench_gemv.py --device cpu --iters 2   # smoke (interpreter)
+
+For each projection (qkv 1536 -> 2048 with bias, o 1536 -> 1536, gate_up 1536 -> 17920,
+down 8960 -> 1536, LM head 1536 -> 151936) and row count, us per call of:
+- `cublas`: `F.linear` (with the bias where the layer has one);
+- `torch_path`: the unfused layer the fused kernel replaces (add + RMSNorm kernel, then
+  F.linear, then SiLU-mul for gate_up); the plain projections have none;
+- `ours`: the skinny GEMM, plain; `ours_fused`: with the norm (+ residual add), bias and
+  SiLU-mul fused where the layer has them.
+Each is timed inside a CUDA graph that calls it once on each of several weight copies (more
+bytes than the L2 holds, so every call reads HBM, as a decode step's layers do), replayed
+`--iters` times between CUDA events, after warm-up. Achieved TB/s counts the weight, bias,
+input and output bytes; the copy ceiling is `step_bandwidth.copy_bandwidth`, measured in the
+same run. Every variant's output is checked against an fp32 reference before it is timed.
+`--splits` also times the plain kernel at forced split-K values (to tune the table).
+Off CUDA (`--device cpu`) Triton's interpreter runs the kernel on shapes shrunk by
+`--shrink` (wall-clock timings: a smoke test, not a measurement).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import os
+import sys
+import time
+
+SHAPES = {  # name: (N, K, bias, fused variant)
+    "qkv": (2048, 1536, True, "norm"),
+    "o_proj": (1536, 1536, False, None),
+    "gate_up": (17920, 1536, False, "norm_silu"),
+    "down": (1536, 8960, False, None),
+    "lm_head": (151936, 1536, False, None),
+}
+L2_FLUSH_BYTES = 256 << 20  # several times the H200's 50 MB L2
+EPS = 1e-6
+
+
+def _args() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--dtype", default=None, choices=["bfloat16", "float16", "float32"],
+                   help="default: bfloat16 on CUDA, float32 elsewhere (the interpreter's bf16 "
+                        "is broken)")
+    p.add_argument("--rows", type=int, nargs="+", default=[1, 2, 4, 8, 16])
+    p.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=list(SHAPES))
+    p.add_argument("--iters", type=int, default=200)
+    p.add_argument("--splits", type=int, nargs="*", default=[],
+                   help="also time the plain kernel at these forced split-K values")
+    p.add_argument("--shrink", type=int, default=None,
+                   help="divide N and K by this (default: 1 on CUDA, 32 elsewhere)")
+    p.add_argument("--out", default="benchmark/spec_decode/gemv.json")
+    args = p.parse_args()
+    cuda = args.device.startswith("cuda")
+    if args.shrink is None:
+        args.shrink = 1 if cuda else 32
+    if args.dtype is None:
+        args.dtype = "bfloat16" if cuda else "float32"
+    return args
+
+
+ARGS = _args() if __name__ == "__main__" else None
+if ARGS is not None and not ARGS.device.startswith("cuda"):
+    os.environ["TRITON_INTERPRET"] = "1"  # before any @triton.jit definition
+
+import torch  # noqa: E402
+from step_bandwidth import copy_bandwidth  # noqa: E402 (script folder on sys.path)
+from torch.nn import functional as F  # noqa: E402
+
+from sglang_aux.srt.layers.activation import SiluAndMul  # noqa: E402
+from sglang_aux.srt.layers.layernorm import RMSNorm  # noqa: E402
+from sglang_aux.srt.layers.triton_ops.skinny_gemm import (  # noqa: E402
+    device_sms,
+    gemv_config,
+    skinny_gemm,
+)
+
+
+def _nbytes(*ts: torch.Tensor | None) -> int:
+    return sum(t.numel() * t.element_size() for t in ts if t is not None)
+
+
+def time_us(fn, calls: int, iters: int, device: torch.device) -> float:
+    """us per call of `fn(i)` for i in range(calls), graph-captured on CUDA."""
+    if device.type != "cuda":
+        t0 = time.perf_counter()
+        for _ in range(iters):
+            for i in range(calls):
+                fn(i)
+        return (time.perf_counter() - t0) / (iters * calls) * 1e6
+    stream = torch.cuda.Stream(device)
+    stream.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(stream):
+        for _ in range(2):
+            for i in range(calls):
+                fn(i)
+    torch.cuda.current_stream(device).wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=stream):
+        for i in range(calls):
+            fn(i)
+    for _ in range(5):
+        graph.replay()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(iters):
+        graph.replay()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) * 1e3 / (iters * calls)
+
+
+class Case:
+    """One projection's weights (copies enough to spill the L2), norm and inputs at m rows."""
+
+    def __init__(self, name: str, m: int, dtype: torch.dtype, device: torch.device,
+                 shrink: int):
+        n, k, bias, self.fused = SHAPES[name]
+        self.n, self.k = max(16, n // shrink), max(16, k // shrink)
+        self.n -= self.n % 2
+        self.m, self.name = m, name
+        w_bytes = self.n * self.k * torch.tensor([], dtype=dtype).element_size()
+        copies = max(1, math.ceil(L2_FLUSH_BYTES / w_bytes)) if device.type == "cuda" else 1
+        scale = self.k ** -0.5
+        self.weights = [(torch.randn(self.n, self.k, device=device) * scale).to(dtype)
+                        for _ in range(copies)]
+        self.bias = torch.randn(self.n, device=device).to(dtype) if bias else None
+        self.norm = RMSNorm(self.k, EPS).to(device=device, dtype=dtype)
+        self.norm.weight.data.normal_()
+        self.x = torch.randn(m, self.k, device=device).to(dtype)
+        self.residual = torch.randn(m, self.k, device=device).to(dtype)
+
+    @property
+    def copies(self) -> int:
+        return len(self.weights)
+
+    def cublas(self, i: int) -> torch.Tensor:
+        return F.linear(self.x, self.weights[i], self.bias)
+
+    def torch_path(self, i: int) -> torch.Tensor:
+        normed, _ = self.norm(self.x, self.residual)
+        y = F.linear(normed, self.weights[i], self.bias)
+        return SiluAndMul()(y) if self.fused == "norm_silu" else y
+
+    def ours(self, i: int, split_k: int | None = None) -> torch.Tensor:
+        return skinny_gemm(self.x, self.weights[i], self.bias, split_k=split_k)
+
+    def ours_fused(self, i: int) -> torch.Tensor:
+        return skinny_gemm(self.x, self.weights[i], self.bias, norm_weight=self.norm.weight,
+                           eps=EPS, residual=self.residual,
+                           silu_mul=self.fused == "norm_silu")[0]
+
+    def bytes_read(self, fused: bool) -> int:
+        out_cols = self.n // 2 if fused and self.fused == "norm_silu" else self.n
+        extra = _nbytes(self.residual, self.norm.weight) if fused else 0
+        return (_nbytes(self.weights[0], self.bias, self.x) + extra
+                + self.m * out_cols * self.x.element_size())
+
+    def max_err(self, fused: bool) -> float:
+        """Largest |ours - fp32 reference| of the plain or fused variant."""
+        w = self.weights[0].float()
+        b = None if self.bias is None else self.bias.float()
+        if not fused:
+            return (self.ours(0).float() - F.linear(self.x.float(), w, b)).abs().max().item()
+        normed, _ = self.norm.forward_native(self.x, self.residual)
+        ref = F.linear(normed.float(), w, b)
+        if self.fused == "norm_silu":
+            ref = SiluAndMul.forward_native(ref)
+        return (self.ours_fused(0).float() - ref).abs().max().item()
+
+
+@torch.inference_mode()  # the layers take their kernels only outside autograd
+def run(args: argparse.Namespace) -> dict:
+    device = torch.device(args.device)
+    dtype = getattr(torch, args.dtype)
+    copy_tb_s = copy_bandwidth(device, **({} if device.type == "cuda" else
+                                          {"nbytes": 64 << 20, "iters": 3})) / 1e12
+    rows = []
+    for name in args.shapes:
+        for m in args.rows:
+            torch.manual_seed(m)
+            case = Case(name, m, dtype, device, args.shrink)
+            cfg = gemv_config(case.n, case.k, case.x.element_size(), device_sms(device))
+            row = {"shape": name, "m": m, "n": case.n, "k": case.k, "copies": case.copies,
+                   "config": dataclasses.asdict(cfg),
+                   "max_err": case.max_err(False)}
+            timed = {"cublas": (case.cublas, False), "ours": (case.ours, False)}
+            if case.fused:
+                timed |= {"torch_path": (case.torch_path, True),
+                          "ours_fused": (case.ours_fused, True)}
+                row["max_err_fused"] = case.max_err(True)
+            for split in args.splits:
+                timed[f"ours_split{split}"] = (
+                    lambda i, s=split, c=case: c.ours(i, split_k=s), False)
+            for label, (fn, fused) in timed.items():
+                us = time_us(fn, case.copies, args.iters, device)
+                tb_s = case.bytes_read(fused) / us / 1e6
+                row[label] = {"us": us, "tb_s": tb_s, "frac_copy": tb_s / copy_tb_s}
+            rows.append(row)
+            del case
+    return {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+            "copy_tb_s": copy_tb_s, "args": vars(args), "rows": rows}
+
+
+def print_table(result: dict) -> None:
+    print(f"device {result['device']}, copy {result['copy_tb_s']:.3f} TB/s; us per call "
+          "(fraction of copy bandwidth)")
+    print(f"{'shape':8} {'M':>3} {'cublas':>15} {'ours':>15} {'torch_path':>15} "
+          f"{'ours_fused':>15} {'max_err':>9}")
+    for r in result["rows"]:
+        def cell(key, r=r):
+            return f"{r[key]['us']:8.2f} ({r[key]['frac_copy']:4.2f})" if key in r else ""
+        print(f"{r['shape']:8} {r['m']:>3} {cell('cublas'):>15} {cell('ours'):>15} "
+              f"{cell('torch_path'):>15} {cell('ours_fused'):>15} "
+              f"{max(r['max_err'], r.get('max_err_fused', 0.0)):9.2e}")
+
+
+def main(args: argparse.Namespace) -> None:
+    result = run(args)
+    with open(args.out, "w") as f:
+        json.dump(result, f, indent=1)
+    print_table(result)
+    print(f"wrote {args.out}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main(ARGS)

@@ -1,0 +1,134 @@
+"""`--decode-gemv-backend triton` end to end on the CPU (`SGLANG_AUX_FUSED_KERNELS=force`,
+Triton's interpreter): tiny Llama and Qwen2 (q/k/v biases) Engines give the greedy tokens of
+the torch backend in fp32, the decode and verify forwards of at most 16 tokens run the kernel
+(fused norm + qkv + bias, fused norm + gate_up + SiLU-mul, o_proj, down) and longer ones do
+not, and the flag is off by default and validated."""
+
+import os
+
+# NOTE: must precede any @triton.jit definition, i.e. any import of the layers.
+os.environ["TRITON_INTERPRET"] = "1"
+
+import sys  # noqa: E402
+from collections import Counter  # noqa: E402
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+from sglang_aux.srt.entrypoints.engine import Engine  # noqa: E402
+from sglang_aux.srt.forward_state.forward_batch_info import ForwardMode  # noqa: E402
+from sglang_aux.srt.layers.decode_gemv import set_decode_gemv_backend  # noqa: E402
+from sglang_aux.srt.layers.triton_ops import skinny_gemm as skinny_gemm_module  # noqa: E402
+from sglang_aux.srt.layers.triton_ops.dispatch import ENV_VAR  # noqa: E402
+from sglang_aux.srt.server_args import ServerArgs  # noqa: E402
+from sglang_aux.test.ci.ci_register import register_cpu_ci  # noqa: E402
+from sglang_aux.test.hf_checkpoints import save_tiny_qwen2  # noqa: E402
+from sglang_aux.test.runtime_utils import (  # noqa: E402
+    eager_forward,
+    fixed_batch,
+    make_runner,
+    prefill_random,
+    tiny_checkpoint,
+)
+
+register_cpu_ci(est_time=120, suite="default")
+
+# Prompts of 9, 20 (a prefill past the kernel's 16 rows) and 1 tokens.
+PROMPTS = [[72, 105, 32, 116, 104, 101, 114, 101, 33], list(range(40, 60)), [90]]
+NEW_TOKENS = 8
+# fp32 on both paths; the kernel differs from cuBLAS / the CPU GEMM in summation order only.
+TOL = {"atol": 1e-4, "rtol": 1e-4}
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory):
+    return tmp_path_factory.mktemp("ckpt")
+
+
+def _checkpoint(root, preset: str) -> str:
+    if preset == "tiny-qwen2":
+        pytest.importorskip("transformers", reason="tiny-qwen2 is saved by transformers")
+        return save_tiny_qwen2(root / "tiny-qwen2")
+    return tiny_checkpoint(preset, root)
+
+
+@pytest.fixture
+def launches(monkeypatch):
+    """Calls of the real kernel by (rows, fused variant), counted."""
+    seen = Counter()
+    real = skinny_gemm_module.skinny_gemm
+
+    def counted(x, weight, bias=None, **kw):
+        seen[(x.shape[0], kw.get("norm_weight") is not None, bool(kw.get("silu_mul")),
+              bias is not None)] += 1
+        return real(x, weight, bias, **kw)
+
+    monkeypatch.setattr(skinny_gemm_module, "skinny_gemm", counted)
+    return seen
+
+
+def _greedy(path: str, backend: str) -> list[list[int]]:
+    engine = Engine(model_path=path, device="cpu", dtype="float32", max_total_tokens=512,
+                    max_running_requests=4, decode_gemv_backend=backend)
+    params = {"temperature": 0, "max_new_tokens": NEW_TOKENS, "ignore_eos": True}
+    return [o["output_ids"] for o in engine.generate(input_ids=PROMPTS, sampling_params=params)]
+
+
+@pytest.mark.parametrize("preset", ["tiny-llama", "tiny-qwen2"])
+def test_greedy_tokens_equal_the_torch_backend(root, monkeypatch, launches, preset):
+    monkeypatch.setenv(ENV_VAR, "force")
+    path = _checkpoint(root, preset)
+    ref = _greedy(path, "torch")
+    assert not launches, "the torch backend never runs the kernel"
+    out = _greedy(path, "triton")
+    assert out == ref
+    assert all(len(set(ids)) > 2 for ids in ref), "a model that moves, not one repeated token"
+    rows = {r for r, *_ in launches}
+    assert rows and max(rows) <= 16 and 1 in rows, rows
+    variants = {v[1:] for v in launches}
+    has_bias = preset == "tiny-qwen2"
+    assert (True, False, has_bias) in variants  # input norm + qkv (+ bias)
+    assert (True, True, False) in variants  # post-attention norm + gate_up + SiLU-mul
+    assert (False, False, False) in variants  # o_proj, down
+
+
+@pytest.mark.parametrize("preset", ["tiny-llama", "tiny-qwen2"])
+@pytest.mark.parametrize("mode,width,prompts", [
+    (ForwardMode.DECODE, 1, [20]), (ForwardMode.DECODE, 1, [20, 17, 30]),
+    (ForwardMode.TARGET_VERIFY, 8, [20]), (ForwardMode.TARGET_VERIFY, 16, [20]),
+    (ForwardMode.TARGET_VERIFY, 16, [20, 17])])
+def test_step_logits_and_aux_equal_the_torch_backend(root, monkeypatch, launches, preset,
+                                                     mode, width, prompts):
+    """Prefills past 16 tokens; then a step of `width` tokens per request: one request's
+    verify of 16 is the kernel's largest case, two requests' (32 rows) run cuBLAS."""
+    monkeypatch.setenv(ENV_VAR, "force")
+    out = {}
+    for backend in ("torch", "triton"):
+        runner = make_runner(_checkpoint(root, preset), aux_layer_ids=[0, 2], max_total_tokens=512,
+                             max_running_requests=4, context_length=256,
+                             decode_gemv_backend=backend)
+        reqs = prefill_random(runner, prompts, seed=3)
+        res = eager_forward(runner, fixed_batch(runner, reqs, mode, width, seed=width))
+        out[backend] = res.next_token_logits, res.aux_hidden_states
+    for ref, got in zip(out["torch"], out["triton"], strict=True):
+        assert ref.abs().max() > 0
+        torch.testing.assert_close(got, ref, **TOL)
+    rows = width * len(prompts)
+    assert {r for r, *_ in launches} == ({rows} if rows <= 16 else set())
+
+
+def test_off_by_default_and_validated(root):
+    path = _checkpoint(root, "tiny-llama")
+    assert ServerArgs(model_path=path).decode_gemv_backend == "torch"
+    with pytest.raises(ValueError, match=r"--decode-gemv-backend must be one of \('torch', "
+                                         r"'triton'\), got 'cutlass'"):
+        ServerArgs(model_path=path, decode_gemv_backend="cutlass")
+    runner = make_runner(path, max_total_tokens=64,
+                         decode_gemv_backend="triton")
+    assert runner.model.model.layers[0].mlp.down_proj.gemv_backend == "triton"
+    with pytest.raises(ValueError, match="decode GEMV backend 'cuda'"):
+        set_decode_gemv_backend(runner.model, "cuda")
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-q"]))
