@@ -26,7 +26,6 @@ from sglang_aux.srt.layers.triton_ops.dispatch import (
 
 if TYPE_CHECKING:
     from sglang_aux.srt.layers.activation import SiluAndMul
-    from sglang_aux.srt.layers.linear import MergedColumnLinear
 
 
 def set_decode_gemv_backend(model: nn.Module, backend: str) -> None:
@@ -46,12 +45,14 @@ def use_gemv(layer: nn.Module, x: torch.Tensor) -> bool:
             and x.stride(-1) == 1 and use_triton(x))
 
 
-def norm_linear(norm: RMSNorm, linear: MergedColumnLinear, hidden: torch.Tensor,
+def norm_linear(norm: RMSNorm, linear: nn.Module, hidden: torch.Tensor,
                 residual: torch.Tensor | None, act: SiluAndMul | None = None
                 ) -> tuple[torch.Tensor, torch.Tensor]:
     """`(act(linear(norm(stream))), stream)` of the residual stream `hidden + residual`
     (`hidden` alone when residual is None), as `(norm(hidden, residual), linear, act)` run one
-    after the other would give it; one kernel when the decode GEMV takes `hidden`."""
+    after the other would give it; one kernel when the decode GEMV takes `hidden`. `linear`
+    is a `linear.MergedColumnLinear` (not named in the annotation: that module imports this
+    one)."""
     if use_gemv(linear, hidden):
         from sglang_aux.srt.layers.triton_ops.skinny_gemm import skinny_gemm
 
