@@ -118,6 +118,27 @@ def test_sampled_equals_the_per_position_reference():
     assert (out.probs[sampled].gather(-1, out.tokens[sampled][..., None]) > 0).all()
 
 
+def test_distributions_go_into_a_given_view():
+    """`probs_out` (the worker's `_draft_q(bs)`, a view that skips each block's first row)
+    receives exactly the distributions a fresh tensor would; a wrong one is refused."""
+    draft = make_draft(1)
+    base, hidden, anchors, positions = inputs(draft, seed=3)
+    params = make_params(SAMPLED, seeds=[21, 22, 23, 24, 25])
+    bs, gamma, vocab = base.shape
+    storage = torch.full((bs, gamma + 1, vocab), -1.0)
+    with torch.no_grad():
+        fresh = propose_block(draft, base, anchors, positions, params, all_greedy=False)
+        given = propose_block(draft, base, anchors, positions, params, all_greedy=False,
+                              probs_out=storage[:, 1:])
+        assert torch.equal(given.tokens, fresh.tokens)
+        assert torch.equal(storage[:, 1:], fresh.probs) and (storage[:, 0] == -1).all()
+        with pytest.raises(ValueError, match=rf"probs_out must be float32 \({bs}, {gamma}, "
+                                             rf"{vocab}\) like base_logits, got "
+                                             r"torch.float16 \(5, 2, "):
+            propose_block(draft, base, anchors, positions, params, all_greedy=False,
+                          probs_out=storage[:, :2].half())
+
+
 def test_markov_bias_changes_proposals():
     draft = make_draft()
     base, hidden, anchors, positions = inputs(draft, bs=64)

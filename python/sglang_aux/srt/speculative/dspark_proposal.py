@@ -54,7 +54,8 @@ def _check_shapes(draft: DSparkDraftModel, base_logits: torch.Tensor, anchor_tok
 @torch.no_grad()
 def propose_block(draft: DSparkDraftModel, base_logits: torch.Tensor, anchor_tokens: torch.Tensor,
                   positions: torch.Tensor, params: SamplingTensors | None, *, all_greedy: bool,
-                  hidden: torch.Tensor | None = None) -> DSparkProposal:
+                  hidden: torch.Tensor | None = None,
+                  probs_out: torch.Tensor | None = None) -> DSparkProposal:
     """The block's proposals, chosen in order, and each one's acceptance confidence.
 
     base_logits `[bs, gamma, V]`: the draft's row logits (row k for the token at anchor + k +
@@ -62,7 +63,8 @@ def propose_block(draft: DSparkDraftModel, base_logits: torch.Tensor, anchor_tok
     (the seed counter of its draw); params: per-request sampling parameters (None when
     `all_greedy`, known on the host); hidden `[bs, gamma, H]`: the rows' final draft hidden
     states, needed for confidences (without it, or without a confidence head, confidence is
-    None).
+    None); probs_out `[bs, gamma, V]` float32 (any view): where the sampled proposals'
+    distributions go, instead of a new tensor.
     """
     _check_shapes(draft, base_logits, anchor_tokens, positions, hidden)
     if not all_greedy and params is None:
@@ -70,8 +72,12 @@ def propose_block(draft: DSparkDraftModel, base_logits: torch.Tensor, anchor_tok
     markov, head = draft.markov_head, draft.confidence_head
     bs, gamma, vocab = base_logits.shape
     tokens = torch.empty((bs, gamma), dtype=torch.int64, device=base_logits.device)
-    probs = None if all_greedy else torch.empty((bs, gamma, vocab), dtype=torch.float32,
-                                                device=base_logits.device)
+    if probs_out is not None and (tuple(probs_out.shape) != (bs, gamma, vocab)
+                                  or probs_out.dtype != torch.float32):
+        raise ValueError(f"probs_out must be float32 {(bs, gamma, vocab)} like base_logits, "
+                         f"got {probs_out.dtype} {tuple(probs_out.shape)}")
+    probs = None if all_greedy else probs_out if probs_out is not None else torch.empty(
+        (bs, gamma, vocab), dtype=torch.float32, device=base_logits.device)
     with_confidence = head is not None and hidden is not None
     confidence = torch.empty((bs, gamma), dtype=torch.float32, device=base_logits.device) \
         if with_confidence else None

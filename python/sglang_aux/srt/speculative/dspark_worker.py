@@ -198,21 +198,23 @@ class DSparkWorker(DFlashWorker):
 
     def _draft_sampling(self, fb: ForwardBatch, out: LogitsProcessorOutput) -> None:
         """The DRAFT_BLOCK sampling tail: the loop again, drawing the sampled requests'
-        proposals (greedy ones choose as in the main graph) and keeping what they were drawn
-        from in `_draft_q(bs)`."""
-        proposal = self._propose(fb, out, self.sampling_rows.gather(fb.req_pool_indices))
-        self._draft_q(fb.batch_size).copy_(proposal.probs)
+        proposals (greedy ones choose as in the main graph) and writing what they were drawn
+        from straight into `_draft_q(bs)`."""
+        self._propose(fb, out, self.sampling_rows.gather(fb.req_pool_indices),
+                      self._draft_q(fb.batch_size))
 
     def _propose(self, fb: ForwardBatch, out: LogitsProcessorOutput,
-                 params: SamplingTensors | None) -> DSparkProposal:
+                 params: SamplingTensors | None, probs_out: torch.Tensor | None = None
+                 ) -> DSparkProposal:
         """`propose_block` over the draft forward's rows into `_drafts[:bs]` and, under
-        compact verify, the confidences into `_confidence[:bs]`."""
+        compact verify, the confidences into `_confidence[:bs]`; sampled proposals'
+        distributions into `probs_out`."""
         bs, gamma = fb.batch_size, self.gamma
         hidden = out.hidden_states.view(bs, gamma, -1) if self.compact else None
         proposal = propose_block(
             self.draft_runner.model, out.next_token_logits.view(bs, gamma, -1),
             fb.input_ids.view(bs, gamma)[:, 0], fb.positions.view(bs, gamma) + 1, params,
-            all_greedy=params is None, hidden=hidden)
+            all_greedy=params is None, hidden=hidden, probs_out=probs_out)
         self._drafts[:bs] = proposal.tokens
         if proposal.confidence is not None:
             self._confidence[:bs] = proposal.confidence
