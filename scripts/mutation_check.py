@@ -54,6 +54,12 @@ MUTATIONS = [
              f"{SRT}/sampling/sampler.py",
              "target = u[s:s + step, ..., None]", "target = u[:len(cdf), ..., None]",
              (f"{T}/sampling/test_sampler.py",)),
+    Mutation("DSpark's Markov loop leaves its distributions out of the verify storage",
+             f"{SRT}/speculative/dspark_proposal.py",
+             "else probs_out if probs_out is not None else torch.empty(",
+             "else torch.empty(",
+             (f"{T}/speculative/test_dspark_proposal.py::"
+              "test_distributions_go_into_a_given_view",)),
     Mutation("rejection sampling reads the anchor's distribution as the first draft's",
              f"{SRT}/speculative/dflash_worker.py",
              "return self._draft_probs[:bs, 1:]", "return self._draft_probs[:bs, :-1]",
