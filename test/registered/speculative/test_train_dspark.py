@@ -35,7 +35,7 @@ from sglang_aux.tools.dflash_training.dspark_objective import (
     DSparkLossWeights,
     DSparkTrainer,
     dspark_labels,
-    dspark_loss,
+    finish_loss,
     row_terms,
     row_weights,
 )
@@ -71,6 +71,14 @@ def test_labels_and_teacher_forced_previous_tokens():
     assert labels[1, 1].tolist() == [106, 107, IGNORE]
     torch.testing.assert_close(row_weights(3, 4.0, torch.device("cpu")),
                                torch.tensor([1.0, math.exp(-0.25), math.exp(-0.5)]))
+
+
+def dspark_loss(logits, target_logits, labels, confidence_logits, weights, mix):
+    """The objective's loss in one slice: its row terms normalized, plus the confidence BCE."""
+    w = weights * (labels != IGNORE)
+    terms, correct, accept = row_terms(logits, target_logits, labels, w, mix)
+    return finish_loss(terms / w.sum(), correct, accept, confidence_logits, labels, weights,
+                       mix)
 
 
 def test_loss_on_known_distributions():

@@ -118,19 +118,6 @@ def finish_loss(loss: torch.Tensor, correct: torch.Tensor, accept: torch.Tensor,
     return loss, stats
 
 
-def dspark_loss(logits: torch.Tensor, target_logits: torch.Tensor, labels: torch.Tensor,
-                confidence_logits: torch.Tensor | None, weights: torch.Tensor,
-                mix: DSparkLossWeights) -> tuple[torch.Tensor, dict]:
-    """The weighted loss of Markov-corrected draft logits `[N, A, G, V]` against the data
-    labels `[N, A, G]` and the target's logits, plus the confidence logits `[N, A, G]`, in one
-    piece (`DSparkTrainer.objective` computes the same over slices of blocks), normalized by
-    the weights' sum over valid rows; stats as `finish_loss`."""
-    w = weights * (labels != IGNORE)
-    terms, correct, accept = row_terms(logits, target_logits, labels, w, mix)
-    return finish_loss(terms / w.sum(), correct, accept, confidence_logits, labels, weights,
-                       mix)
-
-
 class DSparkTrainer(Trainer):
     """The DFlash trainer's loop and schedule on DSpark's objective. Batches carry every
     token's row as `[K * H aux | H final]` (`extract_aux(..., final_hidden=True)`)."""

@@ -6,7 +6,6 @@ reads), kept as `H` more columns of every row."""
 from __future__ import annotations
 
 import logging
-import sys
 
 import torch
 
@@ -38,13 +37,14 @@ TRAIN_RESERVE_BYTES = 40 << 30
 HOST_CHUNK_BYTES = 1 << 30
 
 
-def device_room(device: torch.device) -> int:
-    """Bytes `device` can still hand out: the driver's free memory plus torch's cached,
-    unallocated blocks; unbounded for the host."""
+def has_room(device: torch.device, nbytes: int, reserve_bytes: int) -> bool:
+    """Whether `device` still keeps `reserve_bytes` free after `nbytes` more (the driver's
+    free memory plus torch's cached, unallocated blocks); the host always does."""
     if device.type != "cuda":
-        return sys.maxsize
+        return True
     free, _ = torch.cuda.mem_get_info(device)
-    return free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+    room = free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+    return room >= reserve_bytes + nbytes
 
 
 class HostRows:
@@ -74,9 +74,8 @@ def keep_rows(rows: list[torch.Tensor], reserve_bytes: int, host: HostRows
               ) -> list[torch.Tensor]:
     """Copies of `rows` (views of one forward's output), on their device while it keeps
     `reserve_bytes` free after them, else in `host`'s pinned memory (a batch copies them in
-    without a sync, `trainer.to_device`)."""
-    size = sum(r.nbytes for r in rows)
-    if not rows or device_room(rows[0].device) >= reserve_bytes + size:
+    without a sync, `host_transfer.tensor_to_device`)."""
+    if not rows or has_room(rows[0].device, sum(r.nbytes for r in rows), reserve_bytes):
         return [r.clone() for r in rows]
     return [host.copy(r) for r in rows]
 

@@ -19,10 +19,11 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.utils.rnn import pad_sequence
 
+from sglang_aux.srt.model_executor.runner_utils.host_transfer import tensor_to_device
 from sglang_aux.srt.models.dflash import DFlashDraftModel
 from sglang_aux.tools.dflash_training.data import Sample
 from sglang_aux.tools.dflash_training.draft_forward import draft_block_hidden
-from sglang_aux.tools.dflash_training.features import TRAIN_RESERVE_BYTES, device_room
+from sglang_aux.tools.dflash_training.features import TRAIN_RESERVE_BYTES, has_room
 from sglang_aux.tools.dflash_training.sliced_loss import SLICE_ROWS, loss_in_slices
 
 logger = logging.getLogger(__name__)
@@ -85,8 +86,9 @@ class SequenceSet:
                                  f"{len(samples[i].prompt_ids)}), but {p} shared and "
                                  f"{len(aux[i])} own aux rows")
         self.ids = [torch.tensor(samples[i].ids, device=device) for i in keep]
-        self.aux = [aux[i] if aux[i].device == device or device_room(device) < (
-            reserve_bytes + aux[i].nbytes) else aux[i].to(device) for i in keep]
+        self.aux = [aux[i] if aux[i].device == device
+                    or not has_room(device, aux[i].nbytes, reserve_bytes)
+                    else aux[i].to(device) for i in keep]
         # lengths stay on the host: a batch gathers them there and sends them without a sync
         self.prompt_lens = torch.tensor([len(samples[i].prompt_ids) for i in keep])
         self.lens = torch.tensor([len(samples[i].ids) for i in keep])
@@ -97,26 +99,18 @@ class SequenceSet:
 
     def batch(self, index: list[int]) -> Batch:
         dev = self.prefix_aux.device
-        aux = [torch.cat([self.prefix_aux, to_device(self.aux[i], dev)]) for i in index]
+        aux = [torch.cat([self.prefix_aux, tensor_to_device(self.aux[i], dev)]) for i in index]
         return Batch(pad_sequence(aux, batch_first=True),
                      pad_sequence([self.ids[i] for i in index], batch_first=True),
-                     to_device(self.prompt_lens[index], dev), to_device(self.lens[index], dev))
-
-
-def to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """`t` on `device`; a host tensor goes from pinned memory without waiting for the
-    device's queue (a copy from pageable memory syncs the stream first, which would stall
-    the next step's preparation behind the last one's kernels)."""
-    if device.type != "cuda" or t.is_cuda:
-        return t.to(device)
-    return (t if t.is_pinned() else t.pin_memory()).to(device, non_blocking=True)
+                     tensor_to_device(self.prompt_lens[index], dev),
+                     tensor_to_device(self.lens[index], dev))
 
 
 def sample_anchors(batch: Batch, num: int, generator: torch.Generator) -> torch.Tensor:
     """`[N, num]` anchors uniform over each continuation's positions that have a next token:
     `prompt_len <= anchor <= len - 2` (the first anchor is the first generated token, whose
     context is the whole prompt, as after a prefill)."""
-    u = to_device(torch.rand(len(batch.lens), num, generator=generator), batch.lens.device)
+    u = tensor_to_device(torch.rand(len(batch.lens), num, generator=generator), batch.lens.device)
     span = (batch.lens - 1 - batch.prompt_lens)[:, None]
     return batch.prompt_lens[:, None] + (u * span).long().clamp(max=span - 1)
 

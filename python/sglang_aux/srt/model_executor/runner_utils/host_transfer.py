@@ -18,6 +18,15 @@ def to_device(rows: list[list[int]], device: torch.device) -> torch.Tensor:
     return host.to(device, non_blocking=pinned)
 
 
+def tensor_to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A host tensor of any dtype on `device`, from pinned memory without waiting for the
+    device's queue (a copy from pageable memory syncs the stream first); a device tensor
+    moved as `Tensor.to` does."""
+    if device.type != "cuda" or t.is_cuda:
+        return t.to(device)
+    return (t if t.is_pinned() else t.pin_memory()).to(device, non_blocking=True)
+
+
 def to_device_into(dst: torch.Tensor, values: list[int]) -> None:
     """Host integers into the prefix `[:len(values)]` of the int64 tensor `dst` (a graph's
     static input, or a fresh one), in one (pinned, async) copy."""
