@@ -89,10 +89,10 @@ MUTATIONS = [
              ("test/registered/managers/test_chunked_prefill.py",)),
     # DSpark compact verify (issue 30): survival is the running product of confidences
     Mutation("compact verify ranks raw confidences, not survivals",
-             f"{SRT}/speculative/dspark_verify_lens.py",
+             f"{SRT}/speculative/compact_verify.py",
              "survival = torch.cumprod(confidence.float(), dim=1)",
              "survival = confidence.float()",
-             ("test/registered/speculative/test_dspark_verify_lens.py",)),
+             ("test/registered/speculative/test_compact_verify.py",)),
     # the DSpark worker (issue 30)
     Mutation("compact verify: greedy acceptance past a request's verified tokens",
              f"{SRT}/speculative/dspark_worker.py",

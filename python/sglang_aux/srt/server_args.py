@@ -106,7 +106,7 @@ class ServerArgs:
     speculative_dspark_align_verify_tokens_to_graph_tier: bool = False
     # ours: compact verify's extra tokens per step beyond each request's anchor, as a fraction
     # of every request's gamma drafts (1.0 verifies everything, as SGLang without a cost table)
-    dspark_verify_budget_frac: float = 0.5
+    compact_verify_budget_frac: float = 0.5
     speculative_draft_fc_quantization: str | None = None  # "mxfp8"; None: the draft config's
     dflash_staged_projection_min_tokens: int = 1024  # staged MXFP8 fc input from this size on
     # packed: [T, K*H] aux rows, then fc (shared graph buffer; staged input for large MXFP8
@@ -238,6 +238,7 @@ class ServerArgs:
     def _check_dflash(self, algo: SpeculativeAlgorithm) -> None:
         if self.pp_size > 1:
             raise ValueError(f"{algo.value} does not support pipeline parallelism (--pp-size 1)")
+        self._check_compact_verify(algo)
         if algo == SpeculativeAlgorithm.DSPARK:
             self._check_dspark()
             return
@@ -269,21 +270,29 @@ class ServerArgs:
                 raise ValueError(f"--speculative-num-draft-tokens must be >= 3 with DSPARK, "
                                  f"got {n}")
             self.speculative_dspark_block_size = n - 1
-        if not 0.0 <= self.dspark_verify_budget_frac <= 1.0:
-            raise ValueError(f"--dspark-verify-budget-frac must be in [0, 1], got "
-                             f"{self.dspark_verify_budget_frac}")
+
+    def _check_compact_verify(self, algo: SpeculativeAlgorithm) -> None:
+        if not 0.0 <= self.compact_verify_budget_frac <= 1.0:
+            raise ValueError(f"--compact-verify-budget-frac must be in [0, 1], got "
+                             f"{self.compact_verify_budget_frac}")
         mode = self.ragged_verify_mode()
         if mode == "compact" and self.enable_mixed_chunk:
             raise ValueError(f"--enable-mixed-chunk with {RAGGED_VERIFY_MODE_ENV}=compact: a "
                              "compact verify step runs ragged lengths no mixed graph takes; "
                              "use static verify or drop the flag")
+        if mode == "compact" and self.tp_size > 1:
+            # each rank would choose the lengths from its own confidences: ragged shapes that
+            # could differ across ranks
+            raise ValueError(f"{algo.value} with {RAGGED_VERIFY_MODE_ENV}=compact and --tp-size "
+                             "> 1 is not built yet: use static verify or --tp-size 1")
         if self.speculative_dspark_align_verify_tokens_to_graph_tier and mode != "compact":
             logger.warning("--speculative-dspark-align-verify-tokens-to-graph-tier only acts "
                            "with %s=compact (got %s)", RAGGED_VERIFY_MODE_ENV, mode)
 
     @staticmethod
     def ragged_verify_mode() -> str:
-        """DSpark's verify mode from SGLang's environment variable (default static)."""
+        """The DFlash family's verify mode from SGLang's environment variable (default static;
+        DSpark reads its confidence head, DFlash its draft's probabilities)."""
         mode = os.environ.get(RAGGED_VERIFY_MODE_ENV, "static").strip().lower() or "static"
         if mode not in RAGGED_VERIFY_MODES:
             raise ValueError(f"{RAGGED_VERIFY_MODE_ENV}={mode!r} is not supported; choose "
@@ -396,9 +405,10 @@ class ServerArgs:
         add("--speculative-dspark-align-verify-tokens-to-graph-tier", action="store_true",
             help=f"with {RAGGED_VERIFY_MODE_ENV}=compact, fill the token bucket a verify step "
                  "pads to with the next most likely drafts instead of padding")
-        add("--dspark-verify-budget-frac", type=float, default=d["dspark_verify_budget_frac"],
-            help=f"with {RAGGED_VERIFY_MODE_ENV}=compact, the drafts a step verifies beyond "
-                 "each request's anchor, as a fraction of all requests' gamma drafts")
+        add("--compact-verify-budget-frac", type=float, default=d["compact_verify_budget_frac"],
+            help=f"with {RAGGED_VERIFY_MODE_ENV}=compact (DFLASH or DSPARK), the drafts a step "
+                 "verifies beyond each request's anchor, as a fraction of all its requests' "
+                 "drafts")
         add("--speculative-draft-fc-quantization", default=None, choices=FC_QUANTIZATIONS,
             help="store the DFlash draft's fc as MXFP8 (default: the draft config's "
                  "'quantization')")

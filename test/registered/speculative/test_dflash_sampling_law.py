@@ -1,7 +1,8 @@
 """DFlash and DSpark sampling through the real Engine and worker, block by block over many
 steps: each block position's law (token and stopping point, bonus included) against the exact
 law, the random streams kept apart, and acceptance exact under oracle and adversarial drafts
-at every captured size; DSpark's compact verify keeps every emitted token on the target's law.
+at every captured size; compact verify (DFlash and DSpark) keeps every emitted token on
+the target's law.
 
 The pair: a target whose every token embeds alike (all embedding rows equal) and whose layers
 add nothing (zero o_proj / down_proj), so its next-token law is the same at every position,
@@ -184,13 +185,14 @@ def test_every_block_position_follows_the_target_law(pairs, algorithm):
     assert_kv_all_back(engine)
 
 
-def test_compact_verify_keeps_every_token_on_the_target_law(pairs):
-    """DSpark's compact verify: each request verifies its own number of drafts, chosen from
-    the confidences before the target runs; whatever it verifies, every emitted token
-    (the target's law is the same at every position) must follow p, block position by block
-    position, and the lengths must vary."""
-    _, _, p, _ = pair = pairs["DSPARK", "noisy"]
-    engine = _engine(pair, "DSPARK", "compact", max_running_requests=REQUESTS,
+@pytest.mark.parametrize("algorithm", list(DRAFTS))
+def test_compact_verify_keeps_every_token_on_the_target_law(pairs, algorithm):
+    """Compact verify: each request verifies its own number of drafts, chosen from the
+    confidences (DSpark's head, DFlash's draft probabilities) before the target runs;
+    whatever it verifies, every emitted token (the target's law is the same at every
+    position) must follow p, block position by block position, and the lengths must vary."""
+    _, _, p, _ = pair = pairs[algorithm, "noisy"]
+    engine = _engine(pair, algorithm, "compact", max_running_requests=REQUESTS,
                      cuda_graph_bs_decode=[REQUESTS])
     worker = engine.worker
     b = worker.block_size

@@ -12,8 +12,8 @@ from sglang_aux.srt.configs.presets import PRESETS, TINY_VOCAB
 from sglang_aux.srt.models.dspark import DSparkDraftModel
 from sglang_aux.srt.models.weight_utils import init_random_weights
 from sglang_aux.srt.sampling.sampler import SamplingTensors
+from sglang_aux.srt.speculative.compact_verify import compact_verify_lens
 from sglang_aux.srt.speculative.dspark_proposal import propose_block
-from sglang_aux.srt.speculative.dspark_verify_lens import compact_verify_lens
 from sglang_aux.test.ci.ci_register import register_cuda_ci
 from sglang_aux.test.kernel_checks import REAL_TRITON_ON_CUDA
 

@@ -134,7 +134,7 @@ def test_compact_lengths_respect_budget_bounds_and_buckets(ckpts, align, sampled
     bucket captured; no request accepts more than its verified drafts, greedy or sampled
     (`test_dflash_sampling_law.py` holds the cap where drafts are often accepted)."""
     frac = 0.5
-    engine = _dspark(ckpts, mode="compact", dspark_verify_budget_frac=frac,
+    engine = _dspark(ckpts, mode="compact", compact_verify_budget_frac=frac,
                      speculative_dspark_align_verify_tokens_to_graph_tier=align)
     worker = engine.worker
     gamma, b = worker.gamma, worker.block_size

@@ -14,6 +14,17 @@ gives the host each request's accepted count and tokens. Block rows past the acc
 leave K/V at positions past the new kv_len, never read before the next step writes them again
 (the invariant in schedule_batch.py). The scheduler owns the KV slots; this worker only
 advances each request's kv_len.
+
+`SGLANG_RAGGED_VERIFY_MODE=compact` (SGLang's DSpark mode, here for the whole family): the
+draft graph also keeps each proposal's confidence (DFlash: the draft's probability of it,
+`max_probability`; DSpark: its confidence head), `compact_verify_lens` turns them into
+per-request lengths under the step's token budget (device only; the bucket is known on the
+host), and the verify forward is ragged (`RaggedStepPrologue`: token-major, graphs per token
+bucket, the aux storage sized for the largest); its epilogue gathers each request's block rows
+and accepts at most `lens - 1` drafts. A step with a request whose logits are processed
+(penalties, min_new_tokens), restricted by a grammar or scored (logprobs) verifies every
+token, as static. Each request's verify tokens are counted (`spec_verify_tokens`), so verify
+tokens per accepted token compare static with compact.
 """
 
 from __future__ import annotations
@@ -44,16 +55,23 @@ from sglang_aux.srt.managers.schedule_batch import (
     step_inputs,
 )
 from sglang_aux.srt.managers.step_logprobs import StepLogprobs, packed_prefill
+from sglang_aux.srt.mem_cache.memory_pool import PADDING_REQ_ROW
 from sglang_aux.srt.model_executor.model_runner import ModelRunner
 from sglang_aux.srt.model_executor.runner.epilogue import Epilogue
 from sglang_aux.srt.model_executor.runner.forward_layout import ForwardInputs
 from sglang_aux.srt.model_executor.runner.forward_parts import ForwardParts, StreamedAux
+from sglang_aux.srt.model_executor.runner.ragged_step_prologue import RaggedStepPrologue
 from sglang_aux.srt.model_executor.runner.step_prologue import StepPrologue
 from sglang_aux.srt.model_executor.runner_utils.host_transfer import HostReadback, PendingRows
 from sglang_aux.srt.sampling.penalties import PenaltyRows
 from sglang_aux.srt.sampling.sampler import Lane, sample_from_probs, sampling_probs, uniform
 from sglang_aux.srt.sampling.sampling_rows import SamplingRows
 from sglang_aux.srt.server_args import ServerArgs
+from sglang_aux.srt.speculative.compact_verify import (
+    compact_verify_lens,
+    max_probability,
+    round_up_to_bucket,
+)
 from sglang_aux.srt.speculative.dflash_info import greedy_verify, rejection_verify
 
 logger = logging.getLogger(__name__)
@@ -76,6 +94,9 @@ class DFlashWorker(RequestRowStaging):
             raise ValueError(f"the draft's mask_token_id {dc.mask_token_id} is outside the "
                              f"target's vocabulary [0, {vocab})")
         draft_config.hf_config.dflash_config = dc.as_dflash_config()  # the draft reads it whole
+        self.compact = server_args.ragged_verify_mode() == "compact"
+        self.align_to_bucket = server_args.speculative_dspark_align_verify_tokens_to_graph_tier
+        self.budget_frac = server_args.compact_verify_budget_frac
         self.target_runner = ModelRunner(target_config, server_args,
                                          aux_layer_ids=dc.target_layer_ids)
         draft_runner = ModelRunner(
@@ -158,6 +179,11 @@ class DFlashWorker(RequestRowStaging):
         # `[rows, 1 + B]` per step request: accepted drafts, then the new tokens; a mixed
         # step's readback adds its arrivals' first tokens in the rows after (`mixed`)
         self._verdicts = torch.zeros((rows, b + 1), dtype=torch.int64, device=device)
+        # compact verify: each proposal's confidence, and a ragged step's per-token lengths
+        # and request rows (at most every request's whole block)
+        self._confidence = torch.zeros((rows, b - 1), dtype=torch.float32, device=device)
+        self._verify_lens = torch.zeros(rows * b, dtype=torch.int64, device=device)
+        self._request_rows = torch.zeros(rows * b, dtype=torch.int64, device=device)
 
     def _draft_q(self, bs: int) -> torch.Tensor:
         """The distributions `bs` requests' drafts were drawn from, `[bs, B-1, vocab]` (a view
@@ -166,9 +192,16 @@ class DFlashWorker(RequestRowStaging):
 
     def _verify_parts(self) -> ForwardParts:
         verify = ForwardMode.TARGET_VERIFY
-        return ForwardParts(
-            verify, self.block_size, StepPrologue(block_tokens=lambda bs: self._drafts[:bs]),
-            Epilogue(verify, self._verify_epilogue, self._verify_sampling), self.streamed_aux)
+        epilogue = Epilogue(verify, self._verify_epilogue, self._verify_sampling)
+        if not self.compact:
+            return ForwardParts(verify, self.block_size,
+                                StepPrologue(block_tokens=lambda bs: self._drafts[:bs]),
+                                epilogue, self.streamed_aux)
+        prologue = RaggedStepPrologue(block_tokens=lambda n: self._drafts[:n],
+                                      lens=lambda n: self._verify_lens[:n],
+                                      request_rows=lambda n: self._request_rows[:n])
+        return ForwardParts(verify, self.block_size, prologue, epilogue, self.streamed_aux,
+                            ragged=True)
 
     @property
     def model_runner(self) -> ModelRunner:
@@ -214,28 +247,74 @@ class DFlashWorker(RequestRowStaging):
         bs, b = len(reqs), self.block_size
         has_sampling = self._draft(reqs)
         token_bitmask = self._block_bitmask(reqs)
+        processed = token_bitmask is not None or any(r.sampling_params.processes_logits
+                                                     for r in reqs)
+        logprobs = StepLogprobs.of(reqs, b)
         # `[anchor, drafts]` per request: the verify prologue reads `_drafts` itself
-        verify_fb = self.target_runner.prepare(step_inputs(reqs, ForwardMode.TARGET_VERIFY, b))
+        inputs = step_inputs(reqs, ForwardMode.TARGET_VERIFY, b)
+        if self.compact:
+            # A step whose logits are processed, grammar-restricted or scored verifies every
+            # token, request-major (the static rows), so they apply row by row.
+            inputs = self._ragged_inputs(inputs, every_token=processed or logprobs is not None)
+        verify_fb = self.target_runner.prepare(inputs)
         verify_fb.has_sampling = has_sampling
         # The graph (or the eager forward) commits the draft context and leaves the verdicts.
         out = self.target_runner.forward(verify_fb)
         if self.on_aux_consumed is not None:
             self.on_aux_consumed()
-        if token_bitmask is not None or any(r.sampling_params.processes_logits for r in reqs):
-            self._verify_processed(reqs, verify_fb.req_pool_indices, out.next_token_logits,
-                                   has_sampling, token_bitmask)
+        rows = self._request_rows[:bs] if self.compact else verify_fb.req_pool_indices
+        logits = out.next_token_logits[: bs * b]  # static rows wherever they are read
+        if processed:
+            self._verify_processed(reqs, rows, logits, has_sampling, token_bitmask)
         verdicts = self._verdicts[:bs]  # [bs, 1 + B]: accepted drafts, then the new tokens
         added = verdicts[:, 0] + 1
         self.target_runner.req_to_token_pool.advance_rows(
-            verify_fb.req_pool_indices, added, verdicts.gather(1, added[:, None])[:, 0])
-        logprobs = StepLogprobs.of(reqs, b)
+            rows, added, verdicts.gather(1, added[:, None])[:, 0])
         readback = verdicts
+        if self.compact:  # then the tokens each request verified
+            readback = torch.cat([verdicts, self._verify_lens[:bs, None]], dim=1)
         if logprobs is not None:
             # block position j's target row scores the token emitted there: the verify
             # logits (borrowed until the next forward) are read before any other forward
-            readback = logprobs.pack(verdicts, out.next_token_logits, verdicts[:, 1:])
+            readback = logprobs.pack(readback, logits, verdicts[:, 1:])
         return PendingStep(reqs, self.readback.start(readback), self._verified, kv_growth=b,
                            logprobs=logprobs)
+
+    def _ragged_inputs(self, inputs: ForwardInputs, every_token: bool) -> ForwardInputs:
+        """A compact verify step's inputs: `_plan_verify`'s token count, token-major, the
+        requests' rows first; each token's length bounded by its request's bound plus the
+        block."""
+        bs = len(inputs.step_rows)
+        n = self._plan_verify(bs, every_token)
+        bound = max(inputs.step_kv_bounds) + self.block_size - 1
+        return dataclasses.replace(
+            inputs, step_rows=inputs.step_rows + [PADDING_REQ_ROW] * (n - bs),
+            step_kv_bounds=[bound] * n)
+
+    def _plan_verify(self, bs: int, every_token: bool) -> int:
+        """Each request's verify length into `_verify_lens[:bs]` (0 after, up to the step's
+        tokens) and the step's token count: the captured bucket holding the budget, or
+        exactly the budget where no graph does (an eager step). No host sync: the lengths
+        stay on the device."""
+        b = self.block_size
+        drafts = b - 1
+        take = bs * drafts if every_token else min(bs * drafts,
+                                                   round(self.budget_frac * bs * drafts))
+        graphs = self.target_runner.step_graphs
+        buckets = [x.step_bs for x in graphs.layouts] if graphs is not None else []
+        if not buckets or bs + take > buckets[-1]:
+            buckets = [bs + take]
+        if every_token:
+            lens = torch.full((bs,), b, dtype=torch.int64, device=self._verify_lens.device)
+            n = round_up_to_bucket(bs + take, buckets)
+        else:
+            if self.align_to_bucket:
+                take = min(round_up_to_bucket(bs + take, buckets) - bs, bs * drafts)
+            plan = compact_verify_lens(self._confidence[:bs], take, buckets)
+            lens, n = plan.verify_lens, plan.num_tokens
+        self._verify_lens[:n].zero_()
+        self._verify_lens[:bs] = lens
+        return n
 
     def mixed(self, reqs: list[Req], arrivals: list[Req],
               chunk: int | None = None) -> list[PendingStep]:
@@ -334,10 +413,20 @@ class DFlashWorker(RequestRowStaging):
         return has_sampling
 
     def _verified(self, req: Req, row: list[int]) -> list[int]:
-        """One request's verdict row: the anchor and the accepted drafts are now KV."""
+        """One request's verdict row (compact: then the tokens it verified): the anchor and
+        the accepted drafts are now KV."""
         req.kv_len += row[0] + 1
-        req.record_spec_verify(row[0], self.block_size, self.block_size)
+        req.record_spec_verify(row[0], self.block_size,
+                               row[-1] if self.compact else self.block_size)
         return row[1 : row[0] + 2]
+
+    def _block_index(self, n: int, r: int) -> torch.Tensor:
+        """`[r, B]`: the token rows of the first `r` requests' blocks in a ragged forward of
+        `n` tokens (rows past a request's length repeat a valid row, never read)."""
+        lens = self._verify_lens[:n]
+        starts = lens.cumsum(0) - lens
+        offsets = torch.arange(self.block_size, device=lens.device)
+        return (starts[:r, None] + offsets).clamp_max_(n - 1)
 
     def commit_draft_context(self, aux: torch.Tensor | AuxProjection, positions: torch.Tensor,
                              out_cache_loc: torch.Tensor) -> None:
@@ -362,9 +451,17 @@ class DFlashWorker(RequestRowStaging):
         self._accept_verified(fb, out)
 
     def _accept_verified(self, fb: ForwardBatch, out: LogitsProcessorOutput) -> None:
-        """Greedy acceptance of a verify forward's blocks into `_verdicts`."""
-        bs = fb.batch_size
-        self._accept_greedy(bs, fb.input_ids.view(bs, -1)[:, 1:], out.next_token_logits)
+        """Greedy acceptance of a verify forward's blocks into `_verdicts`; a ragged (compact)
+        forward's requests accept at most their verified drafts."""
+        if not self.compact:
+            bs = fb.batch_size
+            self._accept_greedy(bs, fb.input_ids.view(bs, -1)[:, 1:], out.next_token_logits)
+            return
+        n = fb.batch_size
+        r = min(n, self._drafts.shape[0])  # every request holds a token: at most n
+        target_argmax = out.next_token_logits.argmax(-1)[self._block_index(n, r)]
+        self._verdicts[:r] = greedy_verify(self._drafts[:r], target_argmax,
+                                           self._verify_lens[:r]).packed()
 
     def _mixed_epilogue(self, fb: ForwardBatch, out: LogitsProcessorOutput) -> None:
         """Inside the MIXED graph: the draft context of every token (step blocks and
@@ -383,9 +480,18 @@ class DFlashWorker(RequestRowStaging):
 
     def _verify_sampling(self, fb: ForwardBatch, out: LogitsProcessorOutput) -> None:
         """The TARGET_VERIFY sampling tail (`_rejection_sample`)."""
-        bs = fb.batch_size
-        self._rejection_sample(bs, fb.input_ids.view(bs, -1)[:, 1:], fb.positions.view(bs, -1),
-                               fb.req_pool_indices, out.next_token_logits)
+        if not self.compact:
+            bs = fb.batch_size
+            self._rejection_sample(bs, fb.input_ids.view(bs, -1)[:, 1:],
+                                   fb.positions.view(bs, -1), fb.req_pool_indices,
+                                   out.next_token_logits)
+            return
+        n = fb.batch_size
+        r = min(n, self._drafts.shape[0])
+        index = self._block_index(n, r)
+        self._rejection_sample(r, self._drafts[:r], fb.positions[index],
+                               self._request_rows[:r], out.next_token_logits[index.flatten()],
+                               num_verified=self._verify_lens[:r])
 
     def _rejection_sample(self, bs: int, drafts: torch.Tensor, positions: torch.Tensor,
                           rows: torch.Tensor, logits: torch.Tensor, min_p: bool = False,
@@ -413,8 +519,11 @@ class DFlashWorker(RequestRowStaging):
         """Inside the DRAFT_BLOCK graph: block offsets 1..B-1 propose the tokens at those
         offsets (no shift); greedy proposals land in `_drafts[:bs]`."""
         bs, b = fb.batch_size, self.block_size
-        self._drafts[:bs] = out.next_token_logits.view(bs, b, -1)[:, 1:].argmax(-1)
+        logits = out.next_token_logits.view(bs, b, -1)[:, 1:]
+        self._drafts[:bs] = logits.argmax(-1)
         broadcast_from_first_rank(self._drafts[:bs])
+        if self.compact:
+            max_probability(logits, self._confidence[:bs])
 
     def _draft_sampling(self, fb: ForwardBatch, out: LogitsProcessorOutput) -> None:
         """The DRAFT_BLOCK sampling tail: sampled requests draw their proposals instead, from

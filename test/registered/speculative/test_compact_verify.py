@@ -9,7 +9,7 @@ import sys
 import pytest
 import torch
 
-from sglang_aux.srt.speculative.dspark_verify_lens import (
+from sglang_aux.srt.speculative.compact_verify import (
     SURVIVAL_EPS,
     compact_verify_lens,
     round_up_to_bucket,

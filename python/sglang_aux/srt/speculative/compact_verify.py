@@ -1,12 +1,16 @@
-"""DSpark's `compact` verify: how many tokens each request verifies this step.
+"""`compact` verify (SGLang's `SGLANG_RAGGED_VERIFY_MODE=compact`): how many tokens each
+request of the DFlash family verifies this step.
 
-Request r's proposal k is accepted only if proposals 0..k all are, so its survival is
-`cumprod(confidence[r])[k]`, and verifying it is worth that survival in expected accepted
-tokens. Every request verifies its anchor (1 token); the `budget` extra tokens go to the
-globally most likely survivals, one top-k over all requests (SGLang's `compact` mode), so a
-request verifies 1 + (its chosen survivals) <= gamma + 1 tokens. Survivals below
-`survival_eps` are never chosen. Ties go to the earlier block position, then the lower
-request index. Survival does not grow along a row, so each request's choice is a prefix.
+Each proposal k of a request comes with a confidence, the estimated probability that it is
+accepted given proposals 0..k-1 were: DSpark's confidence head, or for DFlash, whose draft has
+none, the draft's own probability of its proposal (`max_probability`). Proposal k is accepted
+only if proposals 0..k all are, so its survival is `cumprod(confidence[r])[k]`, and verifying
+it is worth that survival in expected accepted tokens. Every request verifies its anchor (1
+token); the `budget` extra tokens go to the globally most likely survivals, one top-k over all
+requests (SGLang's `compact` mode), so a request verifies 1 + (its chosen survivals) <= gamma
++ 1 tokens (gamma: proposals per request). Survivals below `survival_eps` are never chosen.
+Ties go to the earlier block position, then the lower request index. Survival does not grow
+along a row, so each request's choice is a prefix.
 
 The step's TARGET_VERIFY graph is the captured token bucket that holds the most the budget
 allows, `bs + min(budget, bs * gamma)`, known on the host without reading the confidences;
@@ -22,6 +26,7 @@ from dataclasses import dataclass
 import torch
 
 SURVIVAL_EPS = 1e-6  # SGLang's default
+CONFIDENCE_ROWS = 256  # rows of draft logits whose softmax temporaries exist at once
 
 
 @dataclass
@@ -61,3 +66,20 @@ def compact_verify_lens(confidence: torch.Tensor, budget: int, buckets: Sequence
     extra = torch.zeros(bs, dtype=torch.int64, device=confidence.device)
     extra.scatter_add_(0, chosen % bs, valid[chosen].to(torch.int64))
     return CompactVerifyLens((1 + extra).to(torch.int32), num_tokens)
+
+
+def max_probability(logits: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """DFlash's confidence: the largest softmax probability of each row of `logits` `[..., V]`
+    (any view), the draft's probability of its greedy proposal, into `out` (float32, the
+    leading shape, any view). The softmax exists for `CONFIDENCE_ROWS` rows at a time: whole,
+    a Qwen2.5 draft block's at bs 64 would be 583 MB of float32."""
+    if logits.dim() < 2 or tuple(out.shape) != tuple(logits.shape[:-1]) \
+            or out.dtype != torch.float32:
+        raise ValueError(f"out must be float32 {tuple(logits.shape[:-1])} for logits "
+                         f"{tuple(logits.shape)} [..., vocab], got {out.dtype} "
+                         f"{tuple(out.shape)}")
+    step = max(1, CONFIDENCE_ROWS // max(1, logits[0, ..., 0].numel()))
+    for s in range(0, logits.shape[0], step):
+        rows = logits[s:s + step].float()
+        out[s:s + step] = rows.amax(-1).sub_(rows.logsumexp(-1)).exp_()
+    return out

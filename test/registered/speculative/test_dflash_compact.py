@@ -1,0 +1,205 @@
+"""DFlash with compact verify (`SGLANG_RAGGED_VERIFY_MODE=compact`) on CPU: each proposal's
+confidence is the draft's probability of it (a float64 softmax of the draft's own logits);
+greedy output equals target-only through the token buckets' graphs, overlap on and off, and on
+every aux path; steps with logprobs or penalties verify every token and give target-only's
+values; the flags compact refuses. (The T > 0 law: `test_dflash_sampling_law.py`.)"""
+
+import os
+import sys
+from contextlib import contextmanager
+
+import pytest
+import torch
+
+from sglang_aux.srt.entrypoints.engine import Engine
+from sglang_aux.srt.server_args import RAGGED_VERIFY_MODE_ENV
+from sglang_aux.srt.speculative import compact_verify
+from sglang_aux.test.ci.ci_register import register_cpu_ci
+from sglang_aux.test.runtime_utils import assert_kv_all_back, assert_spec_counts, tiny_checkpoint
+
+register_cpu_ci(est_time=120, suite="default")
+
+PAIRS = {"tiny-llama": "tiny-llama-dflash", "tiny-qwen3": "tiny-qwen3-dflash",
+         "tiny-k3": "tiny-k3-dflash"}
+PROMPTS = ["Hi", "The quick brown fox jumps over", "12 + 30 =", "Natalia sold clips to 48 of"]
+GREEDY = {"temperature": 0, "ignore_eos": True}
+# requests end one after another: the batch steps at 4, 3 (padded to 4), 2 and 1
+STAGGERED = [dict(GREEDY, max_new_tokens=n) for n in (26, 19, 12, 6)]
+CAPTURED = [1, 2, 4]
+COMMON = dict(device="cpu", max_total_tokens=4096, cuda_graph_bs_decode=CAPTURED,
+              max_running_requests=4)
+
+
+@pytest.fixture(scope="module")
+def ckpts(tmp_path_factory):
+    root = tmp_path_factory.mktemp("ckpt")
+    return {p: tiny_checkpoint(p, root) for pair in PAIRS.items() for p in pair}
+
+
+@pytest.fixture(scope="module")
+def target_only(ckpts):
+    return {t: Engine(model_path=ckpts[t], **COMMON).generate(PROMPTS, STAGGERED)
+            for t in PAIRS}
+
+
+@contextmanager
+def _verify_mode(mode: str):
+    old = os.environ.get(RAGGED_VERIFY_MODE_ENV)
+    os.environ[RAGGED_VERIFY_MODE_ENV] = mode
+    try:
+        yield
+    finally:
+        if old is None:
+            del os.environ[RAGGED_VERIFY_MODE_ENV]
+        else:
+            os.environ[RAGGED_VERIFY_MODE_ENV] = old
+
+
+def _dflash(ckpts, target="tiny-llama", mode="compact", **kw) -> Engine:
+    with _verify_mode(mode):
+        return Engine(model_path=ckpts[target], speculative_algorithm="DFLASH",
+                      speculative_draft_model_path=ckpts[PAIRS[target]], **{**COMMON, **kw})
+
+
+def _record_verifies(runner) -> list[tuple[int, int | None]]:
+    """(tokens, the graph replayed or None) of every verify forward from now on."""
+    seen, forward = [], runner.forward
+
+    def record(fb):
+        if fb.forward_mode.is_cuda_graph():
+            seen.append((fb.batch_size, fb.prepared_graph))
+        return forward(fb)
+
+    runner.forward = record
+    return seen
+
+
+def test_max_probability_is_the_softmax_max():
+    torch.manual_seed(0)
+    logits = torch.randn(5, 3, 50) * 4
+    want = torch.softmax(logits.double(), -1).amax(-1)
+    out = torch.empty(5, 3)
+    assert compact_verify.max_probability(logits, out) is out
+    torch.testing.assert_close(out.double(), want, rtol=1e-6, atol=0)
+    # bf16 logits of a strided view (a draft block's rows 1..B-1), a few rows at a time
+    block = (torch.randn(6, 4, 50) * 4).bfloat16()
+    whole = compact_verify.max_probability(block[:, 1:], torch.empty(6, 3))
+    old = compact_verify.CONFIDENCE_ROWS
+    compact_verify.CONFIDENCE_ROWS = 4  # one request (3 rows) per slice
+    try:
+        sliced = compact_verify.max_probability(block[:, 1:], torch.empty(6, 3))
+    finally:
+        compact_verify.CONFIDENCE_ROWS = old
+    assert torch.equal(sliced, whole)
+    torch.testing.assert_close(
+        whole.double(), torch.softmax(block[:, 1:].double(), -1).amax(-1), rtol=1e-6, atol=0)
+    with pytest.raises(ValueError, match=r"\(5, 3\).*\(5, 3, 50\).*\(5,\)"):
+        compact_verify.max_probability(logits, torch.empty(5))
+
+
+def test_confidence_is_the_drafts_probability_of_its_proposal(ckpts):
+    """After every draft forward (graph replays included): `_confidence[:bs]` is the float64
+    softmax maximum of the draft's logits rows 1..B-1, and the proposals are their argmax."""
+    engine = _dflash(ckpts)
+    worker = engine.worker
+    b, forward, checked = worker.block_size, worker.draft_runner.forward, []
+
+    def checking(fb):
+        out = forward(fb)
+        bs = fb.batch_size
+        logits = out.next_token_logits.view(bs, b, -1)[:, 1:].double()
+        want = torch.softmax(logits, -1).amax(-1)
+        torch.testing.assert_close(worker._confidence[:bs].double(), want, rtol=1e-5, atol=0)
+        assert torch.equal(worker._drafts[:bs], logits.argmax(-1))
+        checked.append(bs)
+        return out
+
+    worker.draft_runner.forward = checking
+    engine.generate(PROMPTS, STAGGERED)
+    assert set(checked) == {1, 2, 3, 4}
+
+
+@pytest.mark.parametrize("target", list(PAIRS))
+@pytest.mark.parametrize("overlap", [False, True])
+def test_greedy_compact_dflash_equals_target_only(ckpts, target_only, target, overlap):
+    engine = _dflash(ckpts, target, disable_overlap_schedule=not overlap)
+    worker = engine.worker
+    b = worker.block_size
+    verifies = _record_verifies(worker.target_runner)
+    outs = engine.generate(PROMPTS, STAGGERED)
+    for ref, out in zip(target_only[target], outs, strict=True):
+        assert out["output_ids"] == ref["output_ids"]
+        m = out["meta_info"]
+        assert_spec_counts(m, b)
+        assert m["spec_verify_ct"] <= m["spec_verify_tokens"] < b * m["spec_verify_ct"]
+    # graphs per token bucket, several of them replayed
+    graphs = worker.target_runner.step_graphs
+    assert graphs.layouts[-1].step_bs == CAPTURED[-1] * b
+    assert all(g is not None for _, g in verifies) and len({g for _, g in verifies}) > 2
+    assert_kv_all_back(engine)
+
+
+@pytest.mark.parametrize("variant", [dict(speculative_dflash_aux_projection="streamed"),
+                                     dict(disable_shared_aux_buffer=True),
+                                     dict(disable_decode_cuda_graph=True)])
+def test_compact_dflash_on_every_aux_path(ckpts, target_only, variant):
+    engine = _dflash(ckpts, "tiny-k3", **variant)
+    outs = engine.generate(PROMPTS, STAGGERED)
+    assert [o["output_ids"] for o in outs] == [o["output_ids"] for o in target_only["tiny-k3"]]
+    assert_kv_all_back(engine)
+
+
+LOGPROBS = dict(return_logprob=True, logprob_start_len=1, top_logprobs_num=2,
+                token_ids_logprob=[3])
+
+
+def _entries(field) -> list[tuple]:
+    """A logprob field's (value, token id, text) entries, flattened."""
+    if isinstance(field, tuple | list) and len(field) == 3 and isinstance(field[1], int):
+        return [tuple(field)]
+    return [e for x in field for e in _entries(x)]
+
+
+def test_logprob_and_penalty_steps_verify_every_token(ckpts):
+    """A batch with a logprob request, or a penalized one, verifies whole blocks (the static
+    rows these paths read) and returns target-only's tokens and logprobs."""
+    engine, plain = _dflash(ckpts), Engine(model_path=ckpts["tiny-llama"], **COMMON)
+    b = engine.worker.block_size
+    params = dict(GREEDY, max_new_tokens=12)
+    got, want = (e.generate(PROMPTS[1:3], params, **LOGPROBS) for e in (engine, plain))
+    for g, w in zip(got, want, strict=True):
+        assert g["output_ids"] == w["output_ids"]
+        m = g["meta_info"]
+        assert m["spec_verify_tokens"] == b * m["spec_verify_ct"]
+        for key in ("output_token_logprobs", "output_top_logprobs", "output_token_ids_logprobs"):
+            got_entries, want_entries = _entries(m[key]), _entries(w["meta_info"][key])
+            assert got_entries, key
+            assert [e[1:] for e in got_entries] == [e[1:] for e in want_entries], key
+            assert [e[0] for e in got_entries] == pytest.approx(
+                [e[0] for e in want_entries], abs=1e-4), key
+    penalized = dict(params, frequency_penalty=0.8, presence_penalty=0.3)
+    got, want = (e.generate(PROMPTS, penalized) for e in (engine, plain))
+    assert [o["output_ids"] for o in got] == [o["output_ids"] for o in want]
+    assert all(o["meta_info"]["spec_verify_tokens"] == b * o["meta_info"]["spec_verify_ct"]
+               for o in got)
+    # the same engine, plain greedy again: compact lengths
+    outs = engine.generate(PROMPTS, STAGGERED)
+    assert sum(o["meta_info"]["spec_verify_tokens"] for o in outs) < b * sum(
+        o["meta_info"]["spec_verify_ct"] for o in outs)
+    assert_kv_all_back(engine)
+
+
+def test_compact_dflash_start_errors(ckpts):
+    with pytest.raises(ValueError, match="enable-mixed-chunk"):
+        _dflash(ckpts, enable_mixed_chunk=True)
+    with pytest.raises(ValueError, match="DFLASH with SGLANG_RAGGED_VERIFY_MODE=compact and "
+                                         "--tp-size > 1"):
+        _dflash(ckpts, tp_size=2)
+    with pytest.raises(ValueError, match="compact-verify-budget-frac"):
+        _dflash(ckpts, compact_verify_budget_frac=1.5)
+    # static verify with the same flags starts
+    assert _dflash(ckpts, mode="static", enable_mixed_chunk=True).worker.compact is False
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-q"]))

@@ -1,0 +1,72 @@
+"""DFlash compact verify with real CUDA graphs on the H200: greedy output equals target-only
+(the draft's confidences computed inside its graph, the verify graphs per token bucket), a
+decode step launches without a host sync and queues one readback, and sampled batches equal
+the eager path's at every captured size and at padded ones. Tiny presets, fp32."""
+
+import os
+import sys
+
+import pytest
+import torch
+
+from sglang_aux.srt.entrypoints.engine import Engine
+from sglang_aux.srt.server_args import RAGGED_VERIFY_MODE_ENV
+from sglang_aux.test.ci.ci_register import register_cuda_ci
+from sglang_aux.test.runtime_utils import assert_graphs_equal_eager, tiny_checkpoint
+from sglang_aux.test.sync_checks import strict_sync
+
+register_cuda_ci(est_time=60, suite="default")
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+PROMPTS = ["Hi", "The quick brown fox jumps over", "12 + 30 =", "Natalia sold clips to 48 of",
+           "x", "What is the capital of France?"]
+GREEDY = {"temperature": 0, "max_new_tokens": 24, "ignore_eos": True}
+COMMON = dict(device="cuda", dtype="float32", max_total_tokens=8192, max_running_requests=8,
+              cuda_graph_bs_decode=[1, 2, 4, 8], disable_overlap_schedule=True)
+SAMPLED = [{"temperature": 0.8, "top_p": 0.9, "top_k": 20}, {"temperature": 1.3},
+           {"temperature": 0.6, "top_k": 5}, {"temperature": 1.0, "top_p": 0.7}]
+
+
+def _compact(tmp_path, target: str, **kw) -> Engine:
+    old = os.environ.get(RAGGED_VERIFY_MODE_ENV)
+    os.environ[RAGGED_VERIFY_MODE_ENV] = "compact"
+    try:
+        return Engine(model_path=tiny_checkpoint(target, tmp_path),
+                      speculative_algorithm="DFLASH",
+                      speculative_draft_model_path=tiny_checkpoint(f"{target}-dflash", tmp_path),
+                      **{**COMMON, **kw})
+    finally:
+        if old is None:
+            del os.environ[RAGGED_VERIFY_MODE_ENV]
+        else:
+            os.environ[RAGGED_VERIFY_MODE_ENV] = old
+
+
+@pytest.mark.parametrize("target", ["tiny-llama", "tiny-k3"])
+def test_compact_dflash_greedy_equals_target_only_with_cuda_graphs(tmp_path, target):
+    ref = Engine(model_path=tiny_checkpoint(target, tmp_path), **COMMON).generate(
+        PROMPTS, GREEDY)
+    engine = _compact(tmp_path, target)
+    worker = engine.worker
+    for runner in (worker.draft_runner, worker.target_runner):
+        assert type(runner.step_graphs.backend).__name__ == "CudaGraphBackend"
+    with strict_sync(worker, "decode") as readbacks:
+        outs = engine.generate(PROMPTS, GREEDY)
+    assert readbacks and all(n == 1 for n in readbacks)
+    for r, o in zip(ref, outs, strict=True):
+        assert o["output_ids"] == r["output_ids"]
+        m = o["meta_info"]
+        assert 0 < m["spec_verify_ct"] and m["spec_verify_tokens"] < (
+            worker.block_size * m["spec_verify_ct"])
+
+
+def test_sampled_compact_graphs_equal_eager_at_every_size(tmp_path):
+    graphs = _compact(tmp_path, "tiny-llama")
+    eager = _compact(tmp_path, "tiny-llama", disable_decode_cuda_graph=True)
+    assert len(graphs.worker.draft_runner.step_graphs.sampling_graphs) == 4
+    assert_graphs_equal_eager(graphs, eager, PROMPTS,
+                              lambda i: dict(GREEDY, **SAMPLED[i % 4], seed=i))
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-q"]))
