@@ -14,7 +14,9 @@
 # target_mixed dflash_mixed" (default: target dflash dflash_noshare; *_nocache pass
 # --disable-radix-cache, *_delay --enable-prefill-delayer, *_beside --enable-concurrent-prefill,
 # *_mixed --enable-mixed-chunk,
-# dflash_streamed --speculative-dflash-aux-projection streamed; dspark / dspark_compact: DSpark
+# dflash_streamed --speculative-dflash-aux-projection streamed; dflash_compact:
+# SGLANG_RAGGED_VERIFY_MODE=compact (the draft's probabilities as confidences, SERVER_FLAGS may
+# add --compact-verify-budget-frac F); dspark / dspark_compact: DSpark
 # with the draft DSPARK_DRAFT (environment), static verify / SGLANG_RAGGED_VERIFY_MODE=compact,
 # DSPARK_FLAGS (environment) added, e.g. --speculative-dspark-block-size 7).
 # Needs the target (a folder, or a built-in name imported on first use) and GSM8K
@@ -63,12 +65,13 @@ for cfg in $configs; do
     target_mixed) flags=(--speculative-algorithm NONE --enable-mixed-chunk) ;;
     dflash_mixed) flags=(--speculative-algorithm DFLASH --speculative-draft-model-path "$draft"
                          --enable-mixed-chunk) ;;
+    dflash_compact) flags=(--speculative-algorithm DFLASH --speculative-draft-model-path "$draft") ;;
     dspark|dspark_compact) flags=(--speculative-algorithm DSPARK
                                   --speculative-draft-model-path "${DSPARK_DRAFT:?set DSPARK_DRAFT}"
                                   ${DSPARK_FLAGS:-}) ;;
     *) echo "unknown config $cfg"; continue ;;
   esac
-  mode=static; [[ $cfg == dspark_compact ]] && mode=compact
+  mode=static; [[ $cfg == *_compact ]] && mode=compact
   SGLANG_RAGGED_VERIFY_MODE=$mode serve $cfg "${flags[@]}" || continue
   curl -s localhost:$port/get_server_info > "$out/server_info_$cfg.json"
   harness $cfg "$n" 32
@@ -80,7 +83,7 @@ for cfg in $configs; do
   # scheduler_stats (prefill/decode steps, requests, tokens, seconds) and prefix cache hits
   # (radix_cache_hit_tokens / radix_cache_admitted_prompt_tokens) of the 32-concurrent run
   curl -s localhost:$port/get_server_info > "$out/server_info_after32_$cfg.json"
-  if [[ $cfg =~ ^(target|dflash|dspark|dspark_compact)(_delay|_beside|_mixed)?$ ]]; then
+  if [[ $cfg =~ ^(target|dflash|dflash_compact|dspark|dspark_compact)(_delay|_beside|_mixed)?$ ]]; then
     harness $cfg "${N1:-32}" 1
     harness $cfg "${N8:-64}" 8
   fi
