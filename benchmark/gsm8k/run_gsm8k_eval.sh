@@ -5,7 +5,8 @@
 #   bash benchmark/gsm8k/run_gsm8k_eval.sh DRAFT OUT_DIR [NUM_QUESTIONS [CONFIGS]]
 # DRAFT: the draft folder or name; MODEL (environment): the target, default
 # smollm2-135m-instruct (qwen2.5-coder-1.5b-instruct with qwen2.5-coder-1.5b-instruct-dflash-b16);
-# SERVER_FLAGS: more flags for every server; N1, N8: questions one at a time (32) and at 8
+# SERVER_FLAGS: more flags for every server; START_TIMEOUT: seconds a server may take to
+# start (120); N1, N8: questions one at a time (32) and at 8
 # concurrent (64); SGLANG_HARNESS=1: SGLang's own harness (run_sglang_harness.sh) too, after
 # ours at 32 concurrent, on the target and dflash servers, and ours again with its prompts
 # (`--shots-from test`: SGLang 0.5.23 takes the shots from the first test questions).
@@ -32,12 +33,13 @@ serve() {  # name, extra flags...
     --port $port --context-length 2048 --max-running-requests 64 ${SERVER_FLAGS:-} "$@" \
     > "$out/server_$name.log" 2>&1 &
   pid=$!
-  for _ in $(seq 240); do
+  for _ in $(seq $((2 * ${START_TIMEOUT:-120}))); do
     curl -sf localhost:$port/health > /dev/null && return 0
     kill -0 $pid 2> /dev/null || break  # it exited: no use waiting
     sleep 0.5
   done
-  echo "server $name did not start"; tail -20 "$out/server_$name.log"; return 1
+  echo "server $name did not start"; tail -20 "$out/server_$name.log"
+  kill $pid 2> /dev/null; wait $pid 2> /dev/null; return 1
 }
 harness() {  # name, num questions, parallel, more flags...
   local name=$1 n=$2 p=$3; shift 3
