@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -26,7 +27,7 @@ from sglang_aux.srt.managers.schedule_batch import (
 from sglang_aux.srt.model_executor.model_runner import ModelRunner
 from sglang_aux.srt.model_loader.preset_checkpoint import write_checkpoint
 from sglang_aux.srt.sampling.sampling_params import SamplingParams
-from sglang_aux.srt.server_args import ServerArgs
+from sglang_aux.srt.server_args import RAGGED_VERIFY_MODE_ENV, ServerArgs
 
 if TYPE_CHECKING:
     from sglang_aux.srt.entrypoints.engine import Engine
@@ -202,3 +203,33 @@ def assert_graphs_equal_eager(graphs: Engine, eager: Engine, prompts: list[str],
             assert hist == y["meta_info"]["spec_accept_histogram"]
             rejected += hist[0]
     assert rejected > 0, "no draft was rejected: the rejection path went untested"
+
+
+def engine_in_verify_mode(mode: str, **kw) -> Engine:
+    """An Engine started with `SGLANG_RAGGED_VERIFY_MODE=mode` (read at start); the variable
+    is restored after."""
+    from sglang_aux.srt.entrypoints.engine import Engine
+
+    old = os.environ.get(RAGGED_VERIFY_MODE_ENV)
+    os.environ[RAGGED_VERIFY_MODE_ENV] = mode
+    try:
+        return Engine(**kw)
+    finally:
+        if old is None:
+            del os.environ[RAGGED_VERIFY_MODE_ENV]
+        else:
+            os.environ[RAGGED_VERIFY_MODE_ENV] = old
+
+
+def record_graph_forwards(runner: ModelRunner) -> list[tuple[int, int | None]]:
+    """(batch size, the graph it replayed or None) of every forward of the runner's step mode
+    from now on."""
+    seen, forward = [], runner.forward
+
+    def record(fb):
+        if fb.forward_mode.is_cuda_graph():
+            seen.append((fb.batch_size, fb.prepared_graph))
+        return forward(fb)
+
+    runner.forward = record
+    return seen

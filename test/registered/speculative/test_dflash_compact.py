@@ -4,18 +4,21 @@ greedy output equals target-only through the token buckets' graphs, overlap on a
 every aux path; steps with logprobs or penalties verify every token and give target-only's
 values; the flags compact refuses. (The T > 0 law: `test_dflash_sampling_law.py`.)"""
 
-import os
 import sys
-from contextlib import contextmanager
 
 import pytest
 import torch
 
 from sglang_aux.srt.entrypoints.engine import Engine
-from sglang_aux.srt.server_args import RAGGED_VERIFY_MODE_ENV
 from sglang_aux.srt.speculative import compact_verify
 from sglang_aux.test.ci.ci_register import register_cpu_ci
-from sglang_aux.test.runtime_utils import assert_kv_all_back, assert_spec_counts, tiny_checkpoint
+from sglang_aux.test.runtime_utils import (
+    assert_kv_all_back,
+    assert_spec_counts,
+    engine_in_verify_mode,
+    record_graph_forwards,
+    tiny_checkpoint,
+)
 
 register_cpu_ci(est_time=120, suite="default")
 
@@ -42,36 +45,10 @@ def target_only(ckpts):
             for t in PAIRS}
 
 
-@contextmanager
-def _verify_mode(mode: str):
-    old = os.environ.get(RAGGED_VERIFY_MODE_ENV)
-    os.environ[RAGGED_VERIFY_MODE_ENV] = mode
-    try:
-        yield
-    finally:
-        if old is None:
-            del os.environ[RAGGED_VERIFY_MODE_ENV]
-        else:
-            os.environ[RAGGED_VERIFY_MODE_ENV] = old
-
-
 def _dflash(ckpts, target="tiny-llama", mode="compact", **kw) -> Engine:
-    with _verify_mode(mode):
-        return Engine(model_path=ckpts[target], speculative_algorithm="DFLASH",
-                      speculative_draft_model_path=ckpts[PAIRS[target]], **{**COMMON, **kw})
-
-
-def _record_verifies(runner) -> list[tuple[int, int | None]]:
-    """(tokens, the graph replayed or None) of every verify forward from now on."""
-    seen, forward = [], runner.forward
-
-    def record(fb):
-        if fb.forward_mode.is_cuda_graph():
-            seen.append((fb.batch_size, fb.prepared_graph))
-        return forward(fb)
-
-    runner.forward = record
-    return seen
+    return engine_in_verify_mode(mode, model_path=ckpts[target], speculative_algorithm="DFLASH",
+                                 speculative_draft_model_path=ckpts[PAIRS[target]],
+                                 **{**COMMON, **kw})
 
 
 def test_max_probability_is_the_softmax_max():
@@ -125,7 +102,7 @@ def test_greedy_compact_dflash_equals_target_only(ckpts, target_only, target, ov
     engine = _dflash(ckpts, target, disable_overlap_schedule=not overlap)
     worker = engine.worker
     b = worker.block_size
-    verifies = _record_verifies(worker.target_runner)
+    verifies = record_graph_forwards(worker.target_runner)
     outs = engine.generate(PROMPTS, STAGGERED)
     for ref, out in zip(target_only[target], outs, strict=True):
         assert out["output_ids"] == ref["output_ids"]

@@ -1,19 +1,22 @@
-"""DSpark with real CUDA graphs on the H200: greedy output equals target-only greedy under
-static and compact verify (the Markov loop captured in the draft graph, the verify graphs per
-batch size or per token bucket), a compact decode step launches without a host sync and
-queues one readback, and sampled batches equal the eager path's at every captured size and at
-padded ones. Self-contained (tiny presets, fp32), well under a minute."""
+"""DSpark, and DFlash under compact verify, with real CUDA graphs on the H200: greedy output
+equals target-only greedy under static and compact verify (the Markov loop or DFlash's
+confidences captured in the draft graph, the verify graphs per batch size or per token
+bucket), a compact decode step launches without a host sync and queues one readback, and
+sampled batches equal the eager path's at every captured size and at padded ones.
+Self-contained (tiny presets, fp32), well under a minute."""
 
-import os
 import sys
 
 import pytest
 import torch
 
 from sglang_aux.srt.entrypoints.engine import Engine
-from sglang_aux.srt.server_args import RAGGED_VERIFY_MODE_ENV
 from sglang_aux.test.ci.ci_register import register_cuda_ci
-from sglang_aux.test.runtime_utils import assert_graphs_equal_eager, tiny_checkpoint
+from sglang_aux.test.runtime_utils import (
+    assert_graphs_equal_eager,
+    engine_in_verify_mode,
+    tiny_checkpoint,
+)
 from sglang_aux.test.sync_checks import strict_sync
 
 register_cuda_ci(est_time=60, suite="default")
@@ -28,27 +31,21 @@ SAMPLED = [{"temperature": 0.8, "top_p": 0.9, "top_k": 20}, {"temperature": 1.3}
            {"temperature": 0.6, "top_k": 5}, {"temperature": 1.0, "top_p": 0.7}]
 
 
-def _dspark(tmp_path, target: str, mode: str, **kw) -> Engine:
-    old = os.environ.get(RAGGED_VERIFY_MODE_ENV)
-    os.environ[RAGGED_VERIFY_MODE_ENV] = mode
-    try:
-        return Engine(model_path=tiny_checkpoint(target, tmp_path),
-                      speculative_algorithm="DSPARK",
-                      speculative_draft_model_path=tiny_checkpoint(f"{target}-dspark", tmp_path),
-                      **{**COMMON, **kw})
-    finally:
-        if old is None:
-            del os.environ[RAGGED_VERIFY_MODE_ENV]
-        else:
-            os.environ[RAGGED_VERIFY_MODE_ENV] = old
+def _dspark(tmp_path, target: str, mode: str, algorithm: str = "DSPARK", **kw) -> Engine:
+    return engine_in_verify_mode(
+        mode, model_path=tiny_checkpoint(target, tmp_path), speculative_algorithm=algorithm,
+        speculative_draft_model_path=tiny_checkpoint(f"{target}-{algorithm.lower()}", tmp_path),
+        **{**COMMON, **kw})
 
 
-@pytest.mark.parametrize("target,mode", [("tiny-llama", "static"), ("tiny-llama", "compact"),
-                                         ("tiny-k3", "compact")])
-def test_dspark_greedy_equals_target_only_with_cuda_graphs(tmp_path, target, mode):
+@pytest.mark.parametrize("target,mode,algorithm", [
+    ("tiny-llama", "static", "DSPARK"), ("tiny-llama", "compact", "DSPARK"),
+    ("tiny-k3", "compact", "DSPARK"), ("tiny-llama", "compact", "DFLASH"),
+    ("tiny-k3", "compact", "DFLASH")])
+def test_greedy_equals_target_only_with_cuda_graphs(tmp_path, target, mode, algorithm):
     ref = Engine(model_path=tiny_checkpoint(target, tmp_path), **COMMON).generate(
         PROMPTS, GREEDY)
-    engine = _dspark(tmp_path, target, mode)
+    engine = _dspark(tmp_path, target, mode, algorithm)
     worker = engine.worker
     for runner in (worker.draft_runner, worker.target_runner):
         assert type(runner.step_graphs.backend).__name__ == "CudaGraphBackend"
@@ -65,10 +62,11 @@ def test_dspark_greedy_equals_target_only_with_cuda_graphs(tmp_path, target, mod
             assert m["spec_verify_tokens"] < worker.block_size * m["spec_verify_ct"]
 
 
-@pytest.mark.parametrize("mode", ["static", "compact"])
-def test_sampled_graphs_equal_eager_at_every_size(tmp_path, mode):
-    graphs = _dspark(tmp_path, "tiny-llama", mode)
-    eager = _dspark(tmp_path, "tiny-llama", mode, disable_decode_cuda_graph=True)
+@pytest.mark.parametrize("mode,algorithm", [("static", "DSPARK"), ("compact", "DSPARK"),
+                                            ("compact", "DFLASH")])
+def test_sampled_graphs_equal_eager_at_every_size(tmp_path, mode, algorithm):
+    graphs = _dspark(tmp_path, "tiny-llama", mode, algorithm)
+    eager = _dspark(tmp_path, "tiny-llama", mode, algorithm, disable_decode_cuda_graph=True)
     assert len(graphs.worker.draft_runner.step_graphs.sampling_graphs) == 4
     assert_graphs_equal_eager(graphs, eager, PROMPTS,
                               lambda i: dict(GREEDY, **SAMPLED[i % 4], seed=i))

@@ -5,10 +5,8 @@ buckets in a served run; acceptance exact under known proposals (at most `lens -
 mixed steps; the aux gating and storage; the refusals (logprobs, bad flags, bad drafts)."""
 
 import json
-import os
 import shutil
 import sys
-from contextlib import contextmanager
 
 import pytest
 import torch
@@ -20,9 +18,14 @@ from sglang_aux.srt.model_executor.runner_utils.aux_storage import (
     resolve_aux_hidden_states_width,
 )
 from sglang_aux.srt.model_loader.loader import get_model
-from sglang_aux.srt.server_args import RAGGED_VERIFY_MODE_ENV
 from sglang_aux.test.ci.ci_register import register_cpu_ci
-from sglang_aux.test.runtime_utils import assert_kv_all_back, assert_spec_counts, tiny_checkpoint
+from sglang_aux.test.runtime_utils import (
+    assert_kv_all_back,
+    assert_spec_counts,
+    engine_in_verify_mode,
+    record_graph_forwards,
+    tiny_checkpoint,
+)
 
 register_cpu_ci(est_time=150, suite="default")
 
@@ -50,37 +53,10 @@ def target_only(ckpts):
             for t in PAIRS}
 
 
-@contextmanager
-def _verify_mode(mode: str):
-    old = os.environ.get(RAGGED_VERIFY_MODE_ENV)
-    os.environ[RAGGED_VERIFY_MODE_ENV] = mode
-    try:
-        yield
-    finally:
-        if old is None:
-            del os.environ[RAGGED_VERIFY_MODE_ENV]
-        else:
-            os.environ[RAGGED_VERIFY_MODE_ENV] = old
-
-
 def _dspark(ckpts, target="tiny-llama", mode="static", **kw) -> Engine:
-    with _verify_mode(mode):
-        return Engine(model_path=ckpts[target], speculative_algorithm="DSPARK",
-                      speculative_draft_model_path=ckpts[PAIRS[target]], **{**COMMON, **kw})
-
-
-def _record_forwards(runner) -> list[tuple[int, int | None]]:
-    """(batch size, the graph it replayed or None) of every forward of the runner's step mode
-    from now on."""
-    seen, forward = [], runner.forward
-
-    def record(fb):
-        if fb.forward_mode.is_cuda_graph():
-            seen.append((fb.batch_size, fb.prepared_graph))
-        return forward(fb)
-
-    runner.forward = record
-    return seen
+    return engine_in_verify_mode(mode, model_path=ckpts[target], speculative_algorithm="DSPARK",
+                                 speculative_draft_model_path=ckpts[PAIRS[target]],
+                                 **{**COMMON, **kw})
 
 
 @pytest.mark.parametrize("target", list(PAIRS))
@@ -89,8 +65,8 @@ def _record_forwards(runner) -> list[tuple[int, int | None]]:
 def test_greedy_dspark_equals_target_only(ckpts, target_only, target, mode, overlap):
     engine = _dspark(ckpts, target, mode, disable_overlap_schedule=not overlap)
     worker = engine.worker
-    drafts, verifies = (_record_forwards(worker.draft_runner),
-                        _record_forwards(worker.target_runner))
+    drafts, verifies = (record_graph_forwards(worker.draft_runner),
+                        record_graph_forwards(worker.target_runner))
     outs = engine.generate(PROMPTS, STAGGERED)
     b = worker.block_size
     assert b == worker.gamma + 1 == 4
@@ -179,7 +155,7 @@ def test_compact_batches_past_the_largest_bucket_run_eagerly(ckpts):
     engine = _dspark(ckpts, mode="compact", **common)
     worker = engine.worker
     largest = worker.target_runner.step_graphs.layouts[-1].step_bs
-    verifies = _record_forwards(worker.target_runner)
+    verifies = record_graph_forwards(worker.target_runner)
     outs = engine.generate(prompts, STAGGERED * 2)
     assert [o["output_ids"] for o in outs] == [o["output_ids"] for o in ref]
     eager = [bs for bs, g in verifies if g is None]
@@ -308,9 +284,9 @@ def test_dspark_start_errors(ckpts, tmp_path):
     cfg = json.loads((headless / "config.json").read_text())
     cfg["enable_confidence_head"] = False
     (headless / "config.json").write_text(json.dumps(cfg))
-    with _verify_mode("compact"), pytest.raises(ValueError, match="confidence head"):
-        Engine(model_path=t, speculative_algorithm="DSPARK",
-               speculative_draft_model_path=str(headless), **COMMON)
+    with pytest.raises(ValueError, match="confidence head"):
+        engine_in_verify_mode("compact", model_path=t, speculative_algorithm="DSPARK",
+                              speculative_draft_model_path=str(headless), **COMMON)
     # the flag overrides the checkpoint's gamma; static verify runs without the head
     engine = Engine(model_path=t, speculative_algorithm="DSPARK",
                     speculative_draft_model_path=str(headless),
