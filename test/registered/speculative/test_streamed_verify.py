@@ -106,7 +106,9 @@ def test_replay_equals_eager_at_every_size_and_padded(tmp_path, device, dtype, t
     worker = _streamed(tmp_path, device, dtype, target, mxfp8).worker
     runner, pool = worker.target_runner, worker.draft_runner.token_to_kv_pool
     gr, block = runner.step_graphs, worker.block_size
-    tol = 1e-5 if dtype == "float32" else 2e-2
+    # a padded replay runs other matmul shapes than eager: single-threaded CPU BLAS rounds
+    # K3's logits up to 1.2e-5 apart (2 threads: under 1e-5)
+    tol = 3e-5 if dtype == "float32" else 2e-2
     g = torch.Generator().manual_seed(0)
     vocab = runner.model_config.hf_config.vocab_size
     for bs in [1, 2, 3, 4]:  # 3 pads to 4
