@@ -107,6 +107,7 @@ class ServerArgs:
     # ours: compact verify's extra tokens per step beyond each request's anchor, as a fraction
     # of every request's gamma drafts (1.0 verifies everything, as SGLang without a cost table)
     compact_verify_budget_frac: float = 0.5
+    compact_verify_max_tokens: int | None = None  # set: the budget is the step's token cap
     speculative_draft_fc_quantization: str | None = None  # "mxfp8"; None: the draft config's
     dflash_staged_projection_min_tokens: int = 1024  # staged MXFP8 fc input from this size on
     # packed: [T, K*H] aux rows, then fc (shared graph buffer; staged input for large MXFP8
@@ -275,6 +276,9 @@ class ServerArgs:
         if not 0.0 <= self.compact_verify_budget_frac <= 1.0:
             raise ValueError(f"--compact-verify-budget-frac must be in [0, 1], got "
                              f"{self.compact_verify_budget_frac}")
+        if self.compact_verify_max_tokens is not None and self.compact_verify_max_tokens < 1:
+            raise ValueError(f"--compact-verify-max-tokens must be >= 1, got "
+                             f"{self.compact_verify_max_tokens}")
         mode = self.ragged_verify_mode()
         if mode == "compact" and self.enable_mixed_chunk:
             raise ValueError(f"--enable-mixed-chunk with {RAGGED_VERIFY_MODE_ENV}=compact: a "
@@ -409,6 +413,11 @@ class ServerArgs:
             help=f"with {RAGGED_VERIFY_MODE_ENV}=compact (DFLASH or DSPARK), the drafts a step "
                  "verifies beyond each request's anchor, as a fraction of all its requests' "
                  "drafts")
+        add("--compact-verify-max-tokens", type=int, default=None,
+            help=f"with {RAGGED_VERIFY_MODE_ENV}=compact, the budget as a cap instead: a step "
+                 "verifies every draft while its requests' blocks fit this many tokens, and "
+                 "this many (at least one per request) beyond; e.g. where verify stops being "
+                 "memory-bound (replaces --compact-verify-budget-frac)")
         add("--speculative-draft-fc-quantization", default=None, choices=FC_QUANTIZATIONS,
             help="store the DFlash draft's fc as MXFP8 (default: the draft config's "
                  "'quantization')")

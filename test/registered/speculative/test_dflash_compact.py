@@ -126,6 +126,29 @@ def test_compact_dflash_on_every_aux_path(ckpts, target_only, variant):
     assert_kv_all_back(engine)
 
 
+def test_token_cap_verifies_whole_blocks_below_it(ckpts, target_only):
+    """`--compact-verify-max-tokens`: a step whose blocks fit the cap verifies all of them;
+    a larger one verifies exactly the cap (at least its anchors); output still target-only's."""
+    engine = _dflash(ckpts, compact_verify_max_tokens=10)
+    worker, plans = engine.worker, []
+    b, plan = worker.block_size, worker._plan_verify
+
+    def recording(bs, every_token):
+        n = plan(bs, every_token)
+        plans.append((bs, worker._verify_lens[:bs].tolist()))
+        return n
+
+    worker._plan_verify = recording
+    outs = engine.generate(PROMPTS, STAGGERED)
+    assert [o["output_ids"] for o in outs] == [o["output_ids"] for o in target_only["tiny-llama"]]
+    assert {bs for bs, _ in plans} == {1, 2, 3, 4}
+    for bs, lens in plans:
+        assert sum(lens) == min(bs * b, max(bs, 10)), (bs, lens)
+        if bs * b <= 10:
+            assert lens == [b] * bs
+    assert_kv_all_back(engine)
+
+
 LOGPROBS = dict(return_logprob=True, logprob_start_len=1, top_logprobs_num=2,
                 token_ids_logprob=[3])
 
@@ -174,6 +197,8 @@ def test_compact_dflash_start_errors(ckpts):
         _dflash(ckpts, tp_size=2)
     with pytest.raises(ValueError, match="compact-verify-budget-frac"):
         _dflash(ckpts, compact_verify_budget_frac=1.5)
+    with pytest.raises(ValueError, match="compact-verify-max-tokens must be >= 1, got 0"):
+        _dflash(ckpts, compact_verify_max_tokens=0)
     # static verify with the same flags starts
     assert _dflash(ckpts, mode="static", enable_mixed_chunk=True).worker.compact is False
 

@@ -97,6 +97,7 @@ class DFlashWorker(RequestRowStaging):
         self.compact = server_args.ragged_verify_mode() == "compact"
         self.align_to_bucket = server_args.speculative_dspark_align_verify_tokens_to_graph_tier
         self.budget_frac = server_args.compact_verify_budget_frac
+        self.max_verify_tokens = server_args.compact_verify_max_tokens
         self.target_runner = ModelRunner(target_config, server_args,
                                          aux_layer_ids=dc.target_layer_ids)
         draft_runner = ModelRunner(
@@ -298,8 +299,12 @@ class DFlashWorker(RequestRowStaging):
         stay on the device."""
         b = self.block_size
         drafts = b - 1
-        take = bs * drafts if every_token else min(bs * drafts,
-                                                   round(self.budget_frac * bs * drafts))
+        if every_token:
+            take = bs * drafts
+        elif self.max_verify_tokens is not None:
+            take = min(bs * drafts, max(0, self.max_verify_tokens - bs))
+        else:
+            take = min(bs * drafts, round(self.budget_frac * bs * drafts))
         graphs = self.target_runner.step_graphs
         buckets = [x.step_bs for x in graphs.layouts] if graphs is not None else []
         if not buckets or bs + take > buckets[-1]:
