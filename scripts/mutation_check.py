@@ -118,6 +118,13 @@ MUTATIONS = [
              f"{SRT}/speculative/dflash_worker.py",
              "rows, logits, has_sampling, token_bitmask)", "rows, logits, has_sampling, None)",
              (f"{GRAMMAR}::test_dspark_greedy_with_a_grammar_equals_target_only",)),
+    Mutation("ragged verify attention: a request's tokens all at its first position",
+             f"{SRT}/layers/attention/torch_native_backend.py",
+             "q_pos[run, offset], seq[run, offset] = fb.positions, fb.seq_lens[:n]",
+             "q_pos[run, offset], seq[run, offset] = fb.positions[starts[run]], "
+             "fb.seq_lens[:n]",
+             (f"{T}/speculative/test_dflash_compact.py::"
+              "test_ragged_verify_attention_reads_each_request_once",)),
     Mutation("DFlash compact verify plans from stale confidences",
              f"{SRT}/speculative/dflash_worker.py",
              "            max_probability(logits, self._confidence[:bs])", "            pass",

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from sglang_aux.srt.entrypoints.engine import Engine
+from sglang_aux.srt.layers.attention.torch_native_backend import TorchNativeAttnBackend
 from sglang_aux.srt.speculative import compact_verify
 from sglang_aux.test.ci.ci_register import register_cpu_ci
 from sglang_aux.test.runtime_utils import (
@@ -147,6 +148,31 @@ def test_token_cap_verifies_whole_blocks_below_it(ckpts, target_only):
         if bs * b <= 10:
             assert lens == [b] * bs
     assert_kv_all_back(engine)
+
+
+def test_ragged_verify_attention_reads_each_request_once(ckpts, target_only, monkeypatch):
+    """The CPU attention runs a ragged step's tokens request by request (each request's keys
+    gathered once): equal to gathering them per token, in every verify step."""
+    backend = TorchNativeAttnBackend
+    shared_rows, checked, plain = backend._forward_shared_rows, [], []
+
+    def both(self, q, layer, fb, kv_len):
+        got = shared_rows(self, q, layer, fb, kv_len)
+        if got is None:
+            plain.append(fb.forward_mode.name)
+            return None
+        monkeypatch.setattr(backend, "_forward_shared_rows", lambda *_: None)
+        want = self._forward_fixed(q, layer, fb)  # one entry, one gather
+        monkeypatch.setattr(backend, "_forward_shared_rows", both)
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+        checked.append(fb.forward_mode.name)
+        return got
+
+    monkeypatch.setattr(backend, "_forward_shared_rows", both)
+    outs = _dflash(ckpts, "tiny-qwen3").generate(PROMPTS, STAGGERED)
+    assert [o["output_ids"] for o in outs] == [o["output_ids"] for o in target_only["tiny-qwen3"]]
+    assert checked and set(checked) == {"TARGET_VERIFY"}
+    assert "TARGET_VERIFY" not in plain
 
 
 LOGPROBS = dict(return_logprob=True, logprob_start_len=1, top_logprobs_num=2,

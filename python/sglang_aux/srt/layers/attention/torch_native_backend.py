@@ -17,7 +17,8 @@ if TYPE_CHECKING:
 
 class TorchNativeAttnBackend(AttentionBackend):
     """EXTEND (and MIXED) loops over requests; fixed-layout modes (DECODE, TARGET_VERIFY,
-    DRAFT_BLOCK) gather every request's keys at once and mask by position.
+    DRAFT_BLOCK) gather every request's keys at once and mask by position (once per request
+    also where a ragged step gives each of its tokens an entry).
 
     A query at position p of a request with `seq_len` tokens sees key positions `j < seq_len`,
     `j <= p` too when the layer is causal (`attn_type` DECODER), and `p - j <=
@@ -84,6 +85,10 @@ class TorchNativeAttnBackend(AttentionBackend):
         q_len = q.shape[0] // bs
         static = self._graph_kv_len if q.is_cuda else None
         kv_len = static or int(fb.seq_lens_cpu[:bs].max())
+        if q_len == 1 and static is None and bs > 1:
+            shared = self._forward_shared_rows(q, layer, fb, kv_len)
+            if shared is not None:
+                return shared
         slots = fb.req_to_token_pool.req_to_token[fb.req_pool_indices, :kv_len]  # [bs, L]
         keys = fb.token_to_kv_pool.k_buffer[layer.layer_id][slots].to(q.dtype)  # [bs, L, KVH, D]
         vals = fb.token_to_kv_pool.v_buffer[layer.layer_id][slots].to(q.dtype)
@@ -91,6 +96,36 @@ class TorchNativeAttnBackend(AttentionBackend):
         mask = _visible(fb.positions.view(bs, q_len, 1), key_pos, layer)  # [bs, Q, L]
         mask = mask & (key_pos < fb.seq_lens[:, None, None])
         return _sdpa(q.view(bs, q_len, *q.shape[1:]), keys, vals, mask, layer.scaling).flatten(0, 1)
+
+    def _forward_shared_rows(self, q: torch.Tensor, layer: RadixAttention, fb: ForwardBatch,
+                             kv_len: int) -> torch.Tensor | None:
+        """One-token entries of which runs share a request row (a ragged verify step: each
+        verified token its own entry): each run's keys gathered once and its tokens attending
+        as one block, as a static verify step reads them, not once per token. None when no
+        two neighbours share a row (a decode step)."""
+        rows = fb.req_pool_indices
+        n = rows.shape[0]
+        first = torch.ones(n, dtype=torch.bool, device=rows.device)
+        first[1:] = rows[1:] != rows[:-1]
+        starts = first.nonzero().flatten()
+        runs = starts.shape[0]
+        if runs == n:
+            return None
+        run = first.cumsum(0) - 1
+        offset = torch.arange(n, device=rows.device) - starts[run]
+        width = int(offset.max()) + 1
+        slots = fb.req_to_token_pool.req_to_token[rows[starts], :kv_len]  # [runs, L]
+        keys = fb.token_to_kv_pool.k_buffer[layer.layer_id][slots].to(q.dtype)
+        vals = fb.token_to_kv_pool.v_buffer[layer.layer_id][slots].to(q.dtype)
+        # a run's unused query slots see key 0 only, so no row of the softmax is empty
+        q_pos = torch.zeros((runs, width), dtype=fb.positions.dtype, device=q.device)
+        seq = torch.ones((runs, width), dtype=fb.seq_lens.dtype, device=q.device)
+        q_pos[run, offset], seq[run, offset] = fb.positions, fb.seq_lens[:n]
+        key_pos = torch.arange(kv_len, device=q.device)
+        mask = _visible(q_pos[..., None], key_pos, layer) & (key_pos < seq[..., None])
+        queries = q.new_zeros((runs, width, *q.shape[1:]))
+        queries[run, offset] = q
+        return _sdpa(queries, keys, vals, mask, layer.scaling)[run, offset]
 
 
 def _visible(q_pos: torch.Tensor, key_pos: torch.Tensor, layer: RadixAttention) -> torch.Tensor:
