@@ -17,8 +17,8 @@ if TYPE_CHECKING:
 
 class TorchNativeAttnBackend(AttentionBackend):
     """EXTEND (and MIXED) loops over requests; fixed-layout modes (DECODE, TARGET_VERIFY,
-    DRAFT_BLOCK) gather every request's keys at once and mask by position (once per request
-    also where a ragged step gives each of its tokens an entry).
+    DRAFT_BLOCK) gather every request's keys at once and mask by position (on CPU once per
+    request also where a ragged step gives each of its tokens an entry).
 
     A query at position p of a request with `seq_len` tokens sees key positions `j < seq_len`,
     `j <= p` too when the layer is causal (`attn_type` DECODER), and `p - j <=
@@ -85,7 +85,7 @@ class TorchNativeAttnBackend(AttentionBackend):
         q_len = q.shape[0] // bs
         static = self._graph_kv_len if q.is_cuda else None
         kv_len = static or int(fb.seq_lens_cpu[:bs].max())
-        if q_len == 1 and static is None and bs > 1:
+        if q_len == 1 and not q.is_cuda and bs > 1:  # its grouping reads sizes on the host
             shared = self._forward_shared_rows(q, layer, fb, kv_len)
             if shared is not None:
                 return shared
