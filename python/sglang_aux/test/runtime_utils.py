@@ -233,3 +233,19 @@ def record_graph_forwards(runner: ModelRunner) -> list[tuple[int, int | None]]:
 
     runner.forward = record
     return seen
+
+
+def pair_checkpoints(root: Path, pairs: dict[str, str], *extra: str) -> dict[str, str]:
+    """Tiny checkpoints of every target and draft of `pairs` (target -> draft) and of `extra`
+    presets, by preset name."""
+    return {p: tiny_checkpoint(p, root) for p in {*pairs, *pairs.values(), *extra}}
+
+
+# Speculative end-to-end tests' batch: four prompts whose requests end one after another, so a
+# batch of 4 steps at 4, 3 (padded to 4 on graphs of CAPTURED_BS), 2 and 1
+SPEC_PROMPTS = ["Hi", "The quick brown fox jumps over", "12 + 30 =", "Natalia sold clips to 48 of"]
+GREEDY_IGNORE_EOS = {"temperature": 0, "ignore_eos": True}
+STAGGERED = [dict(GREEDY_IGNORE_EOS, max_new_tokens=n) for n in (26, 19, 12, 6)]
+CAPTURED_BS = [1, 2, 4]
+SPEC_ENGINE_KW = dict(device="cpu", max_total_tokens=4096, cuda_graph_bs_decode=CAPTURED_BS,
+                      max_running_requests=4)

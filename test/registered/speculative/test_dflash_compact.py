@@ -14,42 +14,39 @@ from sglang_aux.srt.layers.attention.torch_native_backend import TorchNativeAttn
 from sglang_aux.srt.speculative import compact_verify
 from sglang_aux.test.ci.ci_register import register_cpu_ci
 from sglang_aux.test.runtime_utils import (
+    CAPTURED_BS,
+    GREEDY_IGNORE_EOS,
+    SPEC_ENGINE_KW,
+    SPEC_PROMPTS,
+    STAGGERED,
     assert_kv_all_back,
     assert_spec_counts,
     engine_in_verify_mode,
+    pair_checkpoints,
     record_graph_forwards,
-    tiny_checkpoint,
 )
 
 register_cpu_ci(est_time=120, suite="default")
 
 PAIRS = {"tiny-llama": "tiny-llama-dflash", "tiny-qwen3": "tiny-qwen3-dflash",
          "tiny-k3": "tiny-k3-dflash"}
-PROMPTS = ["Hi", "The quick brown fox jumps over", "12 + 30 =", "Natalia sold clips to 48 of"]
-GREEDY = {"temperature": 0, "ignore_eos": True}
-# requests end one after another: the batch steps at 4, 3 (padded to 4), 2 and 1
-STAGGERED = [dict(GREEDY, max_new_tokens=n) for n in (26, 19, 12, 6)]
-CAPTURED = [1, 2, 4]
-COMMON = dict(device="cpu", max_total_tokens=4096, cuda_graph_bs_decode=CAPTURED,
-              max_running_requests=4)
 
 
 @pytest.fixture(scope="module")
 def ckpts(tmp_path_factory):
-    root = tmp_path_factory.mktemp("ckpt")
-    return {p: tiny_checkpoint(p, root) for pair in PAIRS.items() for p in pair}
+    return pair_checkpoints(tmp_path_factory.mktemp("ckpt"), PAIRS)
 
 
 @pytest.fixture(scope="module")
 def target_only(ckpts):
-    return {t: Engine(model_path=ckpts[t], **COMMON).generate(PROMPTS, STAGGERED)
+    return {t: Engine(model_path=ckpts[t], **SPEC_ENGINE_KW).generate(SPEC_PROMPTS, STAGGERED)
             for t in PAIRS}
 
 
 def _dflash(ckpts, target="tiny-llama", mode="compact", **kw) -> Engine:
     return engine_in_verify_mode(mode, model_path=ckpts[target], speculative_algorithm="DFLASH",
                                  speculative_draft_model_path=ckpts[PAIRS[target]],
-                                 **{**COMMON, **kw})
+                                 **{**SPEC_ENGINE_KW, **kw})
 
 
 def test_max_probability_is_the_softmax_max():
@@ -93,7 +90,7 @@ def test_confidence_is_the_drafts_probability_of_its_proposal(ckpts):
         return out
 
     worker.draft_runner.forward = checking
-    engine.generate(PROMPTS, STAGGERED)
+    engine.generate(SPEC_PROMPTS, STAGGERED)
     assert set(checked) == {1, 2, 3, 4}
 
 
@@ -104,7 +101,7 @@ def test_greedy_compact_dflash_equals_target_only(ckpts, target_only, target, ov
     worker = engine.worker
     b = worker.block_size
     verifies = record_graph_forwards(worker.target_runner)
-    outs = engine.generate(PROMPTS, STAGGERED)
+    outs = engine.generate(SPEC_PROMPTS, STAGGERED)
     for ref, out in zip(target_only[target], outs, strict=True):
         assert out["output_ids"] == ref["output_ids"]
         m = out["meta_info"]
@@ -112,7 +109,7 @@ def test_greedy_compact_dflash_equals_target_only(ckpts, target_only, target, ov
         assert m["spec_verify_ct"] <= m["spec_verify_tokens"] < b * m["spec_verify_ct"]
     # graphs per token bucket, several of them replayed
     graphs = worker.target_runner.step_graphs
-    assert graphs.layouts[-1].step_bs == CAPTURED[-1] * b
+    assert graphs.layouts[-1].step_bs == CAPTURED_BS[-1] * b
     assert all(g is not None for _, g in verifies) and len({g for _, g in verifies}) > 2
     assert_kv_all_back(engine)
 
@@ -122,7 +119,7 @@ def test_greedy_compact_dflash_equals_target_only(ckpts, target_only, target, ov
                                      dict(disable_decode_cuda_graph=True)])
 def test_compact_dflash_on_every_aux_path(ckpts, target_only, variant):
     engine = _dflash(ckpts, "tiny-k3", **variant)
-    outs = engine.generate(PROMPTS, STAGGERED)
+    outs = engine.generate(SPEC_PROMPTS, STAGGERED)
     assert [o["output_ids"] for o in outs] == [o["output_ids"] for o in target_only["tiny-k3"]]
     assert_kv_all_back(engine)
 
@@ -140,7 +137,7 @@ def test_token_cap_verifies_whole_blocks_below_it(ckpts, target_only):
         return n
 
     worker._plan_verify = recording
-    outs = engine.generate(PROMPTS, STAGGERED)
+    outs = engine.generate(SPEC_PROMPTS, STAGGERED)
     assert [o["output_ids"] for o in outs] == [o["output_ids"] for o in target_only["tiny-llama"]]
     assert {bs for bs, _ in plans} == {1, 2, 3, 4}
     for bs, lens in plans:
@@ -169,7 +166,7 @@ def test_ragged_verify_attention_reads_each_request_once(ckpts, target_only, mon
         return got
 
     monkeypatch.setattr(backend, "_forward_shared_rows", both)
-    outs = _dflash(ckpts, "tiny-qwen3").generate(PROMPTS, STAGGERED)
+    outs = _dflash(ckpts, "tiny-qwen3").generate(SPEC_PROMPTS, STAGGERED)
     assert [o["output_ids"] for o in outs] == [o["output_ids"] for o in target_only["tiny-qwen3"]]
     assert checked and set(checked) == {"TARGET_VERIFY"}
     assert "TARGET_VERIFY" not in plain
@@ -189,10 +186,10 @@ def _entries(field) -> list[tuple]:
 def test_logprob_and_penalty_steps_verify_every_token(ckpts):
     """A batch with a logprob request, or a penalized one, verifies whole blocks (the static
     rows these paths read) and returns target-only's tokens and logprobs."""
-    engine, plain = _dflash(ckpts), Engine(model_path=ckpts["tiny-llama"], **COMMON)
+    engine, plain = _dflash(ckpts), Engine(model_path=ckpts["tiny-llama"], **SPEC_ENGINE_KW)
     b = engine.worker.block_size
-    params = dict(GREEDY, max_new_tokens=12)
-    got, want = (e.generate(PROMPTS[1:3], params, **LOGPROBS) for e in (engine, plain))
+    params = dict(GREEDY_IGNORE_EOS, max_new_tokens=12)
+    got, want = (e.generate(SPEC_PROMPTS[1:3], params, **LOGPROBS) for e in (engine, plain))
     for g, w in zip(got, want, strict=True):
         assert g["output_ids"] == w["output_ids"]
         m = g["meta_info"]
@@ -204,12 +201,12 @@ def test_logprob_and_penalty_steps_verify_every_token(ckpts):
             assert [e[0] for e in got_entries] == pytest.approx(
                 [e[0] for e in want_entries], abs=1e-4), key
     penalized = dict(params, frequency_penalty=0.8, presence_penalty=0.3)
-    got, want = (e.generate(PROMPTS, penalized) for e in (engine, plain))
+    got, want = (e.generate(SPEC_PROMPTS, penalized) for e in (engine, plain))
     assert [o["output_ids"] for o in got] == [o["output_ids"] for o in want]
     assert all(o["meta_info"]["spec_verify_tokens"] == b * o["meta_info"]["spec_verify_ct"]
                for o in got)
     # the same engine, plain greedy again: compact lengths
-    outs = engine.generate(PROMPTS, STAGGERED)
+    outs = engine.generate(SPEC_PROMPTS, STAGGERED)
     assert sum(o["meta_info"]["spec_verify_tokens"] for o in outs) < b * sum(
         o["meta_info"]["spec_verify_ct"] for o in outs)
     assert_kv_all_back(engine)

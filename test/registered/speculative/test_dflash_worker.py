@@ -17,7 +17,7 @@ from sglang_aux.test.runtime_utils import (
     assert_spec_counts,
     eager_forward,
     extend_batch,
-    tiny_checkpoint,
+    pair_checkpoints,
 )
 
 register_cpu_ci(est_time=90, suite="default")
@@ -31,8 +31,7 @@ COMMON = dict(device="cpu", max_total_tokens=4096, cuda_graph_bs_decode=[1, 2, 4
 
 @pytest.fixture(scope="module")
 def ckpts(tmp_path_factory):
-    root = tmp_path_factory.mktemp("ckpt")
-    return {p: tiny_checkpoint(p, root) for pair in PAIRS.items() for p in pair}
+    return pair_checkpoints(tmp_path_factory.mktemp("ckpt"), PAIRS)
 
 
 @pytest.fixture(scope="module")

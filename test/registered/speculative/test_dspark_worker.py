@@ -20,43 +20,39 @@ from sglang_aux.srt.model_executor.runner_utils.aux_storage import (
 from sglang_aux.srt.model_loader.loader import get_model
 from sglang_aux.test.ci.ci_register import register_cpu_ci
 from sglang_aux.test.runtime_utils import (
+    CAPTURED_BS,
+    GREEDY_IGNORE_EOS,
+    SPEC_ENGINE_KW,
+    SPEC_PROMPTS,
+    STAGGERED,
     assert_kv_all_back,
     assert_spec_counts,
     engine_in_verify_mode,
+    pair_checkpoints,
     record_graph_forwards,
-    tiny_checkpoint,
 )
 
 register_cpu_ci(est_time=150, suite="default")
 
 PAIRS = {"tiny-llama": "tiny-llama-dspark", "tiny-qwen3": "tiny-qwen3-dspark",
          "tiny-k3": "tiny-k3-dspark"}
-PROMPTS = ["Hi", "The quick brown fox jumps over", "12 + 30 =", "Natalia sold clips to 48 of"]
-GREEDY = {"temperature": 0, "ignore_eos": True}
-# requests end one after another: the batch steps at 4, 3 (padded to 4), 2 and 1
-STAGGERED = [dict(GREEDY, max_new_tokens=n) for n in (26, 19, 12, 6)]
-CAPTURED = [1, 2, 4]
-COMMON = dict(device="cpu", max_total_tokens=4096, cuda_graph_bs_decode=CAPTURED,
-              max_running_requests=4)
 
 
 @pytest.fixture(scope="module")
 def ckpts(tmp_path_factory):
-    root = tmp_path_factory.mktemp("ckpt")
-    names = {p for pair in PAIRS.items() for p in pair} | {"tiny-llama-dflash"}
-    return {p: tiny_checkpoint(p, root) for p in names}
+    return pair_checkpoints(tmp_path_factory.mktemp("ckpt"), PAIRS, "tiny-llama-dflash")
 
 
 @pytest.fixture(scope="module")
 def target_only(ckpts):
-    return {t: Engine(model_path=ckpts[t], **COMMON).generate(PROMPTS, STAGGERED)
+    return {t: Engine(model_path=ckpts[t], **SPEC_ENGINE_KW).generate(SPEC_PROMPTS, STAGGERED)
             for t in PAIRS}
 
 
 def _dspark(ckpts, target="tiny-llama", mode="static", **kw) -> Engine:
     return engine_in_verify_mode(mode, model_path=ckpts[target], speculative_algorithm="DSPARK",
                                  speculative_draft_model_path=ckpts[PAIRS[target]],
-                                 **{**COMMON, **kw})
+                                 **{**SPEC_ENGINE_KW, **kw})
 
 
 @pytest.mark.parametrize("target", list(PAIRS))
@@ -67,7 +63,7 @@ def test_greedy_dspark_equals_target_only(ckpts, target_only, target, mode, over
     worker = engine.worker
     drafts, verifies = (record_graph_forwards(worker.draft_runner),
                         record_graph_forwards(worker.target_runner))
-    outs = engine.generate(PROMPTS, STAGGERED)
+    outs = engine.generate(SPEC_PROMPTS, STAGGERED)
     b = worker.block_size
     assert b == worker.gamma + 1 == 4
     for ref, out in zip(target_only[target], outs, strict=True):
@@ -81,13 +77,13 @@ def test_greedy_dspark_equals_target_only(ckpts, target_only, target, mode, over
     # the draft's graphs: every captured size and a padded batch of 3
     assert all(g is not None for _, g in drafts)
     assert {bs for bs, _ in drafts} == {1, 2, 3, 4}
-    assert {g for _, g in drafts} == set(range(len(CAPTURED)))
+    assert {g for _, g in drafts} == set(range(len(CAPTURED_BS)))
     assert all(g is not None for _, g in verifies)
     graphs = worker.target_runner.step_graphs
     if mode == "static":
-        assert {g for _, g in verifies} == set(range(len(CAPTURED)))
+        assert {g for _, g in verifies} == set(range(len(CAPTURED_BS)))
     else:  # token buckets: several, each a captured layout
-        assert graphs.layouts[-1].step_bs == CAPTURED[-1] * b
+        assert graphs.layouts[-1].step_bs == CAPTURED_BS[-1] * b
         assert len({g for _, g in verifies}) > 2
     assert_kv_all_back(engine)
 
@@ -99,7 +95,7 @@ def test_compact_verify_on_every_aux_path(ckpts, target_only, variant):
     """Compact verify's ragged forwards through the streamed projection, per-forward aux
     outputs and eager steps: greedy output still equals target-only."""
     engine = _dspark(ckpts, "tiny-k3", "compact", **variant)
-    outs = engine.generate(PROMPTS, STAGGERED)
+    outs = engine.generate(SPEC_PROMPTS, STAGGERED)
     assert [o["output_ids"] for o in outs] == [o["output_ids"] for o in target_only["tiny-k3"]]
     assert_kv_all_back(engine)
 
@@ -130,7 +126,7 @@ def test_compact_lengths_respect_budget_bounds_and_buckets(ckpts, align, sampled
     worker._plan_verify, worker._verified = recording_plan, recording_verified
     params = [dict(p, temperature=1.0, seed=i) if sampled else p
               for i, p in enumerate(STAGGERED)]
-    outs = engine.generate(PROMPTS, params)
+    outs = engine.generate(SPEC_PROMPTS, params)
     assert plans and len({n for _, n, _ in plans}) > 1
     for bs, n, lens in plans:
         live, rest = lens[:bs], lens[bs:]
@@ -149,8 +145,8 @@ def test_compact_lengths_respect_budget_bounds_and_buckets(ckpts, align, sampled
 def test_compact_batches_past_the_largest_bucket_run_eagerly(ckpts):
     """More requests than the largest verify graph takes: the step runs eagerly with exactly
     its budget's tokens, and greedy output still equals target-only."""
-    prompts = PROMPTS * 2
-    common = dict(COMMON, max_running_requests=8)
+    prompts = SPEC_PROMPTS * 2
+    common = dict(SPEC_ENGINE_KW, max_running_requests=8)
     ref = Engine(model_path=ckpts["tiny-llama"], **common).generate(prompts, STAGGERED * 2)
     engine = _dspark(ckpts, mode="compact", **common)
     worker = engine.worker
@@ -184,10 +180,10 @@ def test_acceptance_under_known_proposals(ckpts, mode):
     comes from the row after the last verified draft)."""
     engine = _dspark(ckpts, mode=mode, disable_overlap_schedule=True)
     worker = engine.worker
-    params = dict(GREEDY, max_new_tokens=1 + 4 * worker.block_size)
+    params = dict(GREEDY_IGNORE_EOS, max_new_tokens=1 + 4 * worker.block_size)
     # references past the end: a compact step's drafts may reach beyond max_new_tokens
-    refs = engine.generate(PROMPTS, dict(params, max_new_tokens=3 * params["max_new_tokens"]))
-    by_rid = {f"req-{i + len(PROMPTS)}": r["output_ids"] for i, r in enumerate(refs)}
+    refs = engine.generate(SPEC_PROMPTS, dict(params, max_new_tokens=3 * params["max_new_tokens"]))
+    by_rid = {f"req-{i + len(SPEC_PROMPTS)}": r["output_ids"] for i, r in enumerate(refs)}
     worker.propose = _oracle(worker, by_rid)
     rows, verified = [], worker._verified
 
@@ -196,7 +192,7 @@ def test_acceptance_under_known_proposals(ckpts, mode):
         return verified(req, row)
 
     worker._verified = recording
-    outs = engine.generate(PROMPTS, params)
+    outs = engine.generate(SPEC_PROMPTS, params)
     for ref, out in zip(refs, outs, strict=True):
         assert out["output_ids"] == ref["output_ids"][: params["max_new_tokens"]]
     assert rows
@@ -209,9 +205,9 @@ def test_acceptance_under_known_proposals(ckpts, mode):
 
 
 def test_mixed_steps_equal_target_only(ckpts):
-    prompts = PROMPTS + ["x", "What is the capital of France?", "Once upon a time"]
-    params = dict(GREEDY, max_new_tokens=10)
-    common = dict(COMMON, max_running_requests=3, cuda_graph_bs_decode=[1, 2, 3],
+    prompts = SPEC_PROMPTS + ["x", "What is the capital of France?", "Once upon a time"]
+    params = dict(GREEDY_IGNORE_EOS, max_new_tokens=10)
+    common = dict(SPEC_ENGINE_KW, max_running_requests=3, cuda_graph_bs_decode=[1, 2, 3],
                   cuda_graph_tokens_prefill=[16, 32, 64], cuda_graph_max_bs_prefill=2,
                   enable_mixed_chunk=True, mixed_chunk_max_prefill_tokens=16)
     ref = Engine(model_path=ckpts["tiny-llama"], **common).generate(prompts, params)
@@ -257,8 +253,9 @@ def test_dspark_targets_share_the_aux_storage(ckpts):
 def test_dspark_refuses_logprobs(ckpts):
     engine = _dspark(ckpts)
     with pytest.raises(ValueError, match="return_logprob"):
-        engine.generate(PROMPTS[0], dict(GREEDY, max_new_tokens=4), return_logprob=True)
-    out = engine.generate(PROMPTS[0], dict(GREEDY, max_new_tokens=4))  # still serving
+        engine.generate(SPEC_PROMPTS[0], dict(GREEDY_IGNORE_EOS, max_new_tokens=4),
+                        return_logprob=True)
+    out = engine.generate(SPEC_PROMPTS[0], dict(GREEDY_IGNORE_EOS, max_new_tokens=4))  # serving
     assert out["meta_info"]["completion_tokens"] == 4
 
 
@@ -266,7 +263,7 @@ def test_dspark_start_errors(ckpts, tmp_path):
     t = ckpts["tiny-llama"]
     with pytest.raises(ValueError, match="markov_rank"):
         Engine(model_path=t, speculative_algorithm="DSPARK",
-               speculative_draft_model_path=ckpts["tiny-llama-dflash"], **COMMON)
+               speculative_draft_model_path=ckpts["tiny-llama-dflash"], **SPEC_ENGINE_KW)
     with pytest.raises(ValueError, match="pipeline"):
         _dspark(ckpts, pp_size=2)
     with pytest.raises(ValueError, match="dspark-block-size \\+ 1"):
@@ -286,14 +283,14 @@ def test_dspark_start_errors(ckpts, tmp_path):
     (headless / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(ValueError, match="confidence head"):
         engine_in_verify_mode("compact", model_path=t, speculative_algorithm="DSPARK",
-                              speculative_draft_model_path=str(headless), **COMMON)
+                              speculative_draft_model_path=str(headless), **SPEC_ENGINE_KW)
     # the flag overrides the checkpoint's gamma; static verify runs without the head
     engine = Engine(model_path=t, speculative_algorithm="DSPARK",
                     speculative_draft_model_path=str(headless),
-                    speculative_dspark_block_size=5, **COMMON)
+                    speculative_dspark_block_size=5, **SPEC_ENGINE_KW)
     assert engine.worker.block_size == 6 == engine.worker.draft_runner.model.gamma + 1
     assert engine.worker.target_runner.step_graphs.layouts[0].tokens_per_req == 6
-    out = engine.generate(PROMPTS[1], dict(GREEDY, max_new_tokens=8))
+    out = engine.generate(SPEC_PROMPTS[1], dict(GREEDY_IGNORE_EOS, max_new_tokens=8))
     assert out["meta_info"]["spec_accept_histogram"].__len__() == 6
 
 
