@@ -120,15 +120,38 @@ PRESETS["smollm2-shaped"] = {
     "tie_word_embeddings": True,
 }
 
+# Qwen2.5-Coder-1.5B-Instruct's config (tied head, q/k/v biases) with random weights: the real
+# pair's step costs on the device without staging the GGUF (`--load-format dummy`).
+PRESETS["qwen2.5-1.5b-shaped"] = {
+    **_TINY_COMMON,
+    "architectures": ["Qwen2ForCausalLM"],
+    "model_type": "qwen2",
+    "vocab_size": 151936,
+    "max_position_embeddings": 32768,
+    "torch_dtype": "bfloat16",
+    "rope_theta": 1000000.0,
+    "hidden_size": 1536,
+    "intermediate_size": 8960,
+    "num_hidden_layers": 28,
+    "num_attention_heads": 12,
+    "num_key_value_heads": 2,
+    "head_dim": 128,
+    "rms_norm_eps": 1e-6,
+    "tie_word_embeddings": True,
+}
 
-def dflash_draft_preset(target: str, *, num_layers: int, num_aux: int, block_size: int) -> dict:
-    """A DFlash draft for `target`: Qwen3-style layers at the target's width, reading
-    `num_aux` target layers picked by `build_target_layer_ids`."""
+
+def dflash_draft_preset(target: str, *, num_layers: int, num_aux: int, block_size: int,
+                        intermediate_size: int | None = None) -> dict:
+    """A DFlash draft for `target`: Qwen3-style layers at the target's width (MLP width
+    `intermediate_size`, the target's by default), reading `num_aux` target layers picked by
+    `build_target_layer_ids`."""
     t = PRESETS[target]
     return {
         **{k: t[k] for k in ("vocab_size", "max_position_embeddings", "rms_norm_eps",
                              "rope_theta", "torch_dtype", "hidden_size", "num_attention_heads",
-                             "num_key_value_heads", "head_dim", "intermediate_size")},
+                             "num_key_value_heads", "head_dim")},
+        "intermediate_size": intermediate_size or t["intermediate_size"],
         "architectures": ["DFlashDraftModel"],
         "model_type": "qwen3",
         "num_hidden_layers": num_layers,
@@ -163,6 +186,10 @@ PRESETS["k3-shaped-dflash"] = dflash_draft_preset("k3-shaped", num_layers=1, num
 # The shipped SmolLM2 draft's shape (2 layers, K = 5, block 8), random weights.
 PRESETS["smollm2-shaped-dflash"] = dflash_draft_preset("smollm2-shaped", num_layers=2,
                                                        num_aux=5, block_size=8)
+# The Qwen2.5-Coder-1.5B recipe's draft shape (train_dflash's RECIPES): 2 layers, K = 5,
+# block 16, MLP 2816.
+PRESETS["qwen2.5-1.5b-shaped-dflash"] = dflash_draft_preset(
+    "qwen2.5-1.5b-shaped", num_layers=2, num_aux=5, block_size=16, intermediate_size=2816)
 # gamma 3: anchor + 3 proposals, the same 4 verify tokens per request as the tiny DFlash drafts
 TINY_DSPARK_GAMMA = 3
 TINY_MARKOV_RANK = 16
