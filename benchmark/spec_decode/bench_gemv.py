@@ -52,6 +52,12 @@ def _args() -> argparse.Namespace:
     p.add_argument("--iters", type=int, default=200)
     p.add_argument("--splits", type=int, nargs="*", default=[],
                    help="also time the plain kernel at these forced split-K values")
+    p.add_argument("--row-configs", nargs="*", default=[],
+                   help="at M = 1 also time the row GEMV (plain and fused) at these tiles, "
+                        "each BLOCK_N:BLOCK_K:warps:stages (e.g. 8:512:4:1)")
+    p.add_argument("--skinny-configs", nargs="*", default=[],
+                   help="at M > 1 also time the skinny GEMM at these tiles, each "
+                        "BLOCK_N:BLOCK_K:warps:stages (split K 1)")
     p.add_argument("--shrink", type=int, default=None,
                    help="divide N and K by this (default: 1 on CUDA, 32 elsewhere)")
     p.add_argument("--out", default="benchmark/spec_decode/gemv.json")
@@ -74,11 +80,17 @@ from torch.nn import functional as F  # noqa: E402
 
 from sglang_aux.srt.layers.activation import SiluAndMul  # noqa: E402
 from sglang_aux.srt.layers.layernorm import RMSNorm  # noqa: E402
+from sglang_aux.srt.layers.triton_ops.row_gemv import RowGemvConfig, row_gemv  # noqa: E402
 from sglang_aux.srt.layers.triton_ops.skinny_gemm import (  # noqa: E402
+    GemvConfig,
     device_sms,
     gemv_config,
     skinny_gemm,
 )
+
+
+def triton_cdiv(a: int, b: int) -> int:
+    return -(-a // b)
 
 
 def _nbytes(*ts: torch.Tensor | None) -> int:
@@ -134,6 +146,7 @@ class Case:
         self.norm.weight.data.normal_()
         self.x = torch.randn(m, self.k, device=device).to(dtype)
         self.residual = torch.randn(m, self.k, device=device).to(dtype)
+        self.gate_up = torch.randn(m, 2 * self.k, device=device).to(dtype)
 
     @property
     def copies(self) -> int:
@@ -155,23 +168,50 @@ class Case:
                            eps=EPS, residual=self.residual,
                            silu_mul=self.fused == "norm_silu")[0]
 
+    def row(self, i: int, cfg: RowGemvConfig) -> torch.Tensor:
+        return row_gemv(self.x, self.weights[i], self.bias, config=cfg)
+
+    def row_fused(self, i: int, cfg: RowGemvConfig) -> torch.Tensor:
+        return row_gemv(self.x, self.weights[i], self.bias, norm_weight=self.norm.weight,
+                        eps=EPS, residual=self.residual, silu_mul=self.fused == "norm_silu",
+                        config=cfg)[0]
+
+    def row_split(self, i: int, cfg: RowGemvConfig) -> torch.Tensor:
+        """The layer's other split of fusions: gate_up with the norm alone (its SiLU-mul
+        moves into down), down reading the gate | up row through its SiLU-mul."""
+        if self.name == "down":
+            return row_gemv(self.gate_up, self.weights[i], self.bias, silu_input=True,
+                            config=cfg)
+        return row_gemv(self.x, self.weights[i], self.bias, norm_weight=self.norm.weight,
+                        eps=EPS, residual=self.residual, config=cfg)[0]
+
+    def torch_split(self, i: int) -> torch.Tensor:
+        if self.name == "down":
+            return F.linear(SiluAndMul()(self.gate_up), self.weights[i], self.bias)
+        normed, _ = self.norm(self.x, self.residual)
+        return F.linear(normed, self.weights[i], self.bias)
+
+    def skinny(self, i: int, cfg: GemvConfig) -> torch.Tensor:
+        return skinny_gemm(self.x, self.weights[i], self.bias, config=cfg)
+
     def bytes_read(self, fused: bool) -> int:
         out_cols = self.n // 2 if fused and self.fused == "norm_silu" else self.n
         extra = _nbytes(self.residual, self.norm.weight) if fused else 0
         return (_nbytes(self.weights[0], self.bias, self.x) + extra
                 + self.m * out_cols * self.x.element_size())
 
-    def max_err(self, fused: bool) -> float:
-        """Largest |ours - fp32 reference| of the plain or fused variant."""
+    def max_err(self, fused: bool, fn=None) -> float:
+        """Largest |ours - fp32 reference| of the plain or fused variant (or of `fn(0)`)."""
         w = self.weights[0].float()
         b = None if self.bias is None else self.bias.float()
         if not fused:
-            return (self.ours(0).float() - F.linear(self.x.float(), w, b)).abs().max().item()
+            got = (fn or self.ours)(0)
+            return (got.float() - F.linear(self.x.float(), w, b)).abs().max().item()
         normed, _ = self.norm.forward_native(self.x, self.residual)
         ref = F.linear(normed.float(), w, b)
         if self.fused == "norm_silu":
             ref = SiluAndMul.forward_native(ref)
-        return (self.ours_fused(0).float() - ref).abs().max().item()
+        return ((fn or self.ours_fused)(0).float() - ref).abs().max().item()
 
 
 @torch.inference_mode()  # the layers take their kernels only outside autograd
@@ -197,6 +237,26 @@ def run(args: argparse.Namespace) -> dict:
             for split in args.splits:
                 timed[f"ours_split{split}"] = (
                     lambda i, s=split, c=case: c.ours(i, split_k=s), False)
+            for spec in args.row_configs if m == 1 else []:
+                cfg = RowGemvConfig(*map(int, spec.split(":")))
+                timed[f"row{spec}"] = (lambda i, c=case, g=cfg: c.row(i, g), False)
+                row[f"max_err_row{spec}"] = case.max_err(False, timed[f"row{spec}"][0])
+                if case.fused:
+                    timed[f"row_fused{spec}"] = (lambda i, c=case, g=cfg: c.row_fused(i, g), True)
+                    row[f"max_err_row_fused{spec}"] = case.max_err(
+                        True, timed[f"row_fused{spec}"][0])
+            for spec in args.row_configs if m == 1 and name in ("gate_up", "down") else []:
+                cfg = RowGemvConfig(*map(int, spec.split(":")))
+                timed[f"rowsplit{spec}"] = (lambda i, c=case, g=cfg: c.row_split(i, g), False)
+                row[f"max_err_rowsplit{spec}"] = (case.row_split(0, cfg).float()
+                                                  - case.torch_split(0).float()).abs().max().item()
+            if m == 1 and name in ("gate_up", "down") and args.row_configs:
+                timed["torch_split"] = (case.torch_split, False)
+            for spec in args.skinny_configs if m > 1 else []:
+                bn, bk, w, st = map(int, spec.split(":"))
+                cfg = GemvConfig(bn, bk, 1, triton_cdiv(case.k, bk) * bk, w, st)
+                timed[f"skinny{spec}"] = (lambda i, c=case, g=cfg: c.skinny(i, g), False)
+                row[f"max_err_skinny{spec}"] = case.max_err(False, timed[f"skinny{spec}"][0])
             for label, (fn, fused) in timed.items():
                 us = time_us(fn, case.copies, args.iters, device)
                 tb_s = case.bytes_read(fused) / us / 1e6
@@ -218,6 +278,17 @@ def print_table(result: dict) -> None:
         print(f"{r['shape']:8} {r['m']:>3} {cell('cublas'):>15} {cell('ours'):>15} "
               f"{cell('torch_path'):>15} {cell('ours_fused'):>15} "
               f"{max(r['max_err'], r.get('max_err_fused', 0.0)):9.2e}")
+        rows_ = sorted((v["us"], k) for k, v in r.items()
+                       if k.startswith("row") and isinstance(v, dict))
+        rows_ = sorted((v["us"], k) for k, v in r.items()
+                       if k.startswith(("row", "skinny", "torch_split")) and isinstance(v, dict))
+        for prefix in ("row", "row_fused", "rowsplit", "torch_split", "skinny"):
+            best = [(us, k) for us, k in rows_ if k.rstrip("0123456789:") == prefix]
+            if best:
+                us, k = best[0]
+                err = max([v for kk, v in r.items() if kk.startswith("max_err_")] or [0.0])
+                print(f"{'':12} best {k:>22}: {us:8.2f} ({r[k]['frac_copy']:4.2f}) "
+                      f"of {len(best)}; worst {best[-1][0]:.2f}; row max_err {err:.2e}")
 
 
 def main(args: argparse.Namespace) -> None:

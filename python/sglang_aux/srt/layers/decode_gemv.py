@@ -40,7 +40,8 @@ def set_decode_gemv_backend(model: nn.Module, backend: str) -> None:
 def use_gemv(layer: nn.Module, x: torch.Tensor) -> bool:
     """Whether `layer` (with `weight` and `gemv_backend`) runs the kernel on `x` `[rows, K]`."""
     w = layer.weight
-    return (layer.gemv_backend == "triton" and x.dim() == 2 and 0 < x.shape[0] <= GEMV_MAX_ROWS
+    max_rows = 1 if layer.gemv_backend == "row" else GEMV_MAX_ROWS
+    return (layer.gemv_backend != "torch" and x.dim() == 2 and 0 < x.shape[0] <= max_rows
             and x.dtype == w.dtype and w.dtype in GEMV_DTYPES and w.is_contiguous()
             and x.stride(-1) == 1 and use_triton(x))
 
@@ -53,6 +54,12 @@ def norm_linear(norm: RMSNorm, linear: nn.Module, hidden: torch.Tensor,
     after the other would give it; one kernel when the decode GEMV takes `hidden`. `linear`
     is a `linear.MergedColumnLinear` (not named in the annotation: that module imports this
     one)."""
+    if use_gemv(linear, hidden) and linear.gemv_backend == "row":
+        from sglang_aux.srt.layers.triton_ops.row_gemv import row_gemv
+
+        y, stream = row_gemv(hidden, linear.weight, linear.bias, norm_weight=norm.weight,
+                             eps=norm.variance_epsilon, residual=residual)
+        return (y if act is None else act(y)), stream
     if use_gemv(linear, hidden):
         from sglang_aux.srt.layers.triton_ops.skinny_gemm import skinny_gemm
 

@@ -38,6 +38,10 @@ from sglang_aux.srt.layers.decode_gemv import use_gemv
 
 def _linear(layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """`x W^T + bias` of `layer`'s weight: the decode GEMV kernel or cuBLAS / the CPU GEMM."""
+    if use_gemv(layer, x) and layer.gemv_backend == "row":
+        from sglang_aux.srt.layers.triton_ops.row_gemv import row_gemv
+
+        return row_gemv(x, layer.weight, bias)
     if use_gemv(layer, x):
         from sglang_aux.srt.layers.triton_ops.skinny_gemm import skinny_gemm
 

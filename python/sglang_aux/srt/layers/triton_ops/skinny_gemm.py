@@ -212,7 +212,7 @@ def _skinny_gemm_kernel(
 def skinny_gemm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
                 norm_weight: torch.Tensor | None = None, eps: float = 0.0,
                 residual: torch.Tensor | None = None, silu_mul: bool = False,
-                split_k: int | None = None
+                split_k: int | None = None, config: GemvConfig | None = None
                 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """x `[M, K]` (M <= 16, last dim contiguous), weight `[N, K]` contiguous, bias `[N]` ->
     a new `[M, N]` (`[M, N / 2]` with `silu_mul`) in x's dtype.
@@ -247,7 +247,7 @@ def skinny_gemm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     stream = torch.empty((m, k), dtype=x.dtype, device=x.device) if residual is not None else x
     if m == 0:
         return y if norm_weight is None else (y, stream)
-    cfg = gemv_config(n_out, k, weight.element_size(), device_sms(x.device), split_k)
+    cfg = config or gemv_config(n_out, k, weight.element_size(), device_sms(x.device), split_k)
     tiles = triton.cdiv(n_out, cfg.block_n)
     if cfg.split_k > 1:
         if tiles > MAX_COUNTERS:

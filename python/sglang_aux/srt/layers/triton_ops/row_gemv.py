@@ -1,0 +1,158 @@
+"""Row GEMV `y[1, N] = x[1, K] @ W[N, K]^T (+ bias)`: one row, as a bs-1 decode step has it.
+
+At one row a projection is a weight read, and `tl.dot` pads the row to a 16-row operand; this
+kernel streams `[BLOCK_N, BLOCK_K]` tiles of W along its contiguous K and multiplies them with
+the row in fp32 registers (no tensor cores), one reduction at the end. Each program owns
+BLOCK_N outputs and the whole K, so the sum is in one order on every run (deterministic) and
+needs no second pass.
+
+Fused variants (constexpr flags), with the contracts of `skinny_gemm.py`:
+- `HAS_NORM`: x is the pre-norm stream; every program loads the whole row once (K_PAD
+  elements, a few KB from L2), takes its RMS, then normalizes each K slice as it streams,
+  rounded to the dtype as the unfused `linear(norm(x))` sees it. With `HAS_RESIDUAL` the stream
+  is `x + residual` rounded to the dtype; program 0 writes it out (the new residual).
+- `HAS_BIAS`: bias added to the fp32 sum before the one rounding.
+- `SILU_MUL`: W is a merged gate | up `[2 I, K]`; outputs `silu(gate) * up` `[1, I]`.
+- `SILU_INPUT`: x is a gate | up row `[1, 2 K]` (the MLP's merged projection); the kernel
+  multiplies `silu(gate) * up`, rounded to the dtype as `SiluAndMul` writes it, so the down
+  projection needs no SiLU-mul launch before it.
+
+The tile table (`row_gemv_config`) is fixed per shape, never autotuned, so a CUDA graph replays
+what was captured.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+
+@dataclass(frozen=True)
+class RowGemvConfig:
+    block_n: int
+    block_k: int
+    num_warps: int = 4
+    num_stages: int = 1
+
+
+@triton.jit
+def _input_tile(X, R, NW, k, k_mask, K, rstd, HAS_NORM: tl.constexpr,
+                HAS_RESIDUAL: tl.constexpr, SILU_INPUT: tl.constexpr):
+    """The row's columns k as the unfused layers would feed the GEMM, in fp32."""
+    dtype = X.dtype.element_ty
+    x = tl.load(X + k, mask=k_mask, other=0.0)
+    if SILU_INPUT:
+        gate = x.to(tl.float32)
+        up = tl.load(X + K + k, mask=k_mask, other=0.0).to(tl.float32)
+        x = (gate / (1.0 + tl.exp(-gate)) * up).to(dtype)
+    if HAS_NORM:
+        if HAS_RESIDUAL:
+            x = (x.to(tl.float32) + tl.load(R + k, mask=k_mask, other=0.0).to(tl.float32)
+                 ).to(dtype)
+        nw = tl.load(NW + k, mask=k_mask, other=0.0).to(tl.float32)
+        x = (x.to(tl.float32) * rstd * nw).to(dtype)
+    return x.to(tl.float32)[None, :]
+
+
+@triton.jit
+def _row_gemv_kernel(X, R, NW, W, B, Y, R_Out, n_out, K, stride_w, eps,
+                     HAS_NORM: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
+                     HAS_BIAS: tl.constexpr, SILU_MUL: tl.constexpr, SILU_INPUT: tl.constexpr,
+                     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, K_PAD: tl.constexpr):
+    pid = tl.program_id(0)
+    rn = pid * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_mask = rn < n_out
+    rk = tl.arange(0, BLOCK_K)
+    dtype = X.dtype.element_ty
+    w_rows = W + rn[:, None].to(tl.int64) * stride_w
+    up_offset = n_out * stride_w
+    # The first weight tile is in flight before the norm's reduction waits on the row, and
+    # each later one before the tile ahead of it is multiplied (two tiles in registers).
+    w = tl.load(w_rows + rk[None, :], mask=n_mask[:, None] & (rk < K)[None, :], other=0.0)
+    w_up = w
+    if SILU_MUL:
+        w_up = tl.load(w_rows + up_offset + rk[None, :],
+                       mask=n_mask[:, None] & (rk < K)[None, :], other=0.0)
+    rstd = 0.0
+    if HAS_NORM:
+        kk = tl.arange(0, K_PAD)
+        kk_mask = kk < K
+        s = tl.load(X + kk, mask=kk_mask, other=0.0)
+        if HAS_RESIDUAL:
+            s = (s.to(tl.float32) + tl.load(R + kk, mask=kk_mask, other=0.0).to(tl.float32)
+                 ).to(dtype)
+            if pid == 0:
+                tl.store(R_Out + kk, s, mask=kk_mask)
+        s = s.to(tl.float32)
+        rstd = tl.rsqrt(tl.sum(s * s, axis=0) / K + eps)
+    acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
+    acc_up = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        k_next = k0 + BLOCK_K + rk
+        next_mask = n_mask[:, None] & (k_next < K)[None, :]
+        w_next = tl.load(w_rows + k_next[None, :], mask=next_mask, other=0.0)
+        w_up_next = w_next
+        if SILU_MUL:
+            w_up_next = tl.load(w_rows + up_offset + k_next[None, :], mask=next_mask,
+                                other=0.0)
+        k = k0 + rk
+        x = _input_tile(X, R, NW, k, k < K, K, rstd, HAS_NORM, HAS_RESIDUAL, SILU_INPUT)
+        acc += w.to(tl.float32) * x
+        if SILU_MUL:
+            acc_up += w_up.to(tl.float32) * x
+        w = w_next
+        w_up = w_up_next
+    y = tl.sum(acc, axis=1)
+    if HAS_BIAS:
+        y += tl.load(B + rn, mask=n_mask, other=0.0).to(tl.float32)
+    if SILU_MUL:
+        up = tl.sum(acc_up, axis=1)
+        if HAS_BIAS:
+            up += tl.load(B + n_out + rn, mask=n_mask, other=0.0).to(tl.float32)
+        gate = y.to(dtype).to(tl.float32)
+        y = gate / (1.0 + tl.exp(-gate)) * up.to(dtype).to(tl.float32)
+    tl.store(Y + rn, y.to(dtype), mask=n_mask)
+
+
+def row_gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
+             norm_weight: torch.Tensor | None = None, eps: float = 0.0,
+             residual: torch.Tensor | None = None, silu_mul: bool = False,
+             silu_input: bool = False, config: RowGemvConfig | None = None
+             ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """x `[1, K]` contiguous, weight `[N, K]` contiguous -> `[1, N]` (`[1, N / 2]` with
+    `silu_mul`); with `norm_weight` the result is `(y, stream)` as `skinny_gemm` gives it."""
+    if x.dim() != 2 or x.shape[0] != 1 or not x.is_contiguous():
+        raise ValueError(f"row_gemv needs one contiguous row [1, K], got {tuple(x.shape)}")
+    k = x.shape[1] // 2 if silu_input else x.shape[1]
+    if silu_input and (norm_weight is not None or x.shape[1] % 2):
+        raise ValueError(f"silu_input takes an even gate | up row and no norm, got "
+                         f"{tuple(x.shape)}")
+    if weight.dim() != 2 or weight.shape[1] != k or not weight.is_contiguous():
+        raise ValueError(f"weight {tuple(weight.shape)} is not a contiguous [N, {k}] for "
+                         f"the input {tuple(x.shape)}")
+    n = weight.shape[0]
+    n_out = n // 2 if silu_mul else n
+    cfg = config or row_gemv_config(n_out, k, norm_weight is not None)
+    y = torch.empty((1, n_out), dtype=x.dtype, device=x.device)
+    stream = torch.empty_like(x) if residual is not None else x
+    _row_gemv_kernel[(triton.cdiv(n_out, cfg.block_n),)](
+        x, residual if residual is not None else x,
+        norm_weight if norm_weight is not None else x, weight,
+        bias if bias is not None else weight, y, stream, n_out, k, weight.stride(0), eps,
+        HAS_NORM=norm_weight is not None, HAS_RESIDUAL=residual is not None,
+        HAS_BIAS=bias is not None, SILU_MUL=silu_mul, SILU_INPUT=silu_input, BLOCK_N=cfg.block_n,
+        BLOCK_K=cfg.block_k, K_PAD=triton.next_power_of_2(k), num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages)
+    return y if norm_weight is None else (y, stream)
+
+
+def row_gemv_config(n_out: int, k: int, fused_norm: bool = False) -> RowGemvConfig:
+    """Tiles measured best on the H200 at Qwen2.5-1.5B's projections (bench_gemv.py)."""
+    if fused_norm:
+        return RowGemvConfig(block_n=4, block_k=1024, num_warps=8)
+    if k <= 4096 and n_out >= 8192:
+        return RowGemvConfig(block_n=4, block_k=512, num_warps=4, num_stages=3)
+    return RowGemvConfig(block_n=2, block_k=2048, num_warps=8)
