@@ -13,7 +13,7 @@
 #   bash scripts/device/qwen25_coder.sh eval2 OUT   # GSM8K: no shared buffer, streamed; held-out
 #                                                   # accept, graph memory, vs transformers
 #
-# Measured 2026-12-02 (fourth session; docs/benchmarks.md section 14): staging 17 puts + the
+# Measured 2026-12-02 (fourth session; docs/benchmarks_log.md section 14): staging 17 puts + the
 # join (stage_qwen2_gguf.sh, MARGIN_MIB=2, from a checkout without the SmolLM2 weights) about
 # 2 minutes plus the cold start; then three calls one right after the other:
 #   run(command="bash scripts/device/stage_qwen2_gguf.sh --model 1.5b --join 17 && \

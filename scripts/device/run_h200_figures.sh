@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The H200 half of a session: CUDA tests and the figures of docs/benchmarks.md, one phase per
-# device call (each well under the 10-minute limit), run from the repository root.
+# device call (each well under the 10-minute limit), run from the repository root. Section
+# numbers below are docs/benchmarks_log.md's.
 #
 #   bash scripts/device/run_h200_figures.sh PHASE OUT_DIR
 #
