@@ -1,21 +1,25 @@
-"""Decode GEMV kernel vs cuBLAS at the Qwen2.5-Coder-1.5B projection shapes, M = 1..16 rows.
+"""Decode GEMV kernel vs cuBLAS at the Qwen2.5-Coder-1.5B projection shapes, one row.
 
-    python benchmark/spec_decode/bench_gemv.py --rows 1 2 4 8 16 --iters 200 --out gemv.json
+    python benchmark/spec_decode/bench_gemv.py --iters 100 --row-configs 2:1024:4:1 \
+        4:512:4:3 8:1024:8:1 --out gemv.json
     python benchmark/spec_decode/bench_gemv.py --device cpu --iters 2   # smoke (interpreter)
 
 For each projection (qkv 1536 -> 2048 with bias, o 1536 -> 1536, gate_up 1536 -> 17920,
 down 8960 -> 1536, LM head 1536 -> 151936) and row count, us per call of:
 - `cublas`: `F.linear` (with the bias where the layer has one);
-- `torch_path`: the unfused layer the fused kernel replaces (add + RMSNorm kernel, then
-  F.linear, then SiLU-mul for gate_up); the plain projections have none;
-- `ours`: the skinny GEMM, plain; `ours_fused`: with the norm (+ residual add), bias and
-  SiLU-mul fused where the layer has them.
+- `torch_path`: the unfused layers the fused kernel replaces (add + RMSNorm kernel, then
+  F.linear); the plain projections have none;
+- `ours`: the row GEMV at its table's tiles, plain; `ours_fused`: with the norm (+ residual
+  add) and bias fused where the layer has them (the SiLU-mul stays its own launch);
+- with `--row-configs`, the row GEMV at each of those tiles, plain (`row...`), with the
+  norm and SiLU-mul output fused (`row_fused...`), and for gate_up / down the other split of
+  the MLP's fusions (`rowsplit...`: gate_up with the norm alone, down reading the gate | up row
+  through its SiLU-mul) beside its unfused twin (`torch_split`).
 Each is timed inside a CUDA graph that calls it once on each of several weight copies (more
 bytes than the L2 holds, so every call reads HBM, as a decode step's layers do), replayed
 `--iters` times between CUDA events, after warm-up. Achieved TB/s counts the weight, bias,
 input and output bytes; the copy ceiling is `step_bandwidth.copy_bandwidth`, measured in the
 same run. Every variant's output is checked against an fp32 reference before it is timed.
-`--splits` also times the plain kernel at forced split-K values (to tune the table).
 Off CUDA (`--device cpu`) Triton's interpreter runs the kernel on shapes shrunk by
 `--shrink` (wall-clock timings: a smoke test, not a measurement).
 """
@@ -47,17 +51,13 @@ def _args() -> argparse.Namespace:
     p.add_argument("--dtype", default=None, choices=["bfloat16", "float16", "float32"],
                    help="default: bfloat16 on CUDA, float32 elsewhere (the interpreter's bf16 "
                         "is broken)")
-    p.add_argument("--rows", type=int, nargs="+", default=[1, 2, 4, 8, 16])
     p.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=list(SHAPES))
     p.add_argument("--iters", type=int, default=200)
     p.add_argument("--splits", type=int, nargs="*", default=[],
                    help="also time the plain kernel at these forced split-K values")
     p.add_argument("--row-configs", nargs="*", default=[],
-                   help="at M = 1 also time the row GEMV (plain and fused) at these tiles, "
-                        "each BLOCK_N:BLOCK_K:warps:stages (e.g. 8:512:4:1)")
-    p.add_argument("--skinny-configs", nargs="*", default=[],
-                   help="at M > 1 also time the skinny GEMM at these tiles, each "
-                        "BLOCK_N:BLOCK_K:warps:stages (split K 1)")
+                   help="also time the row GEMV at these tiles, each "
+                        "BLOCK_N:BLOCK_K:warps:stages (e.g. 8:512:4:1)")
     p.add_argument("--shrink", type=int, default=None,
                    help="divide N and K by this (default: 1 on CUDA, 32 elsewhere)")
     p.add_argument("--out", default="benchmark/spec_decode/gemv.json")
@@ -80,17 +80,11 @@ from torch.nn import functional as F  # noqa: E402
 
 from sglang_aux.srt.layers.activation import SiluAndMul  # noqa: E402
 from sglang_aux.srt.layers.layernorm import RMSNorm  # noqa: E402
-from sglang_aux.srt.layers.triton_ops.row_gemv import RowGemvConfig, row_gemv  # noqa: E402
-from sglang_aux.srt.layers.triton_ops.skinny_gemm import (  # noqa: E402
-    GemvConfig,
-    device_sms,
-    gemv_config,
-    skinny_gemm,
+from sglang_aux.srt.layers.triton_ops.row_gemv import (  # noqa: E402
+    RowGemvConfig,
+    row_gemv,
+    row_gemv_config,
 )
-
-
-def triton_cdiv(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 def _nbytes(*ts: torch.Tensor | None) -> int:
@@ -156,17 +150,16 @@ class Case:
         return F.linear(self.x, self.weights[i], self.bias)
 
     def torch_path(self, i: int) -> torch.Tensor:
+        """The layers the fused kernel replaces (the SiLU-mul of gate_up stays after it)."""
         normed, _ = self.norm(self.x, self.residual)
-        y = F.linear(normed, self.weights[i], self.bias)
-        return SiluAndMul()(y) if self.fused == "norm_silu" else y
+        return F.linear(normed, self.weights[i], self.bias)
 
-    def ours(self, i: int, split_k: int | None = None) -> torch.Tensor:
-        return skinny_gemm(self.x, self.weights[i], self.bias, split_k=split_k)
+    def ours(self, i: int) -> torch.Tensor:
+        return row_gemv(self.x, self.weights[i], self.bias)
 
     def ours_fused(self, i: int) -> torch.Tensor:
-        return skinny_gemm(self.x, self.weights[i], self.bias, norm_weight=self.norm.weight,
-                           eps=EPS, residual=self.residual,
-                           silu_mul=self.fused == "norm_silu")[0]
+        return row_gemv(self.x, self.weights[i], self.bias, norm_weight=self.norm.weight,
+                        eps=EPS, residual=self.residual)[0]
 
     def row(self, i: int, cfg: RowGemvConfig) -> torch.Tensor:
         return row_gemv(self.x, self.weights[i], self.bias, config=cfg)
@@ -191,9 +184,6 @@ class Case:
         normed, _ = self.norm(self.x, self.residual)
         return F.linear(normed, self.weights[i], self.bias)
 
-    def skinny(self, i: int, cfg: GemvConfig) -> torch.Tensor:
-        return skinny_gemm(self.x, self.weights[i], self.bias, config=cfg)
-
     def bytes_read(self, fused: bool) -> int:
         out_cols = self.n // 2 if fused and self.fused == "norm_silu" else self.n
         extra = _nbytes(self.residual, self.norm.weight) if fused else 0
@@ -209,7 +199,7 @@ class Case:
             return (got.float() - F.linear(self.x.float(), w, b)).abs().max().item()
         normed, _ = self.norm.forward_native(self.x, self.residual)
         ref = F.linear(normed.float(), w, b)
-        if self.fused == "norm_silu":
+        if fn is not None and self.fused == "norm_silu":
             ref = SiluAndMul.forward_native(ref)
         return ((fn or self.ours_fused)(0).float() - ref).abs().max().item()
 
@@ -221,48 +211,40 @@ def run(args: argparse.Namespace) -> dict:
     copy_tb_s = copy_bandwidth(device, **({} if device.type == "cuda" else
                                           {"nbytes": 64 << 20, "iters": 3})) / 1e12
     rows = []
-    for name in args.shapes:
-        for m in args.rows:
-            torch.manual_seed(m)
-            case = Case(name, m, dtype, device, args.shrink)
-            cfg = gemv_config(case.n, case.k, case.x.element_size(), device_sms(device))
-            row = {"shape": name, "m": m, "n": case.n, "k": case.k, "copies": case.copies,
-                   "config": dataclasses.asdict(cfg),
-                   "max_err": case.max_err(False)}
-            timed = {"cublas": (case.cublas, False), "ours": (case.ours, False)}
+    m = 1
+    for seed, name in enumerate(args.shapes):
+        torch.manual_seed(seed)
+        case = Case(name, m, dtype, device, args.shrink)
+        cfg = row_gemv_config(case.n)
+        row = {"shape": name, "m": m, "n": case.n, "k": case.k, "copies": case.copies,
+               "config": dataclasses.asdict(cfg),
+               "max_err": case.max_err(False)}
+        timed = {"cublas": (case.cublas, False), "ours": (case.ours, False)}
+        if case.fused:
+            timed |= {"torch_path": (case.torch_path, False),
+                      "ours_fused": (case.ours_fused, False)}
+            row["max_err_fused"] = case.max_err(True)
+        for spec in args.row_configs:
+            cfg = RowGemvConfig(*map(int, spec.split(":")))
+            timed[f"row{spec}"] = (lambda i, c=case, g=cfg: c.row(i, g), False)
+            row[f"max_err_row{spec}"] = case.max_err(False, timed[f"row{spec}"][0])
             if case.fused:
-                timed |= {"torch_path": (case.torch_path, True),
-                          "ours_fused": (case.ours_fused, True)}
-                row["max_err_fused"] = case.max_err(True)
-            for split in args.splits:
-                timed[f"ours_split{split}"] = (
-                    lambda i, s=split, c=case: c.ours(i, split_k=s), False)
-            for spec in args.row_configs if m == 1 else []:
-                cfg = RowGemvConfig(*map(int, spec.split(":")))
-                timed[f"row{spec}"] = (lambda i, c=case, g=cfg: c.row(i, g), False)
-                row[f"max_err_row{spec}"] = case.max_err(False, timed[f"row{spec}"][0])
-                if case.fused:
-                    timed[f"row_fused{spec}"] = (lambda i, c=case, g=cfg: c.row_fused(i, g), True)
-                    row[f"max_err_row_fused{spec}"] = case.max_err(
-                        True, timed[f"row_fused{spec}"][0])
-            for spec in args.row_configs if m == 1 and name in ("gate_up", "down") else []:
-                cfg = RowGemvConfig(*map(int, spec.split(":")))
-                timed[f"rowsplit{spec}"] = (lambda i, c=case, g=cfg: c.row_split(i, g), False)
-                row[f"max_err_rowsplit{spec}"] = (case.row_split(0, cfg).float()
-                                                  - case.torch_split(0).float()).abs().max().item()
-            if m == 1 and name in ("gate_up", "down") and args.row_configs:
-                timed["torch_split"] = (case.torch_split, False)
-            for spec in args.skinny_configs if m > 1 else []:
-                bn, bk, w, st = map(int, spec.split(":"))
-                cfg = GemvConfig(bn, bk, 1, triton_cdiv(case.k, bk) * bk, w, st)
-                timed[f"skinny{spec}"] = (lambda i, c=case, g=cfg: c.skinny(i, g), False)
-                row[f"max_err_skinny{spec}"] = case.max_err(False, timed[f"skinny{spec}"][0])
-            for label, (fn, fused) in timed.items():
-                us = time_us(fn, case.copies, args.iters, device)
-                tb_s = case.bytes_read(fused) / us / 1e6
-                row[label] = {"us": us, "tb_s": tb_s, "frac_copy": tb_s / copy_tb_s}
-            rows.append(row)
-            del case
+                timed[f"row_fused{spec}"] = (lambda i, c=case, g=cfg: c.row_fused(i, g), True)
+                row[f"max_err_row_fused{spec}"] = case.max_err(
+                    True, timed[f"row_fused{spec}"][0])
+        for spec in args.row_configs if name in ("gate_up", "down") else []:
+            cfg = RowGemvConfig(*map(int, spec.split(":")))
+            timed[f"rowsplit{spec}"] = (lambda i, c=case, g=cfg: c.row_split(i, g), False)
+            row[f"max_err_rowsplit{spec}"] = (case.row_split(0, cfg).float()
+                                              - case.torch_split(0).float()).abs().max().item()
+        if name in ("gate_up", "down") and args.row_configs:
+            timed["torch_split"] = (case.torch_split, False)
+        for label, (fn, fused) in timed.items():
+            us = time_us(fn, case.copies, args.iters, device)
+            tb_s = case.bytes_read(fused) / us / 1e6
+            row[label] = {"us": us, "tb_s": tb_s, "frac_copy": tb_s / copy_tb_s}
+        rows.append(row)
+        del case
     return {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
             "copy_tb_s": copy_tb_s, "args": vars(args), "rows": rows}
 
@@ -279,10 +261,8 @@ def print_table(result: dict) -> None:
               f"{cell('torch_path'):>15} {cell('ours_fused'):>15} "
               f"{max(r['max_err'], r.get('max_err_fused', 0.0)):9.2e}")
         rows_ = sorted((v["us"], k) for k, v in r.items()
-                       if k.startswith("row") and isinstance(v, dict))
-        rows_ = sorted((v["us"], k) for k, v in r.items()
-                       if k.startswith(("row", "skinny", "torch_split")) and isinstance(v, dict))
-        for prefix in ("row", "row_fused", "rowsplit", "torch_split", "skinny"):
+                       if k.startswith(("row", "torch_split")) and isinstance(v, dict))
+        for prefix in ("row", "row_fused", "rowsplit", "torch_split"):
             best = [(us, k) for us, k in rows_ if k.rstrip("0123456789:") == prefix]
             if best:
                 us, k = best[0]

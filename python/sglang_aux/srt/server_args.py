@@ -79,9 +79,9 @@ class ServerArgs:
     context_length: int | None = None
     attention_backend: str | None = None  # None: triton on CUDA, torch_native on CPU
     triton_attention_decode_merge: str = "launch"  # ours; one of TRITON_DECODE_MERGES
-    # dense projections of <= 16-token forwards: torch (cuBLAS / the CPU GEMM) or triton (the
-    # skinny-GEMM kernel with norm, bias and SiLU-mul fused; layers/decode_gemv.py)
-    decode_gemv_backend: str = "torch"
+    # dense projections of one-token forwards: triton (the row GEMV kernel with the norm and
+    # bias fused, on CUDA; layers/decode_gemv.py) or torch (cuBLAS / the CPU GEMM)
+    decode_gemv_backend: str = "triton"
     mem_fraction_static: float = 0.85
     max_total_tokens: int | None = None  # KV slots; None: derived from memory
     max_running_requests: int = 64
@@ -381,9 +381,9 @@ class ServerArgs:
                  "kernel after the split one) or in_kernel (short contexts unsplit, long ones "
                  "merged by the split kernel: one launch; not yet measured on the H200)")
         add("--decode-gemv-backend", default=d["decode_gemv_backend"], choices=GEMV_BACKENDS,
-            help="dense projections of forwards of at most 16 tokens: torch (cuBLAS) or triton "
-                 "(a skinny GEMM with the RMSNorm, bias and SiLU-mul fused; not yet measured "
-                 "on the H200, docs/kernels.md)")
+            help="dense projections of one-token forwards (a bs-1 decode step) on CUDA: "
+                 "triton (a row GEMV with the RMSNorm and bias fused; faster than cuBLAS on "
+                 "the H200, docs/kernels.md) or torch (cuBLAS); more tokens always run cuBLAS")
         add("--mem-fraction-static", type=float, default=d["mem_fraction_static"],
             help="fraction of the device's memory for weights and the KV cache")
         add("--max-total-tokens", type=int, default=None,

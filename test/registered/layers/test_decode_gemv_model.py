@@ -1,8 +1,8 @@
 """`--decode-gemv-backend triton` end to end on the CPU (`SGLANG_AUX_FUSED_KERNELS=force`,
 Triton's interpreter): tiny Llama and Qwen2 (q/k/v biases) Engines give the greedy tokens of
-the torch backend in fp32, the decode and verify forwards of at most 16 tokens run the kernel
-(fused norm + qkv + bias, fused norm + gate_up + SiLU-mul, o_proj, down) and longer ones do
-not, and the flag is off by default and validated."""
+the torch backend in fp32, one-token forwards run the kernel (fused norm + qkv + bias, fused
+norm + gate_up, o_proj, down) and longer ones do not, and the flag is on by default (a CPU in
+`auto` mode still takes the torch path) and validated."""
 
 import os
 
@@ -18,7 +18,7 @@ import torch  # noqa: E402
 from sglang_aux.srt.entrypoints.engine import Engine  # noqa: E402
 from sglang_aux.srt.forward_state.forward_batch_info import ForwardMode  # noqa: E402
 from sglang_aux.srt.layers.decode_gemv import set_decode_gemv_backend  # noqa: E402
-from sglang_aux.srt.layers.triton_ops import skinny_gemm as skinny_gemm_module  # noqa: E402
+from sglang_aux.srt.layers.triton_ops import row_gemv as row_gemv_module  # noqa: E402
 from sglang_aux.srt.layers.triton_ops.dispatch import ENV_VAR  # noqa: E402
 from sglang_aux.srt.server_args import ServerArgs  # noqa: E402
 from sglang_aux.test.ci.ci_register import register_cpu_ci  # noqa: E402
@@ -33,7 +33,7 @@ from sglang_aux.test.runtime_utils import (  # noqa: E402
 
 register_cpu_ci(est_time=120, suite="default")
 
-# Prompts of 9, 20 (a prefill past the kernel's 16 rows) and 1 tokens.
+# Prompts of 9, 20 and 1 tokens (a one-token prefill runs the kernel too).
 PROMPTS = [[72, 105, 32, 116, 104, 101, 114, 101, 33], list(range(40, 60)), [90]]
 NEW_TOKENS = 8
 # fp32 on both paths; the kernel differs from cuBLAS / the CPU GEMM in summation order only.
@@ -56,14 +56,14 @@ def _checkpoint(root, preset: str) -> str:
 def launches(monkeypatch):
     """Calls of the real kernel by (rows, fused variant), counted."""
     seen = Counter()
-    real = skinny_gemm_module.skinny_gemm
+    real = row_gemv_module.row_gemv
 
     def counted(x, weight, bias=None, **kw):
         seen[(x.shape[0], kw.get("norm_weight") is not None, bool(kw.get("silu_mul")),
               bias is not None)] += 1
         return real(x, weight, bias, **kw)
 
-    monkeypatch.setattr(skinny_gemm_module, "skinny_gemm", counted)
+    monkeypatch.setattr(row_gemv_module, "row_gemv", counted)
     return seen
 
 
@@ -84,11 +84,11 @@ def test_greedy_tokens_equal_the_torch_backend(root, monkeypatch, launches, pres
     assert out == ref
     assert all(len(set(ids)) > 2 for ids in ref), "a model that moves, not one repeated token"
     rows = {r for r, *_ in launches}
-    assert rows and max(rows) <= 16 and 1 in rows, rows
+    assert rows == {1}, rows
     variants = {v[1:] for v in launches}
     has_bias = preset == "tiny-qwen2"
     assert (True, False, has_bias) in variants  # input norm + qkv (+ bias)
-    assert (True, True, False) in variants  # post-attention norm + gate_up + SiLU-mul
+    assert (True, False, False) in variants  # post-attention norm + gate_up
     assert (False, False, False) in variants  # o_proj, down
 
 
@@ -99,8 +99,8 @@ def test_greedy_tokens_equal_the_torch_backend(root, monkeypatch, launches, pres
     (ForwardMode.TARGET_VERIFY, 16, [20, 17])])
 def test_step_logits_and_aux_equal_the_torch_backend(root, monkeypatch, launches, preset,
                                                      mode, width, prompts):
-    """Prefills past 16 tokens; then a step of `width` tokens per request: one request's
-    verify of 16 is the kernel's largest case, two requests' (32 rows) run cuBLAS."""
+    """Prefills; then a step of `width` tokens per request: one request's decode runs the
+    kernel, every wider step the torch path."""
     monkeypatch.setenv(ENV_VAR, "force")
     out = {}
     for backend in ("torch", "triton"):
@@ -114,12 +114,12 @@ def test_step_logits_and_aux_equal_the_torch_backend(root, monkeypatch, launches
         assert ref.abs().max() > 0
         torch.testing.assert_close(got, ref, **TOL)
     rows = width * len(prompts)
-    assert {r for r, *_ in launches} == ({rows} if rows <= 16 else set())
+    assert {r for r, *_ in launches} == ({1} if rows == 1 else set())
 
 
 def test_off_by_default_and_validated(root):
     path = _checkpoint(root, "tiny-llama")
-    assert ServerArgs(model_path=path).decode_gemv_backend == "torch"
+    assert ServerArgs(model_path=path).decode_gemv_backend == "triton"
     with pytest.raises(ValueError, match=r"--decode-gemv-backend must be one of \('torch', "
                                          r"'triton'\), got 'cutlass'"):
         ServerArgs(model_path=path, decode_gemv_backend="cutlass")

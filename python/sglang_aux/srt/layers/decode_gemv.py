@@ -1,12 +1,14 @@
-"""Decode GEMV: whether a dense projection of a small forward runs the skinny-GEMM kernel.
+"""Decode GEMV: whether a dense projection of a one-row forward runs the row GEMV kernel.
 
-At 1..16 tokens (decode at small batch, a DFlash verify of one request) a projection reads its
-weight once and computes little; `triton_ops/skinny_gemm.py` streams the weight with the
-RMSNorm before it, the bias and the SiLU-mul after it fused in. The server flag
-`--decode-gemv-backend` (`torch` by default until the H200 has measured the kernels) is set on
-every layer that has the path (`gemv_backend`) when the runner builds the model; with `triton`,
-the dispatch rules of `triton_ops/dispatch.py` still decide (CUDA in `auto`, everywhere in
-`force`, never in `off` or while autograd records).
+At one token (a bs-1 decode step) a projection reads its weight once and computes little;
+`triton_ops/row_gemv.py` streams the weight with the RMSNorm before it (and the residual add)
+and the bias fused in. The server flag `--decode-gemv-backend` is set on every layer that has
+the path (`gemv_backend`) when the runner builds the model; with `triton`, the dispatch rules of
+`triton_ops/dispatch.py` still decide (CUDA in `auto`, everywhere in `force`, never in `off` or
+while autograd records). Forwards of more rows stay on cuBLAS: measured on the H200 at the
+Qwen2.5-1.5B shapes, a 16-row tensor-core kernel lost to it at 8 and 16 rows
+(docs/kernels.md), and the SiLU-mul fused into either side of the MLP cost more than its own
+launch.
 """
 
 from __future__ import annotations
@@ -17,12 +19,7 @@ import torch
 from torch import nn
 
 from sglang_aux.srt.layers.layernorm import RMSNorm, add_norm
-from sglang_aux.srt.layers.triton_ops.dispatch import (
-    GEMV_BACKENDS,
-    GEMV_DTYPES,
-    GEMV_MAX_ROWS,
-    use_triton,
-)
+from sglang_aux.srt.layers.triton_ops.dispatch import GEMV_BACKENDS, GEMV_DTYPES, use_triton
 
 if TYPE_CHECKING:
     from sglang_aux.srt.layers.activation import SiluAndMul
@@ -40,10 +37,16 @@ def set_decode_gemv_backend(model: nn.Module, backend: str) -> None:
 def use_gemv(layer: nn.Module, x: torch.Tensor) -> bool:
     """Whether `layer` (with `weight` and `gemv_backend`) runs the kernel on `x` `[rows, K]`."""
     w = layer.weight
-    max_rows = 1 if layer.gemv_backend == "row" else GEMV_MAX_ROWS
-    return (layer.gemv_backend != "torch" and x.dim() == 2 and 0 < x.shape[0] <= max_rows
+    return (layer.gemv_backend == "triton" and x.dim() == 2 and x.shape[0] == 1
             and x.dtype == w.dtype and w.dtype in GEMV_DTYPES and w.is_contiguous()
-            and x.stride(-1) == 1 and use_triton(x))
+            and x.is_contiguous() and use_triton(x))
+
+
+def gemv_linear(layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """`x W^T + bias` of `layer` on the kernel (`use_gemv` said yes)."""
+    from sglang_aux.srt.layers.triton_ops.row_gemv import row_gemv
+
+    return row_gemv(x, layer.weight, bias)
 
 
 def norm_linear(norm: RMSNorm, linear: nn.Module, hidden: torch.Tensor,
@@ -51,21 +54,15 @@ def norm_linear(norm: RMSNorm, linear: nn.Module, hidden: torch.Tensor,
                 ) -> tuple[torch.Tensor, torch.Tensor]:
     """`(act(linear(norm(stream))), stream)` of the residual stream `hidden + residual`
     (`hidden` alone when residual is None), as `(norm(hidden, residual), linear, act)` run one
-    after the other would give it; one kernel when the decode GEMV takes `hidden`. `linear`
-    is a `linear.MergedColumnLinear` (not named in the annotation: that module imports this
-    one)."""
-    if use_gemv(linear, hidden) and linear.gemv_backend == "row":
+    after the other would give it; the norm and the projection one kernel when the decode
+    GEMV takes `hidden`. `linear` is a `linear.MergedColumnLinear` (not named in the
+    annotation: that module imports this one)."""
+    if use_gemv(linear, hidden) and (residual is None or residual.is_contiguous()):
         from sglang_aux.srt.layers.triton_ops.row_gemv import row_gemv
 
         y, stream = row_gemv(hidden, linear.weight, linear.bias, norm_weight=norm.weight,
                              eps=norm.variance_epsilon, residual=residual)
-        return (y if act is None else act(y)), stream
-    if use_gemv(linear, hidden):
-        from sglang_aux.srt.layers.triton_ops.skinny_gemm import skinny_gemm
-
-        return skinny_gemm(hidden, linear.weight, linear.bias, norm_weight=norm.weight,
-                           eps=norm.variance_epsilon, residual=residual,
-                           silu_mul=act is not None)
-    x, stream = add_norm(norm, hidden, residual)
-    y = linear(x)
+    else:
+        x, stream = add_norm(norm, hidden, residual)
+        y = linear(x)
     return (y if act is None else act(y)), stream

@@ -14,8 +14,8 @@ once after.
 A parameter cut from a larger checkpoint tensor carries `tp_slice = (dim, start, full)`: the
 dimension, this rank's first index along it and the checkpoint's size there.
 
-Both run a forward of at most 16 tokens through the decode GEMV kernel when
-`gemv_backend` is `triton` (`decode_gemv.py`; the runner sets it from the server flag).
+Both run a one-token forward through the decode GEMV kernel when `gemv_backend` is `triton`
+(`decode_gemv.py`; the runner sets it from the server flag).
 """
 
 from __future__ import annotations
@@ -33,19 +33,13 @@ from sglang_aux.srt.distributed.parallel_state import (
     get_tensor_model_parallel_rank,
     get_tensor_model_parallel_world_size,
 )
-from sglang_aux.srt.layers.decode_gemv import use_gemv
+from sglang_aux.srt.layers.decode_gemv import gemv_linear, use_gemv
 
 
 def _linear(layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """`x W^T + bias` of `layer`'s weight: the decode GEMV kernel or cuBLAS / the CPU GEMM."""
-    if use_gemv(layer, x) and layer.gemv_backend == "row":
-        from sglang_aux.srt.layers.triton_ops.row_gemv import row_gemv
-
-        return row_gemv(x, layer.weight, bias)
     if use_gemv(layer, x):
-        from sglang_aux.srt.layers.triton_ops.skinny_gemm import skinny_gemm
-
-        return skinny_gemm(x, layer.weight, bias)
+        return gemv_linear(layer, x, bias)
     return F.linear(x, layer.weight, bias)
 
 

@@ -4,7 +4,7 @@
 - `rope_store`: per-head q/k RMSNorm (optional), NeoX RoPE at `positions`, and the K/V store.
 - `silu_and_mul`: `silu(gate) * up` from one `[T, 2 * I]` gate-up projection.
 - `attn_res_mix`: Kimi-K3-style Block AttnRes mixing (scores, softmax over sources, sum).
-- `skinny_gemm`: the decode GEMV (<= 16 rows), split K reduced in-kernel, with the RMSNorm
-  before it, the bias and the SiLU-mul fused (behind `--decode-gemv-backend`).
+- `row_gemv`: the decode GEMV of one row, with the RMSNorm (and residual add) before it and
+  the bias fused (behind `--decode-gemv-backend`).
 - `dispatch`: when a layer runs its kernel rather than its torch twin.
 """

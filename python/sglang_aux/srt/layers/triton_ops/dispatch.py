@@ -23,12 +23,11 @@ import torch
 
 ENV_VAR = "SGLANG_AUX_FUSED_KERNELS"
 MODES = ("auto", "off", "force")
-# `--decode-gemv-backend`: the dense projections of small forwards on cuBLAS (torch) or on the
-# skinny-GEMM kernel (triton; layers/decode_gemv.py), which these rules then gate like any other.
-GEMV_BACKENDS = ("torch", "triton", "row")
-# What the skinny GEMM takes (here, so the torch path decides without importing Triton): rows
-# of one 16-row tensor-core operand, and these weight dtypes.
-GEMV_MAX_ROWS = 16
+# `--decode-gemv-backend`: the dense projections of one-row forwards on cuBLAS (torch) or on the
+# row GEMV kernel (triton; layers/decode_gemv.py), which these rules then gate like any other.
+GEMV_BACKENDS = ("torch", "triton")
+# What the row GEMV takes (here, so the torch path decides without importing Triton): these
+# weight dtypes.
 GEMV_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 

@@ -6,7 +6,7 @@ the row in fp32 registers (no tensor cores), one reduction at the end. Each prog
 BLOCK_N outputs and the whole K, so the sum is in one order on every run (deterministic) and
 needs no second pass.
 
-Fused variants (constexpr flags), with the contracts of `skinny_gemm.py`:
+Fused variants (constexpr flags):
 - `HAS_NORM`: x is the pre-norm stream; every program loads the whole row once (K_PAD
   elements, a few KB from L2), takes its RMS, then normalizes each K slice as it streams,
   rounded to the dtype as the unfused `linear(norm(x))` sees it. With `HAS_RESIDUAL` the stream
@@ -28,6 +28,8 @@ from dataclasses import dataclass
 import torch
 import triton
 import triton.language as tl
+
+from sglang_aux.srt.layers.triton_ops.dispatch import GEMV_DTYPES
 
 
 @dataclass(frozen=True)
@@ -123,7 +125,12 @@ def row_gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = 
              silu_input: bool = False, config: RowGemvConfig | None = None
              ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """x `[1, K]` contiguous, weight `[N, K]` contiguous -> `[1, N]` (`[1, N / 2]` with
-    `silu_mul`); with `norm_weight` the result is `(y, stream)` as `skinny_gemm` gives it."""
+    `silu_mul`) in x's dtype.
+
+    With `norm_weight` `[K]`, x is the residual stream before an RMSNorm of `eps` (plus
+    `residual` when given) and the result is `(y, stream)`: the stream is a new tensor when
+    `residual` is given, else x itself, as the unfused add + norm returns it. With
+    `silu_input`, x is a gate | up row `[1, 2 K]`."""
     if x.dim() != 2 or x.shape[0] != 1 or not x.is_contiguous():
         raise ValueError(f"row_gemv needs one contiguous row [1, K], got {tuple(x.shape)}")
     k = x.shape[1] // 2 if silu_input else x.shape[1]
@@ -133,9 +140,22 @@ def row_gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = 
     if weight.dim() != 2 or weight.shape[1] != k or not weight.is_contiguous():
         raise ValueError(f"weight {tuple(weight.shape)} is not a contiguous [N, {k}] for "
                          f"the input {tuple(x.shape)}")
+    if x.dtype != weight.dtype or x.dtype not in GEMV_DTYPES:
+        raise ValueError(f"row_gemv takes x and weight of one dtype of {GEMV_DTYPES}, "
+                         f"got {x.dtype} and {weight.dtype}")
     n = weight.shape[0]
+    if bias is not None and tuple(bias.shape) != (n,):
+        raise ValueError(f"bias {tuple(bias.shape)} does not match the weight's {n} rows")
+    if silu_mul and n % 2:
+        raise ValueError(f"silu_mul needs a gate | up weight of even rows, got {n}")
+    if residual is not None and (norm_weight is None or residual.shape != x.shape
+                                 or not residual.is_contiguous()):
+        raise ValueError(f"a residual {tuple(residual.shape)} needs a norm and the input's "
+                         f"shape {tuple(x.shape)}, contiguous")
+    if norm_weight is not None and tuple(norm_weight.shape) != (k,):
+        raise ValueError(f"norm weight {tuple(norm_weight.shape)} does not match K = {k}")
     n_out = n // 2 if silu_mul else n
-    cfg = config or row_gemv_config(n_out, k, norm_weight is not None)
+    cfg = config or row_gemv_config(n_out, norm_weight is not None)
     y = torch.empty((1, n_out), dtype=x.dtype, device=x.device)
     stream = torch.empty_like(x) if residual is not None else x
     _row_gemv_kernel[(triton.cdiv(n_out, cfg.block_n),)](
@@ -149,10 +169,17 @@ def row_gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = 
     return y if norm_weight is None else (y, stream)
 
 
-def row_gemv_config(n_out: int, k: int, fused_norm: bool = False) -> RowGemvConfig:
-    """Tiles measured best on the H200 at Qwen2.5-1.5B's projections (bench_gemv.py)."""
-    if fused_norm:
-        return RowGemvConfig(block_n=4, block_k=1024, num_warps=8)
-    if k <= 4096 and n_out >= 8192:
+# Outputs from which a projection counts as wide (gate_up, the LM head): its many programs
+# keep the device busy with short rows of 4 outputs.
+WIDE_N = 8192
+
+
+def row_gemv_config(n_out: int, fused_norm: bool = False) -> RowGemvConfig:
+    """The tiles measured fastest on the H200 at Qwen2.5-1.5B's projections
+    (`bench_gemv.py --row-configs`, docs/kernels.md): a fused norm amortizes its row
+    statistics over 8 outputs a program unless the projection is wide."""
+    if n_out >= WIDE_N:
         return RowGemvConfig(block_n=4, block_k=512, num_warps=4, num_stages=3)
-    return RowGemvConfig(block_n=2, block_k=2048, num_warps=8)
+    if fused_norm:
+        return RowGemvConfig(block_n=8, block_k=1024, num_warps=8)
+    return RowGemvConfig(block_n=2, block_k=1024, num_warps=4)
