@@ -24,8 +24,8 @@ ROOT = Path(__file__).resolve().parent.parent
 SRT = "python/sglang_aux/srt"
 COPIED = ("python", "test", "pyproject.toml")
 T = "test/registered"
-LAW = f"{T}/speculative/test_rejection_law.py"
-ENGINE_LAW = f"{T}/speculative/test_dflash_sampling_law.py"
+LAW = f"{T}/speculative/test_dflash_info_law.py"
+ENGINE_LAW = f"{T}/speculative/test_acceptance_law.py"
 WORKER = f"{T}/speculative/test_dflash_worker.py"
 TAPS = f"{T}/compat/test_aux_taps_hf.py"
 PENALTIES = f"{T}/sampling/test_penalties.py"
@@ -61,9 +61,10 @@ MUTATIONS = [
              (f"{T}/speculative/test_dspark_proposal.py::"
               "test_distributions_go_into_a_given_view",)),
     Mutation("rejection sampling reads the anchor's distribution as the first draft's",
-             f"{SRT}/speculative/dflash_worker.py",
-             "return self._draft_probs[:bs, 1:]", "return self._draft_probs[:bs, :-1]",
-             (f"{WORKER}::test_sampled_drafts_and_their_distributions_line_up",)),
+             f"{SRT}/speculative/draft_proposals.py",
+             "return self.probs[:bs, 1:]", "return self.probs[:bs, :-1]",
+             (f"{T}/speculative/test_draft_proposals.py::"
+              "test_sampled_drafts_and_their_distributions_line_up",)),
     # draft training: the sliced LM-head loss (its gradient is handed on in the caller's
     # backward; parameters read inside get theirs during the objective)
     Mutation("sliced loss: the slices' gradients are not handed on to the draft",
@@ -89,46 +90,47 @@ MUTATIONS = [
              ("test/registered/managers/test_chunked_prefill.py",)),
     # DSpark compact verify (issue 30): survival is the running product of confidences
     Mutation("compact verify ranks raw confidences, not survivals",
-             f"{SRT}/speculative/compact_verify.py",
+             f"{SRT}/speculative/verify_plan.py",
              "survival = torch.cumprod(confidence.float(), dim=1)",
              "survival = confidence.float()",
-             ("test/registered/speculative/test_compact_verify.py",)),
+             (f"{T}/speculative/test_verify_plan.py",)),
     # the DSpark worker (issue 30)
     Mutation("compact verify: greedy acceptance past a request's verified tokens",
-             f"{SRT}/speculative/dflash_worker.py",
-             "self._verify_lens[:r]).packed()", "None).packed()", (DSPARK_KNOWN,)),
+             f"{SRT}/speculative/acceptance.py",
+             "self.plan.verify_lens[:r]).packed()", "None).packed()", (DSPARK_KNOWN,)),
     Mutation("compact verify: rejection sampling past a request's verified tokens",
-             f"{SRT}/speculative/dflash_worker.py",
-             "num_verified=self._verify_lens[:r])", "num_verified=None)",
+             f"{SRT}/speculative/acceptance.py",
+             "num_verified=self.plan.verify_lens[:r])", "num_verified=None)",
              (f"{ENGINE_LAW}::test_compact_verify_keeps_every_token_on_the_target_law",)),
     Mutation("ragged verify: each token reads the draft one position late",
              f"{SRT}/model_executor/runner/ragged_step_prologue.py",
              "(offset - 1).clamp_min(0)]", "offset.clamp_max(block.shape[1] - 1)]",
              (DSPARK_KNOWN,)),
     Mutation("DSpark's Markov loop starts from the mask token, not the anchor",
-             f"{SRT}/speculative/dspark_worker.py",
-             "fb.input_ids.view(bs, gamma)[:, 0]", "fb.input_ids.view(bs, gamma)[:, 1]",
+             f"{SRT}/speculative/dspark_proposal.py",
+             "fb.input_ids.view(bs, n)[:, 0]", "fb.input_ids.view(bs, n)[:, 1]",
              (f"{ENGINE_LAW}::test_every_block_position_follows_the_target_law[DSPARK]",)),
     # structured output (issue 28): block masks, their rollback, no overlap lag
     Mutation("DFlash verify ignores the grammar masks",
-             f"{SRT}/speculative/dflash_worker.py",
+             f"{SRT}/speculative/acceptance.py",
              "            apply_token_bitmask(processed, token_bitmask)",
              "            pass", (GRAMMAR,)),
     Mutation("compact verify ignores the grammar masks",
              f"{SRT}/speculative/dflash_worker.py",
-             "rows, logits, has_sampling, token_bitmask)", "rows, logits, has_sampling, None)",
+             "token_bitmask=token_bitmask)", "token_bitmask=None)",
              (f"{GRAMMAR}::test_dspark_greedy_with_a_grammar_equals_target_only",)),
     Mutation("ragged verify attention: a request's tokens all at its first position",
              f"{SRT}/layers/attention/torch_native_backend.py",
              "q_pos[run, offset], seq[run, offset] = fb.positions, fb.seq_lens[:n]",
              "q_pos[run, offset], seq[run, offset] = fb.positions[starts[run]], "
              "fb.seq_lens[:n]",
-             (f"{T}/speculative/test_dflash_compact.py::"
+             (f"{T}/speculative/test_verify_plan_dflash.py::"
               "test_ragged_verify_attention_reads_each_request_once",)),
     Mutation("DFlash compact verify plans from stale confidences",
-             f"{SRT}/speculative/dflash_worker.py",
-             "            max_probability(logits, self._confidence[:bs])", "            pass",
-             (f"{T}/speculative/test_dflash_compact.py::"
+             f"{SRT}/speculative/draft_proposals.py",
+             "            max_probability(logits, self.proposals.confidence[:bs])",
+             "            pass",
+             (f"{T}/speculative/test_verify_plan_dflash.py::"
               "test_confidence_is_the_drafts_probability_of_its_proposal",)),
     Mutation("chunk rows not capped below the staged projection's start",
              f"{SRT}/model_executor/model_runner.py",
@@ -160,7 +162,7 @@ MUTATIONS = [
              "q_next = torch.where((accepted <= limit)[:, None], q_next, 0.0)",
              (LAW, ENGINE_LAW)),
     Mutation("proposal drawn with the accept test's random number",
-             f"{SRT}/speculative/dflash_worker.py",
+             f"{SRT}/speculative/draft_proposals.py",
              "uniform(params.seed[:, None], positions, Lane.DRAFT)",
              "uniform(params.seed[:, None], positions, Lane.ACCEPT)", (ENGINE_LAW,)),
     Mutation("Llama/Qwen aux states tapped one layer off", f"{SRT}/models/llama.py",
@@ -195,14 +197,14 @@ MUTATIONS = [
     Mutation("corrected token drawn from max(q - p, 0)", f"{SRT}/speculative/dflash_info.py",
              "residual = (p_next - q_next).clamp_min_(0)",
              "residual = (q_next - p_next).clamp_min_(0)", (LAW,)),
-    Mutation("verify step commits no draft context", f"{SRT}/speculative/dflash_worker.py",
-             "the forward just wrote, and accept greedily (`_verdicts[:bs]`).\"\"\"\n"
-             "        self.commit_draft_context(",
-             "the forward just wrote, and accept greedily (`_verdicts[:bs]`).\"\"\"\n"
+    Mutation("verify step commits no draft context", f"{SRT}/speculative/acceptance.py",
+             "the forward just wrote, and accept greedily (`verdicts[:bs]`).\"\"\"\n"
+             "        self.draft_context.commit_forward(",
+             "the forward just wrote, and accept greedily (`verdicts[:bs]`).\"\"\"\n"
              "        (lambda *a: None)(", (CONTEXT,)),
-    Mutation("prefill commits no draft context", f"{SRT}/speculative/dflash_worker.py",
+    Mutation("prefill commits no draft context", f"{SRT}/speculative/draft_context.py",
              "context from the aux rows (or projection) the forward just wrote.\"\"\"\n"
-             "        self.commit_draft_context(",
+             "        self.commit_forward(",
              "context from the aux rows (or projection) the forward just wrote.\"\"\"\n"
              "        (lambda *a: None)(", (CONTEXT,)),
     Mutation("top-k keeps every token tied at the cut", f"{SRT}/sampling/top_k_top_p.py",
@@ -218,7 +220,7 @@ MUTATIONS = [
              "temperature = torch.ones_like(params.temperature)",
              (f"{T}/sampling/test_sampler.py", f"{T}/sampling/test_top_k_top_p.py")),
     Mutation("corrected / bonus draw shares the accept tests' stream",
-             f"{SRT}/speculative/dflash_worker.py",
+             f"{SRT}/speculative/acceptance.py",
              "uniform(seed, positions + 1, Lane.RESIDUAL)",
              "uniform(seed, positions + 1, Lane.ACCEPT)",
              (ENGINE_LAW,)),
@@ -226,11 +228,12 @@ MUTATIONS = [
              f"{SRT}/speculative/dflash_info.py",
              "accepted = ok.long().cumprod(-1).sum(-1)  # [bs]",
              "accepted = ok.long().sum(-1)  # [bs]", (LAW,)),
-    Mutation("sampled requests keep their greedy verdicts", f"{SRT}/speculative/dflash_worker.py",
+    Mutation("sampled requests keep their greedy verdicts", f"{SRT}/speculative/acceptance.py",
              "verdicts.copy_(torch.where(params.is_greedy[:, None],",
              "verdicts.copy_(torch.where(params.is_greedy[:, None] | True,",
              (ENGINE_LAW,)),
-    Mutation("draft context committed at the next position", f"{SRT}/speculative/dflash_worker.py",
+    Mutation("draft context committed at the next position",
+             f"{SRT}/speculative/draft_context.py",
              "draft.write_context_kv(aux, positions, out_cache_loc, pool)",
              "draft.write_context_kv(aux, positions + 1, out_cache_loc, pool)", (CONTEXT,)),
     Mutation("packer: every capture into the first column block",
@@ -241,10 +244,9 @@ MUTATIONS = [
              "req.kv_len += row[0] + 1", "req.kv_len += row[0]", (KNOWN,)),
     Mutation("slot bookkeeping: the request-to-token rows advance one short",
              f"{SRT}/speculative/dflash_worker.py",
-             "verdicts = self._verdicts[:bs]  # [bs, 1 + B]: accepted drafts, then the new tokens\n"
-             "        added = verdicts[:, 0] + 1",
-             "verdicts = self._verdicts[:bs]  # [bs, 1 + B]: accepted drafts, then the new tokens\n"
-             "        added = verdicts[:, 0]", (KNOWN,)),
+             "verdicts = self.acceptance.verdicts[:bs]\n        added = verdicts[:, 0] + 1",
+             "verdicts = self.acceptance.verdicts[:bs]\n        added = verdicts[:, 0]",
+             (KNOWN,)),
     Mutation("emitted tokens drop the bonus", f"{SRT}/speculative/dflash_worker.py",
              "return row[1 : row[0] + 2]", "return row[1 : row[0] + 1]", (KNOWN,)),
     Mutation("staged projection: every slice's scales into the first columns",

@@ -61,7 +61,7 @@ def run_one(a: argparse.Namespace, max_bs: int, path: str) -> dict:
     cfg, draft_cfg = model_configs(a)
     args = ServerArgs(
         model_path=a.model_path or a.preset, device=a.device, load_format="dummy",
-        speculative_algorithm="DFLASH", speculative_num_draft_tokens=a.block,
+        speculative_algorithm="DFLASH", speculative_verify_width=a.block,
         max_running_requests=max_bs, cuda_graph_max_bs_decode=max_bs, max_total_tokens=8192,
         disable_shared_aux_buffer=path != "shared", disable_decode_cuda_graph=True,
         disable_prefill_cuda_graph=True,  # the verify graphs alone, captured below

@@ -16,10 +16,11 @@
 # --disable-radix-cache, *_delay --enable-prefill-delayer, *_beside --enable-concurrent-prefill,
 # *_mixed --enable-mixed-chunk,
 # dflash_streamed --speculative-dflash-aux-projection streamed; dflash_compact:
-# SGLANG_RAGGED_VERIFY_MODE=compact (the draft's probabilities as confidences, SERVER_FLAGS may
-# add --compact-verify-budget-frac F); dspark / dspark_compact: DSpark
-# with the draft DSPARK_DRAFT (environment), static verify / SGLANG_RAGGED_VERIFY_MODE=compact,
-# DSPARK_FLAGS (environment) added, e.g. --speculative-dspark-block-size 7).
+# --speculative-verify-mode compact (the draft's probabilities as confidences, SERVER_FLAGS may
+# add --compact-verify-budget-frac F, which static configs refuse); dspark / dspark_compact:
+# DSpark with the draft DSPARK_DRAFT (environment), --speculative-verify-mode static / compact,
+# DSPARK_FLAGS (environment) added, e.g. --speculative-verify-width 8). Every speculative
+# config passes its verify mode, so SGLANG_RAGGED_VERIFY_MODE in the environment changes none.
 # Needs the target (a folder, or a built-in name imported on first use) and GSM8K
 # (SGLANG_AUX_GSM8K_DIR).
 set -uo pipefail
@@ -74,7 +75,8 @@ for cfg in $configs; do
     *) echo "unknown config $cfg"; continue ;;
   esac
   mode=static; [[ $cfg == *_compact ]] && mode=compact
-  SGLANG_RAGGED_VERIFY_MODE=$mode serve $cfg "${flags[@]}" || continue
+  [[ " ${flags[*]} " == *" NONE "* ]] || flags+=(--speculative-verify-mode "$mode")
+  serve $cfg "${flags[@]}" || continue
   curl -s localhost:$port/get_server_info > "$out/server_info_$cfg.json"
   harness $cfg "$n" 32
   if [[ -n ${SGLANG_HARNESS:-} && $cfg =~ ^(target|dflash)$ ]]; then

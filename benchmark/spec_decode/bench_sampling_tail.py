@@ -113,7 +113,7 @@ def main() -> None:
     worker, cuda = engine.worker, args.device == "cuda"
     vocab = engine.model_config.hf_config.vocab_size
     _check(engine, vocab)
-    probs = worker._draft_probs
+    probs = worker.proposals.probs
     rows, memory = [], {"draft_probs_bytes": probs.numel() * probs.element_size()}
     for runner in (worker.draft_runner, worker.target_runner):
         gr = runner.step_graphs
@@ -132,7 +132,7 @@ def main() -> None:
         r["sorted_tail_ms"] = old[r["graph"]]["tail_ms"][r["bs"]]
     alone = [_probs_alone(worker.target_runner.step_graphs.backend, bs * width, vocab,
                           args.iters) for bs in args.bs
-             for width in (worker.block_size - 1, worker.block_size)] if cuda else []
+             for width in (worker.verify_width - 1, worker.verify_width)] if cuda else []
     mib = 2.0**-20
     print(f"draft distributions buffer: {memory['draft_probs_bytes'] * mib:.1f} MiB")
     for mode in ("DRAFT_BLOCK", "TARGET_VERIFY"):

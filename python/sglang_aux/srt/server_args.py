@@ -24,10 +24,17 @@ AUX_PROJECTIONS = ("packed", "streamed")
 # What the CLI offers: the algorithms that run (EAGLE3 stays in the enum, where the gating
 # checks use it).
 CLI_ALGORITHMS = ("NONE", "DFLASH", "DSPARK")
-# SGLang's environment variable choosing how many tokens each DSpark request verifies:
-# static (all gamma + 1), compact (per-request lengths from the confidence head)
+# How many tokens each request of the DFlash family verifies: static (its whole verify width),
+# compact (per-request lengths from the draft's confidences). SGLang chooses it with an
+# environment variable, read here as --speculative-verify-mode's default.
+VERIFY_MODES = ("static", "compact")
 RAGGED_VERIFY_MODE_ENV = "SGLANG_RAGGED_VERIFY_MODE"
-RAGGED_VERIFY_MODES = ("static", "compact")
+DEFAULT_COMPACT_VERIFY_BUDGET_FRAC = 0.5
+# SGLang's spellings of --speculative-verify-width; DSpark's counts proposals (one fewer)
+VERIFY_WIDTH_ALIASES = ("--speculative-num-draft-tokens", "--speculative-dflash-block-size")
+DSPARK_PROPOSALS_FLAG = "--speculative-dspark-block-size"
+COMPACT_ONLY_FLAGS = ("compact_verify_budget_frac", "compact_verify_max_tokens",
+                      "speculative_dspark_align_verify_tokens_to_graph_tier")
 
 logger = logging.getLogger(__name__)
 
@@ -47,6 +54,34 @@ def _cli_algorithm(name: str) -> str:
         return name  # argparse names the choices for an unknown one
     raise argparse.ArgumentTypeError(
         f"{name} is not implemented in this runtime; choose from {', '.join(CLI_ALGORITHMS)}")
+
+
+def _flag(name: str) -> str:
+    return f"--{name.replace('_', '-')}"
+
+
+class _VerifyWidthFlag(argparse.Action):
+    """Every spelling of the verify width into its one field: DSpark's proposal count G
+    (`--speculative-dspark-block-size`) is a width of G + 1; two spellings must agree."""
+
+    def __call__(self, parser, namespace, value, option_string=None):
+        width = value + 1 if option_string == DSPARK_PROPOSALS_FLAG else value
+        earlier = getattr(namespace, "verify_width_flag", None)
+        if earlier is not None and namespace.speculative_verify_width != width:
+            parser.error(f"{earlier} and {option_string} give different verify widths "
+                         f"({namespace.speculative_verify_width} and {width} tokens per "
+                         "request, anchor included)")
+        namespace.speculative_verify_width = width
+        namespace.verify_width_flag = option_string
+
+
+def _verify_mode_from_env() -> str:
+    """--speculative-verify-mode's default: SGLang's variable, else static."""
+    mode = os.environ.get(RAGGED_VERIFY_MODE_ENV, "").strip().lower() or "static"
+    if mode not in VERIFY_MODES:
+        raise ValueError(f"{RAGGED_VERIFY_MODE_ENV}={mode!r} is not supported; choose from "
+                         f"{', '.join(VERIFY_MODES)} (SGLang's cap-accept is not built)")
+    return mode
 
 
 def _is_host_port(addr: str) -> bool:
@@ -96,17 +131,18 @@ class ServerArgs:
     dist_timeout: int | None = None
     speculative_algorithm: str | None = None  # None: DFLASH for the built-in default, else NONE
     speculative_draft_model_path: str | None = None
-    speculative_num_draft_tokens: int | None = None
-    speculative_dflash_block_size: int | None = None
-    # DSpark's gamma: proposals per block (a request verifies gamma + 1 tokens); None: the
-    # draft config's block_size, else 7 (SGLang's)
-    speculative_dspark_block_size: int | None = None
-    # compact verify: grow the requests' verify lengths, by survival, to the token bucket the
-    # step's graph pads to anyway (SGLang's flag; no effect under static verify)
+    # tokens a request carries through one verify step, anchor included: its draft's
+    # proposals + 1 (docs/dspark.md); None: the draft config's
+    speculative_verify_width: int | None = None
+    # static or compact (VERIFY_MODES); None: $SGLANG_RAGGED_VERIFY_MODE, else static
+    speculative_verify_mode: str | None = None
+    # compact verify only (COMPACT_ONLY_FLAGS): grow the requests' verify lengths, by
+    # survival, to the token bucket the step's graph pads to anyway (SGLang's flag)
     speculative_dspark_align_verify_tokens_to_graph_tier: bool = False
     # ours: compact verify's extra tokens per step beyond each request's anchor, as a fraction
-    # of every request's gamma drafts (1.0 verifies everything, as SGLang without a cost table)
-    compact_verify_budget_frac: float = 0.5
+    # of every request's proposals (1.0 verifies everything, as SGLang without a cost table);
+    # None: DEFAULT_COMPACT_VERIFY_BUDGET_FRAC under compact verify
+    compact_verify_budget_frac: float | None = None
     compact_verify_max_tokens: int | None = None  # set: the budget is the step's token cap
     speculative_draft_fc_quantization: str | None = None  # "mxfp8"; None: the draft config's
     dflash_staged_projection_min_tokens: int = 1024  # staged MXFP8 fc input from this size on
@@ -219,6 +255,12 @@ class ServerArgs:
                              "arrivals' prefills beside the running batch's step: pick one")
         if algo.is_dflash_family():
             self._check_dflash(algo)
+        else:
+            given = self._given("speculative_verify_width", "speculative_verify_mode",
+                                *COMPACT_ONLY_FLAGS)
+            if given:
+                raise ValueError(f"{', '.join(given)} only act with --speculative-algorithm "
+                                 f"DFLASH or DSPARK (got {algo.value})")
 
     def _check_parallel(self) -> None:
         """The tensor-parallel layout: whole nodes of ranks, a rendezvous across nodes."""
@@ -236,73 +278,57 @@ class ServerArgs:
         if self.dist_timeout is not None and self.dist_timeout <= 0:
             raise ValueError(f"--dist-timeout must be > 0 seconds, got {self.dist_timeout}")
 
+    def _given(self, *names: str) -> list[str]:
+        """The flags among `names` set on the command line (not None, not a False switch)."""
+        return [_flag(n) for n in names if getattr(self, n) is not None
+                and getattr(self, n) is not False]
+
     def _check_dflash(self, algo: SpeculativeAlgorithm) -> None:
         if self.pp_size > 1:
             raise ValueError(f"{algo.value} does not support pipeline parallelism (--pp-size 1)")
-        self._check_compact_verify(algo)
-        if algo == SpeculativeAlgorithm.DSPARK:
-            self._check_dspark()
-            return
-        n, b = self.speculative_num_draft_tokens, self.speculative_dflash_block_size
-        if n is not None and b is not None and n != b:
-            raise ValueError(
-                f"--speculative-num-draft-tokens ({n}) and --speculative-dflash-block-size ({b}) "
-                "must agree: DFlash verifies one block of draft tokens"
-            )
-        self.speculative_num_draft_tokens = self.speculative_dflash_block_size = n or b
-
-    def _check_dspark(self) -> None:
-        if self.tp_size > 1:
+        least = 3 if algo == SpeculativeAlgorithm.DSPARK else 2  # DSpark: 2 proposals at least
+        if self.speculative_verify_width is not None and self.speculative_verify_width < least:
+            raise ValueError(f"--speculative-verify-width must be >= {least} with {algo.value} "
+                             f"(the anchor and its proposals), got {self.speculative_verify_width}")
+        if algo == SpeculativeAlgorithm.DSPARK and self.tp_size > 1:
             raise ValueError("DSPARK with --tp-size > 1 is not built yet (its proposal loop and "
                              "compact verify are not run across ranks): use --tp-size 1 or "
                              "DFLASH")
-        if self.speculative_dflash_block_size is not None:
-            raise ValueError("--speculative-dflash-block-size is DFlash's; DSpark's block is "
-                             "--speculative-dspark-block-size (gamma)")
-        gamma, n = self.speculative_dspark_block_size, self.speculative_num_draft_tokens
-        if gamma is not None and gamma < 2:
-            raise ValueError(f"--speculative-dspark-block-size must be >= 2, got {gamma}")
-        if gamma is not None and n is not None and n != gamma + 1:
-            raise ValueError(f"--speculative-num-draft-tokens ({n}) must be "
-                             f"--speculative-dspark-block-size + 1 ({gamma + 1}): a DSpark "
-                             "request verifies its anchor and gamma drafts")
-        if n is not None and gamma is None:
-            if n < 3:
-                raise ValueError(f"--speculative-num-draft-tokens must be >= 3 with DSPARK, "
-                                 f"got {n}")
-            self.speculative_dspark_block_size = n - 1
+        self._check_verify_mode(algo)
 
-    def _check_compact_verify(self, algo: SpeculativeAlgorithm) -> None:
-        if not 0.0 <= self.compact_verify_budget_frac <= 1.0:
+    def _check_verify_mode(self, algo: SpeculativeAlgorithm) -> None:
+        mode = self.speculative_verify_mode = (self.speculative_verify_mode
+                                               or _verify_mode_from_env())
+        if mode not in VERIFY_MODES:
+            raise ValueError(f"--speculative-verify-mode must be one of {VERIFY_MODES}, got "
+                             f"{mode!r}")
+        if mode == "static":
+            given = self._given(*COMPACT_ONLY_FLAGS)
+            if given:
+                raise ValueError(f"{', '.join(given)} only act with --speculative-verify-mode "
+                                 "compact (the verify mode is static)")
+            return
+        if self.compact_verify_budget_frac is not None and self.compact_verify_max_tokens:
+            raise ValueError("--compact-verify-budget-frac and --compact-verify-max-tokens are "
+                             "two budgets of compact verify: give one")
+        if self.compact_verify_max_tokens is None and self.compact_verify_budget_frac is None:
+            self.compact_verify_budget_frac = DEFAULT_COMPACT_VERIFY_BUDGET_FRAC
+        if (self.compact_verify_budget_frac is not None
+                and not 0.0 <= self.compact_verify_budget_frac <= 1.0):
             raise ValueError(f"--compact-verify-budget-frac must be in [0, 1], got "
                              f"{self.compact_verify_budget_frac}")
         if self.compact_verify_max_tokens is not None and self.compact_verify_max_tokens < 1:
             raise ValueError(f"--compact-verify-max-tokens must be >= 1, got "
                              f"{self.compact_verify_max_tokens}")
-        mode = self.ragged_verify_mode()
-        if mode == "compact" and self.enable_mixed_chunk:
-            raise ValueError(f"--enable-mixed-chunk with {RAGGED_VERIFY_MODE_ENV}=compact: a "
+        if self.enable_mixed_chunk:
+            raise ValueError("--enable-mixed-chunk with --speculative-verify-mode compact: a "
                              "compact verify step runs ragged lengths no mixed graph takes; "
                              "use static verify or drop the flag")
-        if mode == "compact" and self.tp_size > 1:
+        if self.tp_size > 1:
             # each rank would choose the lengths from its own confidences: ragged shapes that
             # could differ across ranks
-            raise ValueError(f"{algo.value} with {RAGGED_VERIFY_MODE_ENV}=compact and --tp-size "
-                             "> 1 is not built yet: use static verify or --tp-size 1")
-        if self.speculative_dspark_align_verify_tokens_to_graph_tier and mode != "compact":
-            logger.warning("--speculative-dspark-align-verify-tokens-to-graph-tier only acts "
-                           "with %s=compact (got %s)", RAGGED_VERIFY_MODE_ENV, mode)
-
-    @staticmethod
-    def ragged_verify_mode() -> str:
-        """The DFlash family's verify mode from SGLang's environment variable (default static;
-        DSpark reads its confidence head, DFlash its draft's probabilities)."""
-        mode = os.environ.get(RAGGED_VERIFY_MODE_ENV, "static").strip().lower() or "static"
-        if mode not in RAGGED_VERIFY_MODES:
-            raise ValueError(f"{RAGGED_VERIFY_MODE_ENV}={mode!r} is not supported; choose "
-                             f"from {', '.join(RAGGED_VERIFY_MODES)} (SGLang's cap-accept is "
-                             "not built)")
-        return mode
+            raise ValueError(f"{algo.value} with --speculative-verify-mode compact and "
+                             "--tp-size > 1 is not built yet: use static verify or --tp-size 1")
 
     @property
     def spec_algorithm(self) -> SpeculativeAlgorithm:
@@ -398,26 +424,32 @@ class ServerArgs:
         add("--speculative-draft-model-path", default=None,
             help="the DFlash or DSpark draft: a folder, preset or shipped draft (default: "
                  f"{DEFAULT_DRAFT_MODEL} with the default model, else required)")
-        add("--speculative-num-draft-tokens", type=int, default=None,
-            help="tokens per verified block (default: the draft config's block size)")
-        add("--speculative-dflash-block-size", type=int, default=None,
-            help="alias of --speculative-num-draft-tokens for DFlash; must agree "
-                 "(default: the draft config's)")
-        add("--speculative-dspark-block-size", type=int, default=None,
-            help="DSpark's gamma, proposals per draft block; a request verifies gamma + 1 "
-                 "tokens (default: the draft config's block_size, else 7)")
+        add("--speculative-verify-width", *VERIFY_WIDTH_ALIASES, type=int, default=None,
+            action=_VerifyWidthFlag, dest="speculative_verify_width",
+            help="tokens a request carries through one verify step, anchor included: the "
+                 "draft's proposals + 1; SGLang's spellings are accepted (default: the draft "
+                 "config's block_size for DFLASH, its block_size + 1 for DSPARK)")
+        add(DSPARK_PROPOSALS_FLAG, type=int, action=_VerifyWidthFlag,
+            dest="speculative_verify_width",
+            help="SGLang's DSpark flag: proposals per step (gamma), i.e. "
+                 "--speculative-verify-width of this + 1")
+        add("--speculative-verify-mode", default=None, choices=VERIFY_MODES,
+            help="DFLASH or DSPARK: static verifies every request's whole verify width; "
+                 "compact gives each request a length from its draft's confidences under a "
+                 "token budget (docs/dspark.md) (default: SGLang's environment variable "
+                 f"{RAGGED_VERIFY_MODE_ENV} when set, else static)")
         add("--speculative-dspark-align-verify-tokens-to-graph-tier", action="store_true",
-            help=f"with {RAGGED_VERIFY_MODE_ENV}=compact, fill the token bucket a verify step "
-                 "pads to with the next most likely drafts instead of padding")
-        add("--compact-verify-budget-frac", type=float, default=d["compact_verify_budget_frac"],
-            help=f"with {RAGGED_VERIFY_MODE_ENV}=compact (DFLASH or DSPARK), the drafts a step "
-                 "verifies beyond each request's anchor, as a fraction of all its requests' "
-                 "drafts")
+            help="compact verify only: fill the token bucket a verify step pads to with the "
+                 "next most likely drafts instead of padding")
+        add("--compact-verify-budget-frac", type=float, default=None,
+            help="compact verify only: the proposals a step verifies beyond each request's "
+                 "anchor, as a fraction of all its requests' proposals (default: "
+                 f"{DEFAULT_COMPACT_VERIFY_BUDGET_FRAC})")
         add("--compact-verify-max-tokens", type=int, default=None,
-            help=f"with {RAGGED_VERIFY_MODE_ENV}=compact, the budget as a cap instead: a step "
-                 "verifies every draft while its requests' blocks fit this many tokens, and "
-                 "this many (at least one per request) beyond; e.g. where verify stops being "
-                 "memory-bound (replaces --compact-verify-budget-frac)")
+            help="compact verify only, instead of --compact-verify-budget-frac: a step "
+                 "verifies every proposal while its requests' verify widths fit this many "
+                 "tokens, and this many (at least one per request) beyond; e.g. where verify "
+                 "stops being memory-bound")
         add("--speculative-draft-fc-quantization", default=None, choices=FC_QUANTIZATIONS,
             help="store the DFlash draft's fc as MXFP8 (default: the draft config's "
                  "'quantization')")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -27,7 +26,7 @@ from sglang_aux.srt.managers.schedule_batch import (
 from sglang_aux.srt.model_executor.model_runner import ModelRunner
 from sglang_aux.srt.model_loader.preset_checkpoint import write_checkpoint
 from sglang_aux.srt.sampling.sampling_params import SamplingParams
-from sglang_aux.srt.server_args import RAGGED_VERIFY_MODE_ENV, ServerArgs
+from sglang_aux.srt.server_args import ServerArgs
 
 if TYPE_CHECKING:
     from sglang_aux.srt.entrypoints.engine import Engine
@@ -165,7 +164,7 @@ def cached_kv_error(engine: Engine, tokens: list[int]) -> float:
     out = eager_forward(runner, fb)
     pools = [runner.token_to_kv_pool]
     if hasattr(worker, "draft_runner"):
-        worker.commit_draft_context(out.aux_hidden_states, fb.positions, fb.out_cache_loc)
+        worker.draft_context.commit(out.aux_hidden_states, fb.positions, fb.out_cache_loc)
         pools.append(worker.draft_runner.token_to_kv_pool)
     err = max(float((buf[cached] - buf[fb.out_cache_loc]).abs().max())
               for pool in pools for buf in (*pool.k_buffer, *pool.v_buffer))
@@ -206,19 +205,10 @@ def assert_graphs_equal_eager(graphs: Engine, eager: Engine, prompts: list[str],
 
 
 def engine_in_verify_mode(mode: str, **kw) -> Engine:
-    """An Engine started with `SGLANG_RAGGED_VERIFY_MODE=mode` (read at start); the variable
-    is restored after."""
+    """An Engine started with `--speculative-verify-mode mode`."""
     from sglang_aux.srt.entrypoints.engine import Engine
 
-    old = os.environ.get(RAGGED_VERIFY_MODE_ENV)
-    os.environ[RAGGED_VERIFY_MODE_ENV] = mode
-    try:
-        return Engine(**kw)
-    finally:
-        if old is None:
-            del os.environ[RAGGED_VERIFY_MODE_ENV]
-        else:
-            os.environ[RAGGED_VERIFY_MODE_ENV] = old
+    return Engine(speculative_verify_mode=mode, **kw)
 
 
 def record_graph_forwards(runner: ModelRunner) -> list[tuple[int, int | None]]:

@@ -99,7 +99,7 @@ def test_published_draft_loads_and_is_lossless(target, target_only, tmp_path, ca
                         speculative_draft_model_path=draft, **COMMON)
     assert "num_target_layers=36" in caplog.text
     worker = engine.worker
-    assert worker.block_size == BLOCK
+    assert worker.verify_width == BLOCK
     assert worker.mask_token_id == engine.tokenizer.token_to_id(MASK) == BYTE_VOCAB + 3
     assert worker.draft_runner.model.dflash_config.target_layer_ids == DEFAULT_IDS
     outs = engine.generate(PROMPTS, GREEDY)
@@ -132,9 +132,9 @@ def test_settings_read_from_dflash_config_first_then_top_level():
     both = _config(block_size=8, mask_token_id=5, target_layer_ids=[0, 1],
                    dflash_config={"block_size": 4, "target_layer_ids": [2, 4]})
     dc = DFlashConfig.from_hf_config(both, num_target_layers=TARGET_LAYERS)
-    assert (dc.block_size, dc.target_layer_ids, dc.mask_token_id) == (4, [2, 4], 5)
+    assert (dc.draft_block_size, dc.target_layer_ids, dc.mask_token_id) == (4, [2, 4], 5)
     bare = _config(block_size=None, dflash_config={"mask_token_id": 7})
-    assert DFlashConfig.from_hf_config(bare, num_target_layers=36).block_size == 16
+    assert DFlashConfig.from_hf_config(bare, num_target_layers=36).draft_block_size == 16
     one_layer = _config(num_hidden_layers=1, dflash_config={"mask_token_id": 7})
     assert DFlashConfig.from_hf_config(one_layer, num_target_layers=36).target_layer_ids == [18]
     spread = _config(num_hidden_layers=5, dflash_config={"mask_token_id": 7})

@@ -167,13 +167,11 @@ def test_sampling_and_penalties_stay_in_the_grammar(engines, kind, extra):
 
 
 @pytest.mark.parametrize("mode", ["static", "compact"])
-def test_dspark_greedy_with_a_grammar_equals_target_only(engines, ckpts, tmp_path, monkeypatch,
-                                                        mode):
+def test_dspark_greedy_with_a_grammar_equals_target_only(engines, ckpts, tmp_path, mode):
     """DSpark's verify applies the same block masks; compact verifies every token of a
     grammar batch (its ragged rows would not line up with the masks)."""
-    monkeypatch.setenv("SGLANG_RAGGED_VERIFY_MODE", mode)
     dspark = Engine(model_path=ckpts["tiny-llama"],
-                    speculative_algorithm="DSPARK",
+                    speculative_algorithm="DSPARK", speculative_verify_mode=mode,
                     speculative_draft_model_path=tiny_checkpoint("tiny-llama-dspark", tmp_path),
                     disable_overlap_schedule=True, constrained_json_disable_any_whitespace=True,
                     **COMMON)

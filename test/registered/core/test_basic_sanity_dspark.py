@@ -1,5 +1,6 @@
 """End to end: the real server with SGLang's DSPARK flags, static and compact verify
-(`SGLANG_RAGGED_VERIFY_MODE`), against a target-only server.
+(`--speculative-verify-mode`, and SGLang's `SGLANG_RAGGED_VERIFY_MODE` as its default),
+against a target-only server.
 
 Greedy DSpark output equals the target-only server's on both; the responses and
 /get_server_info carry SGLang's speculative fields (and the verify tokens spent, fewer per
@@ -28,7 +29,7 @@ register_cpu_ci(est_time=90, suite="default")
 PROMPTS = ["Question: What is 12 + 30?\nAnswer:", "The quick brown fox", "Natalia sold clips",
            "Hello", "A long time ago in a galaxy far, far away"]
 GREEDY = {"temperature": 0, "max_new_tokens": 16, "ignore_eos": True}
-GAMMA = 3
+NUM_PROPOSALS = 3
 MODES = ("static", "compact")
 
 
@@ -46,12 +47,13 @@ def servers(tmp_path_factory, device):
     common = ["--model-path", target, "--device", device, "--max-total-tokens", "16384",
               "--max-running-requests", "32", "--cuda-graph-max-bs-decode", "8"]
     dspark = [*common, "--speculative-algorithm", "DSPARK", "--speculative-draft-model-path",
-              draft, "--speculative-dspark-block-size", str(GAMMA),
-              "--speculative-num-draft-tokens", str(GAMMA + 1)]
+              draft, "--speculative-dspark-block-size", str(NUM_PROPOSALS),
+              "--speculative-num-draft-tokens", str(NUM_PROPOSALS + 1)]
     logs = tmp_path_factory.mktemp("log")
     with pytest.MonkeyPatch.context() as mp:
-        mp.setenv(RAGGED_VERIFY_MODE_ENV, "static")
+        mp.delenv(RAGGED_VERIFY_MODE_ENV, raising=False)
         with launched_server(dspark, logs / "static.log") as static:
+            # compact from SGLang's variable, the flag's default
             mp.setenv(RAGGED_VERIFY_MODE_ENV, "compact")
             with launched_server([*dspark, "--speculative-dspark-align-verify-tokens-to-graph-"
                                   "tier"], logs / "compact.log") as compact, \
@@ -74,10 +76,10 @@ def test_greedy_dspark_equals_target_only_server(servers, mode):
         assert a["output_ids"] == b["output_ids"] and a["text"] == b["text"]
         m = a["meta_info"]
         assert m["completion_tokens"] == GREEDY["max_new_tokens"]
-        assert_spec_counts(m, GAMMA + 1)
-        assert 0 < m["spec_verify_tokens"] <= (GAMMA + 1) * m["spec_verify_ct"]
+        assert_spec_counts(m, NUM_PROPOSALS + 1)
+        assert 0 < m["spec_verify_tokens"] <= (NUM_PROPOSALS + 1) * m["spec_verify_ct"]
         if mode == "static":
-            assert m["spec_verify_tokens"] == (GAMMA + 1) * m["spec_verify_ct"]
+            assert m["spec_verify_tokens"] == (NUM_PROPOSALS + 1) * m["spec_verify_ct"]
         assert b["meta_info"]["spec_accept_length"] == 0.0
 
 
@@ -88,7 +90,8 @@ def test_server_info_carries_the_spec_fields(servers):
             _generate(servers[mode], prompt)
         info = httpx.get(f"{servers[mode]}/get_server_info").json()
         assert info["speculative_algorithm"] == "DSPARK"
-        assert info["server_args"]["speculative_dspark_block_size"] == GAMMA
+        assert info["server_args"]["speculative_verify_width"] == NUM_PROPOSALS + 1
+        assert info["server_args"]["speculative_verify_mode"] == mode
         state = info["internal_states"][0]
         assert state["avg_spec_accept_length"] >= 1.0
         ratios[mode] = state["avg_spec_verify_tokens_per_accepted"]
@@ -98,7 +101,7 @@ def test_server_info_carries_the_spec_fields(servers):
     assert 0 < ratios["compact"] < ratios["static"], ratios
     compact = httpx.get(f"{servers['compact']}/get_server_info").json()
     # token buckets, several per request count
-    assert compact["capture_bs"][-1] == 8 * (GAMMA + 1)
+    assert compact["capture_bs"][-1] == 8 * (NUM_PROPOSALS + 1)
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -148,7 +151,7 @@ def test_gsm8k_harness_on_real_questions(servers, mode, capsys):
                           "--num-shots", "2", "--max-new-tokens", "16", "--parallel", "3"])
     assert metrics["num_questions"] == 3 and metrics["num_errors"] == 0
     assert metrics["accept_length"] >= 1.0
-    assert 0 < metrics["verify_tokens_per_accepted"] <= GAMMA + 1
+    assert 0 < metrics["verify_tokens_per_accepted"] <= NUM_PROPOSALS + 1
     assert "Verify tokens per accepted token: " in capsys.readouterr().out
 
 

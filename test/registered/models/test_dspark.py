@@ -13,9 +13,14 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from sglang_aux.srt.configs.dspark_config import DEFAULT_DSPARK_GAMMA, DSparkConfig
+from sglang_aux.srt.configs.dspark_config import DEFAULT_DSPARK_PROPOSALS, DSparkConfig
 from sglang_aux.srt.configs.model_config import ModelConfig
-from sglang_aux.srt.configs.presets import PRESETS, TINY_DSPARK_GAMMA, TINY_MARKOV_RANK, TINY_VOCAB
+from sglang_aux.srt.configs.presets import (
+    PRESETS,
+    TINY_DSPARK_PROPOSALS,
+    TINY_MARKOV_RANK,
+    TINY_VOCAB,
+)
 from sglang_aux.srt.model_loader.loader import get_model
 from sglang_aux.srt.model_loader.preset_checkpoint import write_checkpoint
 from sglang_aux.srt.models.dflash import DFlashDraftModel
@@ -48,8 +53,8 @@ def _rewrite(folder: Path, *, drop=(), config_updates=None, prefix="") -> Path:
 def test_preset_saves_and_loads_every_tensor(preset, tmp_path):
     folder = write_checkpoint(preset, tmp_path / preset, seed=3)
     model = _load(folder)
-    assert type(model) is DSparkDraftModel and model.gamma == TINY_DSPARK_GAMMA
-    assert model.dflash_config.block_size == TINY_DSPARK_GAMMA
+    assert type(model) is DSparkDraftModel and model.num_proposals == TINY_DSPARK_PROPOSALS
+    assert model.dflash_config.draft_block_size == TINY_DSPARK_PROPOSALS
     h = PRESETS[preset]["hidden_size"]
     assert model.markov_head.markov_w1.weight.shape == (TINY_VOCAB, TINY_MARKOV_RANK)
     assert model.markov_head.markov_w2.weight.shape == (TINY_VOCAB, TINY_MARKOV_RANK)
@@ -75,12 +80,12 @@ def test_published_sglang_layout_loads(tmp_path):
     saved["lm_head.weight"] = torch.zeros(TINY_VOCAB, 64)
     save_file(saved, str(folder / "model.safetensors"))
     _rewrite(folder, prefix="model.", config_updates={
-        **config, "architectures": ["Qwen3DSparkModel"], "block_size": DEFAULT_DSPARK_GAMMA,
+        **config, "architectures": ["Qwen3DSparkModel"], "block_size": DEFAULT_DSPARK_PROPOSALS,
         "dflash_config": {"mask_token_id": dc["mask_token_id"],
                           "target_layer_ids": dc["target_layer_ids"]}})
     model = _load(folder)
     assert type(model) is Qwen3DSparkModel
-    assert model.gamma == model.dflash_config.block_size == DEFAULT_DSPARK_GAMMA
+    assert model.num_proposals == model.dflash_config.draft_block_size == DEFAULT_DSPARK_PROPOSALS
     assert model.dflash_config.mask_token_id == dc["mask_token_id"]
     assert model.dflash_config.target_layer_ids == dc["target_layer_ids"]
     assert torch.equal(model.markov_head.markov_w1.weight,
@@ -92,10 +97,11 @@ def test_settings_under_dspark_config_win():
                              dspark_config={"markov_rank": 8, "block_size": 7,
                                             "enable_confidence_head": False})
     dc = DSparkConfig.from_hf_config(config)
-    assert (dc.markov_rank, dc.gamma, dc.confidence_head) == (8, 7, False)
-    # no block size anywhere: SGLang's default gamma
+    assert (dc.markov_rank, dc.num_proposals, dc.confidence_head) == (8, 7, False)
+    # no block size anywhere: SGLang's default proposal count
     assert DSparkConfig.from_hf_config(
-        SimpleNamespace(markov_rank=4, markov_head_type="vanilla")).gamma == DEFAULT_DSPARK_GAMMA
+        SimpleNamespace(markov_rank=4, markov_head_type="vanilla")
+    ).num_proposals == DEFAULT_DSPARK_PROPOSALS
 
 
 def test_dflash_checkpoint_is_refused_naming_the_markov_head(tmp_path):
@@ -122,7 +128,8 @@ def test_checkpoint_missing_one_markov_tensor_is_refused(tmp_path):
     ({"markov_head_type": "gated"}, "'gated' is not supported"),
     ({"enable_confidence_head": "yes"}, "enable_confidence_head must be true or false"),
     ({"speculators_model_type": "dspark"}, "speculators layout"),
-    ({"dflash_config": {"block_size": 1}}, r"block_size \(gamma\) must be an integer >= 2"),
+    ({"dflash_config": {"block_size": 1}},
+     r"block_size \(proposals per step\) must be an integer >= 2"),
 ])
 def test_bad_config_is_refused(fields, message):
     config = SimpleNamespace(**{**PRESETS["tiny-llama-dspark"], **fields})

@@ -93,7 +93,7 @@ def _dflash_and_target_only(engines) -> tuple[list[dict], list[dict]]:
     ids = [plain.tokenizer.encode(p) for p in PROMPTS]
     want = plain.generate(input_ids=ids, **DFLASH_KW)
     refs = {tuple(i): w["output_ids"] for i, w in zip(ids, want, strict=True)}
-    worker, b = spec.worker, spec.worker.block_size
+    worker, b = spec.worker, spec.worker.verify_width
 
     def propose(reqs, fb):
         drafts = []

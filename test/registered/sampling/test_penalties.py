@@ -185,7 +185,7 @@ def _oracle(worker, refs: dict[tuple, list[int]]):
     processes each block position as target-only decoding did."""
 
     def propose(reqs, fb):
-        b = worker.block_size
+        b = worker.verify_width
         drafts = [(refs[tuple(r.origin_input_ids)][len(r.output_ids):] + [0] * b)[:b - 1]
                   for r in reqs]
         return torch.tensor(drafts, device=fb.input_ids.device)

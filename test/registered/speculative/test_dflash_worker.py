@@ -2,13 +2,11 @@
 known proposals, and aux rows consumed before the next target forward."""
 
 import sys
-from types import SimpleNamespace
 
 import pytest
 import torch
 
 from sglang_aux.srt.entrypoints.engine import Engine
-from sglang_aux.srt.layers.logits_processor import LogitsProcessorOutput
 from sglang_aux.srt.managers.schedule_batch import Req, reserve_kv
 from sglang_aux.srt.sampling.sampling_params import SamplingParams
 from sglang_aux.test.ci.ci_register import register_cpu_ci
@@ -53,7 +51,7 @@ def test_greedy_dflash_equals_target_only(ckpts, target_only, target, shared):
     outs = engine.generate(PROMPTS, GREEDY)
     for ref, out in zip(target_only[target], outs, strict=True):
         assert out["output_ids"] == ref["output_ids"]
-        assert_spec_counts(out["meta_info"], engine.worker.block_size)
+        assert_spec_counts(out["meta_info"], engine.worker.verify_width)
     assert_kv_all_back(engine)
 
 
@@ -65,8 +63,8 @@ def _oracle(worker, references: dict[str, list[int]], corrupt_at: int | None):
         for r in reqs:
             ref = references[r.rid]
             n = len(r.output_ids)
-            d = (ref[n:n + worker.block_size - 1] + [0] * worker.block_size)
-            d = d[: worker.block_size - 1]
+            d = (ref[n:n + worker.verify_width - 1] + [0] * worker.verify_width)
+            d = d[: worker.verify_width - 1]
             if corrupt_at is not None:
                 d[corrupt_at - 1] = (d[corrupt_at - 1] + 1) % 300
             drafts.append(d)
@@ -79,7 +77,7 @@ def _oracle(worker, references: dict[str, list[int]], corrupt_at: int | None):
 def test_acceptance_under_known_proposals(ckpts, target_only, corrupt_at):
     engine = _dflash(ckpts, "tiny-k3")
     worker = engine.worker
-    b = worker.block_size
+    b = worker.verify_width
     params = dict(GREEDY, max_new_tokens=1 + 3 * b)  # first token + three full steps
     refs = engine.generate(PROMPTS, dict(params))  # rids req-0..3, the same as below
     by_rid = {f"req-{i + len(PROMPTS)}": r["output_ids"] for i, r in enumerate(refs)}
@@ -133,7 +131,7 @@ def _run_steps(worker, prompt_ids, steps=4):
     reqs = [Req(f"s{i}", ids, SamplingParams(temperature=0)) for i, ids in enumerate(prompt_ids)]
     for r in reqs:
         r.req_pool_idx = worker.target_runner.req_to_token_pool.alloc()
-        need = len(r.origin_input_ids) + (steps + 1) * worker.block_size
+        need = len(r.origin_input_ids) + (steps + 1) * worker.verify_width
         reserve_kv(worker.target_runner, r, need)
         worker.admit(r)
     for r, toks in zip(reqs, worker.prefill(reqs).tokens(), strict=True):
@@ -161,44 +159,17 @@ def test_reading_after_poison_is_detected(ckpts):
     captured closure, which looks the commit up on the worker.)"""
     engine = _dflash(ckpts, "tiny-k3")
     worker = engine.worker
-    commit = worker.commit_draft_context
+    commit = worker.draft_context.commit
 
     def late_commit(aux, positions, out_cache_loc):
         aux.fill_(float("nan"))
         commit(aux, positions, out_cache_loc)
 
-    worker.commit_draft_context = late_commit
+    worker.draft_context.commit = late_commit
     reqs = _run_steps(worker, [engine.tokenizer.encode(PROMPTS[2])], steps=2)
-    worker.commit_draft_context = commit
+    worker.draft_context.commit = commit
     err = _draft_context_error(worker, reqs[0])
     assert not err < 1e-4, "a late read of the shared buffer went unnoticed"
-
-
-def test_sampled_drafts_and_their_distributions_line_up(ckpts):
-    """The DRAFT_BLOCK sampling tail: block offset j (1..B-1) proposes from the distribution
-    of the draft forward's row j, keeps that distribution at `_draft_q(bs)[:, j - 1]` for the
-    rejection test, and its draws follow the draft's law there (each offset's logits peak on
-    a different token here, so a shifted row would show)."""
-    worker = _dflash(ckpts, "tiny-llama").worker
-    bs, b = 2, worker.block_size
-    vocab = worker._draft_probs.shape[-1]
-    rows = [0, 1]
-    for r in rows:
-        worker.sampling_rows.stage(r, SamplingParams(temperature=1.0), seed=100 + r)
-    worker.sampling_rows.write(rows)
-    logits = torch.full((bs, b, vocab), -30.0)
-    for j in range(b):
-        logits[:, j, 10 + j] = 0.0  # offset j: token 10 + j, near certain
-    out = LogitsProcessorOutput(next_token_logits=logits.view(bs * b, vocab),
-                                hidden_states=None)
-    fb = SimpleNamespace(batch_size=bs, req_pool_indices=torch.tensor(rows),
-                         positions=torch.arange(bs * b) + 7)
-    worker._drafts[:bs] = -1
-    worker._draft_sampling(fb, out)
-    q = worker._draft_q(bs)
-    assert q.shape == (bs, b - 1, vocab)
-    assert q.argmax(-1).tolist() == [list(range(11, 10 + b))] * bs
-    assert worker._drafts[:bs].tolist() == [list(range(11, 10 + b))] * bs
 
 
 def test_dflash_start_errors(ckpts):
@@ -207,10 +178,10 @@ def test_dflash_start_errors(ckpts):
     with pytest.raises(ValueError, match="pipeline"):
         Engine(model_path=ckpts["tiny-k3"], speculative_algorithm="DFLASH",
                speculative_draft_model_path=ckpts["tiny-k3-dflash"], pp_size=2, **COMMON)
-    with pytest.raises(ValueError, match="must agree"):
+    with pytest.raises(ValueError, match="verify-width must be >= 2 with DFLASH"):
         Engine(model_path=ckpts["tiny-k3"], speculative_algorithm="DFLASH",
                speculative_draft_model_path=ckpts["tiny-k3-dflash"],
-               speculative_num_draft_tokens=4, speculative_dflash_block_size=8, **COMMON)
+               speculative_verify_width=1, **COMMON)
 
 
 if __name__ == "__main__":

@@ -49,7 +49,7 @@ def make_params(rows, seeds) -> SamplingTensors:
 
 def inputs(draft, bs=BS, seed=0):
     g = torch.Generator().manual_seed(seed)
-    gamma = draft.gamma
+    gamma = draft.num_proposals
     base = 3.0 * torch.randn(bs, gamma, TINY_VOCAB, generator=g)
     hidden = torch.randn(bs, gamma, HIDDEN, generator=g)
     anchors = torch.randint(0, TINY_VOCAB, (bs,), generator=g)
@@ -112,14 +112,14 @@ def test_sampled_equals_the_per_position_reference():
     w1, w2 = draft.markov_head.markov_w1.weight, draft.markov_head.markov_w2.weight
     prev = torch.cat([anchors[:, None], out.tokens[:, :-1]], 1)
     corrected = base + (w1[prev] @ w2.t()).detach()
-    for k in range(draft.gamma):
+    for k in range(draft.num_proposals):
         torch.testing.assert_close(out.probs[:, k], sampling_probs(corrected[:, k], params))
     sampled = ~params.is_greedy
     assert (out.probs[sampled].gather(-1, out.tokens[sampled][..., None]) > 0).all()
 
 
 def test_distributions_go_into_a_given_view():
-    """`probs_out` (the worker's `_draft_q(bs)`, a view that skips each block's first row)
+    """`probs_out` (the worker's `Proposals.q(bs)`, a view that skips each block's first row)
     receives exactly the distributions a fresh tensor would; a wrong one is refused."""
     draft = make_draft(1)
     base, hidden, anchors, positions = inputs(draft, seed=3)
@@ -170,20 +170,20 @@ def test_zero_markov_greedy_is_the_dflash_proposal():
         logits = draft_block_logits(draft, embed, lm_head, aux, ids, anchors, MASK_TOKEN_ID)
         rows = logits.flatten(0, 1)  # [blocks, gamma, V]
         anchor_tokens = ids.gather(1, anchors).flatten()
-        positions = anchors.flatten()[:, None] + 1 + torch.arange(draft.gamma)
+        positions = anchors.flatten()[:, None] + 1 + torch.arange(draft.num_proposals)
         out = propose_block(draft, rows, anchor_tokens, positions, None, all_greedy=True)
     assert torch.equal(out.tokens, rows.argmax(-1))
 
 
 def test_zero_markov_sampled_is_dflash_draft_sampling():
     """DFlash's draft sampling: every row's restricted distribution, one DRAFT-lane draw at
-    the proposal's position (`DFlashWorker._draft_sampling`)."""
+    the proposal's position (`DFlashProposer.sampling`)."""
     draft = _zero_markov(make_draft(3))
     base, _, anchors, positions = inputs(draft, seed=3)
     params = make_params(SAMPLED, seeds=[1, 2, 3, 4, 5])
     with torch.no_grad():
         out = propose_block(draft, base, anchors, positions, params, all_greedy=False)
-    rows = params.repeat_interleave(draft.gamma)
+    rows = params.repeat_interleave(draft.num_proposals)
     q = sampling_probs(base.flatten(0, 1), rows)
     drawn = sample_from_probs(q, uniform(rows.seed, positions.flatten(), Lane.DRAFT))
     expected = torch.where(params.is_greedy[:, None], base.argmax(-1), drawn.view(BS, -1))
@@ -214,12 +214,12 @@ def test_sampling_uses_the_target_only_samplers_rule():
     params = make_params([(0.9, 1, 1.0, 0.0), (0.9, 1, 1.0, 0.0)], seeds=[0, 1])
     with torch.no_grad():
         out = propose_block(draft, base, anchors, positions, params, all_greedy=False)
-    for k in range(draft.gamma):
+    for k in range(draft.num_proposals):
         assert torch.equal(out.tokens[:, k], sample(base[:, k], params, positions[:, k], False))
 
 
 @pytest.mark.parametrize("which,message", [
-    ("base", r"base_logits \(5, 4, 320\) must be \[bs, gamma=3, vocab\]"),
+    ("base", r"base_logits \(5, 4, 320\) must be \[bs, num_proposals=3, vocab\]"),
     ("anchors", r"anchor_tokens \(4,\) must be \(5,\) like base_logits \(5, 3, 320\)"),
     ("positions", r"positions \(5, 2\) must be \(5, 3\)"),
     ("hidden", r"hidden \(5, 2, 64\) must be \[5, 3, H\]"),

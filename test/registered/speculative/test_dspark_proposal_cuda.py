@@ -12,8 +12,8 @@ from sglang_aux.srt.configs.presets import PRESETS, TINY_VOCAB
 from sglang_aux.srt.models.dspark import DSparkDraftModel
 from sglang_aux.srt.models.weight_utils import init_random_weights
 from sglang_aux.srt.sampling.sampler import SamplingTensors
-from sglang_aux.srt.speculative.compact_verify import compact_verify_lens
 from sglang_aux.srt.speculative.dspark_proposal import propose_block
+from sglang_aux.srt.speculative.verify_plan import compact_verify_lens
 from sglang_aux.test.ci.ci_register import register_cuda_ci
 from sglang_aux.test.kernel_checks import REAL_TRITON_ON_CUDA
 
@@ -61,8 +61,8 @@ def step(draft, tensors, params, all_greedy):
 def test_same_as_on_the_cpu(all_greedy):
     cpu, gpu = draft_on("cpu"), draft_on("cuda")
     with torch.no_grad():
-        ref = step(cpu, *inputs(cpu.gamma, 0, "cpu"), all_greedy)
-        got = step(gpu, *inputs(gpu.gamma, 0, "cuda"), all_greedy)
+        ref = step(cpu, *inputs(cpu.num_proposals, 0, "cpu"), all_greedy)
+        got = step(gpu, *inputs(gpu.num_proposals, 0, "cuda"), all_greedy)
     assert torch.equal(got[0].cpu(), ref[0])
     torch.testing.assert_close(got[1].cpu(), ref[1])
     assert torch.equal(got[2].cpu(), ref[2])
@@ -71,7 +71,7 @@ def test_same_as_on_the_cpu(all_greedy):
 @pytest.mark.parametrize("all_greedy", [True, False])
 def test_captured_in_a_graph_without_host_sync(all_greedy):
     draft = draft_on("cuda")
-    tensors, params = inputs(draft.gamma, 1, "cuda")
+    tensors, params = inputs(draft.num_proposals, 1, "cuda")
     with torch.no_grad():
         step(draft, tensors, params, all_greedy)  # compiles the kernels
         torch.cuda.synchronize()
@@ -87,7 +87,7 @@ def test_captured_in_a_graph_without_host_sync(all_greedy):
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             captured = step(draft, tensors, params, all_greedy)
-        fresh, fresh_params = inputs(draft.gamma, 2, "cuda")
+        fresh, fresh_params = inputs(draft.num_proposals, 2, "cuda")
         for t, f in zip(tensors, fresh, strict=True):
             t.copy_(f)
         params.seed.copy_(fresh_params.seed)

@@ -1,6 +1,6 @@
 """DSpark end to end on CPU (issue 30): greedy DSpark equals target-only token for token on
 the three tiny targets, static and compact verify, overlap on and off, through every captured
-graph size and a padded one; compact lengths within the budget, 1..gamma + 1 and the token
+graph size and a padded one; compact lengths within the budget, 1..verify width and the token
 buckets in a served run; acceptance exact under known proposals (at most `lens - 1` drafts);
 mixed steps; the aux gating and storage; the refusals (logprobs, bad flags, bad drafts)."""
 
@@ -64,8 +64,8 @@ def test_greedy_dspark_equals_target_only(ckpts, target_only, target, mode, over
     drafts, verifies = (record_graph_forwards(worker.draft_runner),
                         record_graph_forwards(worker.target_runner))
     outs = engine.generate(SPEC_PROMPTS, STAGGERED)
-    b = worker.block_size
-    assert b == worker.gamma + 1 == 4
+    b = worker.verify_width
+    assert b == worker.proposer.draft_block_size + 1 == 4
     for ref, out in zip(target_only[target], outs, strict=True):
         assert out["output_ids"] == ref["output_ids"]
         m = out["meta_info"]
@@ -102,28 +102,29 @@ def test_compact_verify_on_every_aux_path(ckpts, target_only, variant):
 
 @pytest.mark.parametrize("align,sampled", [(False, False), (True, False), (False, True)])
 def test_compact_lengths_respect_budget_bounds_and_buckets(ckpts, align, sampled):
-    """Every step's lengths: 1..gamma + 1, the budget spent (to the bucket with `align`), the
-    bucket captured; no request accepts more than its verified drafts, greedy or sampled
-    (`test_dflash_sampling_law.py` holds the cap where drafts are often accepted)."""
+    """Every step's lengths: 1..W (the verify width), the budget spent (to the bucket with
+    `align`), the bucket captured; no request accepts more than its verified drafts, greedy or
+    sampled (`test_acceptance_law.py` holds the cap where drafts are often accepted)."""
     frac = 0.5
     engine = _dspark(ckpts, mode="compact", compact_verify_budget_frac=frac,
                      speculative_dspark_align_verify_tokens_to_graph_tier=align)
     worker = engine.worker
-    gamma, b = worker.gamma, worker.block_size
+    b = worker.verify_width
+    n_proposals = b - 1
     buckets = [x.step_bs for x in worker.target_runner.step_graphs.layouts]
     plans, verdicts = [], []
-    plan, verified = worker._plan_verify, worker._verified
+    plan, verified = worker.verify_plan.plan, worker._verified
 
-    def recording_plan(bs, every_token):
-        n = plan(bs, every_token)
-        plans.append((bs, n, worker._verify_lens[:n].tolist()))
+    def recording_plan(bs, every_token, confidence):
+        n = plan(bs, every_token, confidence)
+        plans.append((bs, n, worker.verify_plan.verify_lens[:n].tolist()))
         return n
 
     def recording_verified(req, row):
         verdicts.append((row[0], row[-1]))
         return verified(req, row)
 
-    worker._plan_verify, worker._verified = recording_plan, recording_verified
+    worker.verify_plan.plan, worker._verified = recording_plan, recording_verified
     params = [dict(p, temperature=1.0, seed=i) if sampled else p
               for i, p in enumerate(STAGGERED)]
     outs = engine.generate(SPEC_PROMPTS, params)
@@ -131,9 +132,9 @@ def test_compact_lengths_respect_budget_bounds_and_buckets(ckpts, align, sampled
     for bs, n, lens in plans:
         live, rest = lens[:bs], lens[bs:]
         assert n in buckets and all(1 <= x <= b for x in live) and not any(rest)
-        take = min(bs * gamma, round(frac * bs * gamma))
+        take = min(bs * n_proposals, round(frac * bs * n_proposals))
         if align:
-            take = min(n - bs, bs * gamma)
+            take = min(n - bs, bs * n_proposals)
         # random confidences are far above the survival floor: the budget is spent whole
         assert sum(live) == bs + take <= n, (bs, n, lens)
     assert all(0 <= accepted <= length - 1 for accepted, length in verdicts)
@@ -162,13 +163,13 @@ def test_compact_batches_past_the_largest_bucket_run_eagerly(ckpts):
 
 def _oracle(worker, references: dict[str, list[int]]):
     """Proposals read from the target-only output."""
-    gamma = worker.gamma
+    w = worker.verify_width - 1
 
     def propose(reqs, fb):
         rows = []
         for r in reqs:
             n = len(r.output_ids)
-            rows.append((references[r.rid][n : n + gamma] + [0] * gamma)[:gamma])
+            rows.append((references[r.rid][n : n + w] + [0] * w)[:w])
         return torch.tensor(rows, device=fb.input_ids.device)
 
     return propose
@@ -176,11 +177,11 @@ def _oracle(worker, references: dict[str, list[int]]):
 
 @pytest.mark.parametrize("mode", ["static", "compact"])
 def test_acceptance_under_known_proposals(ckpts, mode):
-    """Every proposal right: static accepts all gamma, compact exactly `lens - 1` (the bonus
+    """Every proposal right: static accepts all W - 1, compact exactly `lens - 1` (the bonus
     comes from the row after the last verified draft)."""
     engine = _dspark(ckpts, mode=mode, disable_overlap_schedule=True)
     worker = engine.worker
-    params = dict(GREEDY_IGNORE_EOS, max_new_tokens=1 + 4 * worker.block_size)
+    params = dict(GREEDY_IGNORE_EOS, max_new_tokens=1 + 4 * worker.verify_width)
     # references past the end: a compact step's drafts may reach beyond max_new_tokens
     refs = engine.generate(SPEC_PROMPTS, dict(params, max_new_tokens=3 * params["max_new_tokens"]))
     by_rid = {f"req-{i + len(SPEC_PROMPTS)}": r["output_ids"] for i, r in enumerate(refs)}
@@ -197,7 +198,7 @@ def test_acceptance_under_known_proposals(ckpts, mode):
         assert out["output_ids"] == ref["output_ids"][: params["max_new_tokens"]]
     assert rows
     for row in rows:
-        want = worker.gamma if mode == "static" else row[-1] - 1
+        want = worker.verify_width - 1 if mode == "static" else row[-1] - 1
         assert row[0] == want, row
     if mode == "compact":
         assert len({row[-1] for row in rows}) > 1, "lengths should vary with confidence"
@@ -266,10 +267,8 @@ def test_dspark_start_errors(ckpts, tmp_path):
                speculative_draft_model_path=ckpts["tiny-llama-dflash"], **SPEC_ENGINE_KW)
     with pytest.raises(ValueError, match="pipeline"):
         _dspark(ckpts, pp_size=2)
-    with pytest.raises(ValueError, match="dspark-block-size \\+ 1"):
-        _dspark(ckpts, speculative_dspark_block_size=3, speculative_num_draft_tokens=5)
-    with pytest.raises(ValueError, match="DFlash's"):
-        _dspark(ckpts, speculative_dflash_block_size=4)
+    with pytest.raises(ValueError, match="verify-width must be >= 3 with DSPARK"):
+        _dspark(ckpts, speculative_verify_width=2)
     with pytest.raises(ValueError, match="DSPARK with --tp-size > 1 is not built"):
         _dspark(ckpts, tp_size=2)
     with pytest.raises(ValueError, match="enable-mixed-chunk"):
@@ -284,11 +283,11 @@ def test_dspark_start_errors(ckpts, tmp_path):
     with pytest.raises(ValueError, match="confidence head"):
         engine_in_verify_mode("compact", model_path=t, speculative_algorithm="DSPARK",
                               speculative_draft_model_path=str(headless), **SPEC_ENGINE_KW)
-    # the flag overrides the checkpoint's gamma; static verify runs without the head
+    # the flag overrides the checkpoint's proposal count; static verify runs without the head
     engine = Engine(model_path=t, speculative_algorithm="DSPARK",
                     speculative_draft_model_path=str(headless),
-                    speculative_dspark_block_size=5, **SPEC_ENGINE_KW)
-    assert engine.worker.block_size == 6 == engine.worker.draft_runner.model.gamma + 1
+                    speculative_verify_width=6, **SPEC_ENGINE_KW)
+    assert engine.worker.verify_width == 6 == engine.worker.draft_runner.model.num_proposals + 1
     assert engine.worker.target_runner.step_graphs.layouts[0].tokens_per_req == 6
     out = engine.generate(SPEC_PROMPTS[1], dict(GREEDY_IGNORE_EOS, max_new_tokens=8))
     assert out["meta_info"]["spec_accept_histogram"].__len__() == 6

@@ -72,11 +72,12 @@ def test_dflash_output_unchanged_with_staged_prefill(tmp_path, device, caplog):
     target_only = Engine(model_path=tiny_checkpoint("tiny-k3", tmp_path), device=device,
                          max_total_tokens=4096, cuda_graph_bs_decode=[1, 2, 4])
     ref = target_only.generate(PROMPTS, GREEDY)
-    with caplog.at_level(logging.INFO, logger="sglang_aux.srt.speculative.dflash_worker"):
+    with caplog.at_level(logging.INFO, logger="sglang_aux.srt.speculative.draft_context"):
         staged = _engine(tmp_path, device, dflash_staged_projection_min_tokens=8)
         calls = []
-        make = staged.worker._staged_projection_for
-        staged.worker._staged_projection_for = lambda n: calls.append(make(n)) or calls[-1]
+        context = staged.worker.draft_context
+        make = context.staged_projection_for
+        context.staged_projection_for = lambda n: calls.append(make(n)) or calls[-1]
         outs = staged.generate(PROMPTS, GREEDY)
         staged.generate(PROMPTS, GREEDY)
     assert any(c is not None for c in calls), "the staged path never ran"
@@ -89,7 +90,7 @@ def test_dflash_output_unchanged_with_staged_prefill(tmp_path, device, caplog):
 
 def test_llama_target_keeps_the_list_path(tmp_path, device):
     worker = _engine(tmp_path, device, "tiny-llama", dflash_staged_projection_min_tokens=1).worker
-    assert worker._staged_projection_for(64) is None
+    assert worker.draft_context.staged_projection_for(64) is None
     reqs, fb = _prefill_batch(worker, [[1, 2, 3, 4]])
     fb.aux_projection = worker.draft_runner.model.new_staged_projection(4, torch.float32)
     with pytest.raises(ValueError, match="cannot stage"):
@@ -103,7 +104,7 @@ def test_no_staging_without_an_mxfp8_fc(tmp_path, device):
                     speculative_draft_model_path=tiny_checkpoint("tiny-k3-dflash", tmp_path),
                     max_total_tokens=4096, cuda_graph_bs_decode=[1],
                     dflash_staged_projection_min_tokens=1)
-    assert engine.worker._staged_projection_for(4096) is None
+    assert engine.worker.draft_context.staged_projection_for(4096) is None
 
 
 if __name__ == "__main__":

@@ -312,7 +312,7 @@ def test_smoke_run_writes_a_draft_that_loads_as_dspark(target, tmp_path):
     assert (config["markov_rank"], config["markov_head_type"]) == (16, "vanilla")
     assert config["dflash_config"]["block_size"] == GAMMA
     draft = get_model(ModelConfig.from_pretrained(out), "cpu")
-    assert isinstance(draft, DSparkDraftModel) and draft.gamma == GAMMA
+    assert isinstance(draft, DSparkDraftModel) and draft.num_proposals == GAMMA
     written = dict(safetensors_weights_iterator(out))
     loaded = checkpoint_tensors(draft)
     assert set(written) == set(loaded)

@@ -1,5 +1,11 @@
-"""DFlash draft configuration: which target layers feed the draft, block size, mask token, and
-each draft layer's attention pattern."""
+"""DFlash draft configuration: which target layers feed the draft, its block's size, mask token,
+and each draft layer's attention pattern.
+
+`draft_block_size` (the checkpoint's `block_size`) is the tokens per request of one draft
+forward, `[anchor, MASK x (draft_block_size - 1)]`. A DFlash request verifies that block
+(verify width = draft block size = proposals + 1); a DSpark draft's block has one row per
+proposal (`DSparkConfig.num_proposals`).
+"""
 
 from __future__ import annotations
 
@@ -18,7 +24,7 @@ from sglang_aux.srt.configs.decoder_config import (
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_BLOCK_SIZE = 16  # SGLang's and the z-lab drafts' default
+DEFAULT_DRAFT_BLOCK_SIZE = 16  # SGLang's and the z-lab drafts' default
 DEFAULT_MASK_TOKEN = "<|MASK|>"
 
 
@@ -53,7 +59,7 @@ def dflash_field(config: SimpleNamespace, key: str):
 @dataclass(frozen=True)
 class DFlashConfig:
     target_layer_ids: list[int]
-    block_size: int
+    draft_block_size: int  # checkpoint key `block_size`
     mask_token_id: int
     target_hidden_size: int
 
@@ -82,20 +88,23 @@ class DFlashConfig:
         if num_target_layers is not None and max(ids) >= num_target_layers:
             raise ValueError(f"dflash target_layer_ids {ids} out of range for a "
                              f"{num_target_layers}-layer target")
-        block_size = int(dflash_field(config, "block_size") or DEFAULT_BLOCK_SIZE)
-        if block_size < 2:
-            raise ValueError(f"dflash block_size must be >= 2, got {block_size}")
+        draft_block_size = int(dflash_field(config, "block_size") or DEFAULT_DRAFT_BLOCK_SIZE)
+        if draft_block_size < 2:
+            raise ValueError(f"dflash block_size must be >= 2, got {draft_block_size}")
         return cls(
             target_layer_ids=ids,
-            block_size=block_size,
+            draft_block_size=draft_block_size,
             mask_token_id=_mask_token_id(config, token_to_id),
             target_hidden_size=int(dflash_field(config, "target_hidden_size")
                                    or config.hidden_size),
         )
 
     def as_dflash_config(self) -> dict:
-        """The resolved settings as a complete `dflash_config` object."""
-        return asdict(self)
+        """The resolved settings as a complete `dflash_config` object, in the checkpoint's
+        keys."""
+        keys = asdict(self)
+        keys["block_size"] = keys.pop("draft_block_size")
+        return keys
 
 
 def _mask_token_id(config: SimpleNamespace, token_to_id: Callable[[str], int | None] | None
@@ -129,7 +138,7 @@ def dflash_layer_attention(config: SimpleNamespace) -> list[LayerAttention]:
     if SLIDING_ATTENTION in types and window is None:
         raise ValueError(f"DFlash draft layer_types {types} has {SLIDING_ATTENTION} layers "
                          "but the config has no sliding_window")
-    block_size = int(dflash_field(config, "block_size") or DEFAULT_BLOCK_SIZE)
+    draft_block_size = int(dflash_field(config, "block_size") or DEFAULT_DRAFT_BLOCK_SIZE)
     out = []
     for layer_type in types:
         causal = layer_type == SLIDING_ATTENTION if is_causal is None else is_causal
@@ -137,8 +146,8 @@ def dflash_layer_attention(config: SimpleNamespace) -> list[LayerAttention]:
         if layer_type == FULL_ATTENTION:
             out.append(LayerAttention(attn_type=attn_type))
             continue
-        if not causal and window < block_size:
+        if not causal and window < draft_block_size:
             raise ValueError(f"a bidirectional sliding layer with sliding_window {window} "
-                             f"below block_size {block_size} is not supported")
+                             f"below block_size {draft_block_size} is not supported")
         out.append(LayerAttention.sliding(window, attn_type))
     return out

@@ -2,7 +2,8 @@
 
 Read as SGLang reads a DSpark draft's config.json: `markov_rank`, `markov_head_type`,
 `enable_confidence_head` and `confidence_head_with_markov` from the `dspark_config` object
-first, then the top level; gamma (proposals per block, one per block row) is `block_size`
+first, then the top level; `num_proposals` (SGLang's gamma: proposals per step, one per draft
+block row, so a request's verify width is num_proposals + 1) is the checkpoint's `block_size`
 from `dspark_config`, `dflash_config` or the top level, else 7 (SGLang's default).
 """
 
@@ -11,8 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from types import SimpleNamespace
 
-DEFAULT_DSPARK_GAMMA = 7
-MIN_GAMMA = 2  # the DFlash backbone's smallest block
+DEFAULT_DSPARK_PROPOSALS = 7
+MIN_PROPOSALS = 2  # the DFlash backbone's smallest block
 MARKOV_HEAD_TYPES = ("vanilla",)  # SGLang's "gated" and "rnn" heads are not implemented
 # The speculators project trains slot j to predict anchor + j (slot 0 masked); SGLang's
 # layout trains slot k to predict anchor + k + 1. Reading one as the other drafts every token
@@ -53,7 +54,7 @@ def _flag(config: SimpleNamespace, key: str, default: bool) -> bool:
 @dataclass(frozen=True)
 class DSparkConfig:
     markov_rank: int  # r of markov_w1 `[V, r]` and markov_w2 `[V, r]`
-    gamma: int  # draft block rows = proposals per step; a request verifies up to gamma + 1
+    num_proposals: int  # draft block rows = proposals per step (checkpoint key `block_size`)
     confidence_head: bool
     confidence_with_markov: bool  # the head reads [hidden; markov_w1[previous token]]
 
@@ -74,11 +75,11 @@ class DSparkConfig:
         if str(head_type).lower() not in MARKOV_HEAD_TYPES:
             raise ValueError(f"DSpark markov_head_type {head_type!r} is not supported "
                              f"(supported: {', '.join(MARKOV_HEAD_TYPES)})")
-        gamma = dspark_field(config, "block_size")
-        gamma = DEFAULT_DSPARK_GAMMA if gamma is None else gamma
-        if isinstance(gamma, bool) or not isinstance(gamma, int) or gamma < MIN_GAMMA:
-            raise ValueError(f"DSpark block_size (gamma) must be an integer >= {MIN_GAMMA}, "
-                             f"got {gamma!r}")
-        return cls(markov_rank=rank, gamma=gamma,
+        n = dspark_field(config, "block_size")
+        n = DEFAULT_DSPARK_PROPOSALS if n is None else n
+        if isinstance(n, bool) or not isinstance(n, int) or n < MIN_PROPOSALS:
+            raise ValueError(f"DSpark block_size (proposals per step) must be an integer >= "
+                             f"{MIN_PROPOSALS}, got {n!r}")
+        return cls(markov_rank=rank, num_proposals=n,
                    confidence_head=_flag(config, "enable_confidence_head", True),
                    confidence_with_markov=_flag(config, "confidence_head_with_markov", True))

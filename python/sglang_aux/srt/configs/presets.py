@@ -141,7 +141,7 @@ PRESETS["qwen2.5-1.5b-shaped"] = {
 }
 
 
-def dflash_draft_preset(target: str, *, num_layers: int, num_aux: int, block_size: int,
+def dflash_draft_preset(target: str, *, num_layers: int, num_aux: int, draft_block_size: int,
                         intermediate_size: int | None = None) -> dict:
     """A DFlash draft for `target`: Qwen3-style layers at the target's width (MLP width
     `intermediate_size`, the target's by default), reading `num_aux` target layers picked by
@@ -158,47 +158,49 @@ def dflash_draft_preset(target: str, *, num_layers: int, num_aux: int, block_siz
         "tie_word_embeddings": False,
         "dflash_config": {
             "target_layer_ids": build_target_layer_ids(t["num_hidden_layers"], num_aux),
-            "block_size": block_size,
+            "block_size": draft_block_size,
             "mask_token_id": MASK_TOKEN_ID,
             "target_hidden_size": t["hidden_size"],
         },
     }
 
 
-def dspark_draft_preset(target: str, *, num_layers: int, num_aux: int, gamma: int,
+def dspark_draft_preset(target: str, *, num_layers: int, num_aux: int, num_proposals: int,
                         markov_rank: int) -> dict:
-    """A DSpark draft for `target`: the DFlash draft's layers (block of gamma rows, one
-    proposal each) with a vanilla Markov head of rank `markov_rank` and a confidence head
+    """A DSpark draft for `target`: the DFlash draft's layers (one draft block row per
+    proposal) with a vanilla Markov head of rank `markov_rank` and a confidence head
     that reads it, under SGLang's config keys."""
     return {**dflash_draft_preset(target, num_layers=num_layers, num_aux=num_aux,
-                                  block_size=gamma), **dspark_config_keys(markov_rank)}
+                                  draft_block_size=num_proposals),
+            **dspark_config_keys(markov_rank)}
 
 
-PRESETS["tiny-k3-dflash"] = dflash_draft_preset("tiny-k3", num_layers=2, num_aux=3, block_size=4)
+PRESETS["tiny-k3-dflash"] = dflash_draft_preset("tiny-k3", num_layers=2, num_aux=3,
+                                                draft_block_size=4)
 PRESETS["tiny-llama-dflash"] = dflash_draft_preset("tiny-llama", num_layers=1, num_aux=2,
-                                                   block_size=4)
+                                                   draft_block_size=4)
 PRESETS["tiny-qwen3-dflash"] = dflash_draft_preset("tiny-qwen3", num_layers=1, num_aux=2,
-                                                   block_size=4)
+                                                   draft_block_size=4)
 PRESETS["bench-llama-dflash"] = dflash_draft_preset("bench-llama", num_layers=1, num_aux=3,
-                                                    block_size=8)
+                                                    draft_block_size=8)
 PRESETS["k3-shaped-dflash"] = dflash_draft_preset("k3-shaped", num_layers=1, num_aux=6,
-                                                  block_size=8)
+                                                  draft_block_size=8)
 # The shipped SmolLM2 draft's shape (2 layers, K = 5, block 8), random weights.
 PRESETS["smollm2-shaped-dflash"] = dflash_draft_preset("smollm2-shaped", num_layers=2,
-                                                       num_aux=5, block_size=8)
+                                                       num_aux=5, draft_block_size=8)
 # The Qwen2.5-Coder-1.5B recipe's draft shape (train_dflash's RECIPES): 2 layers, K = 5,
 # block 16, MLP 2816.
 PRESETS["qwen2.5-1.5b-shaped-dflash"] = dflash_draft_preset(
-    "qwen2.5-1.5b-shaped", num_layers=2, num_aux=5, block_size=16, intermediate_size=2816)
-# gamma 3: anchor + 3 proposals, the same 4 verify tokens per request as the tiny DFlash drafts
-TINY_DSPARK_GAMMA = 3
+    "qwen2.5-1.5b-shaped", num_layers=2, num_aux=5, draft_block_size=16, intermediate_size=2816)
+# 3 proposals: the same verify width, 4, as the tiny DFlash drafts
+TINY_DSPARK_PROPOSALS = 3
 TINY_MARKOV_RANK = 16
 PRESETS["tiny-k3-dspark"] = dspark_draft_preset("tiny-k3", num_layers=2, num_aux=3,
-                                                gamma=TINY_DSPARK_GAMMA,
+                                                num_proposals=TINY_DSPARK_PROPOSALS,
                                                 markov_rank=TINY_MARKOV_RANK)
 PRESETS["tiny-llama-dspark"] = dspark_draft_preset("tiny-llama", num_layers=1, num_aux=2,
-                                                   gamma=TINY_DSPARK_GAMMA,
+                                                   num_proposals=TINY_DSPARK_PROPOSALS,
                                                    markov_rank=TINY_MARKOV_RANK)
 PRESETS["tiny-qwen3-dspark"] = dspark_draft_preset("tiny-qwen3", num_layers=1, num_aux=2,
-                                                   gamma=TINY_DSPARK_GAMMA,
+                                                   num_proposals=TINY_DSPARK_PROPOSALS,
                                                    markov_rank=TINY_MARKOV_RANK)

@@ -1,14 +1,14 @@
 """DSpark draft (`DSparkDraftModel`): the DFlash draft plus a low-rank Markov head and a
 confidence head, in SGLang's checkpoint layout.
 
-The backbone is the DFlash draft unchanged, with SGLang's DSpark slot convention: the block
-is `[anchor, MASK x (gamma - 1)]` and row k gives base logits for the token at anchor + k + 1,
-so one forward yields gamma proposals (verify: anchor + gamma tokens). Proposals are drawn
-row by row (`speculative/dspark_proposal.py`): row k's logits are its base logits plus
-`markov_w2(markov_w1[token chosen at k - 1])` (the anchor for k = 0), a bias that makes each
-proposal depend on the one before it. The confidence head estimates, per row, the probability
-that the proposal is accepted: `sigmoid(proj([hidden; markov_w1[previous token]]) / T)` in
-fp32 (T = 1 until calibrated, SGLang's `sts_temperatures`).
+The backbone is the DFlash draft unchanged, with SGLang's DSpark slot convention: the block is
+`[anchor, MASK x (num_proposals - 1)]` and row k gives base logits for the token at anchor + k
++ 1, so one forward yields num_proposals proposals (verify width: num_proposals + 1). Proposals
+are drawn row by row (`speculative/dspark_proposal.py`): row k's logits are its base logits
+plus `markov_w2(markov_w1[token chosen at k - 1])` (the anchor for k = 0), a bias that makes
+each proposal depend on the one before it. The confidence head estimates, per row, the
+probability that the proposal is accepted: `sigmoid(proj([hidden; markov_w1[previous token]]) /
+T)` in fp32 (T = 1 until calibrated, SGLang's `sts_temperatures`).
 
 Checkpoint names: `markov_head.markov_w1.weight` `[V, r]`, `markov_head.markov_w2.weight`
 `[V, r]`, `confidence_head.proj.weight` `[1, H (+ r)]`, `confidence_head.proj.bias` `[1]`,
@@ -71,10 +71,10 @@ class DSparkConfidenceHead(nn.Module):
         return torch.sigmoid(self.raw(hidden, prev_embed) / self.temperature)
 
 
-def _with_dspark_block(config: SimpleNamespace, gamma: int) -> SimpleNamespace:
-    """A copy of `config` whose `dflash_config` carries gamma as the backbone's block size
+def _with_dspark_block(config: SimpleNamespace, num_proposals: int) -> SimpleNamespace:
+    """A copy of `config` whose `dflash_config` carries the proposals as the backbone's block size
     (and a mask token given only under `dspark_config`), as the DFlash draft reads them."""
-    dflash = dict(getattr(config, "dflash_config", None) or {}, block_size=gamma)
+    dflash = dict(getattr(config, "dflash_config", None) or {}, block_size=num_proposals)
     mask = dspark_field(config, "mask_token_id")
     if mask is not None:
         dflash["mask_token_id"] = mask
@@ -84,7 +84,7 @@ def _with_dspark_block(config: SimpleNamespace, gamma: int) -> SimpleNamespace:
 class DSparkDraftModel(DFlashDraftModel):
     def __init__(self, config: SimpleNamespace, pp_size: int = 1):
         dspark = DSparkConfig.from_hf_config(config)
-        super().__init__(_with_dspark_block(config, dspark.gamma), pp_size)
+        super().__init__(_with_dspark_block(config, dspark.num_proposals), pp_size)
         self.dspark_config = dspark
         self.markov_head = DSparkMarkovHead(config.vocab_size, dspark.markov_rank)
         self.confidence_head = None
@@ -93,14 +93,14 @@ class DSparkDraftModel(DFlashDraftModel):
             self.confidence_head = DSparkConfidenceHead(config.hidden_size, rank)
 
     @property
-    def gamma(self) -> int:
-        return self.dspark_config.gamma
+    def num_proposals(self) -> int:
+        return self.dspark_config.num_proposals
 
     @torch.no_grad()
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 forward_batch: ForwardBatch) -> LogitsProcessorOutput:
-        """The DFlash draft's block logits `[bs * gamma, vocab]`, with every row's final
-        hidden state `[bs * gamma, H]` kept: the confidence head reads them."""
+        """The DFlash draft's block logits `[bs * num_proposals, vocab]`, with every row's final
+        hidden state `[bs * num_proposals, H]` kept: the confidence head reads them."""
         hidden = self.block_hidden(self._borrowed("embed")(input_ids), positions, forward_batch)
         out = self.logits_processor(hidden, self._borrowed("lm_head"), forward_batch)
         out.hidden_states = hidden

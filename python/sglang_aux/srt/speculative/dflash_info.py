@@ -1,6 +1,7 @@
 """Verifying drafted blocks on the device: greedy longest prefix and lossless rejection sampling.
 
-A block for one request is `[anchor, d_1 .. d_{B-1}]`; the target's row i predicts the token
+A request verifies `[anchor, d_1 .. d_{W-1}]` (W: its verify width, `d` its draft's proposals);
+the target's row i predicts the token
 after block position i. Draft `d_{i+1}` is accepted while it matches (greedy) or passes the
 rejection test (sampling) against target row i; the first target row past the accepted drafts
 gives one more token (the bonus, or the corrected token), so a step emits accepted + 1.
@@ -20,16 +21,16 @@ from sglang_aux.srt.sampling.sampler import sample_from_probs
 
 @dataclass
 class BlockVerdicts:
-    accepted: torch.Tensor  # [bs] int64, accepted drafts 0..B-1
-    tokens: torch.Tensor  # [bs, B] int64; row r emits tokens[r, : accepted[r] + 1]
+    accepted: torch.Tensor  # [bs] int64, accepted drafts 0..W-1
+    tokens: torch.Tensor  # [bs, W] int64; row r emits tokens[r, : accepted[r] + 1]
 
     def packed(self) -> torch.Tensor:
-        """`[bs, B + 1]`: accepted, then the tokens (what the host reads back)."""
+        """`[bs, W + 1]`: accepted, then the tokens (what the host reads back)."""
         return torch.cat([self.accepted[:, None], self.tokens], dim=1)
 
 
 def _verified(match: torch.Tensor, num_verified: torch.Tensor | None) -> torch.Tensor:
-    """`match` `[bs, B-1]` where each request's drafts past its verified tokens fail."""
+    """`match` `[bs, W-1]` where each request's drafts past its verified tokens fail."""
     if num_verified is None:
         return match
     offset = torch.arange(match.shape[1], device=match.device)
@@ -38,7 +39,7 @@ def _verified(match: torch.Tensor, num_verified: torch.Tensor | None) -> torch.T
 
 def greedy_verify(drafts: torch.Tensor, target_argmax: torch.Tensor,
                   num_verified: torch.Tensor | None = None) -> BlockVerdicts:
-    """`drafts` `[bs, B-1]`, `target_argmax` `[bs, B]` (the target's greedy token after each
+    """`drafts` `[bs, W-1]`, `target_argmax` `[bs, W]` (the target's greedy token after each
     block position; past a request's `num_verified` `[bs]` tokens, never read). Accepted
     drafts equal the target's tokens, so the emitted tokens are the target's argmax row."""
     match = _verified(drafts == target_argmax[:, :-1], num_verified)
@@ -51,9 +52,9 @@ def rejection_verify(drafts: torch.Tensor, draft_probs: torch.Tensor,
                      num_verified: torch.Tensor | None = None) -> BlockVerdicts:
     """Speculative sampling: emitted tokens are distributed as sampling from the target alone.
 
-    `drafts` `[bs, B-1]`, sampled from `draft_probs` `[bs, B-1, V]`; `target_probs` `[bs, B, V]`:
+    `drafts` `[bs, W-1]`, sampled from `draft_probs` `[bs, W-1, V]`; `target_probs` `[bs, W, V]`:
     the target's distribution after each block position (after the same temperature, top-k
-    and top-p transform). `u_accept` `[bs, B-1]` and `u_residual` `[bs, B]` are independent
+    and top-p transform). `u_accept` `[bs, W-1]` and `u_residual` `[bs, W]` are independent
     uniforms: the rejection test of each draft, and the draw of the token after j accepted
     drafts (from the residual `max(p - q, 0)`, or from p for the bonus). `num_verified`
     `[bs]`: tokens each request verified (target rows past them are never read); a request
@@ -61,7 +62,7 @@ def rejection_verify(drafts: torch.Tensor, draft_probs: torch.Tensor,
     """
     bs, num_drafts = drafts.shape
     vocab = target_probs.shape[-1]
-    p = target_probs[:, :-1].gather(-1, drafts[..., None])[..., 0]  # [bs, B-1]
+    p = target_probs[:, :-1].gather(-1, drafts[..., None])[..., 0]  # [bs, W-1]
     q = draft_probs.gather(-1, drafts[..., None])[..., 0]
     # p = 0 (a token the target's processing or grammar excludes) is never accepted, even
     # on a draw of exactly 0
@@ -71,7 +72,7 @@ def rejection_verify(drafts: torch.Tensor, draft_probs: torch.Tensor,
     limit = num_drafts if num_verified is None else num_verified - 1
     at = accepted[:, None, None].expand(bs, 1, vocab)
     p_next = target_probs.gather(1, at)[:, 0]  # [bs, V]
-    # after all B-1 drafts there is no draft distribution: the bonus draws from p alone
+    # after all W-1 drafts there is no draft distribution: the bonus draws from p alone
     q_next = draft_probs.gather(1, at.clamp_max(num_drafts - 1))[:, 0]
     q_next = torch.where((accepted < limit)[:, None], q_next, 0.0)
     residual = (p_next - q_next).clamp_min_(0)

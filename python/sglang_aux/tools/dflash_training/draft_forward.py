@@ -92,7 +92,7 @@ def draft_block_hidden(draft: DFlashDraftModel, embed: nn.Embedding, aux: torch.
     positions with `1 <= anchor < T`. Rows past a sequence's end are never read, because no
     query sees a context position at or after its anchor.
     """
-    b = draft.dflash_config.block_size
+    b = draft.dflash_config.draft_block_size
     n, t = input_ids.shape
     ids, positions = block_inputs(input_ids, anchors, b, mask_token_id)
     backend = DenseBlockAttention(context_kv(draft, aux), block_mask(anchors, t, b))

@@ -22,8 +22,8 @@ K = 5 aux layers, bf16) a token's aux rows take 15,360 bytes and its final hidde
 more (+20%: 3.1 GB per million training tokens), where its full logits would take 303,872
 (304 GB per million tokens); stored top-k logits (64 x 6 bytes) would fit but drop the tail
 mass the L1 term measures. On the fly costs one LM-head GEMM per step beside the draft's:
-32 sequences x 16 blocks x gamma 7 = 3,584 rows, 1.7 TFLOP. Both distributions exist one
-slice of blocks at a time (`sliced_loss`): whole, at gamma 15 they would take ~40 GB.
+32 sequences x 16 blocks x 7 proposals = 3,584 rows, 1.7 TFLOP. Both distributions exist one
+slice of blocks at a time (`sliced_loss`): whole, at 15 proposals they would take ~40 GB.
 """
 
 from __future__ import annotations
@@ -49,11 +49,11 @@ class DSparkLossWeights:
     confidence: float = 1.0
 
 
-def dspark_labels(batch: Batch, anchors: torch.Tensor, gamma: int
+def dspark_labels(batch: Batch, anchors: torch.Tensor, num_proposals: int
                   ) -> tuple[torch.Tensor, torch.Tensor]:
     """Labels `[N, A, G]` (the token at anchor + k + 1, IGNORE past the sequence's end) and
     the teacher-forced previous tokens `[N, A, G]` (the token at anchor + k)."""
-    k = torch.arange(gamma, device=anchors.device)
+    k = torch.arange(num_proposals, device=anchors.device)
     at = anchors[:, :, None] + k  # [N, A, G]
     last = batch.ids.shape[1] - 1
     valid = at + 1 < batch.lens[:, None, None]
@@ -62,10 +62,10 @@ def dspark_labels(batch: Batch, anchors: torch.Tensor, gamma: int
     return torch.where(valid, labels, IGNORE), prev
 
 
-def row_weights(gamma: int, decay: float, device: torch.device) -> torch.Tensor:
+def row_weights(num_proposals: int, decay: float, device: torch.device) -> torch.Tensor:
     """`exp(-k / decay)` for rows k = 0..G-1: a proposal counts only when every one before it
     was accepted."""
-    return torch.exp(-torch.arange(gamma, device=device, dtype=torch.float32) / decay)
+    return torch.exp(-torch.arange(num_proposals, device=device, dtype=torch.float32) / decay)
 
 
 def row_terms(logits: torch.Tensor, target_logits: torch.Tensor, labels: torch.Tensor,
@@ -127,10 +127,10 @@ class DSparkTrainer(Trainer):
                  mix: DSparkLossWeights = DSparkLossWeights()):
         super().__init__(draft, embed, lm_head, mask_token_id, cfg)
         self.mix = mix
-        self.weights = row_weights(draft.gamma, cfg.gamma, self.device)
+        self.weights = row_weights(draft.num_proposals, cfg.gamma, self.device)
 
     def objective(self, batch: Batch, anchors: torch.Tensor) -> tuple[torch.Tensor, dict]:
-        draft, gamma = self.draft, self.draft.gamma
+        draft, num_proposals = self.draft, self.draft.num_proposals
         width = draft.fc.in_features
         if batch.aux.shape[-1] != width + self.lm_head.shape[1]:
             raise ValueError(f"DSpark training rows {tuple(batch.aux.shape)} must hold the aux "
@@ -139,10 +139,10 @@ class DSparkTrainer(Trainer):
         aux, final = batch.aux[..., :width], batch.aux[..., width:]
         hidden = draft_block_hidden(draft, self.embed, aux, batch.ids, anchors,
                                     self.mask_token_id)  # [N, A, G, H]
-        labels, prev = dspark_labels(batch, anchors, gamma)
+        labels, prev = dspark_labels(batch, anchors, num_proposals)
         markov = draft.markov_head
         embed = markov.embed(prev)  # [N, A, G, r]
-        at = (anchors[:, :, None] + torch.arange(gamma, device=anchors.device)).clamp(
+        at = (anchors[:, :, None] + torch.arange(num_proposals, device=anchors.device)).clamp(
             max=final.shape[1] - 1)  # [N, A, G]
         final_rows = final.gather(1, at.flatten(1)[..., None].expand(-1, -1, final.shape[-1]))
         w = self.weights * (labels != IGNORE)
@@ -161,8 +161,8 @@ class DSparkTrainer(Trainer):
         n, a = labels.shape[:2]
         loss, parts = loss_in_slices(
             one_slice, [hidden.flatten(0, 1), embed.flatten(0, 1)],
-            [labels.flatten(0, 1), w.flatten(0, 1), final_rows.view(n * a, gamma, -1)],
-            max(1, self.slice_rows // gamma))
+            [labels.flatten(0, 1), w.flatten(0, 1), final_rows.view(n * a, num_proposals, -1)],
+            max(1, self.slice_rows // num_proposals))
         correct = parts["correct"].view(labels.shape)
         accept = parts["accept"].view(labels.shape)
         confidence = None

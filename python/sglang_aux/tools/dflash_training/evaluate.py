@@ -15,7 +15,8 @@ def measure_accept_length(target: str, draft: str, prompts: list[str], max_new_t
                           algorithm: str = "DFLASH", **engine_args) -> dict:
     """Mean accept length over `prompts` (per request, as the GSM8K harness reports it) and
     per verify step (every step weighs the same), with `algorithm`'s worker (DFLASH or
-    DSPARK; DSpark's verify mode is `SGLANG_RAGGED_VERIFY_MODE`'s, static by default)."""
+    DSPARK; the verify mode is `engine_args`' `speculative_verify_mode`, by default
+    `--speculative-verify-mode`'s: SGLANG_RAGGED_VERIFY_MODE when set, else static)."""
     engine = Engine(model_path=target, speculative_algorithm=algorithm,
                     speculative_draft_model_path=draft, **engine_args)
     params = {"temperature": 0, "max_new_tokens": max_new_tokens, "stop": STOP}

@@ -195,7 +195,7 @@ class Trainer:
         self.total_steps = cfg.steps
         self.warmup = max(1, int(cfg.steps * cfg.warmup_frac))
         self.num_steps = 0
-        self.weights = offset_weights(draft.dflash_config.block_size, cfg.gamma, self.device)
+        self.weights = offset_weights(draft.dflash_config.draft_block_size, cfg.gamma, self.device)
         self.slice_rows = SLICE_ROWS  # logit rows the loss holds at a time
         self.generator = torch.Generator().manual_seed(cfg.seed)
 
@@ -203,7 +203,7 @@ class Trainer:
         """The DFlash block loss of these blocks and its stats."""
         hidden = draft_block_hidden(self.draft, self.embed, batch.aux, batch.ids, anchors,
                                     self.mask_token_id)
-        labels = block_labels(batch, anchors, self.draft.dflash_config.block_size)
+        labels = block_labels(batch, anchors, self.draft.dflash_config.draft_block_size)
         return block_loss(hidden, self.lm_head, labels, self.weights, self.slice_rows)
 
     def step(self, batch: Batch, anchors: torch.Tensor) -> dict:

@@ -24,8 +24,7 @@ from safetensors.torch import load_file, save_file
 from sglang_aux.srt.entrypoints.engine import Engine
 from sglang_aux.srt.model_loader.preset_checkpoint import write_checkpoint
 from sglang_aux.srt.sampling import sampler
-from sglang_aux.srt.server_args import RAGGED_VERIFY_MODE_ENV
-from sglang_aux.srt.speculative import dflash_worker, dspark_proposal
+from sglang_aux.srt.speculative import acceptance, draft_proposals, dspark_proposal
 from sglang_aux.test.ci.ci_register import register_cpu_ci
 from sglang_aux.test.runtime_utils import assert_kv_all_back
 from sglang_aux.test.sampling_law import FALSE_ALARM, chi_square, position_laws
@@ -104,12 +103,11 @@ def pairs(tmp_path_factory):
 
 def _engine(pair, algorithm="DFLASH", verify_mode="static", **kw) -> Engine:
     target, draft, _, _ = pair
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv(RAGGED_VERIFY_MODE_ENV, verify_mode)
-        return Engine(model_path=target, speculative_algorithm=algorithm,
-                      speculative_draft_model_path=draft, device="cpu",
-                      **{"max_total_tokens": 8192, "max_running_requests": 4,
-                         "cuda_graph_bs_decode": CAPTURED, **kw})
+    return Engine(model_path=target, speculative_algorithm=algorithm,
+                  speculative_draft_model_path=draft, device="cpu",
+                  speculative_verify_mode=verify_mode,
+                  **{"max_total_tokens": 8192, "max_running_requests": 4,
+                     "cuda_graph_bs_decode": CAPTURED, **kw})
 
 
 def _record_steps(worker, with_rids: bool = False) -> list[list]:
@@ -160,7 +158,7 @@ def test_every_block_position_follows_the_target_law(pairs, algorithm):
     _, _, p, q = pair = pairs[algorithm, "noisy"]
     engine = _engine(pair, algorithm, max_running_requests=REQUESTS,
                      cuda_graph_bs_decode=[REQUESTS])
-    b = engine.worker.block_size
+    b = engine.worker.verify_width
     steps = _record_steps(engine.worker, with_rids=True)
     params = [dict(SAMPLED, max_new_tokens=NEW_TOKENS, seed=i) for i in range(REQUESTS)]
     outs = engine.generate(input_ids=[PROMPT] * REQUESTS, sampling_params=params)
@@ -195,7 +193,7 @@ def test_compact_verify_keeps_every_token_on_the_target_law(pairs, algorithm):
     engine = _engine(pair, algorithm, "compact", max_running_requests=REQUESTS,
                      cuda_graph_bs_decode=[REQUESTS])
     worker = engine.worker
-    b = worker.block_size
+    b = worker.verify_width
     steps = _record_steps(worker)
     verdicts, verified = [], worker._verified
 
@@ -231,9 +229,9 @@ def test_random_streams_never_share_a_draw(pairs, monkeypatch, algorithm):
 
     def spy(seed, position, lane):
         caller = sys._getframe(1)
-        site = {"sample": "first token", "_draft_sampling": "proposal",
+        site = {"sample": "first token", "sampling": "proposal",
                 "propose_block": "proposal"}.get(caller.f_code.co_name)
-        if site is None:  # _rejection_sample: the accept tests come first, then the residual
+        if site is None:  # rejection_sample: the accept tests come first, then the residual
             site = "accept test" if lane_order.setdefault(caller.f_lineno, len(lane_order)) \
                 % 2 == 0 else "corrected / bonus"
         s, pos = torch.broadcast_tensors(seed, position)
@@ -244,7 +242,8 @@ def test_random_streams_never_share_a_draw(pairs, monkeypatch, algorithm):
 
     lane_order: dict[int, int] = {}
     monkeypatch.setattr(sampler, "uniform", spy)
-    monkeypatch.setattr(dflash_worker, "uniform", spy)
+    monkeypatch.setattr(acceptance, "uniform", spy)
+    monkeypatch.setattr(draft_proposals, "uniform", spy)
     monkeypatch.setattr(dspark_proposal, "uniform", spy)
     params = [dict(SAMPLED, max_new_tokens=40, seed=100 + i) for i in range(4)]
     engine.generate(input_ids=[PROMPT] * 4, sampling_params=params)
@@ -265,7 +264,7 @@ def test_acceptance_is_exact_under_known_drafts_at_every_size(pairs, kind, expec
     one whose top-k is disjoint from the target's accepts none (one token per step); batches
     of every captured size and a padded one, sampled and greedy."""
     engine = _engine(pairs[algorithm, kind], algorithm)
-    b = engine.worker.block_size
+    b = engine.worker.verify_width
     want = b if expect == "block" else expect
     steps = _record_steps(engine.worker)
     params = dict(SAMPLED) if sampled else {"temperature": 0, "ignore_eos": True}

@@ -1,8 +1,8 @@
-"""DFlash with compact verify (`SGLANG_RAGGED_VERIFY_MODE=compact`) on CPU: each proposal's
+"""DFlash with compact verify (`--speculative-verify-mode compact`) on CPU: each proposal's
 confidence is the draft's probability of it (a float64 softmax of the draft's own logits);
 greedy output equals target-only through the token buckets' graphs, overlap on and off, and on
 every aux path; steps with logprobs or penalties verify every token and give target-only's
-values; the flags compact refuses. (The T > 0 law: `test_dflash_sampling_law.py`.)"""
+values; the flags compact refuses. (The T > 0 law: `test_acceptance_law.py`.)"""
 
 import sys
 
@@ -11,7 +11,6 @@ import torch
 
 from sglang_aux.srt.entrypoints.engine import Engine
 from sglang_aux.srt.layers.attention.torch_native_backend import TorchNativeAttnBackend
-from sglang_aux.srt.speculative import compact_verify
 from sglang_aux.test.ci.ci_register import register_cpu_ci
 from sglang_aux.test.runtime_utils import (
     CAPTURED_BS,
@@ -49,43 +48,22 @@ def _dflash(ckpts, target="tiny-llama", mode="compact", **kw) -> Engine:
                                  **{**SPEC_ENGINE_KW, **kw})
 
 
-def test_max_probability_is_the_softmax_max():
-    torch.manual_seed(0)
-    logits = torch.randn(5, 3, 50) * 4
-    want = torch.softmax(logits.double(), -1).amax(-1)
-    out = torch.empty(5, 3)
-    assert compact_verify.max_probability(logits, out) is out
-    torch.testing.assert_close(out.double(), want, rtol=1e-6, atol=0)
-    # bf16 logits of a strided view (a draft block's rows 1..B-1), a few rows at a time
-    block = (torch.randn(6, 4, 50) * 4).bfloat16()
-    whole = compact_verify.max_probability(block[:, 1:], torch.empty(6, 3))
-    old = compact_verify.CONFIDENCE_ROWS
-    compact_verify.CONFIDENCE_ROWS = 4  # one request (3 rows) per slice
-    try:
-        sliced = compact_verify.max_probability(block[:, 1:], torch.empty(6, 3))
-    finally:
-        compact_verify.CONFIDENCE_ROWS = old
-    assert torch.equal(sliced, whole)
-    torch.testing.assert_close(
-        whole.double(), torch.softmax(block[:, 1:].double(), -1).amax(-1), rtol=1e-6, atol=0)
-    with pytest.raises(ValueError, match=r"\(5, 3\).*\(5, 3, 50\).*\(5,\)"):
-        compact_verify.max_probability(logits, torch.empty(5))
-
-
 def test_confidence_is_the_drafts_probability_of_its_proposal(ckpts):
-    """After every draft forward (graph replays included): `_confidence[:bs]` is the float64
-    softmax maximum of the draft's logits rows 1..B-1, and the proposals are their argmax."""
+    """After every draft forward (graph replays included): `Proposals.confidence[:bs]` is the
+    float64 softmax maximum of the draft's logits rows 1..W-1, and the proposals are their
+    argmax."""
     engine = _dflash(ckpts)
     worker = engine.worker
-    b, forward, checked = worker.block_size, worker.draft_runner.forward, []
+    b, forward, checked = worker.verify_width, worker.draft_runner.forward, []
 
     def checking(fb):
         out = forward(fb)
         bs = fb.batch_size
         logits = out.next_token_logits.view(bs, b, -1)[:, 1:].double()
         want = torch.softmax(logits, -1).amax(-1)
-        torch.testing.assert_close(worker._confidence[:bs].double(), want, rtol=1e-5, atol=0)
-        assert torch.equal(worker._drafts[:bs], logits.argmax(-1))
+        torch.testing.assert_close(worker.proposals.confidence[:bs].double(), want, rtol=1e-5,
+                                   atol=0)
+        assert torch.equal(worker.proposals.tokens[:bs], logits.argmax(-1))
         checked.append(bs)
         return out
 
@@ -99,7 +77,7 @@ def test_confidence_is_the_drafts_probability_of_its_proposal(ckpts):
 def test_greedy_compact_dflash_equals_target_only(ckpts, target_only, target, overlap):
     engine = _dflash(ckpts, target, disable_overlap_schedule=not overlap)
     worker = engine.worker
-    b = worker.block_size
+    b = worker.verify_width
     verifies = record_graph_forwards(worker.target_runner)
     outs = engine.generate(SPEC_PROMPTS, STAGGERED)
     for ref, out in zip(target_only[target], outs, strict=True):
@@ -129,14 +107,14 @@ def test_token_cap_verifies_whole_blocks_below_it(ckpts, target_only):
     a larger one verifies exactly the cap (at least its anchors); output still target-only's."""
     engine = _dflash(ckpts, compact_verify_max_tokens=10)
     worker, plans = engine.worker, []
-    b, plan = worker.block_size, worker._plan_verify
+    b, plan = worker.verify_width, worker.verify_plan.plan
 
-    def recording(bs, every_token):
-        n = plan(bs, every_token)
-        plans.append((bs, worker._verify_lens[:bs].tolist()))
+    def recording(bs, every_token, confidence):
+        n = plan(bs, every_token, confidence)
+        plans.append((bs, worker.verify_plan.verify_lens[:bs].tolist()))
         return n
 
-    worker._plan_verify = recording
+    worker.verify_plan.plan = recording
     outs = engine.generate(SPEC_PROMPTS, STAGGERED)
     assert [o["output_ids"] for o in outs] == [o["output_ids"] for o in target_only["tiny-llama"]]
     assert {bs for bs, _ in plans} == {1, 2, 3, 4}
@@ -187,7 +165,7 @@ def test_logprob_and_penalty_steps_verify_every_token(ckpts):
     """A batch with a logprob request, or a penalized one, verifies whole blocks (the static
     rows these paths read) and returns target-only's tokens and logprobs."""
     engine, plain = _dflash(ckpts), Engine(model_path=ckpts["tiny-llama"], **SPEC_ENGINE_KW)
-    b = engine.worker.block_size
+    b = engine.worker.verify_width
     params = dict(GREEDY_IGNORE_EOS, max_new_tokens=12)
     got, want = (e.generate(SPEC_PROMPTS[1:3], params, **LOGPROBS) for e in (engine, plain))
     for g, w in zip(got, want, strict=True):
@@ -215,15 +193,24 @@ def test_logprob_and_penalty_steps_verify_every_token(ckpts):
 def test_compact_dflash_start_errors(ckpts):
     with pytest.raises(ValueError, match="enable-mixed-chunk"):
         _dflash(ckpts, enable_mixed_chunk=True)
-    with pytest.raises(ValueError, match="DFLASH with SGLANG_RAGGED_VERIFY_MODE=compact and "
+    with pytest.raises(ValueError, match="DFLASH with --speculative-verify-mode compact and "
                                          "--tp-size > 1"):
         _dflash(ckpts, tp_size=2)
     with pytest.raises(ValueError, match="compact-verify-budget-frac"):
         _dflash(ckpts, compact_verify_budget_frac=1.5)
     with pytest.raises(ValueError, match="compact-verify-max-tokens must be >= 1, got 0"):
         _dflash(ckpts, compact_verify_max_tokens=0)
-    # static verify with the same flags starts
-    assert _dflash(ckpts, mode="static", enable_mixed_chunk=True).worker.compact is False
+    with pytest.raises(ValueError, match="two budgets of compact verify"):
+        _dflash(ckpts, compact_verify_budget_frac=0.5, compact_verify_max_tokens=8)
+    # static verify refuses compact verify's flags, naming them and the mode flag
+    for flag, value in (("compact_verify_budget_frac", 0.5), ("compact_verify_max_tokens", 8),
+                        ("speculative_dspark_align_verify_tokens_to_graph_tier", True)):
+        with pytest.raises(ValueError, match=f"--{flag.replace('_', '-')} only act with "
+                                             "--speculative-verify-mode compact"):
+            _dflash(ckpts, mode="static", **{flag: value})
+    # static verify with mixed chunks starts
+    engine = _dflash(ckpts, mode="static", enable_mixed_chunk=True)
+    assert engine.worker.verify_plan.compact is False
 
 
 if __name__ == "__main__":

@@ -1,15 +1,15 @@
-"""DSpark's `compact` verify lengths on known confidences: the budget goes to the globally
-highest survivals, every request verifies at least 1 and at most gamma + 1 tokens, the step's
-token count is rounded up to a captured bucket, ties are broken by block position then
-request, and survivals below the epsilon are never verified; equal to a slow reference on
-random confidences."""
+"""Compact verify's lengths on known confidences (`verify_plan.compact_verify_lens`): the budget
+goes to the globally highest survivals, every request verifies at least 1 and at most W =
+proposals + 1 tokens, the step's token count is rounded up to a captured bucket, ties are
+broken by block position then request, and survivals below the epsilon are never verified;
+equal to a slow reference on random confidences."""
 
 import sys
 
 import pytest
 import torch
 
-from sglang_aux.srt.speculative.compact_verify import (
+from sglang_aux.srt.speculative.verify_plan import (
     SURVIVAL_EPS,
     compact_verify_lens,
     round_up_to_bucket,
@@ -72,7 +72,8 @@ def test_survivals_below_epsilon_are_never_verified():
 def test_bad_arguments_are_refused():
     with pytest.raises(ValueError, match="budget must be >= 0, got -1"):
         compact_verify_lens(CONF, -1, BUCKETS)
-    with pytest.raises(ValueError, match=r"confidence \(3,\) must be \[bs >= 1, gamma >= 1\]"):
+    with pytest.raises(ValueError,
+                       match=r"confidence \(3,\) must be \[bs >= 1, proposals >= 1\]"):
         compact_verify_lens(CONF[0], 1, BUCKETS)
     with pytest.raises(ValueError, match=r"distinct, ascending and >= 1, got \[8, 4\]"):
         round_up_to_bucket(3, [8, 4])
@@ -81,9 +82,9 @@ def test_bad_arguments_are_refused():
 
 
 def slow_reference(conf: torch.Tensor, budget: int, eps: float) -> list[int]:
-    bs, gamma = conf.shape
+    bs, n = conf.shape
     survival = torch.cumprod(conf.double(), 1)
-    candidates = sorted((-float(survival[r, k]), k, r) for r in range(bs) for k in range(gamma))
+    candidates = sorted((-float(survival[r, k]), k, r) for r in range(bs) for k in range(n))
     out = [1] * bs
     for neg, _, r in candidates[:budget]:
         if -neg >= eps:
@@ -95,16 +96,16 @@ def slow_reference(conf: torch.Tensor, budget: int, eps: float) -> list[int]:
 def test_random_confidences_match_the_slow_reference(seed):
     g = torch.Generator().manual_seed(seed)
     bs = int(torch.randint(1, 12, (1,), generator=g))
-    gamma = int(torch.randint(1, 8, (1,), generator=g))
+    n = int(torch.randint(1, 8, (1,), generator=g))
     # quantized so that ties occur, a few exact zeros
-    conf = (torch.rand(bs, gamma, generator=g) * 8).round() / 8
-    budget = int(torch.randint(0, bs * gamma + 3, (1,), generator=g))
-    buckets = sorted({bs * (gamma + 1), *(range(1, bs * (gamma + 1), 5))})
+    conf = (torch.rand(bs, n, generator=g) * 8).round() / 8
+    budget = int(torch.randint(0, bs * n + 3, (1,), generator=g))
+    buckets = sorted({bs * (n + 1), *(range(1, bs * (n + 1), 5))})
     out = compact_verify_lens(conf, budget, buckets)
     verify = out.verify_lens.tolist()
     assert verify == slow_reference(conf.float(), budget, SURVIVAL_EPS)
-    assert all(1 <= v <= gamma + 1 for v in verify)
-    assert sum(verify) <= bs + min(budget, bs * gamma) <= out.num_tokens
+    assert all(1 <= v <= n + 1 for v in verify)
+    assert sum(verify) <= bs + min(budget, bs * n) <= out.num_tokens
     assert out.num_tokens in buckets
 
 

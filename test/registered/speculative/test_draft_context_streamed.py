@@ -32,7 +32,7 @@ CASES = [("tiny-llama", False), ("tiny-k3", False), ("tiny-k3", True)]  # (targe
 
 @pytest.fixture
 def device():
-    """The device under test; test_streamed_verify_cuda.py overrides it."""
+    """The device under test; test_draft_context_streamed_cuda.py overrides it."""
     return "cpu"
 
 
@@ -86,7 +86,7 @@ def test_verify_runner_holds_only_the_accumulator(tmp_path, device, dtype):
     assert storage.streamed
     assert all(out.aux_hidden_states is None for out in gr.outputs)
     # the prefill graphs (CUDA) write the same accumulator: it has rows for the largest
-    rows = max([runner.server_args.max_running_requests * engine.worker.block_size,
+    rows = max([runner.server_args.max_running_requests * engine.worker.verify_width,
                 *runner.prefill_capture_tokens])
     assert storage.buffer.shape == (rows, draft.fc.out_features)
     assert storage.buffer.dtype == torch.float32
@@ -105,7 +105,7 @@ def test_verify_runner_holds_only_the_accumulator(tmp_path, device, dtype):
 def test_replay_equals_eager_at_every_size_and_padded(tmp_path, device, dtype, target, mxfp8):
     worker = _streamed(tmp_path, device, dtype, target, mxfp8).worker
     runner, pool = worker.target_runner, worker.draft_runner.token_to_kv_pool
-    gr, block = runner.step_graphs, worker.block_size
+    gr, block = runner.step_graphs, worker.verify_width
     # a padded replay runs other matmul shapes than eager: single-threaded CPU BLAS rounds
     # K3's logits up to 1.2e-5 apart (2 threads: under 1e-5)
     tol = 3e-5 if dtype == "float32" else 2e-2
@@ -117,7 +117,7 @@ def test_replay_equals_eager_at_every_size_and_padded(tmp_path, device, dtype, t
             reserve_kv(runner, r, r.kv_len + block)
         publish_rows(runner, reqs)
         # random drafts where the verify graph's prologue reads them
-        worker._drafts[:bs] = torch.randint(0, vocab, (bs, block - 1), generator=g)
+        worker.proposals.tokens[:bs] = torch.randint(0, vocab, (bs, block - 1), generator=g)
         rows = runner.req_to_token_pool.req_to_token
         slots = torch.cat([rows[r.req_pool_idx, r.kv_len : r.kv_len + block] for r in reqs]).long()
         got = []
@@ -131,7 +131,7 @@ def test_replay_equals_eager_at_every_size_and_padded(tmp_path, device, dtype, t
             logits = runner.forward(fb).next_token_logits.clone()
             runner.graph_runners[ForwardMode.TARGET_VERIFY] = gr
             ctx = [k[slots].clone() for k in pool.k_buffer]
-            got.append((logits, ctx, worker._verdicts[:bs].clone()))
+            got.append((logits, ctx, worker.acceptance.verdicts[:bs].clone()))
         (logits, ctx, verdict), (e_logits, e_ctx, e_verdict) = got
         assert logits.shape[0] == bs * block
         torch.testing.assert_close(logits, e_logits, rtol=tol, atol=tol)

@@ -57,9 +57,9 @@ def test_greedy_equals_target_only_with_cuda_graphs(tmp_path, target, mode, algo
         m = o["meta_info"]
         assert m["spec_verify_ct"] > 0
         if mode == "static":
-            assert m["spec_verify_tokens"] == worker.block_size * m["spec_verify_ct"]
+            assert m["spec_verify_tokens"] == worker.verify_width * m["spec_verify_ct"]
         else:
-            assert m["spec_verify_tokens"] < worker.block_size * m["spec_verify_ct"]
+            assert m["spec_verify_tokens"] < worker.verify_width * m["spec_verify_ct"]
 
 
 @pytest.mark.parametrize("mode,algorithm", [("static", "DSPARK"), ("compact", "DSPARK"),

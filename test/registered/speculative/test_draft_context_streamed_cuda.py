@@ -13,7 +13,7 @@ register_cuda_ci(est_time=120, suite="default")
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
 # The CPU file's tests, collected here with the `device` / `dtype` fixtures below.
-from test_streamed_verify import (  # noqa: E402, F401
+from test_draft_context_streamed import (  # noqa: E402, F401
     test_greedy_streamed_verify_equals_target_only,
     test_poisoned_accumulator_between_steps_changes_nothing,
     test_replay_equals_eager_at_every_size_and_padded,

@@ -1,0 +1,117 @@
+"""What a draft forward leaves for the verify step, and how the DFlash draft proposes.
+
+Three sizes per request, one name each (docs/dspark.md): the *verify width* W, the tokens a
+request carries through one verify step, anchor included; its *proposals*, the W - 1 draft
+tokens after the anchor; and the *draft block*, the draft forward's input
+`[anchor, MASK x (draft_block_size - 1)]`. DFlash's draft block has W tokens and block offset
+j predicts the token at offset j (no shift; offset 0 is unused); DSpark's has W - 1, row k
+predicting the token at offset k + 1 (`dspark_proposal.py`).
+
+`Proposals` is the storage the DRAFT_BLOCK graph's epilogue writes and the verify step reads,
+allocated once for the largest batch (row prefixes per batch) and borrowed until the draft
+runner's next forward. A `Proposer` is the draft's half of the step: its block size and the
+epilogue and sampling tail that fill `Proposals` inside the DRAFT_BLOCK graph.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+from sglang_aux.srt.distributed.communication_op import broadcast_from_first_rank
+from sglang_aux.srt.forward_state.forward_batch_info import ForwardBatch
+from sglang_aux.srt.layers.logits_processor import LogitsProcessorOutput
+from sglang_aux.srt.sampling.sampler import Lane, sample_from_probs, sampling_probs, uniform
+from sglang_aux.srt.sampling.sampling_rows import SamplingRows
+
+CONFIDENCE_ROWS = 256  # rows of draft logits whose softmax temporaries exist at once
+
+
+@dataclass(frozen=True)
+class Proposals:
+    tokens: torch.Tensor  # [rows, W - 1] int64: greedy or drawn proposals
+    # [rows, W, vocab] float32: what sampled proposals were drawn from, for the rejection
+    # test: offsets 1..W-1 (`q`); offset 0, the anchor's, is kept so that DFlash's draft
+    # logits rows go in whole, without a `[bs * (W - 1), vocab]` copy
+    probs: torch.Tensor
+    # [rows, W - 1] float32: each proposal's confidence, compact verify's ranking
+    confidence: torch.Tensor
+
+    @classmethod
+    def create(cls, rows: int, verify_width: int, vocab: int, device: torch.device
+               ) -> Proposals:
+        n = verify_width - 1
+        return cls(torch.zeros((rows, n), dtype=torch.int64, device=device),
+                   torch.zeros((rows, verify_width, vocab), dtype=torch.float32, device=device),
+                   torch.zeros((rows, n), dtype=torch.float32, device=device))
+
+    def q(self, bs: int) -> torch.Tensor:
+        """The distributions `bs` requests' proposals were drawn from, `[bs, W - 1, vocab]`
+        (a view of `probs`)."""
+        return self.probs[:bs, 1:]
+
+
+class Proposer(Protocol):
+    """The draft's half of a speculative step: the DRAFT_BLOCK forward's tokens per request,
+    and what runs after it inside its graph."""
+
+    @property
+    def draft_block_size(self) -> int: ...
+
+    # greedy proposals into `Proposals.tokens[:bs]` (and, under compact verify, confidences)
+    def epilogue(self, fb: ForwardBatch, out: LogitsProcessorOutput) -> None: ...
+
+    # the sampling tail: sampled requests' proposals drawn, their distributions kept
+    def sampling(self, fb: ForwardBatch, out: LogitsProcessorOutput) -> None: ...
+
+
+@dataclass(frozen=True)
+class DFlashProposer:
+    proposals: Proposals
+    sampling_rows: SamplingRows
+    draft_block_size: int  # the verify width: `[anchor, MASK x (W - 1)]`
+    with_confidence: bool  # compact verify ranks the proposals by `max_probability`
+
+    def epilogue(self, fb: ForwardBatch, out: LogitsProcessorOutput) -> None:
+        """Block offsets 1..W-1 propose the tokens at those offsets (no shift)."""
+        bs, w = fb.batch_size, self.draft_block_size
+        logits = out.next_token_logits.view(bs, w, -1)[:, 1:]
+        tokens = self.proposals.tokens[:bs]
+        tokens.copy_(logits.argmax(-1))
+        broadcast_from_first_rank(tokens)
+        if self.with_confidence:
+            max_probability(logits, self.proposals.confidence[:bs])
+
+    def sampling(self, fb: ForwardBatch, out: LogitsProcessorOutput) -> None:
+        """Sampled requests draw their proposals instead, from the distributions left in
+        `Proposals.q(bs)`."""
+        bs, w = fb.batch_size, self.draft_block_size
+        params = self.sampling_rows.gather(fb.req_pool_indices)
+        # every block row, the anchor's too: the logits go in as the forward left them
+        sampling_probs(out.next_token_logits[: bs * w], params.repeat_interleave(w),
+                       out=self.proposals.probs[:bs].view(bs * w, -1))
+        positions = fb.positions.view(bs, w)[:, 1:]
+        drawn = sample_from_probs(self.proposals.q(bs),
+                                  uniform(params.seed[:, None], positions, Lane.DRAFT))
+        tokens = self.proposals.tokens[:bs]
+        broadcast_from_first_rank(tokens.copy_(torch.where(params.is_greedy[:, None], tokens,
+                                                           drawn)))
+
+
+def max_probability(logits: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """DFlash's confidence: the largest softmax probability of each row of `logits` `[..., V]`
+    (any view), the draft's probability of its greedy proposal, into `out` (float32, the
+    leading shape, any view). The softmax exists for `CONFIDENCE_ROWS` rows at a time: whole,
+    a Qwen2.5 draft block's at bs 64 would be 583 MB of float32."""
+    if logits.dim() < 2 or tuple(out.shape) != tuple(logits.shape[:-1]) \
+            or out.dtype != torch.float32:
+        raise ValueError(f"out must be float32 {tuple(logits.shape[:-1])} for logits "
+                         f"{tuple(logits.shape)} [..., vocab], got {out.dtype} "
+                         f"{tuple(out.shape)}")
+    step = max(1, CONFIDENCE_ROWS // max(1, logits[0, ..., 0].numel()))
+    for s in range(0, logits.shape[0], step):
+        rows = logits[s:s + step].float()
+        out[s:s + step] = rows.amax(-1).sub_(rows.logsumexp(-1)).exp_()
+    return out
