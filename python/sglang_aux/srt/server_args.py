@@ -6,7 +6,7 @@ import argparse
 import dataclasses
 import logging
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from sglang_aux.srt.configs.presets import DEFAULT_DRAFT_MODEL, DEFAULT_MODEL
@@ -163,7 +163,6 @@ class ServerArgs:
     timeout_keep_alive: float = 5.0
     log_level: str = "info"
     random_seed: int = 0
-    extra: dict = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
         if self.model_path is None and self.speculative_algorithm is None:
@@ -513,5 +512,5 @@ class ServerArgs:
 
     @classmethod
     def from_cli_args(cls, args: argparse.Namespace) -> ServerArgs:
-        names = {f.name for f in dataclasses.fields(cls)} - {"extra"}
+        names = {f.name for f in dataclasses.fields(cls)}
         return cls(**{k: v for k, v in vars(args).items() if k in names})

@@ -17,7 +17,7 @@ from sglang_aux.srt.configs.model_config import ModelConfig
 from sglang_aux.srt.configs.presets import MASK_TOKEN_ID, PRESETS
 from sglang_aux.srt.entrypoints.engine import Engine
 from sglang_aux.srt.forward_state.forward_batch_info import ForwardMode
-from sglang_aux.srt.managers.schedule_batch import build_fixed_batch, release_kv
+from sglang_aux.srt.managers.schedule_batch import release_kv
 from sglang_aux.srt.model_executor.model_runner import ModelRunner
 from sglang_aux.srt.model_loader import builtin
 from sglang_aux.srt.model_loader.tokenizer import Tokenizer
@@ -31,7 +31,13 @@ from sglang_aux.srt.server_args import ServerArgs
 from sglang_aux.test.ci.ci_register import register_cpu_ci
 from sglang_aux.test.gsm8k_data import local_path_or_skip
 from sglang_aux.test.hf_checkpoints import save_tiny_qwen2
-from sglang_aux.test.runtime_utils import eager_forward, make_runner, prefill, tiny_checkpoint
+from sglang_aux.test.runtime_utils import (
+    build_fixed_batch,
+    eager_forward,
+    make_runner,
+    prefill,
+    tiny_checkpoint,
+)
 from sglang_aux.tools import train_dflash
 from sglang_aux.tools.dflash_training.data import (
     Sample,

@@ -99,8 +99,7 @@ class ModelRunner:
         self.is_draft_worker = is_draft_worker
         self.spec_algorithm = server_args.spec_algorithm
         self.device = torch.device(server_args.resolved_device())
-        self.pp_size = server_args.pp_size
-        self.model = model or get_model(model_config, self.device, pp_size=self.pp_size,
+        self.model = model or get_model(model_config, self.device,
                                         load_format=server_args.load_format,
                                         seed=server_args.random_seed)
         set_decode_gemv_backend(self.model, server_args.decode_gemv_backend)
