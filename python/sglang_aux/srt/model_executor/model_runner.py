@@ -28,6 +28,9 @@ from sglang_aux.srt.mem_cache.memory_pool import (
     ReqToTokenPool,
     TokenToKVPoolAllocator,
 )
+from sglang_aux.srt.model_executor.model_runner_components.misc_utils import (
+    resolve_aux_hidden_states_width,
+)
 from sglang_aux.srt.model_executor.model_runner_components.sizing import kv_pool_size
 from sglang_aux.srt.model_executor.runner.epilogue import run_model
 from sglang_aux.srt.model_executor.runner.forward_layout import ForwardInputs, ForwardLayout
@@ -35,11 +38,7 @@ from sglang_aux.srt.model_executor.runner.forward_parts import ForwardParts
 from sglang_aux.srt.model_executor.runner.graph_runner import GraphRunner
 from sglang_aux.srt.model_executor.runner_backend.base import GraphBackend
 from sglang_aux.srt.model_executor.runner_backend.eager_replay_backend import EagerReplayBackend
-from sglang_aux.srt.model_executor.runner_utils.aux_storage import (
-    AuxStorage,
-    aux_rows,
-    resolve_aux_hidden_states_width,
-)
+from sglang_aux.srt.model_executor.runner_utils.aux_storage import AuxStorage, aux_rows
 from sglang_aux.srt.model_executor.runner_utils.capture_sizes import (
     get_capture_bs,
     mixed_graph_plan,
