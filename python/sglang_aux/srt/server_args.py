@@ -86,7 +86,7 @@ class ServerArgs:
     max_total_tokens: int | None = None  # KV slots; None: derived from memory
     max_running_requests: int = 64
     tp_size: int = 1
-    pp_size: int = 1
+    pp_size: int = 1  # SGLang's; refused above 1 (below)
     # tensor parallelism over several nodes (SGLang's names): tp_size / nnodes ranks per node,
     # rendezvous at dist_init_addr (host:port; None on one node: a free loopback port);
     # dist_timeout: seconds a node may take to join, and a collective to answer (None: 600)
@@ -191,6 +191,10 @@ class ServerArgs:
             raise ValueError("--enable-two-batch-overlap: this runtime does not split batches "
                              "(only the split's aux contract, two_batch_overlap.filter_batch, "
                              "is built); run without it")
+        if self.pp_size > 1:
+            raise ValueError(f"--pp-size {self.pp_size}: this runtime runs one pipeline stage "
+                             "(SGLang's flag; the models keep its aux gating: a later stage "
+                             "keeps the list path); run with --pp-size 1")
         self._check_parallel()
         if not 0.0 < self.mem_fraction_static < 1.0:
             raise ValueError(
@@ -236,8 +240,6 @@ class ServerArgs:
             raise ValueError(f"--dist-timeout must be > 0 seconds, got {self.dist_timeout}")
 
     def _check_dflash(self, algo: SpeculativeAlgorithm) -> None:
-        if self.pp_size > 1:
-            raise ValueError(f"{algo.value} does not support pipeline parallelism (--pp-size 1)")
         self._check_compact_verify(algo)
         if algo == SpeculativeAlgorithm.DSPARK:
             self._check_dspark()
@@ -391,7 +393,7 @@ class ServerArgs:
             help="requests decoded together at most")
         _add_parallel_args(add, d)
         add("--pp-size", type=int, default=d["pp_size"],
-            help="pipeline stages: only 1 runs (the flag exists for the aux gating contract)")
+            help="SGLang's flag, refused above 1: this runtime runs one pipeline stage")
         add("--speculative-algorithm", default=None, type=_cli_algorithm, choices=CLI_ALGORITHMS,
             help="default: DFLASH for the built-in default model, else NONE")
         add("--speculative-draft-model-path", default=None,

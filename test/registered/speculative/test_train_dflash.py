@@ -45,7 +45,7 @@ from sglang_aux.tools.dflash_training.data import (
     generate_samples,
     load_samples,
 )
-from sglang_aux.tools.dflash_training.draft_forward import draft_block_logits
+from sglang_aux.tools.dflash_training.draft_forward import draft_block_hidden
 from sglang_aux.tools.dflash_training.export import (
     SHARD_INDEX,
     draft_config,
@@ -66,6 +66,17 @@ from sglang_aux.tools.dflash_training.trainer import (
 )
 
 register_cpu_ci(est_time=30, suite="default")
+
+
+def draft_block_logits(draft, embed, lm_head: torch.Tensor, aux: torch.Tensor,
+                       input_ids: torch.Tensor, anchors: torch.Tensor,
+                       mask_token_id: int) -> torch.Tensor:
+    """Logits `[N, A, B, vocab]` of every block position of the training forward
+    (`draft_block_hidden`), through the target's frozen LM head: offset j predicts token
+    anchor + j (offset 0 is the anchor)."""
+    hidden = draft_block_hidden(draft, embed, aux, input_ids, anchors, mask_token_id)
+    return hidden @ lm_head.t().to(hidden.dtype)
+
 
 BLOCK = 4
 SEQ_LENS = [40, 57]
