@@ -26,11 +26,9 @@ import torch
 from sglang_aux.srt.layers.quantization.accumulating_gemm import dense_gemm_accumulate
 from sglang_aux.srt.layers.quantization.mxfp8_format import MXFP8_BLOCK
 from sglang_aux.srt.layers.quantization.mxfp8_linear import MXFP8Linear
-from sglang_aux.srt.layers.quantization.staged_input import (
-    MXFP8InputAccumulator,
-    concat_then_project,
-)
+from sglang_aux.srt.layers.quantization.staged_input import MXFP8InputAccumulator
 from sglang_aux.srt.layers.quantization.streamed_projection import StreamedProjection
+from sglang_aux.test.concat_projection import concat_then_project
 
 DTYPE = torch.bfloat16
 FP32 = 4

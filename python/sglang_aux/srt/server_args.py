@@ -6,7 +6,7 @@ import argparse
 import dataclasses
 import logging
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from sglang_aux.srt.configs.presets import DEFAULT_DRAFT_MODEL, DEFAULT_MODEL
@@ -121,7 +121,7 @@ class ServerArgs:
     max_total_tokens: int | None = None  # KV slots; None: derived from memory
     max_running_requests: int = 64
     tp_size: int = 1
-    pp_size: int = 1
+    pp_size: int = 1  # SGLang's; refused above 1 (below)
     # tensor parallelism over several nodes (SGLang's names): tp_size / nnodes ranks per node,
     # rendezvous at dist_init_addr (host:port; None on one node: a free loopback port);
     # dist_timeout: seconds a node may take to join, and a collective to answer (None: 600)
@@ -199,7 +199,6 @@ class ServerArgs:
     timeout_keep_alive: float = 5.0
     log_level: str = "info"
     random_seed: int = 0
-    extra: dict = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
         if self.model_path is None and self.speculative_algorithm is None:
@@ -228,6 +227,10 @@ class ServerArgs:
             raise ValueError("--enable-two-batch-overlap: this runtime does not split batches "
                              "(only the split's aux contract, two_batch_overlap.filter_batch, "
                              "is built); run without it")
+        if self.pp_size > 1:
+            raise ValueError(f"--pp-size {self.pp_size}: this runtime runs one pipeline stage "
+                             "(SGLang's flag; the models keep its aux gating: a later stage "
+                             "keeps the list path); run with --pp-size 1")
         self._check_parallel()
         if not 0.0 < self.mem_fraction_static < 1.0:
             raise ValueError(
@@ -284,8 +287,6 @@ class ServerArgs:
                 and getattr(self, n) is not False]
 
     def _check_dflash(self, algo: SpeculativeAlgorithm) -> None:
-        if self.pp_size > 1:
-            raise ValueError(f"{algo.value} does not support pipeline parallelism (--pp-size 1)")
         least = 3 if algo == SpeculativeAlgorithm.DSPARK else 2  # DSpark: 2 proposals at least
         if self.speculative_verify_width is not None and self.speculative_verify_width < least:
             raise ValueError(f"--speculative-verify-width must be >= {least} with {algo.value} "
@@ -418,7 +419,7 @@ class ServerArgs:
             help="requests decoded together at most")
         _add_parallel_args(add, d)
         add("--pp-size", type=int, default=d["pp_size"],
-            help="pipeline stages: only 1 runs (the flag exists for the aux gating contract)")
+            help="SGLang's flag, refused above 1: this runtime runs one pipeline stage")
         add("--speculative-algorithm", default=None, type=_cli_algorithm, choices=CLI_ALGORITHMS,
             help="default: DFLASH for the built-in default model, else NONE")
         add("--speculative-draft-model-path", default=None,
@@ -545,5 +546,5 @@ class ServerArgs:
 
     @classmethod
     def from_cli_args(cls, args: argparse.Namespace) -> ServerArgs:
-        names = {f.name for f in dataclasses.fields(cls)} - {"extra"}
+        names = {f.name for f in dataclasses.fields(cls)}
         return cls(**{k: v for k, v in vars(args).items() if k in names})

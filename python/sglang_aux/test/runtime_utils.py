@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
 
 from sglang_aux.srt.configs.model_config import ModelConfig
+from sglang_aux.srt.distributed import parallel_state
 from sglang_aux.srt.forward_state.forward_batch_info import (
     CaptureHiddenMode,
     ForwardBatch,
@@ -16,14 +18,13 @@ from sglang_aux.srt.forward_state.forward_batch_info import (
 )
 from sglang_aux.srt.managers.schedule_batch import (
     Req,
-    build_fixed_batch,
     extend_inputs,
-    publish_rows,
     release_kv,
     reserve_kv,
     step_inputs,
 )
 from sglang_aux.srt.model_executor.model_runner import ModelRunner
+from sglang_aux.srt.model_executor.runner_utils.host_transfer import to_device
 from sglang_aux.srt.model_loader.preset_checkpoint import write_checkpoint
 from sglang_aux.srt.sampling.sampling_params import SamplingParams
 from sglang_aux.srt.server_args import ServerArgs
@@ -46,6 +47,18 @@ def make_runner(model_path: str, *, aux_layer_ids: list[int] | None = None,
     args = ServerArgs(model_path=model_path, **server_args)
     return ModelRunner(ModelConfig.from_pretrained(model_path), args, aux_layer_ids=aux_layer_ids,
                        model=model)
+
+
+@contextmanager
+def pipeline_stage(world_size: int) -> Iterator[None]:
+    """This process as the last stage of a `world_size`-stage pipeline while the block runs
+    (the runtime refuses --pp-size > 1; this reaches the models' pipeline gating)."""
+    old = parallel_state._PP
+    parallel_state._PP = parallel_state.GroupCoordinator(world_size - 1, world_size, None, None)
+    try:
+        yield
+    finally:
+        parallel_state._PP = old
 
 
 def new_requests(runner: ModelRunner, lens: list[int], seed: int) -> list[Req]:
@@ -90,6 +103,37 @@ def release(runner: ModelRunner, reqs: list[Req]) -> None:
     """Give back the requests' KV slots and rows."""
     for r in reqs:
         release_kv(runner, r)
+
+
+def build_fixed_batch(runner: ModelRunner, reqs: list[Req], mode: ForwardMode,
+                      input_ids: list[int], out_cache_loc: torch.Tensor,
+                      start_lens: list[int]) -> ForwardBatch:
+    """A fixed-layout batch of `len(input_ids) // len(reqs)` tokens per request at positions
+    `[start, start + n)` per request, over given slots (`out_cache_loc`); eager only."""
+    dev, bs = runner.device, len(reqs)
+    n = len(input_ids) // bs
+    positions = [s + j for s in start_lens for j in range(n)]
+    seq_lens = [s + n for s in start_lens]
+
+    def ints(values: list[int]) -> torch.Tensor:
+        return torch.tensor(values, dtype=torch.int64, device=dev)
+
+    return ForwardBatch(
+        forward_mode=mode, batch_size=bs, input_ids=ints(input_ids),
+        req_pool_indices=ints([r.req_pool_idx for r in reqs]), seq_lens=ints(seq_lens),
+        seq_lens_cpu=torch.tensor(seq_lens, dtype=torch.int64),
+        out_cache_loc=out_cache_loc.to(dev, torch.int64), positions=ints(positions),
+        req_to_token_pool=runner.req_to_token_pool, token_to_kv_pool=runner.token_to_kv_pool,
+        attn_backend=runner.attn_backend)
+
+
+def publish_rows(runner: ModelRunner, reqs: list[Req]) -> None:
+    """Set the rows' device state (kv_len, last token) from the host's view of `reqs`, for
+    tests that step requests no prefill went through; one copy."""
+    last = [(r.output_ids or r.origin_input_ids)[-1] for r in reqs]
+    rows, kv_lens, last_t = to_device([[r.req_pool_idx for r in reqs], [r.kv_len for r in reqs],
+                                       last], runner.device)
+    runner.req_to_token_pool.set_rows(rows, kv_lens, last_t)
 
 
 def fixed_batch(runner: ModelRunner, reqs: list[Req], mode: ForwardMode, width: int,

@@ -53,9 +53,9 @@ def test_extend_split_follows_request_lengths():
 
 
 def test_unhandled_parent_field_raises():
-    parent = _batch(ForwardMode.DECODE, [1, 1],
-                    pp_proxy_tensors={"hidden_states": torch.zeros(2, 8)})
-    with pytest.raises(ValueError, match="pp_proxy_tensors"):
+    # logits rows are laid out for the parent's one LM head: no cut for them is taught
+    parent = _batch(ForwardMode.DECODE, [1, 1], logits_rows=torch.arange(2))
+    with pytest.raises(ValueError, match="ForwardBatch.logits_rows"):
         split_batch(parent)
 
 

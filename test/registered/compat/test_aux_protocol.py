@@ -1,7 +1,8 @@
 """SGLang's opt-in to the shared aux buffer, in both spellings: a DFlash target whose model
 implements only `get_aux_hidden_states_width()` (SGLang 0.5.23's `_SupportsPackedAuxHiddenStates`)
 or only `get_packed_aux_hidden_size()` shares, with the width it reports; a model with neither
-keeps the list path; a model with both must agree."""
+keeps the list path; a model with both must agree. Every seam is imported from the module path
+SGLang gives it, as code written against SGLang would."""
 
 import sys
 
@@ -9,15 +10,22 @@ import pytest
 import torch
 from torch import nn
 
+from sglang_aux.srt.batch_overlap.two_batch_overlap import split_batch
 from sglang_aux.srt.configs.model_config import ModelConfig
-from sglang_aux.srt.configs.speculative_algorithm import SpeculativeAlgorithm
-from sglang_aux.srt.forward_state.forward_batch_info import ForwardMode
-from sglang_aux.srt.model_executor.runner.forward_parts import ForwardParts
-from sglang_aux.srt.model_executor.runner.step_prologue import StepPrologue
-from sglang_aux.srt.model_executor.runner_utils.aux_storage import (
+from sglang_aux.srt.layers.aux_hidden_states import (
+    AuxHiddenStatePacker,
+    SupportsSharedAuxHiddenStates,
+)
+from sglang_aux.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
+from sglang_aux.srt.model_executor.model_runner_components.misc_utils import (
     resolve_aux_hidden_states_width,
 )
+from sglang_aux.srt.model_executor.runner.decode_cuda_graph_runner import DecodeCudaGraphRunner
+from sglang_aux.srt.model_executor.runner.forward_parts import ForwardParts
+from sglang_aux.srt.model_executor.runner.step_prologue import StepPrologue
+from sglang_aux.srt.model_executor.runner_utils.buffers import DecodeInputBuffers
 from sglang_aux.srt.model_loader.loader import get_model
+from sglang_aux.srt.speculative.spec_info import SpeculativeAlgorithm
 from sglang_aux.test.ci.ci_register import register_cpu_ci
 from sglang_aux.test.runtime_utils import (
     eager_forward,
@@ -110,6 +118,31 @@ def test_only_dflash_family_targets_share_and_two_widths_are_refused(ckpt, famil
     both = Disagreeing(model.inner)
     with pytest.raises(ValueError, match="two aux widths"):
         resolve_aux_hidden_states_width(model=both, spec_algorithm=dflash, is_draft_worker=False)
+
+
+def test_capture_prepare_hands_each_graph_its_rows_of_the_one_aux_buffer(ckpt):
+    runner = _runner(ckpt, OurSpelling)
+    runner.init_forwards(ForwardParts(ForwardMode.TARGET_VERIFY, BLOCK, StepPrologue()))
+    graphs = runner.step_graphs
+    assert isinstance(graphs, DecodeCudaGraphRunner)
+    assert isinstance(graphs.buffers, DecodeInputBuffers)
+    assert isinstance(runner.model, SupportsSharedAuxHiddenStates)
+    shared = runner.aux_storage.buffer
+    for layout in graphs.layouts:
+        fb = graphs.capture_prepare(layout)
+        assert isinstance(fb, ForwardBatch) and fb.forward_mode == ForwardMode.TARGET_VERIFY
+        rows = fb.aux_hidden_states_buffer
+        assert rows.shape == (layout.num_tokens, len(AUX) * HIDDEN)
+        assert rows.data_ptr() == shared.data_ptr()
+        logits = fb.next_token_logits_buffer
+        assert logits.data_ptr() == graphs.buffers.next_token_logits_buffer.data_ptr()
+        # the packer writes the model's captures into the caller's rows (`out=`)
+        packer = AuxHiddenStatePacker.for_batch(fb, len(AUX))
+        for i in range(len(AUX)):
+            packer.append(torch.full((layout.num_tokens, HIDDEN), float(i)))
+        assert packer.finalize() is rows and rows[:, HIDDEN:].eq(1).all()
+        # two-batch overlap: the children never see the parent's rows
+        assert all(child.aux_hidden_states_buffer is None for child in split_batch(fb))
 
 
 if __name__ == "__main__":

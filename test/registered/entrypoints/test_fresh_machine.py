@@ -185,6 +185,18 @@ def test_two_batch_overlap_is_a_usage_error_naming_why(capsys):
         ServerArgs(model_path="tiny-llama", enable_two_batch_overlap=True)
 
 
+@pytest.mark.parametrize("algorithm", ["NONE", "DFLASH"])
+def test_pipeline_parallelism_is_a_usage_error_naming_why(algorithm, capsys):
+    """SGLang's --pp-size is known, but a second stage never runs here: refused for every
+    algorithm (the models keep the pipeline gating of the aux buffer,
+    test_decode_graph_runner's "pp2")."""
+    line = _usage_error(launch_server.main, ["--pp-size", "2", "--speculative-algorithm",
+                                             algorithm], capsys)
+    assert line.endswith("--pp-size 2: this runtime runs one pipeline stage (SGLang's flag; the "
+                         "models keep its aux gating: a later stage keeps the list path); run "
+                         "with --pp-size 1")
+
+
 def test_a_busy_port_is_a_usage_error_before_the_model_loads(tmp_path, capsys):
     with socket.create_server(("127.0.0.1", 0)) as busy:
         port = busy.getsockname()[1]

@@ -11,7 +11,7 @@ import torch
 
 from sglang_aux.srt.entrypoints.engine import Engine
 from sglang_aux.srt.forward_state.forward_batch_info import ForwardMode
-from sglang_aux.srt.managers.schedule_batch import mixed_inputs, publish_rows, reserve_kv
+from sglang_aux.srt.managers.schedule_batch import mixed_inputs, reserve_kv
 from sglang_aux.srt.mem_cache.memory_pool import PADDING_REQ_ROW, PADDING_SLOT
 from sglang_aux.srt.model_executor.runner.forward_parts import ForwardParts
 from sglang_aux.srt.model_executor.runner.step_prologue import StepPrologue
@@ -24,6 +24,7 @@ from sglang_aux.test.runtime_utils import (
     make_runner,
     new_requests,
     prefill_random,
+    publish_rows,
     release,
     tiny_checkpoint,
 )

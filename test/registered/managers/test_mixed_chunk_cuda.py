@@ -12,7 +12,7 @@ import torch
 from test_step_loop_cuda import KINDS, _engine
 
 from sglang_aux.srt.forward_state.forward_batch_info import ForwardMode
-from sglang_aux.srt.managers.schedule_batch import mixed_inputs, publish_rows, reserve_kv
+from sglang_aux.srt.managers.schedule_batch import mixed_inputs, reserve_kv
 from sglang_aux.srt.model_executor.runner.forward_parts import ForwardParts
 from sglang_aux.srt.model_executor.runner.step_prologue import StepPrologue
 from sglang_aux.test.ci.ci_register import register_cuda_ci
@@ -23,6 +23,7 @@ from sglang_aux.test.runtime_utils import (
     make_runner,
     new_requests,
     prefill_random,
+    publish_rows,
     release,
     tiny_checkpoint,
 )

@@ -24,6 +24,7 @@ from sglang_aux.test.ci.ci_register import register_cpu_ci
 from sglang_aux.test.runtime_utils import (
     eager_forward,
     make_runner,
+    pipeline_stage,
     prefill_random,
     release,
     step_batch,
@@ -97,19 +98,13 @@ def test_who_gets_no_shared_buffer(ckpts, case):
         kw["speculative_algorithm"] = "EAGLE3"
     elif case == "none":
         kw["speculative_algorithm"] = "NONE"
-    elif case == "pp2":
-        kw["pp_size"] = 2
-        kw["speculative_algorithm"] = "NONE"  # DFLASH rejects pp > 1 at start; the model gates
     elif case == "no_layers":
         aux = None
     runner = make_runner(path, aux_layer_ids=aux, max_total_tokens=4096, context_length=256, **kw)
     if case == "draft":
         runner.is_draft_worker = True
-    if case == "pp2":
-        from sglang_aux.srt.configs.speculative_algorithm import SpeculativeAlgorithm
-
-        runner.spec_algorithm = SpeculativeAlgorithm.DFLASH  # isolate the model's PP check
-    assert runner.get_aux_hidden_states_width() == 0
+    with pipeline_stage(2 if case == "pp2" else 1):  # the model's own pipeline check
+        assert runner.get_aux_hidden_states_width() == 0
 
 
 @pytest.mark.parametrize("model,aux", [("tiny-k3", K3_AUX), ("tiny-llama", LLAMA_AUX)])

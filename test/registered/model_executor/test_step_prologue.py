@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from sglang_aux.srt.forward_state.forward_batch_info import ForwardMode
-from sglang_aux.srt.managers.schedule_batch import publish_rows, reserve_kv, step_inputs
+from sglang_aux.srt.managers.schedule_batch import reserve_kv, step_inputs
 from sglang_aux.srt.model_executor.runner.forward_parts import ForwardParts
 from sglang_aux.srt.model_executor.runner.step_prologue import StepPrologue
 from sglang_aux.test.ci.ci_register import register_cpu_ci
@@ -17,6 +17,7 @@ from sglang_aux.test.runtime_utils import (
     fixed_batch,
     make_runner,
     prefill_random,
+    publish_rows,
     release,
     tiny_checkpoint,
 )

@@ -16,7 +16,6 @@ from sglang_aux.srt.forward_state.forward_batch_info import ForwardMode
 from sglang_aux.srt.layers.aux_hidden_states import SupportsSharedAuxHiddenStates
 from sglang_aux.srt.managers.schedule_batch import (
     extend_inputs,
-    publish_rows,
     reserve_kv,
     step_inputs,
 )
@@ -27,7 +26,12 @@ from sglang_aux.srt.model_loader.preset_checkpoint import write_checkpoint
 from sglang_aux.srt.models.kimi_k3 import KimiK3ForCausalLM, KimiK3MoE
 from sglang_aux.srt.models.llama import LlamaMLP
 from sglang_aux.test.ci.ci_register import register_cpu_ci
-from sglang_aux.test.runtime_utils import extend_batch, make_runner
+from sglang_aux.test.runtime_utils import (
+    extend_batch,
+    make_runner,
+    pipeline_stage,
+    publish_rows,
+)
 
 register_cpu_ci(est_time=10, suite="default")
 
@@ -43,9 +47,9 @@ def ckpt(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_checkpoint("tiny-k3", tmp_path_factory.mktemp("tiny-k3"))
 
 
-def load(path: Path, pp_size: int = 1) -> tuple[KimiK3ForCausalLM, ModelConfig]:
+def load(path: Path) -> tuple[KimiK3ForCausalLM, ModelConfig]:
     config = ModelConfig.from_pretrained(path)
-    return get_model(config, "cpu", pp_size=pp_size), config
+    return get_model(config, "cpu"), config
 
 
 def runner_for(model: KimiK3ForCausalLM, config: ModelConfig):
@@ -124,8 +128,8 @@ def test_aux_taps_equal_independent_attn_res_mixtures(ckpt: Path) -> None:
 
 @pytest.mark.parametrize("pp_size", [1, 2])
 def test_forward_leaves_caller_tensors_alone(ckpt: Path, pp_size: int) -> None:
-    model, config = load(ckpt, pp_size)
-    model.set_dflash_layers_to_capture([2])  # pp_size 2 with one id: aux is the capture itself
+    model, config = load(ckpt)
+    model.set_dflash_layers_to_capture([2])  # a later PP stage with one id: aux is the capture
     held: list[tuple[torch.Tensor, torch.Tensor]] = []
 
     def pre_hook(module, args) -> None:
@@ -146,7 +150,8 @@ def test_forward_leaves_caller_tensors_alone(ckpt: Path, pp_size: int) -> None:
         layer.mlp.register_forward_hook(output_hook)
     _, fb = extend_batch(runner_for(model, config), PROMPTS)
     ids, positions = fb.input_ids.clone(), fb.positions.clone()
-    out = model(fb.input_ids, fb.positions, fb)
+    with pipeline_stage(pp_size):
+        out = model(fb.input_ids, fb.positions, fb)
     aux = out.aux_hidden_states.clone()
 
     assert len(held) > 4 * len(model.model.layers)
@@ -156,24 +161,25 @@ def test_forward_leaves_caller_tensors_alone(ckpt: Path, pp_size: int) -> None:
     aux_storage = out.aux_hidden_states.untyped_storage().data_ptr()
     assert all(t.untyped_storage().data_ptr() != aux_storage for t, _ in held)
     # A later forward must not reuse the storage the first one returned.
-    run(model, config, [[9, 8, 7, 6]])
+    with pipeline_stage(pp_size):
+        run(model, config, [[9, 8, 7, 6]])
     assert torch.equal(out.aux_hidden_states, aux)
 
 
 def test_packed_into_caller_buffer_equals_list_path(ckpt: Path) -> None:
     ids = [0, 3, 5]
-    packed_model, config = load(ckpt)
-    list_model, _ = load(ckpt, pp_size=2)
-    for model in (packed_model, list_model):
-        model.set_dflash_layers_to_capture(ids)
-    assert packed_model.packs_aux_hidden_states and not list_model.packs_aux_hidden_states
-    ref, fb = run(list_model, config, PROMPTS)
+    model, config = load(ckpt)
+    model.set_dflash_layers_to_capture(ids)
+    with pipeline_stage(2):  # a later stage keeps the list path
+        assert not model.packs_aux_hidden_states
+        ref, fb = run(model, config, PROMPTS)
+    assert model.packs_aux_hidden_states
 
     num_tokens, width = fb.num_tokens, len(ids) * config.hf_config.hidden_size
     sentinel = -7.0
     storage = torch.full((num_tokens + 5, width), sentinel)
     buffer = storage[2 : 2 + num_tokens]  # a runner's shared buffer, sliced to this batch
-    out, _ = run(packed_model, config, PROMPTS, aux_hidden_states_buffer=buffer)
+    out, _ = run(model, config, PROMPTS, aux_hidden_states_buffer=buffer)
 
     assert out.aux_hidden_states.data_ptr() == buffer.data_ptr()
     assert torch.equal(out.aux_hidden_states, ref.aux_hidden_states)
@@ -247,9 +253,9 @@ def test_shared_aux_protocol_and_width(ckpt: Path) -> None:
         with pytest.raises(ValueError):
             model.set_dflash_layers_to_capture(bad)
 
-    pp_model, _ = load(ckpt, pp_size=2)
-    pp_model.set_dflash_layers_to_capture([0, 3, 5])
-    assert pp_model.get_packed_aux_hidden_size() == pp_model.get_aux_hidden_states_width() == 0
+    model.set_dflash_layers_to_capture([0, 3, 5])
+    with pipeline_stage(2):
+        assert model.get_packed_aux_hidden_size() == model.get_aux_hidden_states_width() == 0
 
 
 @pytest.mark.parametrize("edit, name", [

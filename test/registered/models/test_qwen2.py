@@ -13,7 +13,7 @@ from sglang_aux.srt.configs.presets import MASK_TOKEN_ID
 from sglang_aux.srt.configs.speculative_algorithm import SpeculativeAlgorithm
 from sglang_aux.srt.entrypoints.engine import Engine
 from sglang_aux.srt.layers.aux_hidden_states import SupportsSharedAuxHiddenStates
-from sglang_aux.srt.model_executor.runner_utils.aux_storage import (
+from sglang_aux.srt.model_executor.model_runner_components.misc_utils import (
     resolve_aux_hidden_states_width,
 )
 from sglang_aux.srt.models.qwen2 import Qwen2ForCausalLM

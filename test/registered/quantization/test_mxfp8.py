@@ -20,11 +20,9 @@ from sglang_aux.srt.layers.quantization.mxfp8 import mxfp8_gemm, quantize_mxfp8
 from sglang_aux.srt.layers.quantization.mxfp8_format import ZERO_BLOCK_SCALE_BYTE, dequantize_mxfp8
 from sglang_aux.srt.layers.quantization.mxfp8_gemm_choice import mxfp8_gemm_accumulate
 from sglang_aux.srt.layers.quantization.mxfp8_linear import MXFP8Linear
-from sglang_aux.srt.layers.quantization.staged_input import (
-    MXFP8InputAccumulator,
-    concat_then_project,
-)
+from sglang_aux.srt.layers.quantization.staged_input import MXFP8InputAccumulator
 from sglang_aux.test.ci.ci_register import register_cpu_ci
+from sglang_aux.test.concat_projection import concat_then_project
 
 register_cpu_ci(est_time=60, suite="default")
 

@@ -15,11 +15,9 @@ from sglang_aux.srt.layers.quantization.mxfp8_format import (
     quantize_mxfp8_reference,
 )
 from sglang_aux.srt.layers.quantization.mxfp8_linear import MXFP8Linear
-from sglang_aux.srt.layers.quantization.staged_input import (
-    MXFP8InputAccumulator,
-    concat_then_project,
-)
+from sglang_aux.srt.layers.quantization.staged_input import MXFP8InputAccumulator
 from sglang_aux.test.ci.ci_register import register_cuda_ci
+from sglang_aux.test.concat_projection import concat_then_project
 from sglang_aux.test.kernel_checks import REAL_TRITON_ON_CUDA
 
 register_cuda_ci(est_time=120, suite="default")

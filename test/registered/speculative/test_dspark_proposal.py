@@ -9,6 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from test_train_dflash import draft_block_logits
 
 from sglang_aux.srt.configs.presets import MASK_TOKEN_ID, PRESETS, TINY_VOCAB
 from sglang_aux.srt.models.dspark import DSparkDraftModel
@@ -23,7 +24,6 @@ from sglang_aux.srt.sampling.sampler import (
 )
 from sglang_aux.srt.speculative.dspark_proposal import propose_block
 from sglang_aux.test.ci.ci_register import register_cpu_ci
-from sglang_aux.tools.dflash_training.draft_forward import draft_block_logits
 
 register_cpu_ci(est_time=15, suite="default")
 

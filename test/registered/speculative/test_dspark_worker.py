@@ -14,7 +14,7 @@ import torch
 from sglang_aux.srt.configs.model_config import ModelConfig
 from sglang_aux.srt.configs.speculative_algorithm import SpeculativeAlgorithm
 from sglang_aux.srt.entrypoints.engine import Engine
-from sglang_aux.srt.model_executor.runner_utils.aux_storage import (
+from sglang_aux.srt.model_executor.model_runner_components.misc_utils import (
     resolve_aux_hidden_states_width,
 )
 from sglang_aux.srt.model_loader.loader import get_model

@@ -18,6 +18,7 @@ from sglang_aux.test.runtime_utils import (
     eager_forward,
     extend_batch,
     make_runner,
+    pipeline_stage,
     release,
     tiny_checkpoint,
 )
@@ -181,11 +182,12 @@ def test_dflash_greedy_equals_target_only_with_streamed_prefill(tmp_path, device
 
 def test_pipeline_stage_cannot_stream(tmp_path) -> None:
     # A PP stage gets earlier captures already concatenated: no ordered [T, H] slices to stream.
-    runner = make_runner(tiny_checkpoint("tiny-llama", tmp_path), aux_layer_ids=[0, 2], pp_size=2)
+    runner = make_runner(tiny_checkpoint("tiny-llama", tmp_path), aux_layer_ids=[0, 2])
     reqs, fb = extend_batch(runner, [[1, 2, 3]])
     fb.aux_projection = StreamedProjection(torch.zeros(8, 128), torch.zeros(3, 8), 64, 2,
                                            dtype=torch.float32, out_dtype=torch.float32)
-    with pytest.raises(ValueError, match=r"cannot project aux states as tapped \(pp_size 2\)"):
+    with pipeline_stage(2), pytest.raises(
+            ValueError, match=r"cannot project aux states as tapped \(pipeline stage of 2\)"):
         eager_forward(runner, fb)
     release(runner, reqs)
 

@@ -17,7 +17,7 @@ from sglang_aux.srt.configs.model_config import ModelConfig
 from sglang_aux.srt.configs.presets import MASK_TOKEN_ID, PRESETS
 from sglang_aux.srt.entrypoints.engine import Engine
 from sglang_aux.srt.forward_state.forward_batch_info import ForwardMode
-from sglang_aux.srt.managers.schedule_batch import build_fixed_batch, release_kv
+from sglang_aux.srt.managers.schedule_batch import release_kv
 from sglang_aux.srt.model_executor.model_runner import ModelRunner
 from sglang_aux.srt.model_loader import builtin
 from sglang_aux.srt.model_loader.tokenizer import Tokenizer
@@ -31,7 +31,13 @@ from sglang_aux.srt.server_args import ServerArgs
 from sglang_aux.test.ci.ci_register import register_cpu_ci
 from sglang_aux.test.gsm8k_data import local_path_or_skip
 from sglang_aux.test.hf_checkpoints import save_tiny_qwen2
-from sglang_aux.test.runtime_utils import eager_forward, make_runner, prefill, tiny_checkpoint
+from sglang_aux.test.runtime_utils import (
+    build_fixed_batch,
+    eager_forward,
+    make_runner,
+    prefill,
+    tiny_checkpoint,
+)
 from sglang_aux.tools import train_dflash
 from sglang_aux.tools.dflash_training.data import (
     Sample,
@@ -39,7 +45,7 @@ from sglang_aux.tools.dflash_training.data import (
     generate_samples,
     load_samples,
 )
-from sglang_aux.tools.dflash_training.draft_forward import draft_block_logits
+from sglang_aux.tools.dflash_training.draft_forward import draft_block_hidden
 from sglang_aux.tools.dflash_training.export import (
     SHARD_INDEX,
     draft_config,
@@ -60,6 +66,17 @@ from sglang_aux.tools.dflash_training.trainer import (
 )
 
 register_cpu_ci(est_time=30, suite="default")
+
+
+def draft_block_logits(draft, embed, lm_head: torch.Tensor, aux: torch.Tensor,
+                       input_ids: torch.Tensor, anchors: torch.Tensor,
+                       mask_token_id: int) -> torch.Tensor:
+    """Logits `[N, A, B, vocab]` of every block position of the training forward
+    (`draft_block_hidden`), through the target's frozen LM head: offset j predicts token
+    anchor + j (offset 0 is the anchor)."""
+    hidden = draft_block_hidden(draft, embed, aux, input_ids, anchors, mask_token_id)
+    return hidden @ lm_head.t().to(hidden.dtype)
+
 
 BLOCK = 4
 SEQ_LENS = [40, 57]

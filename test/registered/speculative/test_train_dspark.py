@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from test_train_dflash import draft_block_logits
 
 from sglang_aux.srt.configs.model_config import ModelConfig
 from sglang_aux.srt.configs.presets import MASK_TOKEN_ID, PRESETS
@@ -30,7 +31,6 @@ from sglang_aux.test.runtime_utils import make_runner, prefill, tiny_checkpoint
 from sglang_aux.tools import train_dflash
 from sglang_aux.tools.dflash_training import dspark_objective
 from sglang_aux.tools.dflash_training.data import Sample, common_prefix_len
-from sglang_aux.tools.dflash_training.draft_forward import draft_block_logits
 from sglang_aux.tools.dflash_training.dspark_objective import (
     DSparkLossWeights,
     DSparkTrainer,

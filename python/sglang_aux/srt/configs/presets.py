@@ -188,7 +188,7 @@ PRESETS["k3-shaped-dflash"] = dflash_draft_preset("k3-shaped", num_layers=1, num
 # The shipped SmolLM2 draft's shape (2 layers, K = 5, block 8), random weights.
 PRESETS["smollm2-shaped-dflash"] = dflash_draft_preset("smollm2-shaped", num_layers=2,
                                                        num_aux=5, draft_block_size=8)
-# The Qwen2.5-Coder-1.5B recipe's draft shape (train_dflash's RECIPES): 2 layers, K = 5,
+# The Qwen2.5-Coder-1.5B recipe's draft shape (tools/dflash_training/recipes.py): 2 layers, K = 5,
 # block 16, MLP 2816.
 PRESETS["qwen2.5-1.5b-shaped-dflash"] = dflash_draft_preset(
     "qwen2.5-1.5b-shaped", num_layers=2, num_aux=5, draft_block_size=16, intermediate_size=2816)

@@ -11,6 +11,10 @@ Two groups: the device group carries the collectives of forwards (its timeout is
 group (gloo) carries rank 0's step broadcasts, whose followers may wait for as long as the
 server idles, so it waits without a deadline (a rank that dies closes its sockets, which
 ends the wait at once).
+
+The pipeline-parallel group (SGLang's `get_pp_group`) is always one rank: `--pp-size` > 1 is
+refused. Models still read its world size where SGLang's do, to keep the pipeline gating of
+the shared aux buffer (a later stage receives earlier captures already concatenated).
 """
 
 from __future__ import annotations
@@ -37,10 +41,6 @@ class GroupCoordinator:
     world_size: int
     device_group: dist.ProcessGroup | None  # None: one rank, no collectives
     cpu_group: dist.ProcessGroup | None
-
-    @property
-    def is_first_rank(self) -> bool:
-        return self.rank == 0
 
     @torch.no_grad()  # collectives write in place; nothing here is differentiated
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
@@ -98,6 +98,7 @@ class GroupCoordinator:
 
 _SINGLE = GroupCoordinator(0, 1, None, None)
 _TP: GroupCoordinator = _SINGLE
+_PP: GroupCoordinator = _SINGLE
 
 
 def backend_for(device: str) -> str:
@@ -144,6 +145,10 @@ def destroy_distributed_environment() -> None:
 
 def get_tp_group() -> GroupCoordinator:
     return _TP
+
+
+def get_pp_group() -> GroupCoordinator:
+    return _PP
 
 
 def get_tensor_model_parallel_rank() -> int:

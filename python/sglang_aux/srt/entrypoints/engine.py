@@ -46,11 +46,6 @@ class Engine:
     def __init__(self, server_args: ServerArgs | None = None, *, tp_rank: int | None = None,
                  **kwargs):
         args = server_args or ServerArgs(**kwargs)
-        if args.pp_size > 1:
-            raise ValueError(
-                "--pp-size > 1: this runtime runs one pipeline stage; the flag exists for the "
-                "aux gating contract (pipeline stages keep the list path), not for serving"
-            )
         self.server_args = args
         self.model_config, self.tokenizer = resolve_model(args)
         tp_group = self._join_tp_group(tp_rank)

@@ -61,15 +61,6 @@ class ForwardMode(IntEnum):
     def is_mixed(self) -> bool:
         return self == ForwardMode.MIXED
 
-    def is_decode(self) -> bool:
-        return self == ForwardMode.DECODE
-
-    def is_target_verify(self) -> bool:
-        return self == ForwardMode.TARGET_VERIFY
-
-    def is_draft_block(self) -> bool:
-        return self == ForwardMode.DRAFT_BLOCK
-
     def is_cuda_graph(self) -> bool:
         """Modes whose token layout is fixed per request, so a graph can be captured."""
         return self in (ForwardMode.DECODE, ForwardMode.TARGET_VERIFY, ForwardMode.DRAFT_BLOCK)
@@ -116,8 +107,6 @@ class ForwardBatch:
     # caller reads the projection): a staged MXFP8 input (large eager forwards only) or a
     # streamed projection into a [num_tokens, H_draft] fp32 accumulator (any forward).
     aux_projection: AuxProjection | None = None
-    # Hidden states inherited from an earlier pipeline stage (pp_size > 1).
-    pp_proxy_tensors: dict[str, torch.Tensor] | None = None
     # Set by the runner while a graph is captured; models keep graph-unsafe paths off then.
     is_capturing: bool = False
     # Some request samples (T > 0): the epilogue's sampling step runs too (runner/epilogue.py).

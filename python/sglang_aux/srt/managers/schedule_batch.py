@@ -24,13 +24,11 @@ import torch
 from sglang_aux.srt.constrained.request_grammar import RequestGrammar
 from sglang_aux.srt.forward_state.forward_batch_info import (
     CaptureHiddenMode,
-    ForwardBatch,
     ForwardMode,
 )
 from sglang_aux.srt.mem_cache.radix_cache import TreeNode
 from sglang_aux.srt.model_executor.model_runner import ModelRunner
 from sglang_aux.srt.model_executor.runner.forward_layout import ForwardInputs
-from sglang_aux.srt.model_executor.runner_utils.host_transfer import to_device
 from sglang_aux.srt.sampling.logprobs import LogprobParams, PositionLogprobs
 from sglang_aux.srt.sampling.sampling_params import SamplingParams
 
@@ -83,10 +81,6 @@ class Req:
         self.spec_verify_tokens += verify_tokens
         self.spec_accepted_tokens += accepted_drafts + 1
         self.spec_accept_histogram[accepted_drafts] += 1
-
-
-def _ints(values: list[int], device: torch.device) -> torch.Tensor:
-    return torch.tensor(values, dtype=torch.int64, device=device)
 
 
 def reserve_kv(runner: ModelRunner, req: Req, n: int) -> None:
@@ -151,30 +145,6 @@ def extend_inputs(runner: ModelRunner, reqs: list[Req],
                          ext=ext, capture_hidden_mode=capture_hidden_mode)
 
 
-def build_fixed_batch(runner: ModelRunner, reqs: list[Req], mode: ForwardMode,
-                      input_ids: list[int], out_cache_loc: torch.Tensor,
-                      start_lens: list[int]) -> ForwardBatch:
-    """A fixed-layout batch of `len(input_ids) // len(reqs)` tokens per request at positions
-    `[start, start + n)` per request, over given slots (`out_cache_loc`); tools and tests."""
-    dev, bs = runner.device, len(reqs)
-    n = len(input_ids) // bs
-    positions = [s + j for s in start_lens for j in range(n)]
-    seq_lens = [s + n for s in start_lens]
-    return ForwardBatch(
-        forward_mode=mode,
-        batch_size=bs,
-        input_ids=_ints(input_ids, dev),
-        req_pool_indices=_ints([r.req_pool_idx for r in reqs], dev),
-        seq_lens=_ints(seq_lens, dev),
-        seq_lens_cpu=torch.tensor(seq_lens, dtype=torch.int64),
-        out_cache_loc=out_cache_loc.to(dev, torch.int64),
-        positions=_ints(positions, dev),
-        req_to_token_pool=runner.req_to_token_pool,
-        token_to_kv_pool=runner.token_to_kv_pool,
-        attn_backend=runner.attn_backend,
-    )
-
-
 def _step_bounds(reqs: list[Req], tokens_per_req: int) -> list[int]:
     """Upper bounds of the requests' device kv_lens, checked against their reservations."""
     bounds = [r.kv_len + r.pending_tokens for r in reqs]
@@ -213,12 +183,3 @@ def mixed_inputs(runner: ModelRunner, reqs: list[Req], arrivals: list[Req],
                          step_kv_bounds=bounds, arrival_rows=[r.req_pool_idx for r in arrivals],
                          ids=ids, positions=positions, token_rows=token_rows, prefix=prefix,
                          ext=ext)
-
-
-def publish_rows(runner: ModelRunner, reqs: list[Req]) -> None:
-    """Set the rows' device state (kv_len, last token) from the host's view of `reqs`, for
-    callers that step requests no prefill went through (tools, tests); one copy."""
-    last = [(r.output_ids or r.origin_input_ids)[-1] for r in reqs]
-    rows, kv_lens, last_t = to_device([[r.req_pool_idx for r in reqs], [r.kv_len for r in reqs],
-                                       last], runner.device)
-    runner.req_to_token_pool.set_rows(rows, kv_lens, last_t)

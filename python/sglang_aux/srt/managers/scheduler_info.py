@@ -13,7 +13,9 @@ from sglang_aux.srt.managers.scheduler import Scheduler
 from sglang_aux.srt.managers.server_metrics import StepThroughput
 from sglang_aux.srt.managers.serving_engine import ServingEngine
 from sglang_aux.srt.model_executor.model_runner import ModelRunner
-from sglang_aux.srt.model_executor.runner_utils.aux_storage import resolve_aux_hidden_states_width
+from sglang_aux.srt.model_executor.model_runner_components.misc_utils import (
+    resolve_aux_hidden_states_width,
+)
 
 GRAPH_KEYS = ("forward_mode", "capture_bs", "prefill_capture_tokens", "graph_memory_bytes",
               "graph_memory_reserved_bytes", "graph_memory_allocated_bytes", "aux_path",

@@ -28,6 +28,9 @@ from sglang_aux.srt.mem_cache.memory_pool import (
     ReqToTokenPool,
     TokenToKVPoolAllocator,
 )
+from sglang_aux.srt.model_executor.model_runner_components.misc_utils import (
+    resolve_aux_hidden_states_width,
+)
 from sglang_aux.srt.model_executor.model_runner_components.sizing import kv_pool_size
 from sglang_aux.srt.model_executor.runner.epilogue import run_model
 from sglang_aux.srt.model_executor.runner.forward_layout import ForwardInputs, ForwardLayout
@@ -35,11 +38,7 @@ from sglang_aux.srt.model_executor.runner.forward_parts import ForwardParts
 from sglang_aux.srt.model_executor.runner.graph_runner import GraphRunner
 from sglang_aux.srt.model_executor.runner_backend.base import GraphBackend
 from sglang_aux.srt.model_executor.runner_backend.eager_replay_backend import EagerReplayBackend
-from sglang_aux.srt.model_executor.runner_utils.aux_storage import (
-    AuxStorage,
-    aux_rows,
-    resolve_aux_hidden_states_width,
-)
+from sglang_aux.srt.model_executor.runner_utils.aux_storage import AuxStorage, aux_rows
 from sglang_aux.srt.model_executor.runner_utils.capture_sizes import (
     get_capture_bs,
     mixed_graph_plan,
@@ -99,8 +98,7 @@ class ModelRunner:
         self.is_draft_worker = is_draft_worker
         self.spec_algorithm = server_args.spec_algorithm
         self.device = torch.device(server_args.resolved_device())
-        self.pp_size = server_args.pp_size
-        self.model = model or get_model(model_config, self.device, pp_size=self.pp_size,
+        self.model = model or get_model(model_config, self.device,
                                         load_format=server_args.load_format,
                                         seed=server_args.random_seed)
         set_decode_gemv_backend(self.model, server_args.decode_gemv_backend)

@@ -13,7 +13,7 @@ from sglang_aux.srt.models.weight_utils import (
 )
 
 
-def get_model(model_config: ModelConfig, device: torch.device | str, pp_size: int = 1,
+def get_model(model_config: ModelConfig, device: torch.device | str,
               load_format: str = "auto", seed: int = 0) -> nn.Module:
     """The model with its checkpoint weights, or random ones with `load_format="dummy"`
     (SGLang's name), seeded by the caller."""
@@ -22,7 +22,7 @@ def get_model(model_config: ModelConfig, device: torch.device | str, pp_size: in
     torch.set_default_dtype(model_config.dtype)
     try:
         with torch.device(device):
-            model = cls(model_config.hf_config, pp_size=pp_size)
+            model = cls(model_config.hf_config)
     finally:
         torch.set_default_dtype(default_dtype)
     if load_format == "dummy":

@@ -47,9 +47,8 @@ class DFlashDecoderLayer(Qwen3DecoderLayer):
 
 
 class DFlashDraftModel(nn.Module):
-    def __init__(self, config: SimpleNamespace, pp_size: int = 1):
+    def __init__(self, config: SimpleNamespace):
         super().__init__()
-        del pp_size  # a draft is never pipelined
         check_decoder_config(config)
         self.config = config
         self.dflash_config = DFlashConfig.from_hf_config(config)

@@ -82,9 +82,9 @@ def _with_dspark_block(config: SimpleNamespace, num_proposals: int) -> SimpleNam
 
 
 class DSparkDraftModel(DFlashDraftModel):
-    def __init__(self, config: SimpleNamespace, pp_size: int = 1):
+    def __init__(self, config: SimpleNamespace):
         dspark = DSparkConfig.from_hf_config(config)
-        super().__init__(_with_dspark_block(config, dspark.num_proposals), pp_size)
+        super().__init__(_with_dspark_block(config, dspark.num_proposals))
         self.dspark_config = dspark
         self.markov_head = DSparkMarkovHead(config.vocab_size, dspark.markov_rank)
         self.confidence_head = None

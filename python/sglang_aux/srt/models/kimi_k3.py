@@ -203,8 +203,9 @@ class KimiK3Model(nn.Module):
 class KimiK3ForCausalLM(LlamaForCausalLM):
     """The Llama wrapper (LM head, aux path choice, weight loading) around the AttnRes decoder.
 
-    Implements `SupportsSharedAuxHiddenStates`: with layers to capture and pp_size 1, captures
-    land in `forward_batch.aux_hidden_states_buffer` when a graph runner provides one.
+    Implements `SupportsSharedAuxHiddenStates`: with layers to capture on a single pipeline
+    stage, captures land in `forward_batch.aux_hidden_states_buffer` when a graph runner
+    provides one.
     """
 
     model_cls = KimiK3Model

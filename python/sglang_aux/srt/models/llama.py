@@ -20,6 +20,7 @@ from sglang_aux.srt.configs.decoder_config import (
 )
 from sglang_aux.srt.distributed.parallel_state import (
     divide,
+    get_pp_group,
     get_tensor_model_parallel_rank,
     get_tensor_model_parallel_world_size,
     kv_heads_per_rank,
@@ -211,11 +212,10 @@ class LlamaModel(nn.Module):
 class LlamaForCausalLM(nn.Module):
     model_cls = LlamaModel
 
-    def __init__(self, config: SimpleNamespace, pp_size: int = 1):
+    def __init__(self, config: SimpleNamespace):
         super().__init__()
         check_decoder_config(config)
         self.config = config
-        self.pp_size = pp_size
         self.model = self.model_cls(config)
         self.tie_word_embeddings = getattr(config, "tie_word_embeddings", False)
         if not self.tie_word_embeddings:
@@ -239,7 +239,7 @@ class LlamaForCausalLM(nn.Module):
     @property
     def packs_aux_hidden_states(self) -> bool:
         # Pipeline stages receive earlier captures already concatenated: list path there.
-        return bool(self.model.layers_to_capture) and self.pp_size == 1
+        return bool(self.model.layers_to_capture) and get_pp_group().world_size == 1
 
     # Whether captures can go into a staged MXFP8 input (ForwardBatch.aux_projection); any model
     # that packs can feed a streamed projection.
@@ -272,10 +272,10 @@ class LlamaForCausalLM(nn.Module):
             raise ValueError(f"{type(self).__name__} cannot stage aux states here "
                              "(graph capture, or a model on the list path)")
         if projection is not None:
-            # A streamed projection needs the captures as ordered [T, H] slices: pp_size 1.
+            # A streamed projection needs the captures as ordered [T, H] slices: one stage.
             if not self.packs_aux_hidden_states:
                 raise ValueError(f"{type(self).__name__} cannot project aux states as tapped "
-                                 f"(pp_size {self.pp_size})")
+                                 f"(pipeline stage of {get_pp_group().world_size})")
             return ProjectedAuxCapture(projection)
         if self.packs_aux_hidden_states:
             return AuxHiddenStatePacker.for_batch(forward_batch, num)

@@ -99,13 +99,3 @@ def draft_block_hidden(draft: DFlashDraftModel, embed: nn.Embedding, aux: torch.
     # The residual stream in the draft's parameter dtype (fp32 master weights in training).
     x = embed(ids.flatten()).to(draft.fc.weight.dtype)
     return draft.block_hidden(x, positions.flatten(), backend).view(n, anchors.shape[1], b, -1)
-
-
-def draft_block_logits(draft: DFlashDraftModel, embed: nn.Embedding, lm_head: torch.Tensor,
-                       aux: torch.Tensor, input_ids: torch.Tensor, anchors: torch.Tensor,
-                       mask_token_id: int) -> torch.Tensor:
-    """Logits `[N, A, B, vocab]` of every block position (`draft_block_hidden`), through the
-    target's (frozen) embedding and LM head: offset j predicts token anchor + j (offset 0 is
-    the anchor)."""
-    hidden = draft_block_hidden(draft, embed, aux, input_ids, anchors, mask_token_id)
-    return hidden @ lm_head.t().to(hidden.dtype)

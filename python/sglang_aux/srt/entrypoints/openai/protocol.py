@@ -356,12 +356,6 @@ def finish_reason(reason: dict | None) -> str | None:
     return None if reason is None else reason["type"]
 
 
-def usage(meta_info: dict) -> dict:
-    prompt, completion = meta_info["prompt_tokens"], meta_info["completion_tokens"]
-    return {"prompt_tokens": prompt, "completion_tokens": completion,
-            "total_tokens": prompt + completion}
-
-
 def total_usage(metas: list[dict], n: int) -> dict:
     """Usage of every choice of a request, prompt-major with `n` samples per prompt: each
     prompt counted once, every choice's completion tokens."""

@@ -96,11 +96,3 @@ class MXFP8InputAccumulator(SliceSequence):
         """The projected output [T, N] (the caller's `out`); readable once per forward."""
         self._consume()
         return self.out
-
-
-def concat_then_project(
-    slices: list[torch.Tensor], linear: MXFP8Linear, out: torch.Tensor | None = None,
-    candidate: str | None = None,
-) -> torch.Tensor:
-    """Baseline: cat the K slices [T, H] to [T, K*H], quantize, then the same MXFP8 GEMM."""
-    return linear.forward(torch.cat(slices, dim=-1), out=out, candidate=candidate)

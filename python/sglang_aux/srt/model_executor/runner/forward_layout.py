@@ -119,10 +119,6 @@ class ForwardLayout:
         """Length of the packed tensor."""
         return sum(self._sizes())
 
-    @property
-    def num_host_values(self) -> int:
-        return self.num_values - self.num_tokens if self.mode.is_extend() else self.num_reqs
-
     def pack(self, inputs: ForwardInputs) -> PackedInputs:
         """`inputs` laid out as this layout, padded: padded step requests on the padding row;
         padded arrival tokens and requests inert (the padding row's slot, no new tokens).

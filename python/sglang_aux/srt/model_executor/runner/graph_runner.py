@@ -1,7 +1,7 @@
 """Captures one graph per layout of one forward mode and replays the smallest that fits.
 
 Every graph runs `ForwardLayout.complete` (the inputs the host did not send), the model and
-the mode's epilogue over static storage: int64 inputs and logits in `GraphBuffers`, aux rows
+the mode's epilogue over static storage: int64 inputs and logits in `DecodeInputBuffers`, aux rows
 in the runner's `AuxStorage`. Largest layout first, into one graph memory pool, two eager
 warm-ups before each capture; the epilogue's sampling step gets a tail graph per layout.
 Keep this file to the mechanics: which layouts comes from `capture_sizes.py`, the replay
@@ -22,9 +22,9 @@ from sglang_aux.srt.layers.logits_processor import LogitsProcessorOutput
 from sglang_aux.srt.model_executor.runner.epilogue import EpilogueFn, run_model
 from sglang_aux.srt.model_executor.runner.forward_layout import ForwardInputs, ForwardLayout
 from sglang_aux.srt.model_executor.runner.forward_parts import ForwardParts
-from sglang_aux.srt.model_executor.runner.graph_buffers import GraphBuffers
 from sglang_aux.srt.model_executor.runner_backend.base import GraphBackend
 from sglang_aux.srt.model_executor.runner_utils.aux_storage import AuxStorage
+from sglang_aux.srt.model_executor.runner_utils.buffers import DecodeInputBuffers
 from sglang_aux.srt.model_executor.runner_utils.host_transfer import to_device_into
 from sglang_aux.srt.model_executor.runner_utils.memory_probe import MemoryProbe
 
@@ -47,8 +47,11 @@ class GraphRunner:
         self.backend = backend
         self.aux_storage = aux_storage
         cfg = model_runner.model_config
-        self.buffers = GraphBuffers.create(self.layouts, vocab_size=cfg.hf_config.vocab_size,
-                                           dtype=cfg.dtype, device=model_runner.device)
+        self.buffers = DecodeInputBuffers.create(
+            num_values=max(x.num_values for x in layouts),
+            num_logits_rows=max(x.num_logits_rows for x in layouts),
+            num_reqs=max(x.num_reqs for x in layouts), vocab_size=cfg.hf_config.vocab_size,
+            dtype=cfg.dtype, device=model_runner.device)
         model_runner.attn_backend.init_cuda_graph_state(
             max(x.num_reqs for x in layouts), max(x.num_tokens for x in layouts))
         # per layout, in `layouts` order: the graph, its sampling tail, output, static batch
@@ -68,10 +71,11 @@ class GraphRunner:
             return None
         return next((i for i, x in enumerate(self.layouts) if x.fits(live)), None)
 
-    def _static_batch(self, layout: ForwardLayout) -> ForwardBatch:
-        """A layout's static batch over a batch of padding only (what the warm-ups read).
-        Its host lists say one arrival holds every arrival token: that sizes the extend
-        attention's grid for any batch the graph replays."""
+    def capture_prepare(self, layout: ForwardLayout) -> ForwardBatch:
+        """A layout's static batch (SGLang's name) over a batch of padding only (what the
+        warm-ups read): views of the buffers, and `aux_hidden_states_buffer` the layout's
+        row prefix of the aux storage. Its host lists say one arrival holds every arrival
+        token: that sizes the extend attention's grid for any batch the graph replays."""
         b, n = self.buffers, layout.num_tokens
         host = layout.padding()
         to_device_into(b.packed, host.values)
@@ -90,7 +94,7 @@ class GraphRunner:
             projection = streamed.new(n, self.model_runner.model_config.dtype, rows)
         return layout.batch(
             b.packed, self.model_runner, host, seq_lens_cpu,
-            next_token_logits_buffer=b.logits[: layout.num_logits_rows],
+            next_token_logits_buffer=b.next_token_logits_buffer[: layout.num_logits_rows],
             aux_hidden_states_buffer=None if streamed is not None else rows,
             aux_projection=projection, is_capturing=True)
 
@@ -102,7 +106,7 @@ class GraphRunner:
         packed, parts = self.buffers.packed, self.parts
         captured = []
         for layout in reversed(self.layouts):
-            fb = self._static_batch(layout)
+            fb = self.capture_prepare(layout)
             attn.init_forward_metadata_capture_cuda_graph(fb)
 
             def run(fb: ForwardBatch = fb, layout: ForwardLayout = layout

@@ -7,9 +7,10 @@ run, serves every forward: each writes a row prefix and its epilogue consumes it
 next forward starts. With the streamed projection (`--speculative-dflash-aux-projection
 streamed`) the same rows hold the draft fc's fp32 accumulator `[rows, H_draft]` instead.
 
-Life cycle here: `resolve_aux_hidden_states_width` (who gets one, how wide), `aux_rows` (how
-many rows), `AuxStorage.create` (the one allocation, `ModelRunner.init_forwards`), `rows`
-(a forward's view, `GraphRunner.capture` and `ModelRunner.forward`). Written by
+Life cycle: `resolve_aux_hidden_states_width` (who gets one, how wide; SGLang's
+`model_runner_components/misc_utils.py`), then here `aux_rows` (how many rows),
+`AuxStorage.create` (the one allocation, `ModelRunner.init_forwards`), `rows` (a forward's
+view, `GraphRunner.capture_prepare` and `ModelRunner.forward`). Written by
 `layers/aux_hidden_states.py`, consumed by `speculative/dflash_worker.py`.
 """
 
@@ -19,30 +20,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
-from torch import nn
 
 from sglang_aux.srt.forward_state.forward_batch_info import ForwardMode
-from sglang_aux.srt.layers.aux_hidden_states import shared_aux_hidden_states_width
 
 if TYPE_CHECKING:
-    from sglang_aux.srt.configs.speculative_algorithm import SpeculativeAlgorithm
     from sglang_aux.srt.server_args import ServerArgs
-
-
-def resolve_aux_hidden_states_width(
-    *, model: nn.Module, spec_algorithm: SpeculativeAlgorithm, is_draft_worker: bool
-) -> int:
-    """Width of the runner-owned aux storage, 0 for none.
-
-    Only a DFlash-family target shares: its aux states are consumed (written into the draft
-    KV cache) before the next target forward. EAGLE3 keeps its hidden states across steps,
-    drafts capture nothing, and a model that does not opt in keeps the list path. Pipeline
-    stages are excluded by the model itself (its packed width is 0 there). A model opts in
-    with `get_packed_aux_hidden_size()` or SGLang 0.5.23's `get_aux_hidden_states_width()`.
-    """
-    if not spec_algorithm.is_dflash_family() or is_draft_worker:
-        return 0
-    return shared_aux_hidden_states_width(model)
 
 
 def aux_rows(args: ServerArgs, *, tokens_per_req: int, prefill_graph_tokens: int,

@@ -35,13 +35,6 @@ def to_device_into(dst: torch.Tensor, values: list[int]) -> None:
     dst[: len(values)].copy_(host, non_blocking=pinned)
 
 
-def to_device_parts(parts: list[list[int]], device: torch.device) -> list[torch.Tensor]:
-    """Host integer lists of any lengths as int64 device tensors, in one copy (views of it)."""
-    flat = [x for part in parts for x in part]
-    whole = to_device([flat], device)[0]
-    return list(whole.split([len(part) for part in parts]))
-
-
 class PendingCopy:
     """A device tensor's copy into host memory, queued on the current stream."""
 

@@ -1,0 +1,31 @@
+"""Named sets of `train_dflash` flag defaults: the recipes of the drafts we train, and the
+smoke run's (`--smoke`)."""
+
+from __future__ import annotations
+
+# Named drafts trained by one command (`--recipe NAME`): the flags that make each, applied as
+# defaults (flags given beside `--recipe` still win). The draft is written to the cache folder
+# its name resolves to. Why these choices: the draft's card (`docs/drafts/<name>.md`).
+RECIPES: dict[str, dict] = {
+    "qwen2.5-coder-1.5b-instruct-dflash-b16": dict(
+        target="qwen2.5-coder-1.5b-instruct", block_size=16, num_layers=2, num_aux_layers=5,
+        intermediate_size=2816, gamma=7.0, sampled_passes=5, sample_temperature=0.7,
+        gen_batch=256, holdout=200, steps=6_120),
+}
+# DSpark beside it on the same data, schedule and deadline; gamma 15 verifies the same 16
+# tokens per request as the block-16 DFlash draft
+RECIPES["qwen2.5-coder-1.5b-instruct-dspark-b15"] = dict(
+    RECIPES["qwen2.5-coder-1.5b-instruct-dflash-b16"], algorithm="dspark", block_size=15)
+# SmolLM2's DSpark draft on its shipped DFlash draft's data and schedule (greedy + 2 sampled
+# passes, 4,500 steps, 2 layers, K = 5, loss decay 4); gamma 7 verifies the same 8 tokens per
+# request as the block-8 DFlash draft. Not shipped: its Markov head alone (rank 256 over a
+# 49,152 vocabulary) is 50 MB in bf16.
+RECIPES["smollm2-135m-instruct-dspark-b7"] = dict(
+    target="smollm2-135m-instruct", algorithm="dspark", block_size=7, num_layers=2,
+    num_aux_layers=5, gamma=4.0, sampled_passes=2, sample_temperature=0.7, gen_batch=256,
+    holdout=200, steps=4_500)
+# A tiny-llama target, a few samples and steps on the CPU: the whole pipeline in seconds
+SMOKE_DEFAULTS = dict(target="tiny-llama", num_samples=6, num_shots=0, max_new_tokens=24,
+                      gen_batch=8, num_layers=1, num_aux_layers=2, block_size=4, steps=20,
+                      batch_size=4, anchors_per_seq=4, log_every=5, eval_num_prompts=2,
+                      context_length=1024, device="cpu", markov_rank=16)
