@@ -28,7 +28,6 @@ from sglang_aux.srt.managers.tp_ranks import (
 )
 from sglang_aux.srt.managers.tp_step_broadcast import StepBroadcast
 from sglang_aux.srt.mem_cache.radix_cache import RadixCache
-from sglang_aux.srt.model_executor.runner_utils.side_stream import SideStream
 from sglang_aux.srt.model_loader.builtin import resolve_draft, resolve_model
 from sglang_aux.srt.sampling.sampling_params import SamplingParams
 from sglang_aux.srt.server_args import ServerArgs
@@ -71,8 +70,6 @@ class Engine:
                 else RadixCache(self.worker.model_runner.token_to_kv_pool_allocator),
                 prefill_delayer=self._prefill_delayer(graph_limits),
                 prefill_graph_limits=graph_limits,
-                side_stream=SideStream(self.worker.model_runner.device)
-                if args.enable_concurrent_prefill else None,
                 mixed_limits=self.worker.model_runner.mixed_limits(),
                 chunked_prefill_size=args.resolved_chunked_prefill_size(),
                 grammar_backend=GrammarBackend(

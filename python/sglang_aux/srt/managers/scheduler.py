@@ -1,10 +1,9 @@
-"""Continuous batching: admit waiting requests, prefill them, decode the running ones.
-
-Each `step()` launches one prefill of newly admitted requests if any were admitted, else one
-decode step of every running request (with a side stream, both: below), then reads the tokens
-of launched steps: with overlap (SGLang's overlap scheduler) the previous step's, so the host's
-bookkeeping of step n (appending tokens, stop checks, finishing, admitting) runs while the
-device computes step n+1; without, the ones it just launched. A step's inputs come from the
+"""Continuous batching: admit waiting requests, prefill them, decode the running ones. Each
+`step()` launches one prefill of newly admitted requests if any were admitted, else one decode
+step of every running request (with mixed steps, both in one forward: below), then reads the
+tokens of launched steps: with overlap (SGLang's overlap scheduler) the previous step's, so the
+host's bookkeeping of step n (appending tokens, stop checks, finishing, admitting) runs while
+the device computes step n+1; without, the ones it just launched. A step's inputs come from the
 rows' device state, so launching n+1 does not need n's tokens on the host; a request that n
 finishes runs once more in n+1, and that row is dropped. A request is given every KV slot it
 can ever need when it is admitted (one allocation, one row write: `reserve_kv`), with one
@@ -20,15 +19,6 @@ DFlash the draft context too (its prefill epilogue and verify commit write both 
 position they pass), and no forward writes below kv_len again. Under overlap a step still in
 flight for a finished request writes only at or past its kv_len and reads cached slots that
 later-launched work alone can reuse (stream order).
-
-With a side stream (`--enable-concurrent-prefill`) a step that admits requests runs their
-prefill on a second stream beside the decode step of the requests already running,
-and everything launched later waits for both: each is a chain of small kernels that leaves
-most of the GPU idle. They touch disjoint memory: the prefill writes only the arrivals' rows,
-sampling parameters, slots and draft context, and reads cached prefix slots that no forward
-writes again; the decode step writes only the running requests'; admission's slot and row
-writes are issued before the side stream starts; and the prefill graphs then keep their own
-aux rows and graph pool (`ModelRunner.init_forwards`, `aux_storage.aux_rows`).
 
 With mixed steps (`--enable-mixed-chunk`, SGLang's flag) arrivals that fit a mixed forward
 (`mixed_limits`) are not prefilled in a step of their own: one MIXED forward runs the running
@@ -77,7 +67,6 @@ from sglang_aux.srt.managers.prefill_delayer import PrefillDelayer
 from sglang_aux.srt.managers.request_limits import RequestLimits
 from sglang_aux.srt.managers.schedule_batch import Req, map_cached_prefix, release_kv, reserve_kv
 from sglang_aux.srt.mem_cache.radix_cache import RadixCache
-from sglang_aux.srt.model_executor.runner_utils.side_stream import SideStream
 
 if TYPE_CHECKING:
     from sglang_aux.srt.model_executor.model_runner import ModelRunner
@@ -125,7 +114,6 @@ class Scheduler:
                  tree_cache: RadixCache | None = None,
                  prefill_delayer: PrefillDelayer | None = None,
                  prefill_graph_limits: tuple[int, int] | None = None,
-                 side_stream: SideStream | None = None,
                  mixed_limits: tuple[int, int, int] | None = None,
                  chunked_prefill_size: int | None = None,
                  grammar_backend: GrammarBackend | None = None):
@@ -145,9 +133,6 @@ class Scheduler:
         self.prefill_delayer = prefill_delayer
         # (requests, tokens) one prefill graph takes; None: no prefill graphs
         self.prefill_graph_limits = prefill_graph_limits
-        # set: a prefill runs on it beside the running batch's decode step, not in a step of
-        # its own (concurrent prefill; the module docstring says why that is safe)
-        self.side_stream = side_stream
         # set (`--enable-mixed-chunk`): (step requests, arrivals, arrival tokens) one mixed
         # forward takes; arrivals that fit ride in the running batch's step
         self.mixed_limits = mixed_limits
@@ -168,7 +153,7 @@ class Scheduler:
         self.stats = {"prefill_steps": 0, "decode_steps": 0, "generated_tokens": 0,
                       "prefill_requests": 0, "prefill_tokens": 0, "decode_batch_requests": 0,
                       "prefill_seconds": 0.0, "decode_seconds": 0.0,
-                      "prefill_delayed_passes": 0, "prefills_beside_decode": 0,
+                      "prefill_delayed_passes": 0,
                       "mixed_steps": 0, "mixed_requests": 0, "mixed_seconds": 0.0,
                       "chunked_prefill_steps": 0}
         # The allocator's largest peak above a step's start (CUDA; the host allocates as it
@@ -421,36 +406,25 @@ class Scheduler:
 
     def _launch_apart(self, prefill: bool) -> tuple[list[Req], list[PendingStep], bool]:
         """A prefill step of admitted arrivals (or a chunk of the chunked request), or a
-        decode step of the running batch, or (side stream) both at once; and whether a
-        prefill ran."""
+        decode step of the running batch; and whether a prefill ran."""
         new = self._admit(self.prefill_graph_limits) if prefill and self.chunked is None else []
         if prefill and self.chunked is not None:
             new, launched = self._launch_chunk()
             return new, launched, True
         self._decode_turn = False
-        side = self.side_stream if new else None
-        launched: list[PendingStep] = []
         if new:
             self.stats["prefill_steps"] += 1
             self.stats["prefill_requests"] += len(new)
             self.stats["prefill_tokens"] += sum(len(r.origin_input_ids) - r.kv_len for r in new)
-            if side is None:
-                launched.append(self.worker.prefill(new))
-            else:
-                with side.beside():
-                    launched.append(self.worker.prefill(new))
-        if not new or side is not None:
-            batch = [r for r in self.running if self._can_launch(r)]
-            if self.running and not batch and not self.in_flight and not new:
-                raise RuntimeError(f"no step fits any of {len(self.running)} running requests")
-            if batch:
-                self.stats["decode_steps"] += 1
-                self.stats["decode_batch_requests"] += len(batch)
-                self.stats["prefills_beside_decode"] += bool(new)
-                launched.append(self.worker.decode(batch))
-        if side is not None:
-            side.join()
-        return new, launched, bool(new)
+            return new, [self.worker.prefill(new)], True
+        batch = [r for r in self.running if self._can_launch(r)]
+        if self.running and not batch and not self.in_flight:
+            raise RuntimeError(f"no step fits any of {len(self.running)} running requests")
+        if not batch:
+            return [], [], False
+        self.stats["decode_steps"] += 1
+        self.stats["decode_batch_requests"] += len(batch)
+        return [], [self.worker.decode(batch)], False
 
     def _launch_chunk(self) -> tuple[list[Req], list[PendingStep]]:
         """The chunked request's next chunk; its last one is a prefill that samples its first
