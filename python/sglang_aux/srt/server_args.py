@@ -126,7 +126,7 @@ class ServerArgs:
     disable_shared_aux_buffer: bool = False
     disable_radix_cache: bool = False  # the prefix cache (mem_cache/radix_cache.py) is on
     # hold a prefill back while requests run until a prefill graph's worth wait, at most this
-    # many steps (managers/prefill_delayer.py)
+    # many steps (managers/scheduler/prefill_delayer.py)
     enable_prefill_delayer: bool = False
     prefill_delayer_max_delay_passes: int = 30
     # SGLang's flag; batches are never split here, so turning it on is refused (below)
@@ -134,7 +134,7 @@ class ServerArgs:
     # the host reads step n's tokens while the device runs step n+1; None: on for CUDA
     disable_overlap_schedule: bool | None = None
     # arrivals' prefills ride in the running batch's decode / verify forward (MIXED, SGLang's
-    # flag name), up to this many arrival tokens per forward (managers/scheduler.py)
+    # flag name), up to this many arrival tokens per forward (managers/scheduler/scheduler.py)
     enable_mixed_chunk: bool = False
     mixed_chunk_max_prefill_tokens: int = 512
     # SGLang's: a prompt longer than this prefills over several steps of at most this many
