@@ -1,7 +1,7 @@
-"""How arrivals are grouped into prefill steps: with prefill graphs, one step takes at most what
-one graph holds (the rest wait a step instead of running eagerly); the prefill delayer holds
-arrivals (at most the set number of steps) until a graph's worth can share one step. Outputs
-equal the ungrouped schedule's."""
+"""Admission (`managers/scheduler/admission.py`): how arrivals are grouped into prefill steps: with
+prefill graphs, one step takes at most what one graph holds (the rest wait a step instead of
+running eagerly); the prefill delayer holds arrivals (at most the set number of steps) until a
+graph's worth can share one step. Outputs equal the ungrouped schedule's."""
 
 import sys
 
