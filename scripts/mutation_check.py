@@ -141,7 +141,7 @@ MUTATIONS = [
              "            self._matcher.rollback(walked)",
              "            pass", (f"{GRAMMAR}::test_block_masks_walk_the_drafts_and_roll_back",)),
     Mutation("a grammar step keeps the overlap lag",
-             f"{SRT}/managers/scheduler.py",
+             f"{SRT}/managers/scheduler/scheduler.py",
              "lag = self.overlap and not any(r.grammar is not None for s in launched "
              "for r in s.reqs)",
              "lag = self.overlap", (GRAMMAR,)),

@@ -11,9 +11,9 @@
 # ours at 32 concurrent, on the target and dflash servers, and ours again with its prompts
 # (`--shots-from test`: SGLang 0.5.23 takes the shots from the first test questions).
 # CONFIGS: a space-separated subset of "target dflash dflash_noshare dflash_streamed
-# target_nocache dflash_nocache target_delay dflash_delay target_beside dflash_beside
+# target_nocache dflash_nocache target_delay dflash_delay
 # target_mixed dflash_mixed" (default: target dflash dflash_noshare; *_nocache pass
-# --disable-radix-cache, *_delay --enable-prefill-delayer, *_beside --enable-concurrent-prefill,
+# --disable-radix-cache, *_delay --enable-prefill-delayer,
 # *_mixed --enable-mixed-chunk,
 # dflash_streamed --speculative-dflash-aux-projection streamed; dflash_compact:
 # --speculative-verify-mode compact (the draft's probabilities as confidences, SERVER_FLAGS may
@@ -62,9 +62,6 @@ for cfg in $configs; do
     target_delay) flags=(--speculative-algorithm NONE --enable-prefill-delayer) ;;
     dflash_delay) flags=(--speculative-algorithm DFLASH --speculative-draft-model-path "$draft"
                          --enable-prefill-delayer) ;;
-    target_beside) flags=(--speculative-algorithm NONE --enable-concurrent-prefill) ;;
-    dflash_beside) flags=(--speculative-algorithm DFLASH --speculative-draft-model-path "$draft"
-                          --enable-concurrent-prefill) ;;
     target_mixed) flags=(--speculative-algorithm NONE --enable-mixed-chunk) ;;
     dflash_mixed) flags=(--speculative-algorithm DFLASH --speculative-draft-model-path "$draft"
                          --enable-mixed-chunk) ;;
@@ -87,7 +84,7 @@ for cfg in $configs; do
   # scheduler_stats (prefill/decode steps, requests, tokens, seconds) and prefix cache hits
   # (radix_cache_hit_tokens / radix_cache_admitted_prompt_tokens) of the 32-concurrent run
   curl -s localhost:$port/get_server_info > "$out/server_info_after32_$cfg.json"
-  if [[ $cfg =~ ^(target|dflash|dflash_compact|dspark|dspark_compact)(_delay|_beside|_mixed)?$ ]]; then
+  if [[ $cfg =~ ^(target|dflash|dflash_compact|dspark|dspark_compact)(_delay|_mixed)?$ ]]; then
     harness $cfg "${N1:-32}" 1
     harness $cfg "${N8:-64}" 8
   fi

@@ -68,7 +68,7 @@ def measure(engine: Engine, name: str, a: argparse.Namespace) -> list[dict]:
             input_ids=prefix + torch.randint(3, a.vocab, (a.new,), generator=g).tolist(),
             sampling_params={"max_new_tokens": 8}) for _ in range(width)]
         for r in reqs:
-            if not sched._take_kv(r):
+            if not sched.kv.take(r):
                 raise RuntimeError("the KV pool is too small for the benchmark")
         fb = runner.prepare(extend_inputs(runner, reqs))
         if fb.extend_prefix_lens_cpu != [a.prefix] * width:

@@ -35,7 +35,7 @@ import torch
 
 from sglang_aux.srt.configs.presets import PRESETS
 from sglang_aux.srt.entrypoints.engine import Engine
-from sglang_aux.srt.managers.scheduler import STEP_PEAK_ENV
+from sglang_aux.srt.managers.scheduler.scheduler import STEP_PEAK_ENV
 from sglang_aux.test.runtime_utils import tiny_checkpoint
 from sglang_aux.test.server_utils import launched_server
 

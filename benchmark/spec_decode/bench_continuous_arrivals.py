@@ -149,8 +149,8 @@ def main() -> None:
     p.add_argument("--trace", action="store_true", help="GPU span and idle time per step")
     p.add_argument("--disable-radix-cache", action="store_true")
     p.add_argument("--engines", nargs="+", default=["target", "dflash"],
-                   help="of: target dflash, then _delay (with the prefill delayer), _beside "
-                        "(--enable-concurrent-prefill) or _mixed (--enable-mixed-chunk)")
+                   help="of: target dflash, then _delay (with the prefill delayer) or _mixed "
+                        "(--enable-mixed-chunk)")
     p.add_argument("--out", default="benchmark/spec_decode/continuous_arrivals.json")
     a = p.parse_args()
     if a.trace and a.device != "cuda":
@@ -164,8 +164,6 @@ def main() -> None:
         extra = dict(dflash) if name.startswith("dflash") else {}
         if name.endswith("_delay"):
             extra["enable_prefill_delayer"] = True
-        if name.endswith("_beside"):
-            extra["enable_concurrent_prefill"] = True
         if name.endswith("_mixed"):
             extra["enable_mixed_chunk"] = True
         engine = Engine(model_path=folder, dtype=a.dtype, device=a.device,

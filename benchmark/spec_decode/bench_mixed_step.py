@@ -36,7 +36,7 @@ def measure(engine: Engine, name: str, a: argparse.Namespace) -> list[dict]:
             input_ids=prefix + torch.randint(3, a.vocab, (a.new,), generator=g).tolist(),
             sampling_params={"max_new_tokens": 64}) for _ in range(n)]
         for r in reqs:
-            if not sched._take_kv(r):
+            if not sched.kv.take(r):
                 raise RuntimeError("the KV pool is too small for the benchmark")
             worker.admit(r)
         return reqs
@@ -80,9 +80,9 @@ def measure(engine: Engine, name: str, a: argparse.Namespace) -> list[dict]:
             row["step_kernels"] = kernel_table(step, a.kernels)
         rows.append(row)
         for r in arrivals:
-            sched._release(r)
+            sched.kv.release(r)
     for r in running:
-        sched._release(r)
+        sched.kv.release(r)
     return rows
 
 

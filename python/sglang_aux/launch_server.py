@@ -12,7 +12,7 @@ import os
 import socket
 
 from sglang_aux.srt.entrypoints.http_server import launch_server
-from sglang_aux.srt.managers.scheduler_process import LOG_FORMAT
+from sglang_aux.srt.managers.scheduler.scheduler_process import LOG_FORMAT
 from sglang_aux.srt.server_args import HelpFormatter, ServerArgs
 
 

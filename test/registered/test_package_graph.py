@@ -1,10 +1,11 @@
 """Packages of python/sglang_aux import downwards.
 
 A package is a directory of python/sglang_aux (`srt.layers`, `srt.layers.attention`, ...; the
-root's own files are `sglang_aux`). An edge A -> B is a module-level import in a file of A of a
-module of B: imports under `if TYPE_CHECKING:` count (a type checker follows them, and a
-newcomer reading the file does too); imports inside a function do not. The graph must have no
-cycle, and every edge must go down the layer order docs/architecture.md lists.
+root's own files are `sglang_aux`). An edge A -> B is an import in a file of A of a module of
+B, wherever it is: at module level, under `if TYPE_CHECKING:` (a type checker follows it, and
+a newcomer reading the file does too), or inside a function (it runs when the function does).
+The graph must have no cycle, and every edge must go down the layer order
+docs/architecture.md lists.
 """
 
 from __future__ import annotations
@@ -38,17 +39,10 @@ def _package_of(sources: Path, file: Path) -> str:
     return ".".join(file.parent.relative_to(sources / ROOT_PACKAGE).parts) or ROOT_PACKAGE
 
 
-def _module_level_imports(tree: ast.Module):
-    """Every import the module runs (or a type checker reads) at import time: all nodes except
-    those inside function bodies; class bodies and `if` / `try` blocks included."""
-    stack = list(tree.body)
-    while stack:
-        node = stack.pop()
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
-            continue
-        if isinstance(node, (ast.Import, ast.ImportFrom)):
-            yield node
-        stack.extend(ast.iter_child_nodes(node))
+def _imports(tree: ast.Module):
+    """Every import statement of the module: at module level, in class bodies, `if` / `try`
+    blocks and function bodies alike."""
+    return (node for node in ast.walk(tree) if isinstance(node, (ast.Import, ast.ImportFrom)))
 
 
 def _imported_modules(node: ast.Import | ast.ImportFrom, module: str, is_init: bool) -> list[str]:
@@ -70,7 +64,7 @@ def package_graph(sources: Path) -> Edges:
         module = ".".join(file.relative_to(sources).with_suffix("").parts)
         module = module.removesuffix(".__init__")
         importer = _package_of(sources, file)
-        for node in _module_level_imports(ast.parse(file.read_text(), filename=str(file))):
+        for node in _imports(ast.parse(file.read_text(), filename=str(file))):
             names = _imported_modules(node, module, is_init)
             targets = [_module_file(sources, n) for n in names if n.split(".")[0] == ROOT_PACKAGE]
             if isinstance(node, ast.ImportFrom):  # the base only when no name is a submodule
@@ -160,13 +154,14 @@ def test_a_cycle_is_found_and_named(tmp_path):
     # only a type checker reads this import: still an edge
     _write(tmp_path, "low/typed.py", "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
                                      "    from sglang_aux.mid.layer import X\n")
-    # a function-local import is not an edge; a relative one is
-    _write(tmp_path, "top/run.py", "from ..mid import layer\n"
-                                   "def f():\n    from sglang_aux.low import typed\n")
+    # a relative import is an edge, and so is one inside a function
+    _write(tmp_path, "top/run.py", "from ..mid import layer\n")
+    _write(tmp_path, "top/lazy.py", "def f():\n    from sglang_aux.low import typed\n")
     edges = package_graph(tmp_path)
     assert edges == {("mid", "low"): {"sglang_aux/mid/layer.py"},
                      ("low", "mid"): {"sglang_aux/low/typed.py"},
-                     ("top", "mid"): {"sglang_aux/top/run.py"}}
+                     ("top", "mid"): {"sglang_aux/top/run.py"},
+                     ("top", "low"): {"sglang_aux/top/lazy.py"}}
     cycle = find_cycle(edges)
     assert cycle in (["low", "mid", "low"], ["mid", "low", "mid"])
     message = describe_cycle(cycle, edges)

@@ -162,18 +162,15 @@ class ServerArgs:
     disable_shared_aux_buffer: bool = False
     disable_radix_cache: bool = False  # the prefix cache (mem_cache/radix_cache.py) is on
     # hold a prefill back while requests run until a prefill graph's worth wait, at most this
-    # many steps (managers/prefill_delayer.py)
+    # many steps (managers/scheduler/prefill_delayer.py)
     enable_prefill_delayer: bool = False
     prefill_delayer_max_delay_passes: int = 30
     # SGLang's flag; batches are never split here, so turning it on is refused (below)
     enable_two_batch_overlap: bool = False
     # the host reads step n's tokens while the device runs step n+1; None: on for CUDA
     disable_overlap_schedule: bool | None = None
-    # a step's prefill of arrivals runs on a second stream beside the running batch's decode
-    # step (managers/scheduler.py); off: on the harness it gained nothing (docs/benchmarks.md)
-    enable_concurrent_prefill: bool = False
     # arrivals' prefills ride in the running batch's decode / verify forward (MIXED, SGLang's
-    # flag name), up to this many arrival tokens per forward (managers/scheduler.py)
+    # flag name), up to this many arrival tokens per forward (managers/scheduler/scheduler.py)
     enable_mixed_chunk: bool = False
     mixed_chunk_max_prefill_tokens: int = 512
     # SGLang's: a prompt longer than this prefills over several steps of at most this many
@@ -253,9 +250,6 @@ class ServerArgs:
         if self.mixed_chunk_max_prefill_tokens < 1:
             raise ValueError("--mixed-chunk-max-prefill-tokens must be >= 1, got "
                              f"{self.mixed_chunk_max_prefill_tokens}")
-        if self.enable_mixed_chunk and self.enable_concurrent_prefill:
-            raise ValueError("--enable-mixed-chunk and --enable-concurrent-prefill both place "
-                             "arrivals' prefills beside the running batch's step: pick one")
         if algo.is_dflash_family():
             self._check_dflash(algo)
         else:
@@ -495,9 +489,6 @@ class ServerArgs:
         add("--disable-overlap-schedule", action="store_const", const=True, default=None,
             help="read each step's tokens before launching the next (default: overlap on CUDA, "
                  "where the host prepares step n+1 while the device runs step n)")
-        add("--enable-concurrent-prefill", action="store_true",
-            help="run an arrivals' prefill on a second CUDA stream beside the running batch's "
-                 "decode step instead of in a step of its own")
         add("--enable-mixed-chunk", action="store_true",
             help="run arrivals' prefills inside the running batch's decode (or DFlash verify) "
                  "forward instead of in a step of their own")

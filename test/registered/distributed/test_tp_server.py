@@ -17,7 +17,8 @@ import httpx
 import pytest
 
 from sglang_aux.srt.entrypoints.engine import Engine
-from sglang_aux.srt.managers.tokenizer_manager import SchedulerGone, TokenizerManager
+from sglang_aux.srt.managers.tokenizer.scheduler_handle import SchedulerGone
+from sglang_aux.srt.managers.tokenizer.tokenizer_manager import TokenizerManager
 from sglang_aux.srt.server_args import ServerArgs
 from sglang_aux.test.ci.ci_register import register_cpu_ci
 from sglang_aux.test.runtime_utils import tiny_checkpoint

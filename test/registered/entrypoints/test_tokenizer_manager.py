@@ -15,8 +15,9 @@ import threading
 import pytest
 
 from sglang_aux.srt.entrypoints.engine import Engine
-from sglang_aux.srt.managers.request_stream import RequestFailed
-from sglang_aux.srt.managers.tokenizer_manager import SchedulerGone, TokenizerManager
+from sglang_aux.srt.managers.tokenizer.request_stream import RequestFailed
+from sglang_aux.srt.managers.tokenizer.scheduler_handle import SchedulerGone
+from sglang_aux.srt.managers.tokenizer.tokenizer_manager import TokenizerManager
 from sglang_aux.srt.server_args import ServerArgs
 from sglang_aux.test.ci.ci_register import register_cpu_ci
 from sglang_aux.test.runtime_utils import tiny_checkpoint
@@ -156,7 +157,7 @@ def test_seeds_follow_the_engine_and_shutdown_leaves_no_process(args):
 
     outs = asyncio.run(run())
     assert [o["output_ids"] for o in outs] == [r["output_ids"] for r in ref]
-    process = manager._process
+    process = manager.scheduler.process
     manager.shutdown()
     assert not process.is_alive() and process.exitcode == 0  # left its loop on "stop"
 
@@ -194,7 +195,7 @@ def test_startup_failure_surfaces_the_error(args, tmp_path):
     with pytest.raises(FileNotFoundError, match="neither a folder nor a built-in model") as e:
         manager.start()
     assert any("raised in the scheduler process" in n for n in e.value.__notes__)
-    assert not manager._process.is_alive()
+    assert not manager.scheduler.process.is_alive()
     manager = TokenizerManager(args, make_engine=exiting_engine)
     with pytest.raises(SchedulerGone, match=r"exited \(exit code 3\) before its engine"):
         manager.start()

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from sglang_aux.srt.entrypoints.engine import Engine
-from sglang_aux.srt.managers.tokenizer_manager import TokenizerManager
+from sglang_aux.srt.managers.tokenizer.tokenizer_manager import TokenizerManager
 from sglang_aux.srt.server_args import ServerArgs
 from sglang_aux.test.ci.ci_register import register_cuda_ci
 from sglang_aux.test.runtime_utils import tiny_checkpoint
@@ -46,7 +46,7 @@ def _serve(args: ServerArgs) -> tuple[list[dict], dict]:
         return outs, await manager.engine_info()
 
     outs, info = asyncio.run(run())
-    process = manager._process
+    process = manager.scheduler.process
     manager.shutdown()
     assert process.exitcode == 0
     return outs, info

@@ -281,19 +281,18 @@ def test_no_transient_aux_tensor_with_chunking(ckpts, projection):
     views = []
     real_rows = storage.rows
 
-    def rows(mode, num_tokens):
-        views.append((mode, num_tokens, real_rows(mode, num_tokens)))
-        return views[-1][2]
+    def rows(num_tokens):
+        views.append((num_tokens, real_rows(num_tokens)))
+        return views[-1][1]
     object.__setattr__(storage, "rows", rows)
     (prompt,) = _prompts(eng.model_config.hf_config.vocab_size, [200], seed=5)
     out = eng.generate(input_ids=[prompt], sampling_params=GREEDY)
     assert len(out[0]["output_ids"]) == GREEDY["max_new_tokens"]
-    assert views and max(n for _, n, _ in views) == 32
-    assert all(v is not None for *_, v in views), [(m, n) for m, n, v in views if v is None]
+    assert views and max(n for n, _ in views) == 32
+    assert all(v is not None for _, v in views), [n for n, v in views if v is None]
     off = _engine(ckpts, "tiny-k3", "dflash", -1, speculative_dflash_aux_projection=projection)
     # the control: unchunked, the same prompt is past the storage's rows (a transient tensor)
-    assert off.worker.target_runner.aux_storage.rows(
-        storage_mode := views[0][0], len(prompt)) is None, storage_mode
+    assert off.worker.target_runner.aux_storage.rows(len(prompt)) is None
     assert _ids(off.generate(input_ids=[prompt], sampling_params=GREEDY)) == _ids(out)
 
 

@@ -6,8 +6,8 @@ import sys
 
 import pytest
 
-from sglang_aux.srt.managers.finish_check import FinishCheck
 from sglang_aux.srt.managers.schedule_batch import Req
+from sglang_aux.srt.managers.scheduler.finish_check import FinishCheck
 from sglang_aux.srt.model_loader.tokenizer import Tokenizer
 from sglang_aux.srt.sampling.sampling_params import SamplingParams
 from sglang_aux.test.ci.ci_register import register_cpu_ci

@@ -236,8 +236,6 @@ def _kv(runner, reqs):
 
 
 def test_bad_mixed_input_is_refused(ckpts):
-    with pytest.raises(ValueError, match="pick one"):
-        ServerArgs(model_path="x", enable_mixed_chunk=True, enable_concurrent_prefill=True)
     with pytest.raises(ValueError, match="must be >= 1"):
         ServerArgs(model_path="x", mixed_chunk_max_prefill_tokens=0)
     engine = _engine(ckpts, "target", mixed=True, overlap=False)

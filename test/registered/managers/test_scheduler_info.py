@@ -7,7 +7,7 @@ import sys
 import pytest
 
 from sglang_aux.srt.forward_state.forward_batch_info import ForwardMode
-from sglang_aux.srt.managers.scheduler_info import GRAPH_KEYS, graph_memory
+from sglang_aux.srt.managers.scheduler.scheduler_info import GRAPH_KEYS, graph_memory
 from sglang_aux.srt.model_executor.runner.forward_parts import ForwardParts
 from sglang_aux.srt.model_executor.runner.step_prologue import StepPrologue
 from sglang_aux.test.ci.ci_register import register_cpu_ci

@@ -86,8 +86,8 @@ def test_shared_prefix_hits_and_outputs_equal_the_cache_off_run(ckpts, reference
     assert cached[0] == 0 and all(c >= shared - 1 for c in cached[1:]), cached
     assert cached[-2] == outs[-2]["meta_info"]["prompt_tokens"] - 1  # all but the last token
     assert cached[-1] >= outs[0]["meta_info"]["prompt_tokens"] + 1  # the first turn's output
-    assert engine.scheduler.cache_hit_tokens == sum(cached)
-    assert engine.scheduler.admitted_prompt_tokens == sum(
+    assert engine.scheduler.admission.cache_hit_tokens == sum(cached)
+    assert engine.scheduler.admission.admitted_prompt_tokens == sum(
         o["meta_info"]["prompt_tokens"] for o in outs)
     for req in finished:  # every cached position holds its token's final K/V
         assert cached_kv_error(engine, committed_tokens(req)) < CLOSE, req.rid

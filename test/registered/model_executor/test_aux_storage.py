@@ -98,19 +98,18 @@ def test_one_aux_allocation_with_mixed_steps_and_prefill_graphs(ckpts, graphs):
 
 
 def test_rows_are_views_and_an_eager_prefill_past_them_gets_none():
-    storage = AuxStorage.create(rows=8, beside_rows=4, width=6, streamed=False,
-                                dtype=torch.bfloat16, device=torch.device("cpu"))
-    step, extend = storage.rows(ForwardMode.TARGET_VERIFY, 8), storage.rows(ForwardMode.EXTEND, 4)
+    storage = AuxStorage.create(rows=8, width=6, streamed=False, dtype=torch.bfloat16,
+                                device=torch.device("cpu"))
+    step, extend = storage.rows(8), storage.rows(4)
     assert step.shape == (8, 6) and step.data_ptr() == storage.buffer.data_ptr()
-    assert extend.data_ptr() == storage.buffer[8].data_ptr()  # beside a step: rows of its own
-    assert storage.rows(ForwardMode.TARGET_VERIFY, 9) is None
-    assert storage.rows(ForwardMode.EXTEND, 5) is None
-    acc = AuxStorage.create(rows=8, beside_rows=0, width=6, streamed=True, dtype=torch.bfloat16,
+    assert extend.shape == (4, 6) and extend.data_ptr() == storage.buffer.data_ptr()
+    assert storage.rows(9) is None
+    acc = AuxStorage.create(rows=8, width=6, streamed=True, dtype=torch.bfloat16,
                             device=torch.device("cpu"))
     assert acc.buffer.dtype == torch.float32 and acc.path == "streamed"
-    assert acc.rows(ForwardMode.EXTEND, 8).shape == (8, 6)
+    assert acc.rows(8).shape == (8, 6)
     with pytest.raises(ValueError, match="rows and a width"):
-        AuxStorage.create(rows=0, beside_rows=0, width=6, streamed=False, dtype=torch.float32,
+        AuxStorage.create(rows=0, width=6, streamed=False, dtype=torch.float32,
                           device=torch.device("cpu"))
 
 

@@ -13,7 +13,7 @@ from test_dflash_worker import _draft_context_error, _run_steps
 from sglang_aux.srt.entrypoints.engine import Engine
 from sglang_aux.srt.forward_state.forward_batch_info import ForwardMode
 from sglang_aux.srt.managers.schedule_batch import reserve_kv, step_inputs
-from sglang_aux.srt.managers.scheduler_info import graph_memory
+from sglang_aux.srt.managers.scheduler.scheduler_info import graph_memory
 from sglang_aux.test.ci.ci_register import register_cpu_ci
 from sglang_aux.test.runtime_utils import (
     assert_kv_all_back,

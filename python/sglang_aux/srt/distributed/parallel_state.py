@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import logging
 import pickle
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -33,6 +35,8 @@ DEFAULT_DIST_TIMEOUT_S = 600
 # torch 2.13 renamed all_gather_into_tensor (deprecated there); the H200's torch 2.11 has only it
 _all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 IDLE_WAIT = timedelta(days=365)  # followers wait for rank 0's next step while it idles
+JOIN_POLL_S = 0.05  # rank 0's poll of the ranks that reached the rendezvous
+JOINED_KEY = "sglang_aux/joined"  # the rendezvous store's count of ranks that reached it
 
 
 @dataclass(frozen=True)
@@ -105,12 +109,21 @@ def backend_for(device: str) -> str:
     return "nccl" if device.startswith("cuda") else "gloo"
 
 
+class _Aborted(RuntimeError):
+    """The rendezvous was given up on (`abort_check`): its reason is the message."""
+
+
 def init_distributed_environment(*, world_size: int, rank: int, local_rank: int,
                                  dist_init_addr: str, device: str,
-                                 timeout_s: float | None = None) -> GroupCoordinator:
+                                 timeout_s: float | None = None,
+                                 abort_check: Callable[[], str | None] | None = None
+                                 ) -> GroupCoordinator:
     """Join the TP group of `world_size` ranks as `rank` (rendezvous at `host:port`), and make
     it this process's group. Raises RuntimeError naming the address, the ranks expected and
-    the timeout when the group does not form in time (a node that never joins)."""
+    the timeout when the group does not form in time (a node that never joins). Rank 0 hosts
+    the rendezvous and waits there for the others, calling `abort_check` between polls: a
+    reason it returns (a rank this process started has died) fails the join at once, naming
+    it, instead of after the timeout."""
     global _TP
     if dist.is_initialized():
         raise RuntimeError("this process already joined a tensor-parallel group; "
@@ -119,11 +132,27 @@ def init_distributed_environment(*, world_size: int, rank: int, local_rank: int,
     if backend == "nccl":
         torch.cuda.set_device(local_rank)
     timeout = timedelta(seconds=timeout_s or DEFAULT_DIST_TIMEOUT_S)
+    host, port = dist_init_addr.rsplit(":", 1)
     try:
-        dist.init_process_group(backend, init_method=f"tcp://{dist_init_addr}",
-                                world_size=world_size, rank=rank, timeout=timeout)
+        store = dist.TCPStore(host, int(port), world_size, is_master=rank == 0,
+                              timeout=timeout, wait_for_workers=False)
+        joined = store.add(JOINED_KEY, 1)
+        deadline = time.monotonic() + timeout.total_seconds()
+        while rank == 0 and joined < world_size:
+            reason = abort_check() if abort_check is not None else None
+            if reason is not None:
+                raise _Aborted(f"tensor-parallel rank {rank} of {world_size}: {reason}, "
+                               f"before the group at {dist_init_addr} formed")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{joined}/{world_size} clients joined")
+            time.sleep(JOIN_POLL_S)
+            joined = store.add(JOINED_KEY, 0)
+        dist.init_process_group(backend, store=store, world_size=world_size, rank=rank,
+                                timeout=timeout)
         cpu_group = dist.new_group(backend="gloo", timeout=IDLE_WAIT)
-    except (RuntimeError, dist.DistError) as e:
+    except _Aborted:
+        raise
+    except (RuntimeError, dist.DistError, TimeoutError) as e:
         raise RuntimeError(
             f"tensor-parallel rank {rank} of {world_size}: the group at {dist_init_addr} did "
             f"not form within {timeout.total_seconds():.0f} s ({type(e).__name__}: {e}); every "

@@ -14,21 +14,22 @@ from sglang_aux.srt.distributed.parallel_state import (
     init_distributed_environment,
 )
 from sglang_aux.srt.managers.model_worker import ModelWorker
-from sglang_aux.srt.managers.prefill_delayer import PrefillDelayer
 from sglang_aux.srt.managers.request_factory import RequestFactory
 from sglang_aux.srt.managers.request_output import request_output
 from sglang_aux.srt.managers.schedule_batch import Req
-from sglang_aux.srt.managers.scheduler import Scheduler, Worker
-from sglang_aux.srt.managers.tp_ranks import (
+from sglang_aux.srt.managers.scheduler.prefill_delayer import PrefillDelayer
+from sglang_aux.srt.managers.scheduler.scheduler import Scheduler
+from sglang_aux.srt.managers.scheduler.tp_ranks import (
+    first_failure,
     node_ranks,
     ranks_per_node,
     start_followers,
     stop_followers,
     with_rendezvous,
 )
-from sglang_aux.srt.managers.tp_step_broadcast import StepBroadcast
+from sglang_aux.srt.managers.scheduler.tp_step_broadcast import StepBroadcast
+from sglang_aux.srt.managers.scheduler.worker import Worker
 from sglang_aux.srt.mem_cache.radix_cache import RadixCache
-from sglang_aux.srt.model_executor.runner_utils.side_stream import SideStream
 from sglang_aux.srt.model_loader.builtin import resolve_draft, resolve_model
 from sglang_aux.srt.sampling.sampling_params import SamplingParams
 from sglang_aux.srt.server_args import ServerArgs
@@ -66,8 +67,6 @@ class Engine:
                 else RadixCache(self.worker.model_runner.token_to_kv_pool_allocator),
                 prefill_delayer=self._prefill_delayer(graph_limits),
                 prefill_graph_limits=graph_limits,
-                side_stream=SideStream(self.worker.model_runner.device)
-                if args.enable_concurrent_prefill else None,
                 mixed_limits=self.worker.model_runner.mixed_limits(),
                 chunked_prefill_size=args.resolved_chunked_prefill_size(),
                 grammar_backend=GrammarBackend(
@@ -83,7 +82,8 @@ class Engine:
 
     def _join_tp_group(self, tp_rank: int | None) -> GroupCoordinator:
         """This process's tensor-parallel group (one rank without `--tp-size`); as rank 0 of
-        an offline engine, first start the node's other ranks."""
+        an offline engine, first start the node's other ranks, and fail at once, naming its
+        error, if one ends before the group forms."""
         args = self.server_args
         self._followers = []
         if args.tp_size == 1:
@@ -105,7 +105,7 @@ class Engine:
             return init_distributed_environment(
                 world_size=args.tp_size, rank=tp_rank, local_rank=local_rank,
                 dist_init_addr=args.dist_init_addr, device=args.resolved_device(),
-                timeout_s=args.dist_timeout)
+                timeout_s=args.dist_timeout, abort_check=lambda: first_failure(self._followers))
         except BaseException:
             stop_followers(self._followers, timeout=0)
             raise

@@ -9,8 +9,9 @@ import asyncio
 from fastapi.responses import JSONResponse
 
 from sglang_aux.srt.entrypoints.openai.protocol import error_body
-from sglang_aux.srt.managers.request_stream import RequestFailed
-from sglang_aux.srt.managers.tokenizer_manager import SchedulerGone, TokenizerManager
+from sglang_aux.srt.managers.tokenizer.request_stream import RequestFailed
+from sglang_aux.srt.managers.tokenizer.scheduler_handle import SchedulerGone
+from sglang_aux.srt.managers.tokenizer.tokenizer_manager import TokenizerManager
 
 HEALTH_CHECK_TIMEOUT_S = 20.0  # SGLang's default for /health_generate
 HEALTH_CHECK_REQUEST = {"input_ids": [0],

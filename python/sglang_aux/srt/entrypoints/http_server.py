@@ -52,9 +52,10 @@ from sglang_aux.srt.entrypoints.openai.serving_chat import create_chat_completio
 from sglang_aux.srt.entrypoints.openai.serving_completions import create_completion
 from sglang_aux.srt.entrypoints.server_info import model_info, render_metrics, server_info
 from sglang_aux.srt.managers.request_output import logprob_meta_info
-from sglang_aux.srt.managers.request_stream import StreamDelta
-from sglang_aux.srt.managers.tokenizer_manager import SchedulerGone, TokenizerManager
-from sglang_aux.srt.managers.tp_ranks import run_follower_node
+from sglang_aux.srt.managers.scheduler.tp_ranks import run_follower_node
+from sglang_aux.srt.managers.tokenizer.request_stream import StreamDelta
+from sglang_aux.srt.managers.tokenizer.scheduler_handle import SchedulerGone
+from sglang_aux.srt.managers.tokenizer.tokenizer_manager import TokenizerManager
 from sglang_aux.srt.server_args import ServerArgs
 
 logger = logging.getLogger(__name__)

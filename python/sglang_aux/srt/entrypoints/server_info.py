@@ -8,10 +8,10 @@ import sys
 from typing import TYPE_CHECKING
 
 from sglang_aux.srt.managers.io_struct import EngineSpec
-from sglang_aux.srt.managers.scheduler_info import GRAPH_KEYS
+from sglang_aux.srt.managers.scheduler.scheduler_info import GRAPH_KEYS
 
 if TYPE_CHECKING:
-    from sglang_aux.srt.managers.tokenizer_manager import TokenizerManager
+    from sglang_aux.srt.managers.tokenizer.tokenizer_manager import TokenizerManager
 
 METRIC_PREFIX = "sglang_aux:"
 

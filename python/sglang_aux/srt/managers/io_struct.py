@@ -1,18 +1,15 @@
-"""What the HTTP front end and the scheduler process send each other over their pipes.
+"""What the HTTP front end and the scheduler process send each other over their pipes: one
+frozen dataclass per kind, pickled; each receiver dispatches on the class (`match`) and an
+unknown one is an error naming its type.
 
-Front end -> scheduler, one tuple per command, taken between steps:
-  ("add", rid, input_ids, SamplingParams, seed, LogprobParams | None)  a validated request
-  ("abort", rid)                                  its client went away
-  ("flush_cache", reply_id) / ("info", reply_id)  answered with a "reply"
-  ("stop",)
-Scheduler -> front end:
-  ("ready", EngineSpec) or ("startup_error", exception, traceback text), once
-  ("step", [(rid, new_ids, NewLogprobs | None, Finished | None), ...])  one message per
-                                                  step, every update
-  ("failed", [rid, ...], reason)                  these requests failed (a step, or one's
-                                                  admission)
-  ("aborted", rid)                                the request was dropped
-  ("reply", reply_id, value)
+Front end -> scheduler (`SchedulerCommand`), taken between steps:
+  `AddRequest` a validated request; `AbortRequest` its client went away; `FlushCacheRequest`
+  and `InfoRequest`, each answered with a `Reply`; `Stop`.
+Scheduler -> front end (`SchedulerMessage`):
+  `Ready` or `StartupError`, once; `StepOutput` one message per step, every request's update;
+  `RequestsFailed` these requests failed (a step, or one's admission); `RequestAborted` the
+  request was dropped; `Reply`.
+A follower rank that fails sends its starter one `RankFailed`.
 Token ids travel as lists and requests as their fields: nothing holds a tensor.
 """
 
@@ -23,7 +20,8 @@ from dataclasses import dataclass
 from sglang_aux.srt.managers.request_limits import RequestLimits
 from sglang_aux.srt.managers.schedule_batch import Req
 from sglang_aux.srt.model_loader.tokenizer import Tokenizer
-from sglang_aux.srt.sampling.logprobs import PositionLogprobs
+from sglang_aux.srt.sampling.logprobs import LogprobParams, PositionLogprobs
+from sglang_aux.srt.sampling.sampling_params import SamplingParams
 from sglang_aux.srt.server_args import ServerArgs
 
 
@@ -79,5 +77,117 @@ class NewLogprobs:
     output: list[PositionLogprobs]
 
 
-# rid, new output ids, their logprob entries, set on the last
-RequestOut = tuple[str, list[int], NewLogprobs | None, Finished | None]
+@dataclass(frozen=True)
+class RequestOut:
+    """One request's update of a step: its new output ids, their logprob entries, and on its
+    last update, `finished`."""
+
+    rid: str
+    new_ids: list[int]
+    logprobs: NewLogprobs | None = None
+    finished: Finished | None = None
+
+
+# ---- front end -> scheduler ----
+
+@dataclass(frozen=True)
+class AddRequest:
+    """A request the front end validated against the engine's limits."""
+
+    rid: str
+    input_ids: list[int]
+    sampling_params: SamplingParams
+    seed: int
+    logprob: LogprobParams | None
+
+    def to_req(self) -> Req:
+        return Req(self.rid, self.input_ids, self.sampling_params, seed=self.seed,
+                   logprob=self.logprob)
+
+
+@dataclass(frozen=True)
+class AbortRequest:
+    """Drop the request: its client went away."""
+
+    rid: str
+
+
+@dataclass(frozen=True)
+class FlushCacheRequest:
+    """Free the prefix cache when idle; the `Reply` carries the slots freed (None: busy)."""
+
+    reply_id: int
+
+
+@dataclass(frozen=True)
+class InfoRequest:
+    """The scheduler process's figures (`scheduler_info.engine_info`) in a `Reply`."""
+
+    reply_id: int
+
+
+@dataclass(frozen=True)
+class Stop:
+    """Leave the loop, telling the follower ranks to stop too."""
+
+
+SchedulerCommand = AddRequest | AbortRequest | FlushCacheRequest | InfoRequest | Stop
+
+
+# ---- scheduler -> front end ----
+
+@dataclass(frozen=True)
+class Ready:
+    """The engine is built; what the front end needs of it."""
+
+    spec: EngineSpec
+
+
+@dataclass(frozen=True)
+class StartupError:
+    """Why the engine could not be built: the exception (its type and message when it does
+    not pickle) and the child's traceback text."""
+
+    error: BaseException
+    traceback: str
+
+
+@dataclass(frozen=True)
+class StepOutput:
+    """Every request's update of one step, in one message."""
+
+    updates: list[RequestOut]
+
+
+@dataclass(frozen=True)
+class RequestsFailed:
+    """These requests failed (a step raised, or one's admission did), saying why."""
+
+    rids: list[str]
+    reason: str
+
+
+@dataclass(frozen=True)
+class RequestAborted:
+    """The request an `AbortRequest` named was dropped (it had not finished)."""
+
+    rid: str
+
+
+@dataclass(frozen=True)
+class Reply:
+    """The answer to the `FlushCacheRequest` or `InfoRequest` of `reply_id`."""
+
+    reply_id: int
+    value: object
+
+
+SchedulerMessage = Ready | StartupError | StepOutput | RequestsFailed | RequestAborted | Reply
+
+
+@dataclass(frozen=True)
+class RankFailed:
+    """A follower rank's failure, sent to the process that started it before it exits."""
+
+    rank: int
+    error: str  # "TypeName: message"

@@ -98,7 +98,7 @@ class StepLogprobs:
             if not n:
                 continue
             # the prefill ran the prompt from its cached prefix on, which ends at or before
-            # start_len (Scheduler._take_kv)
+            # start_len (KvReservation.take)
             first = start + r.logprob.start_len - cached
             rows += range(first, first + n)
             toks += r.origin_input_ids[r.logprob.start_len + 1:]

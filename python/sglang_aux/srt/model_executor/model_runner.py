@@ -47,7 +47,6 @@ from sglang_aux.srt.model_executor.runner_utils.capture_sizes import (
     ragged_token_buckets,
 )
 from sglang_aux.srt.model_executor.runner_utils.host_transfer import to_device_into
-from sglang_aux.srt.model_executor.runner_utils.pool import PREFILL_POOL, SHARED_POOL
 from sglang_aux.srt.model_loader.loader import get_model
 from sglang_aux.srt.server_args import ServerArgs
 
@@ -67,13 +66,13 @@ def make_attn_backend(name: str, decode_merge: str = "launch") -> AttentionBacke
     return TorchNativeAttnBackend()
 
 
-def make_graph_backend(device: torch.device, pool: str = SHARED_POOL) -> GraphBackend:
+def make_graph_backend(device: torch.device) -> GraphBackend:
     if device.type == "cuda":
         from sglang_aux.srt.model_executor.runner_backend.cuda_graph_backend import (
             CudaGraphBackend,
         )
 
-        return CudaGraphBackend(device, pool)
+        return CudaGraphBackend(device)
     return EagerReplayBackend()
 
 
@@ -167,10 +166,7 @@ class ModelRunner:
             layouts = self._graph_layouts(parts)
             if not layouts:
                 continue
-            beside = parts.mode == ForwardMode.EXTEND and self.server_args.enable_concurrent_prefill
-            graphs = GraphRunner(self, parts, layouts,
-                                 make_graph_backend(self.device,
-                                                    PREFILL_POOL if beside else SHARED_POOL),
+            graphs = GraphRunner(self, parts, layouts, make_graph_backend(self.device),
                                  self.aux_storage)
             self.graph_runners[parts.mode] = graphs
             graphs.capture()
@@ -189,13 +185,13 @@ class ModelRunner:
         chunk = (self.server_args.resolved_chunked_prefill_size() or 0) if extend else 0
         if extend is not None and extend.staged_from_tokens is not None:
             chunk = min(chunk, extend.staged_from_tokens - 1)
-        rows, beside_rows = aux_rows(self.server_args,
+        rows = aux_rows(self.server_args,
                                      tokens_per_req=0 if step is None else step.tokens_per_req,
                                      prefill_graph_tokens=prefill, chunk_tokens=chunk,
                                      mixed=ForwardMode.MIXED in self.forwards)
-        if width == 0 or rows + beside_rows == 0:
+        if width == 0 or rows == 0:
             return None
-        storage = AuxStorage.create(rows=rows, beside_rows=beside_rows, width=width,
+        storage = AuxStorage.create(rows=rows, width=width,
                                     streamed=bool(streamed), dtype=self.model_config.dtype,
                                     device=self.device)
         logger.info("Aux storage (%s): %s, %.1f MiB", storage.path,
@@ -291,7 +287,7 @@ class ModelRunner:
         self.attn_backend.init_forward_metadata(fb)
         parts = self.forwards.get(mode)
         streamed = None if parts is None else parts.streamed_aux
-        rows = None if self.aux_storage is None else self.aux_storage.rows(mode, fb.num_tokens)
+        rows = None if self.aux_storage is None else self.aux_storage.rows(fb.num_tokens)
         if streamed is not None and fb.aux_projection is None:
             fb.aux_projection = streamed.new(fb.num_tokens, self.model_config.dtype, rows)
         elif (rows is not None and not self.aux_storage.streamed and fb.aux_projection is None

@@ -18,8 +18,12 @@ from sglang_aux.srt.entrypoints.openai.protocol import (
     error_body,
     sse,
 )
-from sglang_aux.srt.managers.request_stream import RequestFailed, RequestStream, StreamDelta
-from sglang_aux.srt.managers.tokenizer_manager import TokenizerManager
+from sglang_aux.srt.managers.tokenizer.request_stream import (
+    RequestFailed,
+    RequestStream,
+    StreamDelta,
+)
+from sglang_aux.srt.managers.tokenizer.tokenizer_manager import TokenizerManager
 from sglang_aux.srt.sampling.sampling_params import MAX_N
 
 logger = logging.getLogger(__name__)

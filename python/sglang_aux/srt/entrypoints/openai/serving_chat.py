@@ -25,8 +25,8 @@ from sglang_aux.srt.entrypoints.openai.serving_base import (
     request_id,
     submit_samples,
 )
-from sglang_aux.srt.managers.request_stream import StreamDelta
-from sglang_aux.srt.managers.tokenizer_manager import TokenizerManager
+from sglang_aux.srt.managers.tokenizer.request_stream import StreamDelta
+from sglang_aux.srt.managers.tokenizer.tokenizer_manager import TokenizerManager
 from sglang_aux.srt.model_loader.tokenizer import Tokenizer
 
 try:  # optional: only checkpoints that ship a chat template need it

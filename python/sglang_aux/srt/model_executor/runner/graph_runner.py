@@ -85,7 +85,7 @@ class GraphRunner:
             host = dataclasses.replace(host, extend_seq_lens_cpu=(
                 [layout.tokens_per_req] * layout.step_bs + [layout.arrival_tokens]
                 + [0] * (layout.arrivals - 1)))
-        rows = None if self.aux_storage is None else self.aux_storage.rows(self.mode, n)
+        rows = None if self.aux_storage is None else self.aux_storage.rows(n)
         if self.aux_storage is not None and rows is None:
             raise ValueError(f"the aux storage {tuple(self.aux_storage.buffer.shape)} has "
                              f"fewer rows than the {n} tokens of {layout}")

@@ -12,17 +12,13 @@ from sglang_aux.srt.model_executor.runner_backend.base import (
     CapturedFn,
     GraphBackend,
 )
-from sglang_aux.srt.model_executor.runner_utils.pool import (
-    SHARED_POOL,
-    get_global_graph_memory_pool,
-)
+from sglang_aux.srt.model_executor.runner_utils.pool import get_global_graph_memory_pool
 
 
 class CudaGraphBackend(GraphBackend):
-    def __init__(self, device: torch.device | str, pool: str = SHARED_POOL):
+    def __init__(self, device: torch.device | str):
         self.device = torch.device(device)
         self.stream = torch.cuda.Stream(device=self.device)
-        self.pool = pool
 
     def capture(self, fn: CapturedFn) -> tuple[torch.cuda.CUDAGraph, LogitsProcessorOutput]:
         graph = torch.cuda.CUDAGraph()
@@ -31,7 +27,7 @@ class CudaGraphBackend(GraphBackend):
         # allocator), which invalidates the capture: collect first, none while capturing.
         gc.collect()
         torch.cuda.synchronize(self.device)
-        pool = get_global_graph_memory_pool(holder=self, name=self.pool)
+        pool = get_global_graph_memory_pool(holder=self)
         enabled = gc.isenabled()
         gc.disable()
         try:

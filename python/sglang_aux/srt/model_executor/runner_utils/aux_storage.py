@@ -21,59 +21,48 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from sglang_aux.srt.forward_state.forward_batch_info import ForwardMode
-
 if TYPE_CHECKING:
     from sglang_aux.srt.server_args import ServerArgs
 
 
 def aux_rows(args: ServerArgs, *, tokens_per_req: int, prefill_graph_tokens: int,
-             chunk_tokens: int, mixed: bool) -> tuple[int, int]:
-    """(rows, rows of prefills beside a step) the storage needs: the largest step any graph
+             chunk_tokens: int, mixed: bool) -> int:
+    """The rows the storage needs: the largest step any graph
     or eager path runs (every running request, or a padded graph's, times `tokens_per_req`),
     the largest prefill graph, the largest mixed forward (a step plus
     `--mixed-chunk-max-prefill-tokens`), and with chunked prefill a chunk (`chunk_tokens`,
     `--chunked-prefill-size`: no prefill step runs more; the caller caps it below a staged
-    projection's start). Prefills that run beside a step
-    (`--enable-concurrent-prefill`) get rows of their own after those. Without chunked prefill
-    an eager prefill has no bound: one past the rows writes a transient tensor."""
+    projection's start). Without chunked prefill an eager prefill has no bound: one past the
+    rows writes a transient tensor."""
     reqs = max([args.max_running_requests, *(args.cuda_graph_bs_decode or [])])
     step = reqs * tokens_per_req
     if mixed:
         step += args.mixed_chunk_max_prefill_tokens
-    prefill = max(prefill_graph_tokens, chunk_tokens)
-    if args.enable_concurrent_prefill:
-        return step, prefill
-    return max(step, prefill), 0
+    return max(step, prefill_graph_tokens, chunk_tokens)
 
 
 @dataclass(frozen=True)
 class AuxStorage:
-    # [rows + beside_rows, K * hidden] in the model dtype (the packer's output), or
-    # [rows + beside_rows, H_draft] fp32 (the streamed projection's accumulator)
+    # [rows, K * hidden] in the model dtype (the packer's output), or
+    # [rows, H_draft] fp32 (the streamed projection's accumulator)
     buffer: torch.Tensor
     streamed: bool
-    beside_start: int  # EXTEND views start here (0 unless prefills run beside a step)
 
     @classmethod
-    def create(cls, *, rows: int, beside_rows: int, width: int, streamed: bool,
+    def create(cls, *, rows: int, width: int, streamed: bool,
                dtype: torch.dtype, device: torch.device) -> AuxStorage:
         """The runner's one aux allocation; `dtype` is the model's (fp32 when streamed)."""
         if rows < 1 or width < 1:
             raise ValueError(f"aux storage needs rows and a width, got {rows} x {width}")
         dtype = torch.float32 if streamed else dtype
-        buffer = torch.zeros((rows + beside_rows, width), dtype=dtype, device=device)
-        return cls(buffer, streamed, rows if beside_rows else 0)
+        buffer = torch.zeros((rows, width), dtype=dtype, device=device)
+        return cls(buffer, streamed)
 
-    def rows(self, mode: ForwardMode, num_tokens: int) -> torch.Tensor | None:
-        """The row view `[num_tokens, width]` a `mode` forward writes, or None when it has
-        more tokens than the storage rows (an eager prefill past every bound:
-        chunked prefill off)."""
-        start = self.beside_start if mode == ForwardMode.EXTEND else 0
-        stop = start + num_tokens
-        end = self.buffer.shape[0] if mode == ForwardMode.EXTEND or not self.beside_start \
-            else self.beside_start
-        return self.buffer[start:stop] if stop <= end else None
+    def rows(self, num_tokens: int) -> torch.Tensor | None:
+        """The row view `[num_tokens, width]` a forward writes, or None when it has more
+        tokens than the storage rows (an eager prefill past every bound: chunked prefill
+        off)."""
+        return self.buffer[:num_tokens] if num_tokens <= self.buffer.shape[0] else None
 
     def nbytes(self) -> int:
         return self.buffer.numel() * self.buffer.element_size()

@@ -1,7 +1,7 @@
-"""How arrivals are grouped into prefill steps: with prefill graphs, one step takes at most what
-one graph holds (the rest wait a step instead of running eagerly); the prefill delayer holds
-arrivals (at most the set number of steps) until a graph's worth can share one step. Outputs
-equal the ungrouped schedule's."""
+"""Admission (`managers/scheduler/admission.py`): how arrivals are grouped into prefill steps: with
+prefill graphs, one step takes at most what one graph holds (the rest wait a step instead of
+running eagerly); the prefill delayer holds arrivals (at most the set number of steps) until a
+graph's worth can share one step. Outputs equal the ungrouped schedule's."""
 
 import sys
 
@@ -9,7 +9,7 @@ import pytest
 
 from sglang_aux.srt.entrypoints.engine import Engine
 from sglang_aux.srt.forward_state.forward_batch_info import ForwardMode
-from sglang_aux.srt.managers.prefill_delayer import PrefillDelayer
+from sglang_aux.srt.managers.scheduler.prefill_delayer import PrefillDelayer
 from sglang_aux.test.ci.ci_register import register_cpu_ci
 from sglang_aux.test.runtime_utils import assert_kv_all_back, tiny_checkpoint
 

@@ -7,7 +7,7 @@ commands that arrived (blocking only while idle), run `scheduler.step()` while t
 work, and after each step send one message with every request's new tokens
 (`io_struct` lists the messages). A request whose admission fails is failed alone (the
 scheduler isolates it); a step that raises fails the requests in flight, and the loop keeps
-serving. The loop ends on "stop" or when the front end's pipe closes (the server
+serving. The loop ends on `Stop` or when the front end's pipe closes (the server
 died): nobody is left to serve.
 
 Under tensor parallelism this process is rank 0: each command and step also goes to the
@@ -28,11 +28,27 @@ from multiprocessing.connection import Connection
 import torch
 
 from sglang_aux.srt.distributed.parallel_state import destroy_distributed_environment
-from sglang_aux.srt.managers.io_struct import EngineSpec, Finished, NewLogprobs, RequestOut
+from sglang_aux.srt.managers.io_struct import (
+    AbortRequest,
+    AddRequest,
+    EngineSpec,
+    Finished,
+    FlushCacheRequest,
+    InfoRequest,
+    NewLogprobs,
+    Ready,
+    Reply,
+    RequestAborted,
+    RequestOut,
+    RequestsFailed,
+    StartupError,
+    StepOutput,
+    Stop,
+)
 from sglang_aux.srt.managers.schedule_batch import Req
-from sglang_aux.srt.managers.scheduler_info import engine_info
-from sglang_aux.srt.managers.server_metrics import StepThroughput
-from sglang_aux.srt.managers.serving_engine import EngineFactory, ServingEngine
+from sglang_aux.srt.managers.scheduler.scheduler_info import engine_info
+from sglang_aux.srt.managers.scheduler.serving_engine import EngineFactory, ServingEngine
+from sglang_aux.srt.managers.scheduler.step_throughput import StepThroughput
 from sglang_aux.srt.server_args import ServerArgs
 
 logger = logging.getLogger(__name__)
@@ -51,7 +67,7 @@ def run_scheduler_process(server_args: ServerArgs, commands: Connection, outputs
         except BaseException as e:  # start() re-raises it in the front end
             _send_startup_error(outputs, e)
             return
-        outputs.send(("ready", engine_spec(engine)))
+        outputs.send(Ready(engine_spec(engine)))
         try:
             SchedulerLoop(engine, commands, outputs).run()
         except (BrokenPipeError, EOFError, ConnectionResetError):
@@ -63,9 +79,9 @@ def run_scheduler_process(server_args: ServerArgs, commands: Connection, outputs
 def _send_startup_error(outputs: Connection, error: BaseException) -> None:
     text = traceback.format_exc()
     try:
-        outputs.send(("startup_error", error, text))
+        outputs.send(StartupError(error, text))
     except Exception:  # the exception does not pickle: its type and message do
-        outputs.send(("startup_error", RuntimeError(f"{type(error).__name__}: {error}"), text))
+        outputs.send(StartupError(RuntimeError(f"{type(error).__name__}: {error}"), text))
 
 
 def engine_spec(engine: ServingEngine) -> EngineSpec:
@@ -105,40 +121,40 @@ class SchedulerLoop:
                 self._step()
 
     def _take_commands(self, block: bool) -> bool:
-        """Apply the commands that arrived (waiting for one when idle); False on "stop"."""
+        """Apply the commands that arrived (waiting for one when idle); False on `Stop`."""
         while block or self.commands.poll():
             block = False
-            cmd = self.commands.recv()
-            kind = cmd[0]
-            if kind == "stop":
-                self.steps.stop()
-                return False
-            if kind == "add":
-                self._add(*cmd[1:])
-            elif kind == "abort":
-                self._abort(cmd[1])
-            elif kind == "flush_cache":
-                self.outputs.send(("reply", cmd[1], self.steps.flush_cache()))
-            elif kind == "info":
-                self.outputs.send(("reply", cmd[1], engine_info(self.engine, self.throughput)))
-            else:
-                raise ValueError(f"unknown scheduler command {kind!r}")
+            match self.commands.recv():
+                case Stop():
+                    self.steps.stop()
+                    return False
+                case AddRequest() as add:
+                    self._add(add)
+                case AbortRequest(rid=rid):
+                    self._abort(rid)
+                case FlushCacheRequest(reply_id=reply_id):
+                    self.outputs.send(Reply(reply_id, self.steps.flush_cache()))
+                case InfoRequest(reply_id=reply_id):
+                    info = engine_info(self.engine, self.throughput)
+                    self.outputs.send(Reply(reply_id, info))
+                case unknown:
+                    raise TypeError(f"unknown scheduler command {type(unknown).__name__}")
         return True
 
-    def _add(self, rid: str, input_ids: list[int], params, seed: int, logprob) -> None:
-        req = Req(rid, input_ids, params, seed=seed, logprob=logprob)
+    def _add(self, add: AddRequest) -> None:
+        req = add.to_req()
         try:
             self.steps.add_request(req)  # the front end validated it against the same limits
         except ValueError as e:
-            self.outputs.send(("failed", [rid], str(e)))
+            self.outputs.send(RequestsFailed([req.rid], str(e)))
             return
-        self._live[rid] = _Live(req)
+        self._live[req.rid] = _Live(req)
 
     def _abort(self, rid: str) -> None:
         live = self._live.pop(rid, None)
         if live is not None:  # else it finished (or failed) already
             self.steps.abort(live.req)
-            self.outputs.send(("aborted", rid))
+            self.outputs.send(RequestAborted(rid))
             logger.debug("aborted %s after %d tokens", rid, live.sent)
 
     def _step(self) -> None:
@@ -160,10 +176,10 @@ class SchedulerLoop:
             # the failed step may have left unwritten K/V under the dropped requests' kv_len
             self.sched.flush_cache()
         if self._updates:
-            self.outputs.send(("step", self._updates))
+            self.outputs.send(StepOutput(self._updates))
             self._updates = []
         if failed:
-            self.outputs.send(("failed", failed, reason))
+            self.outputs.send(RequestsFailed(failed, reason))
 
     def _end_tensor_parallel(self, error: Exception) -> None:
         """A tensor-parallel step failed: the ranks may no longer agree (or one is gone), so
@@ -172,7 +188,7 @@ class SchedulerLoop:
                   f"{self.steps.group.world_size} (a rank died or stopped answering?): "
                   f"{error!r}; the server stops")
         logger.error(reason)
-        self.outputs.send(("failed", list(self._live), reason))
+        self.outputs.send(RequestsFailed(list(self._live), reason))
         raise SystemExit(1) from error
 
     def _on_update(self, req: Req) -> None:
@@ -191,8 +207,8 @@ class SchedulerLoop:
         finished = None
         if req.finished:
             del self._live[req.rid]
-            if "message" in req.finished_reason:  # it failed alone (Scheduler._admit_one)
-                self.outputs.send(("failed", [req.rid], req.finished_reason["message"]))
+            if "message" in req.finished_reason:  # it failed alone (Admission._admit_one)
+                self.outputs.send(RequestsFailed([req.rid], req.finished_reason["message"]))
                 return
             finished = Finished.of(req)
-        self._updates.append((req.rid, new_ids, logprobs, finished))
+        self._updates.append(RequestOut(req.rid, new_ids, logprobs, finished))

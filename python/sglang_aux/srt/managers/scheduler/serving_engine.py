@@ -8,8 +8,9 @@ from collections.abc import Callable
 from typing import Protocol
 
 from sglang_aux.srt.configs.model_config import ModelConfig
-from sglang_aux.srt.managers.scheduler import Scheduler, Worker
-from sglang_aux.srt.managers.tp_step_broadcast import StepBroadcast
+from sglang_aux.srt.managers.scheduler.scheduler import Scheduler
+from sglang_aux.srt.managers.scheduler.tp_step_broadcast import StepBroadcast
+from sglang_aux.srt.managers.scheduler.worker import Worker
 from sglang_aux.srt.model_loader.tokenizer import Tokenizer
 from sglang_aux.srt.server_args import ServerArgs
 

@@ -1,11 +1,9 @@
-"""The server's counters for /metrics (front end) and its output throughput (scheduler)."""
+"""The front end's request counters for /metrics."""
 
 from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field
-
-THROUGHPUT_WINDOW = 40  # steps per throughput figure (SGLang's decode log interval)
 
 
 @dataclass
@@ -36,22 +34,3 @@ class ServerMetrics:
         """Target tokens verified per emitted speculative token (0: none)."""
         return (self.spec_verify_tokens / self.spec_accepted_tokens
                 if self.spec_accepted_tokens else 0.0)
-
-
-@dataclass
-class StepThroughput:
-    """Output tokens/s over the latest THROUGHPUT_WINDOW scheduler steps."""
-
-    last_gen_throughput: float = 0.0
-    _tokens: int = 0
-    _seconds: float = 0.0
-    _steps: int = 0
-
-    def record_step(self, tokens: int, seconds: float) -> None:
-        """A scheduler step that emitted `tokens` output tokens in `seconds`."""
-        if self._steps >= THROUGHPUT_WINDOW:
-            self._tokens, self._seconds, self._steps = 0, 0.0, 0
-        self._tokens += tokens
-        self._seconds += seconds
-        self._steps += 1
-        self.last_gen_throughput = self._tokens / max(self._seconds, 1e-9)

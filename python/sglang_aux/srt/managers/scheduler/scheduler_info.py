@@ -9,9 +9,9 @@ import os
 import torch
 
 from sglang_aux.srt.forward_state.forward_batch_info import ForwardMode
-from sglang_aux.srt.managers.scheduler import Scheduler
-from sglang_aux.srt.managers.server_metrics import StepThroughput
-from sglang_aux.srt.managers.serving_engine import ServingEngine
+from sglang_aux.srt.managers.scheduler.scheduler import Scheduler
+from sglang_aux.srt.managers.scheduler.serving_engine import ServingEngine
+from sglang_aux.srt.managers.scheduler.step_throughput import StepThroughput
 from sglang_aux.srt.model_executor.model_runner import ModelRunner
 from sglang_aux.srt.model_executor.model_runner_components.misc_utils import (
     resolve_aux_hidden_states_width,
@@ -66,8 +66,8 @@ def prefix_cache_info(sched: Scheduler) -> dict:
         "radix_cache_tokens": 0 if c is None else c.total_size(),
         "radix_cache_evictable_tokens": 0 if c is None else c.evictable_size(),
         "radix_cache_protected_tokens": 0 if c is None else c.protected_size(),
-        "radix_cache_hit_tokens": sched.cache_hit_tokens,
-        "radix_cache_admitted_prompt_tokens": sched.admitted_prompt_tokens,
+        "radix_cache_hit_tokens": sched.admission.cache_hit_tokens,
+        "radix_cache_admitted_prompt_tokens": sched.admission.admitted_prompt_tokens,
     }
 
 

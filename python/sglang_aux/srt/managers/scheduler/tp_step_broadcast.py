@@ -13,14 +13,44 @@ from __future__ import annotations
 
 import logging
 import pickle
+from dataclasses import dataclass
 
 from sglang_aux.srt.distributed.parallel_state import GroupCoordinator
 from sglang_aux.srt.managers.schedule_batch import Req
-from sglang_aux.srt.managers.scheduler import Scheduler
+from sglang_aux.srt.managers.scheduler.scheduler import Scheduler
 
 logger = logging.getLogger(__name__)
 
-Command = tuple  # ("add", pickled Req) | ("abort", rid) | ("flush",)
+
+@dataclass(frozen=True)
+class ReplayAdd:
+    """Add the request rank 0 added."""
+
+    snapshot: bytes  # the pickled Req as rank 0's scheduler received it
+
+
+@dataclass(frozen=True)
+class ReplayAbort:
+    """Drop the request rank 0 dropped."""
+
+    rid: str
+
+
+@dataclass(frozen=True)
+class ReplayFlush:
+    """Flush the prefix cache, as rank 0 did."""
+
+
+StepCommand = ReplayAdd | ReplayAbort | ReplayFlush
+
+
+@dataclass(frozen=True)
+class Turn:
+    """What rank 0 broadcasts before each step: the commands since the last one, then a step
+    (or, with `stop`, the end)."""
+
+    commands: list[StepCommand]
+    stop: bool = False
 
 
 class StepBroadcast:
@@ -29,7 +59,7 @@ class StepBroadcast:
     def __init__(self, scheduler: Scheduler, group: GroupCoordinator):
         self.scheduler = scheduler
         self.group = group
-        self._commands: list[Command] = []
+        self._commands: list[StepCommand] = []
 
     @property
     def replicated(self) -> bool:
@@ -40,34 +70,34 @@ class StepBroadcast:
         snapshot = pickle.dumps(req) if self.replicated else b""  # before the scheduler runs it
         self.scheduler.add_request(req)
         if self.replicated:
-            self._commands.append(("add", snapshot))
+            self._commands.append(ReplayAdd(snapshot))
 
     def abort(self, req: Req) -> None:
         self.scheduler.abort(req)
         if self.replicated:
-            self._commands.append(("abort", req.rid))
+            self._commands.append(ReplayAbort(req.rid))
 
     def flush_cache(self) -> int | None:
         freed = self.scheduler.flush_cache()
         if self.replicated:
-            self._commands.append(("flush",))
+            self._commands.append(ReplayFlush())
         return freed
 
     def step(self) -> None:
         """Send the commands since the last step, then step with the followers."""
         if self.replicated:
-            self.group.broadcast_object(("step", self._commands))
+            self.group.broadcast_object(Turn(self._commands))
             self._commands = []
         self.scheduler.step()
 
     def stop(self) -> None:
         """Tell the followers to leave their loops (rank 0 is shutting down)."""
         if self.replicated:
-            self.group.broadcast_object(("stop", []))
+            self.group.broadcast_object(Turn([], stop=True))
 
 
 class FollowerLoop:
-    """A follower rank's loop: apply rank 0's commands, step when it steps, until "stop"."""
+    """A follower rank's loop: apply rank 0's commands, step when it steps, until it stops."""
 
     def __init__(self, scheduler: Scheduler, group: GroupCoordinator):
         self.scheduler = scheduler
@@ -77,27 +107,30 @@ class FollowerLoop:
 
     def run(self) -> None:
         while True:
-            kind, commands = self.group.broadcast_object()
-            for command in commands:
+            turn = self.group.broadcast_object()
+            if not isinstance(turn, Turn):
+                raise TypeError(f"rank 0 sent a {type(turn).__name__}, not a Turn")
+            for command in turn.commands:
                 self._apply(command)
-            if kind == "stop":
+            if turn.stop:
                 logger.info("rank %d: rank 0 stopped; leaving", self.group.rank)
                 return
             self.scheduler.step()
 
-    def _apply(self, command: Command) -> None:
-        if command[0] == "add":
-            req = pickle.loads(command[1])
-            self.scheduler.add_request(req)  # rank 0 accepted it: so does this rank
-            self._live[req.rid] = req
-        elif command[0] == "abort":
-            req = self._live.pop(command[1], None)
-            if req is not None:
-                self.scheduler.abort(req)
-        elif command[0] == "flush":
-            self.scheduler.flush_cache()
-        else:
-            raise ValueError(f"unknown step command {command[0]!r}")
+    def _apply(self, command: StepCommand) -> None:
+        match command:
+            case ReplayAdd(snapshot=snapshot):
+                req = pickle.loads(snapshot)
+                self.scheduler.add_request(req)  # rank 0 accepted it: so does this rank
+                self._live[req.rid] = req
+            case ReplayAbort(rid=rid):
+                req = self._live.pop(rid, None)
+                if req is not None:
+                    self.scheduler.abort(req)
+            case ReplayFlush():
+                self.scheduler.flush_cache()
+            case unknown:
+                raise TypeError(f"unknown step command {type(unknown).__name__}")
 
     def _on_update(self, req: Req) -> None:
         if req.finished:
