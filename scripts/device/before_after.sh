@@ -51,8 +51,9 @@ case ${1:-} in
       | grep -E "Accuracy|throughput|Accept|did not"
     tar czf "$out/$tree.tgz" -C "$out" "$tree" && rm -rf "${out:?}/$tree" ;;
   --alternate)
-    # The harness at 32 concurrent only, the two trees in turn ROUNDS times (before, after,
-    # before, ...): run-to-run spread against the trees' difference.
+    # The harness at 32 concurrent (and one at a time over N1 questions, 1 by default), the two
+    # trees in turn ROUNDS times (before, after, before, ...): run-to-run spread against the
+    # trees' difference.
     out=$2; rounds=${3:-2}; configs=${4:-dflash}
     ln -sf "$PWD/$DRAFT_REL" "$BEFORE/$DRAFT_REL"
     export SGLANG_AUX_GSM8K_DIR=$PWD/.carry/gsm8k PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
@@ -60,10 +61,10 @@ case ${1:-} in
     for r in $(seq "$rounds"); do
       for tree in before after; do
         dir=$root; [ "$tree" = before ] && dir=$root/$BEFORE
-        (cd "$dir" && PYTHONPATH=/tmp/site:$dir/python N1=1 N8=1 MODEL=smollm2-135m-instruct \
+        (cd "$dir" && PYTHONPATH=/tmp/site:$dir/python N1=${N1:-1} N8=1 MODEL=smollm2-135m-instruct \
           timeout 150 bash benchmark/gsm8k/run_gsm8k_eval.sh smollm2-135m-instruct-dflash-b8 \
           "$out/alt_${tree}_$r" "${NUM_QUESTIONS:-1319}" "$configs" 2>&1 \
-          | grep -E "n=[0-9]+ p=32.*(throughput|Accept)" | sed "s/^/[$tree round $r] /")
+          | grep -E "n=[0-9]+ p=(32|1) .*(throughput|Accept)" | sed "s/^/[$tree round $r] /")
       done
     done
     tar czf "$out/alternate.tgz" -C "$out" $(cd "$out" && ls -d alt_*) && rm -rf "$out"/alt_* ;;
