@@ -64,7 +64,7 @@ case ${1:-} in
         (cd "$dir" && PYTHONPATH=/tmp/site:$dir/python N1=${N1:-1} N8=1 MODEL=smollm2-135m-instruct \
           timeout 150 bash benchmark/gsm8k/run_gsm8k_eval.sh smollm2-135m-instruct-dflash-b8 \
           "$out/alt_${tree}_$r" "${NUM_QUESTIONS:-1319}" "$configs" 2>&1 \
-          | grep -E "n=[0-9]+ p=(32|1) .*(throughput|Accept)" | sed "s/^/[$tree round $r] /")
+          | grep -E "n=[0-9]+ p=(32|1)[] ].*(throughput|Accept)" | sed "s/^/[$tree round $r] /")
       done
     done
     tar czf "$out/alternate.tgz" -C "$out" $(cd "$out" && ls -d alt_*) && rm -rf "$out"/alt_* ;;
