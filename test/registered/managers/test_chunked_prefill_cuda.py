@@ -55,8 +55,7 @@ def test_chunked_equals_unchunked_with_graphs(tmp_path, kind, projection):
         assert got == want, n
         assert eng.scheduler.stats["chunked_prefill_steps"] > 0
         if kind == "dflash":
-            rows = runner.aux_storage.rows
-            assert all(rows(m, n) is not None for m in runner.forwards)
+            assert runner.aux_storage.rows(n) is not None  # a chunk fits the one storage
         assert_kv_all_back(eng)
 
 
