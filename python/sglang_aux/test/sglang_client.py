@@ -6,7 +6,8 @@ binary) packages its client modules import. `bench_serving`'s import chain reach
 `torchvision` through SGLang's multimodal configs, which it never calls for text: a stand-in
 package (`torchvision_standin`) satisfies those imports. `client_env()` gives the environment
 that runs `python -m sglang.test.few_shot_gsm8k` and `python -m sglang.bench_serving` with
-them.
+them. The folder is a `ToolFolder`: installed beside its place and used only once those modules
+import from it.
 """
 
 from __future__ import annotations
@@ -15,18 +16,24 @@ import os
 import subprocess
 import sys
 import tarfile
+from collections.abc import Callable
 from pathlib import Path
 
+from sglang_aux.srt.model_loader.model_cache import cache_dir
+from sglang_aux.test.tool_folder import ToolFolder
+
 SGLANG_VERSION = "0.5.23"
-# What `sglang.test.few_shot_gsm8k` and `sglang.bench_serving` import beyond our own
-# dependencies (torch, transformers, numpy, requests, tqdm, openai, ...), found by importing them.
+# What `sglang.test.few_shot_gsm8k` and `sglang.bench_serving` import beyond the `[test]`
+# extra's closure (torch, transformers, numpy, requests, tqdm, openai, ...), found by importing
+# them in a fresh virtual environment holding only that.
 CLIENT_PACKAGES = [
     f"sglang=={SGLANG_VERSION}", "pybase64", "pillow", "msgspec", "pyzmq", "aiohttp",
     "multidict", "yarl", "propcache", "aiohappyeyeballs", "aiosignal", "frozenlist",
     "datasets", "multiprocess", "pandas", "pyarrow", "dill", "xxhash", "apache-tvm-ffi",
-    "sentencepiece", "compressed-tensors", "loguru",
+    "sentencepiece", "compressed-tensors", "loguru", "orjson", "python-dateutil",
+    "ipython", "traitlets",
 ]
-DEFAULT_DIR = Path.home() / ".cache" / "sglang_aux" / f"sglang-{SGLANG_VERSION}-client"
+CLIENT_MODULES = ("sglang.test.few_shot_gsm8k", "sglang.bench_serving")
 INSTALL_TIMEOUT_S = 900
 _STANDIN_ROOT = "torchvision_standin"
 
@@ -52,47 +59,57 @@ _STANDIN_MODULES = ["torchvision/__init__.py", "torchvision/transforms/__init__.
 
 
 def client_dir() -> Path:
-    return Path(os.environ.get("SGLANG_AUX_SGLANG_CLIENT_DIR", DEFAULT_DIR))
+    return Path(os.environ.get("SGLANG_AUX_SGLANG_CLIENT_DIR",
+                               cache_dir() / f"sglang-{SGLANG_VERSION}-client"))
 
 
 def install_client(target: Path | None = None) -> Path:
     """The folder holding SGLang's client packages, installed there on first use (a
-    RuntimeError with pip's output when that fails, e.g. without network)."""
-    target = target or client_dir()
-    marker = target / f".installed-{SGLANG_VERSION}"
-    if not marker.is_file():
-        cmd = [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--upgrade",
-               "--target", str(target), *CLIENT_PACKAGES]
-        done = subprocess.run(cmd, capture_output=True, text=True, timeout=INSTALL_TIMEOUT_S)
-        if done.returncode != 0:
-            raise RuntimeError(f"pip could not install {CLIENT_PACKAGES[0]}: "
-                               f"{done.stderr.strip()[-2000:]}")
-        _finish(target)
-    return target
+    RuntimeError with pip's output when pip fails, e.g. without network; a `ToolImportError`
+    when the modules do not import). A folder `install_offline` made is kept as it is: its
+    stamp names the GSM8K harness only, and the device machine has no index to rebuild from."""
+    return _folder(target, _install_online, CLIENT_MODULES).ready()
 
 
 def install_offline(source: Path, target: Path | None = None) -> Path:
     """The same folder from files carried to a machine without a package index
-    (`scripts/device/fetch_sglang_client.sh`): the wheels, and SGLang's Python sources."""
-    target = target or client_dir()
-    wheels = sorted(str(p) for p in source.glob("*.whl"))
+    (`scripts/device/fetch_sglang_client.sh`): the wheels, and SGLang's Python sources; they
+    cover the GSM8K harness."""
+
+    def install(folder: Path) -> None:
+        _pip_install(folder, ["--no-index", *sorted(str(p) for p in source.glob("*.whl"))],
+                     "the carried wheels")
+        with tarfile.open(source / f"sglang-{SGLANG_VERSION}-py.tgz") as sources:
+            sources.extractall(folder, filter="data")
+        _add_standin(folder)
+
+    return _folder(target, install, CLIENT_MODULES[:1]).ready()
+
+
+def _folder(target: Path | None, install: Callable[[Path], None],
+            modules: tuple[str, ...]) -> ToolFolder:
+    return ToolFolder(target or client_dir(), install, modules, lambda _: [sys.executable],
+                      client_env)
+
+
+def _install_online(folder: Path) -> None:
+    _pip_install(folder, CLIENT_PACKAGES, CLIENT_PACKAGES[0])
+    _add_standin(folder)
+
+
+def _pip_install(folder: Path, args: list[str], what: str) -> None:
     done = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps",
-                           "--no-index", "--upgrade", "--target", str(target), *wheels],
+                           "--target", str(folder), *args],
                           capture_output=True, text=True, timeout=INSTALL_TIMEOUT_S)
     if done.returncode != 0:
-        raise RuntimeError(f"pip could not install the carried wheels: {done.stderr[-2000:]}")
-    with tarfile.open(source / f"sglang-{SGLANG_VERSION}-py.tgz") as sources:
-        sources.extractall(target, filter="data")
-    _finish(target)
-    return target
+        raise RuntimeError(f"pip could not install {what}: {done.stderr.strip()[-2000:]}")
 
 
-def _finish(target: Path) -> None:
+def _add_standin(folder: Path) -> None:
     for module in _STANDIN_MODULES:
-        path = target / _STANDIN_ROOT / module
+        path = folder / _STANDIN_ROOT / module
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(_STANDIN_SOURCE)
-    (target / f".installed-{SGLANG_VERSION}").write_text("ok\n")
 
 
 def client_env(target: Path) -> dict[str, str]:

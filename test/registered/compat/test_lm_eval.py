@@ -1,8 +1,8 @@
 """`lm-evaluation-harness` unchanged against the real server (tiny preset, CPU): its
 `local-completions` model runs a multiple-choice loglikelihood task read from a local file
 (`echo` + `logprobs` on /v1/completions with token id prompts), and each loglikelihood and
-greedy flag it reports equals the native route's for the same tokens. Skips when lm-eval
-cannot be installed (no network)."""
+greedy flag it reports equals the native route's for the same tokens. Skips when pip cannot
+install lm-eval (no network); fails when it installs but does not import."""
 
 import json
 import subprocess
@@ -84,7 +84,7 @@ def test_local_completions_loglikelihoods_equal_the_native_ones(lm_eval, server,
     model_args = (f"base_url={url}/v1/completions,model={NAME},tokenizer={ckpt},"
                   "tokenizer_backend=huggingface,num_concurrent=2,max_retries=1")
     done = subprocess.run(
-        [str(lm_eval), "--model", "local-completions", "--model_args", model_args,
+        [*lm_eval, "--model", "local-completions", "--model_args", model_args,
          "--tasks", "tinyqa", "--include_path", str(tmp_path), "--output_path",
          str(tmp_path / "out"), "--log_samples"],
         cwd=tmp_path, env=offline_env(), capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
