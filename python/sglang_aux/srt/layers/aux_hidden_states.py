@@ -52,7 +52,8 @@ class AuxHiddenStatePacker:
 
     @classmethod
     def for_batch(cls, forward_batch: ForwardBatch, num_captures: int) -> AuxHiddenStatePacker:
-        """A packer writing into the batch's shared buffer (None in eager forwards)."""
+        """A packer writing into the batch's rows of the shared buffer (None where the runner
+        has none or the forward is larger than its rows: the packer then allocates)."""
         return cls(num_captures, out=forward_batch.aux_hidden_states_buffer)
 
     def slot(self, like: torch.Tensor) -> torch.Tensor:

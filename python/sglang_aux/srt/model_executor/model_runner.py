@@ -186,9 +186,9 @@ class ModelRunner:
         if extend is not None and extend.staged_from_tokens is not None:
             chunk = min(chunk, extend.staged_from_tokens - 1)
         rows = aux_rows(self.server_args,
-                                     tokens_per_req=0 if step is None else step.tokens_per_req,
-                                     prefill_graph_tokens=prefill, chunk_tokens=chunk,
-                                     mixed=ForwardMode.MIXED in self.forwards)
+                        tokens_per_req=0 if step is None else step.tokens_per_req,
+                        prefill_graph_tokens=prefill, chunk_tokens=chunk,
+                        mixed=ForwardMode.MIXED in self.forwards)
         if width == 0 or rows == 0:
             return None
         storage = AuxStorage.create(rows=rows, width=width,

@@ -86,7 +86,8 @@ class TritonAttnBackend(AttentionBackend):
     a merge kernel after every split launch; "in_kernel" keeps contexts up to
     `min_split_keys` in one program that writes the output, and merges longer ones in the
     same launch. In-kernel merges share `SplitCounters`, so this backend's fixed-layout
-    forwards must not run concurrently (they do not: the scheduler's side stream runs EXTEND).
+    forwards must not run concurrently (they do not: every forward of a runner runs on its
+    one stream).
     """
 
     extend_graph_safe = True

@@ -48,7 +48,7 @@ class SplitCounters:
     """Zeroed int32 arrival counters for the in-kernel merge, one per (request, kv head, row
     tile) of a launch; the split that merges resets its counter, so they stay zero between
     launches. Launches sharing one must not run concurrently (a backend's fixed-layout
-    forwards run on one stream: the scheduler's side stream runs EXTEND only).
+    forwards run on the runner's one stream).
 
     Grows outside graph capture only: the warm-up forwards before each capture size it, and a
     captured graph keeps the buffer it read alive through `_retired`."""
