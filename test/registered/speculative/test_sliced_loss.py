@@ -48,7 +48,9 @@ def test_slices_give_the_whole_loss_and_gradients(blocks):
     torch.testing.assert_close(stats["err"], err)
     assert stats["n"].shape == (7,)
     loss.backward()
-    assert torch.equal(x.grad, gx)  # each row: its own slice's ops, nothing summed across
+    # each row: its own slice's ops, nothing summed across slices; so equal up to the BLAS's
+    # rounding, which on some CPUs depends on the GEMM's row count (bitwise equal on CI's)
+    torch.testing.assert_close(x.grad, gx, rtol=1e-6, atol=1e-7)
 
 
 def test_without_autograd_nothing_is_back_propagated():
