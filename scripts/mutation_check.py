@@ -87,7 +87,7 @@ MUTATIONS = [
              "positions += range(r.kv_len, r.kv_len + len(tokens))",
              "positions += range(r.kv_len + (chunk is not None), "
              "r.kv_len + len(tokens) + (chunk is not None))",
-             ("test/registered/managers/test_chunked_prefill.py",)),
+             ("test/registered/managers/test_scheduler_chunked_prefill.py",)),
     # DSpark compact verify (issue 30): survival is the running product of confidences
     Mutation("compact verify ranks raw confidences, not survivals",
              f"{SRT}/speculative/verify_plan.py",
@@ -135,7 +135,7 @@ MUTATIONS = [
     Mutation("chunk rows not capped below the staged projection's start",
              f"{SRT}/model_executor/model_runner.py",
              "chunk = min(chunk, extend.staged_from_tokens - 1)", "chunk = chunk",
-             (f"{T}/managers/test_chunked_prefill.py::test_staged_chunks_need_no_rows",)),
+             (f"{T}/managers/test_scheduler_chunked_prefill.py::test_staged_chunks_need_no_rows",)),
     Mutation("block masks leave the matcher advanced along the drafts",
              f"{SRT}/constrained/request_grammar.py",
              "            self._matcher.rollback(walked)",
@@ -253,7 +253,7 @@ MUTATIONS = [
              f"{SRT}/layers/quantization/staged_input.py",
              "self.scales[:, lo // MXFP8_BLOCK:hi // MXFP8_BLOCK]))",
              "self.scales[:, : (hi - lo) // MXFP8_BLOCK]))",
-             (f"{T}/speculative/test_staged_projection.py",)),
+             (f"{T}/speculative/test_staged_input.py",)),
     Mutation("streamed projection: every slice overwrites the accumulator",
              f"{SRT}/layers/quantization/streamed_projection.py",
              "torch.ops.sglang_aux.gemm_accumulate(hidden.to(w.dtype), w, self.acc, not first)",

@@ -24,13 +24,13 @@ py=python3
 case $phase in
   tests)
     # a speed assertion: run alone after the groups (beside them it measured 1.5x, not 3x)
-    timed=test/registered/attention/test_triton_attention_cuda.py::test_sliding_window_skips_keys_at_long_context
+    timed=test/registered/attention/test_triton_backend_cuda.py::test_sliding_window_skips_keys_at_long_context
     groups=(
-      "test/registered/attention/test_triton_attention_cuda.py --deselect $timed"
-      "test/registered/layers/test_fused_kernels_cuda.py test/registered/models/test_qwen2_cuda.py test/registered/compat/test_sliding_windows_cuda.py"
-      "test/registered/quantization/test_accumulating_gemm_cuda.py test/registered/quantization/test_mxfp8_cuda.py test/registered/speculative/test_staged_projection_cuda.py"
-      "test/registered/managers/test_step_loop_cuda.py test/registered/model_executor/test_prefill_graph_runner_cuda.py test/registered/managers/test_overlap_schedule_cuda.py test/registered/managers/test_mixed_chunk_cuda.py"
-      "test/registered/speculative/test_dflash_worker_cuda.py test/registered/model_executor/test_decode_graph_runner_cuda.py test/registered/mem_cache/test_prefix_cache_cuda.py"
+      "test/registered/attention/test_triton_backend_cuda.py --deselect $timed"
+      "test/registered/layers/test_triton_ops_cuda.py test/registered/models/test_qwen2_cuda.py test/registered/compat/test_sliding_windows_cuda.py"
+      "test/registered/quantization/test_accumulating_gemm_cuda.py test/registered/quantization/test_mxfp8_cuda.py test/registered/speculative/test_staged_input_cuda.py"
+      "test/registered/managers/test_scheduler_step_loop_cuda.py test/registered/model_executor/test_graph_runner_prefill_cuda.py test/registered/managers/test_scheduler_overlap_cuda.py test/registered/managers/test_scheduler_mixed_chunk_cuda.py"
+      "test/registered/speculative/test_dflash_worker_cuda.py test/registered/model_executor/test_decode_cuda_graph_runner_cuda.py test/registered/mem_cache/test_radix_cache_engine_cuda.py"
       "test/registered/speculative/test_streamed_projection_cuda.py test/registered/speculative/test_draft_context_streamed_cuda.py test/registered/sampling/test_top_k_top_p_cuda.py"
       "test/registered/core/test_basic_sanity_dflash_cuda.py test/registered/core/test_qwen25_coder_cuda.py"
       # asserts that nothing in its process touched CUDA before it: a process of its own

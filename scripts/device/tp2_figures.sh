@@ -2,7 +2,7 @@
 # Tensor parallelism on the two-GPU machine (`nvidia-h200-x2`, NCCL; leave NVLink multicast as
 # that machine's environment sets it), one phase per device call, from the repository root:
 #
-#   bash scripts/device/tp2_figures.sh tests OUT      # test_tp_cuda.py: TP2 == TP1 token for
+#   bash scripts/device/tp2_figures.sh tests OUT      # test_tp_ranks_cuda.py: TP2 == TP1 token for
 #                                                     # token with real graphs (NCCL inside)
 #   bash scripts/device/tp2_figures.sh memory OUT     # the K3-shaped target-verify graph memory,
 #                                                     # TP1 and TP2 (a row per rank), shared vs
@@ -28,8 +28,8 @@ py=python3
 nvidia-smi --query-gpu=index,name,memory.total --format=csv | tee "$out/gpus.csv"
 case $phase in
   tests)
-    timeout 500 $py -m pytest -v test/registered/distributed/test_tp_cuda.py 2>&1 \
-      | tee "$out/test_tp_cuda.log" | tail -8 ;;
+    timeout 500 $py -m pytest -v test/registered/distributed/test_tp_ranks_cuda.py 2>&1 \
+      | tee "$out/test_tp_ranks_cuda.log" | tail -8 ;;
   memory)
     for tp in 1 2; do
       timeout 250 $py benchmark/aux_memory/bench_graph_memory.py --preset k3-shaped \

@@ -189,7 +189,7 @@ def test_two_batch_overlap_is_a_usage_error_naming_why(capsys):
 def test_pipeline_parallelism_is_a_usage_error_naming_why(algorithm, capsys):
     """SGLang's --pp-size is known, but a second stage never runs here: refused for every
     algorithm (the models keep the pipeline gating of the aux buffer,
-    test_decode_graph_runner's "pp2")."""
+    test_decode_cuda_graph_runner's "pp2")."""
     line = _usage_error(launch_server.main, ["--pp-size", "2", "--speculative-algorithm",
                                              algorithm], capsys)
     assert line.endswith("--pp-size 2: this runtime runs one pipeline stage (SGLang's flag; the "

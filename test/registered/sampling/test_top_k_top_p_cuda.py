@@ -48,7 +48,7 @@ def test_matches_the_sorted_reference(kind, dtype, vocab, path, monkeypatch):
 def test_parameters_read_through_their_strides(path, monkeypatch):
     """`SamplingRows.gather` views (strides 2 and 3): read as contiguous, one row's seed became
     another's top_k and a temperature a top_p (the failure of
-    test_step_loop_cuda.py::test_long_run_holds_allocated_memory_flat[target])."""
+    test_scheduler_step_loop_cuda.py::test_long_run_holds_allocated_memory_flat[target])."""
     monkeypatch.setenv(ENV_VAR, PATHS[path])
     seed = fresh_seed()
     check_rows("random", torch.bfloat16, VOCAB, ROWS, seed, device="cuda",

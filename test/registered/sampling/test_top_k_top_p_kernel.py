@@ -79,7 +79,7 @@ def test_parameters_read_through_their_strides(kernel):
 
 
 def test_a_seeded_request_samples_alike_in_any_batch_layout(kernel):
-    """test_step_loop_cuda.py's mix (greedy with random seeds, seeded T 0.8 / top-p 0.9 /
+    """test_scheduler_step_loop_cuda.py's mix (greedy with random seeds, seeded T 0.8 / top-p 0.9 /
     top-k 20) in three layouts, through `SamplingRows` as a step samples: each request's
     token depends on its own logits, parameters and position only."""
     vocab = 40

@@ -22,7 +22,7 @@ GREEDY = {"temperature": 0, "max_new_tokens": 12, "ignore_eos": True}
 
 @pytest.fixture
 def device():
-    """The device under test; test_staged_projection_cuda.py overrides it."""
+    """The device under test; test_staged_input_cuda.py overrides it."""
     return "cpu"
 
 

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 import torch
-from test_step_loop_cuda import KINDS, _engine
+from test_scheduler_step_loop_cuda import KINDS, _engine
 
 from sglang_aux.test.ci.ci_register import register_cuda_ci
 from sglang_aux.test.runtime_utils import assert_kv_all_back, assert_same_outputs

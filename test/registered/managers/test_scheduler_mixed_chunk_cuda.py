@@ -9,7 +9,7 @@ import sys
 
 import pytest
 import torch
-from test_step_loop_cuda import KINDS, _engine
+from test_scheduler_step_loop_cuda import KINDS, _engine
 
 from sglang_aux.srt.forward_state.forward_batch_info import ForwardMode
 from sglang_aux.srt.managers.schedule_batch import mixed_inputs, reserve_kv

@@ -134,7 +134,7 @@ def _engine(ckpts, dflash=True, **kw):
                 speculative_draft_model_path=ckpts["tiny-llama-dflash"]) if dflash else {}
     return Engine(model_path=ckpts["tiny-llama"], device="cpu", dtype="float32",
                   cuda_graph_bs_decode=[1, 2, 4], chunked_prefill_size=-1, **spec, **COMMON,
-                  **kw)  # the storage's rows: the graphs' (test_chunked_prefill.py: a chunk's)
+                  **kw)  # the storage's rows: the graphs' (chunked prefill tests: a chunk's)
 
 
 PROMPTS = [list(range(3, 3 + n)) for n in (5, 17, 40, 90)]  # 90 > 64: an eager prefill
@@ -144,7 +144,7 @@ GREEDY = {"temperature": 0, "max_new_tokens": 12, "ignore_eos": True}
 @pytest.mark.parametrize("projection", ["packed", "streamed"])
 def test_dflash_engines_with_prefill_graphs_generate_the_same(ckpts, projection):
     # no prefix cache: the singles below repeat the batch's prompts and must prefill them
-    # whole (test_prefix_cache.py runs prefill graphs after cached prefixes)
+    # whole (test_radix_cache_engine.py runs prefill graphs after cached prefixes)
     graphs = _engine(ckpts, speculative_dflash_aux_projection=projection, **GRAPHS,
                      disable_radix_cache=True)
     runner = graphs.worker.model_runner

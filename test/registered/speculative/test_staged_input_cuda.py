@@ -12,7 +12,7 @@ register_cuda_ci(est_time=90, suite="default")
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
 # The CPU file's tests, collected here with the `device` fixture below.
-from test_staged_projection import (  # noqa: E402, F401
+from test_staged_input import (  # noqa: E402, F401
     test_dflash_output_unchanged_with_staged_prefill,
     test_llama_target_keeps_the_list_path,
     test_no_staging_without_an_mxfp8_fc,
