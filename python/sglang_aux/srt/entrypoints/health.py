@@ -8,7 +8,7 @@ import asyncio
 
 from fastapi.responses import JSONResponse
 
-from sglang_aux.srt.entrypoints.openai.protocol import error_body
+from sglang_aux.srt.entrypoints.openai.api_error import error_body
 from sglang_aux.srt.managers.tokenizer.request_stream import RequestFailed
 from sglang_aux.srt.managers.tokenizer.scheduler_handle import SchedulerGone
 from sglang_aux.srt.managers.tokenizer.tokenizer_manager import TokenizerManager

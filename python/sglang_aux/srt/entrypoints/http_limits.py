@@ -18,7 +18,7 @@ from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from sglang_aux.srt.entrypoints.openai.protocol import APIError
+from sglang_aux.srt.entrypoints.openai.api_error import APIError
 
 logger = logging.getLogger(__name__)
 

@@ -33,13 +33,11 @@ from sglang_aux.srt.entrypoints.http_limits import (
     default_body_limit,
     peer,
 )
+from sglang_aux.srt.entrypoints.openai.api_error import CLIENT_CLOSED_REQUEST, APIError, error_body
 from sglang_aux.srt.entrypoints.openai.protocol import (
-    CLIENT_CLOSED_REQUEST,
-    APIError,
     ChatCompletionRequest,
     CompletionRequest,
     GenerateRequest,
-    error_body,
     parse_body,
 )
 from sglang_aux.srt.entrypoints.openai.serving_base import (

@@ -1,4 +1,4 @@
-"""Wire formats of the HTTP routes: request bodies, the one error shape, and SSE framing.
+"""Wire formats of the HTTP routes: request bodies and SSE framing (errors: `api_error.py`).
 
 Bodies are strict (a string is never coerced to a number) and closed (a field SGLang does not
 have is an error), so a client's typo surfaces as a 422 naming the field instead of being
@@ -14,6 +14,8 @@ from typing import Any, ClassVar, Literal, TypeVar
 from fastapi import Request
 from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
+from sglang_aux.srt.entrypoints.openai.api_error import APIError
+from sglang_aux.srt.entrypoints.openai.response_format import response_format_grammar
 from sglang_aux.srt.entrypoints.openai.sglang_fields import (
     CHAT_NO_EFFECT,
     CHAT_UNSUPPORTED,
@@ -28,29 +30,10 @@ from sglang_aux.srt.sampling.sampling_params import MAX_N
 # OpenAI's documented default for /v1/completions; chat has none (the native default applies).
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16
 SSE_DONE = "data: [DONE]\n\n"
-CLIENT_CLOSED_REQUEST = 499  # nginx's status for a client that hung up before the answer
 
 # OpenAI caps chat's top_logprobs at 20 and completions' logprobs at 5; vLLM and
 # lm-evaluation-harness use up to 20 with completions too
 MAX_TOP_LOGPROBS = 20
-
-ERROR_TYPES = {401: "authentication_error", 404: "not_found_error"}
-
-
-class APIError(Exception):
-    """An error answered as `{"error": {"message", "type", "code"}}` with HTTP `status`."""
-
-    def __init__(self, status: int, message: str):
-        super().__init__(message)
-        self.status = status
-        self.message = message
-
-
-def error_body(status: int, message: str) -> dict:
-    fallback = "invalid_request_error" if status < 500 else "internal_error"
-    return {"error": {"message": message, "type": ERROR_TYPES.get(status, fallback),
-                      "code": status}}
-
 
 def native_logprob_fields(name: str, top_n: int | None, with_prompt: bool) -> dict:
     """The native logprob fields asking for `top_n` alternatives per token (field `name`; a
@@ -66,31 +49,6 @@ def native_logprob_fields(name: str, top_n: int | None, with_prompt: bool) -> di
 def sse(payload: dict) -> str:
     """One server-sent event carrying `payload` as JSON."""
     return f"data: {json.dumps(payload)}\n\n"
-
-
-RESPONSE_FORMAT_TYPES = ("text", "json_object", "json_schema", "structural_tag")
-ANY_JSON_OBJECT = '{"type": "object"}'  # what json_object asks for (as SGLang)
-
-
-def response_format_grammar(fmt: dict[str, Any]) -> tuple[str, str] | None:
-    """The native grammar field and text an OpenAI `response_format` asks for, None for
-    plain text; a 400 naming the part that is wrong."""
-    kind = fmt.get("type")
-    if kind not in RESPONSE_FORMAT_TYPES:
-        raise APIError(400, f"response_format.type must be one of "
-                            f"{', '.join(RESPONSE_FORMAT_TYPES)}, got {kind!r}")
-    if kind == "text":
-        return None
-    if kind == "json_object":
-        return "json_schema", ANY_JSON_OBJECT
-    if kind == "structural_tag":  # the whole object, as SGLang passes it on
-        return "structural_tag", json.dumps(fmt)
-    spec = fmt.get("json_schema")
-    schema = spec.get("schema") if isinstance(spec, dict) else None
-    if not isinstance(schema, dict | bool):
-        raise APIError(400, "response_format.json_schema.schema must be a JSON schema "
-                            f"(an object), got {schema!r}")
-    return "json_schema", json.dumps(schema)
 
 
 class StrictModel(BaseModel):

@@ -11,13 +11,8 @@ from collections.abc import AsyncIterator, Callable
 from fastapi import Request
 
 from sglang_aux.srt.constrained.grammar_spec import GRAMMAR_FIELDS
-from sglang_aux.srt.entrypoints.openai.protocol import (
-    CLIENT_CLOSED_REQUEST,
-    SSE_DONE,
-    APIError,
-    error_body,
-    sse,
-)
+from sglang_aux.srt.entrypoints.openai.api_error import CLIENT_CLOSED_REQUEST, APIError, error_body
+from sglang_aux.srt.entrypoints.openai.protocol import SSE_DONE, sse
 from sglang_aux.srt.managers.tokenizer.request_stream import (
     RequestFailed,
     RequestStream,

@@ -8,9 +8,9 @@ import time
 from fastapi import Request
 from fastapi.responses import StreamingResponse
 
+from sglang_aux.srt.entrypoints.openai.api_error import APIError
 from sglang_aux.srt.entrypoints.openai.openai_logprobs import completion_logprobs
 from sglang_aux.srt.entrypoints.openai.protocol import (
-    APIError,
     CompletionRequest,
     finish_reason,
     native_logprob_fields,
