@@ -277,7 +277,9 @@ def measure_dflash(args: argparse.Namespace, mode: str, profile: AcceptProfile,
             "verify_tokens_per_accepted": r["verify_tokens"] / r["emitted"],
             "accept_histogram": r["accept_histogram"],
             "forced_histogram": r["forced_histogram"], "steps": args.steps})
-    _close(engine)
+    engine.shutdown()
+    del engine, forced
+    _release_device_memory()
     return rows
 
 
@@ -288,14 +290,15 @@ def measure_target(args: argparse.Namespace) -> dict[int, dict]:
         r = run_steps(engine, bs, args, 1)
         out[bs] = {"bs": bs, "step_ms": r["step_ms"],
                    "tok_s": r["emitted"] / args.steps / r["step_ms"] * 1e3}
-    _close(engine)
+    engine.shutdown()
+    del engine
+    _release_device_memory()
     return out
 
 
-def _close(engine: Engine) -> None:
-    """Shut `engine` down and free its device memory before the next one sizes its KV pool."""
-    engine.shutdown()
-    del engine
+def _release_device_memory() -> None:
+    """After the last reference to an engine is gone: its device memory back, before the
+    next engine sizes its KV pool."""
     gc.collect()
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
