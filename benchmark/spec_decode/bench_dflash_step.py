@@ -1,0 +1,376 @@
+"""DFlash decode step cost at a forced acceptance profile, against target-only decoding.
+
+    python benchmark/spec_decode/bench_dflash_step.py --bs 1 8 32 --out dflash_step.json
+    python benchmark/spec_decode/bench_dflash_step.py --smoke     # tiny presets, CPU
+
+Random weights (`--load-format dummy`) on a preset pair (default `qwen2.5-1.5b-shaped` and its
+block-16 draft), so nothing is staged. For each batch size, `bs` requests of `--context` random
+prompt tokens are prefilled, then the engine's own scheduler steps them (greedy, EOS ignored,
+the overlap scheduler where the server has it): `--warmup` steps, then `--steps` timed ones
+(CUDA events between steps on CUDA, wall time on the CPU), first on a target-only engine, then
+on a DFlash engine per `--verify-modes` (the server's `--speculative-verify-mode`).
+
+Random weights accept nothing worth measuring, so the bench forces each verify step's accepted
+proposals to draws from `--profile` (a JSON file: `accept_histogram`, P(accepted = a) for
+a = 0..W-1, and where it came from; `profiles/`). It does so through the DFlash worker's two
+seams, from outside: `propose` (after the draft forward) and `on_aux_consumed` (after the
+verify forward, before the worker advances each request by its verdict). The verdict's count
+becomes the draw (at most the request's verified proposals under compact verify); the
+emitted tokens stay the target's argmax row, as if the draft had proposed the target's tokens
+that far. Draft forward, verify forward, commit and acceptance all run as in the server; the
+forcing adds one or two small kernels per step. Under compact verify the draft's confidences
+(which rank what is verified) are forced too, `--compact-confidence`: `profile`, every
+request's the profile's per-position conditional rates (a calibrated draft that cannot tell
+requests apart), or `oracle`, 1 for exactly the proposals its draw accepts. The draws of the
+timed steps are stratified: their histogram is the profile's, rounded.
+
+Per batch size and mode: step ms, the profile's tokens per step (accepted + 1), the tokens per
+step the worker emitted, DFlash and target-only tok/s, their ratio, and verify tokens per
+emitted token (the harness's `verify_tokens_per_accepted`). The step-cost model: docs/dspark.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from sglang_aux.srt.configs.presets import PRESETS
+from sglang_aux.srt.entrypoints.engine import Engine
+from sglang_aux.srt.managers.schedule_batch import Req
+from sglang_aux.srt.server_args import ServerArgs
+from sglang_aux.srt.speculative.dflash_worker import DFlashWorker
+
+PROFILES = Path(__file__).resolve().parent / "profiles"
+DEFAULT_PROFILE = PROFILES / "qwen2.5-coder-1.5b-dflash-b16_gsm8k.json"
+SMOKE = {"target": "tiny-llama", "draft": "tiny-llama-dflash", "bs": [1, 4], "context": 24,
+         "warmup": 2, "steps": 8, "device": "cpu", "overlap_schedule": "on",
+         "profile": str(PROFILES / "tiny-llama-dflash-b4_synthetic.json")}
+CONFIDENCES = ("profile", "oracle")
+# --overlap-schedule -> ServerArgs.disable_overlap_schedule (auto: the server's default, on
+# where the device runs apart from the host)
+OVERLAP = {"auto": None, "on": False, "off": True}
+
+
+@dataclass(frozen=True)
+class AcceptProfile:
+    path: str
+    probs: list[float]  # P(accepted proposals = a), a = 0..W-1
+
+    @property
+    def tokens_per_step(self) -> float:
+        return 1 + sum(a * p for a, p in enumerate(self.probs))
+
+    def conditional_rates(self) -> list[float]:
+        """P(accepted > k | accepted >= k) for proposal k = 0..W-2: what a calibrated draft's
+        confidence in proposal k would be."""
+        survival = [sum(self.probs[k:]) for k in range(len(self.probs))]
+        return [survival[k + 1] / survival[k] if survival[k] > 0 else 0.0
+                for k in range(len(self.probs) - 1)]
+
+
+def load_profile(path: str, verify_width: int) -> AcceptProfile:
+    """The profile at `path`; ValueError, one line naming the file, when it does not parse
+    or does not fit `verify_width`."""
+    try:
+        doc = json.loads(Path(path).read_text())
+        hist = doc["accept_histogram"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        reason = f"{type(e).__name__}: {e}".replace("\n", " ")
+        raise ValueError(f"acceptance profile {path}: not a JSON object with "
+                         f"'accept_histogram' ({reason})") from None
+    if (not isinstance(hist, list) or len(hist) != verify_width
+            or not all(isinstance(x, int | float) and 0 <= x < math.inf for x in hist)
+            or sum(hist) <= 0):
+        raise ValueError(f"acceptance profile {path}: 'accept_histogram' must be "
+                         f"{verify_width} finite non-negative numbers, not all 0 (P(accepted = a) "
+                         f"for a = 0..{verify_width - 1}, the verify width), got {hist!r:.80}")
+    if doc.get("verify_width", verify_width) != verify_width:
+        raise ValueError(f"acceptance profile {path}: made for verify width "
+                         f"{doc['verify_width']}, the draft verifies {verify_width}")
+    total = sum(hist)
+    return AcceptProfile(str(path), [x / total for x in hist])
+
+
+def verify_width_of(draft: str) -> int:
+    """The draft's block size (its verify width), from its preset or its folder's config."""
+    config = PRESETS.get(draft)
+    if config is None:
+        try:
+            config = json.loads((Path(draft) / "config.json").read_text())
+        except (OSError, ValueError) as e:
+            raise ValueError(f"draft {draft}: neither a preset nor a model folder ({e})") from None
+    return config["dflash_config"]["block_size"]
+
+
+def stratified(profile: AcceptProfile, n: int, g: torch.Generator) -> torch.Tensor:
+    """`n` accepted counts whose histogram is the profile's times n, rounded (largest
+    remainders), in random order."""
+    exact = [p * n for p in profile.probs]
+    counts = [int(x) for x in exact]
+    by_remainder = sorted(range(len(exact)), key=lambda a: counts[a] - exact[a])
+    for a in by_remainder[: n - sum(counts)]:
+        counts[a] += 1
+    values = torch.repeat_interleave(torch.arange(len(counts)), torch.tensor(counts))
+    return values[torch.randperm(n, generator=g)]
+
+
+class ForcedAcceptance:
+    """Forces a DFlash worker's verify verdicts to `draws[k, :bs]` at its k-th verify step,
+    through the worker's `propose` and `on_aux_consumed` seams; `log[k, :bs]` keeps what was
+    forced (at most each request's verified proposals under compact verify)."""
+
+    def __init__(self, worker: DFlashWorker, draws: torch.Tensor, profile: AcceptProfile,
+                 confidence: str):
+        device = worker.target_runner.device
+        self.worker, self.confidence = worker, confidence
+        self.draws = draws.to(device)
+        self.log = torch.zeros_like(self.draws)
+        self.rates = torch.tensor(profile.conditional_rates(), device=device)
+        self.offsets = torch.arange(worker.verify_width - 1, device=device)
+        self.step = 0  # verify steps so far
+        self._bs: int | None = None  # set by a draft forward, until its verify consumes it
+        worker.propose = self._propose
+        worker.on_aux_consumed = self._force
+
+    def _propose(self, reqs: list[Req], _fb) -> torch.Tensor:
+        bs, proposals = len(reqs), self.worker.proposals
+        self._bs = bs
+        if self.worker.verify_plan.compact:
+            if self.confidence == "profile":
+                proposals.confidence[:bs] = self.rates
+            else:
+                draws = self.draws[self.step % len(self.draws), :bs]
+                proposals.confidence[:bs] = (self.offsets < draws[:, None]).float()
+        return proposals.tokens[:bs]
+
+    def _force(self) -> None:
+        bs = self._bs
+        if bs is None:  # a prefill chunk's forward, no verify
+            return
+        k = self.step % len(self.draws)
+        forced, plan = self.log[k, :bs], self.worker.verify_plan
+        if plan.compact:
+            torch.minimum(self.draws[k, :bs], plan.verify_lens[:bs] - 1, out=forced)
+        else:
+            forced.copy_(self.draws[k, :bs])
+        self.worker.acceptance.verdicts[:bs, 0] = forced
+        self.step, self._bs = self.step + 1, None
+
+
+class StepClock:
+    """Marks between scheduler steps: CUDA events on CUDA (the device's time from one mark
+    to the next), the host's clock elsewhere."""
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+        self.marks: list = []
+
+    def mark(self) -> None:
+        if self.cuda:
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            self.marks.append(event)
+        else:
+            self.marks.append(time.perf_counter())
+
+    def mean_ms(self) -> float:
+        first, last = self.marks[0], self.marks[-1]
+        if self.cuda:
+            last.synchronize()
+            return first.elapsed_time(last) / (len(self.marks) - 1)
+        return (last - first) * 1e3 / (len(self.marks) - 1)
+
+
+def _counters(reqs: list[Req], width: int) -> list[int]:
+    """Emitted tokens, verify steps, verify tokens, then the accept histogram (summed)."""
+    hist = [sum(r.spec_accept_histogram[a] if r.spec_accept_histogram else 0 for r in reqs)
+            for a in range(width)]
+    return [sum(len(r.output_ids) for r in reqs), sum(r.spec_verify_ct for r in reqs),
+            sum(r.spec_verify_tokens for r in reqs), *hist]
+
+
+def run_steps(engine: Engine, bs: int, args: argparse.Namespace, width: int,
+              forced: ForcedAcceptance | None = None) -> dict:
+    """Prefill `bs` requests, step them `warmup` then `steps` times; the timed steps' mean ms
+    and the counters' change over them. `forced` counts verify steps from the first one of
+    the whole batch."""
+    sched = engine.scheduler
+    g = torch.Generator().manual_seed(bs)
+    vocab = engine.model_config.hf_config.vocab_size
+    params = {"temperature": 0.0, "ignore_eos": True, "max_new_tokens": args.max_new_tokens}
+    reqs = [engine.make_request(input_ids=torch.randint(0, vocab, (args.context,),
+                                                        generator=g).tolist(),
+                                sampling_params=params) for _ in range(bs)]
+    for r in reqs:
+        sched.add_request(r)
+    while sched.waiting or len(sched.running) < bs:
+        sched.step()
+    if forced is not None:
+        forced.step = 0
+    for _ in range(args.warmup):
+        sched.step()
+    clock = StepClock(engine.worker.model_runner.device)
+    clock.mark()
+    before = _counters(reqs, width)
+    for _ in range(args.steps):
+        sched.step()
+        clock.mark()
+    after = _counters(reqs, width)
+    ms = clock.mean_ms()
+    if any(r.finished for r in reqs):
+        raise RuntimeError("a request finished inside the timed steps: raise --max-new-tokens")
+    for r in reqs:
+        sched.abort(r)
+    sched.step()  # completes the step still in flight
+    delta = [b - a for a, b in zip(before, after, strict=True)]
+    return {"step_ms": ms, "emitted": delta[0], "verify_steps": delta[1],
+            "verify_tokens": delta[2], "accept_histogram": delta[3:]}
+
+
+def engine_kwargs(args: argparse.Namespace, mode: str | None) -> dict:
+    kw = {"model_path": args.target, "load_format": args.load_format, "device": args.device,
+          "max_running_requests": max(args.bs),
+          "disable_overlap_schedule": OVERLAP[args.overlap_schedule],
+          "context_length": args.context + args.max_new_tokens + 64}
+    if mode is None:
+        return kw
+    kw |= {"speculative_algorithm": "DFLASH", "speculative_draft_model_path": args.draft,
+           "speculative_verify_mode": mode}
+    if mode == "compact":
+        kw |= {"compact_verify_budget_frac": args.compact_verify_budget_frac,
+               "compact_verify_max_tokens": args.compact_verify_max_tokens}
+    return kw
+
+
+def measure_dflash(args: argparse.Namespace, mode: str, profile: AcceptProfile,
+                   target: dict[int, dict]) -> list[dict]:
+    width = len(profile.probs)
+    engine = Engine(ServerArgs(**engine_kwargs(args, mode)))
+    # the steps whose verdicts the timed window's counters read: one earlier with overlap
+    lag = int(engine.server_args.resolved_overlap_schedule())
+    rows = []
+    for bs in args.bs:
+        g = torch.Generator().manual_seed(args.seed + bs)
+        first, total = args.warmup - lag, args.warmup + args.steps + 2
+        draws = stratified(profile, total * bs, g).view(total, bs)  # outside the window
+        draws[first : first + args.steps] = stratified(profile, args.steps * bs, g).view(
+            args.steps, bs)
+        forced = ForcedAcceptance(engine.worker, draws, profile, args.compact_confidence)
+        r = run_steps(engine, bs, args, width, forced)
+        window = forced.log[first : first + args.steps].flatten().cpu()
+        r["forced_histogram"] = torch.bincount(window, minlength=width).tolist()
+        t = target[bs]
+        tokens = r["emitted"] / r["verify_steps"]
+        rows.append({
+            "mode": mode, "bs": bs, "step_ms": r["step_ms"], "target_step_ms": t["step_ms"],
+            "step_cost": r["step_ms"] / t["step_ms"],
+            "profile_tokens_per_step": profile.tokens_per_step, "tokens_per_step": tokens,
+            "dflash_tok_s": bs * tokens / r["step_ms"] * 1e3, "target_tok_s": t["tok_s"],
+            "ratio": tokens * t["step_ms"] / r["step_ms"],
+            "verify_tokens_per_accepted": r["verify_tokens"] / r["emitted"],
+            "accept_histogram": r["accept_histogram"],
+            "forced_histogram": r["forced_histogram"], "steps": args.steps})
+    engine.shutdown()
+    del engine, forced
+    _release_device_memory()
+    return rows
+
+
+def measure_target(args: argparse.Namespace) -> dict[int, dict]:
+    engine = Engine(ServerArgs(**engine_kwargs(args, None)))
+    out = {}
+    for bs in args.bs:
+        r = run_steps(engine, bs, args, 1)
+        out[bs] = {"bs": bs, "step_ms": r["step_ms"],
+                   "tok_s": r["emitted"] / args.steps / r["step_ms"] * 1e3}
+    engine.shutdown()
+    del engine
+    _release_device_memory()
+    return out
+
+
+def _release_device_memory() -> None:
+    """After the last reference to an engine is gone: its device memory back, before the
+    next engine sizes its KV pool."""
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def print_table(rows: list[dict]) -> None:
+    print(f"{'mode':>8} {'bs':>4} {'step ms':>8} {'target ms':>9} {'cost':>6} "
+          f"{'tok/step':>8} {'profile':>7} {'tok/s':>9} {'target tok/s':>12} {'ratio':>6} "
+          f"{'verify/tok':>10}")
+    for r in rows:
+        print(f"{r['mode']:>8} {r['bs']:>4} {r['step_ms']:>8.3f} {r['target_step_ms']:>9.3f} "
+              f"{r['step_cost']:>5.2f}x {r['tokens_per_step']:>8.3f} "
+              f"{r['profile_tokens_per_step']:>7.3f} {r['dflash_tok_s']:>9.0f} "
+              f"{r['target_tok_s']:>12.0f} {r['ratio']:>5.2f}x "
+              f"{r['verify_tokens_per_accepted']:>10.2f}")
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--target", default="qwen2.5-1.5b-shaped")
+    p.add_argument("--draft", default="qwen2.5-1.5b-shaped-dflash")
+    p.add_argument("--profile", default=str(DEFAULT_PROFILE))
+    p.add_argument("--bs", type=int, nargs="+", default=[1, 8, 32])
+    p.add_argument("--verify-modes", nargs="+", default=["static", "compact"],
+                   choices=["static", "compact"])
+    p.add_argument("--compact-verify-budget-frac", type=float, default=None)
+    p.add_argument("--compact-verify-max-tokens", type=int, default=None)
+    p.add_argument("--compact-confidence", default="profile", choices=CONFIDENCES)
+    p.add_argument("--context", type=int, default=900, help="prompt tokens per request")
+    p.add_argument("--seed", type=int, default=0, help="of the prompts and the draws")
+    p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--steps", type=int, default=40)
+    p.add_argument("--load-format", default="dummy")
+    p.add_argument("--device", default="auto")
+    p.add_argument("--overlap-schedule", default="auto", choices=list(OVERLAP))
+    p.add_argument("--smoke", action="store_true",
+                   help="tiny presets on the CPU, a few steps (the CI test)")
+    p.add_argument("--out", default="benchmark/spec_decode/dflash_step.json")
+    if p.parse_args(argv).smoke:  # its values as defaults: flags given still win
+        p.set_defaults(**SMOKE)
+    args = p.parse_args(argv)
+    if args.warmup < 1 or args.steps < 1 or min(args.bs) < 1:
+        p.error("--warmup, --steps and every --bs must be >= 1")
+    given = [f for f in ("compact_verify_budget_frac", "compact_verify_max_tokens")
+             if getattr(args, f) is not None]
+    if given and "compact" not in args.verify_modes:
+        p.error(f"--{given[0].replace('_', '-')} acts on compact verify, not in --verify-modes")
+    return args
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args = parse_args(argv)
+    # Everything that can be wrong with the input fails here, before any model loads.
+    try:
+        width = verify_width_of(args.draft)
+        profile = load_profile(args.profile, width)
+        # a request must outlive the timed steps even if every one accepts the whole block
+        args.max_new_tokens = (args.warmup + args.steps + 4) * width
+        for mode in args.verify_modes:
+            ServerArgs(**engine_kwargs(args, mode))
+    except ValueError as e:
+        raise SystemExit(f"bench_dflash_step: {e}") from None
+    target = measure_target(args)
+    rows = [row for mode in args.verify_modes for row in measure_dflash(args, mode, profile,
+                                                                        target)]
+    report = {"args": vars(args), "profile": {"path": profile.path, "probs": profile.probs,
+                                              "tokens_per_step": profile.tokens_per_step},
+              "target_only": list(target.values()), "rows": rows}
+    Path(args.out).write_text(json.dumps(report, indent=1))
+    print_table(rows)
+    return report
+
+
+if __name__ == "__main__":
+    main()

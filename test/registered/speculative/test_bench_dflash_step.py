@@ -1,0 +1,105 @@
+"""The DFlash step-cost benchmark (benchmark/spec_decode/bench_dflash_step.py) in its CPU smoke
+mode (tiny-llama and its block-4 draft, the overlap scheduler on, as on CUDA): the worker
+accepts exactly what the bench forces, the timed steps' histogram is the profile's, static and
+compact verify both run, and a bad acceptance profile or flag fails in one line before any
+model loads."""
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from sglang_aux.test.ci.ci_register import register_cpu_ci
+
+register_cpu_ci(est_time=20, suite="default")
+
+SCRIPT = Path(__file__).resolve().parents[3] / "benchmark/spec_decode/bench_dflash_step.py"
+SMOKE_PROBS = [0.4, 0.3, 0.2, 0.1]  # profiles/tiny-llama-dflash-b4_synthetic.json
+WIDTH = len(SMOKE_PROBS)
+
+
+def _bench():
+    sys.path.insert(0, str(SCRIPT.parent))
+    spec = importlib.util.spec_from_file_location("bench_dflash_step", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclass resolves annotations there
+    spec.loader.exec_module(module)
+    return module
+
+
+def _rounded_counts(n: int) -> list[int]:
+    """The profile times n, rounded to counts that sum to n (largest remainders)."""
+    exact = [p * n for p in SMOKE_PROBS]
+    counts = [int(x) for x in exact]
+    for a in sorted(range(WIDTH), key=lambda a: counts[a] - exact[a])[: n - sum(counts)]:
+        counts[a] += 1
+    return counts
+
+
+def test_smoke_forces_the_profile_static_and_compact(tmp_path, capsys):
+    out = tmp_path / "step.json"
+    report = _bench().main(["--smoke", "--out", str(out)])
+    assert json.loads(out.read_text())["rows"] == report["rows"]
+    assert "tok/step" in capsys.readouterr().out
+    rows = {(r["mode"], r["bs"]): r for r in report["rows"]}
+    assert set(rows) == {(m, bs) for m in ("static", "compact") for bs in (1, 4)}
+    assert report["profile"]["tokens_per_step"] == pytest.approx(2.0)
+    for (mode, bs), r in rows.items():
+        n = r["steps"] * bs
+        # what the worker recorded accepting is what the bench forced, step for step
+        assert r["accept_histogram"] == r["forced_histogram"]
+        assert sum(r["accept_histogram"]) == n
+        emitted = sum((a + 1) * c for a, c in enumerate(r["accept_histogram"]))
+        assert r["tokens_per_step"] == pytest.approx(emitted / n)
+        assert r["ratio"] == pytest.approx(r["tokens_per_step"] * r["target_step_ms"]
+                                           / r["step_ms"])
+        assert r["dflash_tok_s"] > 0 and r["target_tok_s"] > 0
+        if mode == "static":
+            assert r["accept_histogram"] == _rounded_counts(n)
+            assert abs(r["tokens_per_step"] - 2.0) < (WIDTH - 1) / n
+            assert r["verify_tokens_per_accepted"] == pytest.approx(WIDTH / r["tokens_per_step"])
+        else:  # the same draws, cut at each request's verified proposals; half the budget
+            static = rows["static", bs]
+            assert r["tokens_per_step"] <= static["tokens_per_step"]
+            assert r["verify_tokens_per_accepted"] < static["verify_tokens_per_accepted"]
+    assert [t["bs"] for t in report["target_only"]] == [1, 4]
+
+
+def test_oracle_confidence_verifies_only_accepted_tokens(tmp_path):
+    report = _bench().main(["--smoke", "--verify-modes", "compact", "--compact-confidence",
+                            "oracle", "--out", str(tmp_path / "step.json")])
+    for r in report["rows"]:
+        assert r["accept_histogram"] == r["forced_histogram"]
+        assert r["verify_tokens_per_accepted"] == 1.0
+
+
+@pytest.mark.parametrize("text, says", [
+    ("{not json", "not a JSON object"),
+    ('{"accept_histogram": [0.5, 0.5]}', "must be 4 finite non-negative numbers"),
+    ('{"accept_histogram": [0.5, -0.1, 0.3, 0.3]}', "must be 4 finite non-negative numbers"),
+    ('{"accept_histogram": [0, 0, 0, 0]}', "not all 0"),
+    ('{"histogram": [1, 1, 1, 1]}', "not a JSON object with 'accept_histogram'"),
+    ('{"accept_histogram": [1, 1, 1, 1], "verify_width": 16}', "made for verify width 16"),
+])
+def test_bad_profile_is_one_line_before_any_model(tmp_path, text, says):
+    path = tmp_path / "profile.json"
+    path.write_text(text)
+    # a target that does not exist: the profile's error comes first
+    with pytest.raises(SystemExit) as e:
+        _bench().main(["--smoke", "--target", "no-such-model", "--profile", str(path)])
+    message = str(e.value)
+    assert "\n" not in message and str(path) in message and says in message
+
+
+def test_flag_out_of_range_is_one_line_before_any_model():
+    with pytest.raises(SystemExit) as e:
+        _bench().main(["--smoke", "--target", "no-such-model",
+                       "--compact-verify-budget-frac", "1.5"])
+    assert str(e.value) == ("bench_dflash_step: --compact-verify-budget-frac must be in "
+                            "[0, 1], got 1.5")
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-v"]))
