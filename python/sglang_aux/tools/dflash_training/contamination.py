@@ -21,13 +21,14 @@ def check_no_eval_prompts(samples: list[Sample], decode: Callable[[list[int]], s
     """`BadInputError` naming `data_name`, the first sample (in file order) whose prompt
     holds an evaluation prompt, and that prompt's set and index, when one does.
     `eval_sets` maps where prompts come from (a file) to the prompts."""
-    skip = max(0, common_prefix_len(samples) - PREFIX_OVERLAP_TOKENS)
+    shared = common_prefix_len(samples)
+    skip = max(0, shared - PREFIX_OVERLAP_TOKENS)
     firsts: dict[tuple[int, ...], int] = {}  # each distinct prompt part -> its first sample
     for i, s in enumerate(samples):
         firsts.setdefault(tuple(s.prompt_ids[skip:]), i)
     # one text, searched once per evaluation prompt: the shared part (in every sample, so
     # sample 0's), then each distinct part, joined by NUL (in no prompt)
-    texts = [decode(samples[0].prompt_ids[:skip])] + [decode(list(t)) for t in firsts]
+    texts = [decode(samples[0].prompt_ids[:shared])] + [decode(list(t)) for t in firsts]
     owners = [0, *firsts.values()]
     starts, pos = [], 0
     for t in texts:
