@@ -101,7 +101,7 @@ print(d('$DRAFT').parent)")
     ls -la "$draft"
     if [ -n "${tests:-}" ]; then wait $tests; cat /root/cuda.log; fi ;;
   gen)  # the data alone, so the next call (`train`) trains for its whole 10 minutes
-    $py -m sglang_aux.tools.train_dflash --recipe $DRAFT --generate-only \
+    $py -m sglang_aux.tools.train_dflash --recipe $DRAFT --phase data \
       --samples-file /root/samples.jsonl --sampled-passes "${SAMPLED_PASSES:-5}" \
       --gen-budget-s "${GEN_BUDGET:-500}" 2>&1 | grep -v Warning | tail -20
     wc -l /root/samples.jsonl

@@ -25,7 +25,7 @@ tail -n "$VAL" "$train" > /root/draft/val.jsonl
 tool="python3 -m sglang_aux.tools.train_dflash --num-samples $num_train ${TOOL_FLAGS:-}"
 case $phase in
   data)  # greedy, then PASSES sampled continuations of every training question
-    $tool --generate-only --samples-file /root/draft/samples.jsonl --gen-batch 256 \
+    $tool --phase data --samples-file /root/draft/samples.jsonl --gen-batch 256 \
       --sampled-passes "${PASSES:-2}" --sample-temperature "${TEMPERATURE:-0.7}" \
       2>&1 | grep -v Warning | tee "$out/data.log" | grep -E "generated|Error|error" | tail -12
     wc -l /root/draft/samples.jsonl ;;

@@ -6,12 +6,22 @@ HF folder.
     python -m sglang_aux.tools.train_dflash --smoke --out DIR   # tiny-llama, CPU, seconds
     python -m sglang_aux.tools.train_dflash --recipe qwen2.5-coder-1.5b-instruct-dflash-b16
     python -m sglang_aux.tools.train_dflash --algorithm dspark --block-size 7   # DSpark, GPU
+    python -m sglang_aux.tools.train_dflash --recipe NAME --phase data --samples-file S.jsonl.xz
+    python -m sglang_aux.tools.train_dflash --recipe NAME --phase train --samples-file S.jsonl.xz \
+        --resume --deadline-s 540                # again until the draft is written
 
 Steps: (a) k-shot GSM8K train prompts, continued greedily by the target (our Engine);
 (b) the target's aux states of every sequence (one EXTEND forward each); (c, d) a fresh
 draft trained on the block objective (dense attention, same function as the paged path);
 (e) config.json + model.safetensors + README.md card; `--eval` then measures the mean accept
 length of greedy DFlash decoding on held-out GSM8K test prompts.
+
+Phases: `--phase data` stops after (a), writing `--samples-file` (xz when it ends in `.xz`);
+`--phase train` reads it and never generates; no `--phase` does both. Training data that
+holds an evaluation prompt (a GSM8K test question, a held-out one) is refused. `--resume` makes
+a run one of several: it continues the checkpoint `--checkpoint` when there is one, the
+deadline ends it where it falls (the schedule keeps `--steps`), the checkpoint is written at
+the end and every `--checkpoint-every` steps, and the draft once the last step is done.
 
 `--algorithm dspark` trains a DSpark draft on the same data, features and schedule (one flag
 apart, so both compare at equal data and time budget): the DFlash backbone plus a Markov head
@@ -31,6 +41,7 @@ import logging
 import shlex
 import sys
 import time
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -39,11 +50,14 @@ from sglang_aux.srt.entrypoints.engine import Engine
 from sglang_aux.srt.model_loader.builtin import DRAFTS_DIR, resolve_model_path, trained_draft_dir
 from sglang_aux.srt.model_loader.tokenizer import Tokenizer
 from sglang_aux.test.gsm8k_data import gsm8k_path
+from sglang_aux.tools.dflash_training.contamination import check_no_eval_prompts
 from sglang_aux.tools.dflash_training.data import (
+    BadInputError,
     common_prefix_len,
     describe_continuations,
     generate_samples,
     gsm8k_prompts,
+    gsm8k_questions,
     load_samples,
     save_samples,
 )
@@ -60,6 +74,11 @@ from sglang_aux.tools.dflash_training.export import (
 from sglang_aux.tools.dflash_training.features import extract_aux
 from sglang_aux.tools.dflash_training.recipes import RECIPES, SMOKE_DEFAULTS
 from sglang_aux.tools.dflash_training.trainer import SequenceSet, TrainConfig, Trainer
+from sglang_aux.tools.dflash_training.training_checkpoint import (
+    CHECKPOINT_SUFFIX,
+    TrainingCheckpoint,
+    run_fingerprint,
+)
 
 logger = logging.getLogger("train_dflash")
 
@@ -72,6 +91,8 @@ EVAL_PARALLEL = 64  # concurrent evaluation requests, as the GSM8K harness's --p
 # Seconds a deadline keeps for what follows training: writing the draft and its card.
 DEADLINE_RESERVE_S = 20
 ALGORITHMS = ("dflash", "dspark")
+PHASES = ("data", "train")
+DEFAULT_CHECKPOINT_EVERY = 500  # steps (~30 s of the Qwen draft's on the H200)
 DEFAULT_MARKOV_RANK = 256  # the published DSpark drafts' rank
 
 
@@ -101,10 +122,12 @@ def make_parser() -> argparse.ArgumentParser:
              "instead of --eval-data-path")
     add("--num-shots", type=int, default=5)
     add("--max-new-tokens", type=int, default=256)
-    add("--samples-file", default=None, help="jsonl of generated samples: read if present "
-        "(the first --num-samples sequences of it), else written after generation")
-    add("--generate-only", action="store_true",
-        help="only write --samples-file (split a long run over several calls)")
+    add("--samples-file", default=None, help="the generated samples, jsonl (xz when it ends "
+        "in .xz): read if present (the first --num-samples sequences of it), else written "
+        "after generation")
+    add("--phase", choices=PHASES, default=None,
+        help="data: only generate --samples-file; train: only train, on --samples-file "
+             "(default: both, generating only when --samples-file is absent)")
     add("--gen-batch", type=int, default=128, help="concurrent requests while generating")
     add("--sampled-passes", type=int, default=0,
         help="after the greedy continuations, this many more of every prompt, sampled at "
@@ -136,6 +159,17 @@ def make_parser() -> argparse.ArgumentParser:
              "generation and features leave (its --train-budget-s at most)")
     add("--gen-budget-s", type=float, default=None,
         help="start no further sampled pass when it would end past this many seconds")
+    add("--resume", action="store_true",
+        help="one run of several: continue --checkpoint when it exists; the deadline (or "
+             "--max-run-steps) ends this run where it falls and writes the checkpoint; the "
+             "draft is written once every step is done")
+    add("--checkpoint", default=None,
+        help=f"the training checkpoint with --resume (default: --out + {CHECKPOINT_SUFFIX})")
+    add("--checkpoint-every", type=int, default=DEFAULT_CHECKPOINT_EVERY,
+        help="with --resume, also write the checkpoint every this many steps (0: at the end "
+             "of a run only)")
+    add("--max-run-steps", type=int, default=None,
+        help="with --resume, end this run after this many steps")
     add("--device", default="auto")
     add("--context-length", type=int, default=2048)
     add("--eval", action="store_true", help="measure held-out accept length after training")
@@ -155,18 +189,32 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.data_path is None:
         args.data_path = str(gsm8k_path("train"))
-    if args.generate_only and not args.samples_file:
-        parser.error("--generate-only needs --samples-file")
+    if args.phase and not args.samples_file:
+        parser.error(f"--phase {args.phase} needs --samples-file")
+    # bad input stops before any model loads, in one line naming the file
+    for flag in ("data_path", "eval_data_path"):
+        if getattr(args, flag) and not Path(getattr(args, flag)).is_file():
+            raise BadInputError(f"{getattr(args, flag)}: no such file (--"
+                                f"{flag.replace('_', '-')})")
+    if args.phase == "train" and not Path(args.samples_file).is_file():
+        raise BadInputError(f"{args.samples_file}: no such samples file (--phase train reads "
+                            "it; --phase data writes it)")
+    if not args.resume and (args.max_run_steps is not None or args.checkpoint):
+        parser.error("--max-run-steps and --checkpoint belong to --resume")
+    if args.max_run_steps is not None and args.max_run_steps < 1:
+        parser.error(f"--max-run-steps must be >= 1, got {args.max_run_steps}")
     if args.markov_rank < 1:
         parser.error(f"--markov-rank must be >= 1, got {args.markov_rank}")
     if (args.eval or args.eval_only) and args.eval_data_path is None and not args.holdout:
         args.eval_data_path = str(gsm8k_path("test"))
-    if args.out is None and args.recipe and not args.generate_only:
+    if args.out is None and args.recipe and args.phase != "data":
         args.out = str(trained_draft_dir(args.recipe))
-    if args.out is None and not args.generate_only:
+    if args.out is None and args.phase != "data":
         if Path(args.target).is_dir() or args.smoke:
             parser.error("--out is required for this target")
         args.out = str(DRAFTS_DIR / f"{args.target}-{args.algorithm}-b{args.block_size}")
+    if args.resume and args.checkpoint is None:
+        args.checkpoint = args.out + CHECKPOINT_SUFFIX
     args.command = "python -m sglang_aux.tools.train_dflash " + shlex.join(
         sys.argv[1:] if argv is None else argv)
     return args
@@ -255,7 +303,21 @@ def _train_budget(args: argparse.Namespace, started: float) -> float | None:
     return max(0.0, left if args.train_budget_s is None else min(left, args.train_budget_s))
 
 
+def _eval_sets(args: argparse.Namespace) -> dict[str, list[str]]:
+    """Every prompt the recipe evaluates on, by file: all GSM8K test questions (the served
+    evaluation reads them all) and, with `--holdout`, the held-out train questions."""
+    test = args.eval_data_path or str(gsm8k_path("test"))
+    sets = {test: gsm8k_questions(test, args.data_path, args.num_shots)}
+    if args.holdout:
+        train_q = gsm8k_questions(args.data_path, args.data_path, args.num_shots)
+        sets[f"{args.data_path} (the last {args.holdout}, held out)"] = train_q[-args.holdout:]
+    return sets
+
+
 def train(args: argparse.Namespace, target: str, started: float) -> Path | None:
+    """Generate or read the samples (`--phase data` stops there), train, write the draft.
+    Returns the draft folder, or None when no draft was written (`--phase data`, a
+    `--resume` run that ended before the last step)."""
     timings, t0 = {}, time.perf_counter()
     engine = Engine(model_path=target, **_engine_args(args, args.gen_batch))
     runner = engine.worker.model_runner
@@ -275,8 +337,26 @@ def train(args: argparse.Namespace, target: str, started: float) -> Path | None:
         if args.samples_file:
             save_samples(samples, args.samples_file)
     timings["load samples" if loaded else "generate"] = time.perf_counter() - t0
-    if args.generate_only:
+    check_no_eval_prompts(samples, engine.tokenizer.decode, _eval_sets(args),
+                          args.samples_file or "the generated samples")
+    if args.phase == "data":
         return None
+    runner.model.requires_grad_(False)
+    cfg = TrainConfig(steps=args.steps, batch_size=args.batch_size, lr=args.lr,
+                      anchors_per_seq=args.anchors_per_seq, gamma=args.gamma, seed=args.seed,
+                      log_every=args.log_every, profile_steps=args.profile_steps)
+    draft = new_draft(config, runner.device, args.seed)
+    trainer = (DSparkTrainer if dspark else Trainer)(
+        draft, runner.model.get_input_embeddings(), runner.model.lm_head_weight, mask_id, cfg)
+    target_name = Path(args.target).name if Path(args.target).is_dir() else args.target
+    checkpoint = None
+    if args.resume:  # before the features: a checkpoint of another run stops at once
+        checkpoint = TrainingCheckpoint(Path(args.checkpoint), run_fingerprint(
+            recipe=args.recipe, algorithm=args.algorithm, target=target_name,
+            draft_config=config, cfg=cfg, samples=samples))
+        if checkpoint.load(trainer):
+            logger.info("resumed %s at step %d of %d", checkpoint.path, trainer.num_steps,
+                        trainer.total_steps)
     t0 = time.perf_counter()
     layer_ids = config["dflash_config"]["target_layer_ids"]
     prefix_aux, aux = extract_aux(runner, samples, layer_ids, skip=common_prefix_len(samples),
@@ -285,16 +365,15 @@ def train(args: argparse.Namespace, target: str, started: float) -> Path | None:
     del aux, prefix_aux
     timings["features"] = time.perf_counter() - t0
     logger.info("%d sequences, %d tokens", len(data), data.num_tokens)
-    runner.model.requires_grad_(False)
-    cfg = TrainConfig(steps=args.steps, batch_size=args.batch_size, lr=args.lr,
-                      anchors_per_seq=args.anchors_per_seq, gamma=args.gamma, seed=args.seed,
-                      log_every=args.log_every, profile_steps=args.profile_steps)
-    draft = new_draft(config, runner.device, args.seed)
-    trainer = (DSparkTrainer if dspark else Trainer)(
-        draft, runner.model.get_input_embeddings(), runner.model.lm_head_weight, mask_id, cfg)
-    stats = trainer.fit(data, _train_budget(args, started))
+    stats = trainer.fit(data, _train_budget(args, started),
+                        checkpoint=partial(checkpoint.save, trainer) if checkpoint else None,
+                        checkpoint_every=args.checkpoint_every,
+                        max_run_steps=args.max_run_steps)
+    if not stats["done"]:
+        logger.info("stopped at step %d of %d; %s holds it: run again with --resume",
+                    stats["steps"], trainer.total_steps, checkpoint.path)
+        return None
     timings["train"] = stats["train_seconds"]
-    target_name = Path(args.target).name if Path(args.target).is_dir() else args.target
     info = dict(config=config, target=target_name, mask_token=mask_name,
                 num_samples=len(data), num_shots=args.num_shots,
                 continuations=describe_continuations(samples),
@@ -312,18 +391,24 @@ def train(args: argparse.Namespace, target: str, started: float) -> Path | None:
     return out
 
 
-def main(argv: list[str] | None = None) -> Path:
-    """Parse flags, train (and/or evaluate), return the draft folder (the samples file with
-    `--generate-only`)."""
+def main(argv: list[str] | None = None) -> Path | None:
+    """Parse flags, train (and/or evaluate), return the draft folder: the samples file with
+    `--phase data`, None when a `--resume` run ended before the last step. Bad input (a
+    missing or corrupt file, an evaluation prompt in the training data, a checkpoint of
+    another run) exits with one line naming the file."""
     started = time.perf_counter()
-    args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
-    target = resolve_model_path(args.target)
-    if not args.eval_only:
-        train(args, target, started)
-    if args.generate_only:
+    try:
+        args = parse_args(argv)
+        target = resolve_model_path(args.target)
+        out = None if args.eval_only else train(args, target, started)
+    except BadInputError as e:
+        sys.exit(f"train_dflash: error: {e}")
+    if args.phase == "data":
         print(args.samples_file)
         return Path(args.samples_file)
+    if out is None and not args.eval_only:
+        return None
     if args.eval or args.eval_only:
         evaluate(args, target)
     print(args.out)

@@ -4,6 +4,7 @@ smoke run of the whole tool whose draft folder our Engine runs losslessly."""
 
 import json
 import logging
+import re
 import sys
 import time
 from pathlib import Path
@@ -29,6 +30,7 @@ from sglang_aux.srt.models.weight_utils import (
 )
 from sglang_aux.srt.server_args import ServerArgs
 from sglang_aux.test.ci.ci_register import register_cpu_ci
+from sglang_aux.test.few_shot_gsm8k import build_prompt, read_jsonl
 from sglang_aux.test.gsm8k_data import local_path_or_skip
 from sglang_aux.test.hf_checkpoints import save_tiny_qwen2
 from sglang_aux.test.runtime_utils import (
@@ -40,10 +42,12 @@ from sglang_aux.test.runtime_utils import (
 )
 from sglang_aux.tools import train_dflash
 from sglang_aux.tools.dflash_training.data import (
+    BadInputError,
     Sample,
     common_prefix_len,
     generate_samples,
     load_samples,
+    save_samples,
 )
 from sglang_aux.tools.dflash_training.draft_forward import draft_block_hidden
 from sglang_aux.tools.dflash_training.export import (
@@ -335,6 +339,49 @@ def test_common_prefix_len():
     assert common_prefix_len([samples[0], Sample([4], [1])]) == 0
 
 
+def test_samples_file_is_xz_when_named_so_and_a_bad_one_is_named(tmp_path):
+    samples = [Sample([1, 2, 3], [4, 5]), Sample([1, 2], [6], temperature=0.7)]
+    xz, plain = tmp_path / "s.jsonl.xz", tmp_path / "s.jsonl"
+    save_samples(samples, xz)
+    save_samples(samples, plain)
+    assert xz.read_bytes().startswith(b"\xfd7zXZ\x00") and plain.read_text().startswith("{")
+    assert load_samples(xz) == samples and load_samples(plain) == samples
+    cut, garbled, empty = tmp_path / "cut.jsonl.xz", tmp_path / "g.jsonl", tmp_path / "e.jsonl"
+    cut.write_bytes(xz.read_bytes()[:-20])
+    garbled.write_text('{"prompt_ids": [1]}\n')
+    empty.write_text("")
+    for bad, why in [(tmp_path / "absent.jsonl.xz", "no such samples file"),
+                     (cut, "not a samples file"), (garbled, "not a samples file \\(KeyError"),
+                     (empty, "holds no samples")]:
+        with pytest.raises(BadInputError, match=f"^{re.escape(str(bad))}: {why}") as e:
+            load_samples(bad)
+        assert "\n" not in str(e.value)
+
+
+def test_bad_input_stops_in_one_line_naming_the_file(target, tmp_path):
+    """A missing samples file for `--phase train`, a missing GSM8K file, training data that
+    holds a GSM8K test question: each stops before training with one line naming the file."""
+    local_path_or_skip("train")
+    test = local_path_or_skip("test")
+    common = ["--smoke", "--target", target, "--out", str(tmp_path / "d")]
+    missing = tmp_path / "absent.jsonl.xz"
+    with pytest.raises(SystemExit, match=rf"^train_dflash: error: {missing}: no such samples "
+                                         r"file \(--phase train reads it"):
+        train_dflash.main([*common, "--phase", "train", "--samples-file", str(missing)])
+    with pytest.raises(SystemExit, match=rf"^train_dflash: error: {missing}: no such file "
+                                         r"\(--data-path\)$"):
+        train_dflash.main([*common, "--data-path", str(missing)])
+    tok = Tokenizer.from_dir(target)
+    question = read_jsonl(test)[5]["question"]
+    data = tmp_path / "leaky.jsonl.xz"
+    save_samples([Sample(tok.encode(build_prompt("", q)), tok.encode(" 7 apples"))
+                  for q in ["Tom has 3 apples. How many?", question, question]], data)
+    with pytest.raises(SystemExit, match=rf"^train_dflash: error: {data}: sample 1's prompt "
+                                         rf"holds evaluation prompt 5 of {test} \("):
+        train_dflash.main([*common, "--phase", "train", "--samples-file", str(data)])
+    assert not (tmp_path / "d").exists()
+
+
 def test_sampled_continuations_are_seeded(target):
     engine = Engine(model_path=target, device="cpu", max_total_tokens=2048,
                     max_running_requests=4)
@@ -384,8 +431,8 @@ def test_profile_logs_where_a_step_goes(target, caplog, steps):
 
 def _timed_trainer(target: str, monkeypatch, slow_steps: int, slow_s: float, fast_s: float
                    ) -> tuple[Trainer, SequenceSet]:
-    """A trainer whose steps only sleep: the first `slow_steps` for `slow_s`, the rest
-    `fast_s`; and data for it."""
+    """A trainer whose steps only sleep (and count): the first `slow_steps` for `slow_s`, the
+    rest `fast_s`; and data for it."""
     tr, _, draft, reqs, aux = _setup(target, num_layers=1)
     samples = [Sample(r.origin_input_ids[:10], r.origin_input_ids[10:]) for r in reqs]
     data = SequenceSet(samples, list(aux), torch.device("cpu"))
@@ -396,6 +443,7 @@ def _timed_trainer(target: str, monkeypatch, slow_steps: int, slow_s: float, fas
     def timed_step(batch, anchors):
         calls.append(1)
         time.sleep(slow_s if len(calls) <= slow_steps else fast_s)
+        trainer.num_steps += 1  # as a step does: `fit` counts steps by it
         return {"loss": 1.0, "accept": 1.0, "acc": [0.0] * (BLOCK - 1)}
 
     monkeypatch.setattr(trainer, "step", timed_step)
@@ -425,7 +473,7 @@ def test_smoke_run_writes_a_draft_the_engine_runs_losslessly(target, tmp_path):
     local_path_or_skip("train")
     local_path_or_skip("test")
     out = tmp_path / "draft"
-    samples_file = tmp_path / "samples.jsonl"
+    samples_file = tmp_path / "samples.jsonl.xz"
     train_dflash.main(["--smoke", "--target", target, "--out", str(out), "--num-samples", "4",
                        "--steps", "8", "--eval", "--sampled-passes", "1",
                        "--samples-file", str(samples_file)])

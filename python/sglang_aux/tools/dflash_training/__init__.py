@@ -1,9 +1,11 @@
 """Training a DFlash (or DSpark) draft for a target (`python -m sglang_aux.tools.train_dflash`).
 
-data.py       GSM8K k-shot prompts and the target's own greedy continuations
+data.py       GSM8K k-shot prompts, the target's own continuations, the samples file
+contamination.py  evaluation prompts kept out of the training data
 features.py   the target's aux hidden states per sequence (one EXTEND forward each)
 draft_forward.py  the draft's block forward with dense attention (the training path)
 trainer.py    anchors, the position-decayed block loss, the optimization loop
+training_checkpoint.py  the trainer's state and the run's fingerprint (training over runs)
 dspark_objective.py  DSpark's loss (CE + L1 to the target + confidence) on the same loop
 export.py     the HF-format draft folder and its README card
 evaluate.py   held-out accept length through the Engine's DFlash worker

@@ -1,11 +1,13 @@
 """Training text for a DFlash draft: GSM8K train questions in the harness's k-shot format,
 continued by the target itself (greedy; optionally sampled too, for more distinct text on the
-same questions), so the draft learns what the target will say."""
+same questions), so the draft learns what the target will say. The samples file keeps them
+(jsonl, xz-compressed when its name ends in `.xz`), so a later run trains without generating."""
 
 from __future__ import annotations
 
 import json
 import logging
+import lzma
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +23,13 @@ from sglang_aux.test.few_shot_gsm8k import (
 logger = logging.getLogger(__name__)
 
 GENERATE_CHUNK = 1024  # prompts per Engine.generate call (a progress line each)
+XZ_PRESET = 6  # xz's default: 43,608 Qwen continuations in 6.4 MB
+
+
+class BadInputError(ValueError):
+    """Input a run cannot use: a missing or corrupt samples file, training data holding an
+    evaluation prompt, a checkpoint of another run. Its message is one line naming the file;
+    `train_dflash` prints it and stops."""
 
 
 @dataclass
@@ -34,16 +43,22 @@ class Sample:
         return self.prompt_ids + self.output_ids
 
 
+def gsm8k_questions(path: str | Path, shots_path: str | Path, num_shots: int,
+                    num_prompts: int | None = None) -> list[str]:
+    """The first `num_prompts` questions of `path` (None: all) that are not among the first
+    `num_shots` questions of `shots_path` (the shots)."""
+    shots = {s["question"] for s in read_jsonl(Path(shots_path))[:num_shots]}
+    return [r["question"] for r in read_jsonl(Path(path)) if r["question"] not in shots
+            ][:num_prompts]
+
+
 def gsm8k_prompts(path: str | Path, shots_path: str | Path, num_shots: int,
                   num_prompts: int | None) -> list[str]:
     """k-shot prompts `...Question: q\\nAnswer:` (the harness's format: the first `num_shots`
-    questions of `shots_path` as shots) for the first `num_prompts` questions of `path` (None:
-    all); the shots themselves are never among them."""
-    shots = read_jsonl(Path(shots_path))[:num_shots]
-    prefix = few_shot_prefix(shots)
-    shot_questions = {s["question"] for s in shots}
-    rows = [r for r in read_jsonl(Path(path)) if r["question"] not in shot_questions]
-    return [build_prompt(prefix, r["question"]) for r in rows[:num_prompts]]
+    questions of `shots_path` as shots) for `gsm8k_questions(...)`."""
+    prefix = few_shot_prefix(read_jsonl(Path(shots_path))[:num_shots])
+    return [build_prompt(prefix, q)
+            for q in gsm8k_questions(path, shots_path, num_shots, num_prompts)]
 
 
 def generate_samples(engine: Engine, prompts: list[str], max_new_tokens: int,
@@ -76,16 +91,39 @@ def common_prefix_len(samples: list[Sample]) -> int:
     return n
 
 
+def _open(path: Path, mode: str):
+    return lzma.open(path, mode, preset=XZ_PRESET if "w" in mode else None) \
+        if path.suffix == ".xz" else open(path, mode)
+
+
 def save_samples(samples: list[Sample], path: str | Path) -> None:
-    with open(path, "w") as f:
+    """Write the samples as jsonl (xz when `path` ends in `.xz`), whole or not at all."""
+    path = Path(path)
+    tmp = path.with_name(f".tmp.{path.name}")  # same suffix: same compression
+    with _open(tmp, "wt") as f:
         for s in samples:
             f.write(json.dumps({"prompt_ids": s.prompt_ids, "output_ids": s.output_ids,
                                 "temperature": s.temperature}) + "\n")
+    tmp.replace(path)
 
 
 def load_samples(path: str | Path) -> list[Sample]:
-    return [Sample(r["prompt_ids"], r["output_ids"], r.get("temperature", 0.0))
-            for r in read_jsonl(Path(path))]
+    """The samples of a file `save_samples` wrote; `BadInputError` naming the file when it is
+    missing, not one (or cut short), or empty."""
+    path = Path(path)
+    if not path.is_file():
+        raise BadInputError(f"{path}: no such samples file")
+    try:
+        with _open(path, "rt") as f:
+            samples = [Sample(r["prompt_ids"], r["output_ids"], r.get("temperature", 0.0))
+                       for r in map(json.loads, filter(str.strip, f))]
+    except (OSError, EOFError, lzma.LZMAError, UnicodeDecodeError, ValueError, KeyError,
+            TypeError) as e:
+        raise BadInputError(f"{path}: not a samples file ({type(e).__name__}: "
+                            f"{str(e).splitlines()[0] if str(e) else ''})") from e
+    if not samples:
+        raise BadInputError(f"{path}: holds no samples")
+    return samples
 
 
 def describe_continuations(samples: list[Sample]) -> str:

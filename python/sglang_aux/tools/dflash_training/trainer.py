@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -197,7 +198,10 @@ class Trainer:
         self.num_steps = 0
         self.weights = offset_weights(draft.dflash_config.draft_block_size, cfg.gamma, self.device)
         self.slice_rows = SLICE_ROWS  # logit rows the loss holds at a time
+        # every batch's sequences and anchors are drawn from it: its state is the data order
         self.generator = torch.Generator().manual_seed(cfg.seed)
+        self.train_seconds = 0.0  # over every run of a resumed training
+        self.stats: dict = {}  # the last log window's averages
 
     def objective(self, batch: Batch, anchors: torch.Tensor) -> tuple[torch.Tensor, dict]:
         """The DFlash block loss of these blocks and its stats."""
@@ -227,45 +231,102 @@ class Trainer:
         """The learning rate of the next step."""
         return self.cfg.lr * _lr_factor(self.num_steps, self.total_steps, self.warmup)
 
-    def fit(self, data: SequenceSet, time_budget_s: float | None = None) -> dict:
-        """`cfg.steps` steps on random sequences and anchors, or fewer when `time_budget_s`
-        would not hold them (paced over the first steps; the cosine schedule then ends at the
-        new last step). Returns the stats averaged over the last `log_every` steps, the
-        number of steps and the seconds taken."""
-        start, window, step = time.perf_counter(), [], 0
+    def state_dict(self) -> dict:
+        """What a later run needs to continue as if never stopped: the draft's weights, the
+        optimizer's moments, the schedule's position, the generator (the data order and the
+        anchors: training draws nothing else), the seconds trained and the last stats."""
+        return {"draft": self.draft.state_dict(), "optimizer": self.opt.state_dict(),
+                "num_steps": self.num_steps, "total_steps": self.total_steps,
+                "warmup": self.warmup, "generator": self.generator.get_state(),
+                "train_seconds": self.train_seconds, "stats": self.stats}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.draft.load_state_dict(state["draft"])
+        self.opt.load_state_dict(state["optimizer"])
+        self.num_steps, self.total_steps = state["num_steps"], state["total_steps"]
+        self.warmup, self.train_seconds = state["warmup"], state["train_seconds"]
+        self.generator.set_state(state["generator"])
+        self.stats = state["stats"]
+
+    def fit(self, data: SequenceSet, time_budget_s: float | None = None, *,
+            checkpoint: Callable[[], None] | None = None, checkpoint_every: int = 0,
+            max_run_steps: int | None = None) -> dict:
+        """Steps on random sequences and anchors from `num_steps` to `total_steps`.
+        Without `checkpoint`, `time_budget_s` shortens the schedule to the steps it holds
+        (paced over the first steps; the cosine then ends at the new last step). With it, a
+        run is one of several: the schedule stays, `time_budget_s` or `max_run_steps` ends
+        this run where it falls, and `checkpoint()` runs every `checkpoint_every` steps and at
+        the end. Returns the stats averaged over the last `log_every` steps, the steps done in
+        every run so far, whether training is done and the seconds it took in every run."""
+        start, window, first = time.perf_counter(), [], self.num_steps
+        paced_from = start  # set again after the warm-up steps
         profile = StepProfile(self.cfg.profile_steps, self.device)
-        while step < self.total_steps:
-            profile.before(step)
+        saved_at = None
+        while self.num_steps < self.total_steps:
+            ran = self.num_steps - first
+            if checkpoint is not None and _run_ends(ran, time.perf_counter() - start,
+                                                    time_budget_s, max_run_steps):
+                break
+            profile.before(ran)
             index = torch.randint(len(data), (self.cfg.batch_size,), generator=self.generator)
             batch = data.batch(index.tolist())
             window.append(self.step(batch, sample_anchors(batch, self.cfg.anchors_per_seq,
                                                           self.generator)))
-            step += 1
-            profile.after(step, self.total_steps)
-            if step == BUDGET_WARMUP_STEPS:
+            ran += 1
+            profile.after(ran, self.total_steps - first)
+            if ran == BUDGET_WARMUP_STEPS:
                 paced_from = time.perf_counter()
-            if time_budget_s is not None and step >= BUDGET_PROBE_STEPS and (
-                    step == BUDGET_PROBE_STEPS or step % BUDGET_REPACE_EVERY == 0
-                    or step == self.total_steps):
-                now = time.perf_counter()
-                pace = (now - paced_from) / (step - BUDGET_WARMUP_STEPS)
-                fits = step + int((time_budget_s - (now - start)) / pace)
-                self.total_steps = max(step, min(self.cfg.steps, fits))
-                self.warmup = min(self.warmup, max(1, int(self.total_steps * self.cfg.warmup_frac)))
-                if step == BUDGET_PROBE_STEPS:
-                    logger.info("time budget %.0f s: %d steps", time_budget_s, self.total_steps)
-            if step % self.cfg.log_every == 0 or step == self.total_steps:
-                avg = _mean_stats(window)
-                extra = "".join(f" {k} {v:.3f}" for k, v in avg.items()
-                                if k not in ("loss", "accept", "acc"))
-                logger.info("step %d/%d loss %.4f accept %.3f%s lr %.2e acc/offset %s (%.0f s)",
-                            step, self.total_steps, avg["loss"], avg["accept"], extra,
-                            self.lr,
-                            " ".join(f"{a:.2f}" for a in avg["acc"]),
-                            time.perf_counter() - start)
+            if checkpoint is None and time_budget_s is not None:
+                self._fit_to_budget(ran, start, paced_from, time_budget_s)
+            if checkpoint is not None and checkpoint_every and \
+                    self.num_steps % checkpoint_every == 0:
+                checkpoint()
+                saved_at = self.num_steps
+            if self.num_steps % self.cfg.log_every == 0 or self.num_steps == self.total_steps:
+                self._log(window, start)
                 window = []
+        if window:  # the run ended between log lines
+            self._log(window, start)
+        self.train_seconds += time.perf_counter() - start
+        if checkpoint is not None and saved_at != self.num_steps:
+            checkpoint()
         self.draft.eval()
-        return {**avg, "steps": step, "train_seconds": time.perf_counter() - start}
+        return {**self.stats, "steps": self.num_steps,
+                "done": self.num_steps >= self.total_steps, "train_seconds": self.train_seconds}
+
+    def _fit_to_budget(self, ran: int, start: float, paced_from: float,
+                       time_budget_s: float) -> None:
+        """After `ran` steps of a run started at `start`, at the probe step, every
+        BUDGET_REPACE_EVERY steps and at the planned last one: the number of steps set to
+        what the budget holds at the pace of the steps since `paced_from`."""
+        if ran < BUDGET_PROBE_STEPS or not (ran == BUDGET_PROBE_STEPS or ran % BUDGET_REPACE_EVERY
+                                            == 0 or ran == self.total_steps):
+            return
+        now = time.perf_counter()
+        pace = (now - paced_from) / (ran - BUDGET_WARMUP_STEPS)
+        fits = ran + int((time_budget_s - (now - start)) / pace)
+        self.total_steps = max(ran, min(self.cfg.steps, fits))
+        self.warmup = min(self.warmup, max(1, int(self.total_steps * self.cfg.warmup_frac)))
+        if ran == BUDGET_PROBE_STEPS:
+            logger.info("time budget %.0f s: %d steps", time_budget_s, self.total_steps)
+
+    def _log(self, window: list[dict], start: float) -> None:
+        self.stats = _mean_stats(window)
+        extra = "".join(f" {k} {v:.3f}" for k, v in self.stats.items()
+                        if k not in ("loss", "accept", "acc"))
+        logger.info("step %d/%d loss %.4f accept %.3f%s lr %.2e acc/offset %s (%.0f s)",
+                    self.num_steps, self.total_steps, self.stats["loss"], self.stats["accept"],
+                    extra, self.lr, " ".join(f"{a:.2f}" for a in self.stats["acc"]),
+                    time.perf_counter() - start)
+
+
+def _run_ends(ran: int, elapsed: float, time_budget_s: float | None,
+              max_run_steps: int | None) -> bool:
+    """Whether a run of several ends before its next step: after `max_run_steps`, or when one
+    more step at this run's pace would pass `time_budget_s`."""
+    if ran == max_run_steps:
+        return True
+    return time_budget_s is not None and elapsed + (elapsed / ran if ran else 0.0) > time_budget_s
 
 
 class StepProfile:

@@ -1,0 +1,87 @@
+"""A training run's checkpoint, so a draft trains over several runs (`train_dflash --resume`):
+the trainer's whole state (`Trainer.state_dict`) beside the run's fingerprint, what makes two
+runs the same training (the recipe, the draft's config, the training config, the data). A run
+continues only a checkpoint of the same fingerprint; then k steps in one run and the rest in
+the next give the weights of one uninterrupted run."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import pickle
+import zipfile
+from array import array
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+from sglang_aux.tools.dflash_training.data import BadInputError, Sample
+from sglang_aux.tools.dflash_training.trainer import TrainConfig, Trainer
+
+CHECKPOINT_SUFFIX = ".checkpoint.pt"  # beside the draft folder: `<out>.checkpoint.pt`
+# TrainConfig fields a later run may change: they shape its log, not its weights
+RUN_ONLY_FIELDS = ("log_every", "profile_steps")
+
+
+def data_digest(samples: list[Sample]) -> str:
+    """sha256 of the samples' token ids, in order (which sequences training draws from)."""
+    h = hashlib.sha256()
+    for s in samples:
+        h.update(array("q", [len(s.prompt_ids), len(s.output_ids), *s.prompt_ids,
+                             *s.output_ids]).tobytes())
+    return h.hexdigest()
+
+
+def run_fingerprint(*, recipe: str | None, algorithm: str, target: str, draft_config: dict,
+                    cfg: TrainConfig, samples: list[Sample]) -> dict:
+    train = {k: v for k, v in asdict(cfg).items() if k not in RUN_ONLY_FIELDS}
+    return dict(recipe=recipe, algorithm=algorithm, target=target, draft=draft_config,
+                train=train, num_samples=len(samples), data=data_digest(samples))
+
+
+@dataclass(frozen=True)
+class TrainingCheckpoint:
+    path: Path
+    fingerprint: dict
+
+    def save(self, trainer: Trainer) -> None:
+        """Write the trainer's state whole or not at all: a run cut while writing leaves the
+        previous checkpoint."""
+        tmp = self.path.with_name(f".tmp.{self.path.name}")
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        torch.save({"fingerprint": self.fingerprint, "trainer": trainer.state_dict()}, tmp)
+        os.replace(tmp, self.path)
+
+    def load(self, trainer: Trainer) -> bool:
+        """Continue from the checkpoint when there is one (True); `BadInputError` naming the
+        file when it is not a checkpoint or is one of another run (the first field that
+        differs)."""
+        if not self.path.is_file():
+            return False
+        try:
+            saved = torch.load(self.path, map_location="cpu", weights_only=True)
+            fingerprint, state = saved["fingerprint"], saved["trainer"]
+        except (OSError, EOFError, RuntimeError, pickle.UnpicklingError, zipfile.BadZipFile,
+                KeyError, TypeError) as e:
+            first = str(e).splitlines()[0] if str(e) else ""
+            raise BadInputError(f"{self.path}: not a training checkpoint "
+                                f"({type(e).__name__}: {first})") from e
+        if (diff := _first_difference(fingerprint, self.fingerprint)) is not None:
+            raise BadInputError(f"{self.path}: a checkpoint of another run ({diff}); "
+                                "give another --checkpoint, or train without --resume")
+        trainer.load_state_dict(state)
+        return True
+
+
+def _first_difference(saved: dict, current: dict, prefix: str = "") -> str | None:
+    """`field: X in the checkpoint, Y now` for the first field (sorted, nested ones dotted)
+    whose values differ; None when none does."""
+    for key in sorted(saved.keys() | current.keys()):
+        a, b = saved.get(key), current.get(key)
+        if isinstance(a, dict) and isinstance(b, dict):
+            if (diff := _first_difference(a, b, f"{prefix}{key}.")) is not None:
+                return diff
+        elif a != b:
+            return f"{prefix}{key}: {a!r} in the checkpoint, {b!r} now"
+    return None

@@ -1,0 +1,59 @@
+"""Evaluation prompts kept out of training data (`contamination.py`): a training prompt that
+holds one is refused in one line naming the data, the first such sample in file order, and the
+prompt's set and index, wherever it sits in the prompt (its own part, the shared prefix, or
+across the two)."""
+
+import sys
+
+import pytest
+
+from sglang_aux.test.ci.ci_register import register_cpu_ci
+from sglang_aux.tools.dflash_training.contamination import check_no_eval_prompts
+from sglang_aux.tools.dflash_training.data import BadInputError, Sample
+
+register_cpu_ci(est_time=2, suite="default")
+
+SHOTS = "Question: shot one?\nAnswer: 1\n\n" * 4
+
+
+def decode(ids: list[int]) -> str:  # a byte-level vocabulary
+    return bytes(ids).decode("utf-8", errors="replace")
+
+
+def sample(prompt: str) -> Sample:
+    return Sample(list(prompt.encode()), list(b" 42"))
+
+
+EVAL = {"test.jsonl": ["How many eggs does Janet sell?", "What is 3 + 4?"],
+        "train.jsonl (held out)": ["Why is the sky blue?"]}
+
+
+def test_clean_training_data_passes():
+    samples = [sample(f"{SHOTS}Question: {q}\nAnswer:") for q in
+               ["How many cats?", "What is 3 + 5?", "How many eggs does Janet buy?"]]
+    check_no_eval_prompts(samples, decode, EVAL, "clean.jsonl")
+
+
+def test_the_first_sample_holding_an_evaluation_prompt_is_named():
+    questions = ["How many cats?", "Why is the sky blue?", "What is 3 + 4?", "What is 3 + 4?"]
+    samples = [sample(f"{SHOTS}Question: {q}\nAnswer:") for q in questions]
+    with pytest.raises(BadInputError) as e:
+        check_no_eval_prompts(samples, decode, EVAL, "data.jsonl.xz")
+    assert str(e.value) == ("data.jsonl.xz: sample 1's prompt holds evaluation prompt 0 of "
+                            "train.jsonl (held out) ('Why is the sky blue?'...); keep "
+                            "evaluation prompts out of training data")
+
+
+@pytest.mark.parametrize("shared", [SHOTS + "Question: What is 3 + 4?\nAnswer: 7\n\n",
+                                    SHOTS + "Question: What is 3"])
+def test_found_in_the_shared_prefix_and_across_it(shared):
+    """An evaluation prompt among the shots is in every sample (so in sample 0); one that
+    starts in the tokens every sample shares and ends in a sample's own is found whole."""
+    samples = [sample(f"{shared} + 4?\nAnswer:"), sample(f"{shared} + 9?\nAnswer:")]
+    with pytest.raises(BadInputError, match="^d.jsonl: sample 0's prompt holds evaluation "
+                                            r"prompt 1 of test.jsonl \('What is 3 \+ 4\?'"):
+        check_no_eval_prompts(samples, decode, EVAL, "d.jsonl")
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-q"]))

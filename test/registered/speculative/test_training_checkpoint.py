@@ -1,0 +1,148 @@
+"""Training over several runs (`training_checkpoint.py`, `train_dflash --resume`): k steps in
+one run and the rest in the next give the weights of one uninterrupted run, bitwise (fp32,
+CPU); the checkpoint is written every N steps and at a run's end; a checkpoint of another run,
+or a file that is none, is refused in one line naming it."""
+
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from torch import nn
+
+from sglang_aux.srt.configs.presets import MASK_TOKEN_ID, PRESETS
+from sglang_aux.test.ci.ci_register import register_cpu_ci
+from sglang_aux.test.gsm8k_data import local_path_or_skip
+from sglang_aux.test.runtime_utils import tiny_checkpoint
+from sglang_aux.tools import train_dflash
+from sglang_aux.tools.dflash_training.data import BadInputError, Sample
+from sglang_aux.tools.dflash_training.export import draft_config, new_draft
+from sglang_aux.tools.dflash_training.trainer import SequenceSet, TrainConfig, Trainer
+from sglang_aux.tools.dflash_training.training_checkpoint import (
+    TrainingCheckpoint,
+    run_fingerprint,
+)
+
+register_cpu_ci(est_time=25, suite="default")
+
+CFG = TrainConfig(steps=9, batch_size=2, anchors_per_seq=3, log_every=4)
+HIDDEN = PRESETS["tiny-llama"]["hidden_size"]
+
+
+def _samples() -> list[Sample]:
+    g = torch.Generator().manual_seed(0)
+    return [Sample(torch.randint(0, 256, (p,), generator=g).tolist(),
+                   torch.randint(0, 256, (n,), generator=g).tolist())
+            for p, n in [(6, 12), (9, 7), (4, 15)]]
+
+
+def _trainer(samples: list[Sample]) -> tuple[Trainer, SequenceSet]:
+    """A fresh tiny draft's trainer (the same every call) and random aux rows as its data."""
+    config = draft_config(PRESETS["tiny-llama"], num_layers=1, num_aux_layers=2, block_size=4,
+                          mask_token_id=MASK_TOKEN_ID)
+    g = torch.Generator().manual_seed(1)
+    aux = [torch.randn(len(s.ids), 2 * HIDDEN, generator=g) for s in samples]
+    embed = nn.Embedding(PRESETS["tiny-llama"]["vocab_size"], HIDDEN)
+    with torch.no_grad():
+        embed.weight.copy_(torch.randn(embed.weight.shape, generator=g))
+    trainer = Trainer(new_draft(config, torch.device("cpu"), seed=0), embed,
+                      torch.randn(embed.weight.shape, generator=g), MASK_TOKEN_ID, CFG)
+    return trainer, SequenceSet(samples, aux, torch.device("cpu"))
+
+
+def _checkpoint(path: Path, samples: list[Sample], cfg: TrainConfig = CFG) -> TrainingCheckpoint:
+    config = draft_config(PRESETS["tiny-llama"], num_layers=1, num_aux_layers=2, block_size=4,
+                          mask_token_id=MASK_TOKEN_ID)
+    return TrainingCheckpoint(path, run_fingerprint(recipe=None, algorithm="dflash",
+                                                    target="tiny-llama", draft_config=config,
+                                                    cfg=cfg, samples=samples))
+
+
+@pytest.mark.parametrize("first_run", [1, 4, 8])
+def test_two_runs_give_the_weights_of_one(tmp_path, first_run):
+    samples = _samples()
+    whole, data = _trainer(samples)
+    done = whole.fit(data)
+    assert done["steps"] == CFG.steps and done["done"]
+
+    ckpt = _checkpoint(tmp_path / "run.pt", samples)
+    first, data = _trainer(samples)
+    stopped = first.fit(data, checkpoint=lambda: ckpt.save(first), max_run_steps=first_run)
+    assert (stopped["steps"], stopped["done"]) == (first_run, False)
+    second, data = _trainer(samples)  # a new process: fresh draft, optimizer and generator
+    assert ckpt.load(second) and second.num_steps == first_run
+    rest = second.fit(data, checkpoint=lambda: ckpt.save(second))
+    assert (rest["steps"], rest["done"]) == (CFG.steps, True)
+    assert rest["train_seconds"] > stopped["train_seconds"]
+    for (name, a), b in zip(whole.draft.state_dict().items(),
+                            second.draft.state_dict().values(), strict=True):
+        assert torch.equal(a, b), name
+    assert second.lr == whole.lr
+
+
+def test_checkpoint_every_n_steps_and_at_the_end(tmp_path):
+    samples = _samples()
+    trainer, data = _trainer(samples)
+    ckpt = _checkpoint(tmp_path / "run.pt", samples)
+    saved = []
+
+    def save():
+        ckpt.save(trainer)
+        saved.append(trainer.num_steps)
+
+    trainer.fit(data, checkpoint=save, checkpoint_every=2, max_run_steps=5)
+    assert saved == [2, 4, 5]
+    trainer.fit(data, checkpoint=save, checkpoint_every=2)
+    assert saved == [2, 4, 5, 6, 8, 9]
+    assert not list(tmp_path.glob(".tmp.*"))  # written through a temporary file, renamed
+
+
+def test_checkpoint_of_another_run_or_none_is_refused(tmp_path):
+    samples = _samples()
+    trainer, data = _trainer(samples)
+    path = tmp_path / "run.pt"
+    _checkpoint(path, samples).save(trainer)
+    with pytest.raises(BadInputError, match=rf"^{path}: a checkpoint of another run \(train.lr:"
+                       r" 0.001 in the checkpoint, 0.002 now\)"):
+        _checkpoint(path, samples, replace(CFG, lr=2e-3)).load(trainer)
+    with pytest.raises(BadInputError, match="another run \\(data: '"):
+        _checkpoint(path, samples[:2] + [Sample([1, 2], [3, 4])]).load(trainer)
+    # what a run may change (its log) is not the run
+    assert _checkpoint(path, samples, replace(CFG, log_every=1)).load(trainer)
+    assert not _checkpoint(tmp_path / "absent.pt", samples).load(trainer)
+    path.write_bytes(path.read_bytes()[:1000])  # cut short
+    with pytest.raises(BadInputError, match=rf"^{path}: not a training checkpoint") as e:
+        _checkpoint(path, samples).load(trainer)
+    assert "\n" not in str(e.value)
+
+
+def test_resume_over_runs_of_the_smoke_recipe(tmp_path):
+    """`train_dflash --resume`: a run ended after 3 steps writes no draft; the next continues
+    its checkpoint, and the draft equals the uninterrupted run's, bitwise; a run with another
+    learning rate stops in one line naming the checkpoint."""
+    local_path_or_skip("train")
+    local_path_or_skip("test")
+    target = str(tiny_checkpoint("tiny-llama", tmp_path / "ckpt"))
+    samples = tmp_path / "samples.jsonl.xz"
+    common = ["--smoke", "--target", target, "--num-samples", "4", "--steps", "7",
+              "--samples-file", str(samples)]
+    assert train_dflash.main([*common, "--phase", "data"]) == samples
+    whole = train_dflash.main([*common, "--phase", "train", "--out", str(tmp_path / "whole")])
+    out = tmp_path / "resumed"
+    resumed = [*common, "--phase", "train", "--out", str(out), "--resume"]
+    assert train_dflash.main([*resumed, "--max-run-steps", "3"]) is None
+    assert not out.exists() and Path(f"{out}.checkpoint.pt").is_file()
+    with pytest.raises(SystemExit, match=rf"^train_dflash: error: {out}.checkpoint.pt: a "
+                       r"checkpoint of another run \(train.lr: 0.001 in the checkpoint, 0.003 "
+                       r"now\)"):
+        train_dflash.main([*resumed, "--lr", "3e-3"])
+    assert train_dflash.main(resumed) == out
+    a, b = load_file(whole / "model.safetensors"), load_file(out / "model.safetensors")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert "7 steps" in (out / "README.md").read_text()
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-q"]))
