@@ -11,10 +11,8 @@ down 8960 -> 1536, LM head 1536 -> 151936) and row count, us per call of:
   F.linear); the plain projections have none;
 - `ours`: the row GEMV at its table's tiles, plain; `ours_fused`: with the norm (+ residual
   add) and bias fused where the layer has them (the SiLU-mul stays its own launch);
-- with `--row-configs`, the row GEMV at each of those tiles, plain (`row...`), with the
-  norm and SiLU-mul output fused (`row_fused...`), and for gate_up / down the other split of
-  the MLP's fusions (`rowsplit...`: gate_up with the norm alone, down reading the gate | up row
-  through its SiLU-mul) beside its unfused twin (`torch_split`).
+- with `--row-configs`, the row GEMV at each of those tiles, plain (`row...`) and with the
+  norm fused (`row_fused...`).
 Each is timed inside a CUDA graph that calls it once on each of several weight copies (more
 bytes than the L2 holds, so every call reads HBM, as a decode step's layers do), replayed
 `--iters` times between CUDA events, after warm-up. Achieved TB/s counts the weight, bias,
@@ -37,7 +35,7 @@ import time
 SHAPES = {  # name: (N, K, bias, fused variant)
     "qkv": (2048, 1536, True, "norm"),
     "o_proj": (1536, 1536, False, None),
-    "gate_up": (17920, 1536, False, "norm_silu"),
+    "gate_up": (17920, 1536, False, "norm"),
     "down": (1536, 8960, False, None),
     "lm_head": (151936, 1536, False, None),
 }
@@ -78,7 +76,6 @@ import torch  # noqa: E402
 from step_bandwidth import copy_bandwidth  # noqa: E402 (script folder on sys.path)
 from torch.nn import functional as F  # noqa: E402
 
-from sglang_aux.srt.layers.activation import SiluAndMul  # noqa: E402
 from sglang_aux.srt.layers.layernorm import RMSNorm  # noqa: E402
 from sglang_aux.srt.layers.triton_ops.row_gemv import (  # noqa: E402
     RowGemvConfig,
@@ -140,7 +137,6 @@ class Case:
         self.norm.weight.data.normal_()
         self.x = torch.randn(m, self.k, device=device).to(dtype)
         self.residual = torch.randn(m, self.k, device=device).to(dtype)
-        self.gate_up = torch.randn(m, 2 * self.k, device=device).to(dtype)
 
     @property
     def copies(self) -> int:
@@ -166,29 +162,12 @@ class Case:
 
     def row_fused(self, i: int, cfg: RowGemvConfig) -> torch.Tensor:
         return row_gemv(self.x, self.weights[i], self.bias, norm_weight=self.norm.weight,
-                        eps=EPS, residual=self.residual, silu_mul=self.fused == "norm_silu",
-                        config=cfg)[0]
-
-    def row_split(self, i: int, cfg: RowGemvConfig) -> torch.Tensor:
-        """The layer's other split of fusions: gate_up with the norm alone (its SiLU-mul
-        moves into down), down reading the gate | up row through its SiLU-mul."""
-        if self.name == "down":
-            return row_gemv(self.gate_up, self.weights[i], self.bias, silu_input=True,
-                            config=cfg)
-        return row_gemv(self.x, self.weights[i], self.bias, norm_weight=self.norm.weight,
                         eps=EPS, residual=self.residual, config=cfg)[0]
 
-    def torch_split(self, i: int) -> torch.Tensor:
-        if self.name == "down":
-            return F.linear(SiluAndMul()(self.gate_up), self.weights[i], self.bias)
-        normed, _ = self.norm(self.x, self.residual)
-        return F.linear(normed, self.weights[i], self.bias)
-
     def bytes_read(self, fused: bool) -> int:
-        out_cols = self.n // 2 if fused and self.fused == "norm_silu" else self.n
         extra = _nbytes(self.residual, self.norm.weight) if fused else 0
         return (_nbytes(self.weights[0], self.bias, self.x) + extra
-                + self.m * out_cols * self.x.element_size())
+                + self.m * self.n * self.x.element_size())
 
     def max_err(self, fused: bool, fn=None) -> float:
         """Largest |ours - fp32 reference| of the plain or fused variant (or of `fn(0)`)."""
@@ -199,8 +178,6 @@ class Case:
             return (got.float() - F.linear(self.x.float(), w, b)).abs().max().item()
         normed, _ = self.norm.forward_native(self.x, self.residual)
         ref = F.linear(normed.float(), w, b)
-        if fn is not None and self.fused == "norm_silu":
-            ref = SiluAndMul.forward_native(ref)
         return ((fn or self.ours_fused)(0).float() - ref).abs().max().item()
 
 
@@ -221,8 +198,8 @@ def run(args: argparse.Namespace) -> dict:
                "max_err": case.max_err(False)}
         timed = {"cublas": (case.cublas, False), "ours": (case.ours, False)}
         if case.fused:
-            timed |= {"torch_path": (case.torch_path, False),
-                      "ours_fused": (case.ours_fused, False)}
+            timed |= {"torch_path": (case.torch_path, True),
+                      "ours_fused": (case.ours_fused, True)}
             row["max_err_fused"] = case.max_err(True)
         for spec in args.row_configs:
             cfg = RowGemvConfig(*map(int, spec.split(":")))
@@ -232,13 +209,6 @@ def run(args: argparse.Namespace) -> dict:
                 timed[f"row_fused{spec}"] = (lambda i, c=case, g=cfg: c.row_fused(i, g), True)
                 row[f"max_err_row_fused{spec}"] = case.max_err(
                     True, timed[f"row_fused{spec}"][0])
-        for spec in args.row_configs if name in ("gate_up", "down") else []:
-            cfg = RowGemvConfig(*map(int, spec.split(":")))
-            timed[f"rowsplit{spec}"] = (lambda i, c=case, g=cfg: c.row_split(i, g), False)
-            row[f"max_err_rowsplit{spec}"] = (case.row_split(0, cfg).float()
-                                              - case.torch_split(0).float()).abs().max().item()
-        if name in ("gate_up", "down") and args.row_configs:
-            timed["torch_split"] = (case.torch_split, False)
         for label, (fn, fused) in timed.items():
             us = time_us(fn, case.copies, args.iters, device)
             tb_s = case.bytes_read(fused) / us / 1e6
@@ -261,8 +231,8 @@ def print_table(result: dict) -> None:
               f"{cell('torch_path'):>15} {cell('ours_fused'):>15} "
               f"{max(r['max_err'], r.get('max_err_fused', 0.0)):9.2e}")
         rows_ = sorted((v["us"], k) for k, v in r.items()
-                       if k.startswith(("row", "torch_split")) and isinstance(v, dict))
-        for prefix in ("row", "row_fused", "rowsplit", "torch_split"):
+                       if k.startswith("row") and isinstance(v, dict))
+        for prefix in ("row", "row_fused"):
             best = [(us, k) for us, k in rows_ if k.rstrip("0123456789:") == prefix]
             if best:
                 us, k = best[0]

@@ -12,10 +12,8 @@ Fused variants (constexpr flags):
   rounded to the dtype as the unfused `linear(norm(x))` sees it. With `HAS_RESIDUAL` the stream
   is `x + residual` rounded to the dtype; program 0 writes it out (the new residual).
 - `HAS_BIAS`: bias added to the fp32 sum before the one rounding.
-- `SILU_MUL`: W is a merged gate | up `[2 I, K]`; outputs `silu(gate) * up` `[1, I]`.
-- `SILU_INPUT`: x is a gate | up row `[1, 2 K]` (the MLP's merged projection); the kernel
-  multiplies `silu(gate) * up`, rounded to the dtype as `SiluAndMul` writes it, so the down
-  projection needs no SiLU-mul launch before it.
+The SiLU-mul stays its own launch: fused into gate_up's output or down's input it cost more on
+the H200 than the launch it saves (docs/kernels.md).
 
 The tile table (`row_gemv_config`) is fixed per shape, never autotuned, so a CUDA graph replays
 what was captured.
@@ -41,15 +39,11 @@ class RowGemvConfig:
 
 
 @triton.jit
-def _input_tile(X, R, NW, k, k_mask, K, rstd, HAS_NORM: tl.constexpr,
-                HAS_RESIDUAL: tl.constexpr, SILU_INPUT: tl.constexpr):
+def _input_tile(X, R, NW, k, k_mask, rstd, HAS_NORM: tl.constexpr,
+                HAS_RESIDUAL: tl.constexpr):
     """The row's columns k as the unfused layers would feed the GEMM, in fp32."""
     dtype = X.dtype.element_ty
     x = tl.load(X + k, mask=k_mask, other=0.0)
-    if SILU_INPUT:
-        gate = x.to(tl.float32)
-        up = tl.load(X + K + k, mask=k_mask, other=0.0).to(tl.float32)
-        x = (gate / (1.0 + tl.exp(-gate)) * up).to(dtype)
     if HAS_NORM:
         if HAS_RESIDUAL:
             x = (x.to(tl.float32) + tl.load(R + k, mask=k_mask, other=0.0).to(tl.float32)
@@ -62,7 +56,7 @@ def _input_tile(X, R, NW, k, k_mask, K, rstd, HAS_NORM: tl.constexpr,
 @triton.jit
 def _row_gemv_kernel(X, R, NW, W, B, Y, R_Out, n_out, K, stride_w, eps,
                      HAS_NORM: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
-                     HAS_BIAS: tl.constexpr, SILU_MUL: tl.constexpr, SILU_INPUT: tl.constexpr,
+                     HAS_BIAS: tl.constexpr,
                      BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, K_PAD: tl.constexpr):
     pid = tl.program_id(0)
     rn = pid * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -70,14 +64,9 @@ def _row_gemv_kernel(X, R, NW, W, B, Y, R_Out, n_out, K, stride_w, eps,
     rk = tl.arange(0, BLOCK_K)
     dtype = X.dtype.element_ty
     w_rows = W + rn[:, None].to(tl.int64) * stride_w
-    up_offset = n_out * stride_w
     # The first weight tile is in flight before the norm's reduction waits on the row, and
     # each later one before the tile ahead of it is multiplied (two tiles in registers).
     w = tl.load(w_rows + rk[None, :], mask=n_mask[:, None] & (rk < K)[None, :], other=0.0)
-    w_up = w
-    if SILU_MUL:
-        w_up = tl.load(w_rows + up_offset + rk[None, :],
-                       mask=n_mask[:, None] & (rk < K)[None, :], other=0.0)
     rstd = 0.0
     if HAS_NORM:
         kk = tl.arange(0, K_PAD)
@@ -91,52 +80,31 @@ def _row_gemv_kernel(X, R, NW, W, B, Y, R_Out, n_out, K, stride_w, eps,
         s = s.to(tl.float32)
         rstd = tl.rsqrt(tl.sum(s * s, axis=0) / K + eps)
     acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
-    acc_up = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
         k_next = k0 + BLOCK_K + rk
-        next_mask = n_mask[:, None] & (k_next < K)[None, :]
-        w_next = tl.load(w_rows + k_next[None, :], mask=next_mask, other=0.0)
-        w_up_next = w_next
-        if SILU_MUL:
-            w_up_next = tl.load(w_rows + up_offset + k_next[None, :], mask=next_mask,
-                                other=0.0)
+        w_next = tl.load(w_rows + k_next[None, :],
+                         mask=n_mask[:, None] & (k_next < K)[None, :], other=0.0)
         k = k0 + rk
-        x = _input_tile(X, R, NW, k, k < K, K, rstd, HAS_NORM, HAS_RESIDUAL, SILU_INPUT)
-        acc += w.to(tl.float32) * x
-        if SILU_MUL:
-            acc_up += w_up.to(tl.float32) * x
+        acc += w.to(tl.float32) * _input_tile(X, R, NW, k, k < K, rstd, HAS_NORM, HAS_RESIDUAL)
         w = w_next
-        w_up = w_up_next
     y = tl.sum(acc, axis=1)
     if HAS_BIAS:
         y += tl.load(B + rn, mask=n_mask, other=0.0).to(tl.float32)
-    if SILU_MUL:
-        up = tl.sum(acc_up, axis=1)
-        if HAS_BIAS:
-            up += tl.load(B + n_out + rn, mask=n_mask, other=0.0).to(tl.float32)
-        gate = y.to(dtype).to(tl.float32)
-        y = gate / (1.0 + tl.exp(-gate)) * up.to(dtype).to(tl.float32)
     tl.store(Y + rn, y.to(dtype), mask=n_mask)
 
 
 def row_gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
              norm_weight: torch.Tensor | None = None, eps: float = 0.0,
-             residual: torch.Tensor | None = None, silu_mul: bool = False,
-             silu_input: bool = False, config: RowGemvConfig | None = None
+             residual: torch.Tensor | None = None, config: RowGemvConfig | None = None
              ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-    """x `[1, K]` contiguous, weight `[N, K]` contiguous -> `[1, N]` (`[1, N / 2]` with
-    `silu_mul`) in x's dtype.
+    """x `[1, K]` contiguous, weight `[N, K]` contiguous -> `[1, N]` in x's dtype.
 
     With `norm_weight` `[K]`, x is the residual stream before an RMSNorm of `eps` (plus
     `residual` when given) and the result is `(y, stream)`: the stream is a new tensor when
-    `residual` is given, else x itself, as the unfused add + norm returns it. With
-    `silu_input`, x is a gate | up row `[1, 2 K]`."""
+    `residual` is given, else x itself, as the unfused add + norm returns it."""
     if x.dim() != 2 or x.shape[0] != 1 or not x.is_contiguous():
         raise ValueError(f"row_gemv needs one contiguous row [1, K], got {tuple(x.shape)}")
-    k = x.shape[1] // 2 if silu_input else x.shape[1]
-    if silu_input and (norm_weight is not None or x.shape[1] % 2):
-        raise ValueError(f"silu_input takes an even gate | up row and no norm, got "
-                         f"{tuple(x.shape)}")
+    k = x.shape[1]
     if weight.dim() != 2 or weight.shape[1] != k or not weight.is_contiguous():
         raise ValueError(f"weight {tuple(weight.shape)} is not a contiguous [N, {k}] for "
                          f"the input {tuple(x.shape)}")
@@ -146,24 +114,21 @@ def row_gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = 
     n = weight.shape[0]
     if bias is not None and tuple(bias.shape) != (n,):
         raise ValueError(f"bias {tuple(bias.shape)} does not match the weight's {n} rows")
-    if silu_mul and n % 2:
-        raise ValueError(f"silu_mul needs a gate | up weight of even rows, got {n}")
     if residual is not None and (norm_weight is None or residual.shape != x.shape
                                  or not residual.is_contiguous()):
         raise ValueError(f"a residual {tuple(residual.shape)} needs a norm and the input's "
                          f"shape {tuple(x.shape)}, contiguous")
     if norm_weight is not None and tuple(norm_weight.shape) != (k,):
         raise ValueError(f"norm weight {tuple(norm_weight.shape)} does not match K = {k}")
-    n_out = n // 2 if silu_mul else n
-    cfg = config or row_gemv_config(n_out, norm_weight is not None)
-    y = torch.empty((1, n_out), dtype=x.dtype, device=x.device)
+    cfg = config or row_gemv_config(n, norm_weight is not None)
+    y = torch.empty((1, n), dtype=x.dtype, device=x.device)
     stream = torch.empty_like(x) if residual is not None else x
-    _row_gemv_kernel[(triton.cdiv(n_out, cfg.block_n),)](
+    _row_gemv_kernel[(triton.cdiv(n, cfg.block_n),)](
         x, residual if residual is not None else x,
         norm_weight if norm_weight is not None else x, weight,
-        bias if bias is not None else weight, y, stream, n_out, k, weight.stride(0), eps,
+        bias if bias is not None else weight, y, stream, n, k, weight.stride(0), eps,
         HAS_NORM=norm_weight is not None, HAS_RESIDUAL=residual is not None,
-        HAS_BIAS=bias is not None, SILU_MUL=silu_mul, SILU_INPUT=silu_input, BLOCK_N=cfg.block_n,
+        HAS_BIAS=bias is not None, BLOCK_N=cfg.block_n,
         BLOCK_K=cfg.block_k, K_PAD=triton.next_power_of_2(k), num_warps=cfg.num_warps,
         num_stages=cfg.num_stages)
     return y if norm_weight is None else (y, stream)
