@@ -31,7 +31,8 @@ EVAL = {"test.jsonl": ["How many eggs does Janet sell?", "What is 3 + 4?"],
 def test_clean_training_data_passes():
     samples = [sample(f"{SHOTS}Question: {q}\nAnswer:") for q in
                ["How many cats?", "What is 3 + 5?", "How many eggs does Janet buy?"]]
-    check_no_eval_prompts(samples, decode, EVAL, "clean.jsonl")
+    # "What is 3 + 5?" is not the evaluation's "What is 3 + 4?": only whole questions count
+    assert check_no_eval_prompts(samples, decode, EVAL, "clean.jsonl") is None
 
 
 def test_the_first_sample_holding_an_evaluation_prompt_is_named():
