@@ -78,6 +78,29 @@ def test_wrong_model_name_is_not_found(server):
     assert client.completions.create(model=NAME, prompt=PROMPT, max_tokens=2).choices
 
 
+def test_rid_names_the_response(server):
+    """SGLang's `rid` (extra_body) becomes the response's id, streamed or not; a list gives
+    one per prompt; a list that does not match the prompts is a 400 naming rid."""
+    client = _client(server)
+    chat = client.chat.completions.create(model=NAME, messages=MESSAGES, n=2, temperature=0,
+                                          max_tokens=2, extra_body={"rid": "chat-rid"})
+    assert chat.id == "chat-rid" and len(chat.choices) == 2
+    chunks = list(client.chat.completions.create(model=NAME, messages=MESSAGES, stream=True,
+                                                 max_tokens=2, extra_body={"rid": "chat-rid"}))
+    assert {c.id for c in chunks} == {"chat-rid"}
+    both = client.completions.create(model=NAME, prompt=[PROMPT, "Hello"], max_tokens=2,
+                                     extra_body={"rid": ["a-rid", "b-rid"]})
+    assert len(both.choices) == 2 and both.id.startswith("cmpl-")
+    for bad, prompt in [(["only-one"], [PROMPT, "Hello"]), ("one-for-two", [PROMPT, "Hello"]),
+                        (["x", "y"], PROMPT)]:
+        with pytest.raises(openai.BadRequestError) as err:
+            client.completions.create(model=NAME, prompt=prompt, max_tokens=2,
+                                      extra_body={"rid": bad})
+        assert "rid" in str(err.value)
+    assert client.completions.create(model=NAME, prompt=PROMPT, max_tokens=2,
+                                     extra_body={"rid": "after"}).id == "after"
+
+
 # The SDK refuses an empty key itself; a request without the header uses its own `Omit`.
 NO_AUTH_HEADER = {"Authorization": openai.Omit()}
 

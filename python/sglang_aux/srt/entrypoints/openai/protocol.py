@@ -232,6 +232,18 @@ class OpenAISamplingRequest(SGLangRequest):
         if not 1 <= self.n <= MAX_N:
             raise APIError(400, f"n must be an integer in [1, {MAX_N}], got {self.n}")
 
+    def prompt_rids(self, num_prompts: int) -> list[str | None]:
+        """SGLang's `rid` per prompt: one string for one prompt, or a list with one per prompt
+        (its samples are then `rid-i`, `submit_samples`); None: ids are made up."""
+        if self.rid is None or (isinstance(self.rid, str) and num_prompts == 1):
+            return [self.rid] * num_prompts
+        if not isinstance(self.rid, list):
+            raise APIError(400, f"rid: give a list of {num_prompts} ids, one per prompt")
+        if len(self.rid) != num_prompts:
+            raise APIError(400, f"rid has {len(self.rid)} entries for {num_prompts} prompts")
+        return list(self.rid)
+
+
     @property
     def include_usage(self) -> bool:
         return self.stream_options is not None and bool(self.stream_options.include_usage)

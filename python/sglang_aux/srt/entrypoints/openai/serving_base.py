@@ -77,8 +77,9 @@ async def submit_samples(server: TokenizerManager, prompt: dict, sampling_params
     return streams
 
 
-def request_id(prefix: str) -> str:
-    return f"{prefix}-{uuid.uuid4().hex}"
+def request_id(prefix: str, rid: str | list[str] | None = None) -> str:
+    """A response's `id`: the request's own `rid` where it gives one string (SGLang's)."""
+    return rid if isinstance(rid, str) else f"{prefix}-{uuid.uuid4().hex}"
 
 
 async def _client_gone(request: Request) -> None:

@@ -83,9 +83,10 @@ async def create_chat_completion(server: TokenizerManager, body: ChatCompletionR
     body.check_n()
     prompt = render_chat(server.tokenizer, body.messages)
     logprob = body.logprob_fields()
+    (rid,) = body.prompt_rids(1)
     streams = await submit_samples(server, {"text": prompt}, body.to_sampling_params(), body.n,
-                                   logprob=logprob)
-    head = {"id": request_id("chatcmpl"), "created": int(time.time()), "model": model}
+                                   rid=rid, logprob=logprob)
+    head = {"id": request_id("chatcmpl", rid), "created": int(time.time()), "model": model}
 
     def logprobs(meta_info: dict) -> dict | None:
         return None if logprob is None else chat_logprobs(server.tokenizer, meta_info)

@@ -70,10 +70,11 @@ async def create_completion(server: TokenizerManager, body: CompletionRequest,
     ranked = logprob if logprob is not None or best_of == body.n else \
         native_logprob_fields("logprobs", 0, False)
     streams = []
-    for prompt in prompts:
-        streams += await submit_samples(server, prompt, params, best_of, logprob=ranked)
-    head = {"id": request_id("cmpl"), "object": "text_completion", "created": int(time.time()),
-            "model": model}
+    for prompt, rid in zip(prompts, body.prompt_rids(len(prompts)), strict=True):
+        streams += await submit_samples(server, prompt, params, best_of, rid=rid,
+                                        logprob=ranked)
+    head = {"id": request_id("cmpl", body.rid), "object": "text_completion",
+            "created": int(time.time()), "model": model}
 
     def echoed(index: int) -> str:
         if not body.echo:
