@@ -1,0 +1,82 @@
+#!/usr/bin/env bash
+# FlashInfer for the H200 in one device call (issue 38 item 3). Its wheel is 101 MB (715 MB
+# unpacked: kernel sources for every model family) and the device has no network, so here we
+# keep what the paged decode/prefill attention needs: every Python file, the header trees it
+# compiles against (include, cutlass, cccl, spdlog), and the csrc templates and headers its JIT
+# reads for the decode and prefill (fa2, fa3) modules, found by generating those modules' JIT
+# specs with an audit hook on file opens. 5.7 MB + all Python 10 MB of xz, plus the wheels it
+# imports that the device lacks (apache-tvm-ffi for CPython 3.12, nvidia-ml-py, ninja, einops,
+# tabulate, click, tqdm): about 20 MB in .carry/flashinfer.
+#
+# Here:    bash scripts/device/stage_flashinfer.sh            -> .carry/flashinfer
+# Device:  run(command="bash scripts/device/stage_flashinfer.sh --install && ...",
+#              carry=[".carry/flashinfer"])
+#          installs into /tmp/site (PYTHONPATH=/tmp/site:python); the first use JIT-compiles
+#          each module with the device's nvcc into ~/.cache/flashinfer (minutes, once per
+#          machine), e.g. benchmark/spec_decode/bench_flashinfer_attention.py.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+CARRY=.carry/flashinfer
+VERSION=${FLASHINFER_VERSION:-0.7.4}
+TVM_FFI=${TVM_FFI_VERSION:-0.1.15.post2}
+
+if [ "${1:-}" = "--install" ]; then
+  python3 -m pip install -q --no-index --no-deps --target /tmp/site "$CARRY"/wheels/*.whl
+  tar xJf "$CARRY"/flashinfer-slim.tar.xz -C /tmp/site
+  FLASHINFER_CUDA_ARCH_LIST=${FLASHINFER_CUDA_ARCH_LIST:-9.0a} PYTHONPATH=/tmp/site \
+    python3 -c "import flashinfer; print('flashinfer', flashinfer.__version__, 'installed')"
+  exit 0
+fi
+
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+mkdir -p "$CARRY/wheels" "$work/site"
+py312=(--python-version 3.12 --platform manylinux_2_28_x86_64 --platform manylinux2014_x86_64
+       --platform manylinux_2_17_x86_64 --only-binary=:all:)
+python3 -m pip download -q --no-deps "${py312[@]}" -d "$work" "flashinfer-python==$VERSION"
+python3 -m pip download -q --no-deps "${py312[@]}" -d "$CARRY/wheels" \
+  "apache-tvm-ffi==$TVM_FFI" nvidia-ml-py ninja einops tabulate click tqdm
+# the file list comes from this machine's Python, whose tvm-ffi build differs: its own wheel
+python3 -m pip install -q --no-deps --target "$work/site" "$work"/flashinfer_python-*.whl \
+  "apache-tvm-ffi==$TVM_FFI" nvidia-ml-py einops tabulate
+FLASHINFER_CUDA_ARCH_LIST=9.0a FLASHINFER_WORKSPACE_BASE="$work/jit" PYTHONPATH="$work/site" \
+  python3 - "$work/site" "$work/files.txt" <<'EOF'
+import os
+import sys
+
+site, listing = sys.argv[1], sys.argv[2]
+opened = set()
+sys.addaudithook(lambda ev, args: ev == "open" and isinstance(args[0], (str, os.PathLike))
+                 and opened.add(os.fsdecode(args[0])))
+import torch  # noqa: E402
+
+import flashinfer.decode  # noqa: E402,F401
+import flashinfer.prefill  # noqa: E402,F401
+from flashinfer.jit import attention as jit  # noqa: E402
+
+b, i32 = torch.bfloat16, torch.int32
+for head_dim in (64, 128):
+    jit.gen_batch_decode_module(b, b, b, i32, head_dim, head_dim, 0, False, False)
+    for backend in ("fa2", "fa3"):
+        jit.gen_batch_prefill_module(backend, b, b, b, i32, head_dim, head_dim, 0, False, False,
+                                     False)
+root = os.path.join(site, "flashinfer")
+keep = {f for f in opened if f.startswith(root) and os.path.isfile(f)}
+for top, _, names in os.walk(root):
+    data = os.path.relpath(top, root).split(os.sep)
+    for name in names:
+        if "__pycache__" in top:
+            continue
+        if data[0] != "data" and name.endswith((".py", ".json", ".typed")):
+            keep.add(os.path.join(top, name))
+        elif data[:2] in (["data", "include"], ["data", "cutlass"], ["data", "cccl"],
+                          ["data", "spdlog"]):
+            keep.add(os.path.join(top, name))
+        elif data == ["data", "csrc"] and name.endswith((".h", ".cuh", ".inc", ".jinja")):
+            keep.add(os.path.join(top, name))
+with open(listing, "w") as f:
+    f.write("\n".join(sorted(os.path.relpath(p, site) for p in keep)) + "\n")
+print(f"{len(keep)} files kept", file=sys.stderr)
+EOF
+tar cf - -C "$work/site" -T "$work/files.txt" | xz -T2 -6 > "$CARRY/flashinfer-slim.tar.xz"
+du -sh "$CARRY"

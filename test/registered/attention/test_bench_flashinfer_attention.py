@@ -1,0 +1,81 @@
+"""The FlashInfer side-by-side benchmark (benchmark/spec_decode/bench_flashinfer_attention.py):
+on the CPU its smoke run gives our path's rows (checked against torch_native inside the run)
+and says in one line why FlashInfer is not run; the page-size-1 layout it hands FlashInfer
+names each request's slots in order. On CUDA with flashinfer importable (after
+scripts/device/stage_flashinfer.sh --install), every row also has FlashInfer's paths within
+the same error bound."""
+
+import os
+
+import torch
+
+if not torch.cuda.is_available():
+    # NOTE: must precede any @triton.jit definition, i.e. any import of the backend.
+    os.environ["TRITON_INTERPRET"] = "1"
+
+import importlib.util  # noqa: E402
+import json  # noqa: E402
+import sys  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import pytest  # noqa: E402
+
+from sglang_aux.test.ci.ci_register import register_cpu_ci, register_cuda_ci  # noqa: E402
+
+register_cpu_ci(est_time=20, suite="default")
+register_cuda_ci(est_time=240, suite="default")
+
+SCRIPT = Path(__file__).resolve().parents[3] / "benchmark/spec_decode/bench_flashinfer_attention.py"
+
+
+def _bench():
+    sys.path.insert(0, str(SCRIPT.parent))  # its sibling scripts, as when run directly
+    spec = importlib.util.spec_from_file_location("bench_flashinfer_attention", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU smoke run")
+def test_smoke_run_reports_our_rows_and_why_not_flashinfer(tmp_path, capsys):
+    out = tmp_path / "bench.json"
+    bench = _bench()
+    report = bench.main(["--smoke", "--out", str(out)])
+    assert json.loads(out.read_text())["rows"] == report["rows"]
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["flashinfer: needs CUDA (this machine has none)"]
+    assert report["flashinfer_absent"] == err[0] and report["flashinfer"] is None
+    smoke = bench.SMOKE
+    seen = {(r["q_len"], r["bs"], r["context"], r["path"]) for r in report["rows"]}
+    assert seen == {(q, b, c, "triton") for q in smoke["q_lens"] for b in smoke["bs"]
+                    for c in smoke["contexts"]}
+    assert all(r["us_per_call"] > 0 and 0 <= r["rel_err"] < 1e-4 for r in report["rows"])
+
+
+def test_page_size_one_layout_lists_each_requests_slots():
+    bench = _bench()
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    fb = bench._batch(3, 5, 1, 8, 1, device, torch.float32)
+    indptr, indices, last = bench._kv_layout(fb)
+    assert indptr.tolist() == [0, 5, 10, 15] and last.tolist() == [1, 1, 1]
+    table = fb.req_to_token_pool.req_to_token
+    for i, row in enumerate(fb.req_pool_indices.tolist()):
+        assert indices[5 * i : 5 * i + 5].tolist() == table[row, :5].tolist()
+    assert len(set(indices.tolist())) == 15  # scattered, never shared
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_flashinfer_paths_match_torch_native_on_cuda(tmp_path):
+    bench = _bench()
+    flashinfer, why_not = bench.load_flashinfer()
+    if flashinfer is None:
+        pytest.skip(why_not)
+    report = bench.main(["--bs", "1", "4", "--contexts", "300", "--q-lens", "1", "16",
+                         "--calls", "2", "--iters", "3", "--out", str(tmp_path / "b.json")])
+    paths = {(r["q_len"], r["path"]) for r in report["rows"]}
+    assert {(1, "decode"), (16, "prefill_fa2")} <= paths
+    assert all(r["rel_err"] < 2e-2 for r in report["rows"])
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-v"]))
