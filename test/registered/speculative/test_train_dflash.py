@@ -215,11 +215,28 @@ def test_shared_prefix_rows_are_kept_once(target):
     whole = SequenceSet(samples, rows, torch.device("cpu"))
     kept_once = SequenceSet(samples, [a[shared:] for a in rows], torch.device("cpu"),
                             prefix_aux=aux[0][:shared])
-    assert kept_once.prefix_aux.shape[0] == shared
+    assert [len(p) for p in kept_once.prefixes] == [shared]
     a, b = whole.batch([1, 0]), kept_once.batch([1, 0])
     assert torch.equal(a.aux, b.aux) and torch.equal(a.ids, b.ids)
     with pytest.raises(ValueError, match="shared and"):
         SequenceSet(samples, list(aux), torch.device("cpu"), prefix_aux=aux[0][:shared])
+
+
+def test_each_source_keeps_its_own_prefix_once(target):
+    """Sequences of two sources, each source's prefix kept once (`prefix_of`), build the same
+    batches as every sequence's rows whole."""
+    _, _, _, reqs, aux = _setup(target, num_layers=1)
+    cpu = torch.device("cpu")
+    prefixes = [aux[0][:10], aux[1][:6]]
+    of = [i % 2 for i in range(len(reqs))]
+    rows = [torch.cat([prefixes[of[i]], a[len(prefixes[of[i]]):]]) for i, a in enumerate(aux)]
+    samples = [Sample(r.origin_input_ids[:12], r.origin_input_ids[12:]) for r in reqs]
+    whole = SequenceSet(samples, rows, cpu)
+    split = SequenceSet(samples, [r[len(prefixes[of[i]]):] for i, r in enumerate(rows)], cpu,
+                        prefix_aux=prefixes, prefix_of=of)
+    index = list(range(len(reqs)))[::-1]
+    a, b = whole.batch(index), split.batch(index)
+    assert torch.equal(a.aux, b.aux) and torch.equal(a.ids, b.ids)
 
 
 def test_features_read_the_shared_prefix_from_the_kv_cache(target):
