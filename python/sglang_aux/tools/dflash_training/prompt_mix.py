@@ -4,6 +4,7 @@ stops and the length its answers are generated with."""
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 from sglang_aux.srt.entrypoints.engine import Engine
@@ -12,6 +13,18 @@ from sglang_aux.test.few_shot_gsm8k import STOP as GSM8K_STOP
 from sglang_aux.tools.dflash_training.chat_instructions import chat_instructions
 from sglang_aux.tools.dflash_training.code_tasks import COMPLETION_STOP, code_tasks
 from sglang_aux.tools.dflash_training.data import Source
+
+logger = logging.getLogger(__name__)
+
+
+def _fitting(engine: Engine, prompts: list[str], max_new_tokens: int) -> list[str]:
+    """The prompts whose answer fits the target's context (a long docstring may not)."""
+    room = engine.model_config.context_len - max_new_tokens
+    kept = [p for p in prompts if len(engine.tokenizer.encode(p)) <= room]
+    if len(kept) < len(prompts):
+        logger.info("%d of %d code prompts left out: longer than the context allows",
+                    len(prompts) - len(kept), len(prompts))
+    return kept
 
 
 @dataclass(frozen=True)
@@ -35,6 +48,8 @@ def prompt_sets(engine: Engine, *, gsm8k: list[str], num_code_tasks: int,
                     for t in tasks if t.form == "instruction"]
     requests = (chat_instructions(engine, num_chat_instructions, seed)
                 if num_chat_instructions else [])
+    instructions = _fitting(engine, instructions, max_new_tokens)
+    completions = _fitting(engine, completions, max_new_tokens)
     sets = [PromptSet("gsm8k", gsm8k, GSM8K_STOP, gsm8k_max_new_tokens),
             PromptSet("code", completions, COMPLETION_STOP + CHAT_STOP, max_new_tokens),
             PromptSet("code", instructions, CHAT_STOP, max_new_tokens),
