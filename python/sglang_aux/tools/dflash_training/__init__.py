@@ -1,5 +1,8 @@
 """Training a DFlash (or DSpark) draft for a target (`python -m sglang_aux.tools.train_dflash`).
 
+prompt_mix.py  the recipe's mix of prompts: GSM8K, code tasks, chat requests
+code_tasks.py  code tasks from the documented functions of installed Python
+chat_instructions.py  chat requests the target writes from seed topics (self-instruct)
 data.py       GSM8K k-shot prompts, the target's own continuations, the samples file
 contamination.py  evaluation prompts kept out of the training data
 features.py   the target's aux hidden states per sequence (one EXTEND forward each)

@@ -1,6 +1,7 @@
-"""Training text for a DFlash draft: GSM8K train questions in the harness's k-shot format,
-continued by the target itself (greedy; optionally sampled too, for more distinct text on the
-same questions), so the draft learns what the target will say. The samples file keeps them
+"""Training text for a DFlash draft: prompts (GSM8K train questions in the harness's k-shot
+format here; code tasks and chat requests from their own modules) continued by the target
+itself (greedy; optionally sampled too, for more distinct text on the same prompts), so the
+draft learns what the target will say. The samples file keeps them with each one's source
 (jsonl, xz-compressed when its name ends in `.xz`), so a later run trains without generating."""
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import lzma
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 from sglang_aux.srt.entrypoints.engine import Engine
 from sglang_aux.test.few_shot_gsm8k import (
@@ -24,6 +26,10 @@ logger = logging.getLogger(__name__)
 
 GENERATE_CHUNK = 1024  # prompts per Engine.generate call (a progress line each)
 XZ_PRESET = 6  # xz's default: 43,608 Qwen continuations in 6.4 MB
+# The kinds of training prompt: GSM8K train questions, code tasks from installed packages'
+# functions (`code_tasks.py`), chat requests the target wrote (`chat_instructions.py`)
+Source = Literal["gsm8k", "code", "chat"]
+SOURCES: tuple[Source, ...] = ("gsm8k", "code", "chat")
 
 
 class BadInputError(ValueError):
@@ -37,6 +43,7 @@ class Sample:
     prompt_ids: list[int]
     output_ids: list[int]
     temperature: float = 0.0  # of the continuation (0: greedy)
+    source: Source = "gsm8k"  # the kind of prompt
 
     @property
     def ids(self) -> list[int]:
@@ -62,20 +69,22 @@ def gsm8k_prompts(path: str | Path, shots_path: str | Path, num_shots: int,
 
 
 def generate_samples(engine: Engine, prompts: list[str], max_new_tokens: int,
-                     temperature: float = 0.0, seed: int = 0) -> list[Sample]:
-    """The target's continuation of every prompt, stopped where the harness stops: greedy, or
-    sampled at `temperature` with prompt i's draws keyed by seed `seed + i` (reproducible)."""
+                     temperature: float = 0.0, seed: int = 0, *, stop: list[str] = STOP,
+                     source: Source = "gsm8k") -> list[Sample]:
+    """The target's continuation of every prompt, stopped at `stop` (by default where the GSM8K
+    harness stops): greedy, or sampled at `temperature` with prompt i's draws keyed by seed
+    `seed + i` (reproducible)."""
     samples = []
     for start in range(0, len(prompts), GENERATE_CHUNK):
         ids = [engine.tokenizer.encode(p) for p in prompts[start:start + GENERATE_CHUNK]]
-        params = [{"temperature": temperature, "max_new_tokens": max_new_tokens, "stop": STOP,
+        params = [{"temperature": temperature, "max_new_tokens": max_new_tokens, "stop": stop,
                    "seed": seed + start + i if temperature > 0 else None}
                   for i in range(len(ids))]
         outs = engine.generate(input_ids=ids, sampling_params=params)
-        samples += [Sample(i, o["output_ids"], temperature)
+        samples += [Sample(i, o["output_ids"], temperature, source)
                     for i, o in zip(ids, outs, strict=True)]
-        logger.info("generated %d/%d continuations (temperature %g)", len(samples),
-                    len(prompts), temperature)
+        logger.info("generated %d/%d %s continuations (temperature %g)", len(samples),
+                    len(prompts), source, temperature)
     return samples
 
 
@@ -103,7 +112,7 @@ def save_samples(samples: list[Sample], path: str | Path) -> None:
     with _open(tmp, "wt") as f:
         for s in samples:
             f.write(json.dumps({"prompt_ids": s.prompt_ids, "output_ids": s.output_ids,
-                                "temperature": s.temperature}) + "\n")
+                                "temperature": s.temperature, "source": s.source}) + "\n")
     tmp.replace(path)
 
 
@@ -115,7 +124,8 @@ def load_samples(path: str | Path) -> list[Sample]:
         raise BadInputError(f"{path}: no such samples file")
     try:
         with _open(path, "rt") as f:
-            samples = [Sample(r["prompt_ids"], r["output_ids"], r.get("temperature", 0.0))
+            samples = [Sample(r["prompt_ids"], r["output_ids"], r.get("temperature", 0.0),
+                              _source(r.get("source", "gsm8k")))
                        for r in map(json.loads, filter(str.strip, f))]
     except (OSError, EOFError, lzma.LZMAError, UnicodeDecodeError, ValueError, KeyError,
             TypeError) as e:
@@ -126,8 +136,30 @@ def load_samples(path: str | Path) -> list[Sample]:
     return samples
 
 
+def _source(name: str) -> Source:
+    if name not in SOURCES:
+        raise ValueError(f"source {name!r} is none of {', '.join(SOURCES)}")
+    return name
+
+
+def by_source(samples: list[Sample]) -> dict[Source, list[int]]:
+    """Each source's sample indices, in file order (sources in order of first appearance)."""
+    groups: dict[Source, list[int]] = {}
+    for i, s in enumerate(samples):
+        groups.setdefault(s.source, []).append(i)
+    return groups
+
+
 def describe_continuations(samples: list[Sample]) -> str:
-    """How the samples were continued, for the card: `N greedy, M sampled at T, ...`."""
-    counts = Counter(s.temperature for s in samples)
-    return ", ".join(f"{n} greedy" if t == 0 else f"{n} sampled at temperature {t:g}"
-                     for t, n in sorted(counts.items()))
+    """How the samples were continued, for the card: `N greedy, M sampled at T, ...`, by
+    source when there are several (`gsm8k: ...; code: ...`)."""
+    groups = by_source(samples)
+
+    def described(index: list[int]) -> str:
+        counts = Counter(samples[i].temperature for i in index)
+        return ", ".join(f"{n} greedy" if t == 0 else f"{n} sampled at temperature {t:g}"
+                         for t, n in sorted(counts.items()))
+
+    if len(groups) == 1:
+        return described(next(iter(groups.values())))
+    return "; ".join(f"{source}: {described(index)}" for source, index in groups.items())

@@ -67,25 +67,30 @@ class SequenceSet:
     starts. Sequences with fewer than two continuation tokens teach nothing and are dropped.
 
     Every sequence starts with the same `prefix_aux` rows `[P, K * H]` (the k-shot prefix,
-    kept once); `aux[i]` holds sample i's rows from position P on. Host rows move to the
-    device while it keeps `reserve_bytes` free; the rest stay on the host and are copied
-    in with their batch."""
+    kept once); `aux[i]` holds sample i's rows from position P on. With several prefixes
+    (a list: one per source of prompts), sample i starts with `prefix_aux[prefix_of[i]]`.
+    Host rows move to the device while it keeps `reserve_bytes` free; the rest stay on the
+    host and are copied in with their batch."""
 
     def __init__(self, samples: list[Sample], aux: list[torch.Tensor], device: torch.device,
-                 prefix_aux: torch.Tensor | None = None,
-                 reserve_bytes: int = TRAIN_RESERVE_BYTES):
+                 prefix_aux: torch.Tensor | list[torch.Tensor] | None = None,
+                 reserve_bytes: int = TRAIN_RESERVE_BYTES, *,
+                 prefix_of: list[int] | None = None):
         keep = [i for i, s in enumerate(samples) if len(s.output_ids) >= 2]
         if not keep:
             raise ValueError(f"none of {len(samples)} samples has two continuation tokens")
         width = aux[0].shape[-1]
-        self.prefix_aux = (prefix_aux if prefix_aux is not None
-                           else aux[0].new_zeros((0, width))).to(device)
-        p = len(self.prefix_aux)
+        prefixes = prefix_aux if isinstance(prefix_aux, list) else [
+            prefix_aux if prefix_aux is not None else aux[0].new_zeros((0, width))]
+        self.prefixes = [p.to(device) for p in prefixes]
+        prefix_of = [0] * len(samples) if prefix_of is None else prefix_of
         for i in keep:
+            p = len(self.prefixes[prefix_of[i]])
             if len(aux[i]) + p != len(samples[i].ids) or len(samples[i].prompt_ids) < p:
                 raise ValueError(f"sample {i}: {len(samples[i].ids)} tokens (prompt "
                                  f"{len(samples[i].prompt_ids)}), but {p} shared and "
                                  f"{len(aux[i])} own aux rows")
+        self.prefix_of = [prefix_of[i] for i in keep]
         self.ids = [torch.tensor(samples[i].ids, device=device) for i in keep]
         self.aux = [aux[i] if aux[i].device == device
                     or not has_room(device, aux[i].nbytes, reserve_bytes)
@@ -99,8 +104,9 @@ class SequenceSet:
         return len(self.ids)
 
     def batch(self, index: list[int]) -> Batch:
-        dev = self.prefix_aux.device
-        aux = [torch.cat([self.prefix_aux, tensor_to_device(self.aux[i], dev)]) for i in index]
+        dev = self.prefixes[0].device
+        aux = [torch.cat([self.prefixes[self.prefix_of[i]], tensor_to_device(self.aux[i], dev)])
+               for i in index]
         return Batch(pad_sequence(aux, batch_first=True),
                      pad_sequence([self.ids[i] for i in index], batch_first=True),
                      tensor_to_device(self.prompt_lens[index], dev),

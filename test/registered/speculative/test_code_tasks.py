@@ -1,0 +1,75 @@
+"""Code tasks from documented functions (`code_tasks.py`): parsed, never imported; bounded,
+deduplicated, both forms, the same tasks for the same seed."""
+
+import sys
+
+import pytest
+
+from sglang_aux.test.ci.ci_register import register_cpu_ci
+from sglang_aux.tools.dflash_training.code_tasks import (
+    MIN_DOC_CHARS,
+    code_tasks,
+    functions_of,
+    python_files,
+    source_roots,
+)
+
+register_cpu_ci(est_time=6, suite="default")
+
+DOC = "Return the sum of the squares of the numbers, ignoring any that are negative."
+
+
+def _module(i: int) -> str:
+    return (f'raise SystemExit("imported")\n\n\ndef sum_sq_{i}(xs: list[int]) -> int:\n'
+            f'    """{DOC} Variant {i}."""\n    return 0\n\n\n'
+            'def _private(x):\n    """A private helper that is never a task, however long its '
+            'docstring grows to be."""\n\n\ndef short(x):\n    """Too short."""\n')
+
+
+@pytest.fixture
+def root(tmp_path):
+    for i in range(6):
+        (tmp_path / f"pkg{i}").mkdir()
+        (tmp_path / f"pkg{i}" / "mod.py").write_text(_module(i))
+    (tmp_path / "pkg0" / "copy.py").write_text(_module(0))  # the same docstring again
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "tests" / "test_mod.py").write_text(_module(99))
+    (tmp_path / "broken.py").write_text("def f(:\n")
+    return tmp_path
+
+
+def test_public_documented_functions_within_bounds_only(root):
+    found = list(functions_of(root / "pkg3" / "mod.py", root))
+    assert found == [("pkg3/mod.py:sum_sq_3", "def sum_sq_3(xs: list[int]) -> int:",
+                      f"{DOC} Variant 3.")]
+    assert list(functions_of(root / "broken.py", root)) == []
+    assert root / "tests" / "test_mod.py" not in python_files([root])
+
+
+def test_tasks_are_distinct_of_both_forms_and_seeded(root):
+    tasks = code_tasks(10, seed=1, roots=[root])
+    assert len(tasks) == 6  # six distinct docstrings; the copy and the test folder add none
+    assert len({t.docstring for t in tasks}) == 6
+    assert {t.form for t in tasks} == {"completion", "instruction"}
+    assert code_tasks(10, seed=1, roots=[root]) == tasks
+    assert [t.name for t in code_tasks(3, seed=2, roots=[root])] != [t.name for t in tasks[:3]]
+    t = tasks[0]
+    assert t.completion_prompt().startswith(f'{t.signature}\n    """\n    {DOC}')
+    assert t.instruction().startswith(f"Write a Python function `{t.signature[:-1]}`")
+
+
+def test_no_documented_function_is_an_error_naming_the_folder(tmp_path):
+    (tmp_path / "a.py").write_text("x = 1\n")
+    with pytest.raises(ValueError, match=str(tmp_path)):
+        code_tasks(2, seed=0, roots=[tmp_path])
+
+
+def test_the_standard_library_gives_tasks():
+    stdlib = [r for r in source_roots() if (r / "json" / "__init__.py").is_file()]
+    tasks = code_tasks(4, seed=0, roots=stdlib)
+    assert len(tasks) == 4 and all(len(t.docstring) >= MIN_DOC_CHARS for t in tasks)
+    assert all(t.signature.startswith(("def ", "async def ")) for t in tasks)
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-q"]))
