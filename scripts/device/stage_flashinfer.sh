@@ -3,8 +3,8 @@
 # unpacked: kernel sources for every model family) and the device has no network, so here we
 # keep what the paged decode/prefill attention needs: every Python file, the header trees it
 # compiles against (include, cutlass, cccl, spdlog), and the csrc templates and headers its JIT
-# reads for the decode and prefill (fa2, fa3) modules, found by generating those modules' JIT
-# specs with an audit hook on file opens. 5.7 MB + all Python 10 MB of xz, plus the wheels it
+# reads for the decode and prefill (fa2, fa3), norm, SiLU-and-mul, RoPE and page (KV append)
+# modules, found by generating those modules' JIT specs with an audit hook on file opens. 5.7 MB + all Python 10 MB of xz, plus the wheels it
 # imports that the device lacks (apache-tvm-ffi for CPython 3.12, nvidia-ml-py, ninja, einops,
 # tabulate, click, tqdm): about 20 MB in .carry/flashinfer.
 #
@@ -53,6 +53,10 @@ import torch  # noqa: E402
 import flashinfer.decode  # noqa: E402,F401
 import flashinfer.prefill  # noqa: E402,F401
 from flashinfer.jit import attention as jit  # noqa: E402
+from flashinfer.jit.activation import gen_act_and_mul_module  # noqa: E402
+from flashinfer.jit.norm import gen_norm_module  # noqa: E402
+from flashinfer.jit.page import gen_page_module  # noqa: E402
+from flashinfer.jit.rope import gen_rope_module  # noqa: E402
 
 b, i32 = torch.bfloat16, torch.int32
 for head_dim in (64, 128):
@@ -60,6 +64,7 @@ for head_dim in (64, 128):
     for backend in ("fa2", "fa3"):
         jit.gen_batch_prefill_module(backend, b, b, b, i32, head_dim, head_dim, 0, False, False,
                                      False)
+gen_norm_module(), gen_act_and_mul_module("silu"), gen_rope_module(), gen_page_module()
 root = os.path.join(site, "flashinfer")
 keep = {f for f in opened if f.startswith(root) and os.path.isfile(f)}
 for top, _, names in os.walk(root):

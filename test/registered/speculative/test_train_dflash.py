@@ -312,10 +312,14 @@ def test_recipe_sets_defaults_and_resolves_its_draft(tmp_path, monkeypatch):
     args = train_dflash.parse_args(["--recipe", name, "--steps", "7"])
     assert (args.target, args.block_size, args.num_layers, args.num_aux_layers,
             args.intermediate_size, args.holdout, args.sampled_passes, args.steps) == (
-        "qwen2.5-coder-1.5b-instruct", 16, 2, 5, 2816, 200, 3, 7)
-    # the mix: GSM8K, code and chat prompts
-    assert (args.num_samples, args.code_tasks, args.chat_instructions) == (3_000, 3_000, 2_000)
+        "qwen2.5-coder-1.5b-instruct", 16, 2, 5, 2816, 200, 5, 7)
+    assert (args.code_tasks, args.chat_instructions) == (0, 0)  # GSM8K only
     assert train_dflash.parse_args(["--recipe", name]).steps == 6_120
+    # the candidate mix: GSM8K, code and chat prompts, the same draft otherwise
+    mix = train_dflash.parse_args(["--recipe", f"{name}-mix"])
+    assert (mix.num_samples, mix.code_tasks, mix.chat_instructions, mix.sampled_passes) == (
+        3_000, 3_000, 2_000, 3)
+    assert (mix.block_size, mix.num_layers, mix.steps) == (16, 2, 6_120)
     assert args.out == str(tmp_path / "drafts" / name)
     (tmp_path / "drafts" / name).mkdir(parents=True)
     (tmp_path / "drafts" / name / "config.json").write_text("{}")
