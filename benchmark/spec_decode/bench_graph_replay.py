@@ -13,6 +13,9 @@ captured batch (the graph holds the same kernels), divided by the layer count. B
 replay time, and its fraction of the device-to-device copy bandwidth measured in the same run;
 with `--kernel-table N` (default 12 on CUDA) each replay's N costliest kernels.
 `--triton-attention-decode-merge in_kernel` measures the one-launch decode attention.
+`--verify-block-gemv` times the TARGET_VERIFY graphs a second time, captured with the block
+GEMV candidate routed in for 2..16-row projections (`block_gemv_routing.py`), as
+`TARGET_VERIFY+block_gemv`.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import time
 
 import torch
 from bench_cached_prefill import kernel_table, print_kernel_table  # script folder on sys.path
+from block_gemv_routing import route_block_gemv
 from step_bandwidth import copy_bandwidth, kv_bytes, weight_bytes
 
 from sglang_aux.srt.entrypoints.engine import Engine
@@ -134,6 +138,14 @@ def measure(preset: str, verify: bool, sizes: list[int], args) -> list[dict]:
     return rows
 
 
+def measure_block_gemv(preset: str, args) -> list[dict]:
+    """The verify graphs again, captured with the block GEMV candidate routed in."""
+    with route_block_gemv() as routed:
+        rows = measure(preset, True, args.verify_bs, args)
+    calls = {f"{site}/{m}": n for (site, m), n in sorted(routed.items())}
+    return [r | {"graph": f"{r['graph']}+block_gemv", "routed_calls": calls} for r in rows]
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--presets", nargs="+", default=["smollm2-shaped", "bench-llama"])
@@ -149,6 +161,8 @@ def main() -> None:
                         "default 12 on CUDA, 0 turns it off)")
     p.add_argument("--decode-gemv-backend", default="torch", choices=GEMV_BACKENDS,
                    help="the engines' --decode-gemv-backend (docs/kernels.md)")
+    p.add_argument("--verify-block-gemv", action="store_true",
+                   help="also time the verify graphs with the block GEMV candidate routed in")
     p.add_argument("--out", default="benchmark/spec_decode/graph_replay.json")
     args = p.parse_args()
     device = torch.device("cuda" if args.device == "auto" and torch.cuda.is_available()
@@ -163,16 +177,18 @@ def main() -> None:
             rows += measure(preset, False, args.decode_bs, args)
         if args.verify_bs:
             rows += measure(preset, True, args.verify_bs, args)
+            if args.verify_block_gemv:
+                rows += measure_block_gemv(preset, args)
     decode_bs1 = {r["preset"]: r["replay_ms"] for r in rows
                   if r["graph"] == "DECODE" and r["bs"] == 1}
-    print(f"{'preset':>15} {'graph':>13} {'bs':>4} {'replay ms':>10} {'kern/layer':>10} "
+    print(f"{'preset':>15} {'graph':>24} {'bs':>4} {'replay ms':>10} {'kern/layer':>10} "
           f"{'vs decode bs1':>13} {'MB read':>9} {'floor ms':>9} {'TB/s':>6} {'of copy':>8}")
     for r in rows:
         kpl = "-" if r["kernels_per_layer"] is None else f"{r['kernels_per_layer']:.1f}"
         ref = decode_bs1.get(r["preset"])
         ratio = f"{r['replay_ms'] / ref:.2f}x" if ref else "-"
         read = (r["weight_bytes"] + r["kv_bytes"]) / 1e6
-        print(f"{r['preset']:>15} {r['graph']:>13} {r['bs']:>4} {r['replay_ms']:>10.3f} "
+        print(f"{r['preset']:>15} {r['graph']:>24} {r['bs']:>4} {r['replay_ms']:>10.3f} "
               f"{kpl:>10} {ratio:>13} {read:>9.1f} {r['floor_ms']:>9.3f} "
               f"{r['achieved_tb_s']:>6.2f} {r['fraction_of_copy']:>7.0%}")
         print_kernel_table(r.get("kernel_table", []), "    ")

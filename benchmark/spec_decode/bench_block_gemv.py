@@ -1,0 +1,169 @@
+"""Block GEMV candidate vs cuBLAS at the few-row projections of a verify step (Qwen2.5-1.5B).
+
+    python benchmark/spec_decode/bench_block_gemv.py --rows 16 8 32 \
+        --configs 16:256:1:4:1:1 16:128:2:4:3:0 32:256:4:4:1:1 64:128:1:4:3:1 --out bg.json
+    python benchmark/spec_decode/bench_block_gemv.py --smoke   # CPU interpreter, shrunk shapes
+
+A bs-1 verify (16 tokens) and the draft's block forward run every projection at 16 rows: qkv
+1536 -> 2048 with bias, o 1536 -> 1536, gate_up 1536 -> 17920, down 8960 -> 1536, the LM head
+1536 -> 151936, and the draft's fc 5 x 1536 -> 1536. For each shape and row count (16; 8 and 32
+for reference), us per call of:
+- `cublas`: `F.linear` (with the bias where the layer has one); `torch_path`: the unfused
+  add + RMSNorm kernel, then `F.linear` (the projections that follow a norm);
+- `block`: the candidate at its table's tiles, plain; `block_fused`: with the norm (+ residual
+  add) and bias fused where the layer has them;
+- with `--configs`, the candidate at each of those tiles, `BLOCK_N:BLOCK_K:SPLIT_K:warps:
+  stages:prefetch` (`block...` and `block_fused...`);
+- `ceiling_us`: the bytes the call reads and writes at the device-to-device copy bandwidth
+  measured in the same run (`step_bandwidth.copy_bandwidth`).
+Timing, weight copies beyond the L2 and the fp32 checks are `bench_gemv.py`'s (`time_us`,
+`Case`): each call inside a CUDA graph of calls over distinct weight copies, every variant's
+output checked against an fp32 reference before it is timed. `--smoke` runs Triton's
+interpreter on the CPU over shapes shrunk 32x at 2 and 16 rows (wall-clock: a smoke test).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import sys
+
+
+def _args() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--dtype", default=None, choices=["bfloat16", "float16", "float32"],
+                   help="default: bfloat16 on CUDA, float32 elsewhere (the interpreter's bf16 "
+                        "is broken)")
+    p.add_argument("--shapes", nargs="+", default=None,
+                   help="projections to time (default: all of them)")
+    p.add_argument("--rows", type=int, nargs="+", default=[16, 8, 32])
+    p.add_argument("--iters", type=int, default=200)
+    p.add_argument("--configs", nargs="*", default=[],
+                   help="also time the candidate at these tiles, each "
+                        "BLOCK_N:BLOCK_K:SPLIT_K:warps:stages:prefetch (e.g. 32:256:4:4:1:1)")
+    p.add_argument("--shrink", type=int, default=None,
+                   help="divide N and K by this (default: 1 on CUDA, 32 elsewhere)")
+    p.add_argument("--smoke", action="store_true",
+                   help="CPU interpreter, one iteration, 2 and 16 rows")
+    p.add_argument("--out", default="benchmark/spec_decode/block_gemv.json")
+    args = p.parse_args()
+    if args.smoke:
+        args.device, args.iters, args.rows = "cpu", 1, [2, 16]
+    cuda = args.device.startswith("cuda")
+    if args.shrink is None:
+        args.shrink = 1 if cuda else 32
+    if args.dtype is None:
+        args.dtype = "bfloat16" if cuda else "float32"
+    return args
+
+
+ARGS = _args() if __name__ == "__main__" else None
+if ARGS is not None and not ARGS.device.startswith("cuda"):
+    os.environ["TRITON_INTERPRET"] = "1"  # before any @triton.jit definition
+
+import bench_gemv  # noqa: E402 (script folder on sys.path)
+import torch  # noqa: E402
+from bench_gemv import EPS, Case, time_us  # noqa: E402
+from step_bandwidth import copy_bandwidth  # noqa: E402
+
+from sglang_aux.srt.layers.triton_ops.block_gemv import (  # noqa: E402
+    BlockGemvConfig,
+    block_gemv,
+    block_gemv_config,
+)
+
+DRAFT_FC_INPUTS = 5  # target layers whose hidden states the draft's fc projects
+# bench_gemv's projections and the draft's fc; `Case` reads its shapes from bench_gemv.SHAPES.
+SHAPES = bench_gemv.SHAPES | {"draft_fc": (1536, DRAFT_FC_INPUTS * 1536, False, None)}
+bench_gemv.SHAPES = SHAPES
+
+
+def parse_config(spec: str) -> BlockGemvConfig:
+    """`BLOCK_N:BLOCK_K:SPLIT_K:warps:stages:prefetch` -> its config."""
+    bn, bk, split, warps, stages, prefetch = map(int, spec.split(":"))
+    return BlockGemvConfig(bn, bk, split, warps, stages, bool(prefetch))
+
+
+class BlockCase(Case):
+    """A projection at m rows, with the candidate beside `Case`'s cuBLAS and torch paths."""
+
+    def block(self, i: int, cfg: BlockGemvConfig | None = None) -> torch.Tensor:
+        return block_gemv(self.x, self.weights[i], self.bias, config=cfg)
+
+    def block_fused(self, i: int, cfg: BlockGemvConfig | None = None) -> torch.Tensor:
+        return block_gemv(self.x, self.weights[i], self.bias, norm_weight=self.norm.weight,
+                          eps=EPS, residual=self.residual, config=cfg)[0]
+
+
+def _variants(case: BlockCase, specs: list[str]) -> dict:
+    """label -> (fn(i), fused) of every timed call at this case."""
+    timed = {"cublas": (case.cublas, False), "block": (case.block, False)}
+    if case.fused:
+        timed |= {"torch_path": (case.torch_path, True), "block_fused": (case.block_fused, True)}
+    for spec in specs:
+        cfg = parse_config(spec)
+        timed[f"block{spec}"] = (lambda i, c=case, g=cfg: c.block(i, g), False)
+        if case.fused:
+            timed[f"block_fused{spec}"] = (lambda i, c=case, g=cfg: c.block_fused(i, g), True)
+    return timed
+
+
+@torch.inference_mode()
+def run(args: argparse.Namespace) -> dict:
+    device = torch.device(args.device)
+    dtype = getattr(torch, args.dtype)
+    copy_b_s = copy_bandwidth(device, **({} if device.type == "cuda" else
+                                         {"nbytes": 64 << 20, "iters": 3}))
+    rows = []
+    for seed, name in enumerate(args.shapes or list(SHAPES)):
+        for m in args.rows:
+            torch.manual_seed(seed)
+            case = BlockCase(name, m, dtype, device, args.shrink)
+            row = {"shape": name, "m": m, "n": case.n, "k": case.k, "copies": case.copies,
+                   "config": dataclasses.asdict(block_gemv_config(case.n, case.k)),
+                   "ceiling_us": case.bytes_read(False) / copy_b_s * 1e6}
+            if case.fused:
+                row["ceiling_fused_us"] = case.bytes_read(True) / copy_b_s * 1e6
+            for label, (fn, fused) in _variants(case, args.configs).items():
+                if label != "cublas" and label != "torch_path":
+                    row[f"max_err_{label}"] = case.max_err(fused, fn)
+                us = time_us(fn, case.copies, args.iters, device)
+                tb_s = case.bytes_read(fused) / us / 1e6
+                row[label] = {"us": us, "tb_s": tb_s, "frac_copy": tb_s * 1e12 / copy_b_s}
+            rows.append(row)
+            del case
+    return {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+            "copy_tb_s": copy_b_s / 1e12, "args": vars(args), "rows": rows}
+
+
+def print_table(result: dict) -> None:
+    print(f"device {result['device']}, copy {result['copy_tb_s']:.3f} TB/s; us per call "
+          "(fraction of copy bandwidth)")
+    print(f"{'shape':8} {'M':>3} {'ceiling':>8} {'cublas':>15} {'block':>15} {'torch_path':>15} "
+          f"{'block_fused':>15}  best variant")
+    for r in result["rows"]:
+        def cell(key, r=r):
+            return f"{r[key]['us']:8.2f} ({r[key]['frac_copy']:4.2f})" if key in r else ""
+        timed = sorted((v["us"], k) for k, v in r.items()
+                       if k.startswith("block") and isinstance(v, dict))
+        best = f"{timed[0][1]} {timed[0][0]:.2f}" if timed else ""
+        print(f"{r['shape']:8} {r['m']:>3} {r['ceiling_us']:8.2f} {cell('cublas'):>15} "
+              f"{cell('block'):>15} {cell('torch_path'):>15} {cell('block_fused'):>15}  {best}")
+
+
+def main(args: argparse.Namespace) -> None:
+    unknown = set(args.shapes or ()) - set(SHAPES)
+    if unknown:
+        raise SystemExit(f"unknown shapes {sorted(unknown)}; choose from {list(SHAPES)}")
+    result = run(args)
+    with open(args.out, "w") as f:
+        json.dump(result, f, indent=1)
+    print_table(result)
+    print(f"wrote {args.out}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main(ARGS)
