@@ -6,5 +6,7 @@
 - `attn_res_mix`: Kimi-K3-style Block AttnRes mixing (scores, softmax over sources, sum).
 - `row_gemv`: the decode GEMV of one row, with the RMSNorm (and residual add) before it and
   the bias fused (behind `--decode-gemv-backend`).
+- `block_gemv`: a candidate for the 2..32-row projections of a verify step and the draft's
+  block forward, measured against cuBLAS (docs/kernels.md); no layer calls it yet.
 - `dispatch`: when a layer runs its kernel rather than its torch twin.
 """
