@@ -29,14 +29,13 @@ import dataclasses
 import json
 import os
 import sys
+from pathlib import Path
+
+SMOKE_SHRINK = 32  # N and K divided by this under --smoke
 
 
 def _args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--device", default="cuda")
-    p.add_argument("--dtype", default=None, choices=["bfloat16", "float16", "float32"],
-                   help="default: bfloat16 on CUDA, float32 elsewhere (the interpreter's bf16 "
-                        "is broken)")
     p.add_argument("--shapes", nargs="+", default=None,
                    help="projections to time (default: all of them)")
     p.add_argument("--rows", type=int, nargs="+", default=[16, 8, 32])
@@ -44,24 +43,20 @@ def _args() -> argparse.Namespace:
     p.add_argument("--configs", nargs="*", default=[],
                    help="also time the candidate at these tiles, each "
                         "BLOCK_N:BLOCK_K:SPLIT_K:warps:stages:prefetch (e.g. 32:256:4:4:1:1)")
-    p.add_argument("--shrink", type=int, default=None,
-                   help="divide N and K by this (default: 1 on CUDA, 32 elsewhere)")
     p.add_argument("--smoke", action="store_true",
-                   help="CPU interpreter, one iteration, 2 and 16 rows")
+                   help=f"Triton's interpreter on the CPU: fp32 (its bf16 is broken), shapes "
+                        f"shrunk {SMOKE_SHRINK}x, 2 and 16 rows, one iteration")
     p.add_argument("--out", default="benchmark/spec_decode/block_gemv.json")
     args = p.parse_args()
+    args.device, args.dtype, args.shrink = (("cpu", "float32", SMOKE_SHRINK) if args.smoke
+                                            else ("cuda", "bfloat16", 1))
     if args.smoke:
-        args.device, args.iters, args.rows = "cpu", 1, [2, 16]
-    cuda = args.device.startswith("cuda")
-    if args.shrink is None:
-        args.shrink = 1 if cuda else 32
-    if args.dtype is None:
-        args.dtype = "bfloat16" if cuda else "float32"
+        args.iters, args.rows = 1, [2, 16]
     return args
 
 
 ARGS = _args() if __name__ == "__main__" else None
-if ARGS is not None and not ARGS.device.startswith("cuda"):
+if ARGS is not None and ARGS.smoke:
     os.environ["TRITON_INTERPRET"] = "1"  # before any @triton.jit definition
 
 import bench_gemv  # noqa: E402 (script folder on sys.path)
@@ -139,19 +134,20 @@ def run(args: argparse.Namespace) -> dict:
             "copy_tb_s": copy_b_s / 1e12, "args": vars(args), "rows": rows}
 
 
+COLUMNS = ("cublas", "block", "torch_path", "block_fused")
+
+
 def print_table(result: dict) -> None:
-    print(f"device {result['device']}, copy {result['copy_tb_s']:.3f} TB/s; us per call "
-          "(fraction of copy bandwidth)")
-    print(f"{'shape':8} {'M':>3} {'ceiling':>8} {'cublas':>15} {'block':>15} {'torch_path':>15} "
-          f"{'block_fused':>15}  best variant")
+    print(f"{result['device']}: copy {result['copy_tb_s']:.3f} TB/s; us per call (fraction "
+          "of the copy bandwidth); the fastest candidate variant last")
+    print(" ".join([f"{'shape':8}", f"{'M':>3}", f"{'ceiling':>8}",
+                    *(f"{c:>15}" for c in COLUMNS)]))
     for r in result["rows"]:
-        def cell(key, r=r):
-            return f"{r[key]['us']:8.2f} ({r[key]['frac_copy']:4.2f})" if key in r else ""
-        timed = sorted((v["us"], k) for k, v in r.items()
-                       if k.startswith("block") and isinstance(v, dict))
-        best = f"{timed[0][1]} {timed[0][0]:.2f}" if timed else ""
-        print(f"{r['shape']:8} {r['m']:>3} {r['ceiling_us']:8.2f} {cell('cublas'):>15} "
-              f"{cell('block'):>15} {cell('torch_path'):>15} {cell('block_fused'):>15}  {best}")
+        cells = [f"{r[c]['us']:8.2f} ({r[c]['frac_copy']:4.2f})" if c in r else "" for c in COLUMNS]
+        label, us = min(((k, v["us"]) for k, v in r.items()
+                         if k.startswith("block") and isinstance(v, dict)), key=lambda kv: kv[1])
+        print(" ".join([f"{r['shape']:8}", f"{r['m']:>3}", f"{r['ceiling_us']:8.2f}",
+                        *(f"{c:>15}" for c in cells), f"{label} {us:.2f}"]))
 
 
 def main(args: argparse.Namespace) -> None:
@@ -159,9 +155,8 @@ def main(args: argparse.Namespace) -> None:
     if unknown:
         raise SystemExit(f"unknown shapes {sorted(unknown)}; choose from {list(SHAPES)}")
     result = run(args)
-    with open(args.out, "w") as f:
-        json.dump(result, f, indent=1)
     print_table(result)
+    Path(args.out).write_text(json.dumps(result, indent=1))
     print(f"wrote {args.out}", file=sys.stderr)
 
 

@@ -1,11 +1,9 @@
 """The block GEMV candidate (`triton_ops/block_gemv.py`) == the unfused torch math, via Triton's
 CPU interpreter (fp32 and fp16; bf16 is broken there, the `_cuda` twin checks it): 2, 7, 16 and
 32 rows, K not a multiple of the tile, split K, with and without the prefetch, bias, the fused
-RMSNorm (with and without the residual add), `out=`; the table; errors; the bench's smoke run
-and its routing of a tiny model's 16-row forward through the kernel.
-
-Fresh random inputs every run (the seed is in every failure message); weights scaled by
-1/sqrt(K) so outputs are O(1) and the tolerances below are absolute and relative alike.
+RMSNorm (with and without the residual add), `out=`; the table; errors; the bench's smoke run.
+Each run draws new inputs under a logged seed; with weights of scale 1/sqrt(K) every output is
+O(1), so one tolerance serves as absolute and relative.
 """
 
 import os
@@ -22,7 +20,7 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 from torch.nn import functional as F  # noqa: E402
 
-from sglang_aux.srt.layers.layernorm import RMSNorm  # noqa: E402
+from sglang_aux.srt.layers.layernorm import add_norm  # noqa: E402
 from sglang_aux.srt.layers.triton_ops.block_gemv import (  # noqa: E402
     LONG_K,
     WIDE_N,
@@ -31,17 +29,12 @@ from sglang_aux.srt.layers.triton_ops.block_gemv import (  # noqa: E402
     block_gemv_config,
 )
 from sglang_aux.test.ci.ci_register import register_cpu_ci  # noqa: E402
-from sglang_aux.test.kernel_checks import fresh_seed  # noqa: E402
+from sglang_aux.test.kernel_checks import (  # noqa: E402
+    assert_close_seeded,
+    fresh_seed,
+    random_rms_norm,
+)
 
-register_cpu_ci(est_time=60, suite="default")
-
-BENCH_DIR = Path(__file__).resolve().parents[3] / "benchmark/spec_decode"
-
-# fp32: summation order only. fp16: one rounding of the output (2^-11 relative of O(1) values)
-# plus the input's one rounding, taken at x * w here and at x * rstd * w in the twin (up to a
-# few fp16 ulps apart).
-TOL = {torch.float32: {"atol": 2e-5, "rtol": 2e-5}, torch.float16: {"atol": 4e-3, "rtol": 4e-3}}
-DTYPES = [torch.float32, torch.float16]
 ROWS = [2, 7, 16, 32]
 # (N, K, tiles): None takes the table's; small tiles make several programs, K steps and slices;
 # K = 300 and 257 are no multiple of any tile.
@@ -49,23 +42,19 @@ SHAPES = [(40, 300, None), (64, 257, BlockGemvConfig(16, 64)),
           (48, 300, BlockGemvConfig(32, 32, split_k=3)),
           (33, 130, BlockGemvConfig(16, 32, prefetch=False, num_stages=3)),
           (20, 1000, BlockGemvConfig(16, 128, split_k=4, prefetch=False))]
+# fp32: summation order only. fp16: one rounding of the output (2^-11 relative of O(1) values)
+# plus the input's one rounding, taken at x * w here and at x * rstd * w in the twin (up to a
+# few fp16 ulps apart).
+TOL = {torch.float32: {"atol": 2e-5, "rtol": 2e-5}, torch.float16: {"atol": 4e-3, "rtol": 4e-3}}
+DTYPES = list(TOL)
+
+register_cpu_ci(est_time=60, suite="default")
 
 
-def _inputs(m, n, k, dtype, bias=False):
-    x = torch.randn(m, k).to(dtype)
-    w = (torch.randn(n, k) / k**0.5).to(dtype)
-    return x, w, torch.randn(n).to(dtype) if bias else None
-
-
-def _close(actual, expected, dtype, seed, what):
-    torch.testing.assert_close(actual.float(), expected.float(), **TOL[dtype],
-                               msg=lambda m: f"{what} (seed {seed}): {m}")
-
-
-def _norm(k, dtype):
-    norm = RMSNorm(k, eps=1e-5).to(dtype)
-    norm.weight.data.normal_()
-    return norm
+def _operands(m, n, k, dtype, bias):
+    """x `[m, k]`, W `[n, k]` scaled by 1/sqrt(k), and the bias `[n]` or None."""
+    w = torch.randn(n, k).mul_(k**-0.5).to(dtype)
+    return torch.randn(m, k).to(dtype), w, torch.randn(n).to(dtype) if bias else None
 
 
 def test_table_by_n_and_k():
@@ -83,12 +72,12 @@ def test_table_by_n_and_k():
 @pytest.mark.parametrize("bias", [False, True])
 def test_block_gemv_equals_linear(dtype, m, n, k, cfg, bias):
     seed = fresh_seed()
-    x, w, b = _inputs(m, n, k, dtype, bias)
+    x, w, b = _operands(m, n, k, dtype, bias)
     y = block_gemv(x, w, b, config=cfg)
     assert y.shape == (m, n) and y.dtype == dtype
-    _close(y, F.linear(x, w, b), dtype, seed, "vs F.linear")
+    assert_close_seeded(y, F.linear(x, w, b), seed, "vs F.linear", **TOL[dtype])
     ref = F.linear(x.double(), w.double(), None if b is None else b.double())
-    _close(y, ref, dtype, seed, "vs fp64")
+    assert_close_seeded(y, ref, seed, "vs fp64", **TOL[dtype])
     assert torch.equal(block_gemv(x, w, b, config=cfg), y), "one sum order on every launch"
 
 
@@ -98,26 +87,27 @@ def test_block_gemv_equals_linear(dtype, m, n, k, cfg, bias):
 @pytest.mark.parametrize("with_residual", [False, True])
 def test_norm_fused_equals_norm_then_linear(dtype, m, n, k, cfg, with_residual):
     seed = fresh_seed()
-    x, w, b = _inputs(m, n, k, dtype, bias=True)
+    x, w, b = _operands(m, n, k, dtype, bias=True)
     residual = torch.randn(m, k).to(dtype) if with_residual else None
-    norm = _norm(k, dtype)
-    x_in = x.clone()
+    norm = random_rms_norm(k, dtype, eps=1e-5)
+    x0 = x.clone()
     y, stream = block_gemv(x, w, b, norm_weight=norm.weight, eps=norm.variance_epsilon,
                            residual=residual, config=cfg)
-    normed, ref_stream = (norm.forward_native(x), x) if residual is None else \
-        norm.forward_native(x, residual)
-    assert torch.equal(x, x_in), "the input is not written"
-    assert torch.equal(stream, ref_stream), f"the stream is the exact (rounded) sum (seed {seed})"
-    assert (stream is x) == (residual is None)
-    _close(y, F.linear(normed, w, b), dtype, seed, "vs norm then linear")
+    normed, ref_stream = add_norm(norm, x0, residual)  # the unfused (norm(stream), stream)
+    checks = {"the input is not written": torch.equal(x, x0),
+              "the stream is the rounded sum": torch.equal(stream, ref_stream),
+              "the stream is the input itself without a residual":
+                  (stream is x) == (residual is None)}
+    assert all(checks.values()), (seed, [what for what, ok in checks.items() if not ok])
+    assert_close_seeded(y, F.linear(normed, w, b), seed, "vs norm then linear", **TOL[dtype])
     s = ref_stream.double()
     normed64 = s * torch.rsqrt(s.pow(2).mean(-1, keepdim=True) + norm.variance_epsilon)
-    _close(y, F.linear(normed64 * norm.weight.double(), w.double(), b.double()), dtype, seed,
-           "vs fp64")
+    ref = F.linear(normed64 * norm.weight.double(), w.double(), b.double())
+    assert_close_seeded(y, ref, seed, "vs fp64", **TOL[dtype])
 
 
 def test_out_is_written_in_place():
-    x, w, b = _inputs(16, 40, 96, torch.float32, bias=True)
+    x, w, b = _operands(16, 40, 96, torch.float32, bias=True)
     out = torch.full((16, 40), float("nan"))
     assert block_gemv(x, w, b, out=out, config=BlockGemvConfig(16, 32, split_k=2)) is out
     torch.testing.assert_close(out, F.linear(x, w, b), atol=2e-5, rtol=2e-5)
@@ -154,6 +144,9 @@ def test_bad_inputs_are_named():
         BlockGemvConfig(24, 64)
     with pytest.raises(ValueError, match="split_k 0 < 1"):
         BlockGemvConfig(16, 64, split_k=0)
+
+
+BENCH_DIR = Path(__file__).resolve().parents[3] / "benchmark/spec_decode"
 
 
 def _bench(tmp_path, *args):

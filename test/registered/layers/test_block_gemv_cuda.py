@@ -10,14 +10,13 @@ import torch
 from torch.nn import functional as F
 
 from sglang_aux.srt.layers.activation import SiluAndMul
-from sglang_aux.srt.layers.layernorm import RMSNorm
 from sglang_aux.srt.layers.triton_ops.block_gemv import (
     BlockGemvConfig,
     block_gemv,
     block_gemv_config,
 )
 from sglang_aux.test.ci.ci_register import register_cuda_ci
-from sglang_aux.test.kernel_checks import REAL_TRITON_ON_CUDA, fresh_seed
+from sglang_aux.test.kernel_checks import REAL_TRITON_ON_CUDA, fresh_seed, random_rms_norm
 
 pytestmark = REAL_TRITON_ON_CUDA
 register_cuda_ci(est_time=60, suite="default")
@@ -43,9 +42,7 @@ def _weight(n, k):
 
 
 def _hidden_norm():
-    norm = RMSNorm(HIDDEN, 1e-6).to(device="cuda", dtype=torch.bfloat16)
-    torch.nn.init.normal_(norm.weight)
-    return norm
+    return random_rms_norm(HIDDEN, torch.bfloat16, "cuda")
 
 
 @pytest.mark.parametrize("n,k,bias", SHAPES)

@@ -10,7 +10,6 @@ import os
 # NOTE: must precede any @triton.jit definition, i.e. any import of the layers.
 os.environ["TRITON_INTERPRET"] = "1"
 
-import importlib.util  # noqa: E402
 import json  # noqa: E402
 import sys  # noqa: E402
 from pathlib import Path  # noqa: E402
@@ -18,52 +17,41 @@ from pathlib import Path  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
+# The scripts import their siblings by name, as when run from their folder.
+sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "benchmark/spec_decode"))
+
+import bench_graph_replay  # noqa: E402
+from block_gemv_routing import route_block_gemv  # noqa: E402
+
 from sglang_aux.srt.forward_state.forward_batch_info import ForwardMode  # noqa: E402
 from sglang_aux.srt.layers import linear, logits_processor  # noqa: E402
 from sglang_aux.srt.layers.triton_ops.dispatch import ENV_VAR  # noqa: E402
 from sglang_aux.srt.models import llama  # noqa: E402
+from sglang_aux.test import runtime_utils as rt  # noqa: E402
 from sglang_aux.test.ci.ci_register import register_cpu_ci  # noqa: E402
 from sglang_aux.test.hf_checkpoints import save_tiny_qwen2  # noqa: E402
-from sglang_aux.test.runtime_utils import (  # noqa: E402
-    eager_forward,
-    fixed_batch,
-    make_runner,
-    prefill_random,
-    tiny_checkpoint,
-)
 
 register_cpu_ci(est_time=120, suite="default")
 
-SCRIPTS = Path(__file__).resolve().parents[3] / "benchmark/spec_decode"
-# fp32 on both paths: summation order only.
-TOL = {"atol": 1e-4, "rtol": 1e-4}
-
-
-def _script(name: str):
-    sys.path.insert(0, str(SCRIPTS))
-    spec = importlib.util.spec_from_file_location(name, SCRIPTS / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
 
 @pytest.fixture(scope="module")
-def root(tmp_path_factory):
-    return tmp_path_factory.mktemp("ckpt")
-
-
-def _checkpoint(root, preset: str) -> str:
-    if preset == "tiny-qwen2":
-        pytest.importorskip("transformers", reason="tiny-qwen2 is saved by transformers")
-        return save_tiny_qwen2(root / "tiny-qwen2")
-    return tiny_checkpoint(preset, root)
+def checkpoints(tmp_path_factory):
+    """Tiny Llama, and tiny Qwen2 (q/k/v biases) where transformers can save it."""
+    root = tmp_path_factory.mktemp("ckpt")
+    paths = {"tiny-llama": rt.tiny_checkpoint("tiny-llama", root)}
+    try:
+        paths["tiny-qwen2"] = save_tiny_qwen2(root / "tiny-qwen2")
+    except ImportError:
+        pass
+    return paths
 
 
 def _step(path, mode, width, prompts):
-    runner = make_runner(path, aux_layer_ids=[0, 2], max_total_tokens=512,
+    """(logits, aux states) of a prefill of `prompts`, then a step of `width` tokens each."""
+    runner = rt.make_runner(path, aux_layer_ids=[0, 2], max_total_tokens=512,
                          max_running_requests=4, context_length=256)
-    reqs = prefill_random(runner, prompts, seed=3)
-    res = eager_forward(runner, fixed_batch(runner, reqs, mode, width, seed=width))
+    reqs = rt.prefill_random(runner, prompts, seed=3)
+    res = rt.eager_forward(runner, rt.fixed_batch(runner, reqs, mode, width, seed=width))
     return (res.next_token_logits, res.aux_hidden_states), runner.model_config.num_layers
 
 
@@ -71,20 +59,22 @@ def _step(path, mode, width, prompts):
 @pytest.mark.parametrize("mode,width,prompts,routed_rows", [
     (ForwardMode.TARGET_VERIFY, 16, [20], 16), (ForwardMode.TARGET_VERIFY, 8, [20], 8),
     (ForwardMode.DECODE, 1, [20], None), (ForwardMode.TARGET_VERIFY, 16, [20, 17], None)])
-def test_routed_step_equals_the_plain_one(root, monkeypatch, preset, mode, width, prompts,
-                                          routed_rows):
+def test_routed_step_equals_the_plain_one(checkpoints, monkeypatch, preset, mode, width,
+                                          prompts, routed_rows):
     """Prefill and step inside the routing: the prefill's projections (20 or 37 rows) stay
     on their path, its LM head over each prompt's last token too unless there are 2 of them."""
     monkeypatch.setenv(ENV_VAR, "force")
-    path = _checkpoint(root, preset)
+    if preset not in checkpoints:
+        pytest.skip("tiny-qwen2 is saved by transformers")
+    path = checkpoints[preset]
     ref, layers = _step(path, mode, width, prompts)
     sites = (linear._linear, llama.norm_linear, logits_processor.lm_head_logits)
-    with _script("block_gemv_routing").route_block_gemv() as routed:
+    with route_block_gemv() as routed:
         got, _ = _step(path, mode, width, prompts)
     assert (linear._linear, llama.norm_linear, logits_processor.lm_head_logits) == sites
     for r, g in zip(ref, got, strict=True):
         assert r.abs().max() > 0
-        torch.testing.assert_close(g, r, **TOL)
+        torch.testing.assert_close(g, r, atol=1e-4, rtol=1e-4)  # fp32: sum order only
     expected = {} if len(prompts) == 1 else {("lm_head", len(prompts)): 1}
     if routed_rows is not None:  # o_proj, down; the two fused norms; the head over every token
         expected |= {("linear", routed_rows): 2 * layers, ("norm_linear", routed_rows): 2 * layers,
@@ -99,7 +89,7 @@ def test_graph_replay_times_the_routed_verify(tmp_path, monkeypatch):
                                       "--presets", "tiny-llama", "--decode-bs",
                                       "--verify-bs", "1", "--context", "16",
                                       "--verify-block-gemv", "--out", str(out)])
-    _script("bench_graph_replay").main()
+    bench_graph_replay.main()
     rows = json.loads(out.read_text())["rows"]
     assert [r["graph"] for r in rows] == ["TARGET_VERIFY", "TARGET_VERIFY+block_gemv"]
     calls, block = rows[1]["routed_calls"], rows[1]["tokens_per_req"]  # the draft's block
