@@ -31,6 +31,7 @@ from sglang_aux.srt.layers.attention.triton_ops.decode_attention import (  # noq
 from sglang_aux.srt.layers.attention.triton_ops.extend_attention import (  # noqa: E402
     extend_attention_fwd,
 )
+from sglang_aux.srt.layers.attention.triton_ops.tiling import SinglePassTile  # noqa: E402
 from sglang_aux.srt.layers.radix_attention import (  # noqa: E402
     FULL_CONTEXT,
     AttentionType,
@@ -249,6 +250,45 @@ def test_in_kernel_merge_matches_torch_native(mode, q_len, attn_type, heads, kv_
     launch.init_forward_metadata(fb)
     assert_close(out, launch.forward(q, None, None, layer, fb, save_kv_cache=False), dtype,
                  seed)
+
+
+# Single pass (a bench-only candidate): key tiles of 16 (16 steps over the 250-key context)
+# and 64 with another warp count and pipeline depth.
+SINGLE_PASS_TILES = [SinglePassTile(16, 2, 1), SinglePassTile(64, 8, 3)]
+
+
+@pytest.mark.parametrize("tile", SINGLE_PASS_TILES, ids=lambda t: f"{t.block_n}")
+@pytest.mark.parametrize("window", MERGE_WINDOWS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
+@pytest.mark.parametrize("mode,q_len,attn_type", FIXED_MODES, ids=FIXED_IDS)
+def test_single_pass_matches_torch_native_and_split(mode, q_len, attn_type, dtype, window,
+                                                    tile):
+    seed = fresh_seed()
+    heads, kv_heads, head_dim = MERGE_HEAD_CONFIGS[2]
+    req_pool, kv_pool = make_pools(kv_heads, head_dim, dtype)
+    backend = TritonAttnBackend(single_pass=tile)
+    fb = fixed_layout_batch(mode, q_len, req_pool, kv_pool, backend,
+                            [max(n, q_len) for n in MERGE_CONTEXTS])
+    q, k, v = random_qkv(fb.num_tokens, heads, kv_heads, head_dim, dtype)
+    layer = RadixAttention(heads, head_dim, 0.3, kv_heads, LAYER_ID, window, attn_type)
+    out, ref = run_both(fb, backend, layer, q, k, v)
+    assert_close(out, ref, dtype, seed)
+    split = TritonAttnBackend(num_kv_splits=MERGE_SPLITS)
+    split.init_forward_metadata(fb)
+    assert_close(out, split.forward(q, None, None, layer, fb, save_kv_cache=False), dtype,
+                 seed)
+
+
+def test_single_pass_rejects_splits_and_bad_tiles():
+    with pytest.raises(ValueError, match="power of two >= 16, got 48"):
+        SinglePassTile(48)
+    req_pool, kv_pool = make_pools(2, 32, torch.float32)
+    backend = TritonAttnBackend(num_kv_splits=2, single_pass=SinglePassTile())
+    fb = fixed_layout_batch(ForwardMode.DECODE, 1, req_pool, kv_pool, backend)
+    layer = RadixAttention(4, 32, 1.0, 2, LAYER_ID)
+    with pytest.raises(ValueError, match="single-pass tile takes no key split"):
+        backend.forward(torch.randn(fb.num_tokens, 4 * 32), None, None, layer, fb,
+                        save_kv_cache=False)
 
 
 @pytest.mark.parametrize("merge", MERGE_MODES)
