@@ -236,10 +236,18 @@ def test_in_kernel_merge_matches_torch_native(mode, q_len, attn_type, heads, kv_
                                               head_dim, dtype, window):
     """One launch: short contexts unsplit, longer ones split and merged by their last split;
     equal to torch_native and to the split + merge-kernel path, padded rows included."""
-    seed = fresh_seed()
-    req_pool, kv_pool = make_pools(kv_heads, head_dim, dtype)
     backend = TritonAttnBackend(num_kv_splits=MERGE_SPLITS, decode_merge="in_kernel",
                                 min_split_keys=MERGE_MIN_KEYS)
+    _check_vs_native_and_split(backend, mode, q_len, attn_type, (heads, kv_heads, head_dim),
+                               dtype, window)
+
+
+def _check_vs_native_and_split(backend, mode, q_len, attn_type, head_config, dtype, window):
+    """`backend` over the MERGE_CONTEXTS batch == torch_native and == the split + merge-kernel
+    path, padded rows included."""
+    seed = fresh_seed()
+    heads, kv_heads, head_dim = head_config
+    req_pool, kv_pool = make_pools(kv_heads, head_dim, dtype)
     lens = [max(n, q_len) for n in MERGE_CONTEXTS]  # a request holds its q_len tokens
     fb = fixed_layout_batch(mode, q_len, req_pool, kv_pool, backend, lens)
     q, k, v = random_qkv(fb.num_tokens, heads, kv_heads, head_dim, dtype)
@@ -263,20 +271,8 @@ SINGLE_PASS_TILES = [SinglePassTile(16, 2, 1), SinglePassTile(64, 8, 3)]
 @pytest.mark.parametrize("mode,q_len,attn_type", FIXED_MODES, ids=FIXED_IDS)
 def test_single_pass_matches_torch_native_and_split(mode, q_len, attn_type, dtype, window,
                                                     tile):
-    seed = fresh_seed()
-    heads, kv_heads, head_dim = MERGE_HEAD_CONFIGS[2]
-    req_pool, kv_pool = make_pools(kv_heads, head_dim, dtype)
-    backend = TritonAttnBackend(single_pass=tile)
-    fb = fixed_layout_batch(mode, q_len, req_pool, kv_pool, backend,
-                            [max(n, q_len) for n in MERGE_CONTEXTS])
-    q, k, v = random_qkv(fb.num_tokens, heads, kv_heads, head_dim, dtype)
-    layer = RadixAttention(heads, head_dim, 0.3, kv_heads, LAYER_ID, window, attn_type)
-    out, ref = run_both(fb, backend, layer, q, k, v)
-    assert_close(out, ref, dtype, seed)
-    split = TritonAttnBackend(num_kv_splits=MERGE_SPLITS)
-    split.init_forward_metadata(fb)
-    assert_close(out, split.forward(q, None, None, layer, fb, save_kv_cache=False), dtype,
-                 seed)
+    _check_vs_native_and_split(TritonAttnBackend(single_pass=tile), mode, q_len, attn_type,
+                               MERGE_HEAD_CONFIGS[2], dtype, window)
 
 
 def test_single_pass_rejects_splits_and_bad_tiles():
