@@ -10,7 +10,9 @@ whose interpreter mishandles bf16). Every request holds `context` keys in scatte
 `q_len` 1 is DECODE, more is TARGET_VERIFY (causal in the block). Paths: "launch" (today's
 default: the split kernel, then the merge kernel when it split) and "in_kernel@N" for each
 `--min-split-keys` N (one launch: contexts up to N keys unsplit, longer ones merged by their
-last split). Each path is checked first against torch_native on fresh random inputs, its
+last split), and "single@B:W:S" for each `--single-pass` tile (a bench-only candidate: no key
+split and no merge, key tile B, W warps, S stages; `tiling.SinglePassTile`). Each path is
+checked first against torch_native on fresh random inputs, its
 output poisoned with NaN before the call.
 
 Time per layer call, on CUDA: one graph of back-to-back calls, each reading its own layer's
@@ -61,7 +63,7 @@ L2_PASSES = 2
 REL_ERR_BOUND = {torch.float32: 1e-4, torch.bfloat16: 2e-2}
 # the CPU picks one split: force three, so both paths split and merge at the longer context
 SMOKE = dict(bs=[1, 3], contexts=[16, 130], q_lens=[1, 4], min_split_keys=[64],
-             num_kv_splits=3, max_context=256, calls=1, iters=1)
+             single_pass=["32:4:1"], num_kv_splits=3, max_context=256, calls=1, iters=1)
 
 
 def _batch(bs: int, context: int, q_len: int, max_context: int, num_layers: int, device: str,
@@ -128,11 +130,14 @@ def _us_per_call(backend: TritonAttnBackend, fb: ForwardBatch, layers: list[Radi
     return replay_ms(graphs, graph, iters, cuda=True) * 1e3 / len(layers)
 
 
-def _paths(num_kv_splits: int | None, min_split_keys: list[int]
+def _paths(num_kv_splits: int | None, min_split_keys: list[int], single_pass: list[str]
            ) -> dict[str, TritonAttnBackend]:
     paths = {"launch": TritonAttnBackend(num_kv_splits)}
     for n in min_split_keys:
         paths[f"in_kernel@{n}"] = TritonAttnBackend(num_kv_splits, "in_kernel", n)
+    for spec in single_pass:
+        tile = tiling.SinglePassTile(*map(int, spec.split(":")))
+        paths[f"single@{spec}"] = TritonAttnBackend(single_pass=tile)
     return paths
 
 
@@ -153,10 +158,13 @@ def run(args: argparse.Namespace) -> dict:
                 q = torch.randn(bs * q_len, heads * head_dim, device=device, dtype=dtype)
                 m_tiles = -(-q_len * (heads // kv_heads) // tiling.q_block(
                     q_len * (heads // kv_heads), head_dim))
-                for name, backend in _paths(args.num_kv_splits, args.min_split_keys).items():
+                paths = _paths(args.num_kv_splits, args.min_split_keys, args.single_pass)
+                for name, backend in paths.items():
                     splits = args.num_kv_splits or grid_kv_splits(
                         bs * kv_heads * m_tiles, fb.req_to_token_pool.max_context_len,
                         q.device, backend.decode_merge, backend.min_split_keys)
+                    if backend.single_pass:
+                        splits = 1
                     err = _check(backend, fb, layers[0], q)
                     us = _us_per_call(backend, fb, layers, q, args.iters)
                     rows.append(dict(
@@ -195,6 +203,8 @@ def main(argv: list[str] | None = None) -> dict:
                    help="tokens per request: 1 is DECODE, more TARGET_VERIFY")
     p.add_argument("--min-split-keys", type=int, nargs="+", default=[tiling.MIN_SPLIT_KEYS],
                    help="one in-kernel path per value (multiples of 64)")
+    p.add_argument("--single-pass", nargs="*", default=[],
+                   help="one single-pass path per tile BLOCK_N:WARPS:STAGES (e.g. 128:8:2)")
     p.add_argument("--max-context", type=int, default=32768,
                    help="the request pool's context bound (a runner's; caps in-kernel splits)")
     p.add_argument("--num-kv-splits", type=int, default=None,

@@ -36,13 +36,15 @@ def test_smoke_run_reports_every_row(tmp_path, capsys):
     assert json.loads(out.read_text())["rows"] == report["rows"]
     assert "vs launch" in capsys.readouterr().out
     smoke = bench.SMOKE
-    paths = {"launch", *(f"in_kernel@{n}" for n in smoke["min_split_keys"])}
+    paths = {"launch", *(f"in_kernel@{n}" for n in smoke["min_split_keys"]),
+             *(f"single@{t}" for t in smoke["single_pass"])}
     seen = {(r["q_len"], r["bs"], r["context"], r["path"]) for r in report["rows"]}
     assert seen == {(q, b, c, p) for q in smoke["q_lens"] for b in smoke["bs"]
                     for c in smoke["contexts"] for p in paths}
     heads, kv_heads, head_dim = bench.QWEN_HEADS
     for r in report["rows"]:
-        assert r["grid_splits"] == smoke["num_kv_splits"]
+        single = r["path"].startswith("single@")
+        assert r["grid_splits"] == (1 if single else smoke["num_kv_splits"])
         assert r["launches"] == (2 if r["path"] == "launch" else 1)
         assert r["kv_bytes"] == 2 * r["bs"] * r["context"] * kv_heads * head_dim * 4
         assert r["us_per_call"] > 0 and 0 <= r["rel_err"] < 1e-4

@@ -31,6 +31,7 @@ from sglang_aux.srt.layers.attention.triton_ops.decode_attention import (  # noq
 from sglang_aux.srt.layers.attention.triton_ops.extend_attention import (  # noqa: E402
     extend_attention_fwd,
 )
+from sglang_aux.srt.layers.attention.triton_ops.tiling import SinglePassTile  # noqa: E402
 from sglang_aux.srt.layers.radix_attention import (  # noqa: E402
     FULL_CONTEXT,
     AttentionType,
@@ -235,10 +236,18 @@ def test_in_kernel_merge_matches_torch_native(mode, q_len, attn_type, heads, kv_
                                               head_dim, dtype, window):
     """One launch: short contexts unsplit, longer ones split and merged by their last split;
     equal to torch_native and to the split + merge-kernel path, padded rows included."""
-    seed = fresh_seed()
-    req_pool, kv_pool = make_pools(kv_heads, head_dim, dtype)
     backend = TritonAttnBackend(num_kv_splits=MERGE_SPLITS, decode_merge="in_kernel",
                                 min_split_keys=MERGE_MIN_KEYS)
+    _check_vs_native_and_split(backend, mode, q_len, attn_type, (heads, kv_heads, head_dim),
+                               dtype, window)
+
+
+def _check_vs_native_and_split(backend, mode, q_len, attn_type, head_config, dtype, window):
+    """`backend` over the MERGE_CONTEXTS batch == torch_native and == the split + merge-kernel
+    path, padded rows included."""
+    seed = fresh_seed()
+    heads, kv_heads, head_dim = head_config
+    req_pool, kv_pool = make_pools(kv_heads, head_dim, dtype)
     lens = [max(n, q_len) for n in MERGE_CONTEXTS]  # a request holds its q_len tokens
     fb = fixed_layout_batch(mode, q_len, req_pool, kv_pool, backend, lens)
     q, k, v = random_qkv(fb.num_tokens, heads, kv_heads, head_dim, dtype)
@@ -249,6 +258,33 @@ def test_in_kernel_merge_matches_torch_native(mode, q_len, attn_type, heads, kv_
     launch.init_forward_metadata(fb)
     assert_close(out, launch.forward(q, None, None, layer, fb, save_kv_cache=False), dtype,
                  seed)
+
+
+# Single pass (a bench-only candidate): key tiles of 16 (16 steps over the 250-key context)
+# and 64 with another warp count and pipeline depth.
+SINGLE_PASS_TILES = [SinglePassTile(16, 2, 1), SinglePassTile(64, 8, 3)]
+
+
+@pytest.mark.parametrize("tile", SINGLE_PASS_TILES, ids=lambda t: f"{t.block_n}")
+@pytest.mark.parametrize("window", MERGE_WINDOWS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
+@pytest.mark.parametrize("mode,q_len,attn_type", FIXED_MODES, ids=FIXED_IDS)
+def test_single_pass_matches_torch_native_and_split(mode, q_len, attn_type, dtype, window,
+                                                    tile):
+    _check_vs_native_and_split(TritonAttnBackend(single_pass=tile), mode, q_len, attn_type,
+                               MERGE_HEAD_CONFIGS[2], dtype, window)
+
+
+def test_single_pass_rejects_splits_and_bad_tiles():
+    with pytest.raises(ValueError, match="power of two >= 16, got 48"):
+        SinglePassTile(48)
+    req_pool, kv_pool = make_pools(2, 32, torch.float32)
+    backend = TritonAttnBackend(num_kv_splits=2, single_pass=SinglePassTile())
+    fb = fixed_layout_batch(ForwardMode.DECODE, 1, req_pool, kv_pool, backend)
+    layer = RadixAttention(4, 32, 1.0, 2, LAYER_ID)
+    with pytest.raises(ValueError, match="single-pass tile takes no key split"):
+        backend.forward(torch.randn(fb.num_tokens, 4 * 32), None, None, layer, fb,
+                        save_kv_cache=False)
 
 
 @pytest.mark.parametrize("merge", MERGE_MODES)

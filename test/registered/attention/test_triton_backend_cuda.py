@@ -32,7 +32,7 @@ try:
     import triton
 
     from sglang_aux.srt.layers.attention.triton_backend import TritonAttnBackend
-    from sglang_aux.srt.layers.attention.triton_ops.tiling import MIN_SPLIT_KEYS
+    from sglang_aux.srt.layers.attention.triton_ops.tiling import MIN_SPLIT_KEYS, SinglePassTile
 except ImportError:  # no triton: the skip below says why
     triton = None
 
@@ -220,16 +220,23 @@ def test_fixed_layout_matches_torch_native(mode, q_len, attn_type, heads, kv_hea
     assert_close(out, reference(fb, layer, q, k, v), seed, f"{mode.name} window {window}")
 
 
+# None: today's split + merge; a single-pass candidate's tile (block_n, warps, stages;
+# bench-only, docs/kernels.md)
+SINGLE_PASS = [None, (128, 8, 2)]
+
+
+@pytest.mark.parametrize("single_pass", SINGLE_PASS, ids=["split", "single128"])
 @pytest.mark.parametrize("window", [FULL_CONTEXT, WINDOW])
 @pytest.mark.parametrize("dtype", DTYPES, ids=["bf16", "fp16"])
 @pytest.mark.parametrize("mode,q_len,attn_type", FIXED_MODES, ids=FIXED_MODE_IDS)
-def test_cuda_graph_replay_matches_torch_native(mode, q_len, attn_type, dtype, window):
+def test_cuda_graph_replay_matches_torch_native(mode, q_len, attn_type, dtype, window,
+                                                single_pass):
     """Capture once over static batch tensors; refresh them in place; every replay matches."""
     seed = fresh_seed()
     heads, kv_heads, head_dim = HEAD_CONFIGS[1]
     bs, num_slots = 8, 8 * MAX_CONTEXT * 4
     req_pool, kv_pool = make_pools(num_slots, kv_heads, head_dim, dtype)
-    backend = TritonAttnBackend()
+    backend = TritonAttnBackend(single_pass=single_pass and SinglePassTile(*single_pass))
     backend.init_cuda_graph_state(max_bs=bs, max_num_tokens=bs * q_len)
     lens = random_lens(bs - 1, q_len)
     static = fixed_layout_tensors(req_pool, place_requests(req_pool, num_slots, lens), lens,

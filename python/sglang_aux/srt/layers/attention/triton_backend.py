@@ -87,13 +87,15 @@ class TritonAttnBackend(AttentionBackend):
     `min_split_keys` in one program that writes the output, and merges longer ones in the
     same launch. In-kernel merges share `SplitCounters`, so this backend's fixed-layout
     forwards must not run concurrently (they do not: every forward of a runner runs on its
-    one stream).
+    one stream). `single_pass` (a bench-only candidate, `tiling.SinglePassTile`) runs the
+    fixed-layout modes with no key split at that tile.
     """
 
     extend_graph_safe = True
 
     def __init__(self, num_kv_splits: int | None = None, decode_merge: MergeMode = "launch",
-                 min_split_keys: int = tiling.MIN_SPLIT_KEYS):
+                 min_split_keys: int = tiling.MIN_SPLIT_KEYS,
+                 single_pass: tiling.SinglePassTile | None = None):
         if num_kv_splits is not None and num_kv_splits < 1:
             raise ValueError(f"num_kv_splits must be >= 1, got {num_kv_splits}")
         if decode_merge not in MERGE_MODES:
@@ -103,6 +105,7 @@ class TritonAttnBackend(AttentionBackend):
         self.num_kv_splits = num_kv_splits
         self.decode_merge = decode_merge
         self.min_split_keys = min_split_keys
+        self.single_pass = single_pass
         self._split_counters = SplitCounters()
         self._extend: ExtendMetadata | None = None
 
@@ -170,7 +173,7 @@ class TritonAttnBackend(AttentionBackend):
                              seq_lens, positions, layer.scaling, layer.is_causal,
                              self.num_kv_splits, layer.sliding_window_size,
                              merge=self.decode_merge, counters=self._split_counters,
-                             min_split_keys=self.min_split_keys)
+                             min_split_keys=self.min_split_keys, single_pass=self.single_pass)
 
     def _extend_metadata(self, fb: ForwardBatch) -> ExtendMetadata:
         # A caller that skipped init_forward_metadata still gets this batch's layout, never

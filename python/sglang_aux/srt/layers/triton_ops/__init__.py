@@ -6,5 +6,8 @@
 - `attn_res_mix`: Kimi-K3-style Block AttnRes mixing (scores, softmax over sources, sum).
 - `row_gemv`: the decode GEMV of one row, with the RMSNorm (and residual add) before it and
   the bias fused (behind `--decode-gemv-backend`).
+- `paired_row_gemv`: bench-only candidates, the row GEMV with RoPE + KV store or SiLU-mul in
+  its epilogue.
+- `grid_dependency`: programmatic dependent launch (`pdl=` of the kernels; bench-only).
 - `dispatch`: when a layer runs its kernel rather than its torch twin.
 """

@@ -38,7 +38,11 @@ import triton.language as tl
 from sglang_aux.srt.layers.attention.triton_ops import tiling
 from sglang_aux.srt.layers.attention.triton_ops.merge_attn_states import merge_attn_states
 from sglang_aux.srt.layers.attention.triton_ops.paged_kv_loop import attend_paged_kv
-from sglang_aux.srt.layers.attention.triton_ops.tiling import NO_KEYS, pick_num_kv_splits
+from sglang_aux.srt.layers.attention.triton_ops.tiling import (
+    NO_KEYS,
+    SinglePassTile,
+    pick_num_kv_splits,
+)
 
 MergeMode = Literal["launch", "in_kernel"]
 MERGE_MODES: tuple[MergeMode, ...] = ("launch", "in_kernel")
@@ -194,25 +198,32 @@ def decode_attention_fwd(
     merge: MergeMode = "launch",
     counters: SplitCounters | None = None,
     min_split_keys: int = tiling.MIN_SPLIT_KEYS,
+    single_pass: SinglePassTile | None = None,
 ) -> None:
     """Fixed-layout paged attention; `num_kv_splits=None` picks the split from the device;
     `sliding_window_size` keys left of each query are seen (-1: all). `merge="in_kernel"`
-    needs `counters` and splits only keys past `min_split_keys` (a multiple of the key tile)."""
+    needs `counters` and splits only keys past `min_split_keys` (a multiple of the key tile).
+    `single_pass` (a bench-only candidate): no key split at all, at that tile."""
     if merge not in MERGE_MODES:
         raise ValueError(f"merge must be one of {MERGE_MODES}, got {merge!r}")
+    if single_pass is not None and (merge != "launch" or num_kv_splits not in (None, 1)):
+        raise ValueError(f"a single-pass tile takes no key split and no merge, got "
+                         f"num_kv_splits={num_kv_splits}, merge={merge!r}")
     bs = req_pool_indices.shape[0]
     num_tokens, num_heads, head_dim = q.shape
     num_kv_heads = k_buffer.shape[1]
     q_len = num_tokens // bs
     group = num_heads // num_kv_heads
     block_m = tiling.q_block(q_len * group, head_dim)
-    block_n = tiling.kv_block(head_dim)
+    block_n = tiling.kv_block(head_dim) if single_pass is None else single_pass.block_n
     m_tiles = triton.cdiv(q_len * group, block_m)
     in_kernel = merge == "in_kernel"
     if in_kernel and min_split_keys % block_n:
         raise ValueError(f"min_split_keys {min_split_keys} is not a multiple of the "
                          f"{block_n}-key tile")
-    if num_kv_splits is None:
+    if single_pass is not None:
+        num_kv_splits = 1
+    elif num_kv_splits is None:
         num_kv_splits = grid_kv_splits(bs * num_kv_heads * m_tiles, req_to_token.shape[1],
                                        q.device, merge, min_split_keys)
     partial_out, partial_lse, split_counters = out, out, out  # unused when unsplit
@@ -240,7 +251,9 @@ def decode_attention_fwd(
         MIN_SPLIT_KEYS=min_split_keys, CAUSAL=causal,
         SLIDING_WINDOW_SIZE=sliding_window_size, DOT_PRECISION=tiling.dot_precision(q.dtype),
         HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n,
-        num_warps=tiling.num_warps(block_m, head_dim), num_stages=tiling.NUM_STAGES,
+        num_warps=tiling.num_warps(block_m, head_dim) if single_pass is None
+        else single_pass.num_warps,
+        num_stages=tiling.NUM_STAGES if single_pass is None else single_pass.num_stages,
     )
     if num_kv_splits > 1 and not in_kernel:
         merge_attn_states(partial_out, partial_lse, out)
