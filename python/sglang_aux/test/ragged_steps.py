@@ -101,3 +101,27 @@ class RaggedTrio:
         rows = torch.cat([torch.arange(i * self.width, i * self.width + n)
                           for i, n in enumerate(lens)])
         return logits.next_token_logits[rows.to(logits.next_token_logits.device)]
+
+
+def ragged_verify_batch(req_pool, kv_pool, backend, rows: list[int], prefix: list[int],
+                        lens: list[int], num_tokens: int, width: int) -> ForwardBatch:
+    """A TARGET_VERIFY batch of requests in `rows` with `prefix` cached tokens verifying
+    `lens` tokens each, laid out token-major over `num_tokens` entries by
+    `RaggedStepPrologue` (rows of no request past them), for attention tests."""
+    device, bs = req_pool.req_to_token.device, len(rows)
+    ints = lambda xs: torch.tensor(xs, dtype=torch.int64, device=device)  # noqa: E731
+    req_pool.kv_lens[ints(rows)] = ints(prefix)
+    lens_storage = torch.zeros(num_tokens, dtype=torch.int64, device=device)
+    lens_storage[:bs] = ints(lens)
+    rows_storage = torch.zeros(num_tokens, dtype=torch.int64, device=device)
+    zeros = torch.zeros(num_tokens, dtype=torch.int64, device=device)
+    fb = ForwardBatch(
+        forward_mode=VERIFY, batch_size=num_tokens, input_ids=zeros.clone(),
+        req_pool_indices=ints(rows + [PADDING_REQ_ROW] * (num_tokens - bs)),
+        seq_lens=zeros.clone(), seq_lens_cpu=zeros.cpu(), out_cache_loc=zeros.clone(),
+        positions=zeros.clone(), req_to_token_pool=req_pool, token_to_kv_pool=kv_pool,
+        attn_backend=backend)
+    RaggedStepPrologue(lens=lambda n: lens_storage[:n], request_rows=lambda n: rows_storage[:n],
+                       width=width)(fb)
+    fb.seq_lens_cpu = fb.seq_lens.cpu()
+    return fb

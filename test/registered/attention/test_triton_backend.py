@@ -46,12 +46,10 @@ from sglang_aux.srt.mem_cache.memory_pool import (  # noqa: E402
     ReqToTokenPool,
 )
 from sglang_aux.srt.model_executor.model_runner import make_attn_backend  # noqa: E402
-from sglang_aux.srt.model_executor.runner.ragged_step_prologue import (  # noqa: E402
-    RaggedStepPrologue,
-)
 from sglang_aux.srt.server_args import ServerArgs  # noqa: E402
 from sglang_aux.test.ci.ci_register import register_cpu_ci  # noqa: E402
-from sglang_aux.test.kernel_checks import fresh_seed
+from sglang_aux.test.kernel_checks import fresh_seed  # noqa: E402
+from sglang_aux.test.ragged_steps import ragged_verify_batch  # noqa: E402
 
 register_cpu_ci(est_time=200, suite="default")
 
@@ -459,23 +457,11 @@ RAGGED_TOKENS = sum(RAGGED_LENS) + 3
 
 def ragged_batch(req_pool, kv_pool, backend, prefix: list[int], lens: list[int],
                  num_tokens: int) -> ForwardBatch:
-    """Requests of `prefix` cached tokens verifying `lens` tokens each, laid out token-major
-    over `num_tokens` entries by `RaggedStepPrologue` (rows hold BLOCK tokens after the
-    prefix, so a static verify step of the same requests reads the same keys)."""
+    """Rows of BLOCK tokens after `prefix` (so a static verify step of the same requests
+    reads the same keys) verifying `lens` of them, token-major over `num_tokens` entries."""
     rows = place_requests(req_pool, [p + BLOCK for p in prefix])
-    req_pool.kv_lens[rows] = torch.tensor(prefix)
-    bs = len(rows)
-    lens_storage = torch.zeros(num_tokens, dtype=torch.int64)
-    lens_storage[:bs] = torch.tensor(lens)
-    rows_storage = torch.zeros(num_tokens, dtype=torch.int64)
-    zeros = torch.zeros(num_tokens, dtype=torch.int64)
-    fb = make_batch(ForwardMode.TARGET_VERIFY, req_pool, kv_pool,
-                    rows + [PADDING_REQ_ROW] * (num_tokens - bs), [1] * num_tokens,
-                    zeros.clone(), zeros.clone(), backend)
-    RaggedStepPrologue(lens=lambda n: lens_storage[:n], request_rows=lambda n: rows_storage[:n],
-                       width=BLOCK)(fb)
-    fb.seq_lens_cpu = fb.seq_lens.clone()
-    return fb
+    return ragged_verify_batch(req_pool, kv_pool, backend, rows, prefix, lens, num_tokens,
+                               BLOCK)
 
 
 @pytest.mark.parametrize("window", WINDOWS)
