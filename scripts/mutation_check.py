@@ -119,6 +119,12 @@ MUTATIONS = [
              f"{SRT}/speculative/dflash_worker.py",
              "token_bitmask=token_bitmask)", "token_bitmask=None)",
              (f"{GRAMMAR}::test_dspark_greedy_with_a_grammar_equals_target_only",)),
+    Mutation("Triton ragged verify: a request's last verified token hidden from all",
+             f"{SRT}/layers/attention/triton_ops/decode_attention.py",
+             "seq_len = tl.load(Seq_Lens + b) + q_len",
+             "seq_len = tl.load(Seq_Lens + b) + q_len - 1",
+             (f"{T}/attention/test_triton_backend.py::"
+              "test_ragged_verify_reads_each_request_once",)),
     Mutation("ragged verify attention: a request's tokens all at its first position",
              f"{SRT}/layers/attention/torch_native_backend.py",
              "q_pos[run, offset], seq[run, offset] = fb.positions, fb.seq_lens[:n]",

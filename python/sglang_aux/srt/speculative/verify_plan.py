@@ -111,7 +111,8 @@ class VerifyPlan:
                                 epilogue, streamed_aux)
         prologue = RaggedStepPrologue(block_tokens=lambda n: proposals[:n],
                                       lens=lambda n: self.verify_lens[:n],
-                                      request_rows=lambda n: self.request_rows[:n])
+                                      request_rows=lambda n: self.request_rows[:n],
+                                      width=w)
         return ForwardParts(epilogue.mode, w, prologue, epilogue, streamed_aux, ragged=True)
 
     def ragged_inputs(self, inputs: ForwardInputs, every_token: bool,
