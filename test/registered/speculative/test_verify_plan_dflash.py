@@ -109,8 +109,8 @@ def test_token_cap_verifies_whole_blocks_below_it(ckpts, target_only):
     worker, plans = engine.worker, []
     b, plan = worker.verify_width, worker.verify_plan.plan
 
-    def recording(bs, every_token, confidence):
-        n = plan(bs, every_token, confidence)
+    def recording(bs, every_token, confidence, width):
+        n = plan(bs, every_token, confidence, width)
         plans.append((bs, worker.verify_plan.verify_lens[:bs].tolist()))
         return n
 
