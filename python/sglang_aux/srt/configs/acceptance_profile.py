@@ -29,15 +29,15 @@ class AcceptanceProfile:
                              f"'accept_histogram' ({reason})") from None
         width = verify_width or doc.get("verify_width") or (
             len(hist) if isinstance(hist, list) else 0)
+        if doc.get("verify_width", width) != width:
+            raise ValueError(f"acceptance profile {path}: made for verify width "
+                             f"{doc['verify_width']}, the draft verifies {width}")
         if (not isinstance(hist, list) or not hist or len(hist) != width
                 or not all(isinstance(x, int | float) and 0 <= x < math.inf for x in hist)
                 or sum(hist) <= 0):
             raise ValueError(f"acceptance profile {path}: 'accept_histogram' must be {width} "
                              f"finite non-negative numbers, not all 0 (P(accepted = a) for "
                              f"a = 0..{width - 1}, the verify width), got {hist!r:.80}")
-        if doc.get("verify_width", width) != width:
-            raise ValueError(f"acceptance profile {path}: made for verify width "
-                             f"{doc['verify_width']}, the draft verifies {width}")
         total = sum(hist)
         return cls(str(path), [x / total for x in hist])
 
