@@ -13,33 +13,23 @@ import pytest
 from sglang_aux.srt.configs.draft_len_schedule import DraftLenSchedule
 from sglang_aux.srt.entrypoints.engine import Engine
 from sglang_aux.srt.forward_state.forward_batch_info import ForwardMode
-from sglang_aux.srt.managers.schedule_batch import Req
 from sglang_aux.test.ci.ci_register import register_cpu_ci
 from sglang_aux.test.runtime_utils import (
-    GREEDY_IGNORE_EOS,
+    ARRIVAL_SAMPLED,
+    ARRIVALS,
+    arrival_params,
     assert_kv_all_back,
     cached_kv_error,
     committed_tokens,
     pair_checkpoints,
+    run_arrivals,
 )
 
 register_cpu_ci(est_time=40, suite="default")
 
 SCHEDULE = "1:4,3:2,5:1"
-PROMPTS = ["Hi", "The quick brown fox jumps over", "12 + 30 =", "Natalia sold clips to 48 of",
-           "x", "What is the capital of France?", "Once upon a time"]
-MAX_NEW = [40, 30, 22, 14, 12, 10, 24]
-ARRIVE_AT = [0, 0, 2, 4, 5, 5, 7]  # the scheduler step each request arrives at
-SAMPLED = 6  # this request samples; the others are greedy
 ENGINE_KW = dict(device="cpu", max_total_tokens=4096, max_running_requests=6,
                  cuda_graph_bs_decode=[1, 2, 4, 6])
-
-
-def _params(i: int) -> dict:
-    params = dict(GREEDY_IGNORE_EOS, max_new_tokens=MAX_NEW[i])
-    if i == SAMPLED:
-        params |= {"temperature": 0.8, "top_p": 0.9, "seed": 7}
-    return params
 
 
 @pytest.fixture(scope="module")
@@ -51,20 +41,8 @@ def ckpts(tmp_path_factory):
 @pytest.fixture(scope="module")
 def target_only(ckpts):
     engine = Engine(model_path=ckpts["tiny-llama"], **ENGINE_KW)
-    return engine.generate(PROMPTS, [_params(i) for i in range(len(PROMPTS))])
-
-
-def _run_arrivals(engine: Engine) -> list[Req]:
-    sched, reqs = engine.scheduler, []
-    step = 0
-    while len(reqs) < len(PROMPTS) or not all(r.finished for r in reqs):
-        for i in range(len(PROMPTS)):
-            if ARRIVE_AT[i] == step:
-                reqs.append(engine.make_request(text=PROMPTS[i], sampling_params=_params(i)))
-                sched.add_request(reqs[-1])
-        sched.step()
-        step += 1
-    return reqs
+    return engine.generate([p for p, _, _ in ARRIVALS],
+                           [arrival_params(i) for i in range(len(ARRIVALS))])
 
 
 @pytest.mark.parametrize("overlap", [False, True])
@@ -88,10 +66,10 @@ def test_batch_crossing_the_thresholds_both_ways_stays_exact(ckpts, target_only,
         return draft_forward(fb)
 
     worker.verify_plan.plan, worker.draft_runner.forward = recording_plan, counting_draft
-    reqs = _run_arrivals(engine)
+    reqs = run_arrivals(engine)
     for i, (req, want) in enumerate(zip(reqs, target_only, strict=True)):
-        assert len(req.output_ids) == MAX_NEW[i]
-        if i != SAMPLED:
+        assert len(req.output_ids) == ARRIVALS[i][1]
+        if i != ARRIVAL_SAMPLED:
             assert req.output_ids == want["output_ids"], i
         # the target's K/V and the draft context of every committed token, plain steps' too
         assert cached_kv_error(engine, committed_tokens(req)) < 1e-4, i
