@@ -7,7 +7,8 @@ orchestrates the steps (prefill, prefill chunk, decode, mixed), the pieces do th
   forward's prologue;
 - `acceptance.py`: the verify forward's epilogue and sampling tail (greedy acceptance,
   rejection sampling) and the re-decision of processed steps;
-- `draft_context.py`: the draft context commit and the aux projection a forward feeds.
+- `draft_context.py`: the draft context commit and the aux projection a forward feeds;
+- `draft_len_planner.py`: the verify width each batch size gets (the draft length schedule).
 
 Per decode step and batch, all on the device after one copy per runner of (row, kv_len, last
 token) per request, from which each graph's prologue derives its inputs (StepPrologue):
@@ -21,6 +22,12 @@ positions past the new kv_len, never read before the next step writes them again
 invariant in schedule_batch.py). The scheduler owns the KV slots; this worker only advances
 each request's kv_len. Each request's verify tokens are counted (`spec_verify_tokens`), so
 verify tokens per accepted token compare static with compact verify.
+
+Under compact verify a step of bs requests verifies at most the schedule's width w(bs) <= W
+per request on average (it caps the step's budget at bs * (w - 1) proposals; steps whose
+logits are processed, grammar-restricted or scored verify every token, as static). At width 1
+the step is plain decoding: no draft forward, the verify forward runs the anchors alone and
+its epilogue still commits their draft context, so a later step speculates again.
 """
 
 from __future__ import annotations

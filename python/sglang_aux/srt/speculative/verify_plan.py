@@ -18,7 +18,9 @@ does not grow along a row, so each request's choice is a prefix. The verify forw
 (`RaggedStepPrologue`: token-major, graphs per token bucket); the step's bucket is the one
 that holds the most the budget allows, `bs + min(budget, bs * (W - 1))`, known on the host
 without reading the confidences: no host sync, fixed shapes. A step whose logits are
-processed, grammar-restricted or scored verifies every token, as static.
+processed, grammar-restricted or scored verifies every token, as static. The draft length
+schedule's width for the step's batch size caps the budget (`plan`'s `width`; 1: the anchors
+alone), whichever of the two is smaller.
 """
 
 from __future__ import annotations
