@@ -4,7 +4,8 @@ back to 1, crossing every threshold both ways; every greedy request's output equ
 target-only token for token (a sampled request rides along, so the sampling tails run over
 plain steps too); each step verifies what its batch size's width allows, plain steps (width 1)
 run no draft forward, yet commit the draft context of their tokens, so speculation resumes
-after them; the step statistics count them."""
+after them; the step statistics count them. Static verify keeps the full width and counts its
+mixed steps among the verify steps."""
 
 import sys
 
@@ -93,6 +94,24 @@ def test_batch_crossing_the_thresholds_both_ways_stays_exact(ckpts, target_only,
     assert worker.server_info()["speculative_draft_len_schedule"] == {
         "schedule": SCHEDULE, "source": "flag", "verify_width": w}
     assert_kv_all_back(engine)
+
+
+def test_static_verify_runs_the_full_width_and_counts_mixed_steps(ckpts, target_only):
+    engine = Engine(model_path=ckpts["tiny-llama"], speculative_algorithm="DFLASH",
+                    speculative_draft_model_path=ckpts["tiny-llama-dflash"],
+                    speculative_verify_mode="static", enable_mixed_chunk=True, **ENGINE_KW)
+    worker = engine.worker
+    reqs = run_arrivals(engine)
+    for i, (req, want) in enumerate(zip(reqs, target_only, strict=True)):
+        if i != ARRIVAL_SAMPLED:
+            assert req.output_ids == want["output_ids"], i
+    stats = engine.scheduler.stats
+    assert stats["mixed_steps"] > 0
+    assert worker.step_stats == {"spec_verify_steps": stats["decode_steps"] + stats["mixed_steps"],
+                                 "spec_plain_steps": 0}
+    assert worker.server_info()["speculative_draft_len_schedule"] == {
+        "schedule": f"1:{worker.verify_width}", "source": "static verify: full width",
+        "verify_width": worker.verify_width}
 
 
 if __name__ == "__main__":

@@ -273,6 +273,7 @@ class DFlashWorker(RequestRowStaging):
         if n:  # a chunked request's rows are staged once, for its last chunk
             self._write_rows(arrivals)
         has_sampling = _samples(reqs)
+        self.draft_len.count_step(w)  # mixed steps are static: the full width
         self._draft(reqs, has_sampling)
         fb = self.target_runner.prepare(mixed_inputs(self.target_runner, reqs, arrivals, w,
                                                      chunk))

@@ -36,13 +36,21 @@ PRIOR_WEIGHT = 64.0  # observations of each proposal the prior acceptance is wor
 TIE_RTOL = 1e-9  # throughputs this close are a tie: the smaller width wins
 
 
-def expected_tokens(rates: Sequence[float], width: float) -> float:
-    """E(width): tokens a request emits per verify step of `width` tokens, given each
-    proposal's conditional acceptance `rates` `[W - 1]`; linear between whole widths."""
+def _expected_by_width(rates: Sequence[float]) -> list[float]:
+    """`[W]`: E(1), ..., E(W)."""
     survival, total = 1.0, [1.0]
     for a in rates:
         survival *= a
         total.append(total[-1] + survival)
+    return total
+
+
+def expected_tokens(rates: Sequence[float], width: float,
+                    total: list[float] | None = None) -> float:
+    """E(width): tokens a request emits per verify step of `width` tokens, given each
+    proposal's conditional acceptance `rates` `[W - 1]`; linear between whole widths.
+    `total`: `_expected_by_width(rates)`, when the caller has it."""
+    total = total or _expected_by_width(rates)
     lo = min(int(width), len(total))
     if lo >= width or lo == len(total):
         return total[lo - 1]
@@ -52,14 +60,14 @@ def expected_tokens(rates: Sequence[float], width: float) -> float:
 def derive_widths(batch_sizes: Sequence[int], costs: StepCosts, rates: Sequence[float],
                   budget: Callable[[int], int]) -> dict[int, int]:
     """Each batch size's width of most expected tokens per ms (module docstring)."""
-    verify_width = len(rates) + 1
+    verify_width, total = len(rates) + 1, _expected_by_width(rates)
     widths = {}
     for bs in batch_sizes:
         best_w, best = 1, 1.0 / costs.verify(bs)
         for w in range(2, verify_width + 1):
             t = 1 + min(w - 1, budget(bs) / bs)
             cost = costs.draft(bs) + costs.verify(math.ceil(bs * t))
-            rate = expected_tokens(rates, t) / cost
+            rate = expected_tokens(rates, t, total) / cost
             if rate > best * (1 + TIE_RTOL):
                 best_w, best = w, rate
         widths[bs] = best_w
