@@ -115,12 +115,13 @@ def test_compact_dflash_on_every_aux_path(ckpts, target_only, variant):
 def test_token_cap_verifies_whole_blocks_below_it(ckpts, target_only):
     """`--compact-verify-max-tokens`: a step whose blocks fit the cap verifies all of them;
     a larger one verifies exactly the cap (at least its anchors); output still target-only's."""
-    engine = _dflash(ckpts, compact_verify_max_tokens=10)
+    engine = _dflash(ckpts, compact_verify_max_tokens=10,
+                     speculative_draft_len_schedule="1:4")  # the full width: the cap alone
     worker, plans = engine.worker, []
     b, plan = worker.verify_width, worker.verify_plan.plan
 
-    def recording(bs, every_token, confidence):
-        n = plan(bs, every_token, confidence)
+    def recording(bs, every_token, confidence, width):
+        n = plan(bs, every_token, confidence, width)
         plans.append((bs, worker.verify_plan.verify_lens[:bs].tolist()))
         return n
 
