@@ -3,6 +3,8 @@
     python benchmark/spec_decode/bench_decode_attention.py --bs 1 8 32 \
         --contexts 128 900 4096 --q-lens 1 16 --min-split-keys 128 256 512 \
         --out decode_attention.json
+    python benchmark/spec_decode/bench_decode_attention.py --ragged --bs 1 8 32 \
+        --contexts 900 --q-lens 16 --out ragged_verify_attention.json
     python benchmark/spec_decode/bench_decode_attention.py --smoke   # CPU: the interpreter
 
 Qwen2.5-1.5B's attention (12 q heads over 2 kv heads, head_dim 128, bf16; fp32 on the CPU,
@@ -10,8 +12,17 @@ whose interpreter mishandles bf16). Every request holds `context` keys in scatte
 `q_len` 1 is DECODE, more is TARGET_VERIFY (causal in the block). Paths: "launch" (today's
 default: the split kernel, then the merge kernel when it split) and "in_kernel@N" for each
 `--min-split-keys` N (one launch: contexts up to N keys unsplit, longer ones merged by their
-last split). Each path is checked first against torch_native on fresh random inputs, its
+last split), and "single@B:W:S" for each `--single-pass` tile (a bench-only candidate: no key
+split and no merge, key tile B, W warps, S stages; `tiling.SinglePassTile`). Each path is
+checked first against torch_native on fresh random inputs, its
 output poisoned with NaN before the call.
+
+`--ragged` times compact verify's attention instead (the launch merge): every request verifies
+a seeded random 1..q_len of its block's tokens (mean ~q_len / 2), laid out token-major over the
+token bucket that holds them (`RaggedStepPrologue`). Paths: "static" (the whole blocks,
+request-major: what static verify runs), "per_token" (the ragged step with one entry per
+token, each reading its request's keys: compact verify before `ForwardBatch.ragged`) and
+"ragged" (the same step read per request); the ratio column is against "static".
 
 Time per layer call, on CUDA: one graph of back-to-back calls, each reading its own layer's
 K/V (as many layers as `--calls`, more when one layer's K/V is small enough that the calls
@@ -25,6 +36,7 @@ device-to-device copy's TB/s measured in the same run.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -53,6 +65,10 @@ from sglang_aux.srt.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPoo
 from sglang_aux.srt.model_executor.runner_backend.cuda_graph_backend import (  # noqa: E402
     CudaGraphBackend,
 )
+from sglang_aux.srt.model_executor.runner_utils.capture_sizes import (  # noqa: E402
+    ragged_token_buckets,
+)
+from sglang_aux.test.ragged_steps import ragged_verify_batch  # noqa: E402
 
 QWEN_HEADS = (12, 2, 128)  # Qwen2.5-1.5B: q heads, kv heads, head_dim
 # Enough distinct K/V per graph to stream this many times the L2 cache between re-reads.
@@ -61,7 +77,7 @@ L2_PASSES = 2
 REL_ERR_BOUND = {torch.float32: 1e-4, torch.bfloat16: 2e-2}
 # the CPU picks one split: force three, so both paths split and merge at the longer context
 SMOKE = dict(bs=[1, 3], contexts=[16, 130], q_lens=[1, 4], min_split_keys=[64],
-             num_kv_splits=3, max_context=256, calls=1, iters=1)
+             single_pass=["32:4:1"], num_kv_splits=3, max_context=256, calls=1, iters=1)
 
 
 def _batch(bs: int, context: int, q_len: int, max_context: int, num_layers: int, device: str,
@@ -97,13 +113,14 @@ def _layers(num_layers: int) -> list[RadixAttention]:
 
 
 def _check(backend: TritonAttnBackend, fb: ForwardBatch, layer: RadixAttention,
-           q: torch.Tensor) -> float:
-    """Max |path - torch_native| over max |torch_native| on layer 0; raises past the bound."""
+           q: torch.Tensor, live: int | None = None) -> float:
+    """Max |path - torch_native| over max |torch_native| on layer 0 (its first `live` rows);
+    raises past the bound."""
     ref = TorchNativeAttnBackend()
     ref.init_forward_metadata(fb)
-    expected = ref.forward(q, None, None, layer, fb, save_kv_cache=False).float()
+    expected = ref.forward(q, None, None, layer, fb, save_kv_cache=False).float()[:live]
     backend.init_forward_metadata(fb)
-    out = backend.forward(q, None, None, layer, fb, save_kv_cache=False).float()
+    out = backend.forward(q, None, None, layer, fb, save_kv_cache=False).float()[:live]
     if not torch.isfinite(out).all():
         raise AssertionError("non-finite output")
     err = ((out - expected).abs().max() / expected.abs().max()).item()
@@ -128,12 +145,44 @@ def _us_per_call(backend: TritonAttnBackend, fb: ForwardBatch, layers: list[Radi
     return replay_ms(graphs, graph, iters, cuda=True) * 1e3 / len(layers)
 
 
-def _paths(num_kv_splits: int | None, min_split_keys: list[int]
+def _paths(num_kv_splits: int | None, min_split_keys: list[int], single_pass: list[str]
            ) -> dict[str, TritonAttnBackend]:
     paths = {"launch": TritonAttnBackend(num_kv_splits)}
     for n in min_split_keys:
         paths[f"in_kernel@{n}"] = TritonAttnBackend(num_kv_splits, "in_kernel", n)
+    for spec in single_pass:
+        tile = tiling.SinglePassTile(*map(int, spec.split(":")))
+        paths[f"single@{spec}"] = TritonAttnBackend(single_pass=tile)
     return paths
+
+
+def _ragged_rows(fb: ForwardBatch, layers: list[RadixAttention], q_len: int,
+                 args: argparse.Namespace, kv_bytes: int) -> list[dict]:
+    """The static / per-token / ragged rows of one (q_len, bs, context) point over `fb`'s
+    requests (the static step)."""
+    bs, context, device = fb.batch_size, int(fb.seq_lens_cpu[0]), fb.input_ids.device
+    heads, _, head_dim = QWEN_HEADS
+    lens = torch.randint(1, q_len + 1, (bs,)).tolist()
+    n = next(b for b in ragged_token_buckets(max_bs=bs, tokens_per_req=q_len) if b >= sum(lens))
+    ragged = ragged_verify_batch(fb.req_to_token_pool, fb.token_to_kv_pool, None,
+                                 fb.req_pool_indices.tolist(), [context - q_len] * bs, lens, n,
+                                 q_len)
+    q_ragged = torch.randn(n, heads * head_dim, device=device,
+                           dtype=fb.token_to_kv_pool.k_buffer[0].dtype)
+    q_static = torch.randn(bs * q_len, heads * head_dim, device=device, dtype=q_ragged.dtype)
+    cases = {"static": (fb, q_static, None),
+             "per_token": (dataclasses.replace(ragged, ragged=None), q_ragged, sum(lens)),
+             "ragged": (ragged, q_ragged, sum(lens))}
+    rows = []
+    for path, (batch, q, live) in cases.items():
+        backend = TritonAttnBackend(args.num_kv_splits)
+        err = _check(backend, batch, layers[0], q, live)
+        us = _us_per_call(backend, batch, layers, q, args.iters)
+        rows.append(dict(q_len=q_len, bs=bs, context=context, path=path, tokens=q.shape[0],
+                         verified=sum(lens) if path != "static" else bs * q_len,
+                         us_per_call=us, kv_bytes=kv_bytes, tb_s=kv_bytes / us / 1e6,
+                         calls_per_graph=len(layers), rel_err=err))
+    return rows
 
 
 def run(args: argparse.Namespace) -> dict:
@@ -150,13 +199,20 @@ def run(args: argparse.Namespace) -> dict:
                 torch.manual_seed(args.seed + context * 1000 + bs * 10 + q_len)
                 fb = _batch(bs, context, q_len, args.max_context, num_layers, device, dtype)
                 layers = _layers(num_layers)
+                if args.ragged:
+                    rows += _ragged_rows(fb, layers, q_len, args, kv_bytes)
+                    del fb, layers
+                    continue
                 q = torch.randn(bs * q_len, heads * head_dim, device=device, dtype=dtype)
                 m_tiles = -(-q_len * (heads // kv_heads) // tiling.q_block(
                     q_len * (heads // kv_heads), head_dim))
-                for name, backend in _paths(args.num_kv_splits, args.min_split_keys).items():
+                paths = _paths(args.num_kv_splits, args.min_split_keys, args.single_pass)
+                for name, backend in paths.items():
                     splits = args.num_kv_splits or grid_kv_splits(
                         bs * kv_heads * m_tiles, fb.req_to_token_pool.max_context_len,
                         q.device, backend.decode_merge, backend.min_split_keys)
+                    if backend.single_pass:
+                        splits = 1
                     err = _check(backend, fb, layers[0], q)
                     us = _us_per_call(backend, fb, layers, q, args.iters)
                     rows.append(dict(
@@ -174,15 +230,19 @@ def run(args: argparse.Namespace) -> dict:
 
 
 def _table(report: dict) -> str:
+    ragged = report["args"]["ragged"]
+    first = "static" if ragged else "launch"
     base = {(r["q_len"], r["bs"], r["context"]): r["us_per_call"] for r in report["rows"]
-            if r["path"] == "launch"}
+            if r["path"] == first}
+    cols = "tokens verified" if ragged else "splits launches"
     lines = [f"{report['device']}, {report['dtype']}, copy "
              f"{report['copy_tb_s'] or float('nan'):.2f} TB/s",
-             "q_len bs context path            splits launches us/call  TB/s  vs launch"]
+             f"q_len bs context path            {cols} us/call  TB/s  vs {first}"]
     for r in report["rows"]:
         ratio = base[(r["q_len"], r["bs"], r["context"])] / r["us_per_call"]
+        a, b = (r["tokens"], r["verified"]) if ragged else (r["grid_splits"], r["launches"])
         lines.append(f"{r['q_len']:>5} {r['bs']:>2} {r['context']:>7} {r['path']:<16}"
-                     f"{r['grid_splits']:>6} {r['launches']:>8} {r['us_per_call']:>7.2f} "
+                     f"{a:>6} {b:>8} {r['us_per_call']:>7.2f} "
                      f"{r['tb_s']:>5.2f} {ratio:>9.2f}x")
     return "\n".join(lines)
 
@@ -195,6 +255,8 @@ def main(argv: list[str] | None = None) -> dict:
                    help="tokens per request: 1 is DECODE, more TARGET_VERIFY")
     p.add_argument("--min-split-keys", type=int, nargs="+", default=[tiling.MIN_SPLIT_KEYS],
                    help="one in-kernel path per value (multiples of 64)")
+    p.add_argument("--single-pass", nargs="*", default=[],
+                   help="one single-pass path per tile BLOCK_N:WARPS:STAGES (e.g. 128:8:2)")
     p.add_argument("--max-context", type=int, default=32768,
                    help="the request pool's context bound (a runner's; caps in-kernel splits)")
     p.add_argument("--num-kv-splits", type=int, default=None,
@@ -202,6 +264,8 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--calls", type=int, default=28, help="layer calls per graph, at least")
     p.add_argument("--iters", type=int, default=100)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--ragged", action="store_true",
+                   help="compact verify's attention: static / per_token / ragged per q_len > 1")
     p.add_argument("--smoke", action="store_true",
                    help="tiny shapes, one call each (the CPU's interpreter)")
     p.add_argument("--out", default="benchmark/spec_decode/decode_attention.json")

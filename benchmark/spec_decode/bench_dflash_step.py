@@ -27,6 +27,11 @@ timed steps are stratified: their histogram is the profile's, rounded.
 Per batch size and mode: step ms, the profile's tokens per step (accepted + 1), the tokens per
 step the worker emitted, DFlash and target-only tok/s, their ratio, and verify tokens per
 emitted token (the harness's `verify_tokens_per_accepted`). The step-cost model: docs/dspark.md.
+Both engines run the full verify width at every batch size (`--speculative-draft-len-schedule
+1:W`). Under compact verify the report adds `step_costs` (the draft graph per batch size, the
+ragged verify graph per token bucket, replayed over padding rows as the server does at
+start-up; the file `--speculative-step-costs` reads) and `draft_len_schedule`, the schedule
+the server derives from them and the profile (`speculative/draft_len_planner.py`).
 """
 
 from __future__ import annotations
@@ -34,18 +39,20 @@ from __future__ import annotations
 import argparse
 import gc
 import json
-import math
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
+from sglang_aux.srt.configs.acceptance_profile import AcceptanceProfile
+from sglang_aux.srt.configs.draft_len_schedule import DraftLenSchedule
 from sglang_aux.srt.configs.presets import PRESETS
 from sglang_aux.srt.entrypoints.engine import Engine
 from sglang_aux.srt.managers.schedule_batch import Req
 from sglang_aux.srt.server_args import ServerArgs
 from sglang_aux.srt.speculative.dflash_worker import DFlashWorker
+from sglang_aux.srt.speculative.draft_len_planner import derive_widths
+from sglang_aux.srt.speculative.step_cost_probe import measure_step_costs
 
 PROFILES = Path(__file__).resolve().parent / "profiles"
 DEFAULT_PROFILE = PROFILES / "qwen2.5-coder-1.5b-dflash-b16_gsm8k.json"
@@ -56,46 +63,6 @@ CONFIDENCES = ("profile", "oracle")
 # --overlap-schedule -> ServerArgs.disable_overlap_schedule (auto: the server's default, on
 # where the device runs apart from the host)
 OVERLAP = {"auto": None, "on": False, "off": True}
-
-
-@dataclass(frozen=True)
-class AcceptProfile:
-    path: str
-    probs: list[float]  # P(accepted proposals = a), a = 0..W-1
-
-    @property
-    def tokens_per_step(self) -> float:
-        return 1 + sum(a * p for a, p in enumerate(self.probs))
-
-    def conditional_rates(self) -> list[float]:
-        """P(accepted > k | accepted >= k) for proposal k = 0..W-2: what a calibrated draft's
-        confidence in proposal k would be."""
-        survival = [sum(self.probs[k:]) for k in range(len(self.probs))]
-        return [survival[k + 1] / survival[k] if survival[k] > 0 else 0.0
-                for k in range(len(self.probs) - 1)]
-
-
-def load_profile(path: str, verify_width: int) -> AcceptProfile:
-    """The profile at `path`; ValueError, one line naming the file, when it does not parse
-    or does not fit `verify_width`."""
-    try:
-        doc = json.loads(Path(path).read_text())
-        hist = doc["accept_histogram"]
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        reason = f"{type(e).__name__}: {e}".replace("\n", " ")
-        raise ValueError(f"acceptance profile {path}: not a JSON object with "
-                         f"'accept_histogram' ({reason})") from None
-    if (not isinstance(hist, list) or len(hist) != verify_width
-            or not all(isinstance(x, int | float) and 0 <= x < math.inf for x in hist)
-            or sum(hist) <= 0):
-        raise ValueError(f"acceptance profile {path}: 'accept_histogram' must be "
-                         f"{verify_width} finite non-negative numbers, not all 0 (P(accepted = a) "
-                         f"for a = 0..{verify_width - 1}, the verify width), got {hist!r:.80}")
-    if doc.get("verify_width", verify_width) != verify_width:
-        raise ValueError(f"acceptance profile {path}: made for verify width "
-                         f"{doc['verify_width']}, the draft verifies {verify_width}")
-    total = sum(hist)
-    return AcceptProfile(str(path), [x / total for x in hist])
 
 
 def verify_width_of(draft: str) -> int:
@@ -109,7 +76,7 @@ def verify_width_of(draft: str) -> int:
     return config["dflash_config"]["block_size"]
 
 
-def stratified(profile: AcceptProfile, n: int, g: torch.Generator) -> torch.Tensor:
+def stratified(profile: AcceptanceProfile, n: int, g: torch.Generator) -> torch.Tensor:
     """`n` accepted counts whose histogram is the profile's times n, rounded (largest
     remainders), in random order."""
     exact = [p * n for p in profile.probs]
@@ -126,7 +93,7 @@ class ForcedAcceptance:
     through the worker's `propose` and `on_aux_consumed` seams; `log[k, :bs]` keeps what was
     forced (at most each request's verified proposals under compact verify)."""
 
-    def __init__(self, worker: DFlashWorker, draws: torch.Tensor, profile: AcceptProfile,
+    def __init__(self, worker: DFlashWorker, draws: torch.Tensor, profile: AcceptanceProfile,
                  confidence: str):
         device = worker.target_runner.device
         self.worker, self.confidence = worker, confidence
@@ -241,18 +208,34 @@ def engine_kwargs(args: argparse.Namespace, mode: str | None) -> dict:
           "context_length": args.context + args.max_new_tokens + 64}
     if mode is None:
         return kw
+    # the full verify width at every batch size: the profile is the full width's
     kw |= {"speculative_algorithm": "DFLASH", "speculative_draft_model_path": args.draft,
-           "speculative_verify_mode": mode}
+           "speculative_verify_mode": mode,
+           "speculative_draft_len_schedule": f"1:{args.verify_width}"}
     if mode == "compact":
         kw |= {"compact_verify_budget_frac": args.compact_verify_budget_frac,
                "compact_verify_max_tokens": args.compact_verify_max_tokens}
     return kw
 
 
-def measure_dflash(args: argparse.Namespace, mode: str, profile: AcceptProfile,
-                   target: dict[int, dict]) -> list[dict]:
+def schedule_report(worker: DFlashWorker, profile: AcceptanceProfile) -> dict:
+    """A compact engine's step costs, measured as the server measures them at start-up (the
+    format `--speculative-step-costs` reads), and the draft length schedule the server would
+    derive from them and the profile."""
+    draft = worker.draft_runner.step_graphs
+    costs = measure_step_costs(draft, worker.target_runner.step_graphs)
+    widths = derive_widths([x.step_bs for x in draft.layouts], costs,
+                           profile.conditional_rates(), worker.verify_plan.budget)
+    return {"step_costs": costs.to_json(),
+            "draft_len_schedule": str(DraftLenSchedule.of_widths(widths))}
+
+
+def measure_dflash(args: argparse.Namespace, mode: str, profile: AcceptanceProfile,
+                   target: dict[int, dict]) -> tuple[list[dict], dict | None]:
+    """The mode's rows, and under compact verify its `schedule_report`."""
     width = len(profile.probs)
     engine = Engine(ServerArgs(**engine_kwargs(args, mode)))
+    schedule = schedule_report(engine.worker, profile) if mode == "compact" else None
     # the steps whose verdicts the timed window's counters read: one earlier with overlap
     lag = int(engine.server_args.resolved_overlap_schedule())
     rows = []
@@ -280,7 +263,7 @@ def measure_dflash(args: argparse.Namespace, mode: str, profile: AcceptProfile,
     engine.shutdown()
     del engine, forced
     _release_device_memory()
-    return rows
+    return rows, schedule
 
 
 def measure_target(args: argparse.Namespace) -> dict[int, dict]:
@@ -353,8 +336,8 @@ def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
     # Everything that can be wrong with the input fails here, before any model loads.
     try:
-        width = verify_width_of(args.draft)
-        profile = load_profile(args.profile, width)
+        width = args.verify_width = verify_width_of(args.draft)
+        profile = AcceptanceProfile.load(args.profile, width)
         # a request must outlive the timed steps even if every one accepts the whole block
         args.max_new_tokens = (args.warmup + args.steps + 4) * width
         for mode in args.verify_modes:
@@ -362,13 +345,19 @@ def main(argv: list[str] | None = None) -> dict:
     except ValueError as e:
         raise SystemExit(f"bench_dflash_step: {e}") from None
     target = measure_target(args)
-    rows = [row for mode in args.verify_modes for row in measure_dflash(args, mode, profile,
-                                                                        target)]
+    rows, schedule = [], {}
+    for mode in args.verify_modes:
+        mode_rows, mode_schedule = measure_dflash(args, mode, profile, target)
+        rows += mode_rows
+        schedule = mode_schedule or schedule
     report = {"args": vars(args), "profile": {"path": profile.path, "probs": profile.probs,
                                               "tokens_per_step": profile.tokens_per_step},
-              "target_only": list(target.values()), "rows": rows}
+              "target_only": list(target.values()), "rows": rows, **schedule}
     Path(args.out).write_text(json.dumps(report, indent=1))
     print_table(rows)
+    if schedule:
+        print(f"draft length schedule derived from the profile and the step costs: "
+              f"{schedule['draft_len_schedule']}")
     return report
 
 

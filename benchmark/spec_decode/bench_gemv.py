@@ -12,7 +12,13 @@ down 8960 -> 1536, LM head 1536 -> 151936) and row count, us per call of:
 - `ours`: the row GEMV at its table's tiles, plain; `ours_fused`: with the norm (+ residual
   add) and bias fused where the layer has them (the SiLU-mul stays its own launch);
 - with `--row-configs`, the row GEMV at each of those tiles, plain (`row...`) and with the
-  norm fused (`row_fused...`).
+  norm fused (`row_fused...`);
+- candidates (docs/kernels.md, none a default): at qkv, `rope_default` (the fused norm + qkv,
+  then RoPE + KV store: today's two launches) against `rope_paired` (one kernel,
+  `paired_row_gemv.row_gemv_rope_store`); at gate_up, `silu_default` (fused norm + gate_up,
+  then SiLU-mul) against `silu_paired` (`row_gemv_silu_mul`); `max_err_paired` is the largest
+  difference between the two (0 where they agree exactly); with `--pdl` (CUDA), every row
+  also as `<row>_pdl`, launched dependent (programmatic dependent launch).
 Each is timed inside a CUDA graph that calls it once on each of several weight copies (more
 bytes than the L2 holds, so every call reads HBM, as a decode step's layers do), replayed
 `--iters` times between CUDA events, after warm-up. Achieved TB/s counts the weight, bias,
@@ -26,12 +32,18 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import math
 import os
 import sys
 import time
 
+# the shapes with a paired-GEMV candidate: its rows' prefix
+PAIRED = {"qkv": "rope", "gate_up": "silu"}
+# the rows that take `pdl` (ours: cuBLAS and the torch layers do not)
+PDL_ROWS = ("ours", "ours_fused", "rope_default", "rope_paired", "silu_default",
+            "silu_paired")
 SHAPES = {  # name: (N, K, bias, fused variant)
     "qkv": (2048, 1536, True, "norm"),
     "o_proj": (1536, 1536, False, None),
@@ -41,6 +53,8 @@ SHAPES = {  # name: (N, K, bias, fused variant)
 }
 L2_FLUSH_BYTES = 256 << 20  # several times the H200's 50 MB L2
 EPS = 1e-6
+# Qwen2.5-1.5B's attention heads (q, kv) and head_dim; rope base, a decode position, the slot
+QWEN_HEADS, QWEN_HEAD_DIM, ROPE_THETA, POSITION, SLOT = (12, 2), 128, 1e6, 900, 3
 
 
 def _args() -> argparse.Namespace:
@@ -56,6 +70,8 @@ def _args() -> argparse.Namespace:
     p.add_argument("--row-configs", nargs="*", default=[],
                    help="also time the row GEMV at these tiles, each "
                         "BLOCK_N:BLOCK_K:warps:stages (e.g. 8:512:4:1)")
+    p.add_argument("--pdl", action="store_true",
+                   help="also time every variant launched dependent (sm_90+)")
     p.add_argument("--shrink", type=int, default=None,
                    help="divide N and K by this (default: 1 on CUDA, 32 elsewhere)")
     p.add_argument("--out", default="benchmark/spec_decode/gemv.json")
@@ -77,11 +93,19 @@ from step_bandwidth import copy_bandwidth  # noqa: E402 (script folder on sys.pa
 from torch.nn import functional as F  # noqa: E402
 
 from sglang_aux.srt.layers.layernorm import RMSNorm  # noqa: E402
+from sglang_aux.srt.layers.rope_scaling import RopeScaling  # noqa: E402
+from sglang_aux.srt.layers.rotary_embedding import RotaryEmbedding  # noqa: E402
+from sglang_aux.srt.layers.triton_ops.paired_row_gemv import (  # noqa: E402
+    row_gemv_rope_store,
+    row_gemv_silu_mul,
+)
+from sglang_aux.srt.layers.triton_ops.rope_store import rope_store  # noqa: E402
 from sglang_aux.srt.layers.triton_ops.row_gemv import (  # noqa: E402
     RowGemvConfig,
     row_gemv,
     row_gemv_config,
 )
+from sglang_aux.srt.layers.triton_ops.silu_and_mul import silu_and_mul  # noqa: E402
 
 
 def _nbytes(*ts: torch.Tensor | None) -> int:
@@ -137,6 +161,15 @@ class Case:
         self.norm.weight.data.normal_()
         self.x = torch.randn(m, self.k, device=device).to(dtype)
         self.residual = torch.randn(m, self.k, device=device).to(dtype)
+        if name == "qkv":
+            self.head_dim = max(2, QWEN_HEAD_DIM // shrink)
+            self.rope = RotaryEmbedding(self.head_dim, 2 * POSITION, RopeScaling(
+                "default", ROPE_THETA, 2 * POSITION)).to(device)
+            self.position = torch.tensor([POSITION], device=device)
+            self.loc = torch.tensor([SLOT], device=device)
+            # (k, v) caches of the default path and of the paired kernel
+            self.caches = [[torch.zeros(SLOT + 1, QWEN_HEADS[1], self.head_dim, device=device,
+                                        dtype=dtype) for _ in range(2)] for _ in range(2)]
 
     @property
     def copies(self) -> int:
@@ -150,12 +183,45 @@ class Case:
         normed, _ = self.norm(self.x, self.residual)
         return F.linear(normed, self.weights[i], self.bias)
 
-    def ours(self, i: int) -> torch.Tensor:
-        return row_gemv(self.x, self.weights[i], self.bias)
+    def ours(self, i: int, pdl: bool = False) -> torch.Tensor:
+        return row_gemv(self.x, self.weights[i], self.bias, pdl=pdl)
 
-    def ours_fused(self, i: int) -> torch.Tensor:
+    def ours_fused(self, i: int, pdl: bool = False) -> torch.Tensor:
         return row_gemv(self.x, self.weights[i], self.bias, norm_weight=self.norm.weight,
-                        eps=EPS, residual=self.residual)[0]
+                        eps=EPS, residual=self.residual, pdl=pdl)[0]
+
+    def rope_default(self, i: int, pdl: bool = False) -> torch.Tensor:
+        qkv, _ = row_gemv(self.x, self.weights[i], self.bias, norm_weight=self.norm.weight,
+                          eps=EPS, residual=self.residual, pdl=pdl)
+        q, k, v = qkv.split([QWEN_HEADS[0] * self.head_dim,
+                             QWEN_HEADS[1] * self.head_dim, QWEN_HEADS[1] * self.head_dim], -1)
+        k_cache, v_cache = self.caches[0]
+        rope_store(self.position, q, k, self.rope.cos_sin_cache, v=v, k_cache=k_cache,
+                   v_cache=v_cache, loc=self.loc, pdl=pdl)
+        return q
+
+    def rope_paired(self, i: int, pdl: bool = False) -> torch.Tensor:
+        k_cache, v_cache = self.caches[1]
+        return row_gemv_rope_store(self.x, self.weights[i], self.bias, self.position,
+                                   self.rope.cos_sin_cache, k_cache, v_cache, self.loc,
+                                   QWEN_HEADS[0], norm_weight=self.norm.weight, eps=EPS,
+                                   residual=self.residual, pdl=pdl)[0]
+
+    def silu_default(self, i: int, pdl: bool = False) -> torch.Tensor:
+        return silu_and_mul(self.ours_fused(i, pdl), pdl=pdl)
+
+    def silu_paired(self, i: int, pdl: bool = False) -> torch.Tensor:
+        return row_gemv_silu_mul(self.x, self.weights[i], norm_weight=self.norm.weight, eps=EPS,
+                                 residual=self.residual, pdl=pdl)[0]
+
+    def paired_err(self) -> float:
+        """Largest |paired - default| of the outputs (and, at qkv, the KV slots written)."""
+        if self.name == "qkv":
+            pairs = [(self.rope_paired(0), self.rope_default(0)),
+                     *zip(self.caches[1], self.caches[0], strict=True)]
+        else:
+            pairs = [(self.silu_paired(0), self.silu_default(0))]
+        return max((a.float() - b.float()).abs().max().item() for a, b in pairs)
 
     def row(self, i: int, cfg: RowGemvConfig) -> torch.Tensor:
         return row_gemv(self.x, self.weights[i], self.bias, config=cfg)
@@ -201,6 +267,13 @@ def run(args: argparse.Namespace) -> dict:
             timed |= {"torch_path": (case.torch_path, True),
                       "ours_fused": (case.ours_fused, True)}
             row["max_err_fused"] = case.max_err(True)
+        if name in PAIRED:
+            timed |= {f"{PAIRED[name]}_{v}": (getattr(case, f"{PAIRED[name]}_{v}"), True)
+                      for v in ("default", "paired")}
+            row["max_err_paired"] = case.paired_err()
+        if args.pdl:
+            timed |= {f"{label}_pdl": (functools.partial(fn, pdl=True), fused)
+                      for label, (fn, fused) in timed.items() if label in PDL_ROWS}
         for spec in args.row_configs:
             cfg = RowGemvConfig(*map(int, spec.split(":")))
             timed[f"row{spec}"] = (lambda i, c=case, g=cfg: c.row(i, g), False)
@@ -241,11 +314,27 @@ def print_table(result: dict) -> None:
                       f"of {len(best)}; worst {best[-1][0]:.2f}; row max_err {err:.2e}")
 
 
+def print_candidates(result: dict) -> None:
+    """Each candidate against the default it would replace, us per call (default / it)."""
+    pairs = [("ours", "ours_pdl"), ("ours_fused", "ours_fused_pdl")]
+    for prefix in PAIRED.values():
+        pairs += [(f"{prefix}_default", f"{prefix}_{v}")
+                  for v in ("paired", "default_pdl", "paired_pdl")]
+    for r in result["rows"]:
+        for base, cand in pairs:
+            if base in r and cand in r:
+                print(f"{r['shape']:8} {cand:>18} {r[cand]['us']:8.2f} us against {base} "
+                      f"{r[base]['us']:8.2f}: {r[base]['us'] / r[cand]['us']:5.2f}x")
+        if "max_err_paired" in r:
+            print(f"{r['shape']:8} paired vs default max |diff| {r['max_err_paired']:.2e}")
+
+
 def main(args: argparse.Namespace) -> None:
     result = run(args)
     with open(args.out, "w") as f:
         json.dump(result, f, indent=1)
     print_table(result)
+    print_candidates(result)
     print(f"wrote {args.out}", file=sys.stderr)
 
 

@@ -16,12 +16,16 @@ with `--kernel-table N` (default 12 on CUDA) each replay's N costliest kernels.
 `--verify-block-gemv` times the TARGET_VERIFY graphs a second time, captured with the block
 GEMV candidate routed in for 2..16-row projections (`block_gemv_routing.py`), as
 `TARGET_VERIFY+block_gemv`.
+`--pdl on` launches our kernels (row GEMVs, RMSNorm, RoPE + KV store, SiLU-mul) dependent
+(programmatic dependent launch, a bench-only candidate: it sets `SGLANG_AUX_PDL=1` for this
+process, `triton_ops/grid_dependency.py`); run it beside `--pdl off` in the same call.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import time
 
@@ -32,6 +36,7 @@ from step_bandwidth import copy_bandwidth, kv_bytes, weight_bytes
 
 from sglang_aux.srt.entrypoints.engine import Engine
 from sglang_aux.srt.layers.triton_ops.dispatch import GEMV_BACKENDS
+from sglang_aux.srt.layers.triton_ops.grid_dependency import ENV_VAR as PDL_ENV_VAR
 from sglang_aux.srt.model_executor.runner.forward_layout import ForwardInputs
 from sglang_aux.srt.server_args import TRITON_DECODE_MERGES
 
@@ -123,7 +128,7 @@ def measure(preset: str, verify: bool, sizes: list[int], args) -> list[dict]:
         kv = kv_bytes(runner.token_to_kv_pool, bs, args.context, w)
         tb_s = (weights + kv) / (ms / 1e3) / 1e12
         row = {"preset": preset, "graph": gr.mode.name, "bs": bs,
-               "decode_gemv_backend": args.decode_gemv_backend,
+               "decode_gemv_backend": args.decode_gemv_backend, "pdl": args.pdl,
                "tokens_per_req": w, "context": args.context,
                "replay_ms": ms, "kernels": kernels, "layers": layers,
                "kernels_per_layer": None if kernels is None else kernels / layers,
@@ -163,8 +168,11 @@ def main() -> None:
                    help="the engines' --decode-gemv-backend (docs/kernels.md)")
     p.add_argument("--verify-block-gemv", action="store_true",
                    help="also time the verify graphs with the block GEMV candidate routed in")
+    p.add_argument("--pdl", default="off", choices=["on", "off"],
+                   help="launch our kernels dependent (sm_90+; a bench-only candidate)")
     p.add_argument("--out", default="benchmark/spec_decode/graph_replay.json")
     args = p.parse_args()
+    os.environ[PDL_ENV_VAR] = "1" if args.pdl == "on" else "0"
     device = torch.device("cuda" if args.device == "auto" and torch.cuda.is_available()
                           else "cpu" if args.device == "auto" else args.device)
     if args.kernel_table is None:

@@ -9,8 +9,12 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from sglang_aux.srt.configs.acceptance_profile import AcceptanceProfile
+from sglang_aux.srt.configs.draft_len_schedule import FLAG as DRAFT_LEN_SCHEDULE_FLAG
+from sglang_aux.srt.configs.draft_len_schedule import DraftLenSchedule
 from sglang_aux.srt.configs.presets import DEFAULT_DRAFT_MODEL, DEFAULT_MODEL
 from sglang_aux.srt.configs.speculative_algorithm import SpeculativeAlgorithm
+from sglang_aux.srt.configs.step_costs import StepCosts
 from sglang_aux.srt.layers.triton_ops.dispatch import GEMV_BACKENDS
 
 ATTENTION_BACKENDS = ("torch_native", "triton")
@@ -34,7 +38,8 @@ DEFAULT_COMPACT_VERIFY_BUDGET_FRAC = 0.5
 VERIFY_WIDTH_ALIASES = ("--speculative-num-draft-tokens", "--speculative-dflash-block-size")
 DSPARK_PROPOSALS_FLAG = "--speculative-dspark-block-size"
 COMPACT_ONLY_FLAGS = ("compact_verify_budget_frac", "compact_verify_max_tokens",
-                      "speculative_dspark_align_verify_tokens_to_graph_tier")
+                      "speculative_dspark_align_verify_tokens_to_graph_tier",
+                      "speculative_acceptance_profile", "speculative_step_costs")
 
 logger = logging.getLogger(__name__)
 
@@ -144,6 +149,13 @@ class ServerArgs:
     # None: DEFAULT_COMPACT_VERIFY_BUDGET_FRAC under compact verify
     compact_verify_budget_frac: float | None = None
     compact_verify_max_tokens: int | None = None  # set: the budget is the step's token cap
+    # the verify width per running batch size, "BS:WIDTH,..." (configs/draft_len_schedule.py);
+    # None: derived under compact verify (speculative/draft_len_planner.py), else full width
+    speculative_draft_len_schedule: str | None = None
+    # compact verify's derived schedule: the acceptance prior (configs/acceptance_profile.py)
+    # and the step costs (configs/step_costs.py; None: measured at start-up)
+    speculative_acceptance_profile: str | None = None
+    speculative_step_costs: str | None = None
     speculative_draft_fc_quantization: str | None = None  # "mxfp8"; None: the draft config's
     dflash_staged_projection_min_tokens: int = 1024  # staged MXFP8 fc input from this size on
     # packed: [T, K*H] aux rows, then fc (shared graph buffer; staged input for large MXFP8
@@ -254,7 +266,7 @@ class ServerArgs:
             self._check_dflash(algo)
         else:
             given = self._given("speculative_verify_width", "speculative_verify_mode",
-                                *COMPACT_ONLY_FLAGS)
+                                "speculative_draft_len_schedule", *COMPACT_ONLY_FLAGS)
             if given:
                 raise ValueError(f"{', '.join(given)} only act with --speculative-algorithm "
                                  f"DFLASH or DSPARK (got {algo.value})")
@@ -290,6 +302,20 @@ class ServerArgs:
                              "compact verify are not run across ranks): use --tp-size 1 or "
                              "DFLASH")
         self._check_verify_mode(algo)
+        self._check_draft_len_files()
+
+    def _check_draft_len_files(self) -> None:
+        """The schedule's syntax and the derivation's files parse (their fit to the draft's
+        verify width is checked when the draft's config is read, before the models load)."""
+        if self.speculative_draft_len_schedule is not None:
+            schedule = DraftLenSchedule.parse(self.speculative_draft_len_schedule)
+            if self.speculative_verify_width is not None:
+                schedule.check(self.speculative_verify_width,
+                               self.speculative_verify_mode == "compact")
+        if self.speculative_acceptance_profile is not None:
+            AcceptanceProfile.load(self.speculative_acceptance_profile)
+        if self.speculative_step_costs is not None:
+            StepCosts.load(self.speculative_step_costs)
 
     def _check_verify_mode(self, algo: SpeculativeAlgorithm) -> None:
         mode = self.speculative_verify_mode = (self.speculative_verify_mode
@@ -445,6 +471,21 @@ class ServerArgs:
                  "verifies every proposal while its requests' verify widths fit this many "
                  "tokens, and this many (at least one per request) beyond; e.g. where verify "
                  "stops being memory-bound")
+        add(DRAFT_LEN_SCHEDULE_FLAG, default=None,
+            help="DFLASH or DSPARK: the verify width per running batch size, BS:WIDTH pairs "
+                 "with batch sizes ascending from 1, each width holding from its batch size "
+                 "up, e.g. 1:16,8:8,32:4,64:1 (width 1: plain decoding, no draft forward; "
+                 "widths below the draft's need compact verify) (default: derived from the "
+                 "step costs and the acceptance under compact verify, else the full width)")
+        add("--speculative-acceptance-profile", default=None,
+            help="compact verify only: a JSON acceptance profile (accept_histogram, as in "
+                 "benchmark/spec_decode/profiles/), the prior of the derived draft length "
+                 "schedule before the server's own counts (default: every proposal accepted)")
+        add("--speculative-step-costs", default=None,
+            help="compact verify only: a JSON file of draft ms per batch size and verify ms "
+                 "per token count (what bench_dflash_step.py --out writes) for the derived "
+                 "draft length schedule (default: measured at start-up by replaying the "
+                 "captured graphs)")
         add("--speculative-draft-fc-quantization", default=None, choices=FC_QUANTIZATIONS,
             help="store the DFlash draft's fc as MXFP8 (default: the draft config's "
                  "'quantization')")

@@ -283,3 +283,31 @@ STAGGERED = [dict(GREEDY_IGNORE_EOS, max_new_tokens=n) for n in (26, 19, 12, 6)]
 CAPTURED_BS = [1, 2, 4]
 SPEC_ENGINE_KW = dict(device="cpu", max_total_tokens=4096, cuda_graph_bs_decode=CAPTURED_BS,
                       max_running_requests=4)
+
+# Requests that arrive and finish so a running batch grows from 1 to 6 and shrinks back to 1:
+# (prompt, max new tokens, the scheduler step it arrives at); ARRIVAL_SAMPLED samples
+ARRIVALS = [("Hi", 40, 0), ("The quick brown fox jumps over", 30, 0), ("12 + 30 =", 22, 2),
+            ("Natalia sold clips to 48 of", 14, 4), ("x", 12, 5),
+            ("What is the capital of France?", 10, 5), ("Once upon a time", 24, 7)]
+ARRIVAL_SAMPLED = 6
+
+
+def arrival_params(i: int) -> dict:
+    """Request i of ARRIVALS' sampling parameters: greedy, but ARRIVAL_SAMPLED samples."""
+    params = dict(GREEDY_IGNORE_EOS, max_new_tokens=ARRIVALS[i][1])
+    if i == ARRIVAL_SAMPLED:
+        params |= {"temperature": 0.8, "top_p": 0.9, "seed": 7}
+    return params
+
+
+def run_arrivals(engine: Engine) -> list[Req]:
+    """Step `engine`'s scheduler, adding each of ARRIVALS at its step, until all finish."""
+    sched, reqs, step = engine.scheduler, [], 0
+    while len(reqs) < len(ARRIVALS) or not all(r.finished for r in reqs):
+        for i, (prompt, _, at) in enumerate(ARRIVALS):
+            if at == step:
+                reqs.append(engine.make_request(text=prompt, sampling_params=arrival_params(i)))
+                sched.add_request(reqs[-1])
+        sched.step()
+        step += 1
+    return reqs

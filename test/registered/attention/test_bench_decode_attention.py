@@ -1,6 +1,7 @@
 """The decode attention benchmark (benchmark/spec_decode/bench_decode_attention.py) in its CPU
 smoke mode: every (tokens per request, bs, context) row has both paths, each checked against
-torch_native inside the run; the merge-kernel path launches twice, the in-kernel one once."""
+torch_native inside the run; the merge-kernel path launches twice, the in-kernel one once;
+`--ragged` reports the static, per-token and ragged verify paths of every row."""
 
 import os
 
@@ -36,15 +37,33 @@ def test_smoke_run_reports_every_row(tmp_path, capsys):
     assert json.loads(out.read_text())["rows"] == report["rows"]
     assert "vs launch" in capsys.readouterr().out
     smoke = bench.SMOKE
-    paths = {"launch", *(f"in_kernel@{n}" for n in smoke["min_split_keys"])}
+    paths = {"launch", *(f"in_kernel@{n}" for n in smoke["min_split_keys"]),
+             *(f"single@{t}" for t in smoke["single_pass"])}
     seen = {(r["q_len"], r["bs"], r["context"], r["path"]) for r in report["rows"]}
     assert seen == {(q, b, c, p) for q in smoke["q_lens"] for b in smoke["bs"]
                     for c in smoke["contexts"] for p in paths}
     heads, kv_heads, head_dim = bench.QWEN_HEADS
     for r in report["rows"]:
-        assert r["grid_splits"] == smoke["num_kv_splits"]
+        single = r["path"].startswith("single@")
+        assert r["grid_splits"] == (1 if single else smoke["num_kv_splits"])
         assert r["launches"] == (2 if r["path"] == "launch" else 1)
         assert r["kv_bytes"] == 2 * r["bs"] * r["context"] * kv_heads * head_dim * 4
+        assert r["us_per_call"] > 0 and 0 <= r["rel_err"] < 1e-4
+
+
+def test_ragged_smoke_run_reports_every_path(tmp_path, capsys):
+    bench = _bench()
+    report = bench.main(["--smoke", "--ragged", "--out", str(tmp_path / "bench.json")])
+    assert "vs static" in capsys.readouterr().out
+    smoke = bench.SMOKE
+    seen = {(r["q_len"], r["bs"], r["context"], r["path"]) for r in report["rows"]}
+    assert seen == {(q, b, c, p) for q in smoke["q_lens"] for b in smoke["bs"]
+                    for c in smoke["contexts"] for p in ("static", "per_token", "ragged")}
+    for r in report["rows"]:
+        if r["path"] == "static":
+            assert r["tokens"] == r["verified"] == r["bs"] * r["q_len"]
+        else:  # a token bucket holding every verified token, at least one per request
+            assert r["bs"] <= r["verified"] <= min(r["tokens"], r["bs"] * r["q_len"])
         assert r["us_per_call"] > 0 and 0 <= r["rel_err"] < 1e-4
 
 

@@ -1,9 +1,8 @@
 """The FlashInfer side-by-side benchmark (benchmark/spec_decode/bench_flashinfer_attention.py):
 on the CPU its smoke run gives our path's rows (checked against torch_native inside the run)
 and says in one line why FlashInfer is not run; the page-size-1 layout it hands FlashInfer
-names each request's slots in order. On CUDA with flashinfer importable (after
-scripts/device/stage_flashinfer.sh --install), every row also has FlashInfer's paths within
-the same error bound."""
+names each request's slots in order (its CUDA twin:
+test_bench_flashinfer_attention_cuda.py)."""
 
 import os
 
@@ -20,10 +19,9 @@ from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
 
-from sglang_aux.test.ci.ci_register import register_cpu_ci, register_cuda_ci  # noqa: E402
+from sglang_aux.test.ci.ci_register import register_cpu_ci  # noqa: E402
 
 register_cpu_ci(est_time=20, suite="default")
-register_cuda_ci(est_time=240, suite="default")
 
 SCRIPT = Path(__file__).resolve().parents[3] / "benchmark/spec_decode/bench_flashinfer_attention.py"
 
@@ -62,19 +60,6 @@ def test_page_size_one_layout_lists_each_requests_slots():
     for i, row in enumerate(fb.req_pool_indices.tolist()):
         assert indices[5 * i : 5 * i + 5].tolist() == table[row, :5].tolist()
     assert len(set(indices.tolist())) == 15  # scattered, never shared
-
-
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_flashinfer_paths_match_torch_native_on_cuda(tmp_path):
-    bench = _bench()
-    flashinfer, why_not = bench.load_flashinfer()
-    if flashinfer is None:
-        pytest.skip(why_not)
-    report = bench.main(["--bs", "1", "4", "--contexts", "300", "--q-lens", "1", "16",
-                         "--calls", "2", "--iters", "3", "--out", str(tmp_path / "b.json")])
-    paths = {(r["q_len"], r["path"]) for r in report["rows"]}
-    assert {(1, "decode"), (16, "prefill_fa2")} <= paths
-    assert all(r["rel_err"] < 2e-2 for r in report["rows"])
 
 
 if __name__ == "__main__":

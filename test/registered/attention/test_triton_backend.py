@@ -4,6 +4,8 @@ Fresh random K/V every run (the seed is in every failure message), scattered poo
 requests of different lengths, GQA, padded graph rows, the split-K merge path (a merge
 kernel, or in-kernel: short contexts unsplit, long ones merged by their last split), causal
 and bidirectional layers, sliding windows, and keys before a window never read (NaN there).
+A ragged verify step (compact verify: one entry per token, `RaggedStepPrologue`) read per
+request equals its per-token path, torch_native and the static layout's rows.
 """
 
 import os
@@ -12,6 +14,7 @@ import os
 os.environ["TRITON_INTERPRET"] = "1"
 
 import argparse  # noqa: E402
+import dataclasses  # noqa: E402
 import sys  # noqa: E402
 
 import pytest  # noqa: E402
@@ -31,6 +34,7 @@ from sglang_aux.srt.layers.attention.triton_ops.decode_attention import (  # noq
 from sglang_aux.srt.layers.attention.triton_ops.extend_attention import (  # noqa: E402
     extend_attention_fwd,
 )
+from sglang_aux.srt.layers.attention.triton_ops.tiling import SinglePassTile  # noqa: E402
 from sglang_aux.srt.layers.radix_attention import (  # noqa: E402
     FULL_CONTEXT,
     AttentionType,
@@ -45,7 +49,8 @@ from sglang_aux.srt.mem_cache.memory_pool import (  # noqa: E402
 from sglang_aux.srt.model_executor.model_runner import make_attn_backend  # noqa: E402
 from sglang_aux.srt.server_args import ServerArgs  # noqa: E402
 from sglang_aux.test.ci.ci_register import register_cpu_ci  # noqa: E402
-from sglang_aux.test.kernel_checks import fresh_seed
+from sglang_aux.test.kernel_checks import fresh_seed  # noqa: E402
+from sglang_aux.test.ragged_steps import ragged_verify_batch  # noqa: E402
 
 register_cpu_ci(est_time=200, suite="default")
 
@@ -235,10 +240,18 @@ def test_in_kernel_merge_matches_torch_native(mode, q_len, attn_type, heads, kv_
                                               head_dim, dtype, window):
     """One launch: short contexts unsplit, longer ones split and merged by their last split;
     equal to torch_native and to the split + merge-kernel path, padded rows included."""
-    seed = fresh_seed()
-    req_pool, kv_pool = make_pools(kv_heads, head_dim, dtype)
     backend = TritonAttnBackend(num_kv_splits=MERGE_SPLITS, decode_merge="in_kernel",
                                 min_split_keys=MERGE_MIN_KEYS)
+    _check_vs_native_and_split(backend, mode, q_len, attn_type, (heads, kv_heads, head_dim),
+                               dtype, window)
+
+
+def _check_vs_native_and_split(backend, mode, q_len, attn_type, head_config, dtype, window):
+    """`backend` over the MERGE_CONTEXTS batch == torch_native and == the split + merge-kernel
+    path, padded rows included."""
+    seed = fresh_seed()
+    heads, kv_heads, head_dim = head_config
+    req_pool, kv_pool = make_pools(kv_heads, head_dim, dtype)
     lens = [max(n, q_len) for n in MERGE_CONTEXTS]  # a request holds its q_len tokens
     fb = fixed_layout_batch(mode, q_len, req_pool, kv_pool, backend, lens)
     q, k, v = random_qkv(fb.num_tokens, heads, kv_heads, head_dim, dtype)
@@ -249,6 +262,33 @@ def test_in_kernel_merge_matches_torch_native(mode, q_len, attn_type, heads, kv_
     launch.init_forward_metadata(fb)
     assert_close(out, launch.forward(q, None, None, layer, fb, save_kv_cache=False), dtype,
                  seed)
+
+
+# Single pass (a bench-only candidate): key tiles of 16 (16 steps over the 250-key context)
+# and 64 with another warp count and pipeline depth.
+SINGLE_PASS_TILES = [SinglePassTile(16, 2, 1), SinglePassTile(64, 8, 3)]
+
+
+@pytest.mark.parametrize("tile", SINGLE_PASS_TILES, ids=lambda t: f"{t.block_n}")
+@pytest.mark.parametrize("window", MERGE_WINDOWS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
+@pytest.mark.parametrize("mode,q_len,attn_type", FIXED_MODES, ids=FIXED_IDS)
+def test_single_pass_matches_torch_native_and_split(mode, q_len, attn_type, dtype, window,
+                                                    tile):
+    _check_vs_native_and_split(TritonAttnBackend(single_pass=tile), mode, q_len, attn_type,
+                               MERGE_HEAD_CONFIGS[2], dtype, window)
+
+
+def test_single_pass_rejects_splits_and_bad_tiles():
+    with pytest.raises(ValueError, match="power of two >= 16, got 48"):
+        SinglePassTile(48)
+    req_pool, kv_pool = make_pools(2, 32, torch.float32)
+    backend = TritonAttnBackend(num_kv_splits=2, single_pass=SinglePassTile())
+    fb = fixed_layout_batch(ForwardMode.DECODE, 1, req_pool, kv_pool, backend)
+    layer = RadixAttention(4, 32, 1.0, 2, LAYER_ID)
+    with pytest.raises(ValueError, match="single-pass tile takes no key split"):
+        backend.forward(torch.randn(fb.num_tokens, 4 * 32), None, None, layer, fb,
+                        save_kv_cache=False)
 
 
 @pytest.mark.parametrize("merge", MERGE_MODES)
@@ -442,6 +482,89 @@ def test_extend_split_leaves_padding_rows_zero():
                                msg=f"seed {seed}")
     for out in outs:
         assert torch.equal(out[live:], torch.zeros_like(q[live:])), f"seed {seed}"
+
+
+# A ragged step over a bucket of RAGGED_TOKENS tokens: a request verifying all BLOCK tokens,
+# one verifying 1, two in between (contexts before the step short, long and past several
+# key splits), then request slots of 0 tokens and three padding tokens.
+RAGGED_PREFIX, RAGGED_LENS = [33, 126, 0, 196], [BLOCK, 1, 3, 2]
+RAGGED_TOKENS = sum(RAGGED_LENS) + 3
+
+
+def ragged_batch(req_pool, kv_pool, backend, prefix: list[int], lens: list[int],
+                 num_tokens: int) -> ForwardBatch:
+    """Rows of BLOCK tokens after `prefix` (so a static verify step of the same requests
+    reads the same keys) verifying `lens` of them, token-major over `num_tokens` entries."""
+    rows = place_requests(req_pool, [p + BLOCK for p in prefix])
+    return ragged_verify_batch(req_pool, kv_pool, backend, rows, prefix, lens, num_tokens,
+                               BLOCK)
+
+
+@pytest.mark.parametrize("window", WINDOWS)
+@pytest.mark.parametrize("num_kv_splits,decode_merge", [(None, "launch"), (3, "launch"),
+                                                        (3, "in_kernel")])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
+@pytest.mark.parametrize("heads,kv_heads,head_dim", HEAD_CONFIGS + MERGE_HEAD_CONFIGS[2:])
+def test_ragged_verify_reads_each_request_once(heads, kv_heads, head_dim, dtype, num_kv_splits,
+                                               decode_merge, window):
+    """A ragged step through the request layout equals the same step per token (today's
+    path without `fb.ragged`), torch_native, and the static layout's rows of the same
+    requests; rows of no request come out 0, and 0-token slots write nothing."""
+    seed = fresh_seed()
+    req_pool, kv_pool = make_pools(kv_heads, head_dim, dtype)
+    backend = TritonAttnBackend(num_kv_splits=num_kv_splits, decode_merge=decode_merge,
+                                min_split_keys=MERGE_MIN_KEYS)
+    fb = ragged_batch(req_pool, kv_pool, backend, RAGGED_PREFIX, RAGGED_LENS, RAGGED_TOKENS)
+    live = sum(RAGGED_LENS)
+    assert fb.ragged.lens.tolist() == RAGGED_LENS + [0] * (RAGGED_TOKENS - 4)
+    static = fixed_layout_batch(ForwardMode.TARGET_VERIFY, BLOCK, req_pool, kv_pool, backend,
+                                [p + BLOCK for p in RAGGED_PREFIX])
+    static.req_pool_indices[:4] = fb.ragged.request_rows[:4]
+    q_static, k, v = random_qkv(static.num_tokens, heads, kv_heads, head_dim, dtype)
+    # the static rows of each request's verified tokens, in the ragged step's order
+    picked = torch.cat([torch.arange(r * BLOCK, r * BLOCK + n) for r, n in enumerate(RAGGED_LENS)])
+    q = torch.cat([q_static[picked], torch.randn(RAGGED_TOKENS - live, q_static.shape[1])
+                   .to(dtype)])
+    layer = RadixAttention(heads, head_dim, 0.3, kv_heads, LAYER_ID, window, DECODER)
+    backend.init_forward_metadata(fb)
+    out = backend.forward(q, None, None, layer, fb, save_kv_cache=False)
+    assert torch.equal(out[live:], torch.zeros_like(out[live:])), f"padding rows (seed {seed})"
+    out = out[:live]
+    per_token = TritonAttnBackend(num_kv_splits=num_kv_splits)
+    fb_per_token = dataclasses.replace(fb, ragged=None)
+    per_token.init_forward_metadata(fb_per_token)
+    assert_close(out, per_token.forward(q, None, None, layer, fb_per_token,
+                                        save_kv_cache=False)[:live], dtype, seed)
+    reference = TorchNativeAttnBackend()
+    reference.init_forward_metadata(fb)
+    assert_close(out, reference.forward(q, None, None, layer, fb, save_kv_cache=False)[:live],
+                 dtype, seed)
+    backend.init_forward_metadata(static)
+    want = backend.forward(q_static, None, None, layer, static, save_kv_cache=False)
+    assert_close(out, want[picked], dtype, seed)
+
+
+def test_ragged_slots_of_no_tokens_store_nothing():
+    """Straight at the kernel: with every slot at 0 tokens the NaN-poisoned output is only
+    zeroed (a memset, no program stores), and one live request writes its rows alone."""
+    heads, kv_heads, head_dim = MERGE_HEAD_CONFIGS[2]
+    req_pool, kv_pool = make_pools(kv_heads, head_dim, torch.float32)
+    fb = ragged_batch(req_pool, kv_pool, None, [70], [3], 8)
+    q = torch.randn(8, heads, head_dim)
+    args = (kv_pool.k_buffer[LAYER_ID], kv_pool.v_buffer[LAYER_ID])
+    for merge in MERGE_MODES:
+        out = torch.full_like(q, float("nan"))
+        decode_attention_fwd(q, *args, out, req_pool.req_to_token, fb.ragged.request_rows,
+                             fb.seq_lens, fb.positions, 0.3, True, 2, merge=merge,
+                             counters=SplitCounters(), min_split_keys=MERGE_MIN_KEYS,
+                             ragged=fb.ragged)
+        assert torch.isfinite(out).all() and out[:3].abs().sum() > 0, merge
+        assert torch.equal(out[3:], torch.zeros_like(out[3:])), merge
+    fb.ragged.lens.zero_()
+    out = torch.full_like(q, float("nan"))
+    decode_attention_fwd(q, *args, out, req_pool.req_to_token, fb.ragged.request_rows,
+                         fb.seq_lens, fb.positions, 0.3, True, 1, ragged=fb.ragged)
+    assert torch.equal(out, torch.zeros_like(out))
 
 
 def test_extend_cannot_be_captured():

@@ -3,7 +3,9 @@
 Larger shapes than the CPU interpreter test: contexts up to 2k, batches up to 32, head_dim
 64 and 128, automatic key splits, causal and bidirectional layers, sliding windows (checked,
 replayed in graphs, and timed: at 16k context a windowed layer must beat a full one), the
-in-kernel merge (graphs captured at short contexts replayed up to the maximum). Fresh
+in-kernel merge (graphs captured at short contexts replayed up to the maximum), a ragged verify
+step (compact verify: each request's keys read once for its own number of tokens, one graph per
+token bucket replayed for other splits of its tokens). Fresh
 random inputs every run (the seed is in every failure message). Run this file in its own
 process: under TRITON_INTERPRET=1 (set by the CPU test) the kernels would be interpreted, so
 the tests skip.
@@ -27,12 +29,13 @@ from sglang_aux.srt.mem_cache.memory_pool import (
 )
 from sglang_aux.test.ci.ci_register import register_cuda_ci
 from sglang_aux.test.kernel_checks import fresh_seed
+from sglang_aux.test.ragged_steps import ragged_verify_batch
 
 try:
     import triton
 
     from sglang_aux.srt.layers.attention.triton_backend import TritonAttnBackend
-    from sglang_aux.srt.layers.attention.triton_ops.tiling import MIN_SPLIT_KEYS
+    from sglang_aux.srt.layers.attention.triton_ops.tiling import MIN_SPLIT_KEYS, SinglePassTile
 except ImportError:  # no triton: the skip below says why
     triton = None
 
@@ -220,16 +223,23 @@ def test_fixed_layout_matches_torch_native(mode, q_len, attn_type, heads, kv_hea
     assert_close(out, reference(fb, layer, q, k, v), seed, f"{mode.name} window {window}")
 
 
+# None: today's split + merge; a single-pass candidate's tile (block_n, warps, stages;
+# bench-only, docs/kernels.md)
+SINGLE_PASS = [None, (128, 8, 2)]
+
+
+@pytest.mark.parametrize("single_pass", SINGLE_PASS, ids=["split", "single128"])
 @pytest.mark.parametrize("window", [FULL_CONTEXT, WINDOW])
 @pytest.mark.parametrize("dtype", DTYPES, ids=["bf16", "fp16"])
 @pytest.mark.parametrize("mode,q_len,attn_type", FIXED_MODES, ids=FIXED_MODE_IDS)
-def test_cuda_graph_replay_matches_torch_native(mode, q_len, attn_type, dtype, window):
+def test_cuda_graph_replay_matches_torch_native(mode, q_len, attn_type, dtype, window,
+                                                single_pass):
     """Capture once over static batch tensors; refresh them in place; every replay matches."""
     seed = fresh_seed()
     heads, kv_heads, head_dim = HEAD_CONFIGS[1]
     bs, num_slots = 8, 8 * MAX_CONTEXT * 4
     req_pool, kv_pool = make_pools(num_slots, kv_heads, head_dim, dtype)
-    backend = TritonAttnBackend()
+    backend = TritonAttnBackend(single_pass=single_pass and SinglePassTile(*single_pass))
     backend.init_cuda_graph_state(max_bs=bs, max_num_tokens=bs * q_len)
     lens = random_lens(bs - 1, q_len)
     static = fixed_layout_tensors(req_pool, place_requests(req_pool, num_slots, lens), lens,
@@ -457,6 +467,68 @@ def _median_ms(backend, fb: ForwardBatch, layer, q, k, v) -> float:
     return triton.testing.do_bench(
         lambda: backend.forward(q, k, v, layer, fb, save_kv_cache=False), return_mode="median")
 
+
+RAGGED_WIDTH = 16  # Qwen2.5-1.5B's draft block: the verify width
+
+
+def ragged_lens(num_reqs: int, num_tokens: int) -> list[int]:
+    """Fresh verify lengths in [1, RAGGED_WIDTH] summing to at most `num_tokens`: the first
+    request verifies the whole width, the last (of several) 1 token."""
+    lens = torch.randint(1, RAGGED_WIDTH + 1, (num_reqs,)).tolist()
+    lens[0] = RAGGED_WIDTH
+    if num_reqs > 1:
+        lens[-1] = 1
+    while sum(lens) > num_tokens:
+        i = max(range(num_reqs), key=lambda j: lens[j])
+        lens[i] -= 1
+    return lens
+
+
+@pytest.mark.parametrize("decode_merge", ["launch", "in_kernel"])
+@pytest.mark.parametrize("window", [FULL_CONTEXT, WINDOW])
+@pytest.mark.parametrize("heads,kv_heads,head_dim", [QWEN_HEADS, *HEAD_CONFIGS])
+def test_ragged_verify_graph_matches_torch_native(heads, kv_heads, head_dim, window,
+                                                  decode_merge):
+    """One graph per token bucket: captured over a ragged step of 32 requests, replayed for
+    32, 8 and 1 requests of fresh verify lengths (0-token slots and padding tokens after
+    them) at contexts up to the maximum; each replay equals torch_native, and rows of no
+    request come out 0."""
+    seed = fresh_seed()
+    dtype = torch.bfloat16
+    num_tokens, num_slots = 32 * RAGGED_WIDTH // 2, 32 * MAX_CONTEXT + 1
+    req_pool, kv_pool = make_pools(num_slots, kv_heads, head_dim, dtype)
+    backend = TritonAttnBackend(decode_merge=decode_merge)
+    layer = RadixAttention(heads, head_dim, head_dim**-0.5, kv_heads, LAYER_ID, window)
+
+    def batch(num_reqs: int) -> ForwardBatch:
+        prefix = [n - RAGGED_WIDTH for n in random_lens(num_reqs, RAGGED_WIDTH + 1)]
+        rows = place_requests(req_pool, num_slots, [p + RAGGED_WIDTH for p in prefix])
+        return ragged_verify_batch(req_pool, kv_pool, backend, rows, prefix,
+                                   ragged_lens(num_reqs, num_tokens), num_tokens,
+                                   RAGGED_WIDTH)
+
+    fb = batch(32)
+    q, k, v = random_qkv(num_tokens, heads, kv_heads, head_dim, dtype)
+    graph, out = capture_forward(backend, fb, layer, q, k, v)
+    for num_reqs in (32, 8, 1):
+        for row in fb.ragged.request_rows[fb.ragged.lens > 0].tolist():
+            req_pool.free(row)
+        fresh = batch(num_reqs)
+        for name in ("req_pool_indices", "seq_lens", "positions", "out_cache_loc"):
+            getattr(fb, name).copy_(getattr(fresh, name))
+        fb.seq_lens_cpu.copy_(fresh.seq_lens_cpu)
+        for field in ("request_rows", "lens", "prefix_lens", "q_start"):
+            getattr(fb.ragged, field).copy_(getattr(fresh.ragged, field))
+        for t, new in zip((q, k, v), random_qkv(num_tokens, heads, kv_heads, head_dim, dtype),
+                          strict=True):
+            t.copy_(new)
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        live = int(fb.ragged.lens.sum())
+        what = f"ragged {num_reqs} requests, {decode_merge}, window {window}"
+        assert torch.equal(out[live:], torch.zeros_like(out[live:])), f"{what} (seed {seed})"
+        assert_close(out[:live].clone(), reference(fb, layer, q, k, v)[:live], seed, what)
 
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-q", "-s"]))

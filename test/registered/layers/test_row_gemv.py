@@ -134,6 +134,10 @@ def test_bench_runs_on_the_cpu(tmp_path):
         assert r["ours"]["us"] > 0 and r["cublas"]["tb_s"] > 0 and "row4:16:4:1" in r
     assert "ours_fused" in result["rows"][0] and "ours_fused" not in result["rows"][1]
     assert "row_fused4:16:4:1" in result["rows"][0] and "row_fused4:16:4:1" not in result["rows"][1]
+    qkv = result["rows"][0]
+    assert qkv["max_err_paired"] == 0.0, "the paired candidate agrees exactly with the default"
+    assert qkv["rope_paired"]["us"] > 0 and qkv["rope_default"]["us"] > 0
+    assert "rope_paired" not in result["rows"][1]
 
 
 if __name__ == "__main__":

@@ -190,10 +190,12 @@ def test_compact_verify_keeps_every_token_on_the_target_law(pairs, algorithm):
     whatever it verifies, every emitted token (the target's law is the same at every
     position) must follow p, block position by block position, and the lengths must vary."""
     _, _, p, _ = pair = pairs[algorithm, "noisy"]
+    # the full width at every batch size (no derived schedule): every block position is tested
     engine = _engine(pair, algorithm, "compact", max_running_requests=REQUESTS,
-                     cuda_graph_bs_decode=[REQUESTS])
+                     cuda_graph_bs_decode=[REQUESTS], speculative_draft_len_schedule="1:4")
     worker = engine.worker
     b = worker.verify_width
+    assert b == 4
     steps = _record_steps(worker)
     verdicts, verified = [], worker._verified
 

@@ -1,8 +1,9 @@
 """The DFlash step-cost benchmark (benchmark/spec_decode/bench_dflash_step.py) in its CPU smoke
 mode (tiny-llama and its block-4 draft, the overlap scheduler on, as on CUDA): the worker
 accepts exactly what the bench forces, the timed steps' histogram is the profile's, static and
-compact verify both run, and a bad acceptance profile or flag fails in one line before any
-model loads."""
+compact verify both run, the report carries the compact engine's step costs in the format
+`--speculative-step-costs` reads, and a bad acceptance profile or flag fails in one line before
+any model loads."""
 
 import importlib.util
 import json
@@ -11,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from sglang_aux.srt.configs.draft_len_schedule import DraftLenSchedule
+from sglang_aux.srt.configs.step_costs import StepCosts
 from sglang_aux.test.ci.ci_register import register_cpu_ci
 
 register_cpu_ci(est_time=20, suite="default")
@@ -65,6 +68,10 @@ def test_smoke_forces_the_profile_static_and_compact(tmp_path, capsys):
             assert r["tokens_per_step"] <= static["tokens_per_step"]
             assert r["verify_tokens_per_accepted"] < static["verify_tokens_per_accepted"]
     assert [t["bs"] for t in report["target_only"]] == [1, 4]
+    # the compact engine's step costs, in the file the server's --speculative-step-costs reads
+    costs = StepCosts.load(str(out))
+    assert sorted(costs.draft_ms) == [1, 2, 3, 4] and costs.verify_ms
+    assert DraftLenSchedule.parse(report["draft_len_schedule"]).max_width <= WIDTH
 
 
 def test_oracle_confidence_verifies_only_accepted_tokens(tmp_path):

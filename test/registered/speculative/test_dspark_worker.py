@@ -115,9 +115,9 @@ def test_compact_lengths_respect_budget_bounds_and_buckets(ckpts, align, sampled
     plans, verdicts = [], []
     plan, verified = worker.verify_plan.plan, worker._verified
 
-    def recording_plan(bs, every_token, confidence):
-        n = plan(bs, every_token, confidence)
-        plans.append((bs, n, worker.verify_plan.verify_lens[:n].tolist()))
+    def recording_plan(bs, every_token, confidence, width):
+        n = plan(bs, every_token, confidence, width)
+        plans.append((bs, n, width, worker.verify_plan.verify_lens[:n].tolist()))
         return n
 
     def recording_verified(req, row):
@@ -128,13 +128,14 @@ def test_compact_lengths_respect_budget_bounds_and_buckets(ckpts, align, sampled
     params = [dict(p, temperature=1.0, seed=i) if sampled else p
               for i, p in enumerate(STAGGERED)]
     outs = engine.generate(SPEC_PROMPTS, params)
-    assert plans and len({n for _, n, _ in plans}) > 1
-    for bs, n, lens in plans:
+    assert plans and len({n for _, n, _, _ in plans}) > 1
+    for bs, n, width, lens in plans:
         live, rest = lens[:bs], lens[bs:]
         assert n in buckets and all(1 <= x <= b for x in live) and not any(rest)
-        take = min(bs * n_proposals, round(frac * bs * n_proposals))
+        # the derived draft length schedule's width caps the budget too
+        take = min(bs * (width - 1), round(frac * bs * n_proposals))
         if align:
-            take = min(n - bs, bs * n_proposals)
+            take = min(n - bs, bs * (width - 1))
         # random confidences are far above the survival floor: the budget is spent whole
         assert sum(live) == bs + take <= n, (bs, n, lens)
     assert all(0 <= accepted <= length - 1 for accepted, length in verdicts)

@@ -1,18 +1,28 @@
 """DFlash with compact verify (`--speculative-verify-mode compact`) on CPU: each proposal's
 confidence is the draft's probability of it (a float64 softmax of the draft's own logits);
 greedy output equals target-only through the token buckets' graphs, overlap on and off, and on
-every aux path; steps with logprobs or penalties verify every token and give target-only's
-values; the flags compact refuses. (The T > 0 law: `test_acceptance_law.py`.)"""
+every aux path, and through the Triton attention (the interpreter), which reads each
+request's keys once per ragged step; steps with logprobs or penalties verify every token and
+give target-only's values; the flags compact refuses. (The T > 0 law:
+`test_acceptance_law.py`.)"""
 
-import sys
+import os
 
-import pytest
-import torch
+# NOTE: must precede any @triton.jit definition, i.e. any import of the Triton backend.
+os.environ["TRITON_INTERPRET"] = "1"
 
-from sglang_aux.srt.entrypoints.engine import Engine
-from sglang_aux.srt.layers.attention.torch_native_backend import TorchNativeAttnBackend
-from sglang_aux.test.ci.ci_register import register_cpu_ci
-from sglang_aux.test.runtime_utils import (
+import sys  # noqa: E402
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+from sglang_aux.srt.entrypoints.engine import Engine  # noqa: E402
+from sglang_aux.srt.layers.attention.torch_native_backend import (  # noqa: E402
+    TorchNativeAttnBackend,
+)
+from sglang_aux.srt.layers.attention.triton_backend import TritonAttnBackend  # noqa: E402
+from sglang_aux.test.ci.ci_register import register_cpu_ci  # noqa: E402
+from sglang_aux.test.runtime_utils import (  # noqa: E402
     CAPTURED_BS,
     GREEDY_IGNORE_EOS,
     SPEC_ENGINE_KW,
@@ -105,12 +115,13 @@ def test_compact_dflash_on_every_aux_path(ckpts, target_only, variant):
 def test_token_cap_verifies_whole_blocks_below_it(ckpts, target_only):
     """`--compact-verify-max-tokens`: a step whose blocks fit the cap verifies all of them;
     a larger one verifies exactly the cap (at least its anchors); output still target-only's."""
-    engine = _dflash(ckpts, compact_verify_max_tokens=10)
+    engine = _dflash(ckpts, compact_verify_max_tokens=10,
+                     speculative_draft_len_schedule="1:4")  # the full width: the cap alone
     worker, plans = engine.worker, []
     b, plan = worker.verify_width, worker.verify_plan.plan
 
-    def recording(bs, every_token, confidence):
-        n = plan(bs, every_token, confidence)
+    def recording(bs, every_token, confidence, width):
+        n = plan(bs, every_token, confidence, width)
         plans.append((bs, worker.verify_plan.verify_lens[:bs].tolist()))
         return n
 
@@ -148,6 +159,32 @@ def test_ragged_verify_attention_reads_each_request_once(ckpts, target_only, mon
     assert [o["output_ids"] for o in outs] == [o["output_ids"] for o in target_only["tiny-qwen3"]]
     assert checked and set(checked) == {"TARGET_VERIFY"}
     assert "TARGET_VERIFY" not in plain
+
+
+@pytest.mark.parametrize("target", ["tiny-llama", "tiny-k3"])
+def test_compact_through_triton_attention_equals_static_and_target_only(ckpts, target,
+                                                                        monkeypatch):
+    """Every engine on the Triton attention: compact verify's greedy tokens equal static
+    verify's and target-only's, and its verify forwards hand the backend the request layout
+    (`ForwardBatch.ragged`), which it reads each request's keys once through."""
+    ragged, forward = [], TritonAttnBackend.forward
+
+    def recording(self, q, k, v, layer, fb, save_kv_cache=True):
+        if fb.forward_mode.name == "TARGET_VERIFY":
+            ragged.append(fb.ragged is not None)
+        return forward(self, q, k, v, layer, fb, save_kv_cache)
+
+    monkeypatch.setattr(TritonAttnBackend, "forward", recording)
+    kw = dict(SPEC_ENGINE_KW, attention_backend="triton")
+    want = [o["output_ids"] for o in Engine(model_path=ckpts[target], **kw).generate(
+        SPEC_PROMPTS, STAGGERED)]
+    for mode in ("static", "compact"):
+        ragged.clear()
+        engine = _dflash(ckpts, target, mode, attention_backend="triton")
+        outs = engine.generate(SPEC_PROMPTS, STAGGERED)
+        assert [o["output_ids"] for o in outs] == want, mode
+        assert ragged and set(ragged) == {mode == "compact"}, mode
+        assert_kv_all_back(engine)
 
 
 LOGPROBS = dict(return_logprob=True, logprob_start_len=1, top_logprobs_num=2,

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import torch
 
 if TYPE_CHECKING:
+    from sglang_aux.srt.forward_state.ragged_requests import RaggedRequests
     from sglang_aux.srt.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool
 
 
@@ -120,6 +121,9 @@ class ForwardBatch:
     mixed_step_bs: int = 0
     mixed_step_width: int = 0
     logits_rows: torch.Tensor | None = None
+    # A ragged step's requests (token-major, one entry per token): where each one's tokens
+    # lie, filled by its prologue on the device; None for every other forward.
+    ragged: RaggedRequests | None = None
 
     @property
     def num_tokens(self) -> int:

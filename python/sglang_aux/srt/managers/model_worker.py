@@ -100,6 +100,13 @@ class ModelWorker(RequestRowStaging):
                                         model_config.hf_config.vocab_size, runner.device)
         self.readback = HostReadback(runner.device)
 
+    @property
+    def step_stats(self) -> dict[str, int]:
+        return {}
+
+    def server_info(self) -> dict:
+        return {}
+
     def prefill(self, reqs: list[Req]) -> PendingStep:
         self._write_rows(reqs)
         logprobs = StepLogprobs.of(reqs, prefill=True)

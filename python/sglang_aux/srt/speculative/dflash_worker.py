@@ -7,7 +7,8 @@ orchestrates the steps (prefill, prefill chunk, decode, mixed), the pieces do th
   forward's prologue;
 - `acceptance.py`: the verify forward's epilogue and sampling tail (greedy acceptance,
   rejection sampling) and the re-decision of processed steps;
-- `draft_context.py`: the draft context commit and the aux projection a forward feeds.
+- `draft_context.py`: the draft context commit and the aux projection a forward feeds;
+- `draft_len_planner.py`: the verify width each batch size gets (the draft length schedule).
 
 Per decode step and batch, all on the device after one copy per runner of (row, kv_len, last
 token) per request, from which each graph's prologue derives its inputs (StepPrologue):
@@ -21,6 +22,12 @@ positions past the new kv_len, never read before the next step writes them again
 invariant in schedule_batch.py). The scheduler owns the KV slots; this worker only advances
 each request's kv_len. Each request's verify tokens are counted (`spec_verify_tokens`), so
 verify tokens per accepted token compare static with compact verify.
+
+Under compact verify a step of bs requests verifies at most the schedule's width w(bs) <= W
+per request on average (it caps the step's budget at bs * (w - 1) proposals; steps whose
+logits are processed, grammar-restricted or scored verify every token, as static). At width 1
+the step is plain decoding: no draft forward, the verify forward runs the anchors alone and
+its epilogue still commits their draft context, so a later step speculates again.
 """
 
 from __future__ import annotations
@@ -32,6 +39,7 @@ import torch
 
 from sglang_aux.srt.configs.dflash_config import DFlashConfig
 from sglang_aux.srt.configs.model_config import ModelConfig
+from sglang_aux.srt.configs.step_costs import StepCosts
 from sglang_aux.srt.forward_state.forward_batch_info import (
     CaptureHiddenMode,
     ForwardBatch,
@@ -56,7 +64,9 @@ from sglang_aux.srt.sampling.sampling_rows import SamplingRows
 from sglang_aux.srt.server_args import ServerArgs
 from sglang_aux.srt.speculative.acceptance import Acceptance
 from sglang_aux.srt.speculative.draft_context import DraftContext
+from sglang_aux.srt.speculative.draft_len_planner import DraftLenPlanner
 from sglang_aux.srt.speculative.draft_proposals import DFlashProposer, Proposals, Proposer
+from sglang_aux.srt.speculative.step_cost_probe import measure_step_costs
 from sglang_aux.srt.speculative.verify_plan import VerifyPlan
 
 # (requests, their DRAFT_BLOCK batch, after its forward) -> proposals `[bs, W - 1]`. Sampled
@@ -80,6 +90,11 @@ class DFlashWorker(RequestRowStaging):
             raise ValueError(f"the draft's mask_token_id {dc.mask_token_id} is outside the "
                              f"target's vocabulary [0, {vocab})")
         draft_config.hf_config.dflash_config = dc.as_dflash_config()  # the draft reads it whole
+        self.verify_width = w = (verify_width or server_args.speculative_verify_width
+                                 or dc.draft_block_size)
+        # the draft length flags checked against the draft before the models load
+        self.draft_len = DraftLenPlanner(server_args, w,
+                                         compact=server_args.speculative_verify_mode == "compact")
         self.target_runner = ModelRunner(target_config, server_args,
                                          aux_layer_ids=dc.target_layer_ids)
         self.draft_runner = ModelRunner(
@@ -91,8 +106,6 @@ class DFlashWorker(RequestRowStaging):
         self.draft_runner.model.set_target_modules(
             self.target_runner.model.get_input_embeddings(), self.target_runner.model.lm_head_weight
         )
-        self.verify_width = w = (verify_width or server_args.speculative_verify_width
-                                 or dc.draft_block_size)
         self.mask_token_id = dc.mask_token_id
         self.propose: ProposalSource = self._graph_proposals
         # Called after each step's aux rows (or streamed accumulator) are consumed (tests poison
@@ -111,6 +124,27 @@ class DFlashWorker(RequestRowStaging):
                                      self.target_runner.req_to_token_pool)
         self.proposer = self._proposer()
         self._init_forwards(server_args)
+        draft_graphs = self.draft_runner.step_graphs
+        self.draft_len.start([] if draft_graphs is None else
+                             [x.step_bs for x in draft_graphs.layouts],
+                             self.verify_plan.budget, self._measure_step_costs)
+
+    def _measure_step_costs(self) -> StepCosts | None:
+        """The draft and ragged verify graphs' costs (None without both)."""
+        draft, verify = self.draft_runner.step_graphs, self.target_runner.step_graphs
+        if draft is None or verify is None or not verify.parts.ragged:
+            return None
+        return measure_step_costs(draft, verify)
+
+    @property
+    def step_stats(self) -> dict[str, int]:
+        """Verify steps by kind, for the scheduler's statistics (`Worker`)."""
+        return {"spec_verify_steps": self.draft_len.verify_steps,
+                "spec_plain_steps": self.draft_len.plain_steps}
+
+    def server_info(self) -> dict:
+        """The draft length schedule in force and its source (`Worker`)."""
+        return {"speculative_draft_len_schedule": self.draft_len.info()}
 
     def _proposer(self) -> Proposer:
         """The draft's half of the step: DFlash drafts over the whole verify width."""
@@ -186,18 +220,23 @@ class DFlashWorker(RequestRowStaging):
 
     def decode(self, reqs: list[Req]) -> PendingStep:
         bs, w, plan = len(reqs), self.verify_width, self.verify_plan
-        has_sampling = self._draft(reqs)
-        token_bitmask = self._verify_bitmask(reqs)
         penalized = any(r.sampling_params.processes_logits for r in reqs)
-        processed = token_bitmask is not None or penalized
         logprobs = StepLogprobs.of(reqs, w)
+        # A step whose logits are processed, grammar-restricted or scored verifies every
+        # token, request-major (the static rows), so they apply row by row.
+        every_token = (penalized or logprobs is not None
+                       or any(r.grammar is not None for r in reqs))
+        width = w if every_token else self.draft_len.width(bs)
+        self.draft_len.count_step(width)
+        has_sampling = _samples(reqs)
+        if width > 1:  # else plain decoding: the verify forward runs the anchors alone
+            self._draft(reqs, has_sampling)
+        token_bitmask = self._verify_bitmask(reqs)
+        processed = token_bitmask is not None or penalized
         # `[anchor, proposals]` per request: the verify prologue reads `Proposals` itself
         inputs = step_inputs(reqs, ForwardMode.TARGET_VERIFY, w)
         if plan.compact:
-            # A step whose logits are processed, grammar-restricted or scored verifies every
-            # token, request-major (the static rows), so they apply row by row.
-            inputs = plan.ragged_inputs(inputs, processed or logprobs is not None,
-                                        self.proposals.confidence)
+            inputs = plan.ragged_inputs(inputs, every_token, self.proposals.confidence, width)
         verify_fb = self.target_runner.prepare(inputs)
         verify_fb.has_sampling = has_sampling
         # The graph (or the eager forward) commits the draft context and leaves the verdicts.
@@ -233,7 +272,9 @@ class DFlashWorker(RequestRowStaging):
         n = 0 if chunk is not None else len(arrivals)  # arrivals sampled
         if n:  # a chunked request's rows are staged once, for its last chunk
             self._write_rows(arrivals)
-        has_sampling = self._draft(reqs)
+        has_sampling = _samples(reqs)
+        self.draft_len.count_step(w)  # mixed steps are static: the full width
+        self._draft(reqs, has_sampling)
         fb = self.target_runner.prepare(mixed_inputs(self.target_runner, reqs, arrivals, w,
                                                      chunk))
         out = self.target_runner.forward(fb)
@@ -283,10 +324,9 @@ class DFlashWorker(RequestRowStaging):
         # the step's second host sync, grammar batches only: xgrammar's matchers walk on the host
         return self._token_bitmask(reqs, self.proposals.tokens[: len(reqs)].tolist())
 
-    def _draft(self, reqs: list[Req]) -> bool:
-        """The draft's proposals for `reqs` into `Proposals.tokens[:bs]`; whether a request
-        samples (known on the host: only then do the epilogues' sampling steps run)."""
-        has_sampling = not all(r.sampling_params.is_greedy for r in reqs)
+    def _draft(self, reqs: list[Req], has_sampling: bool) -> None:
+        """The draft's proposals for `reqs` into `Proposals.tokens[:bs]`; `has_sampling`: a
+        request samples (only then do the epilogues' sampling steps run)."""
         draft_fb = self.draft_runner.prepare(step_inputs(reqs, ForwardMode.DRAFT_BLOCK,
                                                          self.proposer.draft_block_size))
         draft_fb.has_sampling = has_sampling
@@ -295,7 +335,6 @@ class DFlashWorker(RequestRowStaging):
         tokens = self.proposals.tokens
         if proposals.data_ptr() != tokens.data_ptr():  # a replacement with its own storage
             tokens[: len(reqs)].copy_(proposals)
-        return has_sampling
 
     def _graph_proposals(self, reqs: list[Req], _fb: ForwardBatch) -> torch.Tensor:
         return self.proposals.tokens[: len(reqs)]
@@ -305,8 +344,16 @@ class DFlashWorker(RequestRowStaging):
         the accepted proposals are now KV."""
         w = self.verify_width
         req.kv_len += row[0] + 1
-        req.record_spec_verify(row[0], w, row[-1] if self.verify_plan.compact else w)
+        verified = row[-1] if self.verify_plan.compact else w
+        req.record_spec_verify(row[0], w, verified)
+        self.draft_len.observe(row[0], verified)
         return row[1 : row[0] + 2]
+
+
+def _samples(reqs: list[Req]) -> bool:
+    """Whether a request samples (known on the host: only then do the epilogues' sampling
+    steps run)."""
+    return not all(r.sampling_params.is_greedy for r in reqs)
 
 
 def _first_token(_req: Req, token: int) -> list[int]:

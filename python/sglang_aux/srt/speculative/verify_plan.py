@@ -18,7 +18,9 @@ does not grow along a row, so each request's choice is a prefix. The verify forw
 (`RaggedStepPrologue`: token-major, graphs per token bucket); the step's bucket is the one
 that holds the most the budget allows, `bs + min(budget, bs * (W - 1))`, known on the host
 without reading the confidences: no host sync, fixed shapes. A step whose logits are
-processed, grammar-restricted or scored verifies every token, as static.
+processed, grammar-restricted or scored verifies every token, as static. The draft length
+schedule's width for the step's batch size caps the budget (`plan`'s `width`; 1: the anchors
+alone), whichever of the two is smaller.
 """
 
 from __future__ import annotations
@@ -111,33 +113,41 @@ class VerifyPlan:
                                 epilogue, streamed_aux)
         prologue = RaggedStepPrologue(block_tokens=lambda n: proposals[:n],
                                       lens=lambda n: self.verify_lens[:n],
-                                      request_rows=lambda n: self.request_rows[:n])
+                                      request_rows=lambda n: self.request_rows[:n],
+                                      width=w)
         return ForwardParts(epilogue.mode, w, prologue, epilogue, streamed_aux, ragged=True)
 
     def ragged_inputs(self, inputs: ForwardInputs, every_token: bool,
-                      confidence: torch.Tensor) -> ForwardInputs:
+                      confidence: torch.Tensor, width: int) -> ForwardInputs:
         """A compact verify step's inputs: `plan`'s token count, token-major, the requests'
         rows first; each token's length bounded by its request's bound plus W."""
         bs = len(inputs.step_rows)
-        n = self.plan(bs, every_token, confidence)
+        n = self.plan(bs, every_token, confidence, width)
         bound = max(inputs.step_kv_bounds) + self.verify_width - 1
         return dataclasses.replace(
             inputs, step_rows=inputs.step_rows + [PADDING_REQ_ROW] * (n - bs),
             step_kv_bounds=[bound] * n)
 
-    def plan(self, bs: int, every_token: bool, confidence: torch.Tensor) -> int:
+    def budget(self, bs: int) -> int:
+        """The most proposals a step of `bs` requests verifies beyond their anchors under
+        `--compact-verify-budget-frac` or `--compact-verify-max-tokens`."""
+        proposals = bs * (self.verify_width - 1)
+        if self.max_tokens is not None:
+            return min(proposals, max(0, self.max_tokens - bs))
+        return min(proposals, round(self.budget_frac * proposals))
+
+    def plan(self, bs: int, every_token: bool, confidence: torch.Tensor, width: int) -> int:
         """Each request's verify length into `verify_lens[:bs]` (0 after, up to the step's
         tokens) from its proposals' confidences `[rows, W - 1]`, and the step's token count:
         the captured bucket holding the budget, or exactly the budget where no graph does (an
-        eager step). No host sync: the lengths stay on the device."""
+        eager step). `width` (the draft length schedule's, <= W) caps the budget at
+        `bs * (width - 1)` proposals; 1 verifies the anchors alone. No host sync: the lengths
+        stay on the device."""
         w = self.verify_width
-        n = w - 1
         if every_token:
-            take = bs * n
-        elif self.max_tokens is not None:
-            take = min(bs * n, max(0, self.max_tokens - bs))
+            take = bs * (w - 1)
         else:
-            take = min(bs * n, round(self.budget_frac * bs * n))
+            take = min(self.budget(bs), bs * (width - 1))
         graphs = self.target_runner.step_graphs
         buckets = [x.step_bs for x in graphs.layouts] if graphs is not None else []
         if not buckets or bs + take > buckets[-1]:
@@ -147,7 +157,7 @@ class VerifyPlan:
             num_tokens = round_up_to_bucket(bs + take, buckets)
         else:
             if self.align_to_bucket:
-                take = min(round_up_to_bucket(bs + take, buckets) - bs, bs * n)
+                take = min(round_up_to_bucket(bs + take, buckets) - bs, bs * (width - 1))
             plan = compact_verify_lens(confidence[:bs], take, buckets)
             lens, num_tokens = plan.verify_lens, plan.num_tokens
         self.verify_lens[:num_tokens].zero_()

@@ -24,6 +24,7 @@ from sglang_aux.srt.layers.attention.triton_ops.tiling import check_head_dim
 
 if TYPE_CHECKING:
     from sglang_aux.srt.forward_state.forward_batch_info import ForwardBatch
+    from sglang_aux.srt.forward_state.ragged_requests import RaggedRequests
     from sglang_aux.srt.layers.radix_attention import RadixAttention
 
 
@@ -63,6 +64,9 @@ class ExtendMetadata:
 class TritonAttnBackend(AttentionBackend):
     """Paged attention in Triton for EXTEND, DECODE, TARGET_VERIFY, DRAFT_BLOCK and MIXED
     (the step rows through the fixed-layout kernel, the arrivals through the extend one).
+    A ragged step (`ForwardBatch.ragged`: compact verify, one entry per token) runs the
+    fixed-layout kernel over its request slots instead of its entries, so each request's keys
+    are read once for all its tokens, as in a static verify step.
 
     A query at position p of a request with `seq_len` tokens sees key positions `j < seq_len`,
     `j <= p` too when the layer is causal, and `p - j <= layer.sliding_window_size` when it
@@ -74,7 +78,9 @@ class TritonAttnBackend(AttentionBackend):
     NOTE: graph hooks are trivial on purpose. The fixed-layout kernels read
     `req_pool_indices`, `seq_lens` and `positions` straight from the ForwardBatch, whose
     tensors the graph runner keeps static and refreshes in place before each replay, and
-    their grid and key split depend only on (bs, heads, tokens per request). So no metadata
+    their grid and key split depend only on (bs, heads, tokens per request); a ragged step's
+    request layout is device state its prologue writes inside the graph, and its grid
+    depends on (token bucket, heads, verify width). So no metadata
     needs copying at replay and nothing in those paths syncs with the host. A captured
     EXTEND graph reads the batch's `extend_*` device tensors the same way; its grid covers
     the graph's token bucket, programs past a request's new tokens store nothing, and with a
@@ -87,13 +93,15 @@ class TritonAttnBackend(AttentionBackend):
     `min_split_keys` in one program that writes the output, and merges longer ones in the
     same launch. In-kernel merges share `SplitCounters`, so this backend's fixed-layout
     forwards must not run concurrently (they do not: every forward of a runner runs on its
-    one stream).
+    one stream). `single_pass` (a bench-only candidate, `tiling.SinglePassTile`) runs the
+    fixed-layout modes with no key split at that tile.
     """
 
     extend_graph_safe = True
 
     def __init__(self, num_kv_splits: int | None = None, decode_merge: MergeMode = "launch",
-                 min_split_keys: int = tiling.MIN_SPLIT_KEYS):
+                 min_split_keys: int = tiling.MIN_SPLIT_KEYS,
+                 single_pass: tiling.SinglePassTile | None = None):
         if num_kv_splits is not None and num_kv_splits < 1:
             raise ValueError(f"num_kv_splits must be >= 1, got {num_kv_splits}")
         if decode_merge not in MERGE_MODES:
@@ -103,6 +111,7 @@ class TritonAttnBackend(AttentionBackend):
         self.num_kv_splits = num_kv_splits
         self.decode_merge = decode_merge
         self.min_split_keys = min_split_keys
+        self.single_pass = single_pass
         self._split_counters = SplitCounters()
         self._extend: ExtendMetadata | None = None
 
@@ -159,18 +168,21 @@ class TritonAttnBackend(AttentionBackend):
             bs = forward_batch.batch_size
             if q.shape[0] % bs:
                 raise ValueError(f"{q.shape[0]} tokens do not split evenly over {bs} requests")
-            self._fixed_layout(q, k_buffer, v_buffer, out, req_to_token,
-                               forward_batch.req_pool_indices, forward_batch.seq_lens,
-                               forward_batch.positions, layer)
+            ragged = forward_batch.ragged
+            rows = forward_batch.req_pool_indices if ragged is None else ragged.request_rows
+            self._fixed_layout(q, k_buffer, v_buffer, out, req_to_token, rows,
+                               forward_batch.seq_lens, forward_batch.positions, layer, ragged)
         return out.view(-1, num_heads * head_dim)
 
     def _fixed_layout(self, q, k_buffer, v_buffer, out, req_to_token, req_pool_indices,
-                      seq_lens, positions, layer: RadixAttention) -> None:
+                      seq_lens, positions, layer: RadixAttention,
+                      ragged: RaggedRequests | None = None) -> None:
         decode_attention_fwd(q, k_buffer, v_buffer, out, req_to_token, req_pool_indices,
                              seq_lens, positions, layer.scaling, layer.is_causal,
                              self.num_kv_splits, layer.sliding_window_size,
                              merge=self.decode_merge, counters=self._split_counters,
-                             min_split_keys=self.min_split_keys)
+                             min_split_keys=self.min_split_keys, single_pass=self.single_pass,
+                             ragged=ragged)
 
     def _extend_metadata(self, fb: ForwardBatch) -> ExtendMetadata:
         # A caller that skipped init_forward_metadata still gets this batch's layout, never

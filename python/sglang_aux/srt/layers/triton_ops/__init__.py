@@ -8,5 +8,8 @@
   the bias fused (behind `--decode-gemv-backend`).
 - `block_gemv`: a candidate for the 2..32-row projections of a verify step and the draft's
   block forward, measured against cuBLAS (docs/kernels.md); no layer calls it yet.
+- `paired_row_gemv`: bench-only candidates, the row GEMV with RoPE + KV store or SiLU-mul in
+  its epilogue.
+- `grid_dependency`: programmatic dependent launch (`pdl=` of the kernels; bench-only).
 - `dispatch`: when a layer runs its kernel rather than its torch twin.
 """

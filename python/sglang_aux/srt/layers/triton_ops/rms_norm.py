@@ -11,10 +11,16 @@ import torch
 import triton
 import triton.language as tl
 
+from sglang_aux.srt.layers.triton_ops.grid_dependency import (
+    resolve_pdl,
+    wait_for_previous_kernel,
+)
+
 
 @triton.jit
 def _rms_norm_kernel(X, R, W, Y, R_Out, stride_x, stride_r, stride_y, stride_ro, n, eps,
-                     HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr):
+                     HAS_RESIDUAL: tl.constexpr, PDL: tl.constexpr, BLOCK: tl.constexpr):
+    wait_for_previous_kernel(PDL)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     mask = cols < n
@@ -30,10 +36,11 @@ def _rms_norm_kernel(X, R, W, Y, R_Out, stride_x, stride_r, stride_y, stride_ro,
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
-             residual: torch.Tensor | None = None
+             residual: torch.Tensor | None = None, pdl: bool | None = None
              ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """x `[rows, n]` (last dim contiguous) -> normed `[rows, n]`; with `residual`, also the
-    new residual `x + residual`. Outputs are new tensors in x's dtype; inputs are not written."""
+    new residual `x + residual`. Outputs are new tensors in x's dtype; inputs are not written.
+    `pdl`: launch dependent (`grid_dependency.py`; None reads its bench switch)."""
     if x.dim() != 2 or x.stride(-1) != 1:
         raise ValueError(f"rms_norm needs a [rows, n] input with a contiguous last dim, "
                          f"got shape {tuple(x.shape)} strides {x.stride()}")
@@ -41,13 +48,14 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
         raise ValueError(f"residual {tuple(residual.shape)} (strides {residual.stride()}) "
                          f"does not match the input {tuple(x.shape)}")
     rows, n = x.shape
+    pdl = resolve_pdl(pdl, x)
     y = torch.empty((rows, n), dtype=x.dtype, device=x.device)
     r_out = torch.empty_like(y) if residual is not None else y
     if rows:
         r = residual if residual is not None else x
         _rms_norm_kernel[(rows,)](
             x, r, weight, y, r_out, x.stride(0), r.stride(0), y.stride(0), r_out.stride(0),
-            n, eps, HAS_RESIDUAL=residual is not None, BLOCK=triton.next_power_of_2(n),
-            num_warps=4 if n <= 4096 else 8,
+            n, eps, HAS_RESIDUAL=residual is not None, PDL=pdl,
+            BLOCK=triton.next_power_of_2(n), num_warps=4 if n <= 4096 else 8, launch_pdl=pdl,
         )
     return y if residual is None else (y, r_out)

@@ -12,6 +12,11 @@ import torch
 import triton
 import triton.language as tl
 
+from sglang_aux.srt.layers.triton_ops.grid_dependency import (
+    resolve_pdl,
+    wait_for_previous_kernel,
+)
+
 
 @triton.jit
 def _norm_rotate_heads(ptr_in, ptr_out, W, cos, sin, num_heads, eps,
@@ -43,8 +48,9 @@ def _rope_store_kernel(Q, K, V, Positions, Cos_Sin, QW, KW, K_Out, V_Out, Loc,
                        stride_q, stride_k, stride_v, stride_cs, stride_ko, stride_vo,
                        num_q_heads, num_kv_heads, eps,
                        HAS_Q: tl.constexpr, NORM: tl.constexpr, STORE: tl.constexpr,
-                       HALF: tl.constexpr, BLOCK_HALF: tl.constexpr,
+                       PDL: tl.constexpr, HALF: tl.constexpr, BLOCK_HALF: tl.constexpr,
                        BLOCK_HQ: tl.constexpr, BLOCK_HK: tl.constexpr):
+    wait_for_previous_kernel(PDL)
     t = tl.program_id(0).to(tl.int64)
     pos = tl.load(Positions + t).to(tl.int64)
     c = tl.arange(0, BLOCK_HALF)[None, :]
@@ -78,12 +84,14 @@ def rope_store(positions: torch.Tensor, q: torch.Tensor | None, k: torch.Tensor,
                cos_sin_cache: torch.Tensor, q_weight: torch.Tensor | None = None,
                k_weight: torch.Tensor | None = None, eps: float = 0.0,
                v: torch.Tensor | None = None, k_cache: torch.Tensor | None = None,
-               v_cache: torch.Tensor | None = None, loc: torch.Tensor | None = None) -> None:
+               v_cache: torch.Tensor | None = None, loc: torch.Tensor | None = None,
+               pdl: bool | None = None) -> None:
     """In place: q `[T, H * D]` and, without a store, k `[T, KVH * D]` are (normed and)
     rotated at `positions` `[T]` by `cos_sin_cache` `[max_pos, D]` (cos | sin halves).
 
     With `k_cache`/`v_cache` `[slots, KVH, D]` and `loc` `[T]`, the rotated k and v go to
     those slots instead and k is left as it was. Norm weights `[D]` come together or not at all.
+    `pdl`: launch dependent (`grid_dependency.py`; None reads its bench switch).
     """
     head_dim = cos_sin_cache.shape[1]
     num_kv_heads = _check_heads("k", k, head_dim)
@@ -102,6 +110,7 @@ def rope_store(positions: torch.Tensor, q: torch.Tensor | None, k: torch.Tensor,
     if k.shape[0] == 0:
         return
     half = head_dim // 2
+    pdl = resolve_pdl(pdl, k)
     dummy = k
     _rope_store_kernel[(k.shape[0],)](
         q if q is not None else dummy, k, v if store else dummy, positions, cos_sin_cache,
@@ -110,8 +119,8 @@ def rope_store(positions: torch.Tensor, q: torch.Tensor | None, k: torch.Tensor,
         q.stride(0) if q is not None else 0, k.stride(0), v.stride(0) if store else 0,
         cos_sin_cache.stride(0), k_cache.stride(0) if store else 0,
         v_cache.stride(0) if store else 0, num_q_heads, num_kv_heads, eps,
-        HAS_Q=q is not None, NORM=norm, STORE=store, HALF=half,
+        HAS_Q=q is not None, NORM=norm, STORE=store, PDL=pdl, HALF=half,
         BLOCK_HALF=triton.next_power_of_2(half),
         BLOCK_HQ=triton.next_power_of_2(max(num_q_heads, 1)),
-        BLOCK_HK=triton.next_power_of_2(num_kv_heads), num_warps=4,
+        BLOCK_HK=triton.next_power_of_2(num_kv_heads), num_warps=4, launch_pdl=pdl,
     )

@@ -28,6 +28,10 @@ import triton
 import triton.language as tl
 
 from sglang_aux.srt.layers.triton_ops.dispatch import GEMV_DTYPES
+from sglang_aux.srt.layers.triton_ops.grid_dependency import (
+    resolve_pdl,
+    wait_for_previous_kernel,
+)
 
 
 @dataclass(frozen=True)
@@ -54,19 +58,20 @@ def _input_tile(X, R, NW, k, k_mask, rstd, HAS_NORM: tl.constexpr,
 
 
 @triton.jit
-def _row_gemv_kernel(X, R, NW, W, B, Y, R_Out, n_out, K, stride_w, eps,
-                     HAS_NORM: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
-                     HAS_BIAS: tl.constexpr,
-                     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, K_PAD: tl.constexpr):
-    pid = tl.program_id(0)
-    rn = pid * BLOCK_N + tl.arange(0, BLOCK_N)
-    n_mask = rn < n_out
+def row_dot(X, R, NW, W, R_Out, rn, n_mask, K, stride_w, eps, WRITES_STREAM,
+            HAS_NORM: tl.constexpr, HAS_RESIDUAL: tl.constexpr, PDL: tl.constexpr,
+            BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, K_PAD: tl.constexpr):
+    """The fp32 sums `[BLOCK_N]` of W's rows `rn` with the (normed) row; the program with
+    `WRITES_STREAM` stores the new residual stream. The kernels of the fused epilogues
+    (`paired_row_gemv.py`) share it, so their sums are this kernel's."""
     rk = tl.arange(0, BLOCK_K)
     dtype = X.dtype.element_ty
     w_rows = W + rn[:, None].to(tl.int64) * stride_w
-    # The first weight tile is in flight before the norm's reduction waits on the row, and
+    # The first weight tile is in flight before the norm's reduction waits on the row (and,
+    # launched dependent, before the previous kernel has finished: no kernel writes W), and
     # each later one before the tile ahead of it is multiplied (two tiles in registers).
     w = tl.load(w_rows + rk[None, :], mask=n_mask[:, None] & (rk < K)[None, :], other=0.0)
+    wait_for_previous_kernel(PDL)
     rstd = 0.0
     if HAS_NORM:
         kk = tl.arange(0, K_PAD)
@@ -75,7 +80,7 @@ def _row_gemv_kernel(X, R, NW, W, B, Y, R_Out, n_out, K, stride_w, eps,
         if HAS_RESIDUAL:
             s = (s.to(tl.float32) + tl.load(R + kk, mask=kk_mask, other=0.0).to(tl.float32)
                  ).to(dtype)
-            if pid == 0:
+            if WRITES_STREAM:
                 tl.store(R_Out + kk, s, mask=kk_mask)
         s = s.to(tl.float32)
         rstd = tl.rsqrt(tl.sum(s * s, axis=0) / K + eps)
@@ -87,21 +92,28 @@ def _row_gemv_kernel(X, R, NW, W, B, Y, R_Out, n_out, K, stride_w, eps,
         k = k0 + rk
         acc += w.to(tl.float32) * _input_tile(X, R, NW, k, k < K, rstd, HAS_NORM, HAS_RESIDUAL)
         w = w_next
-    y = tl.sum(acc, axis=1)
+    return tl.sum(acc, axis=1)
+
+
+@triton.jit
+def _row_gemv_kernel(X, R, NW, W, B, Y, R_Out, n_out, K, stride_w, eps,
+                     HAS_NORM: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
+                     HAS_BIAS: tl.constexpr, PDL: tl.constexpr,
+                     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, K_PAD: tl.constexpr):
+    pid = tl.program_id(0)
+    rn = pid * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_mask = rn < n_out
+    y = row_dot(X, R, NW, W, R_Out, rn, n_mask, K, stride_w, eps, pid == 0, HAS_NORM,
+                HAS_RESIDUAL, PDL, BLOCK_N, BLOCK_K, K_PAD)
     if HAS_BIAS:
         y += tl.load(B + rn, mask=n_mask, other=0.0).to(tl.float32)
-    tl.store(Y + rn, y.to(dtype), mask=n_mask)
+    tl.store(Y + rn, y.to(X.dtype.element_ty), mask=n_mask)
 
 
-def row_gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
-             norm_weight: torch.Tensor | None = None, eps: float = 0.0,
-             residual: torch.Tensor | None = None, config: RowGemvConfig | None = None
-             ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-    """x `[1, K]` contiguous, weight `[N, K]` contiguous -> `[1, N]` in x's dtype.
-
-    With `norm_weight` `[K]`, x is the residual stream before an RMSNorm of `eps` (plus
-    `residual` when given) and the result is `(y, stream)`: the stream is a new tensor when
-    `residual` is given, else x itself, as the unfused add + norm returns it."""
+def check_row_gemv_inputs(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                          norm_weight: torch.Tensor | None, residual: torch.Tensor | None
+                          ) -> tuple[int, int]:
+    """(N, K) of a row GEMV's inputs; a ValueError naming the first that does not fit."""
     if x.dim() != 2 or x.shape[0] != 1 or not x.is_contiguous():
         raise ValueError(f"row_gemv needs one contiguous row [1, K], got {tuple(x.shape)}")
     k = x.shape[1]
@@ -120,6 +132,21 @@ def row_gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = 
                          f"shape {tuple(x.shape)}, contiguous")
     if norm_weight is not None and tuple(norm_weight.shape) != (k,):
         raise ValueError(f"norm weight {tuple(norm_weight.shape)} does not match K = {k}")
+    return n, k
+
+
+def row_gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
+             norm_weight: torch.Tensor | None = None, eps: float = 0.0,
+             residual: torch.Tensor | None = None, config: RowGemvConfig | None = None,
+             pdl: bool | None = None) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """x `[1, K]` contiguous, weight `[N, K]` contiguous -> `[1, N]` in x's dtype.
+
+    With `norm_weight` `[K]`, x is the residual stream before an RMSNorm of `eps` (plus
+    `residual` when given) and the result is `(y, stream)`: the stream is a new tensor when
+    `residual` is given, else x itself, as the unfused add + norm returns it. `pdl`: launch
+    dependent (`grid_dependency.py`; None reads its bench switch)."""
+    n, k = check_row_gemv_inputs(x, weight, bias, norm_weight, residual)
+    pdl = resolve_pdl(pdl, x)
     cfg = config or row_gemv_config(n, norm_weight is not None)
     y = torch.empty((1, n), dtype=x.dtype, device=x.device)
     stream = torch.empty_like(x) if residual is not None else x
@@ -128,9 +155,9 @@ def row_gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = 
         norm_weight if norm_weight is not None else x, weight,
         bias if bias is not None else weight, y, stream, n, k, weight.stride(0), eps,
         HAS_NORM=norm_weight is not None, HAS_RESIDUAL=residual is not None,
-        HAS_BIAS=bias is not None, BLOCK_N=cfg.block_n,
+        HAS_BIAS=bias is not None, PDL=pdl, BLOCK_N=cfg.block_n,
         BLOCK_K=cfg.block_k, K_PAD=triton.next_power_of_2(k), num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages)
+        num_stages=cfg.num_stages, launch_pdl=pdl)
     return y if norm_weight is None else (y, stream)
 
 

@@ -6,11 +6,17 @@ import torch
 import triton
 import triton.language as tl
 
+from sglang_aux.srt.layers.triton_ops.grid_dependency import (
+    resolve_pdl,
+    wait_for_previous_kernel,
+)
+
 BLOCK = 1024
 
 
 @triton.jit
-def _silu_and_mul_kernel(X, Y, stride_x, stride_y, n, BLOCK: tl.constexpr):
+def _silu_and_mul_kernel(X, Y, stride_x, stride_y, n, PDL: tl.constexpr, BLOCK: tl.constexpr):
+    wait_for_previous_kernel(PDL)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < n
@@ -20,14 +26,16 @@ def _silu_and_mul_kernel(X, Y, stride_x, stride_y, n, BLOCK: tl.constexpr):
     tl.store(Y + row * stride_y + cols, y.to(Y.dtype.element_ty), mask=mask)
 
 
-def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
-    """x `[T, 2 * I]` (last dim contiguous) -> a new `[T, I]` in x's dtype; fp32 math."""
+def silu_and_mul(x: torch.Tensor, pdl: bool | None = None) -> torch.Tensor:
+    """x `[T, 2 * I]` (last dim contiguous) -> a new `[T, I]` in x's dtype; fp32 math.
+    `pdl`: launch dependent (`grid_dependency.py`; None reads its bench switch)."""
     if x.dim() != 2 or x.shape[1] % 2 or x.stride(-1) != 1:
         raise ValueError(f"silu_and_mul needs [tokens, 2 * I] with a contiguous last dim, got "
                          f"shape {tuple(x.shape)} strides {x.stride()}")
     rows, n = x.shape[0], x.shape[1] // 2
+    pdl = resolve_pdl(pdl, x)
     y = torch.empty((rows, n), dtype=x.dtype, device=x.device)
     if rows:
-        _silu_and_mul_kernel[(rows, triton.cdiv(n, BLOCK))](x, y, x.stride(0), y.stride(0), n,
-                                                            BLOCK=BLOCK, num_warps=4)
+        _silu_and_mul_kernel[(rows, triton.cdiv(n, BLOCK))](
+            x, y, x.stride(0), y.stride(0), n, PDL=pdl, BLOCK=BLOCK, num_warps=4, launch_pdl=pdl)
     return y

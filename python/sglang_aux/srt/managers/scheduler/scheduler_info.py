@@ -84,10 +84,11 @@ def engine_info(engine: ServingEngine, throughput: StepThroughput) -> dict:
         if runner.device.type == "cuda" else None,
         # as SGLang reports it: the resolved size, -1 when off
         "chunked_prefill_size": sched.chunked_prefill_size or -1,
-        "scheduler_stats": dict(sched.stats),
+        "scheduler_stats": dict(sched.stats) | engine.worker.step_stats,
         **prefix_cache_info(sched),
         "last_gen_throughput": throughput.last_gen_throughput,
         **graph_memory(runner),
+        **engine.worker.server_info(),
         "num_running_reqs": len(sched.running),
         "num_queue_reqs": len(sched.waiting),
         "scheduler_pid": os.getpid(),

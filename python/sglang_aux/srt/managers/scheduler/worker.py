@@ -19,6 +19,12 @@ class Worker(Protocol):
     @property
     def model_runner(self) -> ModelRunner: ...  # the target's: pools, graph limits, device
 
+    # the worker's own step counters, reported among the scheduler's statistics
+    @property
+    def step_stats(self) -> dict[str, int]: ...
+
+    def server_info(self) -> dict: ...  # what /get_server_info adds for this worker
+
     # per-request work once its row and KV are reserved; raising fails that request alone
     def admit(self, req: Req, eos_token_ids: set[int]) -> None: ...
 

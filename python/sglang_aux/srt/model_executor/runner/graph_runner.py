@@ -173,6 +173,17 @@ class GraphRunner:
             prepared_graph=i)
         return dataclasses.replace(fb, **layout.live(fb, inputs))
 
+    def replay_padding(self, i: int) -> None:
+        """Replay graph `i` over its padding batch, as its warm-ups ran it (KV writes to the
+        padding slot): what a step of its size costs, without a request (the start-up step
+        cost probe; not between a step's forward and its readback)."""
+        layout, static = self.layouts[i], self.static[i]
+        host = layout.padding()
+        to_device_into(self.buffers.packed, host.values)
+        static.seq_lens_cpu.copy_(torch.tensor(host.seq_lens_cpu))
+        self.model_runner.attn_backend.init_forward_metadata_replay_cuda_graph(static)
+        self.backend.replay(self.graphs[i])
+
     def replay(self, batch: ForwardBatch) -> LogitsProcessorOutput:
         """Replay the graph `prepare` gave `batch`, then its sampling tail when a request
         samples. The outputs are views of static storage covering `batch` (its logits rows,

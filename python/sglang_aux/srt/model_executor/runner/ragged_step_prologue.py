@@ -15,6 +15,10 @@ static storage) holds their counts, 0 past the live requests. The prologue keeps
 `request_rows` (the epilogue and the host need them per request), then overwrites the
 batch's `req_pool_indices` with each token's row. Tokens past the live ones are inert: the
 padding row at position 0, as a padded step request.
+
+It also sets `fb.ragged` (`RaggedRequests`): each request's row, length, context before the
+step and first token row, `[n]` each, so an attention backend that can (Triton's) reads a
+request's keys once for all its tokens instead of once per token.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from dataclasses import dataclass
 import torch
 
 from sglang_aux.srt.forward_state.forward_batch_info import ForwardBatch
+from sglang_aux.srt.forward_state.ragged_requests import RaggedRequests
 from sglang_aux.srt.mem_cache.memory_pool import PADDING_REQ_ROW
 from sglang_aux.srt.model_executor.runner.step_prologue import StepPrologue
 
@@ -35,6 +40,11 @@ class RaggedStepPrologue(StepPrologue):
     lens: Callable[[int], torch.Tensor]
     # n -> `[n]` int64 static storage the prologue fills with the requests' rows
     request_rows: Callable[[int], torch.Tensor]
+    width: int  # the most tokens a request verifies (its lens never exceed it)
+
+    def __post_init__(self):
+        if self.width < 1:
+            raise ValueError(f"a ragged step's width must be >= 1, got {self.width}")
 
     def __call__(self, fb: ForwardBatch) -> None:
         n = fb.batch_size  # tokens, one pseudo-request each
@@ -43,10 +53,14 @@ class RaggedStepPrologue(StepPrologue):
         req_rows.copy_(fb.req_pool_indices)
         lens = self.lens(n)
         ends = lens.cumsum(0)
+        starts = ends - lens
         token = torch.arange(n, device=lens.device)
         owner = torch.searchsorted(ends, token, right=True).clamp_max_(n - 1)
         live = token < ends[-1]
-        offset = torch.where(live, token - (ends - lens)[owner], 0)
+        offset = torch.where(live, token - starts[owner], 0)
+        fb.ragged = RaggedRequests(request_rows=req_rows, lens=lens,
+                                   prefix_lens=pool.kv_lens[req_rows], q_start=starts,
+                                   width=self.width)
         rows = torch.where(live, req_rows[owner], PADDING_REQ_ROW)
         torch.add(pool.kv_lens[rows], offset, out=fb.positions)
         fb.out_cache_loc.copy_(pool.req_to_token[rows, fb.positions])

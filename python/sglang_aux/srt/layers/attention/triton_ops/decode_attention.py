@@ -1,7 +1,11 @@
-"""Attention for the fixed-layout modes: DECODE, TARGET_VERIFY and DRAFT_BLOCK.
+"""Attention for the fixed-layout modes: DECODE, TARGET_VERIFY and DRAFT_BLOCK, and for a
+ragged verify step.
 
 Every request has the same number `q_len` of queries (1 for DECODE, the block size B for
-TARGET_VERIFY and DRAFT_BLOCK), stored request-major: token `b * q_len + i`. A query at
+TARGET_VERIFY and DRAFT_BLOCK), stored request-major: token `b * q_len + i`. A ragged layout
+(`RaggedQueries`: compact verify) gives request b only `lens[b] <= q_len` queries, at rows
+`q_start[b] + i`, after `prefix_lens[b]` cached keys; same tiles, rows past its queries are
+masked, and a tile past them (a request slot of 0 tokens: all of them) stores nothing. A
 position p of a request with `seq_len` tokens sees key positions `j < seq_len`, and `j <= p`
 too when causal, and `p - j <= sliding_window_size` with a window. Keys and values are
 gathered from the paged pool through `req_to_token[req_pool_indices[b], j]`.
@@ -29,7 +33,7 @@ So a graph captured for any context replays correctly at every length up to the 
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, Protocol
 
 import torch
 import triton
@@ -38,10 +42,32 @@ import triton.language as tl
 from sglang_aux.srt.layers.attention.triton_ops import tiling
 from sglang_aux.srt.layers.attention.triton_ops.merge_attn_states import merge_attn_states
 from sglang_aux.srt.layers.attention.triton_ops.paged_kv_loop import attend_paged_kv
-from sglang_aux.srt.layers.attention.triton_ops.tiling import NO_KEYS, pick_num_kv_splits
+from sglang_aux.srt.layers.attention.triton_ops.tiling import (
+    NO_KEYS,
+    SinglePassTile,
+    pick_num_kv_splits,
+)
 
 MergeMode = Literal["launch", "in_kernel"]
 MERGE_MODES: tuple[MergeMode, ...] = ("launch", "in_kernel")
+
+
+class RaggedQueries(Protocol):
+    """A ragged layout's requests (`forward_state.RaggedRequests` is one), `[bs]` int tensors
+    each: request b's `lens[b] <= width` queries are the rows `q_start[b] + i` of q, after
+    `prefix_lens[b]` cached keys (its keys: those and its queries' own)."""
+
+    @property
+    def q_start(self) -> torch.Tensor: ...
+
+    @property
+    def lens(self) -> torch.Tensor: ...
+
+    @property
+    def prefix_lens(self) -> torch.Tensor: ...
+
+    @property
+    def width(self) -> int: ...
 
 
 class SplitCounters:
@@ -75,14 +101,14 @@ class SplitCounters:
 @triton.jit
 def _decode_attention_kernel(
     Q, K_Buf, V_Buf, Out, Partial_Out, Partial_Lse, Counters,
-    Req_To_Token, Req_Pool_Indices, Seq_Lens, Positions,
+    Req_To_Token, Req_Pool_Indices, Seq_Lens, Positions, Q_Start, Q_Lens,
     sm_scale_log2,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
     stride_ot, stride_oh, stride_pt, stride_ph, stride_ps, stride_lt, stride_lh,
     stride_req,
     Q_LEN: tl.constexpr, GROUP: tl.constexpr, M_TILES: tl.constexpr,
     NUM_KV_SPLITS: tl.constexpr, MERGE_IN_KERNEL: tl.constexpr, MIN_SPLIT_KEYS: tl.constexpr,
-    CAUSAL: tl.constexpr, SLIDING_WINDOW_SIZE: tl.constexpr,
+    RAGGED: tl.constexpr, CAUSAL: tl.constexpr, SLIDING_WINDOW_SIZE: tl.constexpr,
     DOT_PRECISION: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
@@ -93,13 +119,19 @@ def _decode_attention_kernel(
 
     # Row r of the tile is query i = r // GROUP of the request, head kv_head * GROUP + r % GROUP.
     rows = m_tile * BLOCK_M + tl.arange(0, BLOCK_M)
-    row_valid = rows < Q_LEN * GROUP
-    tok = b * Q_LEN + rows // GROUP
     head = kv_head * GROUP + rows % GROUP
     d = tl.arange(0, HEAD_DIM)
+    if RAGGED:  # Seq_Lens holds each request's keys before its queries
+        q_len = tl.load(Q_Lens + b)
+        row_valid = rows < q_len * GROUP
+        tok = tl.load(Q_Start + b) + rows // GROUP
+        seq_len = tl.load(Seq_Lens + b) + q_len
+    else:
+        row_valid = rows < Q_LEN * GROUP
+        tok = b * Q_LEN + rows // GROUP
+        seq_len = tl.load(Seq_Lens + b)
     pos = tl.load(Positions + tok, mask=row_valid, other=0)
 
-    seq_len = tl.load(Seq_Lens + b)
     kv_lo = tiling.window_start(tl.min(tl.where(row_valid, pos, seq_len), 0), seq_len,
                                 SLIDING_WINDOW_SIZE)
     chunk = tl.cdiv(tl.cdiv(seq_len - kv_lo, NUM_KV_SPLITS), BLOCK_N) * BLOCK_N
@@ -111,6 +143,10 @@ def _decode_attention_kernel(
     else:
         num_splits = NUM_KV_SPLITS
         active = True  # a compile-time branch: the launch mode's kernel is unchanged
+    if RAGGED:
+        # a tile past the request's queries exits: with in-kernel merges its whole tile does,
+        # so no split waits on its counter
+        active = (m_tile * BLOCK_M < q_len * GROUP) & active
     if active:
         kv_start = kv_lo + split * chunk
         kv_end = tl.minimum(kv_start + chunk, seq_len)
@@ -194,33 +230,58 @@ def decode_attention_fwd(
     merge: MergeMode = "launch",
     counters: SplitCounters | None = None,
     min_split_keys: int = tiling.MIN_SPLIT_KEYS,
+    single_pass: SinglePassTile | None = None,
+    ragged: RaggedQueries | None = None,
 ) -> None:
     """Fixed-layout paged attention; `num_kv_splits=None` picks the split from the device;
     `sliding_window_size` keys left of each query are seen (-1: all). `merge="in_kernel"`
-    needs `counters` and splits only keys past `min_split_keys` (a multiple of the key tile)."""
+    needs `counters` and splits only keys past `min_split_keys` (a multiple of the key tile).
+    `single_pass` (a bench-only candidate): no key split at all, at that tile. With `ragged`
+    (bs request slots, any number of tokens), `seq_lens` is unused; rows of no request come
+    out 0."""
     if merge not in MERGE_MODES:
         raise ValueError(f"merge must be one of {MERGE_MODES}, got {merge!r}")
+    if single_pass is not None and (merge != "launch" or num_kv_splits not in (None, 1)):
+        raise ValueError(f"a single-pass tile takes no key split and no merge, got "
+                         f"num_kv_splits={num_kv_splits}, merge={merge!r}")
     bs = req_pool_indices.shape[0]
     num_tokens, num_heads, head_dim = q.shape
     num_kv_heads = k_buffer.shape[1]
-    q_len = num_tokens // bs
+    q_len = num_tokens // bs if ragged is None else ragged.width
+    if ragged is not None and q_len < 1:
+        raise ValueError(f"a ragged layout's width must be >= 1, got {q_len}")
     group = num_heads // num_kv_heads
     block_m = tiling.q_block(q_len * group, head_dim)
-    block_n = tiling.kv_block(head_dim)
+    block_n = tiling.kv_block(head_dim) if single_pass is None else single_pass.block_n
     m_tiles = triton.cdiv(q_len * group, block_m)
     in_kernel = merge == "in_kernel"
     if in_kernel and min_split_keys % block_n:
         raise ValueError(f"min_split_keys {min_split_keys} is not a multiple of the "
                          f"{block_n}-key tile")
-    if num_kv_splits is None:
-        num_kv_splits = grid_kv_splits(bs * num_kv_heads * m_tiles, req_to_token.shape[1],
+    if single_pass is not None:
+        num_kv_splits = 1
+    elif num_kv_splits is None:
+        # ragged: as few requests as can hold the tokens, the fewest programs
+        requests = bs if ragged is None else triton.cdiv(num_tokens, q_len)
+        num_kv_splits = grid_kv_splits(requests * num_kv_heads * m_tiles, req_to_token.shape[1],
                                        q.device, merge, min_split_keys)
     partial_out, partial_lse, split_counters = out, out, out  # unused when unsplit
+    q_start, q_lens = seq_lens, seq_lens  # unused unless ragged
+    merge_launch = num_kv_splits > 1 and not in_kernel
+    if ragged is not None:
+        seq_lens, q_start, q_lens = ragged.prefix_lens, ragged.q_start, ragged.lens
+        if not merge_launch:
+            out.zero_()  # rows of no request (the bucket's padding) stay finite
     if num_kv_splits > 1:
         # Per-split results in fp32; allocated per call (from the graph's pool when captured).
         partial_out = q.new_empty((num_tokens, num_heads, num_kv_splits, head_dim),
                                   dtype=torch.float32)
-        partial_lse = q.new_empty((num_tokens, num_heads, num_kv_splits), dtype=torch.float32)
+        lse_shape = (num_tokens, num_heads, num_kv_splits)
+        if ragged is not None and merge_launch:
+            # rows of no request merge to 0: no split saw a key for them
+            partial_lse = q.new_full(lse_shape, NO_KEYS.value, dtype=torch.float32)
+        else:
+            partial_lse = q.new_empty(lse_shape, dtype=torch.float32)
         if in_kernel:
             if counters is None:
                 raise ValueError("merge='in_kernel' with key splits needs SplitCounters")
@@ -228,7 +289,7 @@ def decode_attention_fwd(
     grid = (bs, num_kv_heads * m_tiles, num_kv_splits)
     _decode_attention_kernel[grid](
         q, k_buffer, v_buffer, out, partial_out, partial_lse, split_counters,
-        req_to_token, req_pool_indices, seq_lens, positions,
+        req_to_token, req_pool_indices, seq_lens, positions, q_start, q_lens,
         sm_scale * tiling.LOG2E,
         q.stride(0), q.stride(1), k_buffer.stride(0), k_buffer.stride(1),
         v_buffer.stride(0), v_buffer.stride(1), out.stride(0), out.stride(1),
@@ -237,10 +298,12 @@ def decode_attention_fwd(
         req_to_token.stride(0),
         Q_LEN=q_len, GROUP=group, M_TILES=m_tiles, NUM_KV_SPLITS=num_kv_splits,
         MERGE_IN_KERNEL=in_kernel and num_kv_splits > 1,  # one split: the launch kernel
-        MIN_SPLIT_KEYS=min_split_keys, CAUSAL=causal,
+        MIN_SPLIT_KEYS=min_split_keys, RAGGED=ragged is not None, CAUSAL=causal,
         SLIDING_WINDOW_SIZE=sliding_window_size, DOT_PRECISION=tiling.dot_precision(q.dtype),
         HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n,
-        num_warps=tiling.num_warps(block_m, head_dim), num_stages=tiling.NUM_STAGES,
+        num_warps=tiling.num_warps(block_m, head_dim) if single_pass is None
+        else single_pass.num_warps,
+        num_stages=tiling.NUM_STAGES if single_pass is None else single_pass.num_stages,
     )
-    if num_kv_splits > 1 and not in_kernel:
+    if merge_launch:
         merge_attn_states(partial_out, partial_lse, out)

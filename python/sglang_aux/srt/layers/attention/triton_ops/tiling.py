@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 
 import torch
 import triton
@@ -31,6 +32,23 @@ MAX_KV_SPLITS = 16
 MIN_SPLIT_KEYS = 256
 # Launch about this many programs per SM before splitting keys further stops paying off.
 PROGRAMS_PER_SM = 2
+
+
+@dataclass(frozen=True)
+class SinglePassTile:
+    """A candidate for short contexts (bench-only until it wins on the H200, docs/kernels.md):
+    the fixed-layout kernel with no key split, one program per (request, kv head, row tile)
+    walking every key in `block_n`-key steps and writing the output itself (no merge launch),
+    with its own warps and pipeline depth."""
+
+    block_n: int = 64
+    num_warps: int = 4
+    num_stages: int = NUM_STAGES
+
+    def __post_init__(self):
+        if self.block_n < MIN_DOT_ROWS or self.block_n & (self.block_n - 1):
+            raise ValueError(f"single-pass block_n must be a power of two >= {MIN_DOT_ROWS}, "
+                             f"got {self.block_n}")
 
 
 @triton.jit

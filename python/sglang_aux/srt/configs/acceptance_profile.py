@@ -1,0 +1,58 @@
+"""A draft's acceptance profile (`--speculative-acceptance-profile`, and what
+`benchmark/spec_decode/bench_dflash_step.py` forces): a JSON object whose `accept_histogram`
+gives P(accepted proposals = a) for a = 0..W-1 at full verify width W, with where it came from
+(`benchmark/spec_decode/profiles/`)."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class AcceptanceProfile:
+    path: str
+    probs: list[float]  # P(accepted proposals = a), a = 0..W-1, summing to 1
+
+    @classmethod
+    def load(cls, path: str, verify_width: int | None = None) -> AcceptanceProfile:
+        """The profile at `path`, for a draft of `verify_width` (None: the file's own); a
+        ValueError, one line naming the file, when it does not parse or does not fit."""
+        try:
+            doc = json.loads(Path(path).read_text())
+            hist = doc["accept_histogram"]
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            reason = f"{type(e).__name__}: {e}".replace("\n", " ")
+            raise ValueError(f"acceptance profile {path}: not a JSON object with "
+                             f"'accept_histogram' ({reason})") from None
+        width = verify_width or doc.get("verify_width") or (
+            len(hist) if isinstance(hist, list) else 0)
+        if doc.get("verify_width", width) != width:
+            raise ValueError(f"acceptance profile {path}: made for verify width "
+                             f"{doc['verify_width']}, the draft verifies {width}")
+        if (not isinstance(hist, list) or not hist or len(hist) != width
+                or not all(isinstance(x, int | float) and 0 <= x < math.inf for x in hist)
+                or sum(hist) <= 0):
+            raise ValueError(f"acceptance profile {path}: 'accept_histogram' must be {width} "
+                             f"finite non-negative numbers, not all 0 (P(accepted = a) for "
+                             f"a = 0..{width - 1}, the verify width), got {hist!r:.80}")
+        total = sum(hist)
+        return cls(str(path), [x / total for x in hist])
+
+    @property
+    def verify_width(self) -> int:
+        return len(self.probs)
+
+    @property
+    def tokens_per_step(self) -> float:
+        """Expected tokens a full-width verify step emits (accepted + 1)."""
+        return 1 + sum(a * p for a, p in enumerate(self.probs))
+
+    def conditional_rates(self) -> list[float]:
+        """P(accepted > k | accepted >= k) for proposal k = 0..W-2: the acceptance of each
+        proposal given the ones before it were accepted."""
+        survival = [sum(self.probs[k:]) for k in range(len(self.probs))]
+        return [survival[k + 1] / survival[k] if survival[k] > 0 else 0.0
+                for k in range(len(self.probs) - 1)]

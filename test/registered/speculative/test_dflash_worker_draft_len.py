@@ -1,0 +1,118 @@
+"""DFlash under a draft length schedule (`--speculative-draft-len-schedule 1:4,3:2,5:1`,
+compact verify, CPU): requests arrive and finish so the running batch grows past 5 and shrinks
+back to 1, crossing every threshold both ways; every greedy request's output equals
+target-only token for token (a sampled request rides along, so the sampling tails run over
+plain steps too); each step verifies what its batch size's width allows, plain steps (width 1)
+run no draft forward, yet commit the draft context of their tokens, so speculation resumes
+after them; the step statistics count them. Static verify keeps the full width and counts its
+mixed steps among the verify steps."""
+
+import sys
+
+import pytest
+
+from sglang_aux.srt.configs.draft_len_schedule import DraftLenSchedule
+from sglang_aux.srt.entrypoints.engine import Engine
+from sglang_aux.srt.forward_state.forward_batch_info import ForwardMode
+from sglang_aux.test.ci.ci_register import register_cpu_ci
+from sglang_aux.test.runtime_utils import (
+    ARRIVAL_SAMPLED,
+    ARRIVALS,
+    arrival_params,
+    assert_kv_all_back,
+    cached_kv_error,
+    committed_tokens,
+    pair_checkpoints,
+    run_arrivals,
+)
+
+register_cpu_ci(est_time=40, suite="default")
+
+SCHEDULE = "1:4,3:2,5:1"
+ENGINE_KW = dict(device="cpu", max_total_tokens=4096, max_running_requests=6,
+                 cuda_graph_bs_decode=[1, 2, 4, 6])
+
+
+@pytest.fixture(scope="module")
+def ckpts(tmp_path_factory):
+    return pair_checkpoints(tmp_path_factory.mktemp("ckpt"),
+                            {"tiny-llama": "tiny-llama-dflash"})
+
+
+@pytest.fixture(scope="module")
+def target_only(ckpts):
+    engine = Engine(model_path=ckpts["tiny-llama"], **ENGINE_KW)
+    return engine.generate([p for p, _, _ in ARRIVALS],
+                           [arrival_params(i) for i in range(len(ARRIVALS))])
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_batch_crossing_the_thresholds_both_ways_stays_exact(ckpts, target_only, overlap):
+    engine = Engine(model_path=ckpts["tiny-llama"], speculative_algorithm="DFLASH",
+                    speculative_draft_model_path=ckpts["tiny-llama-dflash"],
+                    speculative_verify_mode="compact", speculative_draft_len_schedule=SCHEDULE,
+                    disable_overlap_schedule=not overlap, **ENGINE_KW)
+    worker = engine.worker
+    schedule, w = DraftLenSchedule.parse(SCHEDULE), worker.verify_width
+    steps, plan, draft_forward = [], worker.verify_plan.plan, worker.draft_runner.forward
+    drafts = []
+
+    def recording_plan(bs, every_token, confidence, width):
+        n = plan(bs, every_token, confidence, width)
+        steps.append((bs, width, worker.verify_plan.verify_lens[:bs].tolist()))
+        return n
+
+    def counting_draft(fb):
+        drafts.append(fb.forward_mode)
+        return draft_forward(fb)
+
+    worker.verify_plan.plan, worker.draft_runner.forward = recording_plan, counting_draft
+    reqs = run_arrivals(engine)
+    for i, (req, want) in enumerate(zip(reqs, target_only, strict=True)):
+        assert len(req.output_ids) == ARRIVALS[i][1]
+        if i != ARRIVAL_SAMPLED:
+            assert req.output_ids == want["output_ids"], i
+        # the target's K/V and the draft context of every committed token, plain steps' too
+        assert cached_kv_error(engine, committed_tokens(req)) < 1e-4, i
+    widths = [width for _, width, _ in steps]
+    # grown past each threshold and shrunk back below them
+    assert {bs for bs, _, _ in steps} >= {1, 2, 3, 4, 5, 6}
+    first_plain, last_plain = widths.index(1), len(widths) - 1 - widths[::-1].index(1)
+    assert w in widths[:first_plain] and 2 in widths[:first_plain]
+    assert 2 in widths[last_plain:] and w in widths[last_plain:]
+    budget = worker.verify_plan.budget
+    for bs, width, lens in steps:
+        assert width == schedule.width(bs), (bs, width)
+        assert all(1 <= n <= w for n in lens)
+        assert sum(lens) <= bs + min(budget(bs), bs * (width - 1)), (bs, width, lens)
+        if width == 1:
+            assert lens == [1] * bs
+    # plain steps run no draft forward, and the statistics count them
+    assert drafts == [ForwardMode.DRAFT_BLOCK] * sum(width > 1 for width in widths)
+    assert worker.step_stats == {"spec_verify_steps": len(steps),
+                                 "spec_plain_steps": widths.count(1)}
+    assert worker.server_info()["speculative_draft_len_schedule"] == {
+        "schedule": SCHEDULE, "source": "flag", "verify_width": w}
+    assert_kv_all_back(engine)
+
+
+def test_static_verify_runs_the_full_width_and_counts_mixed_steps(ckpts, target_only):
+    engine = Engine(model_path=ckpts["tiny-llama"], speculative_algorithm="DFLASH",
+                    speculative_draft_model_path=ckpts["tiny-llama-dflash"],
+                    speculative_verify_mode="static", enable_mixed_chunk=True, **ENGINE_KW)
+    worker = engine.worker
+    reqs = run_arrivals(engine)
+    for i, (req, want) in enumerate(zip(reqs, target_only, strict=True)):
+        if i != ARRIVAL_SAMPLED:
+            assert req.output_ids == want["output_ids"], i
+    stats = engine.scheduler.stats
+    assert stats["mixed_steps"] > 0
+    assert worker.step_stats == {"spec_verify_steps": stats["decode_steps"] + stats["mixed_steps"],
+                                 "spec_plain_steps": 0}
+    assert worker.server_info()["speculative_draft_len_schedule"] == {
+        "schedule": f"1:{worker.verify_width}", "source": "static verify: full width",
+        "verify_width": worker.verify_width}
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-q"]))

@@ -1,0 +1,101 @@
+"""The draft length schedule with real CUDA graphs on the H200 (the twin of
+test_dflash_worker_draft_len.py): a batch that grows to 6 and shrinks back to 1 across
+`1:4,3:2,5:1`, every verify step a ragged graph replay, keeps every greedy request equal to
+target-only token for token, overlap on and off; the derived schedule's step costs are timed
+with CUDA events at start-up, and its output is exact too."""
+
+import sys
+
+import pytest
+import torch
+
+from sglang_aux.srt.configs.draft_len_schedule import DraftLenSchedule
+from sglang_aux.srt.entrypoints.engine import Engine
+from sglang_aux.test.ci.ci_register import register_cuda_ci
+from sglang_aux.test.runtime_utils import (
+    ARRIVAL_SAMPLED,
+    ARRIVALS,
+    arrival_params,
+    assert_kv_all_back,
+    pair_checkpoints,
+    record_graph_forwards,
+    run_arrivals,
+)
+
+register_cuda_ci(est_time=90, suite="default")
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+SCHEDULE = "1:4,3:2,5:1"
+COMMON = dict(device="cuda", max_total_tokens=8192, max_running_requests=6,
+              cuda_graph_bs_decode=[1, 2, 4, 6])
+
+
+@pytest.fixture(scope="module")
+def ckpts(tmp_path_factory):
+    return pair_checkpoints(tmp_path_factory.mktemp("ckpt"),
+                            {"tiny-llama": "tiny-llama-dflash"})
+
+
+@pytest.fixture(scope="module")
+def target_only(ckpts):
+    engine = Engine(model_path=ckpts["tiny-llama"], **COMMON)
+    return engine.generate([p for p, _, _ in ARRIVALS],
+                           [arrival_params(i) for i in range(len(ARRIVALS))])
+
+
+def _dflash(ckpts, **kw) -> Engine:
+    return Engine(model_path=ckpts["tiny-llama"], speculative_algorithm="DFLASH",
+                  speculative_draft_model_path=ckpts["tiny-llama-dflash"],
+                  speculative_verify_mode="compact", **COMMON, **kw)
+
+
+def _assert_exact(reqs, target_only) -> None:
+    for i, (req, want) in enumerate(zip(reqs, target_only, strict=True)):
+        assert len(req.output_ids) == ARRIVALS[i][1]
+        if i != ARRIVAL_SAMPLED:
+            assert req.output_ids == want["output_ids"], i
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_schedule_crossing_thresholds_with_cuda_graphs(ckpts, target_only, overlap):
+    engine = _dflash(ckpts, speculative_draft_len_schedule=SCHEDULE,
+                     disable_overlap_schedule=not overlap)
+    worker = engine.worker
+    for runner in (worker.draft_runner, worker.target_runner):
+        assert type(runner.step_graphs.backend).__name__ == "CudaGraphBackend"
+    verifies, planned, plan = record_graph_forwards(worker.target_runner), [], \
+        worker.verify_plan.plan
+
+    def recording_plan(bs, every_token, confidence, width):
+        planned.append((bs, width))
+        return plan(bs, every_token, confidence, width)
+
+    worker.verify_plan.plan = recording_plan
+    _assert_exact(run_arrivals(engine), target_only)
+    # every verify step a graph replay (fb.batch_size: a ragged step's token bucket)
+    assert len(verifies) == len(planned) and all(g is not None for _, g in verifies)
+    schedule = DraftLenSchedule.parse(SCHEDULE)
+    assert all(width == schedule.width(bs) for bs, width in planned)
+    assert {width for _, width in planned} == {1, 2, 4}
+    stats = worker.step_stats
+    assert 0 < stats["spec_plain_steps"] < stats["spec_verify_steps"] == len(planned)
+    assert_kv_all_back(engine)
+
+
+def test_derived_schedule_from_cuda_event_costs(ckpts, target_only):
+    engine = _dflash(ckpts)
+    planner = engine.worker.draft_len
+    assert planner.costs.source == "measured at start-up (cuda graph replays, padding rows)"
+    assert sorted(planner.costs.draft_ms) == COMMON["cuda_graph_bs_decode"]
+    assert all(v > 0 for v in (*planner.costs.draft_ms.values(),
+                               *planner.costs.verify_ms.values()))
+    info = engine.worker.server_info()["speculative_draft_len_schedule"]
+    print(f"derived on the device: {info}")
+    assert info["source"] == "derived"
+    assert DraftLenSchedule.parse(info["schedule"]).max_width <= engine.worker.verify_width
+    _assert_exact(run_arrivals(engine), target_only)
+    assert_kv_all_back(engine)
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-v", "-s"]))

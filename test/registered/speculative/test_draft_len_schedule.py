@@ -1,0 +1,135 @@
+"""`--speculative-draft-len-schedule` (configs/draft_len_schedule.py): parsing, the width at
+every batch size, merging a derived schedule's steps, and the refusals, each one line naming
+the flag and its value: bad syntax, unsorted or duplicate batch sizes, out-of-range widths
+(in ServerArgs; against the draft's verify width and under static verify when the worker reads
+the draft's config, before any model loads); the derivation's files that do not parse."""
+
+import json
+import sys
+
+import pytest
+
+from sglang_aux.srt.configs.draft_len_schedule import DraftLenSchedule
+from sglang_aux.srt.entrypoints.engine import Engine
+from sglang_aux.srt.model_executor import model_runner
+from sglang_aux.srt.server_args import ServerArgs
+from sglang_aux.test.ci.ci_register import register_cpu_ci
+from sglang_aux.test.runtime_utils import pair_checkpoints
+
+register_cpu_ci(est_time=10, suite="default")
+
+FLAG = "--speculative-draft-len-schedule"
+
+
+def test_width_holds_from_each_batch_size_up():
+    s = DraftLenSchedule.parse("1:16,8:8,32:4,64:1")
+    assert [s.width(bs) for bs in (1, 7, 8, 31, 32, 63, 64, 1000)] == [16, 16, 8, 8, 4, 4, 1, 1]
+    assert str(s) == "1:16,8:8,32:4,64:1" and s.max_width == 16
+    assert DraftLenSchedule.parse(" 1 : 4 ") == DraftLenSchedule.uniform(4)
+
+
+def test_of_widths_merges_equal_neighbours():
+    s = DraftLenSchedule.of_widths({4: 4, 1: 4, 2: 4, 8: 2, 16: 2, 32: 1})
+    assert str(s) == "1:4,8:2,32:1"
+    assert str(DraftLenSchedule.of_widths({1: 3})) == "1:3"
+
+
+@pytest.mark.parametrize("text, says", [
+    ("", "expected BS:WIDTH pairs"),
+    ("1:16,8", "expected BS:WIDTH pairs"),
+    ("1:16;8:8", "expected BS:WIDTH pairs"),
+    ("1:a", "expected BS:WIDTH pairs"),
+    ("1:2:3", "expected BS:WIDTH pairs"),
+    ("2:16,8:8", "the first batch size must be 1"),
+    ("1:16,8:8,4:4", "ascending without duplicates"),
+    ("1:16,8:8,8:4", "ascending without duplicates"),
+    ("1:16,8:0", "widths must be >= 1"),
+    ("1:-2", "widths must be >= 1"),
+])
+def test_bad_schedule_is_one_line_naming_flag_and_value(text, says):
+    with pytest.raises(ValueError) as e:
+        ServerArgs(model_path="tiny-llama", speculative_algorithm="DFLASH",
+                   speculative_draft_model_path="tiny-llama-dflash",
+                   speculative_draft_len_schedule=text)
+    message = str(e.value)
+    assert "\n" not in message and message.startswith(FLAG) and says in message
+
+
+def test_width_past_the_verify_width_and_static_refused_when_known():
+    common = dict(model_path="tiny-llama", speculative_algorithm="DFLASH",
+                  speculative_draft_model_path="tiny-llama-dflash", speculative_verify_width=4)
+    with pytest.raises(ValueError, match=f"^{FLAG} 1:8,4:2: width 8 exceeds the draft's verify "
+                                         "width 4$"):
+        ServerArgs(**common, speculative_verify_mode="compact",
+                   speculative_draft_len_schedule="1:8,4:2")
+    with pytest.raises(ValueError, match="widths below the verify width 4 need "
+                                         "--speculative-verify-mode compact"):
+        ServerArgs(**common, speculative_verify_mode="static",
+                   speculative_draft_len_schedule="1:4,4:2")
+    # the full width everywhere is static verify's own schedule
+    ServerArgs(**common, speculative_verify_mode="static", speculative_draft_len_schedule="1:4")
+    with pytest.raises(ValueError, match=f"{FLAG} only act with --speculative-algorithm"):
+        ServerArgs(model_path="tiny-llama", speculative_draft_len_schedule="1:4")
+
+
+@pytest.mark.parametrize("flag", ["speculative_acceptance_profile", "speculative_step_costs"])
+def test_derivation_files_act_with_compact_verify_only(flag, tmp_path):
+    with pytest.raises(ValueError, match=f"--{flag.replace('_', '-')} only act with "
+                                         "--speculative-verify-mode compact"):
+        ServerArgs(model_path="tiny-llama", speculative_algorithm="DFLASH",
+                   speculative_draft_model_path="tiny-llama-dflash",
+                   speculative_verify_mode="static", **{flag: str(tmp_path / "x.json")})
+
+
+@pytest.mark.parametrize("flag, text, says", [
+    ("speculative_acceptance_profile", "{oops", "acceptance profile"),
+    ("speculative_acceptance_profile", '{"accept_histogram": [0, 0]}', "not all 0"),
+    ("speculative_step_costs", "[1, 2]", "not a JSON object with 'draft_ms'"),
+    ("speculative_step_costs", '{"draft_ms": {"1": 1}, "verify_ms": {"4": -1}}',
+     "'verify_ms' must map sizes >= 1 to finite positive"),
+    ("speculative_step_costs", '{"draft_ms": {"x": 1}, "verify_ms": {"4": 1}}',
+     "not a JSON object with 'draft_ms'"),
+])
+def test_derivation_file_that_does_not_parse_is_one_line(tmp_path, flag, text, says):
+    path = tmp_path / "file.json"
+    path.write_text(text)
+    with pytest.raises(ValueError) as e:
+        ServerArgs(model_path="tiny-llama", speculative_algorithm="DFLASH",
+                   speculative_draft_model_path="tiny-llama-dflash",
+                   speculative_verify_mode="compact", **{flag: str(path)})
+    message = str(e.value)
+    assert "\n" not in message and str(path) in message and says in message
+
+
+@pytest.fixture
+def no_model_load(monkeypatch):
+    """A model load fails the test: the refusals must come before it."""
+    def refuse(*_a, **_k):
+        raise AssertionError("a model loaded before the refusal")
+
+    monkeypatch.setattr(model_runner, "get_model", refuse)
+
+
+@pytest.mark.parametrize("kw, says", [
+    (dict(speculative_verify_mode="compact", speculative_draft_len_schedule="1:4,2:5"),
+     f"{FLAG} 1:4,2:5: width 5 exceeds the draft's verify width 4"),
+    (dict(speculative_draft_len_schedule="1:4,2:2"),
+     f"{FLAG} 1:4,2:2: widths below the verify width 4 need --speculative-verify-mode compact"),
+    (dict(speculative_verify_mode="compact", speculative_acceptance_profile="PROFILE"),
+     "made for verify width 16, the draft verifies 4"),
+])
+def test_refusals_against_the_draft_come_before_any_model_loads(tmp_path, no_model_load, kw,
+                                                                says):
+    ckpts = pair_checkpoints(tmp_path, {"tiny-llama": "tiny-llama-dflash"})
+    profile = tmp_path / "profile.json"
+    profile.write_text(json.dumps({"verify_width": 16, "accept_histogram": [1] * 16}))
+    if kw.get("speculative_acceptance_profile") == "PROFILE":
+        kw = dict(kw, speculative_acceptance_profile=str(profile))
+    with pytest.raises(ValueError) as e:
+        Engine(model_path=ckpts["tiny-llama"], speculative_algorithm="DFLASH",
+               speculative_draft_model_path=ckpts["tiny-llama-dflash"], device="cpu", **kw)
+    assert "\n" not in str(e.value) and says in str(e.value)
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-q"]))
