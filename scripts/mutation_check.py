@@ -288,6 +288,13 @@ MUTATIONS = [
              "torch.ops.sglang_aux.gemm_accumulate(hidden.to(w.dtype), w, self.acc, not first)",
              "torch.ops.sglang_aux.gemm_accumulate(hidden.to(w.dtype), w, self.acc, False)",
              (f"{T}/speculative/test_streamed_projection.py",)),
+    Mutation("block GEMV: the split-K reduce drops the last slice",
+             f"{SRT}/layers/triton_ops/block_gemv.py",
+             "for s in tl.static_range(SPLIT_K):", "for s in tl.static_range(SPLIT_K - 1):",
+             (f"{T}/layers/test_block_gemv.py",)),
+    Mutation("block GEMV: the prefetch multiplies the first tile at every step",
+             f"{SRT}/layers/triton_ops/block_gemv.py",
+             "            w = w_next", "            w = w", (f"{T}/layers/test_block_gemv.py",)),
 ]
 
 
