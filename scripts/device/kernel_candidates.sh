@@ -13,14 +13,7 @@ mkdir -p "$out"
 export PYTHONPATH=$PWD/python
 bench=benchmark/spec_decode
 
-step() {  # name, time limit (s), command...
-  local name=$1 limit=$2
-  shift 2
-  local t0=$SECONDS
-  timeout "$limit" "$@" >"$out/$name.log" 2>&1
-  echo "$name rc=$? $((SECONDS - t0))s" >>"$out/status.txt"
-  tail -n 40 "$out/$name.log"
-}
+. scripts/device/timed_steps.sh
 
 step tests 140 python -m pytest -q -x \
   test/registered/layers/test_paired_row_gemv_cuda.py \
