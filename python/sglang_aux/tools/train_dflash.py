@@ -55,6 +55,7 @@ from sglang_aux.srt.model_loader.tokenizer import Tokenizer
 from sglang_aux.test.chat_prompts import read_chat_prompts
 from sglang_aux.test.gsm8k_data import gsm8k_path
 from sglang_aux.test.humaneval import humaneval_path, read_problems
+from sglang_aux.tools.dflash_training.code_tasks import CodeTask, code_tasks, load_tasks
 from sglang_aux.tools.dflash_training.contamination import check_no_eval_prompts
 from sglang_aux.tools.dflash_training.data import (
     BadInputError,
@@ -129,6 +130,10 @@ def make_parser() -> argparse.ArgumentParser:
     add("--code-tasks", type=int, default=0,
         help="code tasks from installed packages' documented functions (half completion "
              "prompts, half chat instructions)")
+    add("--code-tasks-file", default=None,
+        help="read the code tasks (its first --code-tasks) from this file "
+             "(`python -m sglang_aux.tools.dflash_training.code_tasks`), not from this "
+             "machine's packages")
     add("--chat-instructions", type=int, default=0,
         help="chat requests the target writes from the seed topics (self-instruct)")
     add("--code-chat-max-new-tokens", type=int, default=512,
@@ -212,13 +217,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if args.phase and not args.samples_file:
         parser.error(f"--phase {args.phase} needs --samples-file")
     # bad input stops before any model loads, in one line naming the file
-    for flag in ("data_path", "eval_data_path", "humaneval_path"):
+    for flag in ("data_path", "eval_data_path", "humaneval_path", "code_tasks_file"):
         if getattr(args, flag) and not Path(getattr(args, flag)).is_file():
             raise BadInputError(f"{getattr(args, flag)}: no such file (--"
                                 f"{flag.replace('_', '-')})")
     if args.phase == "train" and not Path(args.samples_file).is_file():
         raise BadInputError(f"{args.samples_file}: no such samples file (--phase train reads "
                             "it; --phase data writes it)")
+    if args.code_tasks_file and args.code_tasks and args.phase != "train":
+        _code_tasks(args)  # a file that is not tasks, or holds too few, stops here
     if not args.resume and (args.max_run_steps is not None or args.checkpoint):
         parser.error("--max-run-steps and --checkpoint belong to --resume")
     if args.max_run_steps is not None and args.max_run_steps < 1:
@@ -296,10 +303,23 @@ def evaluate(args: argparse.Namespace, target: str) -> str:
     return text
 
 
+def _code_tasks(args: argparse.Namespace) -> list[CodeTask]:
+    if args.code_tasks_file is None:
+        return code_tasks(args.code_tasks, args.seed)
+    try:
+        tasks = load_tasks(args.code_tasks_file)
+    except ValueError as e:
+        raise BadInputError(str(e)) from None
+    if len(tasks) < args.code_tasks:
+        raise BadInputError(f"{args.code_tasks_file}: {len(tasks)} code tasks, "
+                            f"--code-tasks asks for {args.code_tasks}")
+    return tasks[: args.code_tasks]
+
+
 def _generate(args: argparse.Namespace, engine: Engine, started: float) -> list[Sample]:
     """Greedy continuations of the mix's prompts, then up to `--sampled-passes` sampled ones:
     a pass starts only when, at the pace of the last one, it ends inside `--gen-budget-s`."""
-    sets = prompt_sets(engine, gsm8k=_train_prompts(args), num_code_tasks=args.code_tasks,
+    sets = prompt_sets(engine, gsm8k=_train_prompts(args), tasks=_code_tasks(args),
                        num_chat_instructions=args.chat_instructions, seed=args.seed,
                        gsm8k_max_new_tokens=args.max_new_tokens,
                        max_new_tokens=args.code_chat_max_new_tokens)

@@ -1,18 +1,26 @@
 """Code tasks from documented functions (`code_tasks.py`): parsed, never imported; bounded,
-deduplicated, both forms, the same tasks for the same seed."""
+deduplicated, both forms, the same tasks for the same seed; saved and read back whole, a bad
+file named with its line; the shipped file the code + chat recipe reads: 3,000 distinct tasks
+of both forms, none holding a HumanEval prompt's signature or docstring."""
 
 import sys
 
 import pytest
 
 from sglang_aux.test.ci.ci_register import register_cpu_ci
+from sglang_aux.test.humaneval import read_problems
 from sglang_aux.tools.dflash_training.code_tasks import (
     MIN_DOC_CHARS,
+    TASKS_FILE,
     code_tasks,
     functions_of,
+    load_tasks,
+    main,
     python_files,
+    save_tasks,
     source_roots,
 )
+from sglang_aux.tools.dflash_training.contamination import normalized
 
 register_cpu_ci(est_time=6, suite="default")
 
@@ -69,6 +77,30 @@ def test_the_standard_library_gives_tasks():
     tasks = code_tasks(4, seed=0, roots=stdlib)
     assert len(tasks) == 4 and all(len(t.docstring) >= MIN_DOC_CHARS for t in tasks)
     assert all(t.signature.startswith(("def ", "async def ")) for t in tasks)
+
+
+def test_saved_tasks_read_back_whole_and_a_bad_file_is_named(root, tmp_path, capsys):
+    tasks = code_tasks(4, seed=3, roots=[root])
+    for name in ("t.jsonl", "t.jsonl.xz"):
+        save_tasks(tasks, tmp_path / name)
+        assert load_tasks(tmp_path / name) == tasks
+    main(["--num", "2", "--seed", "3", "--root", str(root), "--out", str(tmp_path / "cli.jsonl")])
+    assert "code tasks ->" in capsys.readouterr().out and load_tasks(tmp_path / "cli.jsonl")
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text((tmp_path / "t.jsonl").read_text() + '{"name": "x"}\n')
+    with pytest.raises(ValueError, match=r"bad.jsonl:5: not a code task"):
+        load_tasks(bad)
+    with pytest.raises(ValueError, match="not a readable code tasks file"):
+        load_tasks(tmp_path / "missing.jsonl.xz")
+
+
+def test_the_shipped_tasks_are_distinct_of_both_forms_and_not_humaneval():
+    tasks = load_tasks(TASKS_FILE)
+    assert len(tasks) == 3_000 and len({t.name for t in tasks}) == 3_000
+    assert [t.form for t in tasks].count("completion") == 1_500
+    text = "\0".join(normalized(t.signature + " " + t.docstring) for t in tasks)
+    for problem in read_problems():
+        assert normalized(problem.signature()) not in text, problem.task_id
 
 
 if __name__ == "__main__":

@@ -41,6 +41,7 @@ from sglang_aux.test.runtime_utils import (
     tiny_checkpoint,
 )
 from sglang_aux.tools import train_dflash
+from sglang_aux.tools.dflash_training.code_tasks import TASKS_FILE
 from sglang_aux.tools.dflash_training.data import (
     BadInputError,
     Sample,
@@ -320,10 +321,25 @@ def test_recipe_sets_defaults_and_resolves_its_draft(tmp_path, monkeypatch):
     assert (mix.num_samples, mix.code_tasks, mix.chat_instructions, mix.sampled_passes) == (
         3_000, 3_000, 2_000, 3)
     assert (mix.block_size, mix.num_layers, mix.steps) == (16, 2, 6_120)
+    assert mix.code_tasks_file == str(TASKS_FILE)  # the shipped tasks, the same everywhere
     assert args.out == str(tmp_path / "drafts" / name)
     (tmp_path / "drafts" / name).mkdir(parents=True)
     (tmp_path / "drafts" / name / "config.json").write_text("{}")
     assert builtin.resolve_model_path(name) == args.out
+
+
+def test_a_bad_code_tasks_file_stops_before_any_model_loads(tmp_path):
+    bad = tmp_path / "tasks.jsonl"
+    bad.write_text("not json\n")
+    with pytest.raises(BadInputError, match=r"tasks.jsonl:1: not a code task"):
+        train_dflash.parse_args(["--smoke", "--out", "d", "--code-tasks", "2",
+                                 "--code-tasks-file", str(bad)])
+    with pytest.raises(BadInputError, match="3000 code tasks, --code-tasks asks for 3001"):
+        train_dflash.parse_args(["--smoke", "--out", "d", "--code-tasks", "3001",
+                                 "--code-tasks-file", str(TASKS_FILE)])
+    with pytest.raises(BadInputError, match=r"missing.jsonl: no such file \(--code-tasks-file"):
+        train_dflash.parse_args(["--smoke", "--out", "d", "--code-tasks-file",
+                                 str(tmp_path / "missing.jsonl")])
 
 
 def test_deadline_leaves_training_what_the_rest_did_not_use():
@@ -407,8 +423,8 @@ def test_bad_input_stops_in_one_line_naming_the_file(target, tmp_path):
 
 def test_mixed_prompts_are_kept_with_their_source_and_checked_against_humaneval(target,
                                                                                tmp_path):
-    """`--code-tasks` and `--chat-instructions` add code and chat prompts to the smoke run's
-    GSM8K ones; the samples file keeps each sample's source (and a mix trains on it whole);
+    """`--code-tasks` (the shipped file's first) and `--chat-instructions` add code and chat
+    prompts to the smoke run's GSM8K ones; the samples file keeps each sample's source (and a mix trains on it whole);
     a HumanEval prompt among the training prompts stops the run in one line naming the file."""
     local_path_or_skip("train")
     local_path_or_skip("test")
@@ -418,7 +434,8 @@ def test_mixed_prompts_are_kept_with_their_source_and_checked_against_humaneval(
     humaneval.write_text(json.dumps(problem) + "\n")
     data = tmp_path / "mix.jsonl.xz"
     common = ["--smoke", "--target", target, "--humaneval-path", str(humaneval),
-              "--code-tasks", "4", "--chat-instructions", "2", "--samples-file", str(data)]
+              "--code-tasks", "4", "--code-tasks-file", str(TASKS_FILE),
+              "--chat-instructions", "2", "--samples-file", str(data)]
     assert train_dflash.main([*common, "--phase", "data"]) == data
     samples = load_samples(data)
     sources = [s.source for s in samples]

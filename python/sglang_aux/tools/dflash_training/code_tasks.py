@@ -3,11 +3,19 @@ machine has (the standard library and installed packages): a function's signatur
 docstring make a HumanEval-style completion prompt (the target writes the body) or an
 instruction for the chat template ("Write a Python function ..."). The sources are parsed
 with `ast`, never imported, so no package's import-time code runs. Deterministic given the
-seed and the installed files; deduplicated by docstring and by signature."""
+seed and the installed files; deduplicated by docstring and by signature.
+
+The tasks depend on what the machine has installed, so a recipe reads them from a file made
+once (`TASKS_FILE`, shipped: `python -m sglang_aux.tools.dflash_training.code_tasks --num N
+--out FILE`) and every machine trains on the same prompts."""
 
 from __future__ import annotations
 
+import argparse
 import ast
+import dataclasses
+import json
+import lzma
 import random
 import sysconfig
 from collections.abc import Iterator
@@ -30,6 +38,9 @@ TASKS_PER_FILE = 2  # at most: the tasks spread over many packages
 # Where completion-style generation stops (HumanEval's own stops: the function has ended).
 COMPLETION_STOP = ["\ndef ", "\nclass ", "\nif __name__", "\nprint(", "\n#"]
 Form = Literal["completion", "instruction"]
+# The shipped tasks (3,000 from the standard library and the CPU test environment's packages,
+# seed 0), read by the code + chat recipe
+TASKS_FILE = Path(__file__).resolve().parents[2] / "data" / "code_tasks.jsonl.xz"
 
 
 @dataclass(frozen=True)
@@ -121,3 +132,50 @@ def code_tasks(num: int, seed: int, roots: list[Path] | None = None) -> list[Cod
     if num and not tasks:
         raise ValueError(f"no documented public function under {', '.join(map(str, roots))}")
     return tasks
+
+
+def save_tasks(tasks: list[CodeTask], path: str | Path) -> None:
+    """One JSON object per line, xz-compressed when the name ends in `.xz`."""
+    text = "".join(json.dumps(dataclasses.asdict(t)) + "\n" for t in tasks)
+    data = text.encode()
+    Path(path).write_bytes(lzma.compress(data, preset=9) if str(path).endswith(".xz") else data)
+
+
+def load_tasks(path: str | Path) -> list[CodeTask]:
+    """The tasks `save_tasks` wrote; `ValueError` naming the file and line when one is not a
+    task."""
+    try:
+        data = Path(path).read_bytes()
+        text = (lzma.decompress(data) if str(path).endswith(".xz") else data).decode()
+    except (OSError, lzma.LZMAError, UnicodeDecodeError) as e:
+        raise ValueError(f"{path}: not a readable code tasks file ({e})") from None
+    tasks = []
+    for i, line in enumerate(text.splitlines(), 1):
+        try:
+            fields = json.loads(line)
+            task = CodeTask(**fields)
+        except (json.JSONDecodeError, TypeError) as e:
+            raise ValueError(f"{path}:{i}: not a code task ({e})") from None
+        if task.form not in ("completion", "instruction"):
+            raise ValueError(f"{path}:{i}: form {task.form!r} is not completion or instruction")
+        tasks.append(task)
+    return tasks
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description="Write code tasks drawn from this machine's "
+                                            "Python to a file a recipe reads")
+    p.add_argument("--num", type=int, required=True)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", required=True, help="a .jsonl file, or .jsonl.xz")
+    p.add_argument("--root", action="append", type=Path, default=None,
+                   help="a folder to draw from, again for more (default: the standard library "
+                        "and the installed packages)")
+    args = p.parse_args(argv)
+    tasks = code_tasks(args.num, args.seed, args.root)
+    save_tasks(tasks, args.out)
+    print(f"{len(tasks)} code tasks -> {args.out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -11,7 +11,7 @@ from sglang_aux.srt.entrypoints.engine import Engine
 from sglang_aux.test.chat_prompts import CHAT_STOP, chat_prompt
 from sglang_aux.test.few_shot_gsm8k import STOP as GSM8K_STOP
 from sglang_aux.tools.dflash_training.chat_instructions import chat_instructions
-from sglang_aux.tools.dflash_training.code_tasks import COMPLETION_STOP, code_tasks
+from sglang_aux.tools.dflash_training.code_tasks import COMPLETION_STOP, CodeTask
 from sglang_aux.tools.dflash_training.data import Source
 
 logger = logging.getLogger(__name__)
@@ -35,14 +35,13 @@ class PromptSet:
     max_new_tokens: int
 
 
-def prompt_sets(engine: Engine, *, gsm8k: list[str], num_code_tasks: int,
+def prompt_sets(engine: Engine, *, gsm8k: list[str], tasks: list[CodeTask],
                 num_chat_instructions: int, seed: int, gsm8k_max_new_tokens: int,
                 max_new_tokens: int) -> list[PromptSet]:
-    """The non-empty sets, GSM8K first: the `gsm8k` prompts; code tasks, half completion
-    prompts (the target writes the body) and half instructions in the chat template; chat
-    requests the target writes (self-instruct) in the chat template. Code and chat answers
-    get `max_new_tokens`."""
-    tasks = code_tasks(num_code_tasks, seed)
+    """The non-empty sets, GSM8K first: the `gsm8k` prompts; the code `tasks`, completion
+    prompts (the target writes the body) and instructions in the chat template; chat requests
+    the target writes (self-instruct) in the chat template. Code and chat answers get
+    `max_new_tokens`."""
     completions = [t.completion_prompt() for t in tasks if t.form == "completion"]
     instructions = [chat_prompt(engine.tokenizer, t.instruction())
                     for t in tasks if t.form == "instruction"]

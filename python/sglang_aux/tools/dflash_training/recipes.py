@@ -3,6 +3,8 @@ smoke run's (`--smoke`)."""
 
 from __future__ import annotations
 
+from sglang_aux.tools.dflash_training.code_tasks import TASKS_FILE
+
 # Named drafts trained by one command (`--recipe NAME`): the flags that make each, applied as
 # defaults (flags given beside `--recipe` still win). The draft is written to the cache folder
 # its name resolves to. Why these choices: the draft's card (`docs/drafts/<name>.md`).
@@ -18,7 +20,8 @@ RECIPES: dict[str, dict] = {
 # step count is the GSM8K recipe's).
 RECIPES["qwen2.5-coder-1.5b-instruct-dflash-b16-mix"] = dict(
     RECIPES["qwen2.5-coder-1.5b-instruct-dflash-b16"], sampled_passes=3, num_samples=3_000,
-    code_tasks=3_000, chat_instructions=2_000, code_chat_max_new_tokens=512)
+    code_tasks=3_000, code_tasks_file=str(TASKS_FILE), chat_instructions=2_000,
+    code_chat_max_new_tokens=512)
 # DSpark beside it on the same data, schedule and deadline; gamma 15 verifies the same 16
 # tokens per request as the block-16 DFlash draft
 RECIPES["qwen2.5-coder-1.5b-instruct-dspark-b15"] = dict(
