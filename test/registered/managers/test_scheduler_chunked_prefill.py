@@ -126,6 +126,8 @@ def test_chunks_alternate_with_running_steps(ckpts, kind):
     i = calls.index("prefill_chunk")
     assert calls[i:i + 11] == ["prefill_chunk", "decode"] * 5 + ["prefill"], calls
     assert len(b.output_ids) == 1 and a.output_ids
+    # each of the six held `a` back one step (the first prefill, of `a` alone, held none)
+    assert eng.scheduler.stats["prefill_interruptions"] == 6
     while not (a.finished and b.finished):
         eng.scheduler.step()
     ref = _engine(ckpts, "tiny-llama", kind, -1)

@@ -100,7 +100,10 @@ class Scheduler:
                       "prefill_seconds": 0.0, "decode_seconds": 0.0,
                       "prefill_delayed_passes": 0,
                       "mixed_steps": 0, "mixed_requests": 0, "mixed_seconds": 0.0,
-                      "chunked_prefill_steps": 0}
+                      "chunked_prefill_steps": 0,
+                      # prefill steps (chunks included) launched while running requests could
+                      # have stepped: each holds the running batch back one step
+                      "prefill_interruptions": 0}
         self.admission = Admission(worker, self.kv, eos_token_ids,
                                    max_running_requests=max_running_requests,
                                    chunked_prefill_size=chunked_prefill_size,
@@ -245,6 +248,9 @@ class Scheduler:
         """A prefill step of admitted arrivals (or a chunk of the chunked request), or a
         decode step of the running batch; and whether a prefill ran."""
         new = self._admit(self.prefill_graph_limits) if prefill and self.chunked is None else []
+        batch = [r for r in self.running if self._can_launch(r)]
+        if (new or (prefill and self.chunked is not None)) and batch:
+            self.stats["prefill_interruptions"] += 1
         if prefill and self.chunked is not None:
             new, launched = self._launch_chunk()
             return new, launched, True
@@ -254,7 +260,6 @@ class Scheduler:
             self.stats["prefill_requests"] += len(new)
             self.stats["prefill_tokens"] += sum(len(r.origin_input_ids) - r.kv_len for r in new)
             return new, [self.worker.prefill(new)], True
-        batch = [r for r in self.running if self._can_launch(r)]
         if self.running and not batch and not self.in_flight:
             raise RuntimeError(f"no step fits any of {len(self.running)} running requests")
         if not batch:
