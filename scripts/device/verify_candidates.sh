@@ -18,7 +18,8 @@ step tests 170 python -m pytest -q \
   test/registered/model_executor/test_ragged_step_prologue_cuda.py \
   "test/registered/attention/test_triton_backend_cuda.py::test_ragged_verify_graph_matches_torch_native" \
   test/registered/speculative/test_dflash_worker_draft_len_cuda.py \
-  test/registered/speculative/test_dspark_worker_cuda.py
+  test/registered/speculative/test_dspark_worker_cuda.py \
+  test/registered/speculative/test_acceptance_law_cuda.py
 # the ragged verify attention against the per-token path and the static layout
 step ragged_attention 60 python "$bench/bench_decode_attention.py" --ragged --bs 1 8 32 \
   --contexts 900 --q-lens 16 --out "$out/ragged_verify_attention.json"

@@ -424,8 +424,9 @@ def test_bad_input_stops_in_one_line_naming_the_file(target, tmp_path):
 def test_mixed_prompts_are_kept_with_their_source_and_checked_against_humaneval(target,
                                                                                tmp_path):
     """`--code-tasks` (the shipped file's first) and `--chat-instructions` add code and chat
-    prompts to the smoke run's GSM8K ones; the samples file keeps each sample's source (and a mix trains on it whole);
-    a HumanEval prompt among the training prompts stops the run in one line naming the file."""
+    prompts to the smoke run's GSM8K ones; the samples file keeps each sample's source (and a
+    mix trains on it whole); a HumanEval prompt among the training prompts stops the run in
+    one line naming the file."""
     local_path_or_skip("train")
     local_path_or_skip("test")
     humaneval = tmp_path / "HumanEval.jsonl"
