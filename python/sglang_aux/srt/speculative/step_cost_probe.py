@@ -3,9 +3,9 @@ DRAFT_BLOCK graph at every captured batch size and of the target's ragged TARGET
 at every token bucket, over their padding batches (CUDA events on the GPU; on the CPU the
 eager-replay backend runs the forwards, timed by the host's clock).
 
-The padding rows read almost no KV, so attention over real contexts is not in these figures;
-`benchmark/spec_decode/bench_dflash_step.py` measures the same graphs after prefilling real
-contexts and writes a file `--speculative-step-costs` reads.
+The padding rows read almost no KV, so attention over real contexts is not in these figures
+(nor in the `step_costs` that `benchmark/spec_decode/bench_dflash_step.py` writes for
+`--speculative-step-costs`: the same probe; its step rows, over real contexts, show the gap).
 """
 
 from __future__ import annotations
