@@ -8,13 +8,13 @@ import os
 # NOTE: must precede any @triton.jit definition, i.e. any import of triton or the backend.
 os.environ["TRITON_INTERPRET"] = "1"
 
-import importlib.util  # noqa: E402
 import json  # noqa: E402
 import sys  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
 
+from sglang_aux.test.bench_script import load_bench  # noqa: E402
 from sglang_aux.test.ci.ci_register import register_cpu_ci  # noqa: E402
 
 register_cpu_ci(est_time=30, suite="default")
@@ -23,11 +23,7 @@ SCRIPT = Path(__file__).resolve().parents[3] / "benchmark/spec_decode/bench_deco
 
 
 def _bench():
-    sys.path.insert(0, str(SCRIPT.parent))  # its sibling scripts, as when run directly
-    spec = importlib.util.spec_from_file_location("bench_decode_attention", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_bench(SCRIPT)
 
 
 def test_smoke_run_reports_every_row(tmp_path, capsys):

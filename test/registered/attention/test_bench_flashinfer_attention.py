@@ -12,13 +12,13 @@ if not torch.cuda.is_available():
     # NOTE: must precede any @triton.jit definition, i.e. any import of the backend.
     os.environ["TRITON_INTERPRET"] = "1"
 
-import importlib.util  # noqa: E402
 import json  # noqa: E402
 import sys  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
 
+from sglang_aux.test.bench_script import load_bench  # noqa: E402
 from sglang_aux.test.ci.ci_register import register_cpu_ci  # noqa: E402
 
 register_cpu_ci(est_time=20, suite="default")
@@ -27,11 +27,7 @@ SCRIPT = Path(__file__).resolve().parents[3] / "benchmark/spec_decode/bench_flas
 
 
 def _bench():
-    sys.path.insert(0, str(SCRIPT.parent))  # its sibling scripts, as when run directly
-    spec = importlib.util.spec_from_file_location("bench_flashinfer_attention", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_bench(SCRIPT)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU smoke run")

@@ -3,13 +3,13 @@ scripts/device/stage_flashinfer.sh --install; skipped, saying why, where it is n
 has FlashInfer's decode or prefill path beside ours, each within the bench's error bound
 against torch_native."""
 
-import importlib.util
 import sys
 from pathlib import Path
 
 import pytest
 import torch
 
+from sglang_aux.test.bench_script import load_bench
 from sglang_aux.test.ci.ci_register import register_cuda_ci
 
 register_cuda_ci(est_time=240, suite="default")
@@ -18,11 +18,7 @@ SCRIPT = Path(__file__).resolve().parents[3] / "benchmark/spec_decode/bench_flas
 
 
 def _bench():
-    sys.path.insert(0, str(SCRIPT.parent))  # its sibling scripts, as when run directly
-    spec = importlib.util.spec_from_file_location("bench_flashinfer_attention", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_bench(SCRIPT)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")

@@ -3,12 +3,12 @@ smoke mode: a tiny-k3 chunk step under each aux projection, then a long prompt t
 HTTP servers (chunked and unchunked) while other requests decode; the servers report their
 chunk size, the chunked one prefills in chunks, and both give the same greedy tokens."""
 
-import importlib.util
 import sys
 from pathlib import Path
 
 import pytest
 
+from sglang_aux.test.bench_script import load_bench
 from sglang_aux.test.ci.ci_register import register_cpu_ci
 
 register_cpu_ci(est_time=60, suite="default")
@@ -17,11 +17,7 @@ SCRIPT = Path(__file__).resolve().parents[3] / "benchmark/spec_decode/bench_chun
 
 
 def _bench():
-    sys.path.insert(0, str(SCRIPT.parent))
-    spec = importlib.util.spec_from_file_location("bench_chunked_prefill", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_bench(SCRIPT)
 
 
 def test_smoke_run_reports_every_figure(tmp_path, capsys):

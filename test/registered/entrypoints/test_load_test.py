@@ -2,12 +2,12 @@
 concurrent greedy and sampled DFlash requests with aborts mid-stream, greedy outputs equal to
 their sequential runs, every KV slot and request row back, a run of decode steps after it."""
 
-import importlib.util
 import sys
 from pathlib import Path
 
 import pytest
 
+from sglang_aux.test.bench_script import load_bench
 from sglang_aux.test.ci.ci_register import register_cpu_ci
 from sglang_aux.test.runtime_utils import tiny_checkpoint
 
@@ -17,10 +17,7 @@ SCRIPT = Path(__file__).resolve().parents[3] / "benchmark/spec_decode/load_test_
 
 
 def _load_test():
-    spec = importlib.util.spec_from_file_location("load_test_server", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_bench(SCRIPT)
 
 
 @pytest.mark.parametrize("flags", [[], ["--enable-mixed-chunk"], ["--chunked-prefill-size", "8"]],

@@ -3,7 +3,6 @@ tied LM head read once as the head, an untied embedding only for the step's toke
 experts in the expected number of distinct ones, K/V per request of its context; and
 bench_graph_replay's CPU run reporting them beside the copy bandwidth."""
 
-import importlib.util
 import json
 import sys
 from pathlib import Path
@@ -12,6 +11,7 @@ import pytest
 import torch
 
 from sglang_aux.srt.entrypoints.engine import Engine
+from sglang_aux.test.bench_script import load_bench
 from sglang_aux.test.ci.ci_register import register_cpu_ci
 from sglang_aux.test.runtime_utils import tiny_checkpoint
 
@@ -21,11 +21,7 @@ SCRIPTS = Path(__file__).resolve().parents[3] / "benchmark/spec_decode"
 
 
 def _script(name: str):
-    sys.path.insert(0, str(SCRIPTS))
-    spec = importlib.util.spec_from_file_location(name, SCRIPTS / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_bench(SCRIPTS / f"{name}.py")
 
 
 @pytest.fixture(scope="module")

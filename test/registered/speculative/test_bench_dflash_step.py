@@ -5,7 +5,6 @@ compact verify both run, the report carries the compact engine's step costs in t
 `--speculative-step-costs` reads, and a bad acceptance profile or flag fails in one line before
 any model loads."""
 
-import importlib.util
 import json
 import sys
 from pathlib import Path
@@ -14,6 +13,7 @@ import pytest
 
 from sglang_aux.srt.configs.draft_len_schedule import DraftLenSchedule
 from sglang_aux.srt.configs.step_costs import StepCosts
+from sglang_aux.test.bench_script import load_bench
 from sglang_aux.test.ci.ci_register import register_cpu_ci
 
 register_cpu_ci(est_time=20, suite="default")
@@ -24,12 +24,7 @@ WIDTH = len(SMOKE_PROBS)
 
 
 def _bench():
-    sys.path.insert(0, str(SCRIPT.parent))
-    spec = importlib.util.spec_from_file_location("bench_dflash_step", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclass resolves annotations there
-    spec.loader.exec_module(module)
-    return module
+    return load_bench(SCRIPT)
 
 
 def _rounded_counts(n: int) -> list[int]:
