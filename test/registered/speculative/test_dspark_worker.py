@@ -2,14 +2,20 @@
 the three tiny targets, static and compact verify, overlap on and off, through every captured
 graph size and a padded one; compact lengths within the budget, 1..verify width and the token
 buckets in a served run; acceptance exact under known proposals (at most `lens - 1` drafts);
-mixed steps; the aux gating and storage; the refusals (logprobs, bad flags, bad drafts)."""
+mixed steps; the aux gating and storage; the refusals (logprobs, bad flags, bad drafts);
+compact verify through the Triton attention's ragged path too (the interpreter, here)."""
 
-import json
-import shutil
-import sys
+import os
 
-import pytest
-import torch
+# NOTE: before any @triton.jit definition is imported: the Triton attention runs interpreted.
+os.environ["TRITON_INTERPRET"] = "1"
+
+import json  # noqa: E402
+import shutil  # noqa: E402
+import sys  # noqa: E402
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
 
 from sglang_aux.srt.configs.model_config import ModelConfig
 from sglang_aux.srt.configs.speculative_algorithm import SpeculativeAlgorithm
@@ -90,10 +96,12 @@ def test_greedy_dspark_equals_target_only(ckpts, target_only, target, mode, over
 
 @pytest.mark.parametrize("variant", [dict(speculative_dflash_aux_projection="streamed"),
                                      dict(disable_shared_aux_buffer=True),
-                                     dict(disable_decode_cuda_graph=True)])
+                                     dict(disable_decode_cuda_graph=True),
+                                     dict(attention_backend="triton")])
 def test_compact_verify_on_every_aux_path(ckpts, target_only, variant):
     """Compact verify's ragged forwards through the streamed projection, per-forward aux
-    outputs and eager steps: greedy output still equals target-only."""
+    outputs, eager steps and the Triton attention (each request's keys read once for all its
+    verified tokens): greedy output still equals target-only."""
     engine = _dspark(ckpts, "tiny-k3", "compact", **variant)
     outs = engine.generate(SPEC_PROMPTS, STAGGERED)
     assert [o["output_ids"] for o in outs] == [o["output_ids"] for o in target_only["tiny-k3"]]
