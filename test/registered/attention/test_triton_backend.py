@@ -242,11 +242,11 @@ def test_in_kernel_merge_matches_torch_native(mode, q_len, attn_type, heads, kv_
     equal to torch_native and to the split + merge-kernel path, padded rows included."""
     backend = TritonAttnBackend(num_kv_splits=MERGE_SPLITS, decode_merge="in_kernel",
                                 min_split_keys=MERGE_MIN_KEYS)
-    _check_vs_native_and_split(backend, mode, q_len, attn_type, (heads, kv_heads, head_dim),
+    _assert_equal_to_native_and_split(backend, mode, q_len, attn_type, (heads, kv_heads, head_dim),
                                dtype, window)
 
 
-def _check_vs_native_and_split(backend, mode, q_len, attn_type, head_config, dtype, window):
+def _assert_equal_to_native_and_split(backend, mode, q_len, attn_type, head_config, dtype, window):
     """`backend` over the MERGE_CONTEXTS batch == torch_native and == the split + merge-kernel
     path, padded rows included."""
     seed = fresh_seed()
@@ -275,7 +275,7 @@ SINGLE_PASS_TILES = [SinglePassTile(16, 2, 1), SinglePassTile(64, 8, 3)]
 @pytest.mark.parametrize("mode,q_len,attn_type", FIXED_MODES, ids=FIXED_IDS)
 def test_single_pass_matches_torch_native_and_split(mode, q_len, attn_type, dtype, window,
                                                     tile):
-    _check_vs_native_and_split(TritonAttnBackend(single_pass=tile), mode, q_len, attn_type,
+    _assert_equal_to_native_and_split(TritonAttnBackend(single_pass=tile), mode, q_len, attn_type,
                                MERGE_HEAD_CONFIGS[2], dtype, window)
 
 

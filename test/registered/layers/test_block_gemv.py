@@ -172,3 +172,7 @@ def test_bench_smoke_runs_on_the_cpu(tmp_path):
         assert "block16:32:2:4:1:0" in r
     assert "block_fused" in rows[0] and "block_fused" not in rows[2]
     assert "block_fused16:32:2:4:1:0" in rows[0]
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-q"]))

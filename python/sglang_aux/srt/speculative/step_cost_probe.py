@@ -37,7 +37,7 @@ def _replay_ms(graphs: GraphRunner, i: int, replays: int) -> float:
         start.record()
         graphs.replay_padding(i)
         end.record()
-    events[-1][1].synchronize()
+    events[-1][1].synchronize()  # start-up only, once per graph: never on a step
     return statistics.median(start.elapsed_time(end) for start, end in events)
 
 
