@@ -13,9 +13,9 @@ captured batch (the graph holds the same kernels), divided by the layer count. B
 replay time, and its fraction of the device-to-device copy bandwidth measured in the same run;
 with `--kernel-table N` (default 12 on CUDA) each replay's N costliest kernels.
 `--triton-attention-decode-merge in_kernel` measures the one-launch decode attention.
-`--verify-block-gemv` times the TARGET_VERIFY graphs a second time, captured with the block
-GEMV candidate routed in for 2..16-row projections (`block_gemv_routing.py`), as
-`TARGET_VERIFY+block_gemv`.
+`--block-gemv` times each graph a second time, captured with the block
+GEMV candidate routed in for 2..32-row projections (`block_gemv_routing.py`), as
+`DECODE+block_gemv` / `TARGET_VERIFY+block_gemv`.
 `--pdl on` launches our kernels (row GEMVs, RMSNorm, RoPE + KV store, SiLU-mul) dependent
 (programmatic dependent launch, a bench-only candidate: it sets `SGLANG_AUX_PDL=1` for this
 process, `triton_ops/grid_dependency.py`); run it beside `--pdl off` in the same call.
@@ -143,10 +143,10 @@ def measure(preset: str, verify: bool, sizes: list[int], args) -> list[dict]:
     return rows
 
 
-def measure_block_gemv(preset: str, args) -> list[dict]:
-    """The verify graphs again, captured with the block GEMV candidate routed in."""
+def measure_block_gemv(preset: str, verify: bool, batch_sizes: list[int], args) -> list[dict]:
+    """The graphs again, captured with the block GEMV candidate routed in."""
     with route_block_gemv() as routed:
-        rows = measure(preset, True, args.verify_bs, args)
+        rows = measure(preset, verify, batch_sizes, args)
     calls = {f"{site}/{m}": n for (site, m), n in sorted(routed.items())}
     return [r | {"graph": f"{r['graph']}+block_gemv", "routed_calls": calls} for r in rows]
 
@@ -166,8 +166,9 @@ def main() -> None:
                         "default 12 on CUDA, 0 turns it off)")
     p.add_argument("--decode-gemv-backend", default="torch", choices=GEMV_BACKENDS,
                    help="the engines' --decode-gemv-backend (docs/kernels.md)")
-    p.add_argument("--verify-block-gemv", action="store_true",
-                   help="also time the verify graphs with the block GEMV candidate routed in")
+    p.add_argument("--block-gemv", action="store_true",
+                   help="also time each graph with the block GEMV candidate routed in (its "
+                        "2..32-row projections)")
     p.add_argument("--pdl", default="off", choices=["on", "off"],
                    help="launch our kernels dependent (sm_90+; a bench-only candidate)")
     p.add_argument("--out", default="benchmark/spec_decode/graph_replay.json")
@@ -181,12 +182,11 @@ def main() -> None:
     print(f"device-to-device copy: {args.copy_tb_s:.2f} TB/s (read + written)")
     rows = []
     for preset in args.presets:
-        if args.decode_bs:
-            rows += measure(preset, False, args.decode_bs, args)
-        if args.verify_bs:
-            rows += measure(preset, True, args.verify_bs, args)
-            if args.verify_block_gemv:
-                rows += measure_block_gemv(preset, args)
+        for verify, sizes in ((False, args.decode_bs), (True, args.verify_bs)):
+            if sizes:
+                rows += measure(preset, verify, sizes, args)
+                if args.block_gemv:
+                    rows += measure_block_gemv(preset, verify, sizes, args)
     decode_bs1 = {r["preset"]: r["replay_ms"] for r in rows
                   if r["graph"] == "DECODE" and r["bs"] == 1}
     print(f"{'preset':>15} {'graph':>24} {'bs':>4} {'replay ms':>10} {'kern/layer':>10} "

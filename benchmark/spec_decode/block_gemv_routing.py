@@ -3,13 +3,13 @@
 Inside `route_block_gemv()`, three call sites are patched: the dense layers' `_linear`
 (`layers/linear.py`), the decoder layer's fused norm + projection `norm_linear` (as
 `models/llama.py` names it) and the LM head's `lm_head_logits` (as
-`layers/logits_processor.py` names it). A forward of 2 to 16 rows (a bs-1 verify step, the
-draft's block forward) that the dispatch rules give to Triton (CUDA in `auto`) then runs
-`block_gemv`; any other takes the original. CUDA graphs captured inside keep the candidate's
-kernels after the context closes, so an engine built inside it replays them.
-`bench_graph_replay.py --verify-block-gemv` times the verify graphs with and without it in one
-call. No server flag: the candidate becomes one only after it beats cuBLAS on the H200 in the
-same run (docs/kernels.md).
+`layers/logits_processor.py` names it). A forward of 2 to 32 rows (a bs-1 verify step, the
+draft's block forward, a decode step of up to 32 requests) that the dispatch rules give to
+Triton (CUDA in `auto`) then runs `block_gemv`; any other takes the original. CUDA graphs
+captured inside keep the candidate's kernels after the context closes, so an engine built
+inside it replays them. `bench_graph_replay.py --block-gemv` times the decode and verify
+graphs with and without it in one call. No server flag: the candidate becomes one only after
+it beats cuBLAS on the H200 in the same run (docs/kernels.md).
 """
 
 from __future__ import annotations
@@ -25,8 +25,9 @@ from sglang_aux.srt.layers import linear, logits_processor
 from sglang_aux.srt.layers.triton_ops.dispatch import GEMV_DTYPES, use_triton
 from sglang_aux.srt.models import llama
 
-# One row is the row GEMV's (`--decode-gemv-backend`); a verify of one request is 16.
-ROUTED_ROWS = range(2, 17)
+# One row is the row GEMV's (`--decode-gemv-backend`); a verify of one request is 16; the
+# kernel takes up to 32 (a bs-32 decode step).
+ROUTED_ROWS = range(2, 33)
 
 
 def _takes(x: torch.Tensor, weight: torch.Tensor) -> bool:
@@ -37,7 +38,7 @@ def _takes(x: torch.Tensor, weight: torch.Tensor) -> bool:
 
 @contextmanager
 def route_block_gemv() -> Iterator[Counter]:
-    """While open, 2..16-row projections run the candidate; yields the routed calls counted
+    """While open, 2..32-row projections run the candidate; yields the routed calls counted
     by (site, rows)."""
     from sglang_aux.srt.layers.triton_ops.block_gemv import block_gemv
 

@@ -27,9 +27,10 @@ step ragged_attention 60 python "$bench/bench_decode_attention.py" --ragged --bs
 step block_gemv 90 python "$bench/bench_block_gemv.py" --iters 100 --rows 16 8 32 \
   --configs 16:256:1:4:1:1 16:128:1:4:3:0 32:256:1:4:1:1 32:128:2:4:3:0 16:256:4:4:1:1 \
   32:256:4:4:1:1 64:128:1:4:3:1 64:256:1:8:3:0 128:128:1:8:3:0 --out "$out/block_gemv.json"
-# the bs-1 and bs-32 verify graphs with and without the candidate
-step replay_block_gemv 70 python "$bench/bench_graph_replay.py" --presets qwen2.5-1.5b-shaped \
-  --decode-bs --verify-bs 1 32 --decode-gemv-backend triton --verify-block-gemv \
+# the bs-8 and bs-32 decode graphs (8 and 32 rows) and the bs-1 verify (16) with and without
+# the candidate, and the bs-32 verify (512 rows: cuBLAS either way) for reference
+step replay_block_gemv 90 python "$bench/bench_graph_replay.py" --presets qwen2.5-1.5b-shaped \
+  --decode-bs 8 32 --verify-bs 1 32 --decode-gemv-backend triton --block-gemv \
   --out "$out/replay_block_gemv.json"
 # a DFlash step at 1, 8 and 32 requests, static and compact, against target-only
 step dflash_step 150 python "$bench/bench_dflash_step.py" --bs 1 8 32 \
