@@ -33,19 +33,18 @@ if not torch.cuda.is_available():
     # NOTE: before any @triton.jit definition is imported: the kernels run interpreted.
     os.environ["TRITON_INTERPRET"] = "1"
 
-from bench_decode_attention import QWEN_HEADS, REL_ERR_BOUND, _batch, _layers  # noqa: E402
-from bench_graph_replay import replay_ms  # noqa: E402  (this script's folder is on sys.path)
+from bench_decode_attention import (  # noqa: E402  (this script's folder is on sys.path)
+    QWEN_HEADS,
+    _batch,
+    _check,
+    _layers,
+    _us_per_call,
+)
 from step_bandwidth import copy_bandwidth  # noqa: E402
 
 from sglang_aux.srt.forward_state.forward_batch_info import ForwardBatch  # noqa: E402
-from sglang_aux.srt.layers.attention.torch_native_backend import (  # noqa: E402
-    TorchNativeAttnBackend,
-)
 from sglang_aux.srt.layers.attention.triton_backend import TritonAttnBackend  # noqa: E402
 from sglang_aux.srt.layers.radix_attention import RadixAttention  # noqa: E402
-from sglang_aux.srt.model_executor.runner_backend.cuda_graph_backend import (  # noqa: E402
-    CudaGraphBackend,
-)
 
 L2_PASSES = 2
 WORKSPACE_BYTES = 256 << 20  # FlashInfer's float workspace (its split-KV partials)
@@ -74,7 +73,8 @@ def _kv_layout(fb: ForwardBatch) -> tuple[torch.Tensor, torch.Tensor, torch.Tens
 
 
 class FlashInferPath:
-    """One FlashInfer wrapper planned for one batch, run on any layer's K/V."""
+    """One FlashInfer wrapper planned for one batch, run on any layer's K/V; called as an
+    attention backend is (`bench_decode_attention`'s check and timing take either)."""
 
     def __init__(self, flashinfer, kind: str, fb: ForwardBatch, q_len: int):
         heads, kv_heads, head_dim = QWEN_HEADS
@@ -103,54 +103,22 @@ class FlashInferPath:
                               sm_scale=head_dim**-0.5)
         torch.cuda.synchronize()
         self.plan_us = (time.perf_counter() - t0) * 1e6
-        self.fb = fb
 
-    def forward(self, q: torch.Tensor, layer: RadixAttention) -> torch.Tensor:
+    def init_forward_metadata(self, fb: ForwardBatch) -> None:
+        """Planned for its batch in __init__."""
+
+    def forward(self, q: torch.Tensor, k, v, layer: RadixAttention, fb: ForwardBatch,
+                save_kv_cache: bool = False) -> torch.Tensor:
         heads, kv_heads, head_dim = QWEN_HEADS
-        pool = self.fb.token_to_kv_pool
-        k = pool.k_buffer[layer.layer_id].view(-1, 1, kv_heads, head_dim)
-        v = pool.v_buffer[layer.layer_id].view(-1, 1, kv_heads, head_dim)
-        return self.wrapper.run(q.view(-1, heads, head_dim), (k, v)).view(q.shape)
-
-
-class TritonPath:
-    def __init__(self, fb: ForwardBatch):
-        self.backend, self.fb, self.plan_us = TritonAttnBackend(), fb, 0.0
-        self.backend.init_forward_metadata(fb)
-
-    def forward(self, q: torch.Tensor, layer: RadixAttention) -> torch.Tensor:
-        return self.backend.forward(q, None, None, layer, self.fb, save_kv_cache=False)
-
-
-def _rel_err(path, fb: ForwardBatch, layer: RadixAttention, q: torch.Tensor) -> float:
-    ref = TorchNativeAttnBackend()
-    ref.init_forward_metadata(fb)
-    expected = ref.forward(q, None, None, layer, fb, save_kv_cache=False).float()
-    out = path.forward(q, layer).float()
-    if not torch.isfinite(out).all():
-        raise AssertionError("non-finite output")
-    err = ((out - expected).abs().max() / expected.abs().max()).item()
-    if err > REL_ERR_BOUND[q.dtype]:
-        raise AssertionError(f"rel err {err:.2e} over {REL_ERR_BOUND[q.dtype]:.0e}")
-    return err
-
-
-def _us_per_call(path, layers: list[RadixAttention], q: torch.Tensor, iters: int) -> float:
-    def calls() -> None:
-        for layer in layers:
-            path.forward(q, layer)
-
-    if not q.is_cuda:
-        t0 = time.perf_counter()
-        calls()
-        return (time.perf_counter() - t0) * 1e6 / len(layers)
-    graphs = CudaGraphBackend(q.device)
-    graph, _ = graphs.warm_and_capture(calls)
-    return replay_ms(graphs, graph, iters, cuda=True) * 1e3 / len(layers)
+        pool = fb.token_to_kv_pool
+        pages = tuple(buf[layer.layer_id].view(-1, 1, kv_heads, head_dim)  # page size 1
+                      for buf in (pool.k_buffer, pool.v_buffer))
+        return self.wrapper.run(q.view(-1, heads, head_dim), pages).view(q.shape)
 
 
 def _paths(flashinfer, fb: ForwardBatch, q_len: int) -> dict:
-    paths = {"triton": TritonPath(fb)}
+    """Name -> backend-like path; ours has no plan (`plan_us` 0)."""
+    paths = {"triton": TritonAttnBackend()}
     if flashinfer is not None:
         kinds = ["decode", "decode_tc"] if q_len == 1 else ["prefill_fa2", "prefill_fa3"]
         for kind in kinds:
@@ -180,10 +148,11 @@ def run(args: argparse.Namespace) -> dict:
                 layers = _layers(num_layers)
                 q = torch.randn(bs * q_len, heads * head_dim, device=device, dtype=dtype)
                 for name, path in _paths(flashinfer, fb, q_len).items():
-                    err = _rel_err(path, fb, layers[0], q)
-                    us = _us_per_call(path, layers, q, args.iters)
+                    err = _check(path, fb, layers[0], q)
+                    us = _us_per_call(path, fb, layers, q, args.iters)
                     rows.append(dict(q_len=q_len, bs=bs, context=context, path=name,
-                                     us_per_call=us, plan_us=path.plan_us, kv_bytes=kv_bytes,
+                                     us_per_call=us, plan_us=getattr(path, "plan_us", 0.0),
+                                     kv_bytes=kv_bytes,
                                      tb_s=kv_bytes / us / 1e6, calls_per_graph=num_layers,
                                      rel_err=err))
                 del fb, layers
