@@ -14,10 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import re
-import subprocess
-import tempfile
 
 import triton
 import triton.language as tl
@@ -26,6 +22,7 @@ from triton.compiler import ASTSource
 
 from sglang_aux.srt.layers.quantization import accumulating_gemm as ag
 from sglang_aux.srt.layers.quantization import dequant_gemm as dg
+from sglang_aux.test.sm90_builds import resource_usage
 
 TARGET = GPUTarget("cuda", 90, 32)
 SM90_REGISTERS, SM90_SMEM = 65536, 232448  # per SM; smem: the opt-in maximum per block
@@ -34,16 +31,6 @@ SM90_REGISTERS, SM90_SMEM = 65536, 232448  # per SM; smem: the opt-in maximum pe
 def _signature(kernel, pointers: dict[str, str]) -> dict[str, str]:
     return {p.name: "constexpr" if p.is_constexpr else pointers.get(p.name, "i32")
             for p in kernel.params}
-
-
-def _res_usage(cubin: bytes) -> dict[str, int]:
-    tool = os.path.join(os.path.dirname(triton.backends.nvidia.__file__), "bin", "cuobjdump")
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(cubin)
-        f.flush()
-        text = subprocess.run([tool, "-res-usage", f.name], capture_output=True, text=True,
-                              check=True).stdout
-    return {k.lower(): int(v) for k, v in re.findall(r"(REG|STACK|SHARED):(\d+)", text)}
 
 
 def build(kernel, pointers: dict[str, str], constexprs: dict,
@@ -55,7 +42,7 @@ def build(kernel, pointers: dict[str, str], constexprs: dict,
     compiled = triton.compile(src, target=TARGET, options={"num_warps": cfg.num_warps,
                                                           "num_stages": cfg.num_stages})
     ttgir = compiled.asm["ttgir"]
-    usage = _res_usage(compiled.asm["cubin"])
+    usage = resource_usage(compiled.asm["cubin"])
     smem = compiled.metadata.shared
     return {**usage, "dynamic_smem": smem,
             "pipelined_copies": ttgir.count("async_copy_global_to_local"),

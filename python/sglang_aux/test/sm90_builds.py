@@ -1,0 +1,339 @@
+"""Triton kernels built for the H200 (sm_90) on a machine without a GPU.
+
+Inside `sm90_builds()`, a launch of any compiled (not interpreted) `@triton.jit` kernel is
+specialized as Triton specializes a real launch (argument dtypes, 16-divisibility, constexprs,
+warps, stages, PDL), built for sm_90 by Triton's compiler and its bundled ptxas, and recorded
+with its resource usage instead of running: its outputs stay unwritten. What this catches that
+the interpreter the CPU tests run under does not: code the compiler rejects, more shared memory
+than an SM has (a launch would fail), and registers spilled to local memory (slow).
+
+`qwen_launches()` drives every Triton launcher of the decode and verify steps at the
+Qwen2.5-1.5B shapes the H200 runs (bf16; the candidates of docs/kernels.md with them):
+
+    python -m sglang_aux.test.sm90_builds [--out builds.json]   # the table; exit status 1
+                                                                # when a shipped path has a problem
+
+Run it in a process that imports no kernel module before it (the module turns the interpreter
+off at import, and `@triton.jit` decides interpreted or compiled when a kernel is defined).
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.pop("TRITON_INTERPRET", None)  # NOTE: before any @triton.jit definition is imported
+
+import argparse  # noqa: E402
+import contextlib  # noqa: E402
+import json  # noqa: E402
+import re  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+import tempfile  # noqa: E402
+from collections.abc import Iterator  # noqa: E402
+from dataclasses import asdict, dataclass, field  # noqa: E402
+
+import torch  # noqa: E402
+import triton  # noqa: E402
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.runtime import driver as triton_driver  # noqa: E402
+from triton.runtime.jit import JITFunction  # noqa: E402
+
+H200 = GPUTarget("cuda", 90, 32)
+SM90_SHARED_BYTES = 232448  # the opt-in maximum of one block (227 KiB)
+CUOBJDUMP = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin",
+                         "cuobjdump")
+
+
+def resource_usage(cubin: bytes) -> dict[str, int]:
+    """`cuobjdump --dump-resource-usage` of a cubin: REG, STACK, SHARED, LOCAL (lower-case
+    keys; STACK or LOCAL > 0: registers spilled)."""
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        text = subprocess.run([CUOBJDUMP, "--dump-resource-usage", f.name],
+                              capture_output=True, text=True, check=True).stdout
+    return {k.lower(): int(v) for k, v in re.findall(r"\b(REG|STACK|SHARED|LOCAL):(\d+)", text)}
+
+
+@dataclass(frozen=True)
+class Build:
+    kernel: str
+    case: str  # the launch that asked for it (`qwen_launches`' label)
+    candidate: bool  # a bench-only candidate (docs/kernels.md), not a shipped path
+    constexprs: dict[str, object]
+    num_warps: int
+    num_stages: int
+    registers: int = 0
+    spill_bytes: int = 0  # STACK + LOCAL
+    shared_bytes: int = 0  # dynamic (Triton's) + static
+    error: str | None = None
+
+    @property
+    def problem(self) -> str | None:
+        """Why this build would fail or crawl on the H200, None when it would not."""
+        if self.error:
+            return self.error
+        if self.shared_bytes > SM90_SHARED_BYTES:
+            return f"{self.shared_bytes} bytes of shared memory > {SM90_SHARED_BYTES}"
+        if self.spill_bytes:
+            return f"{self.spill_bytes} bytes of registers spilled"
+        return None
+
+
+@dataclass
+class Builds:
+    """What `sm90_builds` recorded, one entry per distinct specialization."""
+
+    items: list[Build] = field(default_factory=list)
+    case: str = ""  # the label of the launches that follow
+    candidate: bool = False  # whether they are candidates
+    _seen: set = field(default_factory=set)
+
+    def problems(self, candidates: bool = True) -> list[str]:
+        """Each build's problem; `candidates=False`: the shipped paths' only."""
+        return [f"{b.kernel} [{b.case}] {b.constexprs}: {b.problem}"
+                for b in self.items if b.problem and (candidates or not b.candidate)]
+
+    def label(self, case: str, candidate: bool = False) -> None:
+        self.case, self.candidate = case, candidate
+
+
+class _SM90Driver:
+    """What `JITFunction.run` asks of the active driver, answered as an H200 would."""
+
+    def get_current_target(self) -> GPUTarget:
+        return H200
+
+    def get_current_device(self) -> int:
+        return 0
+
+    def get_current_stream(self, device: int | None = None) -> int:
+        return 0
+
+
+def _constexpr_repr(value: object) -> object:
+    return value if isinstance(value, int | float | str | bool | None) else repr(value)
+
+
+@contextlib.contextmanager
+def sm90_builds() -> Iterator[Builds]:
+    """Compiled-Triton launches inside build for sm_90 and are recorded, never run (module
+    docstring). Launchers' PDL check (a CUDA sm_90 device) is answered yes."""
+    from sglang_aux.srt.layers.triton_ops import grid_dependency
+
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        raise RuntimeError("sm90_builds needs compiled Triton: unset TRITON_INTERPRET before "
+                           "the kernels are imported")
+    builds, touched = Builds(), []
+    real_compile = JITFunction._do_compile
+
+    def do_compile(fn, key, signature, device, constexprs, options, attrs, warmup):
+        touched.append(fn)
+        if (fn, key) in builds._seen:
+            return None
+        builds._seen.add((fn, key))
+        named = {fn.arg_names[path[0]]: _constexpr_repr(v) for path, v in constexprs.items()
+                 if len(path) == 1}
+        record = dict(kernel=fn.__name__, case=builds.case, candidate=builds.candidate,
+                      constexprs=named,
+                      num_warps=options.num_warps, num_stages=options.num_stages)
+        try:
+            compiled = fn.compile(fn.ASTSource(fn, signature, constexprs, attrs), target=H200,
+                                  options=options.__dict__)
+            usage = resource_usage(compiled.asm["cubin"])
+            record |= dict(registers=usage.get("reg", 0),
+                           spill_bytes=usage.get("stack", 0) + usage.get("local", 0),
+                           shared_bytes=compiled.metadata.shared + usage.get("shared", 0))
+        except Exception as e:  # the compiler's rejection is the finding
+            record["error"] = f"{type(e).__name__}: {e}".strip().splitlines()[-1][:300]
+        builds.items.append(Build(**record))
+        return None  # `run` returns before the launch
+
+    def resolve_pdl(pdl: bool | None, _x: torch.Tensor) -> bool:
+        return bool(pdl) if pdl is not None else os.environ.get(grid_dependency.ENV_VAR) == "1"
+
+    patched = [(m, "resolve_pdl") for m in list(sys.modules.values())
+               if getattr(m, "resolve_pdl", None) is grid_dependency.resolve_pdl]
+    originals = [(m, name, getattr(m, name)) for m, name in patched]
+    previous = triton_driver._active  # None until a driver was asked for: no GPU driver here
+    triton_driver.set_active(_SM90Driver())
+    JITFunction._do_compile = do_compile
+    for m, name in patched:
+        setattr(m, name, resolve_pdl)
+    try:
+        yield builds
+    finally:
+        JITFunction._do_compile = real_compile
+        for m, name, fn in originals:
+            setattr(m, name, fn)
+        triton_driver._active = previous
+        for fn in touched:  # their binders were made for the H200 target
+            fn.device_caches.clear()
+
+
+# --- the launches of a Qwen2.5-1.5B decode and verify step --------------------------------
+
+HIDDEN, HEADS, KV_HEADS, HEAD_DIM, INTER = 1536, 12, 2, 128, 8960
+QKV = (HEADS + 2 * KV_HEADS) * HEAD_DIM
+VOCAB, AUX_LAYERS = 151936, 5
+# weight [N, K] per projection; fc: the DFlash draft's, over K aux hidden states
+PROJECTIONS = {"qkv": (QKV, HIDDEN), "o": (HIDDEN, HIDDEN), "gate_up": (2 * INTER, HIDDEN),
+               "down": (HIDDEN, INTER), "lm_head": (VOCAB, HIDDEN),
+               "fc": (HIDDEN, AUX_LAYERS * HIDDEN)}
+SLOTS, MAX_CONTEXT = 8192, 4352
+DTYPE = torch.bfloat16
+
+
+def _t(*shape: int, dtype: torch.dtype = DTYPE) -> torch.Tensor:
+    return torch.empty(shape, dtype=dtype)
+
+
+def _gemv_launches(builds: Builds) -> None:
+    from sglang_aux.srt.layers.triton_ops.block_gemv import BlockGemvConfig, block_gemv
+    from sglang_aux.srt.layers.triton_ops.paired_row_gemv import (
+        row_gemv_rope_store,
+        row_gemv_silu_mul,
+    )
+    from sglang_aux.srt.layers.triton_ops.row_gemv import row_gemv
+
+    norm = _t(HIDDEN)
+    for name, (n, k) in PROJECTIONS.items():
+        w, bias = _t(n, k), _t(n) if name == "qkv" else None
+        fused = dict(norm_weight=norm, eps=1e-6, residual=_t(1, k)) if k == HIDDEN else {}
+        for pdl in (False, True):
+            builds.label(f"row_gemv {name} pdl={pdl}", candidate=pdl)
+            row_gemv(_t(1, k), w, bias, pdl=pdl)
+            if fused:
+                row_gemv(_t(1, k), w, bias, pdl=pdl, **fused)
+        for rows in (8, 16, 32):
+            builds.label(f"block_gemv {name} rows={rows}", candidate=True)
+            fused = dict(norm_weight=norm, eps=1e-6, residual=_t(rows, k)) if k == HIDDEN else {}
+            block_gemv(_t(rows, k), w, bias)
+            if fused:
+                block_gemv(_t(rows, k), w, bias, **fused)
+            for spec in BLOCK_GEMV_CANDIDATES:
+                *sizes, prefetch = map(int, spec.split(":"))
+                block_gemv(_t(rows, k), w, bias,
+                           config=BlockGemvConfig(*sizes, prefetch=bool(prefetch)))
+    positions, loc = torch.zeros(1, dtype=torch.int64), torch.zeros(1, dtype=torch.int64)
+    cos_sin = _t(MAX_CONTEXT, HEAD_DIM, dtype=torch.float32)
+    k_cache, v_cache = _t(SLOTS, KV_HEADS, HEAD_DIM), _t(SLOTS, KV_HEADS, HEAD_DIM)
+    for pdl in (False, True):
+        builds.label(f"paired qkv+rope+store pdl={pdl}", candidate=True)
+        row_gemv_rope_store(_t(1, HIDDEN), _t(QKV, HIDDEN), _t(QKV), positions, cos_sin,
+                            k_cache, v_cache, loc, HEADS, norm_weight=norm, eps=1e-6,
+                            residual=_t(1, HIDDEN), pdl=pdl)
+        builds.label(f"paired gate_up+silu pdl={pdl}", candidate=True)
+        row_gemv_silu_mul(_t(1, HIDDEN), _t(2 * INTER, HIDDEN), norm_weight=norm, eps=1e-6,
+                          residual=_t(1, HIDDEN), pdl=pdl)
+
+
+# verify_candidates.sh's block GEMV tiles (bench_block_gemv.py --configs):
+# BLOCK_N:BLOCK_K:SPLIT_K:warps:stages:prefetch
+BLOCK_GEMV_CANDIDATES = ("16:256:1:4:1:1 16:128:1:4:3:0 32:256:1:4:1:1 32:128:2:4:3:0 "
+                         "16:256:4:4:1:1 32:256:4:4:1:1 64:128:1:4:3:1 64:256:1:8:3:0 "
+                         "128:128:1:8:3:0").split()
+
+
+def _elementwise_launches(builds: Builds) -> None:
+    from sglang_aux.srt.layers.triton_ops.rms_norm import rms_norm
+    from sglang_aux.srt.layers.triton_ops.rope_store import rope_store
+    from sglang_aux.srt.layers.triton_ops.silu_and_mul import silu_and_mul
+
+    for rows in (1, 32, 512):
+        for pdl in (False, True):
+            builds.label(f"elementwise rows={rows} pdl={pdl}", candidate=pdl)
+            rms_norm(_t(rows, HIDDEN), _t(HIDDEN), 1e-6, pdl=pdl)
+            rms_norm(_t(rows, HIDDEN), _t(HIDDEN), 1e-6, residual=_t(rows, HIDDEN), pdl=pdl)
+            silu_and_mul(_t(rows, 2 * INTER), pdl=pdl)
+            rope_store(torch.zeros(rows, dtype=torch.int64), _t(rows, HEADS * HEAD_DIM),
+                       _t(rows, KV_HEADS * HEAD_DIM),
+                       _t(MAX_CONTEXT, HEAD_DIM, dtype=torch.float32),
+                       v=_t(rows, KV_HEADS * HEAD_DIM), k_cache=_t(SLOTS, KV_HEADS, HEAD_DIM),
+                       v_cache=_t(SLOTS, KV_HEADS, HEAD_DIM),
+                       loc=torch.zeros(rows, dtype=torch.int64), pdl=pdl)
+
+
+def _attention_launches(builds: Builds) -> None:
+    from sglang_aux.srt.forward_state.ragged_requests import RaggedRequests
+    from sglang_aux.srt.layers.attention.triton_ops import tiling
+    from sglang_aux.srt.layers.attention.triton_ops.decode_attention import (
+        SplitCounters,
+        decode_attention_fwd,
+    )
+
+    k_buf, v_buf = _t(SLOTS, KV_HEADS, HEAD_DIM), _t(SLOTS, KV_HEADS, HEAD_DIM)
+    scale = HEAD_DIM**-0.5
+    for bs in (1, 8, 32):
+        req_to_token = torch.zeros(bs, MAX_CONTEXT, dtype=torch.int32)
+        rows, seq_lens = torch.arange(bs), torch.full((bs,), 900, dtype=torch.int32)
+        for q_len in (1, 16):
+            t = bs * q_len
+            q, out, positions = _t(t, HEADS, HEAD_DIM), _t(t, HEADS, HEAD_DIM), torch.zeros(
+                t, dtype=torch.int64)
+            args = (q, k_buf, v_buf, out, req_to_token, rows, seq_lens, positions, scale,
+                    q_len > 1)
+            builds.label(f"decode_attention bs={bs} q_len={q_len}")
+            for splits in (1, 4, 16):
+                decode_attention_fwd(*args, num_kv_splits=splits)
+                decode_attention_fwd(*args, num_kv_splits=splits, merge="in_kernel",
+                                     counters=SplitCounters())
+            builds.label(f"single-pass attention bs={bs} q_len={q_len}", candidate=True)
+            for block_n, warps, stages in SINGLE_PASS_CANDIDATES:
+                decode_attention_fwd(*args, single_pass=tiling.SinglePassTile(block_n, warps,
+                                                                              stages))
+            if q_len > 1:
+                builds.label(f"ragged verify bs={bs} tokens={t}")
+                zeros = torch.zeros(bs, dtype=torch.int32)
+                ragged = RaggedRequests(rows, zeros + q_len, seq_lens, zeros, q_len)
+                for splits in (1, 4, 16):
+                    decode_attention_fwd(*args, num_kv_splits=splits, ragged=ragged)
+
+
+# kernel_candidates.sh's single-pass tiles: block_n, num_warps, num_stages
+SINGLE_PASS_CANDIDATES = [(64, 4, 2), (128, 4, 2), (128, 8, 2), (256, 8, 1)]
+
+
+def _sampling_launches(builds: Builds) -> None:
+    from sglang_aux.srt.sampling.top_k_top_p_kernel import top_k_top_p_kernel
+
+    for rows, vocab in ((1, VOCAB), (32, VOCAB), (4, 512)):  # 512: one chunk
+        builds.label(f"top_k_top_p rows={rows} vocab={vocab}")
+        per_row = torch.empty(rows, dtype=torch.float32)
+        top_k_top_p_kernel(_t(rows, vocab), per_row, torch.empty(rows, dtype=torch.int64),
+                           per_row, _t(rows, vocab, dtype=torch.float32))
+
+
+def qwen_launches(builds: Builds) -> None:
+    """Every Triton launcher of the decode and verify steps (and the kernel candidates) at
+    Qwen2.5-1.5B's shapes, inside `sm90_builds()`."""
+    _gemv_launches(builds)
+    _elementwise_launches(builds)
+    _attention_launches(builds)
+    _sampling_launches(builds)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", help="the builds as JSON")
+    args = p.parse_args()
+    with sm90_builds() as builds:
+        qwen_launches(builds)
+    print(f"{'kernel':<28} {'case':<44} {'warps':>5} {'stages':>6} {'regs':>4} {'spill':>5} "
+          f"{'smem':>7}  problem")
+    for b in builds.items:
+        case = f"{b.case}{' (candidate)' if b.candidate else ''}"
+        print(f"{b.kernel:<28} {case:<44} {b.num_warps:>5} {b.num_stages:>6} "
+              f"{b.registers:>4} {b.spill_bytes:>5} {b.shared_bytes:>7}  {b.problem or ''}")
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump({"triton": triton.__version__, "target": "sm_90",
+                       "builds": [asdict(b) for b in builds.items]}, f, indent=1)
+    print(f"{len(builds.items)} builds: {len(builds.problems())} with a problem, "
+          f"{len(builds.problems(candidates=False))} of them on a shipped path")
+    return 1 if builds.problems(candidates=False) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
