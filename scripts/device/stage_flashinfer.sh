@@ -9,11 +9,18 @@
 # tabulate, click, tqdm): about 20 MB in .carry/flashinfer.
 #
 # Here:    bash scripts/device/stage_flashinfer.sh            -> .carry/flashinfer
+#          bash scripts/device/stage_flashinfer.sh --aot      -> .carry/flashinfer/aot.tar.xz:
+#          the three attention modules bench_flashinfer_attention.py runs (decode, prefill fa2
+#          and fa3; bf16, head dim 128, int32 indices) compiled here for sm_90a with CUDA
+#          13.0's nvcc from PyPI (the device's), no GPU needed: ~15 minutes of this machine's
+#          two cores instead of minutes of device time
 # Device:  run(command="bash scripts/device/stage_flashinfer.sh --install && ...",
 #              carry=[".carry/flashinfer"])
-#          installs into /tmp/site (PYTHONPATH=/tmp/site:python); the first use JIT-compiles
-#          each module with the device's nvcc into ~/.cache/flashinfer (minutes, once per
-#          machine), e.g. benchmark/spec_decode/bench_flashinfer_attention.py.
+#          installs into /tmp/site (PYTHONPATH=/tmp/site:python) with the compiled modules
+#          as FlashInfer's AOT modules (flashinfer/data/aot/NAME/NAME.so: loaded, never
+#          rebuilt); a module that does not load there is dropped with a line saying why, and
+#          its first use JIT-compiles it with the device's nvcc into ~/.cache/flashinfer
+#          (minutes, once per machine), as every module not built here.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 CARRY=.carry/flashinfer
@@ -23,6 +30,24 @@ TVM_FFI=${TVM_FFI_VERSION:-0.1.15.post2}
 if [ "${1:-}" = "--install" ]; then
   python3 -m pip install -q --no-index --no-deps --target /tmp/site "$CARRY"/wheels/*.whl
   tar xJf "$CARRY"/flashinfer-slim.tar.xz -C /tmp/site
+  if [ -f "$CARRY"/aot.tar.xz ]; then
+    tar xJf "$CARRY"/aot.tar.xz -C /tmp/site
+    PYTHONPATH=/tmp/site python3 - <<'EOF'
+import pathlib
+import shutil
+
+import torch  # noqa: F401  (loads the libcudart the modules link)
+import tvm_ffi
+
+for so in sorted(pathlib.Path("/tmp/site/flashinfer/data/aot").glob("*/*.so")):
+    try:
+        tvm_ffi.load_module(str(so))
+    except Exception as e:
+        shutil.rmtree(so.parent)
+        print(f"flashinfer AOT {so.name[:60]}...: does not load here, JIT builds it "
+              f"({type(e).__name__}: {e})".splitlines()[0])
+EOF
+  fi
   FLASHINFER_CUDA_ARCH_LIST=${FLASHINFER_CUDA_ARCH_LIST:-9.0a} PYTHONPATH=/tmp/site \
     python3 -c "import flashinfer; print('flashinfer', flashinfer.__version__, 'installed')"
   exit 0
@@ -30,6 +55,53 @@ fi
 
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
+
+if [ "${1:-}" = "--aot" ]; then
+  [ -f "$CARRY"/flashinfer-slim.tar.xz ] || { echo "stage first: $0"; exit 2; }
+  # CUDA 13.0 as the device has it (nvcc 13.0; curand's headers: fa3 includes them)
+  python3 -m pip download -q --no-deps -d "$work/wheels" "nvidia-cuda-nvcc==13.0.88" \
+    "nvidia-cuda-runtime==13.0.*" "nvidia-cuda-cccl==13.0.*" "nvidia-cuda-crt==13.0.88" \
+    "nvidia-nvvm==13.0.88" "nvidia-curand>=10.4,<10.5"
+  for w in "$work"/wheels/*.whl; do python3 -m zipfile -e "$w" "$work/tk"; done
+  cuda=$work/tk/nvidia/cu13
+  chmod +x "$cuda"/bin/* "$cuda"/nvvm/bin/*
+  ln -s libcudart.so.13 "$cuda/lib/libcudart.so"
+  ln -s lib "$cuda/lib64"
+  # -lcuda at link time; the modules need none of its symbols (readelf: libcudart only)
+  echo > "$work/empty.c" && gcc -shared -Wl,-soname,libcuda.so.1 -o "$cuda/lib/libcuda.so" \
+    "$work/empty.c"
+  python3 -m pip install -q --no-deps --target "$work/site" "apache-tvm-ffi==$TVM_FFI" \
+    nvidia-ml-py einops tabulate ninja
+  tar xJf "$CARRY"/flashinfer-slim.tar.xz -C "$work/site"
+  PATH=$cuda/bin:$work/site/bin:$PATH CUDA_HOME=$cuda FLASHINFER_CUDA_ARCH_LIST=9.0a \
+    FLASHINFER_WORKSPACE_BASE="$work/jit" FLASHINFER_EXTRA_LDFLAGS="-L$cuda/lib" \
+    MAX_JOBS=${MAX_JOBS:-2} PYTHONPATH="$work/site" python3 - "$work/aot" <<'EOF'
+import pathlib
+import shutil
+import sys
+import time
+
+import torch
+from flashinfer.jit.attention import gen_batch_decode_module, gen_batch_prefill_module
+
+# bench_flashinfer_attention.py's modules: bf16 Q/KV/O, int32 indices, head dim 128, no
+# position encoding, sliding window or soft cap (decode; prefill and tensor-core decode)
+b, i32 = torch.bfloat16, torch.int32
+specs = [gen_batch_decode_module(b, b, b, i32, 128, 128, 0, False, False)]
+specs += [gen_batch_prefill_module(backend, b, b, b, i32, 128, 128, 0, False, False, False)
+          for backend in ("fa2", "fa3")]
+for spec in specs:
+    t0 = time.time()
+    spec.build()
+    dest = pathlib.Path(sys.argv[1], "flashinfer", "data", "aot", spec.name)
+    dest.mkdir(parents=True)
+    shutil.copy(spec.jit_library_path, dest / f"{spec.name}.so")
+    print(f"{spec.name[:60]}...: {time.time() - t0:.0f} s", file=sys.stderr)
+EOF
+  tar cf - -C "$work/aot" flashinfer | xz -T2 -6 > "$CARRY/aot.tar.xz"
+  du -sh "$CARRY/aot.tar.xz"
+  exit 0
+fi
 mkdir -p "$CARRY/wheels" "$work/site"
 py312=(--python-version 3.12 --platform manylinux_2_28_x86_64 --platform manylinux2014_x86_64
        --platform manylinux_2_17_x86_64 --only-binary=:all:)
