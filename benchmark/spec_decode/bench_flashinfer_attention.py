@@ -190,15 +190,20 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--smoke", action="store_true", help="CPU: tiny sizes, our path only")
     p.add_argument("--out", default=None)
-    args = p.parse_args(argv)
+    return run_and_report(p.parse_args(argv), SMOKE, run, _table)
+
+
+def run_and_report(args: argparse.Namespace, smoke: dict, run, table) -> dict:
+    """`run(args)` (with `--smoke`, `smoke`'s values over the args), the report written to
+    `--out` and its table printed; the report returned."""
     if args.smoke:
-        for key, value in SMOKE.items():
+        for key, value in smoke.items():
             setattr(args, key, value)
     report = run(args)
     if args.out:
         with open(args.out, "w") as f:
             json.dump(report, f, indent=1)
-    print(_table(report))
+    print(table(report))
     return report
 
 

@@ -11,7 +11,8 @@
 # Here:    bash scripts/device/stage_flashinfer.sh            -> .carry/flashinfer
 #          bash scripts/device/stage_flashinfer.sh --aot      -> .carry/flashinfer/aot.tar.xz:
 #          the three attention modules bench_flashinfer_attention.py runs (decode, prefill fa2
-#          and fa3; bf16, head dim 128, int32 indices) compiled here for sm_90a with CUDA
+#          and fa3; bf16, head dim 128, int32 indices) and the norm, SiLU-and-mul and RoPE
+#          modules of bench_flashinfer_elementwise.py, compiled here for sm_90a with CUDA
 #          13.0's nvcc from PyPI (the device's), no GPU needed: ~15 minutes of this machine's
 #          two cores instead of minutes of device time
 # Device:  run(command="bash scripts/device/stage_flashinfer.sh --install && ...",
@@ -82,12 +83,17 @@ import sys
 import time
 
 import torch
+from flashinfer.jit.activation import gen_act_and_mul_module
 from flashinfer.jit.attention import gen_batch_decode_module, gen_batch_prefill_module
+from flashinfer.jit.norm import gen_norm_module
+from flashinfer.jit.rope import gen_rope_module
 
 # bench_flashinfer_attention.py's modules: bf16 Q/KV/O, int32 indices, head dim 128, no
-# position encoding, sliding window or soft cap (decode; prefill and tensor-core decode)
+# position encoding, sliding window or soft cap (decode; prefill and tensor-core decode);
+# bench_flashinfer_elementwise.py's: the norms, SiLU-and-mul, RoPE
 b, i32 = torch.bfloat16, torch.int32
-specs = [gen_batch_decode_module(b, b, b, i32, 128, 128, 0, False, False)]
+specs = [gen_norm_module(), gen_act_and_mul_module("silu"), gen_rope_module(),
+         gen_batch_decode_module(b, b, b, i32, 128, 128, 0, False, False)]
 specs += [gen_batch_prefill_module(backend, b, b, b, i32, 128, 128, 0, False, False, False)
           for backend in ("fa2", "fa3")]
 for spec in specs:
