@@ -7,7 +7,7 @@ with its resource usage instead of running: its outputs stay unwritten. What thi
 the interpreter the CPU tests run under does not: code the compiler rejects, more shared memory
 than an SM has (a launch would fail), and registers spilled to local memory (slow).
 
-`qwen_launches()` drives every Triton launcher of the decode and verify steps at the
+`qwen_launches()` drives every Triton launcher of the decode, verify and prefill steps at the
 Qwen2.5-1.5B shapes the H200 runs (bf16; the candidates of docs/kernels.md with them):
 
     python -m sglang_aux.test.sm90_builds [--out builds.json]   # the table; exit status 1
@@ -291,6 +291,27 @@ def _attention_launches(builds: Builds) -> None:
                     decode_attention_fwd(*args, num_kv_splits=splits, ragged=ragged)
 
 
+def _prefill_launches(builds: Builds) -> None:
+    from sglang_aux.srt.layers.attention.triton_ops.extend_attention import extend_attention_fwd
+    from sglang_aux.srt.layers.quantization.mxfp8_kernels import quantize_mxfp8_triton
+
+    k_buf, v_buf = _t(SLOTS, KV_HEADS, HEAD_DIM), _t(SLOTS, KV_HEADS, HEAD_DIM)
+    for bs, extend, prefix in ((1, 4096, 0), (8, 256, 512)):  # a chunk; a mixed batch's arrivals
+        builds.label(f"extend_attention bs={bs} extend={extend} prefix={prefix}")
+        t = bs * extend
+        lens = torch.full((bs,), extend, dtype=torch.int32)
+        for splits in (None, 1, 4):
+            extend_attention_fwd(_t(t, HEADS, HEAD_DIM), k_buf, v_buf, _t(t, HEADS, HEAD_DIM),
+                                 torch.zeros(bs, MAX_CONTEXT, dtype=torch.int32),
+                                 torch.arange(bs), torch.arange(0, t, extend, dtype=torch.int32),
+                                 torch.full((bs,), prefix, dtype=torch.int32), lens, extend,
+                                 HEAD_DIM**-0.5, num_kv_splits=splits)
+    builds.label("mxfp8 quantize (staged aux states)")
+    for rows in (16, 4096):
+        quantize_mxfp8_triton(_t(rows, HIDDEN), _t(rows, HIDDEN, dtype=torch.float8_e4m3fn),
+                              _t(rows, HIDDEN // 32, dtype=torch.uint8))
+
+
 # kernel_candidates.sh's single-pass tiles: block_n, num_warps, num_stages
 SINGLE_PASS_CANDIDATES = [(64, 4, 2), (128, 4, 2), (128, 8, 2), (256, 8, 1)]
 
@@ -306,11 +327,12 @@ def _sampling_launches(builds: Builds) -> None:
 
 
 def qwen_launches(builds: Builds) -> None:
-    """Every Triton launcher of the decode and verify steps (and the kernel candidates) at
-    Qwen2.5-1.5B's shapes, inside `sm90_builds()`."""
+    """Every Triton launcher of the decode, verify and prefill steps (and the kernel
+    candidates) at Qwen2.5-1.5B's shapes, inside `sm90_builds()`."""
     _gemv_launches(builds)
     _elementwise_launches(builds)
     _attention_launches(builds)
+    _prefill_launches(builds)
     _sampling_launches(builds)
 
 
