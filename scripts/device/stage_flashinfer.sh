@@ -4,7 +4,8 @@
 # keep what the paged decode/prefill attention needs: every Python file, the header trees it
 # compiles against (include, cutlass, cccl, spdlog), and the csrc templates and headers its JIT
 # reads for the decode and prefill (fa2, fa3), norm, SiLU-and-mul, RoPE and page (KV append)
-# modules, found by generating those modules' JIT specs with an audit hook on file opens. 5.7 MB + all Python 10 MB of xz, plus the wheels it
+# modules, found by generating those modules' JIT specs with an audit hook on file opens (and
+# the .cu sources the specs name), 5.7 MB + all Python 10 MB of xz, plus the wheels it
 # imports that the device lacks (apache-tvm-ffi for CPython 3.12, nvidia-ml-py, ninja, einops,
 # tabulate, click, tqdm): about 20 MB in .carry/flashinfer.
 #
@@ -13,7 +14,7 @@
 #          the three attention modules bench_flashinfer_attention.py runs (decode, prefill fa2
 #          and fa3; bf16, head dim 128, int32 indices) and the norm, SiLU-and-mul and RoPE
 #          modules of bench_flashinfer_elementwise.py, compiled here for sm_90a with CUDA
-#          13.0's nvcc from PyPI (the device's), no GPU needed: ~15 minutes of this machine's
+#          13.0's nvcc from PyPI (the device's), no GPU needed: ~9 minutes of this machine's
 #          two cores instead of minutes of device time
 # Device:  run(command="bash scripts/device/stage_flashinfer.sh --install && ...",
 #              carry=[".carry/flashinfer"])
@@ -59,11 +60,22 @@ trap 'rm -rf "$work"' EXIT
 
 if [ "${1:-}" = "--aot" ]; then
   [ -f "$CARRY"/flashinfer-slim.tar.xz ] || { echo "stage first: $0"; exit 2; }
-  # CUDA 13.0 as the device has it (nvcc 13.0; curand's headers: fa3 includes them)
+  # CUDA 13.0 as the device has it (nvcc 13.0; curand's and cuBLASLt's headers: fa3 and the
+  # norms include them; of cuBLAS's 420 MB wheel only its headers are unpacked)
   python3 -m pip download -q --no-deps -d "$work/wheels" "nvidia-cuda-nvcc==13.0.88" \
     "nvidia-cuda-runtime==13.0.*" "nvidia-cuda-cccl==13.0.*" "nvidia-cuda-crt==13.0.88" \
-    "nvidia-nvvm==13.0.88" "nvidia-curand>=10.4,<10.5"
-  for w in "$work"/wheels/*.whl; do python3 -m zipfile -e "$w" "$work/tk"; done
+    "nvidia-nvvm==13.0.88" "nvidia-curand>=10.4,<10.5" "nvidia-cublas>=13.0,<13.1"
+  python3 - "$work/wheels" "$work/tk" <<'EOF'
+import pathlib
+import sys
+import zipfile
+
+for wheel in pathlib.Path(sys.argv[1]).glob("*.whl"):
+    with zipfile.ZipFile(wheel) as z:
+        names = [n for n in z.namelist()
+                 if not wheel.name.startswith("nvidia_cublas") or "/include/" in n]
+        z.extractall(sys.argv[2], names)
+EOF
   cuda=$work/tk/nvidia/cu13
   chmod +x "$cuda"/bin/* "$cuda"/nvvm/bin/*
   ln -s libcudart.so.13 "$cuda/lib/libcudart.so"
@@ -142,9 +154,13 @@ for head_dim in (64, 128):
     for backend in ("fa2", "fa3"):
         jit.gen_batch_prefill_module(backend, b, b, b, i32, head_dim, head_dim, 0, False, False,
                                      False)
-gen_norm_module(), gen_act_and_mul_module("silu"), gen_rope_module(), gen_page_module()
+modules = [gen_norm_module(), gen_act_and_mul_module("silu"), gen_rope_module(),
+           gen_page_module()]
 root = os.path.join(site, "flashinfer")
 keep = {f for f in opened if f.startswith(root) and os.path.isfile(f)}
+# their .cu sources are compiled, not opened, when a spec is made (norm.cu and its binding)
+keep |= {os.fspath(src) for spec in modules for src in spec.sources
+         if os.fspath(src).startswith(root)}
 for top, _, names in os.walk(root):
     data = os.path.relpath(top, root).split(os.sep)
     for name in names:
