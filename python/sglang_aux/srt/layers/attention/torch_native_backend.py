@@ -69,8 +69,8 @@ class TorchNativeAttnBackend(AttentionBackend):
             if ext == 0:  # a padded request of a captured EXTEND graph
                 continue
             slots = fb.req_to_token_pool.req_to_token[fb.req_pool_indices[i], : prefix + ext]
-            keys = pool.k_buffer[layer.layer_id][slots].to(q.dtype)  # [L, KVH, D]
-            vals = pool.v_buffer[layer.layer_id][slots].to(q.dtype)
+            keys = _gather(pool.k_buffer[layer.layer_id], slots, q.dtype)  # [L, KVH, D]
+            vals = _gather(pool.v_buffer[layer.layer_id], slots, q.dtype)
             qi = q[start : start + ext]  # [ext, H, D]
             q_pos = torch.arange(prefix, prefix + ext, device=q.device)[:, None]
             mask = _visible(q_pos, torch.arange(prefix + ext, device=q.device), layer)
@@ -90,8 +90,8 @@ class TorchNativeAttnBackend(AttentionBackend):
             if shared is not None:
                 return shared
         slots = fb.req_to_token_pool.req_to_token[fb.req_pool_indices, :kv_len]  # [bs, L]
-        keys = fb.token_to_kv_pool.k_buffer[layer.layer_id][slots].to(q.dtype)  # [bs, L, KVH, D]
-        vals = fb.token_to_kv_pool.v_buffer[layer.layer_id][slots].to(q.dtype)
+        keys = _gather(fb.token_to_kv_pool.k_buffer[layer.layer_id], slots, q.dtype)  # [bs, L, ..]
+        vals = _gather(fb.token_to_kv_pool.v_buffer[layer.layer_id], slots, q.dtype)
         key_pos = torch.arange(kv_len, device=q.device)
         mask = _visible(fb.positions.view(bs, q_len, 1), key_pos, layer)  # [bs, Q, L]
         mask = mask & (key_pos < fb.seq_lens[:, None, None])
@@ -115,8 +115,8 @@ class TorchNativeAttnBackend(AttentionBackend):
         offset = torch.arange(n, device=rows.device) - starts[run]
         width = int(offset.max()) + 1
         slots = fb.req_to_token_pool.req_to_token[rows[starts], :kv_len]  # [runs, L]
-        keys = fb.token_to_kv_pool.k_buffer[layer.layer_id][slots].to(q.dtype)
-        vals = fb.token_to_kv_pool.v_buffer[layer.layer_id][slots].to(q.dtype)
+        keys = _gather(fb.token_to_kv_pool.k_buffer[layer.layer_id], slots, q.dtype)
+        vals = _gather(fb.token_to_kv_pool.v_buffer[layer.layer_id], slots, q.dtype)
         # a run's unused query slots see key 0 only, so no row of the softmax is empty
         q_pos = torch.zeros((runs, width), dtype=fb.positions.dtype, device=q.device)
         seq = torch.ones((runs, width), dtype=fb.seq_lens.dtype, device=q.device)
@@ -126,6 +126,13 @@ class TorchNativeAttnBackend(AttentionBackend):
         queries = q.new_zeros((runs, width, *q.shape[1:]))
         queries[run, offset] = q
         return _sdpa(queries, keys, vals, mask, layer.scaling)[run, offset]
+
+
+def _gather(buf: torch.Tensor, slots: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """`buf` `[slots, KVH, D]`'s rows at `slots` (any shape): `[*slots.shape, KVH, D]` in
+    `dtype`. One index_select over the flattened slots: the same copy as `buf[slots]`, about
+    4x faster on the CPU, where a decode step re-reads every cached key of every layer."""
+    return buf.index_select(0, slots.reshape(-1)).view(*slots.shape, *buf.shape[1:]).to(dtype)
 
 
 def _visible(q_pos: torch.Tensor, key_pos: torch.Tensor, layer: RadixAttention) -> torch.Tensor:
