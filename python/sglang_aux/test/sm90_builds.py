@@ -153,20 +153,23 @@ def sm90_builds() -> Iterator[Builds]:
     def resolve_pdl(pdl: bool | None, _x: torch.Tensor) -> bool:
         return bool(pdl) if pdl is not None else os.environ.get(grid_dependency.ENV_VAR) == "1"
 
-    patched = [(m, "resolve_pdl") for m in list(sys.modules.values())
-               if getattr(m, "resolve_pdl", None) is grid_dependency.resolve_pdl]
-    originals = [(m, name, getattr(m, name)) for m, name in patched]
+    def rebind(old, new) -> None:
+        """Every loaded module's `resolve_pdl` that is `old` becomes `new` (launchers bind it
+        at import; one imported inside the block binds the stand-in)."""
+        for m in list(sys.modules.values()):
+            if getattr(m, "resolve_pdl", None) is old:
+                m.resolve_pdl = new
+
+    real_resolve_pdl = grid_dependency.resolve_pdl
     previous = triton_driver._active  # None until a driver was asked for: no GPU driver here
     triton_driver.set_active(_SM90Driver())
     JITFunction._do_compile = do_compile
-    for m, name in patched:
-        setattr(m, name, resolve_pdl)
+    rebind(real_resolve_pdl, resolve_pdl)
     try:
         yield builds
     finally:
         JITFunction._do_compile = real_compile
-        for m, name, fn in originals:
-            setattr(m, name, fn)
+        rebind(resolve_pdl, real_resolve_pdl)
         triton_driver._active = previous
         for fn in touched:  # their binders were made for the H200 target
             fn.device_caches.clear()

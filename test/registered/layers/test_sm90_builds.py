@@ -66,5 +66,23 @@ def test_a_launch_inside_is_built_not_run_and_outside_untouched():
             rope_store(*args)
 
 
+def test_the_pdl_check_is_back_after_the_block_in_modules_imported_inside():
+    import importlib
+
+    import torch
+
+    from sglang_aux.srt.layers.triton_ops import grid_dependency
+
+    name = "sglang_aux.srt.layers.triton_ops.paired_row_gemv"
+    sys.modules.pop(name, None)  # first imported inside the block
+    with sm90_builds.sm90_builds():
+        paired = importlib.import_module(name)
+        assert paired.resolve_pdl(True, torch.empty(1)) is True  # the H200's answer
+    assert paired.resolve_pdl is grid_dependency.resolve_pdl
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="programmatic dependent launch"):
+            paired.resolve_pdl(True, torch.empty(1))
+
+
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-q"]))
