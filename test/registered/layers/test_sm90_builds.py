@@ -1,17 +1,20 @@
-"""Every Triton launch of a Qwen2.5-1.5B decode and verify step, and every kernel candidate
-the device scripts time, builds for the H200 (sm_90) on this machine without a GPU
-and the sampler's top-k / top-p kernels (`sglang_aux.test.sm90_builds`): the interpreter the
+"""Every Triton launch of a Qwen2.5-1.5B decode, verify and prefill step (the sampler's top-k /
+top-p included), and every kernel candidate the device scripts time, builds for the H200
+(sm_90) on this machine without a GPU (`sglang_aux.test.sm90_builds`): the interpreter the
 other CPU tests use accepts what the compiler rejects (a non-constexpr global, a type that
-differs between the branches of an `if`), and a launch past the SM's shared memory fails
-only on the device. Shipped
-paths must not spill registers either; a candidate's spill is reported (its bench decides)."""
+differs between the branches of an `if`), and a launch past the SM's shared memory fails only
+on the device. Shipped paths must not spill registers either; a candidate's spill is reported
+(its bench decides)."""
 
 import os
 import sys
 
 import pytest
+import triton
+import triton.language as tl
 
-from sglang_aux.test import sm90_builds  # noqa: I001  (turns the interpreter off: first)
+# turns the interpreter off before this file's kernel is defined
+from sglang_aux.test import sm90_builds  # noqa: I001
 from sglang_aux.test.ci.ci_register import register_cpu_ci
 
 register_cpu_ci(est_time=150, suite="default")
@@ -64,6 +67,22 @@ def test_a_launch_inside_is_built_not_run_and_outside_untouched():
     if not torch.cuda.is_available():  # after the block, launches need a driver again
         with pytest.raises(RuntimeError):
             rope_store(*args)
+
+
+@triton.jit
+def _rejected_kernel(X, N):
+    x = tl.load(X + tl.arange(0, N))  # N is not a constexpr: the compiler refuses the range
+    tl.store(X + tl.arange(0, 16), x)
+
+
+def test_a_build_the_compiler_rejects_is_recorded_with_its_reason():
+    import torch
+
+    with sm90_builds.sm90_builds() as recorded:
+        _rejected_kernel[(1,)](torch.empty(16), 16)
+    [build] = recorded.items
+    assert build.kernel == "_rejected_kernel" and "constexpr" in build.error
+    assert build.problem == build.error and recorded.problems()
 
 
 def test_the_pdl_check_is_back_after_the_block_in_modules_imported_inside():
