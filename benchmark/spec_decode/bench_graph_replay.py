@@ -1,12 +1,14 @@
-"""Replay time and kernels per layer of the captured decode and target-verify graphs.
+"""Replay time and kernels per layer of the captured decode, target-verify and draft graphs.
 
     python benchmark/spec_decode/bench_graph_replay.py --presets smollm2-shaped bench-llama \
-        --decode-bs 1 8 32 --verify-bs 1 32 --context 900 --out graph_replay.json
+        --decode-bs 1 8 32 --verify-bs 1 32 --draft-bs 1 32 --context 900 \
+        --out graph_replay.json
 
-For each preset (random weights, `--load-format dummy`), a target-only engine's DECODE graphs
-and a DFLASH engine's TARGET_VERIFY graphs (block of the `<preset>-dflash` draft) are replayed
-over live-looking inputs: every request row maps `--context` tokens to distinct KV slots, so
-attention reads a real context. Replay ms is the median of CUDA-event timings over `--iters`
+For each preset (random weights, `--load-format dummy`), a target-only engine's DECODE graphs,
+and a DFLASH engine's TARGET_VERIFY graphs and its draft's DRAFT_BLOCK graphs (the block of
+the `<preset>-dflash` draft), are replayed over live-looking inputs: every request row maps
+`--context` tokens to distinct KV slots (the draft's: its own context K/V), so attention reads
+a real context. Replay ms is the median of CUDA-event timings over `--iters`
 replays after warm-up. Kernels per layer: GPU kernels launched by one eager forward of the same
 captured batch (the graph holds the same kernels), divided by the layer count. Bandwidth
 (`step_bandwidth.py`): the bytes a step reads (weights, K/V of the context), their rate at the
@@ -15,7 +17,8 @@ with `--kernel-table N` (default 12 on CUDA) each replay's N costliest kernels.
 `--triton-attention-decode-merge in_kernel` measures the one-launch decode attention.
 `--block-gemv` times each graph a second time, captured with the block
 GEMV candidate routed in for 2..32-row projections (`block_gemv_routing.py`), as
-`DECODE+block_gemv` / `TARGET_VERIFY+block_gemv`.
+`DECODE+block_gemv` / `TARGET_VERIFY+block_gemv` / `DRAFT_BLOCK+block_gemv` (`routed_calls`:
+the engine's, a DFLASH engine's verify and draft graphs together).
 `--pdl on` launches our kernels (row GEMVs, RMSNorm, RoPE + KV store, SiLU-mul) dependent
 (programmatic dependent launch, a bench-only candidate: it sets `SGLANG_AUX_PDL=1` for this
 process, `triton_ops/grid_dependency.py`); run it beside `--pdl off` in the same call.
@@ -40,10 +43,12 @@ from sglang_aux.srt.layers.triton_ops.grid_dependency import ENV_VAR as PDL_ENV_
 from sglang_aux.srt.model_executor.runner.forward_layout import ForwardInputs
 from sglang_aux.srt.server_args import TRITON_DECODE_MERGES
 
+# the graph each size list times: a target-only engine's; a DFLASH engine's target and draft
+RUNNERS = {"decode": "model_runner", "verify": "target_runner", "draft": "draft_runner"}
 
-def _runner_and_graphs(engine: Engine, verify: bool):
-    worker = engine.worker
-    runner = worker.target_runner if verify else worker.model_runner
+
+def _runner_and_graphs(engine: Engine, graph: str):
+    runner = getattr(engine.worker, RUNNERS[graph])
     return runner, runner.step_graphs
 
 
@@ -105,17 +110,28 @@ def _kernels(runner, graph_runner, i: int) -> int | None:
     return sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
 
 
-def measure(preset: str, verify: bool, sizes: list[int], args) -> list[dict]:
+def measure(preset: str, graphs: dict[str, list[int]], args) -> list[dict]:
+    """One engine (target-only for "decode", DFLASH for "verify" and "draft"), each graph
+    kind's sizes replayed."""
     extra = {}
-    if verify:
+    if "decode" not in graphs:
         extra = {"speculative_algorithm": "DFLASH",
                  "speculative_draft_model_path": f"{preset}-dflash"}
+    sizes = sorted({bs for s in graphs.values() for bs in s})
     engine = Engine(model_path=preset, load_format="dummy", device=args.device,
-                    max_running_requests=max(sizes), cuda_graph_bs_decode=sorted(set(sizes)),
+                    max_running_requests=max(sizes), cuda_graph_bs_decode=sizes,
                     context_length=args.context + 64,
                     triton_attention_decode_merge=args.triton_attention_decode_merge,
                     decode_gemv_backend=args.decode_gemv_backend, **extra)
-    runner, gr = _runner_and_graphs(engine, verify)
+    rows = []
+    for graph, graph_sizes in graphs.items():
+        rows += _replay_rows(engine, preset, graph, graph_sizes, args)
+    del engine
+    return rows
+
+
+def _replay_rows(engine: Engine, preset: str, graph: str, sizes: list[int], args) -> list[dict]:
+    runner, gr = _runner_and_graphs(engine, graph)
     layers = runner.model_config.num_layers
     rows = []
     for bs in sizes:
@@ -139,14 +155,13 @@ def measure(preset: str, verify: bool, sizes: list[int], args) -> list[dict]:
             row["kernel_table"] = kernel_table(lambda i=i: gr.backend.replay(gr.graphs[i]),
                                                args.kernel_table)
         rows.append(row)
-    del engine
     return rows
 
 
-def measure_block_gemv(preset: str, verify: bool, batch_sizes: list[int], args) -> list[dict]:
+def measure_block_gemv(preset: str, graphs: dict[str, list[int]], args) -> list[dict]:
     """The graphs again, captured with the block GEMV candidate routed in."""
     with route_block_gemv() as routed:
-        rows = measure(preset, verify, batch_sizes, args)
+        rows = measure(preset, graphs, args)
     calls = {f"{site}/{m}": n for (site, m), n in sorted(routed.items())}
     return [r | {"graph": f"{r['graph']}+block_gemv", "routed_calls": calls} for r in rows]
 
@@ -156,6 +171,8 @@ def main() -> None:
     p.add_argument("--presets", nargs="+", default=["smollm2-shaped", "bench-llama"])
     p.add_argument("--decode-bs", type=int, nargs="*", default=[1, 8, 32])
     p.add_argument("--verify-bs", type=int, nargs="*", default=[1, 32])
+    p.add_argument("--draft-bs", type=int, nargs="*", default=[],
+                   help="the DFLASH engine's draft block graphs at these batch sizes")
     p.add_argument("--context", type=int, default=900)
     p.add_argument("--iters", type=int, default=200)
     p.add_argument("--device", default="auto")
@@ -181,12 +198,14 @@ def main() -> None:
     args.copy_tb_s = copy_bandwidth(device) / 1e12
     print(f"device-to-device copy: {args.copy_tb_s:.2f} TB/s (read + written)")
     rows = []
+    engines = [{"decode": args.decode_bs}, {"verify": args.verify_bs, "draft": args.draft_bs}]
     for preset in args.presets:
-        for verify, sizes in ((False, args.decode_bs), (True, args.verify_bs)):
-            if sizes:
-                rows += measure(preset, verify, sizes, args)
+        for graphs in engines:
+            graphs = {graph: sizes for graph, sizes in graphs.items() if sizes}
+            if graphs:
+                rows += measure(preset, graphs, args)
                 if args.block_gemv:
-                    rows += measure_block_gemv(preset, verify, sizes, args)
+                    rows += measure_block_gemv(preset, graphs, args)
     decode_bs1 = {r["preset"]: r["replay_ms"] for r in rows
                   if r["graph"] == "DECODE" and r["bs"] == 1}
     print(f"{'preset':>15} {'graph':>24} {'bs':>4} {'replay ms':>10} {'kern/layer':>10} "

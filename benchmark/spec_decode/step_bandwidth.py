@@ -23,14 +23,17 @@ def _nbytes(t: torch.Tensor) -> int:
 
 
 def weight_bytes(model: nn.Module, hf_config, tokens: int) -> int:
-    """Weight bytes a forward of `tokens` tokens reads."""
+    """Weight bytes a forward of `tokens` tokens reads: `tokens` rows of the embedding, the
+    whole LM head, each other parameter (MoE experts by the share `tokens` reach). A DFlash
+    draft's embedding and head are the target's, borrowed, not its parameters: counted too."""
     embed = model.get_input_embeddings().weight
     head = model.lm_head_weight
     experts = getattr(hf_config, "num_experts", 0) or 0
     top_k = getattr(hf_config, "num_experts_per_tok", 0) or 0
     reached = experts * (1 - (1 - top_k / experts) ** tokens) if experts else 0.0
     total = 0.0
-    for name, p in model.named_parameters():  # a tied head is listed once, as the embedding
+    params = dict(model.named_parameters())  # a tied head is listed once, as the embedding
+    for name, p in params.items():
         if p is embed:
             rows = min(tokens, p.shape[0]) if head is not embed else p.shape[0]
             total += _nbytes(p) * rows / p.shape[0]
@@ -38,6 +41,11 @@ def weight_bytes(model: nn.Module, hf_config, tokens: int) -> int:
             total += _nbytes(p) * reached / experts
         else:
             total += _nbytes(p)
+    owned = {id(p) for p in params.values()}
+    if id(embed) not in owned and embed is not head:
+        total += _nbytes(embed) * min(tokens, embed.shape[0]) / embed.shape[0]
+    if id(head) not in owned:
+        total += _nbytes(head)
     return int(total)
 
 

@@ -13,7 +13,7 @@ export PYTHONPATH=$PWD/python:$PWD/benchmark/spec_decode
 bench=benchmark/spec_decode
 . scripts/device/timed_steps.sh
 
-step tests 170 python -m pytest -q \
+step tests 165 python -m pytest -q \
   test/registered/layers/test_block_gemv_cuda.py \
   test/registered/model_executor/test_ragged_step_prologue_cuda.py \
   "test/registered/attention/test_triton_backend_cuda.py::test_ragged_verify_graph_matches_torch_native" \
@@ -21,16 +21,16 @@ step tests 170 python -m pytest -q \
   test/registered/speculative/test_dspark_worker_cuda.py \
   test/registered/speculative/test_acceptance_law_cuda.py
 # the ragged verify attention against the per-token path and the static layout
-step ragged_attention 60 python "$bench/bench_decode_attention.py" --ragged --bs 1 8 32 \
+step ragged_attention 55 python "$bench/bench_decode_attention.py" --ragged --bs 1 8 32 \
   --contexts 900 --q-lens 16 --out "$out/ragged_verify_attention.json"
 # the block GEMV per projection at 16 rows (8 and 32 for reference), nine tile variants
-step block_gemv 90 python "$bench/bench_block_gemv.py" --iters 100 --rows 16 8 32 \
+step block_gemv 85 python "$bench/bench_block_gemv.py" --iters 100 --rows 16 8 32 \
   --configs 16:256:1:4:1:1 16:128:1:4:3:0 32:256:1:4:1:1 32:128:2:4:3:0 16:256:4:4:1:1 \
   32:256:4:4:1:1 64:128:1:4:3:1 64:256:1:8:3:0 128:128:1:8:3:0 --out "$out/block_gemv.json"
-# the bs-8 and bs-32 decode graphs (8 and 32 rows) and the bs-1 verify (16) with and without
-# the candidate, and the bs-32 verify (512 rows: cuBLAS either way) for reference
-step replay_block_gemv 90 python "$bench/bench_graph_replay.py" --presets qwen2.5-1.5b-shaped \
-  --decode-bs 8 32 --verify-bs 1 32 --decode-gemv-backend triton --block-gemv \
+# the bs-8 and bs-32 decode graphs (8 and 32 rows), the bs-1 verify and draft block (16) with
+# and without the candidate, and the bs-32 verify and draft (512 rows: cuBLAS either way)
+step replay_block_gemv 105 python "$bench/bench_graph_replay.py" --presets qwen2.5-1.5b-shaped \
+  --decode-bs 8 32 --verify-bs 1 32 --draft-bs 1 32 --decode-gemv-backend triton --block-gemv \
   --out "$out/replay_block_gemv.json"
 # a DFlash step at 1, 8 and 32 requests, static and compact, against target-only
 step dflash_step 150 python "$bench/bench_dflash_step.py" --bs 1 8 32 \

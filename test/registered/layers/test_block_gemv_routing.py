@@ -95,16 +95,24 @@ def test_graph_replay_times_the_routed_graphs(tmp_path, monkeypatch):
     out = tmp_path / "replay.json"
     monkeypatch.setattr(sys, "argv", ["bench_graph_replay.py", "--device", "cpu", "--iters", "1",
                                       "--presets", "tiny-llama", "--decode-bs", "2",
-                                      "--verify-bs", "1", "--context", "16",
+                                      "--verify-bs", "1", "--draft-bs", "1", "--context", "16",
                                       "--block-gemv", "--out", str(out)])
     bench_graph_replay.main()
     rows = json.loads(out.read_text())["rows"]
-    assert [r["graph"] for r in rows] == ["DECODE", "DECODE+block_gemv", "TARGET_VERIFY",
-                                          "TARGET_VERIFY+block_gemv"]
-    for plain, routed, m in ((rows[0], rows[1], 2), (rows[2], rows[3], rows[3]["tokens_per_req"])):
-        calls = routed["routed_calls"]  # m: the decode's 2 requests, the verify's block
+    assert [r["graph"] for r in rows] == [
+        "DECODE", "DECODE+block_gemv", "TARGET_VERIFY", "DRAFT_BLOCK",
+        "TARGET_VERIFY+block_gemv", "DRAFT_BLOCK+block_gemv"]
+    pairs = ((rows[0], rows[1], 2), (rows[2], rows[4], rows[4]["tokens_per_req"]),
+             (rows[3], rows[5], rows[5]["tokens_per_req"]))
+    for plain, routed, m in pairs:
+        # m: the decode's 2 requests, the block (a DFLASH engine's calls: its verify and
+        # draft graphs' together)
+        calls = routed["routed_calls"]
         assert {f"linear/{m}", f"norm_linear/{m}", f"lm_head/{m}"} <= set(calls), calls
         assert "routed_calls" not in plain and routed["replay_ms"] > 0
+    # the draft's block: its own layers, the target's head it borrows
+    assert rows[3]["tokens_per_req"] == rows[2]["tokens_per_req"]
+    assert 0 < rows[3]["weight_bytes"] < rows[2]["weight_bytes"]
 
 
 if __name__ == "__main__":

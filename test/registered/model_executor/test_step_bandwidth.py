@@ -1,6 +1,7 @@
 """The bytes a step reads (benchmark/spec_decode/step_bandwidth.py), by hand on tiny models: a
 tied LM head read once as the head, an untied embedding only for the step's tokens, routed
-experts in the expected number of distinct ones, K/V per request of its context; and
+experts in the expected number of distinct ones, a DFlash draft's own weights and the target
+head it borrows, K/V per request of its context; and
 bench_graph_replay's CPU run reporting them beside the copy bandwidth."""
 
 import json
@@ -27,9 +28,15 @@ def _script(name: str):
 @pytest.fixture(scope="module")
 def engines(tmp_path_factory):
     root = tmp_path_factory.mktemp("ckpt")
-    return {p: Engine(model_path=tiny_checkpoint(p, root), device="cpu", dtype="float32",
-                      max_total_tokens=512, max_running_requests=2)
-            for p in ("tiny-llama", "tiny-k3")}
+    engines = {p: Engine(model_path=tiny_checkpoint(p, root), device="cpu", dtype="float32",
+                         max_total_tokens=512, max_running_requests=2)
+               for p in ("tiny-llama", "tiny-k3")}
+    engines["dflash"] = Engine(model_path=tiny_checkpoint("tiny-llama", root), device="cpu",
+                               dtype="float32", max_total_tokens=512, max_running_requests=2,
+                               speculative_algorithm="DFLASH",
+                               speculative_draft_model_path=tiny_checkpoint("tiny-llama-dflash",
+                                                                            root))
+    return engines
 
 
 def _all_bytes(model) -> int:
@@ -46,6 +53,20 @@ def test_tied_head_is_read_once_whole(engines):
     assert sb.weight_bytes(runner.model, cfg, 64) == _all_bytes(runner.model)
     kv = 4 * 2 * 2 * 16 * 4  # layers x (K, V) x kv heads x head_dim x fp32
     assert sb.kv_bytes(runner.token_to_kv_pool, 3, 100, 4) == kv * 3 * 104
+
+
+def test_a_draft_reads_its_own_weights_and_the_head_it_borrows(engines):
+    sb = _script("step_bandwidth")
+    worker = engines["dflash"].worker
+    draft, target = worker.draft_runner.model, worker.target_runner.model
+    head = target.lm_head_weight
+    assert draft.lm_head_weight is head and draft.get_input_embeddings() is (
+        target.get_input_embeddings())
+    assert all(p is not head for p in draft.parameters())
+    # tied (tiny-llama): the head once, whole, whatever the tokens
+    want = _all_bytes(draft) + head.numel() * head.element_size()
+    cfg = worker.draft_runner.model_config.hf_config
+    assert sb.weight_bytes(draft, cfg, 1) == sb.weight_bytes(draft, cfg, 16) == want
 
 
 def test_untied_embedding_rows_and_routed_experts(engines):

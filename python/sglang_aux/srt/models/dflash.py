@@ -79,6 +79,15 @@ class DFlashDraftModel(nn.Module):
             raise RuntimeError("call set_target_modules(...) before running the draft")
         return self._target[name]
 
+    def get_input_embeddings(self) -> nn.Embedding:
+        """The target's embedding (borrowed), as a target model answers."""
+        return self._borrowed("embed")
+
+    @property
+    def lm_head_weight(self) -> torch.Tensor:
+        """The target's LM head (borrowed), as a target model answers."""
+        return self._borrowed("lm_head")
+
     def quantize_fc_mxfp8(self) -> None:
         """Keep `fc` as MXFP8 (weights quantized once, here); every projection then runs the
         MXFP8 GEMM, from a concat of aux rows or from a staged input alike."""
@@ -208,8 +217,9 @@ class DFlashDraftModel(nn.Module):
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 forward_batch: ForwardBatch) -> LogitsProcessorOutput:
         """Logits `[bs * B, vocab]` for every block position (DRAFT_BLOCK batches)."""
-        hidden = self.block_hidden(self._borrowed("embed")(input_ids), positions, forward_batch)
-        return self.logits_processor(hidden, self._borrowed("lm_head"), forward_batch)
+        hidden = self.block_hidden(self.get_input_embeddings()(input_ids), positions,
+                                   forward_batch)
+        return self.logits_processor(hidden, self.lm_head_weight, forward_batch)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Published drafts name tensors without the `model.` prefix (stripped when present);

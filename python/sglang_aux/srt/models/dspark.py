@@ -101,8 +101,9 @@ class DSparkDraftModel(DFlashDraftModel):
                 forward_batch: ForwardBatch) -> LogitsProcessorOutput:
         """The DFlash draft's block logits `[bs * num_proposals, vocab]`, with every row's final
         hidden state `[bs * num_proposals, H]` kept: the confidence head reads them."""
-        hidden = self.block_hidden(self._borrowed("embed")(input_ids), positions, forward_batch)
-        out = self.logits_processor(hidden, self._borrowed("lm_head"), forward_batch)
+        hidden = self.block_hidden(self.get_input_embeddings()(input_ids), positions,
+                                   forward_batch)
+        out = self.logits_processor(hidden, self.lm_head_weight, forward_batch)
         out.hidden_states = hidden
         return out
 
