@@ -282,6 +282,8 @@ def _attention_launches(builds: Builds) -> None:
                 decode_attention_fwd(*args, num_kv_splits=splits)
                 decode_attention_fwd(*args, num_kv_splits=splits, merge="in_kernel",
                                      counters=SplitCounters())
+                if q_len > 1:  # the draft's block sees all of itself
+                    decode_attention_fwd(*args[:-1], False, num_kv_splits=splits)
             builds.label(f"single-pass attention bs={bs} q_len={q_len}", candidate=True)
             for block_n, warps, stages in SINGLE_PASS_CANDIDATES:
                 decode_attention_fwd(*args, single_pass=tiling.SinglePassTile(block_n, warps,
