@@ -62,6 +62,8 @@ class Run:
     latency: float
     completion_tokens: int
     score: float | None = None  # pass@1 (HumanEval) or accuracy (GSM8K) of the whole run
+    # a scored HumanEval run: each problem's sandbox verdict (passed, failed, timeout, ...)
+    verdicts: dict[str, str] | None = None
 
 
 @dataclass(frozen=True)
@@ -70,13 +72,19 @@ class Task:
     stop: list[str]
 
 
-def pass_at_1(problems: list[Problem], completions: list[str], timeout_s: float,
-              workers: int) -> float:
-    """The share of problems whose completion passes its tests, each run sandboxed."""
+def sandbox_verdicts(problems: list[Problem], completions: list[str], timeout_s: float,
+                     workers: int) -> dict[str, str]:
+    """Each problem's verdict (task id -> `code_sandbox.Verdict`), its completion run with its
+    tests sandboxed."""
     with ThreadPoolExecutor(workers) as pool:
         results = list(pool.map(lambda pc: run_program(pc[0].program(pc[1]), timeout_s=timeout_s),
                                 zip(problems, completions, strict=True)))
-    return sum(r.passed for r in results) / max(len(results), 1)
+    return {p.task_id: r.verdict for p, r in zip(problems, results, strict=True)}
+
+
+def pass_at_1(verdicts: dict[str, str]) -> float:
+    """The share of problems whose completion passed its tests."""
+    return sum(v == "passed" for v in verdicts.values()) / max(len(verdicts), 1)
 
 
 def _generate(client: Client, prompts: list[str], stop: list[str], max_new_tokens: int,
@@ -91,12 +99,12 @@ def _generate(client: Client, prompts: list[str], stop: list[str], max_new_token
 
 
 def _run(config: str, task: str, outs: list[dict], latency: float, parallel: int,
-         score: float | None) -> Run:
+         score: float | None, verdicts: dict[str, str] | None) -> Run:
     metas = [o["meta_info"] for o in outs]
     tokens = sum(m["completion_tokens"] for m in metas)
     accept = [m.get("spec_accept_length") or 1.0 for m in metas]
     return Run(config, task, parallel, len(outs), sum(accept) / len(accept),
-               tokens / latency if latency > 0 else 0.0, latency, tokens, score)
+               tokens / latency if latency > 0 else 0.0, latency, tokens, score, verdicts)
 
 
 def make_tasks(args: argparse.Namespace, tokenizer: Tokenizer
@@ -140,23 +148,25 @@ def evaluate_config(args: argparse.Namespace, config: str, tasks: dict[str, Task
                 prompts = task.prompts[: args.num_sequential] if parallel == 1 else task.prompts
                 outs, latency = _generate(client, prompts, task.stop, args.max_new_tokens,
                                           parallel)
-                score = None
+                score = verdicts = None
                 if parallel == max(args.parallel) or len(args.parallel) == 1:
                     texts[name] = [o["text"] for o in outs]
-                    score = _score(args, name, texts[name], problems, labels)
-                runs.append(_run(config, name, outs, latency, parallel, score))
+                    score, verdicts = _score(args, name, texts[name], problems, labels)
+                runs.append(_run(config, name, outs, latency, parallel, score, verdicts))
                 print(_row(runs[-1]), flush=True)
     return runs, texts
 
 
 def _score(args: argparse.Namespace, task: str, texts: list[str], problems: list[Problem],
-           labels: list[int]) -> float | None:
+           labels: list[int]) -> tuple[float | None, dict[str, str] | None]:
+    """The run's score, and HumanEval's verdicts per problem."""
     if task == "humaneval":
-        return pass_at_1(problems, texts, args.sandbox_timeout, args.sandbox_workers)
+        verdicts = sandbox_verdicts(problems, texts, args.sandbox_timeout, args.sandbox_workers)
+        return pass_at_1(verdicts), verdicts
     if task == "gsm8k":
         return sum(get_answer_value(t) == y for t, y in zip(texts, labels, strict=True)
-                   ) / max(len(labels), 1)
-    return None
+                   ) / max(len(labels), 1), None
+    return None, None
 
 
 def _row(r: Run) -> str:
@@ -211,12 +221,25 @@ def main(argv: list[str] | None = None) -> dict:
             if set(texts) == set(CONFIGS) else {})
     result = {"model": args.model_path, "draft": args.draft,
               "max_new_tokens": args.max_new_tokens, "runs": [asdict(r) for r in runs],
-              "same_outputs": same}
+              "same_outputs": same, "humaneval_verdicts_differ": _differing_verdicts(runs)}
     (Path(args.out) / "user_eval.json").write_text(json.dumps(result, indent=1))
     if same:
         print("DFlash outputs equal target-only's: " +
               ", ".join(f"{t} {'yes' if s else 'NO'}" for t, s in same.items()))
+    if result["humaneval_verdicts_differ"]:
+        print("HumanEval verdicts that differ (target-only, DFlash): " + ", ".join(
+            f"{k} ({a}, {b})" for k, (a, b) in result["humaneval_verdicts_differ"].items()))
     return result
+
+
+def _differing_verdicts(runs: list[Run]) -> dict[str, tuple[str, str]]:
+    """HumanEval problems whose verdict differs between target-only and DFlash (their scored
+    runs), task id -> (target-only's, DFlash's); empty with one configuration."""
+    scored = {r.config: r.verdicts for r in runs if r.task == "humaneval" and r.verdicts}
+    if set(scored) != set(CONFIGS):
+        return {}
+    target, dflash = scored["target"], scored["dflash"]
+    return {k: (target[k], dflash[k]) for k in target if target[k] != dflash[k]}
 
 
 if __name__ == "__main__":

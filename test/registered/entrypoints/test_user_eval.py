@@ -42,12 +42,16 @@ def files(tmp_path_factory):
 
 def test_pass_at_1_runs_each_completion_sandboxed(files):
     problems = read_problems(files / "HumanEval.jsonl.gz")
+    ids = [p.task_id for p in problems]
     canonical = [p["canonical_solution"] for p in PROBLEMS]
-    assert user_eval.pass_at_1(problems, canonical, 5.0, 2) == 1.0
-    # a wrong answer and a hang fail their own problem only
-    assert user_eval.pass_at_1(problems, ["    return a - b\n", canonical[1]], 5.0, 2) == 0.5
-    assert user_eval.pass_at_1(problems, [canonical[0], "    while True:\n        pass\n"],
-                               1.0, 2) == 0.5
+    verdicts = user_eval.sandbox_verdicts(problems, canonical, 5.0, 2)
+    assert verdicts == dict.fromkeys(ids, "passed") and user_eval.pass_at_1(verdicts) == 1.0
+    # a wrong answer and a hang fail their own problem only, each with its verdict
+    wrong = user_eval.sandbox_verdicts(problems, ["    return a - b\n", canonical[1]], 5.0, 2)
+    assert wrong == {ids[0]: "failed", ids[1]: "passed"} and user_eval.pass_at_1(wrong) == 0.5
+    hang = user_eval.sandbox_verdicts(
+        problems, [canonical[0], "    while True:\n        pass\n"], 1.0, 2)
+    assert hang == {ids[0]: "passed", ids[1]: "timeout"} and user_eval.pass_at_1(hang) == 0.5
 
 
 def test_target_and_dflash_servers_report_every_task(files, tmp_path):
@@ -75,8 +79,24 @@ def test_target_and_dflash_servers_report_every_task(files, tmp_path):
     assert result["same_outputs"] == {"humaneval": True, "gsm8k": True, "chat": True}
     scores = {(r["config"], r["task"]): r["score"] for r in runs if r["score"] is not None}
     assert scores["target", "humaneval"] == scores["dflash", "humaneval"]
+    verdicts = {r["config"]: r["verdicts"] for r in runs if r["verdicts"] is not None}
+    assert set(verdicts) == {"target", "dflash"}  # the scored HumanEval runs only
+    assert len(verdicts["target"]) == 2 and verdicts["target"] == verdicts["dflash"]
+    assert result["humaneval_verdicts_differ"] == {}
     assert json.loads((out / "user_eval.json").read_text()) == result
     assert (out / "server_dflash.log").is_file()
+
+
+def test_verdicts_that_differ_between_target_and_dflash_are_named():
+    def run(config, task, verdicts):
+        return user_eval.Run(config, task, 32, 2, 1.0, 1.0, 1.0, 2, 0.5, verdicts)
+
+    target = {"HumanEval/0": "passed", "HumanEval/1": "failed"}
+    dflash = {"HumanEval/0": "timeout", "HumanEval/1": "failed"}
+    runs = [run("target", "humaneval", target), run("dflash", "humaneval", dflash),
+            run("target", "humaneval", None)]  # an unscored (narrower) run is not compared
+    assert user_eval._differing_verdicts(runs) == {"HumanEval/0": ("passed", "timeout")}
+    assert user_eval._differing_verdicts(runs[:1]) == {}  # one configuration: nothing to compare
 
 
 def test_dflash_without_a_draft_is_refused(tmp_path):
