@@ -52,8 +52,10 @@ import torch
 from sglang_aux.srt.entrypoints.engine import Engine
 from sglang_aux.srt.model_loader.builtin import DRAFTS_DIR, resolve_model_path, trained_draft_dir
 from sglang_aux.srt.model_loader.tokenizer import Tokenizer
-from sglang_aux.test.chat_prompts import read_chat_prompts
+from sglang_aux.test.chat_prompts import CHAT_STOP, chat_prompt, read_chat_prompts
+from sglang_aux.test.few_shot_gsm8k import STOP as GSM8K_STOP
 from sglang_aux.test.gsm8k_data import gsm8k_path
+from sglang_aux.test.humaneval import STOP as HUMANEVAL_STOP
 from sglang_aux.test.humaneval import humaneval_path, read_problems
 from sglang_aux.tools.dflash_training.code_tasks import CodeTask, code_tasks, load_tasks
 from sglang_aux.tools.dflash_training.contamination import check_no_eval_prompts
@@ -70,7 +72,7 @@ from sglang_aux.tools.dflash_training.data import (
     save_samples,
 )
 from sglang_aux.tools.dflash_training.dspark_objective import DSparkTrainer
-from sglang_aux.tools.dflash_training.evaluate import measure_accept_length
+from sglang_aux.tools.dflash_training.evaluate import EvalSet, measure_accept_lengths
 from sglang_aux.tools.dflash_training.export import (
     draft_config,
     dspark_draft_config,
@@ -97,6 +99,7 @@ logger = logging.getLogger("train_dflash")
 # `<|fim_pad|>` (id 151662, fill-in-the-middle padding).
 MASK_TOKEN_CANDIDATES = ("<|mask|>", "<empty_output>", "<|fim_pad|>")
 EVAL_PARALLEL = 64  # concurrent evaluation requests, as the GSM8K harness's --parallel
+EVAL_TASKS = ("gsm8k", "humaneval", "chat")  # the prompt kinds --eval measures accept on
 # Seconds a deadline keeps for what follows training: writing the draft and its card.
 DEADLINE_RESERVE_S = 20
 ALGORITHMS = ("dflash", "dspark")
@@ -199,7 +202,13 @@ def make_parser() -> argparse.ArgumentParser:
     add("--context-length", type=int, default=2048)
     add("--eval", action="store_true", help="measure held-out accept length after training")
     add("--eval-only", action="store_true", help="only measure the draft at --out")
-    add("--eval-num-prompts", type=int, default=200, help="held-out GSM8K test questions")
+    add("--eval-num-prompts", type=int, default=200,
+        help="held-out prompts of each --eval-tasks kind (HumanEval has 164, chat "
+             "`data/chat_prompts.json`'s)")
+    add("--eval-tasks", nargs="+", choices=EVAL_TASKS, default=None,
+        help="the prompts --eval measures the draft on: GSM8K (held out), HumanEval's "
+             "prompts as completions, the chat evaluation prompts in the target's template "
+             "(default: gsm8k, and all three when the data holds code or chat prompts)")
     return p
 
 
@@ -288,17 +297,44 @@ def _eval_prompts(args: argparse.Namespace) -> tuple[list[str], str]:
     return prompts, f"`{Path(args.eval_data_path).name}`"
 
 
+def _accept_sets(args: argparse.Namespace, target: str) -> dict[str, tuple[EvalSet, str]]:
+    """Each `--eval-tasks` kind's prompts, and their description for the card."""
+    tasks = args.eval_tasks or (list(EVAL_TASKS) if args.code_tasks or args.chat_instructions
+                                else ["gsm8k"])
+    n, sets = args.eval_num_prompts, {}
+    if "gsm8k" in tasks:
+        prompts, source = _eval_prompts(args)
+        sets["gsm8k"] = (EvalSet(prompts, GSM8K_STOP, args.max_new_tokens),
+                         f"held-out GSM8K prompts ({source}, {args.num_shots}-shot)")
+    if "humaneval" in tasks:
+        path = Path(args.humaneval_path or humaneval_path())
+        sets["humaneval"] = (EvalSet([p.prompt for p in read_problems(path)[:n]],
+                                     HUMANEVAL_STOP, args.code_chat_max_new_tokens),
+                             f"HumanEval prompts as completions (`{path.name}`)")
+    if "chat" in tasks:
+        tokenizer = Tokenizer.from_dir(target)
+        chat_path, chat = read_chat_prompts()
+        sets["chat"] = (EvalSet([chat_prompt(tokenizer, c) for c in chat[:n]], CHAT_STOP,
+                                args.code_chat_max_new_tokens),
+                        f"chat prompts in the target's template (`{chat_path.name}`)")
+    return sets
+
+
 def evaluate(args: argparse.Namespace, target: str) -> str:
-    """Held-out accept length; written into the card and returned as its text."""
-    prompts, source = _eval_prompts(args)
-    res = measure_accept_length(target, args.out, prompts, args.max_new_tokens,
-                                args.algorithm.upper(),
-                                **_engine_args(args, min(len(prompts), EVAL_PARALLEL)))
-    logger.info("eval: %s", res)
-    text = (f"{res['accept_length']:.3f} (mean per request; {res['accept_length_per_step']:.3f}"
-            f" per verify step) on {res['num_prompts']} held-out GSM8K prompts ({source}, "
-            f"{args.num_shots}-shot, greedy, at most {args.max_new_tokens} new tokens, "
-            f"{res['device']})")
+    """Held-out accept length on each `--eval-tasks` kind; written into the card (one line)
+    and returned as its text."""
+    sets = _accept_sets(args, target)
+    batch = min(max(len(s.prompts) for s, _ in sets.values()), EVAL_PARALLEL)
+    results = measure_accept_lengths(target, args.out, {k: s for k, (s, _) in sets.items()},
+                                     args.algorithm.upper(), **_engine_args(args, batch))
+    parts = []
+    for name, res in results.items():
+        logger.info("eval: %s: %s", name, res)
+        parts.append(f"{res['accept_length']:.3f} per request ("
+                     f"{res['accept_length_per_step']:.3f} per verify step) on "
+                     f"{res['num_prompts']} {sets[name][1]}, greedy, at most "
+                     f"{res['max_new_tokens']} new tokens")
+    text = "; ".join(parts) + f" ({next(iter(results.values()))['device']})"
     set_card_eval(args.out, text)
     return text
 

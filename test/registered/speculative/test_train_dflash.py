@@ -52,6 +52,7 @@ from sglang_aux.tools.dflash_training.data import (
 )
 from sglang_aux.tools.dflash_training.draft_forward import draft_block_hidden
 from sglang_aux.tools.dflash_training.export import (
+    EVAL_LINE,
     SHARD_INDEX,
     draft_config,
     new_draft,
@@ -560,6 +561,36 @@ def test_smoke_run_writes_a_draft_the_engine_runs_losslessly(target, tmp_path):
     assert "4 greedy, 4 sampled at temperature 0.7" in card
     assert "--smoke" in card and "Held-out accept length: not measured" not in card
     _assert_lossless(target, out)
+
+
+def test_eval_measures_accept_on_each_kind_of_prompt(target, tmp_path, caplog):
+    """`--eval-tasks gsm8k humaneval chat`: one engine, an accept length per kind, all on the
+    card's held-out line; HumanEval and chat answers run to --code-chat-max-new-tokens."""
+    local_path_or_skip("train")
+    local_path_or_skip("test")
+    humaneval = tmp_path / "HumanEval.jsonl"
+    problems = [{"task_id": f"T/{i}", "entry_point": "f", "test": "", "canonical_solution": "",
+                 "prompt": f'def f(x):\n    """Return x + {i}."""\n'} for i in range(3)]
+    humaneval.write_text("".join(json.dumps(p) + "\n" for p in problems))
+    out = tmp_path / "draft"
+    train_dflash.main(["--smoke", "--target", target, "--out", str(out), "--num-samples", "4",
+                       "--steps", "4"])
+    caplog.set_level(logging.INFO)
+    train_dflash.main(["--smoke", "--target", target, "--out", str(out), "--eval-only",
+                       "--eval-tasks", "gsm8k", "humaneval", "chat", "--eval-num-prompts", "2",
+                       "--humaneval-path", str(humaneval), "--max-new-tokens", "8",
+                       "--code-chat-max-new-tokens", "12"])
+    logged = [r.getMessage() for r in caplog.records if r.getMessage().startswith("eval: ")]
+    assert [m.split(":")[1].strip() for m in logged] == ["gsm8k", "humaneval", "chat"]
+    line = next(x for x in (out / "README.md").read_text().splitlines()
+                if x.startswith(EVAL_LINE))
+    parts = line.removeprefix(EVAL_LINE).split("; ")
+    assert len(parts) == 3
+    assert "on 2 held-out GSM8K prompts" in parts[0] and "at most 8 new tokens" in parts[0]
+    assert "on 2 HumanEval prompts as completions (`HumanEval.jsonl`)" in parts[1]
+    assert "on 2 chat prompts" in parts[2] and "at most 12 new tokens" in parts[2]
+    for part in parts:  # an accept length of at least one token per step leads each part
+        assert float(part.split()[0]) >= 1.0
 
 
 def _assert_lossless(target: str, draft: Path) -> None:
