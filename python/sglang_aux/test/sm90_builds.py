@@ -25,6 +25,7 @@ os.environ.pop("TRITON_INTERPRET", None)  # NOTE: before any @triton.jit definit
 
 import argparse  # noqa: E402
 import contextlib  # noqa: E402
+import inspect  # noqa: E402
 import json  # noqa: E402
 import re  # noqa: E402
 import subprocess  # noqa: E402
@@ -43,6 +44,23 @@ H200 = GPUTarget("cuda", 90, 32)
 SM90_SHARED_BYTES = 232448  # the opt-in maximum of one block (227 KiB)
 CUOBJDUMP = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin",
                          "cuobjdump")
+
+
+# `JITFunction._do_compile`'s parameters in the Triton versions this hooks (3.6 to 3.9)
+HOOKED_PARAMETERS = ["self", "key", "signature", "device", "constexprs", "options", "attrs",
+                     "warmup"]
+
+
+def unsupported() -> str | None:
+    """Why this machine cannot build offline (no bundled cuobjdump, or a Triton whose JIT
+    internals differ from the ones hooked), None when it can."""
+    if not os.path.exists(CUOBJDUMP):
+        return f"no bundled CUDA tools ({CUOBJDUMP})"
+    params = list(inspect.signature(JITFunction._do_compile).parameters)
+    if params != HOOKED_PARAMETERS:
+        return (f"triton {triton.__version__}'s JITFunction._do_compile{tuple(params[1:])} is "
+                f"not the hooked {tuple(HOOKED_PARAMETERS[1:])}")
+    return None
 
 
 def resource_usage(cubin: bytes) -> dict[str, int]:
@@ -125,6 +143,8 @@ def sm90_builds() -> Iterator[Builds]:
     if os.environ.get("TRITON_INTERPRET") == "1":
         raise RuntimeError("sm90_builds needs compiled Triton: unset TRITON_INTERPRET before "
                            "the kernels are imported")
+    if why := unsupported():
+        raise RuntimeError(f"sm90_builds: {why}")
     builds, touched = Builds(), []
     real_compile = JITFunction._do_compile
 

@@ -6,7 +6,6 @@ differs between the branches of an `if`), and a launch past the SM's shared memo
 on the device. Shipped paths must not spill registers either; a candidate's spill is reported
 (its bench decides)."""
 
-import os
 import sys
 
 import pytest
@@ -18,8 +17,8 @@ from sglang_aux.test import sm90_builds  # noqa: I001
 from sglang_aux.test.ci.ci_register import register_cpu_ci
 
 register_cpu_ci(est_time=150, suite="default")
-pytestmark = pytest.mark.skipif(not os.path.exists(sm90_builds.CUOBJDUMP),
-                                reason="no bundled CUDA tools")
+pytestmark = pytest.mark.skipif(sm90_builds.unsupported() is not None,
+                                reason=str(sm90_builds.unsupported()))
 
 
 @pytest.fixture(scope="module")
