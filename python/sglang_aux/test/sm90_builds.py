@@ -195,7 +195,7 @@ def sm90_builds() -> Iterator[Builds]:
             fn.device_caches.clear()
 
 
-# --- the launches of a Qwen2.5-1.5B decode and verify step --------------------------------
+# --- the launches of a Qwen2.5-1.5B decode, verify and prefill step -----------------------
 
 HIDDEN, HEADS, KV_HEADS, HEAD_DIM, INTER = 1536, 12, 2, 128, 8960
 QKV = (HEADS + 2 * KV_HEADS) * HEAD_DIM
