@@ -31,7 +31,9 @@ Both engines run the full verify width at every batch size (`--speculative-draft
 1:W`). Under compact verify the report adds `step_costs` (the draft graph per batch size, the
 ragged verify graph per token bucket, replayed over padding rows as the server does at
 start-up; the file `--speculative-step-costs` reads) and `draft_len_schedule`, the schedule
-the server derives from them and the profile (`speculative/draft_len_planner.py`).
+the server derives from them and the profile (`speculative/draft_len_planner.py`); each
+compact row adds `predicted_step_ms` (those costs at its batch size and verified tokens) and
+`step_ms_over_predicted`, the share of a real step the costs leave out.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import math
 import time
 from pathlib import Path
 
@@ -47,6 +50,7 @@ import torch
 from sglang_aux.srt.configs.acceptance_profile import AcceptanceProfile
 from sglang_aux.srt.configs.draft_len_schedule import DraftLenSchedule
 from sglang_aux.srt.configs.presets import PRESETS
+from sglang_aux.srt.configs.step_costs import StepCosts
 from sglang_aux.srt.entrypoints.engine import Engine
 from sglang_aux.srt.managers.schedule_batch import Req
 from sglang_aux.srt.server_args import ServerArgs
@@ -218,16 +222,17 @@ def engine_kwargs(args: argparse.Namespace, mode: str | None) -> dict:
     return kw
 
 
-def schedule_report(worker: DFlashWorker, profile: AcceptanceProfile) -> dict:
+def schedule_report(worker: DFlashWorker, profile: AcceptanceProfile
+                    ) -> tuple[dict, StepCosts]:
     """A compact engine's step costs, measured as the server measures them at start-up (the
     format `--speculative-step-costs` reads), and the draft length schedule the server would
-    derive from them and the profile."""
+    derive from them and the profile; and the costs."""
     draft = worker.draft_runner.step_graphs
     costs = measure_step_costs(draft, worker.target_runner.step_graphs)
     widths = derive_widths([x.step_bs for x in draft.layouts], costs,
                            profile.conditional_rates(), worker.verify_plan.budget)
     return {"step_costs": costs.to_json(),
-            "draft_len_schedule": str(DraftLenSchedule.of_widths(widths))}
+            "draft_len_schedule": str(DraftLenSchedule.of_widths(widths))}, costs
 
 
 def measure_dflash(args: argparse.Namespace, mode: str, profile: AcceptanceProfile,
@@ -235,7 +240,8 @@ def measure_dflash(args: argparse.Namespace, mode: str, profile: AcceptanceProfi
     """The mode's rows, and under compact verify its `schedule_report`."""
     width = len(profile.probs)
     engine = Engine(ServerArgs(**engine_kwargs(args, mode)))
-    schedule = schedule_report(engine.worker, profile) if mode == "compact" else None
+    schedule, costs = (schedule_report(engine.worker, profile) if mode == "compact"
+                       else (None, None))
     # the steps whose verdicts the timed window's counters read: one earlier with overlap
     lag = int(engine.server_args.resolved_overlap_schedule())
     rows = []
@@ -260,6 +266,12 @@ def measure_dflash(args: argparse.Namespace, mode: str, profile: AcceptanceProfi
             "verify_tokens_per_accepted": r["verify_tokens"] / r["emitted"],
             "accept_histogram": r["accept_histogram"],
             "forced_histogram": r["forced_histogram"], "steps": args.steps})
+        if costs is not None:
+            # what the schedule's derivation takes this step to cost: the draft graph and the
+            # ragged verify graph of the tokens it verified, timed over padding rows
+            tokens = math.ceil(r["verify_tokens"] / args.steps)
+            rows[-1]["predicted_step_ms"] = costs.draft(bs) + costs.verify(tokens)
+            rows[-1]["step_ms_over_predicted"] = r["step_ms"] / rows[-1]["predicted_step_ms"]
     engine.shutdown()
     del engine, forced
     _release_device_memory()
@@ -358,6 +370,10 @@ def main(argv: list[str] | None = None) -> dict:
     if schedule:
         print(f"draft length schedule derived from the profile and the step costs: "
               f"{schedule['draft_len_schedule']}")
+        print("step ms over what the step costs predict (attention over real contexts and "
+              "the host's share, which the probe's padding rows leave out): " + ", ".join(
+                  f"bs {r['bs']} {r['step_ms_over_predicted']:.2f}x" for r in rows
+                  if "step_ms_over_predicted" in r))
     return report
 
 

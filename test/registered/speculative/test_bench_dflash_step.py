@@ -6,6 +6,7 @@ compact verify both run, the report carries the compact engine's step costs in t
 any model loads."""
 
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -62,6 +63,14 @@ def test_smoke_forces_the_profile_static_and_compact(tmp_path, capsys):
             static = rows["static", bs]
             assert r["tokens_per_step"] <= static["tokens_per_step"]
             assert r["verify_tokens_per_accepted"] < static["verify_tokens_per_accepted"]
+            # the schedule's cost of this step, from the costs the report carries
+            costs = StepCosts(**{k: {int(x): v for x, v in report["step_costs"][k].items()}
+                                 for k in ("draft_ms", "verify_ms")})
+            verified = math.ceil(round(r["verify_tokens_per_accepted"] * emitted / r["steps"], 6))
+            assert r["predicted_step_ms"] == pytest.approx(costs.draft(bs)
+                                                           + costs.verify(verified))
+            assert r["step_ms_over_predicted"] == pytest.approx(r["step_ms"]
+                                                                / r["predicted_step_ms"])
     assert [t["bs"] for t in report["target_only"]] == [1, 4]
     # the compact engine's step costs, in the file the server's --speculative-step-costs reads
     costs = StepCosts.load(str(out))
