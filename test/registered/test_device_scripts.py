@@ -1,0 +1,126 @@
+"""The one-call device scripts (scripts/device/*_candidates.sh) hold up before an H200 runs
+them: each parses, each test file they name exists, and each bench they call accepts the flags
+they give it. The scripts run here with `python` standing in as a recorder of its arguments;
+every recorded bench invocation is then parsed by that bench's own argument parser (stopped
+right after parsing: no model loads). A renamed flag or a moved test would otherwise cost a
+device call."""
+
+import argparse
+import os
+import re
+import runpy
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from sglang_aux.test.ci.ci_register import register_cpu_ci
+
+register_cpu_ci(est_time=40, suite="default")
+
+REPO = Path(__file__).resolve().parents[2]
+DEVICE = REPO / "scripts/device"
+# run with the recorder; flashinfer_candidates.sh first installs from .carry (not in a clone)
+RUN = ["kernel_candidates.sh", "verify_candidates.sh"]
+ALL = [*RUN, "flashinfer_candidates.sh"]
+RECORDER = """#!/bin/sh
+printf '%s\\0' "$@" >> "$RECORD"
+printf '\\n' >> "$RECORD"
+"""
+
+
+class _Parsed(Exception):
+    pass
+
+
+def _record(script: str, tmp_path: Path) -> list[list[str]]:
+    """The argument lists `python` got while `script` ran."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    for name in ("python", "python3"):
+        shim = bin_dir / name
+        shim.write_text(RECORDER)
+        shim.chmod(shim.stat().st_mode | stat.S_IEXEC)
+    record = tmp_path / f"{script}.args"
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "RECORD": str(record)}
+    subprocess.run(["bash", str(DEVICE / script), str(tmp_path / "out")], cwd=REPO, env=env,
+                   check=True, capture_output=True, timeout=120)
+    return [[a for a in line.split("\0") if a] for line in record.read_text().splitlines()]
+
+
+def _parses(bench: Path, argv: list[str]) -> argparse.Namespace:
+    """`bench`'s own parser over `argv`, stopped once it has parsed."""
+    real = argparse.ArgumentParser.parse_args
+    parsed = {}
+
+    def parse_and_stop(self, args=None, namespace=None):
+        parsed["args"] = real(self, args, namespace)
+        raise _Parsed
+
+    argparse.ArgumentParser.parse_args = parse_and_stop
+    saved_argv, saved_path = sys.argv, list(sys.path)
+    sys.argv, sys.path = [str(bench), *argv], [str(bench.parent), *sys.path]
+    try:
+        runpy.run_path(str(bench), run_name="__main__")
+    except _Parsed:
+        pass
+    finally:
+        argparse.ArgumentParser.parse_args = real
+        sys.argv, sys.path[:] = saved_argv, saved_path
+    if "args" not in parsed:
+        raise AssertionError(f"{bench.name} never parsed its arguments")
+    return parsed["args"]
+
+
+@pytest.mark.parametrize("script", ALL)
+def test_script_parses_and_names_existing_tests(script):
+    text = (DEVICE / script).read_text()
+    subprocess.run(["bash", "-n", str(DEVICE / script)], check=True)
+    tests = re.findall(r"test/registered/[\w/]+\.py", text)
+    assert tests and all((REPO / t).is_file() for t in tests), tests
+
+
+@pytest.mark.parametrize("script", RUN)
+def test_every_bench_call_is_accepted_by_its_parser(script, tmp_path):
+    calls = _record(script, tmp_path)
+    benches = [c for c in calls if c and c[0].endswith(".py")]
+    pytests = [c for c in calls if c[:2] == ["-m", "pytest"]]
+    assert benches and pytests, calls
+    for call in pytests:
+        for arg in call[2:]:
+            if arg.startswith("test/"):
+                assert (REPO / arg.split("::")[0]).is_file(), arg
+    for bench, *argv in benches:
+        args = _parses(REPO / bench, argv)
+        out = getattr(args, "out", None)
+        assert out is None or str(tmp_path) in out, (bench, out)  # results land under OUT
+
+
+def test_the_offline_builds_cover_the_tiles_the_scripts_time(tmp_path):
+    """sm90_builds compiles the candidates' tiles ahead (test_sm90_builds.py): the same ones
+    the scripts pass."""
+    from sglang_aux.test import sm90_builds
+
+    calls = [c for s in RUN for c in _record(s, tmp_path)]
+
+    def values(bench: str, flag: str) -> list[str]:
+        [call] = [c for c in calls if c[0].endswith(bench) and flag in c]
+        args = call[call.index(flag) + 1:]
+        return args[: next((i for i, a in enumerate(args) if a.startswith("--")), len(args))]
+
+    assert values("bench_block_gemv.py", "--configs") == sm90_builds.BLOCK_GEMV_CANDIDATES
+    assert values("bench_decode_attention.py", "--single-pass") == [
+        ":".join(map(str, tile)) for tile in sm90_builds.SINGLE_PASS_CANDIDATES]
+
+
+def test_a_renamed_flag_is_caught(tmp_path):
+    bench = REPO / "benchmark/spec_decode/bench_graph_replay.py"
+    assert _parses(bench, ["--block-gemv"]).block_gemv
+    with pytest.raises(SystemExit):  # the flag's old name
+        _parses(bench, ["--verify-block-gemv"])
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-q"]))
