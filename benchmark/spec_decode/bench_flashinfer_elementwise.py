@@ -40,14 +40,18 @@ from bench_flashinfer_attention import (  # noqa: E402  (script folder on sys.pa
 )
 from bench_gemv import time_us  # noqa: E402
 
+from sglang_aux.srt.configs.presets import PRESETS  # noqa: E402
 from sglang_aux.srt.layers.rope_scaling import RopeScaling  # noqa: E402
 from sglang_aux.srt.layers.rotary_embedding import RotaryEmbedding  # noqa: E402
 from sglang_aux.srt.layers.triton_ops.rms_norm import rms_norm  # noqa: E402
 from sglang_aux.srt.layers.triton_ops.rope_store import rope_store  # noqa: E402
 from sglang_aux.srt.layers.triton_ops.silu_and_mul import silu_and_mul  # noqa: E402
 
-HIDDEN, INTER, HEADS, KV_HEADS, HEAD_DIM = 1536, 8960, 12, 2, 128
-EPS, ROPE_THETA, MAX_POS, SLOTS = 1e-6, 1e6, 4096, 8192
+QWEN = PRESETS["qwen2.5-1.5b-shaped"]
+HIDDEN, INTER, HEADS, KV_HEADS, HEAD_DIM = (QWEN[k] for k in (
+    "hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads",
+    "head_dim"))
+EPS, ROPE_THETA, MAX_POS, SLOTS = QWEN["rms_norm_eps"], QWEN["rope_theta"], 4096, 8192
 OPS = ("rms_norm", "add_rms_norm", "silu_and_mul", "rope_store")
 SMOKE = dict(rows=[1, 4], calls=2, iters=1)
 SMOKE_SIZES = dict(hidden=64, inter=96, heads=4, kv_heads=2, head_dim=16)

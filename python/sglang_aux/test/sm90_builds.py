@@ -40,6 +40,8 @@ from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.runtime import driver as triton_driver  # noqa: E402
 from triton.runtime.jit import JITFunction  # noqa: E402
 
+from sglang_aux.srt.configs.presets import PRESETS  # noqa: E402
+
 H200 = GPUTarget("cuda", 90, 32)
 SM90_SHARED_BYTES = 232448  # the opt-in maximum of one block (227 KiB)
 CUOBJDUMP = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin",
@@ -197,13 +199,19 @@ def sm90_builds() -> Iterator[Builds]:
 
 # --- the launches of a Qwen2.5-1.5B decode, verify and prefill step -----------------------
 
-HIDDEN, HEADS, KV_HEADS, HEAD_DIM, INTER = 1536, 12, 2, 128, 8960
+QWEN, DRAFT = PRESETS["qwen2.5-1.5b-shaped"], PRESETS["qwen2.5-1.5b-shaped-dflash"]
+HIDDEN, HEADS, KV_HEADS, HEAD_DIM, INTER, VOCAB = (QWEN[k] for k in (
+    "hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim",
+    "intermediate_size", "vocab_size"))
 QKV = (HEADS + 2 * KV_HEADS) * HEAD_DIM
-VOCAB, AUX_LAYERS = 151936, 5
-# weight [N, K] per projection; fc: the DFlash draft's, over K aux hidden states
+AUX_LAYERS = len(DRAFT["dflash_config"]["target_layer_ids"])
+# weight [N, K] per projection: the target's, the LM head, and the DFlash draft's fc (over
+# its aux hidden states) and MLP (its own width)
 PROJECTIONS = {"qkv": (QKV, HIDDEN), "o": (HIDDEN, HIDDEN), "gate_up": (2 * INTER, HIDDEN),
                "down": (HIDDEN, INTER), "lm_head": (VOCAB, HIDDEN),
-               "fc": (HIDDEN, AUX_LAYERS * HIDDEN)}
+               "fc": (HIDDEN, AUX_LAYERS * HIDDEN),
+               "draft_gate_up": (2 * DRAFT["intermediate_size"], HIDDEN),
+               "draft_down": (HIDDEN, DRAFT["intermediate_size"])}
 SLOTS, MAX_CONTEXT = 8192, 4352
 DTYPE = torch.bfloat16
 
