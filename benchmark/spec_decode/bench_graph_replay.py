@@ -19,9 +19,10 @@ with `--kernel-table N` (default 12 on CUDA) each replay's N costliest kernels.
 GEMV candidate routed in for 2..32-row projections (`block_gemv_routing.py`), as
 `DECODE+block_gemv` / `TARGET_VERIFY+block_gemv` / `DRAFT_BLOCK+block_gemv` (`routed_calls`:
 the engine's, a DFLASH engine's verify and draft graphs together).
-`--pdl on` launches our kernels (row GEMVs, RMSNorm, RoPE + KV store, SiLU-mul) dependent
-(programmatic dependent launch, a bench-only candidate: it sets `SGLANG_AUX_PDL=1` for this
-process, `triton_ops/grid_dependency.py`); run it beside `--pdl off` in the same call.
+`--pdl on|off` launches our kernels (row GEMVs, RMSNorm, RoPE + KV store, SiLU-mul) dependent
+or not (programmatic dependent launch: it sets `SGLANG_AUX_PDL` for this process,
+`triton_ops/grid_dependency.py`; `auto`, the default, is the server's: on where the device has
+it); run the two beside each other in the same call.
 """
 
 from __future__ import annotations
@@ -186,11 +187,12 @@ def main() -> None:
     p.add_argument("--block-gemv", action="store_true",
                    help="also time each graph with the block GEMV candidate routed in (its "
                         "2..32-row projections)")
-    p.add_argument("--pdl", default="off", choices=["on", "off"],
-                   help="launch our kernels dependent (sm_90+; a bench-only candidate)")
+    p.add_argument("--pdl", default="auto", choices=["auto", "on", "off"],
+                   help="launch our kernels dependent (SGLANG_AUX_PDL; auto, the server's "
+                        "default: where the device has it, sm_90+)")
     p.add_argument("--out", default="benchmark/spec_decode/graph_replay.json")
     args = p.parse_args()
-    os.environ[PDL_ENV_VAR] = "1" if args.pdl == "on" else "0"
+    os.environ[PDL_ENV_VAR] = {"on": "1", "off": "0", "auto": "auto"}[args.pdl]
     device = torch.device("cuda" if args.device == "auto" and torch.cuda.is_available()
                           else "cpu" if args.device == "auto" else args.device)
     if args.kernel_table is None:

@@ -173,7 +173,9 @@ def sm90_builds() -> Iterator[Builds]:
         return None  # `run` returns before the launch
 
     def resolve_pdl(pdl: bool | None, _x: torch.Tensor) -> bool:
-        return bool(pdl) if pdl is not None else os.environ.get(grid_dependency.ENV_VAR) == "1"
+        if pdl is not None:
+            return bool(pdl)
+        return os.environ.get(grid_dependency.ENV_VAR, "auto") != "0"  # auto: the H200 has it
 
     def rebind(old, new) -> None:
         """Every loaded module's `resolve_pdl` that is `old` becomes `new` (launchers bind it

@@ -86,8 +86,13 @@ def test_switch_values_and_devices(monkeypatch):
     x = torch.zeros(1, device="cuda")
     monkeypatch.setenv(ENV_VAR, "1")
     assert resolve_pdl(None, x) and not resolve_pdl(False, x)
+    monkeypatch.setenv(ENV_VAR, "0")
+    assert not resolve_pdl(None, x)
+    monkeypatch.delenv(ENV_VAR)  # auto: on where the device has it, off on the CPU
+    assert resolve_pdl(None, x) == (torch.cuda.get_device_capability() >= (9, 0))
+    assert not resolve_pdl(None, torch.zeros(1))
     monkeypatch.setenv(ENV_VAR, "yes")
-    with pytest.raises(ValueError, match=f"{ENV_VAR}='yes'; choose 0 or 1"):
+    with pytest.raises(ValueError, match=f"{ENV_VAR}='yes'; choose auto, 0 or 1"):
         resolve_pdl(None, x)
     with pytest.raises(ValueError, match="needs compiled Triton on a CUDA device"):
         resolve_pdl(True, torch.zeros(1))

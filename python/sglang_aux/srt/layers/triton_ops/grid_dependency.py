@@ -2,16 +2,18 @@
 while the kernel before it on the stream is still running, and waits for that kernel's writes
 only where it calls `wait_for_previous_kernel`.
 
-A candidate, not a default: the kernels that take `pdl` (the row GEMVs, RMSNorm, RoPE + KV
-store, SiLU-mul) run it only where a caller asks, which today only the benches do
-(`bench_gemv.py`, and `bench_graph_replay.py --pdl on`, which sets `SGLANG_AUX_PDL=1` for its
-process), until it beats the default on the H200 (docs/kernels.md). Every kernel launched so
-must call the wait before it reads or writes anything an earlier kernel touches: the row GEMV
-loads its first weight tile (never written by a kernel) before it.
+The default where the device has it (compiled Triton on CUDA sm_90+): the kernels that take
+`pdl` (the row GEMVs, RMSNorm, RoPE + KV store, SiLU-mul) launch dependent, measured on the
+H200 to take the Qwen2.5-1.5B-shaped bs-1 decode replay from 1.452 to 1.342 ms (bs 8: equal;
+docs/kernels.md). `SGLANG_AUX_PDL=0` turns it off (`1`: on, `auto`: the default);
+`bench_graph_replay.py --pdl on|off` sets it for its process. Every kernel launched so must
+call the wait before it reads or writes anything an earlier kernel touches: the row GEMV loads
+its first weight tile (never written by a kernel) before it.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 
 import torch
@@ -32,17 +34,28 @@ def wait_for_previous_kernel(PDL: tl.constexpr):
         tl.extra.cuda.gdc_launch_dependents()
 
 
+def _capable(x: torch.Tensor) -> bool:
+    return (x.is_cuda and os.environ.get("TRITON_INTERPRET") != "1"
+            and _capability(x.device.index) >= MIN_CAPABILITY)
+
+
+@functools.lru_cache
+def _capability(index: int | None) -> tuple[int, int]:
+    return torch.cuda.get_device_capability(index)
+
+
 def resolve_pdl(pdl: bool | None, x: torch.Tensor) -> bool:
-    """The launch's PDL setting: `pdl`, or `SGLANG_AUX_PDL` (0/1, default 0) when None. PDL
-    needs a CUDA device of compute capability 9.0 or more (Triton's interpreter has no
-    griddepcontrol)."""
+    """The launch's PDL setting: `pdl`, or `SGLANG_AUX_PDL` when None (`auto`, the default: on
+    where the device has it; `0`; `1`). PDL needs compiled Triton on a CUDA device of compute
+    capability 9.0 or more (Triton's interpreter has no griddepcontrol)."""
     if pdl is None:
-        value = os.environ.get(ENV_VAR, "0")
-        if value not in ("0", "1"):
-            raise ValueError(f"{ENV_VAR}={value!r}; choose 0 or 1")
+        value = os.environ.get(ENV_VAR, "auto")
+        if value not in ("auto", "0", "1"):
+            raise ValueError(f"{ENV_VAR}={value!r}; choose auto, 0 or 1")
+        if value == "auto":
+            return _capable(x)
         pdl = value == "1"
-    if pdl and not (x.is_cuda and os.environ.get("TRITON_INTERPRET") != "1"
-                    and torch.cuda.get_device_capability(x.device) >= MIN_CAPABILITY):
+    if pdl and not _capable(x):
         raise ValueError(f"programmatic dependent launch needs compiled Triton on a CUDA device "
                          f"of compute capability >= {MIN_CAPABILITY}, got {x.device}")
     return pdl
