@@ -1,9 +1,9 @@
-"""Programmatic dependent launch (`triton_ops/grid_dependency.py`, the default where the
-device has it) on the H200: a chain of our kernels in which each reads what the one before it wrote (fused
-norm + qkv, RoPE + KV store, o_proj, fused norm + gate_up, SiLU-mul, down, RMSNorm), launched
-dependent, equals the same chain launched plainly, bitwise, eagerly and replayed from a CUDA
-graph on new inputs (a kernel that read before its wait would read stale data); the switch's
-bad values and devices are named."""
+"""Programmatic dependent launch (`triton_ops/grid_dependency.py`, the default where the device
+has it) on the H200: a chain of our kernels in which each reads what the one before it wrote
+(fused norm + qkv, RoPE + KV store, o_proj, fused norm + gate_up, SiLU-mul, down, RMSNorm),
+launched dependent, equals the same chain launched plainly, bitwise, eagerly and replayed from
+a CUDA graph on new inputs (a kernel that read before its wait would read stale data); the
+switch's bad values and devices are named."""
 
 import sys
 
