@@ -39,8 +39,11 @@ from block_gemv_routing import route_block_gemv
 from step_bandwidth import copy_bandwidth, kv_bytes, weight_bytes
 
 from sglang_aux.srt.entrypoints.engine import Engine
-from sglang_aux.srt.layers.triton_ops.dispatch import GEMV_BACKENDS
-from sglang_aux.srt.layers.triton_ops.grid_dependency import ENV_VAR as PDL_ENV_VAR
+from sglang_aux.srt.layers.triton_ops.dispatch import (
+    GEMV_BACKENDS,
+    PAIRED_GEMV_ENV_VAR,
+    PDL_ENV_VAR,
+)
 from sglang_aux.srt.model_executor.runner.forward_layout import ForwardInputs
 from sglang_aux.srt.server_args import TRITON_DECODE_MERGES
 
@@ -190,9 +193,13 @@ def main() -> None:
     p.add_argument("--pdl", default="auto", choices=["auto", "on", "off"],
                    help="launch our kernels dependent (SGLANG_AUX_PDL; auto, the server's "
                         "default: where the device has it, sm_90+)")
+    p.add_argument("--paired-gemv", default="on", choices=["on", "off"],
+                   help="with the triton backend, qkv + RoPE + K/V store and gate_up + SiLU-mul "
+                        "as one kernel each (SGLANG_AUX_PAIRED_GEMV; on, the server's default)")
     p.add_argument("--out", default="benchmark/spec_decode/graph_replay.json")
     args = p.parse_args()
     os.environ[PDL_ENV_VAR] = {"on": "1", "off": "0", "auto": "auto"}[args.pdl]
+    os.environ[PAIRED_GEMV_ENV_VAR] = {"on": "1", "off": "0"}[args.paired_gemv]
     device = torch.device("cuda" if args.device == "auto" and torch.cuda.is_available()
                           else "cpu" if args.device == "auto" else args.device)
     if args.kernel_table is None:

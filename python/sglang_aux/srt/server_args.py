@@ -15,7 +15,7 @@ from sglang_aux.srt.configs.draft_len_schedule import DraftLenSchedule
 from sglang_aux.srt.configs.presets import DEFAULT_DRAFT_MODEL, DEFAULT_MODEL
 from sglang_aux.srt.configs.speculative_algorithm import SpeculativeAlgorithm
 from sglang_aux.srt.configs.step_costs import StepCosts
-from sglang_aux.srt.layers.triton_ops.dispatch import GEMV_BACKENDS
+from sglang_aux.srt.layers.triton_ops.dispatch import GEMV_BACKENDS, check_kernel_switches
 
 ATTENTION_BACKENDS = ("torch_native", "triton")
 # How the Triton backend's fixed-layout attention combines key splits (its
@@ -229,6 +229,7 @@ class ServerArgs:
             if getattr(self, name) not in choices:
                 raise ValueError(f"--{name.replace('_', '-')} must be one of {choices}, "
                                  f"got {getattr(self, name)!r}")
+        check_kernel_switches()
         for name in ("tp_size", "pp_size", "max_running_requests"):
             if getattr(self, name) < 1:
                 raise ValueError(f"--{name.replace('_', '-')} must be >= 1")

@@ -1,7 +1,8 @@
 """`--decode-gemv-backend triton` end to end on the CPU (`SGLANG_AUX_FUSED_KERNELS=force`,
 Triton's interpreter): tiny Llama and Qwen2 (q/k/v biases) Engines give the greedy tokens of
-the torch backend in fp32, one-token forwards run the kernel (fused norm + qkv + bias, fused
-norm + gate_up, o_proj, down) and longer ones do not, and the flag is on by default (a CPU in
+the torch backend in fp32, one-token forwards run the kernels (norm + qkv + bias + RoPE + K/V
+store and norm + gate_up + SiLU-mul paired, o_proj and down plain; unpaired under
+`SGLANG_AUX_PAIRED_GEMV=0`) and longer ones do not, and the flag is on by default (a CPU in
 `auto` mode still takes the torch path) and validated."""
 
 import os
@@ -18,8 +19,13 @@ import torch  # noqa: E402
 from sglang_aux.srt.entrypoints.engine import Engine  # noqa: E402
 from sglang_aux.srt.forward_state.forward_batch_info import ForwardMode  # noqa: E402
 from sglang_aux.srt.layers.decode_gemv import set_decode_gemv_backend  # noqa: E402
+from sglang_aux.srt.layers.triton_ops import paired_row_gemv as paired_module  # noqa: E402
 from sglang_aux.srt.layers.triton_ops import row_gemv as row_gemv_module  # noqa: E402
-from sglang_aux.srt.layers.triton_ops.dispatch import ENV_VAR  # noqa: E402
+from sglang_aux.srt.layers.triton_ops.dispatch import (  # noqa: E402
+    ENV_VAR,
+    PAIRED_GEMV_ENV_VAR,
+    PDL_ENV_VAR,
+)
 from sglang_aux.srt.server_args import ServerArgs  # noqa: E402
 from sglang_aux.test.ci.ci_register import register_cpu_ci  # noqa: E402
 from sglang_aux.test.hf_checkpoints import save_tiny_qwen2  # noqa: E402
@@ -54,17 +60,35 @@ def _checkpoint(root, preset: str) -> str:
 
 @pytest.fixture
 def launches(monkeypatch):
-    """Calls of the real kernel by (rows, fused variant), counted."""
+    """Calls of the real kernels by (rows, fused norm, epilogue, bias), counted."""
     seen = Counter()
     real = row_gemv_module.row_gemv
+    rope_store, silu_mul = paired_module.row_gemv_rope_store, paired_module.row_gemv_silu_mul
 
     def counted(x, weight, bias=None, **kw):
-        seen[(x.shape[0], kw.get("norm_weight") is not None, bool(kw.get("silu_mul")),
-              bias is not None)] += 1
+        seen[(x.shape[0], kw.get("norm_weight") is not None, None, bias is not None)] += 1
         return real(x, weight, bias, **kw)
 
+    def counted_rope_store(x, weight, bias, *args, **kw):
+        seen[(x.shape[0], kw.get("norm_weight") is not None, "rope_store",
+              bias is not None)] += 1
+        return rope_store(x, weight, bias, *args, **kw)
+
+    def counted_silu_mul(x, weight, **kw):
+        seen[(x.shape[0], kw.get("norm_weight") is not None, "silu_mul", False)] += 1
+        return silu_mul(x, weight, **kw)
+
     monkeypatch.setattr(row_gemv_module, "row_gemv", counted)
+    monkeypatch.setattr(paired_module, "row_gemv_rope_store", counted_rope_store)
+    monkeypatch.setattr(paired_module, "row_gemv_silu_mul", counted_silu_mul)
     return seen
+
+
+def _variants(has_bias: bool, paired: bool) -> set[tuple]:
+    """The (fused norm, epilogue, bias) launched by a one-token forward."""
+    if paired:
+        return {(True, "rope_store", has_bias), (True, "silu_mul", False), (False, None, False)}
+    return {(True, None, has_bias), (True, None, False), (False, None, False)}
 
 
 def _greedy(path: str, backend: str) -> list[list[int]]:
@@ -74,9 +98,11 @@ def _greedy(path: str, backend: str) -> list[list[int]]:
     return [o["output_ids"] for o in engine.generate(input_ids=PROMPTS, sampling_params=params)]
 
 
-@pytest.mark.parametrize("preset", ["tiny-llama", "tiny-qwen2"])
-def test_greedy_tokens_equal_the_torch_backend(root, monkeypatch, launches, preset):
+@pytest.mark.parametrize("preset,paired", [("tiny-llama", True), ("tiny-qwen2", True),
+                                           ("tiny-qwen2", False)])
+def test_greedy_tokens_equal_the_torch_backend(root, monkeypatch, launches, preset, paired):
     monkeypatch.setenv(ENV_VAR, "force")
+    monkeypatch.setenv(PAIRED_GEMV_ENV_VAR, "1" if paired else "0")
     path = _checkpoint(root, preset)
     ref = _greedy(path, "torch")
     assert not launches, "the torch backend never runs the kernel"
@@ -85,11 +111,7 @@ def test_greedy_tokens_equal_the_torch_backend(root, monkeypatch, launches, pres
     assert all(len(set(ids)) > 2 for ids in ref), "a model that moves, not one repeated token"
     rows = {r for r, *_ in launches}
     assert rows == {1}, rows
-    variants = {v[1:] for v in launches}
-    has_bias = preset == "tiny-qwen2"
-    assert (True, False, has_bias) in variants  # input norm + qkv (+ bias)
-    assert (True, False, False) in variants  # post-attention norm + gate_up
-    assert (False, False, False) in variants  # o_proj, down
+    assert {v[1:] for v in launches} == _variants(preset == "tiny-qwen2", paired)
 
 
 @pytest.mark.parametrize("preset", ["tiny-llama", "tiny-qwen2"])
@@ -115,9 +137,11 @@ def test_step_logits_and_aux_equal_the_torch_backend(root, monkeypatch, launches
         torch.testing.assert_close(got, ref, **TOL)
     rows = width * len(prompts)
     assert {r for r, *_ in launches} == ({1} if rows == 1 else set())
+    if rows == 1:
+        assert {v[1:] for v in launches} == _variants(preset == "tiny-qwen2", True)
 
 
-def test_off_by_default_and_validated(root):
+def test_off_by_default_and_validated(root, monkeypatch):
     path = _checkpoint(root, "tiny-llama")
     assert ServerArgs(model_path=path).decode_gemv_backend == "triton"
     with pytest.raises(ValueError, match=r"--decode-gemv-backend must be one of \('torch', "
@@ -128,6 +152,13 @@ def test_off_by_default_and_validated(root):
     assert runner.model.model.layers[0].mlp.down_proj.gemv_backend == "triton"
     with pytest.raises(ValueError, match="decode GEMV backend 'cuda'"):
         set_decode_gemv_backend(runner.model, "cuda")
+    for name, value, choices in ((PAIRED_GEMV_ENV_VAR, "yes", "1, 0"),
+                                 (PDL_ENV_VAR, "on", "auto, 0, 1"),
+                                 (ENV_VAR, "triton", "auto, off, force")):
+        with monkeypatch.context() as env:
+            env.setenv(name, value)
+            with pytest.raises(ValueError, match=rf"^{name}='{value}'; choose from {choices}$"):
+                ServerArgs(model_path=path)
 
 
 if __name__ == "__main__":

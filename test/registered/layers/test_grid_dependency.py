@@ -32,7 +32,7 @@ def test_asking_for_it_without_the_hardware_is_refused(monkeypatch):
     with pytest.raises(ValueError, match="needs compiled Triton on a CUDA device"):
         resolve_pdl(True, torch.zeros(1))
     monkeypatch.setenv(ENV_VAR, "yes")
-    with pytest.raises(ValueError, match=f"{ENV_VAR}='yes'; choose auto, 0 or 1"):
+    with pytest.raises(ValueError, match=f"{ENV_VAR}='yes'; choose from auto, 0, 1"):
         resolve_pdl(None, torch.zeros(1))
 
 

@@ -92,7 +92,7 @@ def test_switch_values_and_devices(monkeypatch):
     assert resolve_pdl(None, x) == (torch.cuda.get_device_capability() >= (9, 0))
     assert not resolve_pdl(None, torch.zeros(1))
     monkeypatch.setenv(ENV_VAR, "yes")
-    with pytest.raises(ValueError, match=f"{ENV_VAR}='yes'; choose auto, 0 or 1"):
+    with pytest.raises(ValueError, match=f"{ENV_VAR}='yes'; choose from auto, 0, 1"):
         resolve_pdl(None, x)
     with pytest.raises(ValueError, match="needs compiled Triton on a CUDA device"):
         resolve_pdl(True, torch.zeros(1))

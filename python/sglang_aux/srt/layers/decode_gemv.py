@@ -9,6 +9,11 @@ while autograd records). Forwards of more rows stay on cuBLAS: measured on the H
 Qwen2.5-1.5B shapes, a 16-row tensor-core kernel lost to it at 8 and 16 rows
 (docs/kernels.md), and the SiLU-mul fused into either side of the MLP cost more than its own
 launch.
+
+Under the row GEMV the two projections that feed an elementwise step pair their rows so the step
+runs in the projection's kernel (`triton_ops/paired_row_gemv.py`): qkv with RoPE and the K/V
+store (`norm_qkv_store`), gate | up with the SiLU-mul (`norm_linear` given the act).
+`SGLANG_AUX_PAIRED_GEMV=0` keeps the unpaired launches, for before/after measurements.
 """
 
 from __future__ import annotations
@@ -19,10 +24,25 @@ import torch
 from torch import nn
 
 from sglang_aux.srt.layers.layernorm import RMSNorm, add_norm
-from sglang_aux.srt.layers.triton_ops.dispatch import GEMV_BACKENDS, GEMV_DTYPES, use_triton
+from sglang_aux.srt.layers.triton_ops.dispatch import (
+    GEMV_BACKENDS,
+    GEMV_DTYPES,
+    PAIRED_GEMV_ENV_VAR,
+    switch,
+    use_triton,
+)
 
 if TYPE_CHECKING:
     from sglang_aux.srt.layers.activation import SiluAndMul
+    from sglang_aux.srt.layers.kv_store import KVStore
+    from sglang_aux.srt.layers.rotary_embedding import RotaryEmbedding
+
+
+
+def paired_gemv() -> bool:
+    """Whether the row GEMV runs the paired kernels (`SGLANG_AUX_PAIRED_GEMV`: 1, the
+    default, or 0; read at every call, so a benchmark may flip it per process)."""
+    return switch(PAIRED_GEMV_ENV_VAR) == "1"
 
 
 def set_decode_gemv_backend(model: nn.Module, backend: str) -> None:
@@ -58,6 +78,11 @@ def norm_linear(norm: RMSNorm, linear: nn.Module, hidden: torch.Tensor,
     GEMV takes `hidden`. `linear` is a `linear.MergedColumnLinear` (not named in the
     annotation: that module imports this one)."""
     if use_gemv(linear, hidden) and (residual is None or residual.is_contiguous()):
+        if act is not None and linear.bias is None and paired_gemv():
+            from sglang_aux.srt.layers.triton_ops.paired_row_gemv import row_gemv_silu_mul
+
+            return row_gemv_silu_mul(hidden, linear.weight, norm_weight=norm.weight,
+                                     eps=norm.variance_epsilon, residual=residual)
         from sglang_aux.srt.layers.triton_ops.row_gemv import row_gemv
 
         y, stream = row_gemv(hidden, linear.weight, linear.bias, norm_weight=norm.weight,
@@ -66,3 +91,27 @@ def norm_linear(norm: RMSNorm, linear: nn.Module, hidden: torch.Tensor,
         x, stream = add_norm(norm, hidden, residual)
         y = linear(x)
     return (y if act is None else act(y)), stream
+
+
+def norm_qkv_store(norm: RMSNorm, qkv_proj: nn.Module, rotary: RotaryEmbedding,
+                   num_q_heads: int, positions: torch.Tensor, hidden: torch.Tensor,
+                   residual: torch.Tensor | None, store: KVStore | None
+                   ) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """`(q, stream)` of one decode token in one kernel: the norm of the stream, the qkv
+    projection, RoPE on q and k at `positions`, k and v written to `store`; as `norm_linear`
+    then `rotary.forward_and_store` would give them. None where the paired kernel does not
+    apply (more tokens, the torch backend, per-head q/k norms, no KV pool, a cache in another
+    dtype): the caller runs those two steps."""
+    if not use_gemv(qkv_proj, hidden) or store is None or not paired_gemv() \
+            or (residual is not None and not residual.is_contiguous()):
+        return None
+    k_cache, v_cache = store.k_cache, store.v_cache
+    if k_cache.dtype != hidden.dtype or v_cache.dtype != hidden.dtype \
+            or k_cache.stride(-1) != 1 or v_cache.stride(-1) != 1 or rotary.head_dim % 2:
+        return None
+    from sglang_aux.srt.layers.triton_ops.paired_row_gemv import row_gemv_rope_store
+
+    return row_gemv_rope_store(hidden, qkv_proj.weight, qkv_proj.bias, positions,
+                               rotary.cos_sin_cache, k_cache, v_cache, store.loc, num_q_heads,
+                               norm_weight=norm.weight, eps=norm.variance_epsilon,
+                               residual=residual)

@@ -34,7 +34,7 @@ from sglang_aux.srt.layers.aux_hidden_states import (
     ProjectedAuxCapture,
     finish_aux_hidden_states,
 )
-from sglang_aux.srt.layers.decode_gemv import norm_linear
+from sglang_aux.srt.layers.decode_gemv import norm_linear, norm_qkv_store
 from sglang_aux.srt.layers.layernorm import RMSNorm, add_norm
 from sglang_aux.srt.layers.linear import MergedColumnLinear, RowParallelLinear, column_shards
 from sglang_aux.srt.layers.logits_processor import LogitsProcessor, LogitsProcessorOutput
@@ -120,7 +120,33 @@ class LlamaAttention(nn.Module):
             return self.o_proj(self.attn(q, k, v, forward_batch))
         q = self.rotary_emb.forward_and_store(positions, q, k, v, store, self.q_norm,
                                               self.k_norm)
+        return self.attend_stored(q, forward_batch)
+
+    def attend_stored(self, q: torch.Tensor, forward_batch: ForwardBatch) -> torch.Tensor:
+        """Attention and `o_proj` of rotated q `[T, H D]` whose k and v are in the pool."""
         return self.o_proj(self.attn(q, None, None, forward_batch, save_kv_cache=False))
+
+    def norm_attend(self, norm: RMSNorm, positions: torch.Tensor, hidden: torch.Tensor,
+                    residual: torch.Tensor | None, forward_batch: ForwardBatch,
+                    aux: AuxHiddenStates | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """`(attention output, stream)` of the stream `hidden + residual` through `norm`;
+        `aux` captures the stream. At one decode token on the row GEMV, the norm, qkv, RoPE
+        and K/V store are one kernel (`norm_qkv_store`), else the norm and qkv are
+        (`norm_linear`)."""
+        stored = None
+        if self.q_norm is None:
+            stored = norm_qkv_store(norm, self.qkv_proj, self.rotary_emb, self.num_heads,
+                                    positions, hidden, residual,
+                                    self.attn.kv_store(forward_batch))
+        if stored is None:
+            qkv, stream = norm_linear(norm, self.qkv_proj, hidden, residual)
+        else:
+            q, stream = stored
+        if aux is not None:
+            aux.capture(stream, owned=True)
+        if stored is None:
+            return self.attend(positions, qkv, forward_batch), stream
+        return self.attend_stored(q, forward_batch), stream
 
 
 class LlamaMLP(nn.Module):
@@ -157,13 +183,11 @@ class LlamaDecoderLayer(nn.Module):
         is None); returns `(hidden, residual)` that sum to the stream after this layer. Each
         add is fused into the RMSNorm after it. With `aux`, the stream entering is captured:
         the fused add produces it anyway, as a fresh tensor no kernel writes later (owned).
-        Each norm also runs with the projection after it (`norm_linear`: one decode GEMV
-        kernel at a few tokens), the MLP's SiLU-mul with its gate | up projection."""
-        attn = self.self_attn
-        qkv, residual = norm_linear(self.input_layernorm, attn.qkv_proj, hidden, residual)
-        if aux is not None:
-            aux.capture(residual, owned=True)
-        hidden = attn.attend(positions, qkv, forward_batch)
+        Each norm also runs with the projection after it (one decode GEMV kernel at one
+        token: `LlamaAttention.norm_attend`, `norm_linear`), the MLP's SiLU-mul with its
+        gate | up projection."""
+        hidden, residual = self.self_attn.norm_attend(self.input_layernorm, positions, hidden,
+                                                      residual, forward_batch, aux)
         mlp = self.mlp
         act, residual = norm_linear(self.post_attention_layernorm, mlp.gate_up_proj, hidden,
                                     residual, mlp.act_fn)

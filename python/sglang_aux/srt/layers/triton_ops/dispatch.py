@@ -23,6 +23,14 @@ import torch
 
 ENV_VAR = "SGLANG_AUX_FUSED_KERNELS"
 MODES = ("auto", "off", "force")
+# The kernels' environment switches and their values, checked when the server's arguments are
+# (`check_kernel_switches`), so a typo stops the server before the model loads rather than at
+# its first step: PDL (`grid_dependency.py`) and the paired row GEMVs (`layers/decode_gemv.py`).
+PDL_ENV_VAR = "SGLANG_AUX_PDL"
+PDL_VALUES = ("auto", "0", "1")
+PAIRED_GEMV_ENV_VAR = "SGLANG_AUX_PAIRED_GEMV"
+PAIRED_GEMV_VALUES = ("1", "0")
+SWITCHES = {ENV_VAR: MODES, PDL_ENV_VAR: PDL_VALUES, PAIRED_GEMV_ENV_VAR: PAIRED_GEMV_VALUES}
 # `--decode-gemv-backend`: the dense projections of one-row forwards on cuBLAS (torch) or on the
 # row GEMV kernel (triton; layers/decode_gemv.py), which these rules then gate like any other.
 GEMV_BACKENDS = ("torch", "triton")
@@ -41,11 +49,22 @@ def require_triton() -> None:
             f"{ENV_VAR}=off (a CPU needs neither)", name="triton")
 
 
+def switch(name: str) -> str:
+    """The value of the kernel switch `name` (its default unset), or a ValueError naming it."""
+    choices = SWITCHES[name]
+    value = os.environ.get(name, choices[0])
+    if value not in choices:
+        raise ValueError(f"{name}={value!r}; choose from {', '.join(choices)}")
+    return value
+
+
+def check_kernel_switches() -> None:
+    for name in SWITCHES:
+        switch(name)
+
+
 def fused_kernels_mode() -> str:
-    mode = os.environ.get(ENV_VAR, "auto")
-    if mode not in MODES:
-        raise ValueError(f"{ENV_VAR}={mode!r}; choose from {', '.join(MODES)}")
-    return mode
+    return switch(ENV_VAR)
 
 
 def use_triton(x: torch.Tensor, differentiable: bool = True) -> bool:

@@ -20,7 +20,9 @@ import torch
 import triton
 import triton.language as tl
 
-ENV_VAR = "SGLANG_AUX_PDL"
+from sglang_aux.srt.layers.triton_ops.dispatch import PDL_ENV_VAR as ENV_VAR
+from sglang_aux.srt.layers.triton_ops.dispatch import switch
+
 # griddepcontrol needs sm_90
 MIN_CAPABILITY = (9, 0)
 
@@ -49,9 +51,7 @@ def resolve_pdl(pdl: bool | None, x: torch.Tensor) -> bool:
     where the device has it; `0`; `1`). PDL needs compiled Triton on a CUDA device of compute
     capability 9.0 or more (Triton's interpreter has no griddepcontrol)."""
     if pdl is None:
-        value = os.environ.get(ENV_VAR, "auto")
-        if value not in ("auto", "0", "1"):
-            raise ValueError(f"{ENV_VAR}={value!r}; choose auto, 0 or 1")
+        value = switch(ENV_VAR)
         if value == "auto":
             return _capable(x)
         pdl = value == "1"
