@@ -77,7 +77,8 @@ L2_PASSES = 2
 REL_ERR_BOUND = {torch.float32: 1e-4, torch.bfloat16: 2e-2}
 # the CPU picks one split: force three, so both paths split and merge at the longer context
 SMOKE = dict(bs=[1, 3], contexts=[16, 130], q_lens=[1, 4], min_split_keys=[64],
-             single_pass=["32:4:1"], num_kv_splits=3, max_context=256, calls=1, iters=1)
+             single_pass=["32:4:1"], splits=[2], row_tiles=[16], merge_heads=[4],
+             num_kv_splits=3, max_context=256, calls=1, iters=1)
 
 
 def _batch(bs: int, context: int, q_len: int, max_context: int, num_layers: int, device: str,
@@ -145,14 +146,23 @@ def _us_per_call(backend: TritonAttnBackend, fb: ForwardBatch, layers: list[Radi
     return replay_ms(graphs, graph, iters, cuda=True) * 1e3 / len(layers)
 
 
-def _paths(num_kv_splits: int | None, min_split_keys: list[int], single_pass: list[str]
-           ) -> dict[str, TritonAttnBackend]:
-    paths = {"launch": TritonAttnBackend(num_kv_splits)}
-    for n in min_split_keys:
-        paths[f"in_kernel@{n}"] = TritonAttnBackend(num_kv_splits, "in_kernel", n)
-    for spec in single_pass:
+def _paths(args: argparse.Namespace) -> dict[str, TritonAttnBackend]:
+    paths = {"launch": TritonAttnBackend(args.num_kv_splits)}
+    for n in args.min_split_keys:
+        paths[f"in_kernel@{n}"] = TritonAttnBackend(args.num_kv_splits, "in_kernel", n)
+    for spec in args.single_pass:
         tile = tiling.SinglePassTile(*map(int, spec.split(":")))
         paths[f"single@{spec}"] = TritonAttnBackend(single_pass=tile)
+    for n in args.splits:
+        paths[f"splits@{n}"] = TritonAttnBackend(n)
+    for n in args.row_tiles:
+        paths[f"rows@{n}"] = TritonAttnBackend(args.num_kv_splits, max_block_m=n)
+    for n in args.merge_heads:
+        paths[f"merge_heads@{n}"] = TritonAttnBackend(args.num_kv_splits, merge_heads=n)
+    for n in args.row_tiles:
+        for h in args.merge_heads:
+            paths[f"rows@{n}+merge_heads@{h}"] = TritonAttnBackend(
+                args.num_kv_splits, max_block_m=n, merge_heads=h)
     return paths
 
 
@@ -204,11 +214,11 @@ def run(args: argparse.Namespace) -> dict:
                     del fb, layers
                     continue
                 q = torch.randn(bs * q_len, heads * head_dim, device=device, dtype=dtype)
-                m_tiles = -(-q_len * (heads // kv_heads) // tiling.q_block(
-                    q_len * (heads // kv_heads), head_dim))
-                paths = _paths(args.num_kv_splits, args.min_split_keys, args.single_pass)
+                paths = _paths(args)
                 for name, backend in paths.items():
-                    splits = args.num_kv_splits or grid_kv_splits(
+                    m_tiles = -(-q_len * (heads // kv_heads) // tiling.q_block(
+                        q_len * (heads // kv_heads), head_dim, backend.max_block_m))
+                    splits = backend.num_kv_splits or grid_kv_splits(
                         bs * kv_heads * m_tiles, fb.req_to_token_pool.max_context_len,
                         q.device, backend.decode_merge, backend.min_split_keys)
                     if backend.single_pass:
@@ -237,11 +247,11 @@ def _table(report: dict) -> str:
     cols = "tokens verified" if ragged else "splits launches"
     lines = [f"{report['device']}, {report['dtype']}, copy "
              f"{report['copy_tb_s'] or float('nan'):.2f} TB/s",
-             f"q_len bs context path            {cols} us/call  TB/s  vs {first}"]
+             f"q_len bs context path                    {cols} us/call  TB/s  vs {first}"]
     for r in report["rows"]:
         ratio = base[(r["q_len"], r["bs"], r["context"])] / r["us_per_call"]
         a, b = (r["tokens"], r["verified"]) if ragged else (r["grid_splits"], r["launches"])
-        lines.append(f"{r['q_len']:>5} {r['bs']:>2} {r['context']:>7} {r['path']:<16}"
+        lines.append(f"{r['q_len']:>5} {r['bs']:>2} {r['context']:>7} {r['path']:<24}"
                      f"{a:>6} {b:>8} {r['us_per_call']:>7.2f} "
                      f"{r['tb_s']:>5.2f} {ratio:>9.2f}x")
     return "\n".join(lines)
@@ -257,6 +267,14 @@ def main(argv: list[str] | None = None) -> dict:
                    help="one in-kernel path per value (multiples of 64)")
     p.add_argument("--single-pass", nargs="*", default=[],
                    help="one single-pass path per tile BLOCK_N:WARPS:STAGES (e.g. 128:8:2)")
+    p.add_argument("--splits", type=int, nargs="*", default=[],
+                   help="also the launch path at each of these fixed key splits (splits@N)")
+    p.add_argument("--row-tiles", type=int, nargs="*", default=[],
+                   help="also the launch path with its row tile capped at each of these "
+                        "(rows@N; a power of two >= 16; today's cap: 64 at head_dim 128)")
+    p.add_argument("--merge-heads", type=int, nargs="*", default=[],
+                   help="also the launch path whose merge combines this many heads of a token "
+                        "per program (merge_heads@N; today: 1), and with each --row-tiles")
     p.add_argument("--max-context", type=int, default=32768,
                    help="the request pool's context bound (a runner's; caps in-kernel splits)")
     p.add_argument("--num-kv-splits", type=int, default=None,

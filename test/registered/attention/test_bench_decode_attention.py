@@ -1,6 +1,8 @@
 """The decode attention benchmark (benchmark/spec_decode/bench_decode_attention.py) in its CPU
-smoke mode: every (tokens per request, bs, context) row has both paths, each checked against
-torch_native inside the run; the merge-kernel path launches twice, the in-kernel one once;
+smoke mode: every (tokens per request, bs, context) row has every path (today's launch, the
+in-kernel merge, single pass, a fixed split, a capped row tile, a merge of several heads per
+program, the last two together), each checked against torch_native inside the run; the
+merge-kernel paths launch twice, the in-kernel one once;
 `--ragged` reports the static, per-token and ragged verify paths of every row."""
 
 import os
@@ -34,15 +36,23 @@ def test_smoke_run_reports_every_row(tmp_path, capsys):
     assert "vs launch" in capsys.readouterr().out
     smoke = bench.SMOKE
     paths = {"launch", *(f"in_kernel@{n}" for n in smoke["min_split_keys"]),
-             *(f"single@{t}" for t in smoke["single_pass"])}
+             *(f"single@{t}" for t in smoke["single_pass"]),
+             *(f"splits@{n}" for n in smoke["splits"]),
+             *(f"rows@{n}" for n in smoke["row_tiles"]),
+             *(f"merge_heads@{n}" for n in smoke["merge_heads"]),
+             *(f"rows@{n}+merge_heads@{h}" for n in smoke["row_tiles"]
+               for h in smoke["merge_heads"])}
     seen = {(r["q_len"], r["bs"], r["context"], r["path"]) for r in report["rows"]}
     assert seen == {(q, b, c, p) for q in smoke["q_lens"] for b in smoke["bs"]
                     for c in smoke["contexts"] for p in paths}
     heads, kv_heads, head_dim = bench.QWEN_HEADS
     for r in report["rows"]:
-        single = r["path"].startswith("single@")
-        assert r["grid_splits"] == (1 if single else smoke["num_kv_splits"])
-        assert r["launches"] == (2 if r["path"] == "launch" else 1)
+        path = r["path"]
+        splits = (1 if path.startswith("single@") else int(path[7:])
+                  if path.startswith("splits@") else smoke["num_kv_splits"])
+        assert r["grid_splits"] == splits
+        one_launch = path.startswith(("single@", "in_kernel@")) or splits == 1
+        assert r["launches"] == (1 if one_launch else 2)
         assert r["kv_bytes"] == 2 * r["bs"] * r["context"] * kv_heads * head_dim * 4
         assert r["us_per_call"] > 0 and 0 <= r["rel_err"] < 1e-4
 

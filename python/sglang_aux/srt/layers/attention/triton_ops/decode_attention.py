@@ -232,13 +232,16 @@ def decode_attention_fwd(
     min_split_keys: int = tiling.MIN_SPLIT_KEYS,
     single_pass: SinglePassTile | None = None,
     ragged: RaggedQueries | None = None,
+    max_block_m: int | None = None,
+    merge_heads: int = 1,
 ) -> None:
     """Fixed-layout paged attention; `num_kv_splits=None` picks the split from the device;
     `sliding_window_size` keys left of each query are seen (-1: all). `merge="in_kernel"`
     needs `counters` and splits only keys past `min_split_keys` (a multiple of the key tile).
     `single_pass` (a bench-only candidate): no key split at all, at that tile. With `ragged`
     (bs request slots, any number of tokens), `seq_lens` is unused; rows of no request come
-    out 0."""
+    out 0. Bench-only candidates: `max_block_m`, the row tile's cap (`tiling.q_block`);
+    `merge_heads`, the heads a merge program combines (`merge_attn_states`)."""
     if merge not in MERGE_MODES:
         raise ValueError(f"merge must be one of {MERGE_MODES}, got {merge!r}")
     if single_pass is not None and (merge != "launch" or num_kv_splits not in (None, 1)):
@@ -251,7 +254,7 @@ def decode_attention_fwd(
     if ragged is not None and q_len < 1:
         raise ValueError(f"a ragged layout's width must be >= 1, got {q_len}")
     group = num_heads // num_kv_heads
-    block_m = tiling.q_block(q_len * group, head_dim)
+    block_m = tiling.q_block(q_len * group, head_dim, max_block_m)
     block_n = tiling.kv_block(head_dim) if single_pass is None else single_pass.block_n
     m_tiles = triton.cdiv(q_len * group, block_m)
     in_kernel = merge == "in_kernel"
@@ -306,4 +309,4 @@ def decode_attention_fwd(
         num_stages=tiling.NUM_STAGES if single_pass is None else single_pass.num_stages,
     )
     if merge_launch:
-        merge_attn_states(partial_out, partial_lse, out)
+        merge_attn_states(partial_out, partial_lse, out, merge_heads)

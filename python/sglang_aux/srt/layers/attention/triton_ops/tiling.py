@@ -80,9 +80,12 @@ def max_q_block(head_dim: int) -> int:
     return 64 if head_dim <= 128 else 32
 
 
-def q_block(rows: int, head_dim: int) -> int:
-    """The smallest power-of-two row tile that tl.dot accepts, capped by `max_q_block`."""
-    return min(max(MIN_DOT_ROWS, triton.next_power_of_2(rows)), max_q_block(head_dim))
+def q_block(rows: int, head_dim: int, cap: int | None = None) -> int:
+    """The smallest power-of-two row tile that tl.dot accepts, capped by `max_q_block` (or by
+    `cap`, a bench-only candidate: a 16-token verify's 96 rows of a GQA group in one tile)."""
+    if cap is not None and (cap < MIN_DOT_ROWS or cap & (cap - 1)):
+        raise ValueError(f"a row tile cap must be a power of two >= {MIN_DOT_ROWS}, got {cap}")
+    return min(max(MIN_DOT_ROWS, triton.next_power_of_2(rows)), cap or max_q_block(head_dim))
 
 
 def num_warps(block_m: int, head_dim: int) -> int:
