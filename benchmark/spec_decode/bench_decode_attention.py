@@ -263,7 +263,7 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--contexts", type=int, nargs="+", default=[128, 900, 4096])
     p.add_argument("--q-lens", type=int, nargs="+", default=[1, 16],
                    help="tokens per request: 1 is DECODE, more TARGET_VERIFY")
-    p.add_argument("--min-split-keys", type=int, nargs="+", default=[tiling.MIN_SPLIT_KEYS],
+    p.add_argument("--min-split-keys", type=int, nargs="*", default=[tiling.MIN_SPLIT_KEYS],
                    help="one in-kernel path per value (multiples of 64)")
     p.add_argument("--single-pass", nargs="*", default=[],
                    help="one single-pass path per tile BLOCK_N:WARPS:STAGES (e.g. 128:8:2)")

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# The paired row GEMVs in the whole bs-1 decode step and the verify attention candidates, on
+# the H200 in one device call (<= 4 minutes), from the repository root (docs/kernels.md,
+# "Candidates"). Writes JSON and logs under OUT; each step's exit status in OUT/status.txt.
+#
+#   bash scripts/device/fusion_candidates.sh "$OUT"
+set -uo pipefail
+out=${1:?usage: fusion_candidates.sh OUT_DIR}
+mkdir -p "$out"
+export PYTHONPATH=$PWD/python
+bench=benchmark/spec_decode
+
+. scripts/device/timed_steps.sh
+
+step tests 120 python -m pytest -q -x \
+  test/registered/layers/test_paired_row_gemv_cuda.py test/registered/layers/test_row_gemv_cuda.py \
+  "test/registered/attention/test_triton_backend_cuda.py::test_cuda_graph_replay_matches_torch_native"
+# the whole step with the paired kernels (the default) and without (two launches each)
+for paired in on off; do
+  step "replay_paired_$paired" 90 python "$bench/bench_graph_replay.py" \
+    --presets qwen2.5-1.5b-shaped --decode-bs 1 8 --verify-bs --decode-gemv-backend triton \
+    --paired-gemv "$paired" --out "$out/replay_paired_$paired.json"
+done
+# verify (16 tokens) and decode attention at the step's context: fixed key splits, one row
+# tile for a request's 96 GQA rows, merges of several heads per program
+step attention 120 python "$bench/bench_decode_attention.py" --bs 1 8 32 --contexts 900 \
+  --q-lens 1 16 --min-split-keys --splits 1 2 --row-tiles 128 --merge-heads 4 16 \
+  --out "$out/verify_attention_candidates.json"
+cat "$out/status.txt"
