@@ -15,10 +15,6 @@ captured batch (the graph holds the same kernels), divided by the layer count. B
 replay time, and its fraction of the device-to-device copy bandwidth measured in the same run;
 with `--kernel-table N` (default 12 on CUDA) each replay's N costliest kernels.
 `--triton-attention-decode-merge in_kernel` measures the one-launch decode attention.
-`--block-gemv` times each graph a second time, captured with the block
-GEMV candidate routed in for 2..32-row projections (`block_gemv_routing.py`), as
-`DECODE+block_gemv` / `TARGET_VERIFY+block_gemv` / `DRAFT_BLOCK+block_gemv` (`routed_calls`:
-the engine's, a DFLASH engine's verify and draft graphs together).
 `--pdl on|off` launches our kernels (row GEMVs, RMSNorm, RoPE + KV store, SiLU-mul) dependent
 or not (programmatic dependent launch: it sets `SGLANG_AUX_PDL` for this process,
 `triton_ops/grid_dependency.py`; `auto`, the default, is the server's: on where the device has
@@ -35,7 +31,6 @@ import time
 
 import torch
 from bench_cached_prefill import kernel_table, print_kernel_table  # script folder on sys.path
-from block_gemv_routing import route_block_gemv
 from step_bandwidth import copy_bandwidth, kv_bytes, weight_bytes
 
 from sglang_aux.srt.entrypoints.engine import Engine
@@ -162,14 +157,6 @@ def _replay_rows(engine: Engine, preset: str, graph: str, sizes: list[int], args
     return rows
 
 
-def measure_block_gemv(preset: str, graphs: dict[str, list[int]], args) -> list[dict]:
-    """The graphs again, captured with the block GEMV candidate routed in."""
-    with route_block_gemv() as routed:
-        rows = measure(preset, graphs, args)
-    calls = {f"{site}/{m}": n for (site, m), n in sorted(routed.items())}
-    return [r | {"graph": f"{r['graph']}+block_gemv", "routed_calls": calls} for r in rows]
-
-
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--presets", nargs="+", default=["smollm2-shaped", "bench-llama"])
@@ -187,9 +174,6 @@ def main() -> None:
                         "default 12 on CUDA, 0 turns it off)")
     p.add_argument("--decode-gemv-backend", default="torch", choices=GEMV_BACKENDS,
                    help="the engines' --decode-gemv-backend (docs/kernels.md)")
-    p.add_argument("--block-gemv", action="store_true",
-                   help="also time each graph with the block GEMV candidate routed in (its "
-                        "2..32-row projections)")
     p.add_argument("--pdl", default="auto", choices=["auto", "on", "off"],
                    help="launch our kernels dependent (SGLANG_AUX_PDL; auto, the server's "
                         "default: where the device has it, sm_90+)")
@@ -213,18 +197,16 @@ def main() -> None:
             graphs = {graph: sizes for graph, sizes in graphs.items() if sizes}
             if graphs:
                 rows += measure(preset, graphs, args)
-                if args.block_gemv:
-                    rows += measure_block_gemv(preset, graphs, args)
     decode_bs1 = {r["preset"]: r["replay_ms"] for r in rows
                   if r["graph"] == "DECODE" and r["bs"] == 1}
-    print(f"{'preset':>15} {'graph':>24} {'bs':>4} {'replay ms':>10} {'kern/layer':>10} "
+    print(f"{'preset':>15} {'graph':>13} {'bs':>4} {'replay ms':>10} {'kern/layer':>10} "
           f"{'vs decode bs1':>13} {'MB read':>9} {'floor ms':>9} {'TB/s':>6} {'of copy':>8}")
     for r in rows:
         kpl = "-" if r["kernels_per_layer"] is None else f"{r['kernels_per_layer']:.1f}"
         ref = decode_bs1.get(r["preset"])
         ratio = f"{r['replay_ms'] / ref:.2f}x" if ref else "-"
         read = (r["weight_bytes"] + r["kv_bytes"]) / 1e6
-        print(f"{r['preset']:>15} {r['graph']:>24} {r['bs']:>4} {r['replay_ms']:>10.3f} "
+        print(f"{r['preset']:>15} {r['graph']:>13} {r['bs']:>4} {r['replay_ms']:>10.3f} "
               f"{kpl:>10} {ratio:>13} {read:>9.1f} {r['floor_ms']:>9.3f} "
               f"{r['achieved_tb_s']:>6.2f} {r['fraction_of_copy']:>7.0%}")
         print_kernel_table(r.get("kernel_table", []), "    ")

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# The verify side on the H200 in one device call (<= 9 minutes), from the repository root:
-# issue 38 item 4's block GEMV candidate, issue 39 item 2's ragged verify attention and item
-# 3's draft length schedule, their CUDA tests first, then the benches that decide them, then
-# the DFlash step bench (issue 39 item 1: static and compact, the step costs the schedule
-# reads). Writes JSON and logs under OUT; each step's exit status is in OUT/status.txt.
+# The verify side on the H200 in one device call (<= 7 minutes), from the repository root:
+# issue 39 item 2's ragged verify attention and item 3's draft length schedule, their CUDA
+# tests first, then the bench that decides the attention, then the DFlash step bench (issue 39
+# item 1: static and compact, the step costs the schedule reads). Writes JSON and logs under
+# OUT; each step's exit status is in OUT/status.txt.
 #
 #   bash scripts/device/verify_candidates.sh "$OUT"
 set -uo pipefail
@@ -14,7 +14,6 @@ bench=benchmark/spec_decode
 . scripts/device/timed_steps.sh
 
 step tests 165 python -m pytest -q \
-  test/registered/layers/test_block_gemv_cuda.py \
   test/registered/model_executor/test_ragged_step_prologue_cuda.py \
   "test/registered/attention/test_triton_backend_cuda.py::test_ragged_verify_graph_matches_torch_native" \
   test/registered/speculative/test_dflash_worker_draft_len_cuda.py \
@@ -23,15 +22,6 @@ step tests 165 python -m pytest -q \
 # the ragged verify attention against the per-token path and the static layout
 step ragged_attention 55 python "$bench/bench_decode_attention.py" --ragged --bs 1 8 32 \
   --contexts 900 --q-lens 16 --out "$out/ragged_verify_attention.json"
-# the block GEMV per projection at 16 rows (8 and 32 for reference), nine tile variants
-step block_gemv 85 python "$bench/bench_block_gemv.py" --iters 100 --rows 16 8 32 \
-  --configs 16:256:1:4:1:1 16:128:1:4:3:0 32:256:1:4:1:1 32:128:2:4:3:0 16:256:4:4:1:1 \
-  32:256:4:4:1:1 64:128:1:4:3:1 64:256:1:8:3:0 128:128:1:8:3:0 --out "$out/block_gemv.json"
-# the bs-8 and bs-32 decode graphs (8 and 32 rows), the bs-1 verify and draft block (16) with
-# and without the candidate, and the bs-32 verify and draft (512 rows: cuBLAS either way)
-step replay_block_gemv 105 python "$bench/bench_graph_replay.py" --presets qwen2.5-1.5b-shaped \
-  --decode-bs 8 32 --verify-bs 1 32 --draft-bs 1 32 --decode-gemv-backend triton --block-gemv \
-  --out "$out/replay_block_gemv.json"
 # a DFlash step at 1, 8 and 32 requests, static and compact, against target-only
 step dflash_step 150 python "$bench/bench_dflash_step.py" --bs 1 8 32 \
   --out "$out/dflash_step.json"

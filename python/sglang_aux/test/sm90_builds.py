@@ -223,7 +223,6 @@ def _t(*shape: int, dtype: torch.dtype = DTYPE) -> torch.Tensor:
 
 
 def _gemv_launches(builds: Builds) -> None:
-    from sglang_aux.srt.layers.triton_ops.block_gemv import BlockGemvConfig, block_gemv
     from sglang_aux.srt.layers.triton_ops.paired_row_gemv import (
         row_gemv_rope_store,
         row_gemv_silu_mul,
@@ -239,16 +238,6 @@ def _gemv_launches(builds: Builds) -> None:
             row_gemv(_t(1, k), w, bias, pdl=pdl)
             if fused:
                 row_gemv(_t(1, k), w, bias, pdl=pdl, **fused)
-        for rows in (8, 16, 32):
-            builds.label(f"block_gemv {name} rows={rows}", candidate=True)
-            fused = dict(norm_weight=norm, eps=1e-6, residual=_t(rows, k)) if k == HIDDEN else {}
-            block_gemv(_t(rows, k), w, bias)
-            if fused:
-                block_gemv(_t(rows, k), w, bias, **fused)
-            for spec in BLOCK_GEMV_CANDIDATES:
-                *sizes, prefetch = map(int, spec.split(":"))
-                block_gemv(_t(rows, k), w, bias,
-                           config=BlockGemvConfig(*sizes, prefetch=bool(prefetch)))
     positions, loc = torch.zeros(1, dtype=torch.int64), torch.zeros(1, dtype=torch.int64)
     cos_sin = _t(MAX_CONTEXT, HEAD_DIM, dtype=torch.float32)
     k_cache, v_cache = _t(SLOTS, KV_HEADS, HEAD_DIM), _t(SLOTS, KV_HEADS, HEAD_DIM)
@@ -260,13 +249,6 @@ def _gemv_launches(builds: Builds) -> None:
         builds.label(f"paired gate_up+silu pdl={pdl}", candidate=True)
         row_gemv_silu_mul(_t(1, HIDDEN), _t(2 * INTER, HIDDEN), norm_weight=norm, eps=1e-6,
                           residual=_t(1, HIDDEN), pdl=pdl)
-
-
-# verify_candidates.sh's block GEMV tiles (bench_block_gemv.py --configs):
-# BLOCK_N:BLOCK_K:SPLIT_K:warps:stages:prefetch
-BLOCK_GEMV_CANDIDATES = ("16:256:1:4:1:1 16:128:1:4:3:0 32:256:1:4:1:1 32:128:2:4:3:0 "
-                         "16:256:4:4:1:1 32:256:4:4:1:1 64:128:1:4:3:1 64:256:1:8:3:0 "
-                         "128:128:1:8:3:0").split()
 
 
 def _elementwise_launches(builds: Builds) -> None:

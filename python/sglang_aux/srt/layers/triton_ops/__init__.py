@@ -6,8 +6,6 @@
 - `attn_res_mix`: Kimi-K3-style Block AttnRes mixing (scores, softmax over sources, sum).
 - `row_gemv`: the decode GEMV of one row, with the RMSNorm (and residual add) before it and
   the bias fused (behind `--decode-gemv-backend`).
-- `block_gemv`: a candidate for the 2..32-row projections of a verify step and the draft's
-  block forward, measured against cuBLAS (docs/kernels.md); no layer calls it yet.
 - `paired_row_gemv`: bench-only candidates, the row GEMV with RoPE + KV store or SiLU-mul in
   its epilogue.
 - `grid_dependency`: programmatic dependent launch (`pdl=` of the kernels; bench-only).
