@@ -77,7 +77,7 @@ L2_PASSES = 2
 REL_ERR_BOUND = {torch.float32: 1e-4, torch.bfloat16: 2e-2}
 # the CPU picks one split: force three, so both paths split and merge at the longer context
 SMOKE = dict(bs=[1, 3], contexts=[16, 130], q_lens=[1, 4], min_split_keys=[64],
-             single_pass=["32:4:1"], splits=[2], row_tiles=[16], merge_heads=[4],
+             single_pass=["32:4:1"], splits=[2], row_tiles=[16], merge_heads=[1],
              num_kv_splits=3, max_context=256, calls=1, iters=1)
 
 
@@ -163,6 +163,9 @@ def _paths(args: argparse.Namespace) -> dict[str, TritonAttnBackend]:
         for h in args.merge_heads:
             paths[f"rows@{n}+merge_heads@{h}"] = TritonAttnBackend(
                 args.num_kv_splits, max_block_m=n, merge_heads=h)
+    for n in args.splits:
+        for h in args.merge_heads:
+            paths[f"splits@{n}+merge_heads@{h}"] = TritonAttnBackend(n, merge_heads=h)
     return paths
 
 
@@ -274,7 +277,8 @@ def main(argv: list[str] | None = None) -> dict:
                         "(rows@N; a power of two >= 16; today's cap: 64 at head_dim 128)")
     p.add_argument("--merge-heads", type=int, nargs="*", default=[],
                    help="also the launch path whose merge combines this many heads of a token "
-                        "per program (merge_heads@N; today: 1), and with each --row-tiles")
+                        "per program (merge_heads@N; today's: tiling.MERGE_HEADS), and with "
+                        "each --row-tiles and --splits")
     p.add_argument("--max-context", type=int, default=32768,
                    help="the request pool's context bound (a runner's; caps in-kernel splits)")
     p.add_argument("--num-kv-splits", type=int, default=None,

@@ -22,8 +22,9 @@ for paired in on off; do
     --paired-gemv "$paired" --out "$out/replay_paired_$paired.json"
 done
 # verify (16 tokens) and decode attention at the step's context: fixed key splits, one row
-# tile for a request's 96 GQA rows, merges of several heads per program
+# tile for a request's 96 GQA rows, each split with the merge of one head a program and of
+# tiling.MERGE_HEADS (the default)
 step attention 120 python "$bench/bench_decode_attention.py" --bs 1 8 32 --contexts 900 \
-  --q-lens 1 16 --min-split-keys --splits 1 2 --row-tiles 128 --merge-heads 4 16 \
+  --q-lens 1 16 --min-split-keys --splits 1 2 4 8 --merge-heads 1 \
   --out "$out/verify_attention_candidates.json"
 cat "$out/status.txt"

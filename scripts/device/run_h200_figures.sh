@@ -10,7 +10,7 @@
 # server load test), arrivals (the harness's traffic in-process, traced), gemm (section 8's MXFP8 GEMM sweep), memory (section 8's graph memory),
 # host (host time per step, overlap scheduler on and off), mixed (section 12: arrivals apart / in
 # mixed steps, in-process).
-# Environment: TEST_FILES (tests: these files only), DRAFT (harness: the draft folder or name),
+# Environment: TEST_FILES (tests: these files only), TEST_GROUPS (tests: these groups), DRAFT (harness: the draft folder or name),
 # LOAD_FLAGS (load: more server flags), CONFIGS and NUM_QUESTIONS (harness).
 # Needs, for all but tests/gemm/memory: SmolLM2 staged (stage_smollm2_gguf.sh --join) and
 # GSM8K in $SGLANG_AUX_GSM8K_DIR; for harness/load the server wheels in /tmp/site
@@ -43,6 +43,21 @@ case $phase in
     [ ${#rest[@]} -gt 0 ] && groups+=("${rest[*]}")
     # TEST_FILES="a.py b.py": those files instead, one group each, no timed test after
     if [ -n "${TEST_FILES:-}" ]; then read -ra groups <<< "$TEST_FILES"; timed=""; fi
+    # TEST_GROUPS="0 5 8": those groups only, each file its own process (a rerun of the groups
+    # a cut call left); the timed test with group 0
+    if [ -n "${TEST_GROUPS:-}" ]; then
+      picked=()
+      for g in $TEST_GROUPS; do read -ra files <<< "${groups[$g]}"; picked+=("${files[@]}"); done
+      groups=()
+      for f in "${picked[@]}"; do
+        case $f in
+          --deselect|*::*) ;;
+          "${timed%%::*}") groups+=("$f --deselect $timed") ;;
+          *) groups+=("$f") ;;
+        esac
+      done
+      [[ " $TEST_GROUPS " == *" 0 "* ]] || timed=""
+    fi
     pids=()
     for i in "${!groups[@]}"; do
       # shellcheck disable=SC2086

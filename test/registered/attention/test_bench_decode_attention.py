@@ -41,6 +41,8 @@ def test_smoke_run_reports_every_row(tmp_path, capsys):
              *(f"rows@{n}" for n in smoke["row_tiles"]),
              *(f"merge_heads@{n}" for n in smoke["merge_heads"]),
              *(f"rows@{n}+merge_heads@{h}" for n in smoke["row_tiles"]
+               for h in smoke["merge_heads"]),
+             *(f"splits@{n}+merge_heads@{h}" for n in smoke["splits"]
                for h in smoke["merge_heads"])}
     seen = {(r["q_len"], r["bs"], r["context"], r["path"]) for r in report["rows"]}
     assert seen == {(q, b, c, p) for q in smoke["q_lens"] for b in smoke["bs"]
@@ -48,7 +50,7 @@ def test_smoke_run_reports_every_row(tmp_path, capsys):
     heads, kv_heads, head_dim = bench.QWEN_HEADS
     for r in report["rows"]:
         path = r["path"]
-        splits = (1 if path.startswith("single@") else int(path[7:])
+        splits = (1 if path.startswith("single@") else int(path[7:].split("+")[0])
                   if path.startswith("splits@") else smoke["num_kv_splits"])
         assert r["grid_splits"] == splits
         one_launch = path.startswith(("single@", "in_kernel@")) or splits == 1

@@ -95,8 +95,8 @@ class TritonAttnBackend(AttentionBackend):
     forwards must not run concurrently (they do not: every forward of a runner runs on its
     one stream). `single_pass` (a bench-only candidate, `tiling.SinglePassTile`) runs the
     fixed-layout modes with no key split at that tile; `max_block_m` (bench-only too) caps
-    their row tile at that many rows instead of `tiling.max_q_block`, and `merge_heads`
-    merges that many query heads of a token per program (`merge_attn_states`).
+    their row tile at that many rows instead of `tiling.max_q_block`; `merge_heads`: the
+    query heads of a token one merge program combines (`merge_attn_states`).
     """
 
     extend_graph_safe = True
@@ -104,7 +104,8 @@ class TritonAttnBackend(AttentionBackend):
     def __init__(self, num_kv_splits: int | None = None, decode_merge: MergeMode = "launch",
                  min_split_keys: int = tiling.MIN_SPLIT_KEYS,
                  single_pass: tiling.SinglePassTile | None = None,
-                 max_block_m: int | None = None, merge_heads: int = 1):
+                 max_block_m: int | None = None,
+                 merge_heads: int = tiling.MERGE_HEADS):
         if num_kv_splits is not None and num_kv_splits < 1:
             raise ValueError(f"num_kv_splits must be >= 1, got {num_kv_splits}")
         if decode_merge not in MERGE_MODES:

@@ -233,15 +233,15 @@ def decode_attention_fwd(
     single_pass: SinglePassTile | None = None,
     ragged: RaggedQueries | None = None,
     max_block_m: int | None = None,
-    merge_heads: int = 1,
+    merge_heads: int = tiling.MERGE_HEADS,
 ) -> None:
     """Fixed-layout paged attention; `num_kv_splits=None` picks the split from the device;
     `sliding_window_size` keys left of each query are seen (-1: all). `merge="in_kernel"`
     needs `counters` and splits only keys past `min_split_keys` (a multiple of the key tile).
     `single_pass` (a bench-only candidate): no key split at all, at that tile. With `ragged`
     (bs request slots, any number of tokens), `seq_lens` is unused; rows of no request come
-    out 0. Bench-only candidates: `max_block_m`, the row tile's cap (`tiling.q_block`);
-    `merge_heads`, the heads a merge program combines (`merge_attn_states`)."""
+    out 0. `max_block_m` (a bench-only candidate): the row tile's cap (`tiling.q_block`);
+    `merge_heads`: the heads a merge program combines (`merge_attn_states`)."""
     if merge not in MERGE_MODES:
         raise ValueError(f"merge must be one of {MERGE_MODES}, got {merge!r}")
     if single_pass is not None and (merge != "launch" or num_kv_splits not in (None, 1)):

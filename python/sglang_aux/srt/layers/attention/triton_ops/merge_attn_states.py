@@ -47,10 +47,10 @@ def merge_attn_states(
     partial_out: torch.Tensor,  # [T, H, S, D] fp32
     partial_lse: torch.Tensor,  # [T, H, S] fp32
     out: torch.Tensor,  # [T, H, D], written in its own dtype
-    heads_per_program: int = 1,
+    heads_per_program: int = tiling.MERGE_HEADS,
 ) -> None:
-    """`heads_per_program` (a power of two; > 1 a bench-only candidate): the query heads of a
-    token one program merges; fewer, larger programs for a verify step's many rows."""
+    """`heads_per_program` (a power of two): the query heads of a token one program merges;
+    fewer, larger programs than one a head for a verify step's many rows."""
     if heads_per_program < 1 or heads_per_program & (heads_per_program - 1):
         raise ValueError(f"heads_per_program must be a power of two, got {heads_per_program}")
     num_tokens, num_heads, num_splits, head_dim = partial_out.shape

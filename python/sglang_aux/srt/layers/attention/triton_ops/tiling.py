@@ -22,6 +22,11 @@ NO_KEYS = tl.constexpr(-1.0e30)
 # gathered K/V tiles carry 64-bit pointers), so such tiles get 8 warps.
 WIDE_TILE_ELEMS = 4096
 MERGE_NUM_WARPS = 4
+# Query heads of a token one merge program combines: measured on the H200 at Qwen2.5-1.5B's 12
+# heads and a 900-key context (`bench_decode_attention.py --merge-heads`, docs/kernels.md), 4
+# took a 16-token verify's attention from 52.5 to 36.3 us a call at bs 32 and from 17.5 to 13.8
+# at bs 8, and a decode's 3-7% off; 1 and 16 lost to it everywhere.
+MERGE_HEADS = 4
 # Two stages keep (K tile + V tile) * stages well inside shared memory for every head_dim and
 # dtype; the kernels are bound by the gathered K/V loads, not by pipelining depth.
 NUM_STAGES = 2
