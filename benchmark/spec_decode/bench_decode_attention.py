@@ -77,7 +77,7 @@ L2_PASSES = 2
 REL_ERR_BOUND = {torch.float32: 1e-4, torch.bfloat16: 2e-2}
 # the CPU picks one split: force three, so both paths split and merge at the longer context
 SMOKE = dict(bs=[1, 3], contexts=[16, 130], q_lens=[1, 4], min_split_keys=[64],
-             single_pass=["32:4:1"], splits=[2], row_tiles=[16], merge_heads=[1],
+             single_pass=["32:4:1"], splits=[2], merge_heads=[1],
              num_kv_splits=3, max_context=256, calls=1, iters=1)
 
 
@@ -155,14 +155,8 @@ def _paths(args: argparse.Namespace) -> dict[str, TritonAttnBackend]:
         paths[f"single@{spec}"] = TritonAttnBackend(single_pass=tile)
     for n in args.splits:
         paths[f"splits@{n}"] = TritonAttnBackend(n)
-    for n in args.row_tiles:
-        paths[f"rows@{n}"] = TritonAttnBackend(args.num_kv_splits, max_block_m=n)
     for n in args.merge_heads:
         paths[f"merge_heads@{n}"] = TritonAttnBackend(args.num_kv_splits, merge_heads=n)
-    for n in args.row_tiles:
-        for h in args.merge_heads:
-            paths[f"rows@{n}+merge_heads@{h}"] = TritonAttnBackend(
-                args.num_kv_splits, max_block_m=n, merge_heads=h)
     for n in args.splits:
         for h in args.merge_heads:
             paths[f"splits@{n}+merge_heads@{h}"] = TritonAttnBackend(n, merge_heads=h)
@@ -220,10 +214,10 @@ def run(args: argparse.Namespace) -> dict:
                 paths = _paths(args)
                 for name, backend in paths.items():
                     m_tiles = -(-q_len * (heads // kv_heads) // tiling.q_block(
-                        q_len * (heads // kv_heads), head_dim, backend.max_block_m))
+                        q_len * (heads // kv_heads), head_dim))
                     splits = backend.num_kv_splits or grid_kv_splits(
                         bs * kv_heads * m_tiles, fb.req_to_token_pool.max_context_len,
-                        q.device, backend.decode_merge, backend.min_split_keys)
+                        q.device, backend.decode_merge, backend.min_split_keys, q_len)
                     if backend.single_pass:
                         splits = 1
                     err = _check(backend, fb, layers[0], q)
@@ -272,13 +266,10 @@ def main(argv: list[str] | None = None) -> dict:
                    help="one single-pass path per tile BLOCK_N:WARPS:STAGES (e.g. 128:8:2)")
     p.add_argument("--splits", type=int, nargs="*", default=[],
                    help="also the launch path at each of these fixed key splits (splits@N)")
-    p.add_argument("--row-tiles", type=int, nargs="*", default=[],
-                   help="also the launch path with its row tile capped at each of these "
-                        "(rows@N; a power of two >= 16; today's cap: 64 at head_dim 128)")
     p.add_argument("--merge-heads", type=int, nargs="*", default=[],
                    help="also the launch path whose merge combines this many heads of a token "
                         "per program (merge_heads@N; today's: tiling.MERGE_HEADS), and with "
-                        "each --row-tiles and --splits")
+                        "each --splits")
     p.add_argument("--max-context", type=int, default=32768,
                    help="the request pool's context bound (a runner's; caps in-kernel splits)")
     p.add_argument("--num-kv-splits", type=int, default=None,

@@ -1,9 +1,9 @@
 """The decode attention benchmark (benchmark/spec_decode/bench_decode_attention.py) in its CPU
 smoke mode: every (tokens per request, bs, context) row has every path (today's launch, the
-in-kernel merge, single pass, a fixed split, a capped row tile, a merge of several heads per
-program, the last two together), each checked against torch_native inside the run; the
-merge-kernel paths launch twice, the in-kernel one once;
-`--ragged` reports the static, per-token and ragged verify paths of every row."""
+in-kernel merge, single pass, a fixed split, another merge width, the last two together), each
+checked against torch_native inside the run; the merge-kernel paths launch twice, the
+in-kernel one once; `--ragged` reports the static, per-token and ragged verify paths of every
+row."""
 
 import os
 
@@ -38,10 +38,7 @@ def test_smoke_run_reports_every_row(tmp_path, capsys):
     paths = {"launch", *(f"in_kernel@{n}" for n in smoke["min_split_keys"]),
              *(f"single@{t}" for t in smoke["single_pass"]),
              *(f"splits@{n}" for n in smoke["splits"]),
-             *(f"rows@{n}" for n in smoke["row_tiles"]),
              *(f"merge_heads@{n}" for n in smoke["merge_heads"]),
-             *(f"rows@{n}+merge_heads@{h}" for n in smoke["row_tiles"]
-               for h in smoke["merge_heads"]),
              *(f"splits@{n}+merge_heads@{h}" for n in smoke["splits"]
                for h in smoke["merge_heads"])}
     seen = {(r["q_len"], r["bs"], r["context"], r["path"]) for r in report["rows"]}

@@ -88,9 +88,10 @@ def test_switch_values_and_devices(monkeypatch):
     assert resolve_pdl(None, x) and not resolve_pdl(False, x)
     monkeypatch.setenv(ENV_VAR, "0")
     assert not resolve_pdl(None, x)
-    monkeypatch.delenv(ENV_VAR)  # auto: on where the device has it, off on the CPU
+    monkeypatch.delenv(ENV_VAR)  # auto: one token where the device has it, off on the CPU
     assert resolve_pdl(None, x) == (torch.cuda.get_device_capability() >= (9, 0))
     assert not resolve_pdl(None, torch.zeros(1))
+    assert not resolve_pdl(None, torch.zeros(2, 8, device="cuda"))  # lost at bs 8 and 32
     monkeypatch.setenv(ENV_VAR, "yes")
     with pytest.raises(ValueError, match=f"{ENV_VAR}='yes'; choose from auto, 0, 1"):
         resolve_pdl(None, x)

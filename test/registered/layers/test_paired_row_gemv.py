@@ -1,8 +1,8 @@
-"""The paired row GEMVs (`triton_ops/paired_row_gemv.py`, bench-only candidates) == the default
-launches they would replace, via Triton's CPU interpreter (fp32 and fp16; the `_cuda` twin
-checks bf16): norm + qkv + bias then RoPE + KV store, and norm + gate_up then SiLU-mul, exact
-(the same sums, the same roundings, the same rotation and SiLU expressions), with and without
-the residual add, at the table's tiles and at small ones (several tiles a head, a ragged
+"""The paired row GEMVs (`triton_ops/paired_row_gemv.py`, the bs-1 decode's qkv and gate_up) == the
+default launches they would replace, via Triton's CPU interpreter (fp32 and fp16; the `_cuda`
+twin checks bf16): norm + qkv + bias then RoPE + KV store, and norm + gate_up then SiLU-mul,
+exact (the same sums, the same roundings, the same rotation and SiLU expressions), with and
+without the residual add, at the table's tiles and at small ones (several tiles a head, a ragged
 half); plus the inputs they refuse."""
 
 import os

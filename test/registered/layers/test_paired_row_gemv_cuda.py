@@ -1,7 +1,7 @@
-"""The paired row GEMVs (`triton_ops/paired_row_gemv.py`, bench-only candidates) on the H200 at
-the Qwen2.5-Coder-1.5B shapes in bf16: equal to the default launches they would replace (norm +
-qkv + bias then RoPE + KV store; norm + gate_up then SiLU-mul) within one bf16 rounding (the
-sums are the same; the compiler may contract the rotation or the SiLU into FMAs differently
+"""The paired row GEMVs (`triton_ops/paired_row_gemv.py`, the bs-1 decode's qkv and gate_up) on the
+H200 at the Qwen2.5-Coder-1.5B shapes in bf16: equal to the default launches they would replace
+(norm + qkv + bias then RoPE + KV store; norm + gate_up then SiLU-mul) within one bf16 rounding
+(the sums are the same; the compiler may contract the rotation or the SiLU into FMAs differently
 in two kernels), the same with PDL, deterministic, and CUDA graph replay == eager bitwise."""
 
 import sys

@@ -94,9 +94,8 @@ class TritonAttnBackend(AttentionBackend):
     same launch. In-kernel merges share `SplitCounters`, so this backend's fixed-layout
     forwards must not run concurrently (they do not: every forward of a runner runs on its
     one stream). `single_pass` (a bench-only candidate, `tiling.SinglePassTile`) runs the
-    fixed-layout modes with no key split at that tile; `max_block_m` (bench-only too) caps
-    their row tile at that many rows instead of `tiling.max_q_block`; `merge_heads`: the
-    query heads of a token one merge program combines (`merge_attn_states`).
+    fixed-layout modes with no key split at that tile. `merge_heads`: the query heads of a
+    token one merge program combines (`merge_attn_states`).
     """
 
     extend_graph_safe = True
@@ -104,7 +103,6 @@ class TritonAttnBackend(AttentionBackend):
     def __init__(self, num_kv_splits: int | None = None, decode_merge: MergeMode = "launch",
                  min_split_keys: int = tiling.MIN_SPLIT_KEYS,
                  single_pass: tiling.SinglePassTile | None = None,
-                 max_block_m: int | None = None,
                  merge_heads: int = tiling.MERGE_HEADS):
         if num_kv_splits is not None and num_kv_splits < 1:
             raise ValueError(f"num_kv_splits must be >= 1, got {num_kv_splits}")
@@ -116,9 +114,8 @@ class TritonAttnBackend(AttentionBackend):
         self.decode_merge = decode_merge
         self.min_split_keys = min_split_keys
         self.single_pass = single_pass
-        if max_block_m is not None:
-            tiling.q_block(1, tiling.MIN_HEAD_DIM, max_block_m)  # validates it
-        self.max_block_m = max_block_m
+        if merge_heads < 1 or merge_heads & (merge_heads - 1):
+            raise ValueError(f"merge_heads must be a power of two, got {merge_heads}")
         self.merge_heads = merge_heads
         self._split_counters = SplitCounters()
         self._extend: ExtendMetadata | None = None
@@ -190,8 +187,7 @@ class TritonAttnBackend(AttentionBackend):
                              self.num_kv_splits, layer.sliding_window_size,
                              merge=self.decode_merge, counters=self._split_counters,
                              min_split_keys=self.min_split_keys, single_pass=self.single_pass,
-                             ragged=ragged, max_block_m=self.max_block_m,
-                             merge_heads=self.merge_heads)
+                             ragged=ragged, merge_heads=self.merge_heads)
 
     def _extend_metadata(self, fb: ForwardBatch) -> ExtendMetadata:
         # A caller that skipped init_forward_metadata still gets this batch's layout, never

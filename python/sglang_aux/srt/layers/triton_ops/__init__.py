@@ -6,8 +6,9 @@
 - `attn_res_mix`: Kimi-K3-style Block AttnRes mixing (scores, softmax over sources, sum).
 - `row_gemv`: the decode GEMV of one row, with the RMSNorm (and residual add) before it and
   the bias fused (behind `--decode-gemv-backend`).
-- `paired_row_gemv`: bench-only candidates, the row GEMV with RoPE + KV store or SiLU-mul in
-  its epilogue.
-- `grid_dependency`: programmatic dependent launch (`pdl=` of the kernels; bench-only).
+- `paired_row_gemv`: the row GEMV with RoPE + KV store or SiLU-mul in its epilogue (the bs-1
+  decode's qkv and gate_up under the row GEMV backend).
+- `grid_dependency`: programmatic dependent launch (`pdl=` of the kernels; one-token launches
+  on sm_90+ by default).
 - `dispatch`: when a layer runs its kernel rather than its torch twin.
 """

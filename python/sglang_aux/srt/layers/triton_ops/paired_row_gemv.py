@@ -1,6 +1,7 @@
 """Row GEMVs whose programs own rows in pairs, so the op after the projection runs in the
-same kernel: candidates for a bs-1 decode step, measured by `bench_gemv.py` and used by no
-layer until they beat the default pair of launches on the H200 (docs/kernels.md).
+same kernel: a bs-1 decode step's qkv and gate_up under the row GEMV backend
+(`layers/decode_gemv.py`; the step 1.359 -> 1.310 ms on the H200 against the two launches
+each, docs/kernels.md).
 
 A program owns `BLOCK_N // 2` consecutive rows `c` of the first half of a group of
 `2 * half` output rows and the rows `c + half` paired with them, interleaved in the tile

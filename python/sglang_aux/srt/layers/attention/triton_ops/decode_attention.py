@@ -204,11 +204,11 @@ def _merge_splits(out_ptrs, part_ptrs, lse_ptrs, row_valid, num_splits, stride_p
 
 
 def grid_kv_splits(programs: int, max_context_len: int, device: torch.device,
-                   merge: MergeMode, min_split_keys: int) -> int:
+                   merge: MergeMode, min_split_keys: int, q_len: int = 1) -> int:
     """The key splits a launch of `programs` (request, kv head, row tile) programs gets when
     none is forced; the in-kernel merge drops splits past the pool's context bound, which
     could never run."""
-    splits = pick_num_kv_splits(programs, device)
+    splits = pick_num_kv_splits(programs, device, at_most=q_len > 1)
     if merge == "in_kernel":
         splits = min(splits, triton.cdiv(max_context_len, min_split_keys))
     return splits
@@ -232,7 +232,6 @@ def decode_attention_fwd(
     min_split_keys: int = tiling.MIN_SPLIT_KEYS,
     single_pass: SinglePassTile | None = None,
     ragged: RaggedQueries | None = None,
-    max_block_m: int | None = None,
     merge_heads: int = tiling.MERGE_HEADS,
 ) -> None:
     """Fixed-layout paged attention; `num_kv_splits=None` picks the split from the device;
@@ -240,8 +239,7 @@ def decode_attention_fwd(
     needs `counters` and splits only keys past `min_split_keys` (a multiple of the key tile).
     `single_pass` (a bench-only candidate): no key split at all, at that tile. With `ragged`
     (bs request slots, any number of tokens), `seq_lens` is unused; rows of no request come
-    out 0. `max_block_m` (a bench-only candidate): the row tile's cap (`tiling.q_block`);
-    `merge_heads`: the heads a merge program combines (`merge_attn_states`)."""
+    out 0. `merge_heads`: the heads a merge program combines (`merge_attn_states`)."""
     if merge not in MERGE_MODES:
         raise ValueError(f"merge must be one of {MERGE_MODES}, got {merge!r}")
     if single_pass is not None and (merge != "launch" or num_kv_splits not in (None, 1)):
@@ -254,7 +252,7 @@ def decode_attention_fwd(
     if ragged is not None and q_len < 1:
         raise ValueError(f"a ragged layout's width must be >= 1, got {q_len}")
     group = num_heads // num_kv_heads
-    block_m = tiling.q_block(q_len * group, head_dim, max_block_m)
+    block_m = tiling.q_block(q_len * group, head_dim)
     block_n = tiling.kv_block(head_dim) if single_pass is None else single_pass.block_n
     m_tiles = triton.cdiv(q_len * group, block_m)
     in_kernel = merge == "in_kernel"
@@ -267,7 +265,7 @@ def decode_attention_fwd(
         # ragged: as few requests as can hold the tokens, the fewest programs
         requests = bs if ragged is None else triton.cdiv(num_tokens, q_len)
         num_kv_splits = grid_kv_splits(requests * num_kv_heads * m_tiles, req_to_token.shape[1],
-                                       q.device, merge, min_split_keys)
+                                       q.device, merge, min_split_keys, q_len)
     partial_out, partial_lse, split_counters = out, out, out  # unused when unsplit
     q_start, q_lens = seq_lens, seq_lens  # unused unless ragged
     merge_launch = num_kv_splits > 1 and not in_kernel

@@ -85,12 +85,11 @@ def max_q_block(head_dim: int) -> int:
     return 64 if head_dim <= 128 else 32
 
 
-def q_block(rows: int, head_dim: int, cap: int | None = None) -> int:
-    """The smallest power-of-two row tile that tl.dot accepts, capped by `max_q_block` (or by
-    `cap`, a bench-only candidate: a 16-token verify's 96 rows of a GQA group in one tile)."""
-    if cap is not None and (cap < MIN_DOT_ROWS or cap & (cap - 1)):
-        raise ValueError(f"a row tile cap must be a power of two >= {MIN_DOT_ROWS}, got {cap}")
-    return min(max(MIN_DOT_ROWS, triton.next_power_of_2(rows)), cap or max_q_block(head_dim))
+def q_block(rows: int, head_dim: int) -> int:
+    """The smallest power-of-two row tile that tl.dot accepts, capped by `max_q_block` (a
+    16-token verify's 96 GQA rows in one 128-row tile lost to two of 64 on the H200: 0.85-0.97x,
+    one program an SM at 195 registers; docs/kernels.md)."""
+    return min(max(MIN_DOT_ROWS, triton.next_power_of_2(rows)), max_q_block(head_dim))
 
 
 def num_warps(block_m: int, head_dim: int) -> int:
@@ -110,12 +109,17 @@ def sm_count(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
-def pick_num_kv_splits(programs: int, device: torch.device) -> int:
-    """Key splits that bring `programs` up to PROGRAMS_PER_SM per SM (1 off CUDA).
+def pick_num_kv_splits(programs: int, device: torch.device, at_most: bool = False) -> int:
+    """Key splits that bring `programs` up to PROGRAMS_PER_SM per SM (1 off CUDA); with
+    `at_most`, the most that stay within it. Multi-token launches take `at_most`: their merge
+    has a row per token, and at a 16-token verify of 32 requests 2 splits took 31.3 us a call
+    where 3 took 36.1 (one-token decode at bs 32: 4 splits 15.9 where 5 took 15.5; H200,
+    docs/kernels.md).
 
     Depends only on static shapes, so a captured graph keeps the same split at every replay.
     """
     if device.type != "cuda":
         return 1
     target = sm_count(device.index or 0) * PROGRAMS_PER_SM
-    return max(1, min(MAX_KV_SPLITS, triton.cdiv(target, programs)))
+    splits = target // programs if at_most else triton.cdiv(target, programs)
+    return max(1, min(MAX_KV_SPLITS, splits))
