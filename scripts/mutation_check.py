@@ -299,6 +299,21 @@ MUTATIONS = [
              'record["error"] = f"{type(e).__name__}: {e}".strip().splitlines()[-1][:300]',
              "pass",
              (f"{T}/layers/test_sm90_builds.py",)),
+    # the bs-1 decode's paired GEMVs and the split attention's key split and merge
+    Mutation("paired qkv GEMV drops the q/k/v bias",
+             f"{SRT}/layers/decode_gemv.py",
+             "return row_gemv_rope_store(hidden, qkv_proj.weight, qkv_proj.bias, positions,",
+             "return row_gemv_rope_store(hidden, qkv_proj.weight, None, positions,",
+             (f"{T}/layers/test_decode_gemv_model.py::test_greedy_tokens_equal_the_torch_backend",)),
+    Mutation("multi-token launches fill the SMs at least, not at most",
+             f"{SRT}/layers/attention/triton_ops/decode_attention.py",
+             "at_most=q_len > 1)", "at_most=False)",
+             (f"{T}/attention/test_split_merge.py",)),
+    Mutation("a merge program's heads are taken as the first program's",
+             f"{SRT}/layers/attention/triton_ops/merge_attn_states.py",
+             "h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)",
+             "h = tl.arange(0, BLOCK_H) + 0 * tl.program_id(1)",
+             (f"{T}/attention/test_split_merge.py",)),
 ]
 
 

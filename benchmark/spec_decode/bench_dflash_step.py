@@ -27,8 +27,11 @@ timed steps are stratified: their histogram is the profile's, rounded.
 Per batch size and mode: step ms, the profile's tokens per step (accepted + 1), the tokens per
 step the worker emitted, DFlash and target-only tok/s, their ratio, and verify tokens per
 emitted token (the harness's `verify_tokens_per_accepted`). The step-cost model: docs/dspark.md.
-Both engines run the full verify width at every batch size (`--speculative-draft-len-schedule
-1:W`). Under compact verify the report adds `step_costs` (the draft graph per batch size, the
+The DFlash engines run one verify width at every batch size (`--speculative-verify-width w
+--speculative-draft-len-schedule 1:w`): the draft's block size W, or each of `--widths`, the
+forced profile truncated to w (an acceptance of w - 1 or more proposals counts as w - 1): a
+narrower static verify's cost and tokens, which the draft length schedule trades.
+Under compact verify the report adds `step_costs` (the draft graph per batch size, the
 ragged verify graph per token bucket, replayed over padding rows as the server does at
 start-up; the file `--speculative-step-costs` reads) and `draft_len_schedule`, the schedule
 the server derives from them and the profile (`speculative/draft_len_planner.py`); each
@@ -205,17 +208,20 @@ def run_steps(engine: Engine, bs: int, args: argparse.Namespace, width: int,
             "verify_tokens": delta[2], "accept_histogram": delta[3:]}
 
 
-def engine_kwargs(args: argparse.Namespace, mode: str | None) -> dict:
+def engine_kwargs(args: argparse.Namespace, mode: str | None, width: int | None = None
+                  ) -> dict:
     kw = {"model_path": args.target, "load_format": args.load_format, "device": args.device,
           "max_running_requests": max(args.bs),
           "disable_overlap_schedule": OVERLAP[args.overlap_schedule],
           "context_length": args.context + args.max_new_tokens + 64}
     if mode is None:
         return kw
-    # the full verify width at every batch size: the profile is the full width's
+    # one verify width at every batch size (the draft's, or a narrower one `--widths` asks
+    # for), the forced profile truncated to it
+    width = width or args.verify_width
     kw |= {"speculative_algorithm": "DFLASH", "speculative_draft_model_path": args.draft,
-           "speculative_verify_mode": mode,
-           "speculative_draft_len_schedule": f"1:{args.verify_width}"}
+           "speculative_verify_mode": mode, "speculative_verify_width": width,
+           "speculative_draft_len_schedule": f"1:{width}"}
     if mode == "compact":
         kw |= {"compact_verify_budget_frac": args.compact_verify_budget_frac,
                "compact_verify_max_tokens": args.compact_verify_max_tokens}
@@ -237,9 +243,10 @@ def schedule_report(worker: DFlashWorker, profile: AcceptanceProfile
 
 def measure_dflash(args: argparse.Namespace, mode: str, profile: AcceptanceProfile,
                    target: dict[int, dict]) -> tuple[list[dict], dict | None]:
-    """The mode's rows, and under compact verify its `schedule_report`."""
+    """The mode's rows at `profile`'s verify width, and under compact verify its
+    `schedule_report`."""
     width = len(profile.probs)
-    engine = Engine(ServerArgs(**engine_kwargs(args, mode)))
+    engine = Engine(ServerArgs(**engine_kwargs(args, mode, width)))
     schedule, costs = (schedule_report(engine.worker, profile) if mode == "compact"
                        else (None, None))
     # the steps whose verdicts the timed window's counters read: one earlier with overlap
@@ -258,7 +265,8 @@ def measure_dflash(args: argparse.Namespace, mode: str, profile: AcceptanceProfi
         t = target[bs]
         tokens = r["emitted"] / r["verify_steps"]
         rows.append({
-            "mode": mode, "bs": bs, "step_ms": r["step_ms"], "target_step_ms": t["step_ms"],
+            "mode": mode, "width": width, "bs": bs, "step_ms": r["step_ms"],
+            "target_step_ms": t["step_ms"],
             "step_cost": r["step_ms"] / t["step_ms"],
             "profile_tokens_per_step": profile.tokens_per_step, "tokens_per_step": tokens,
             "dflash_tok_s": bs * tokens / r["step_ms"] * 1e3, "target_tok_s": t["tok_s"],
@@ -300,11 +308,12 @@ def _release_device_memory() -> None:
 
 
 def print_table(rows: list[dict]) -> None:
-    print(f"{'mode':>8} {'bs':>4} {'step ms':>8} {'target ms':>9} {'cost':>6} "
+    print(f"{'mode':>8} {'width':>5} {'bs':>4} {'step ms':>8} {'target ms':>9} {'cost':>6} "
           f"{'tok/step':>8} {'profile':>7} {'tok/s':>9} {'target tok/s':>12} {'ratio':>6} "
           f"{'verify/tok':>10}")
     for r in rows:
-        print(f"{r['mode']:>8} {r['bs']:>4} {r['step_ms']:>8.3f} {r['target_step_ms']:>9.3f} "
+        print(f"{r['mode']:>8} {r['width']:>5} {r['bs']:>4} {r['step_ms']:>8.3f} "
+              f"{r['target_step_ms']:>9.3f} "
               f"{r['step_cost']:>5.2f}x {r['tokens_per_step']:>8.3f} "
               f"{r['profile_tokens_per_step']:>7.3f} {r['dflash_tok_s']:>9.0f} "
               f"{r['target_tok_s']:>12.0f} {r['ratio']:>5.2f}x "
@@ -322,6 +331,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--compact-verify-budget-frac", type=float, default=None)
     p.add_argument("--compact-verify-max-tokens", type=int, default=None)
     p.add_argument("--compact-confidence", default="profile", choices=CONFIDENCES)
+    p.add_argument("--widths", type=int, nargs="+", default=None,
+                   help="verify widths (anchor included) to run every mode at, the profile "
+                        "truncated to each (default: the draft's block size)")
     p.add_argument("--context", type=int, default=900, help="prompt tokens per request")
     p.add_argument("--seed", type=int, default=0, help="of the prompts and the draws")
     p.add_argument("--warmup", type=int, default=5)
@@ -350,18 +362,25 @@ def main(argv: list[str] | None = None) -> dict:
     try:
         width = args.verify_width = verify_width_of(args.draft)
         profile = AcceptanceProfile.load(args.profile, width)
+        args.widths = args.widths or [width]
+        profiles = {w: profile.truncated(w) for w in args.widths}
+        if min(args.widths) < 2:
+            raise ValueError(f"--widths {args.widths}: a verify width of 1 is target-only")
         # a request must outlive the timed steps even if every one accepts the whole block
         args.max_new_tokens = (args.warmup + args.steps + 4) * width
         for mode in args.verify_modes:
-            ServerArgs(**engine_kwargs(args, mode))
+            for w in args.widths:
+                ServerArgs(**engine_kwargs(args, mode, w))
     except ValueError as e:
         raise SystemExit(f"bench_dflash_step: {e}") from None
     target = measure_target(args)
     rows, schedule = [], {}
     for mode in args.verify_modes:
-        mode_rows, mode_schedule = measure_dflash(args, mode, profile, target)
-        rows += mode_rows
-        schedule = mode_schedule or schedule
+        for w in args.widths:
+            mode_rows, mode_schedule = measure_dflash(args, mode, profiles[w], target)
+            rows += mode_rows
+            if w == width:  # the schedule is derived from the full width's costs
+                schedule = mode_schedule or schedule
     report = {"args": vars(args), "profile": {"path": profile.path, "probs": profile.probs,
                                               "tokens_per_step": profile.tokens_per_step},
               "target_only": list(target.values()), "rows": rows, **schedule}

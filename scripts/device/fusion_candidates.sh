@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# The paired row GEMVs in the whole bs-1 decode step and the verify attention candidates, on
-# the H200 in one device call (<= 4 minutes), from the repository root (docs/kernels.md,
-# "Candidates"). Writes JSON and logs under OUT; each step's exit status in OUT/status.txt.
+# The paired row GEMVs in the whole bs-1 decode step, the verify attention candidates and the
+# DFlash step at narrower static verify widths, on the H200 in one device call (<= 9 minutes),
+# from the repository root (docs/kernels.md, "Candidates"; issue 39's schedule). Writes JSON
+# and logs under OUT; each step's exit status in OUT/status.txt.
 #
 #   bash scripts/device/fusion_candidates.sh "$OUT"
 set -uo pipefail
@@ -27,4 +28,9 @@ done
 step attention 120 python "$bench/bench_decode_attention.py" --bs 1 8 32 --contexts 900 \
   --q-lens 1 16 --min-split-keys --splits 1 2 4 8 --merge-heads 1 \
   --out "$out/verify_attention_candidates.json"
+# static verify at narrower widths against target-only, the Qwen GSM8K profile truncated to
+# each: what a static draft length schedule per batch size would gain (today only compact
+# verify narrows a step, and it loses on the GPU)
+step widths 330 python "$bench/bench_dflash_step.py" --bs 1 8 32 --verify-modes static \
+  --widths 4 6 8 12 16 --out "$out/dflash_step_widths.json"
 cat "$out/status.txt"

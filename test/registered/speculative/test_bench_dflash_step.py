@@ -86,6 +86,32 @@ def test_oracle_confidence_verifies_only_accepted_tokens(tmp_path):
         assert r["verify_tokens_per_accepted"] == 1.0
 
 
+def test_narrower_widths_force_the_truncated_profile(tmp_path):
+    """`--widths`: each static engine verifies that many tokens a request, and the profile's
+    acceptances past its last proposal count as its last."""
+    report = _bench().main(["--smoke", "--verify-modes", "static", "--widths", "2", "4",
+                            "--out", str(tmp_path / "step.json")])
+    rows = {(r["width"], r["bs"]): r for r in report["rows"]}
+    assert set(rows) == {(w, bs) for w in (2, 4) for bs in (1, 4)}
+    truncated = {2: [0.4, 0.6], 4: SMOKE_PROBS}
+    for (width, bs), r in rows.items():
+        n = r["steps"] * bs
+        assert r["accept_histogram"] == r["forced_histogram"]
+        assert len(r["accept_histogram"]) == width and sum(r["accept_histogram"]) == n
+        expected = 1 + sum(a * p for a, p in enumerate(truncated[width]))
+        assert abs(r["tokens_per_step"] - expected) < (width - 1) / n
+        assert r["verify_tokens_per_accepted"] == pytest.approx(width / r["tokens_per_step"])
+    assert rows[2, 1]["tokens_per_step"] < rows[4, 1]["tokens_per_step"]
+
+
+@pytest.mark.parametrize("widths, says", [(["1"], "a verify width of 1 is target-only"),
+                                          (["5"], "width 5 is not within 1..4")])
+def test_width_out_of_range_is_one_line_before_any_model(widths, says):
+    with pytest.raises(SystemExit) as e:
+        _bench().main(["--smoke", "--target", "no-such-model", "--widths", *widths])
+    assert "\n" not in str(e.value) and says in str(e.value)
+
+
 @pytest.mark.parametrize("text, says", [
     ("{not json", "not a JSON object"),
     ('{"accept_histogram": [0.5, 0.5]}', "must be 4 finite non-negative numbers"),

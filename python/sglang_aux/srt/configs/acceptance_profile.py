@@ -41,6 +41,15 @@ class AcceptanceProfile:
         total = sum(hist)
         return cls(str(path), [x / total for x in hist])
 
+    def truncated(self, width: int) -> AcceptanceProfile:
+        """The profile of a verify `width` <= W tokens wide: the same draft's proposals, the
+        last `W - width` never verified (accepting width - 1 or more all count as width - 1)."""
+        if not 1 <= width <= len(self.probs):
+            raise ValueError(f"acceptance profile {self.path}: width {width} is not within "
+                             f"1..{len(self.probs)}, the profile's verify width")
+        return AcceptanceProfile(self.path, [*self.probs[: width - 1],
+                                             sum(self.probs[width - 1:])])
+
     @property
     def verify_width(self) -> int:
         return len(self.probs)
