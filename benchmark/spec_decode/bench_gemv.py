@@ -223,12 +223,12 @@ class Case:
             pairs = [(self.silu_paired(0), self.silu_default(0))]
         return max((a.float() - b.float()).abs().max().item() for a, b in pairs)
 
-    def row(self, i: int, cfg: RowGemvConfig) -> torch.Tensor:
-        return row_gemv(self.x, self.weights[i], self.bias, config=cfg)
+    def row(self, i: int, cfg: RowGemvConfig, pdl: bool = False) -> torch.Tensor:
+        return row_gemv(self.x, self.weights[i], self.bias, config=cfg, pdl=pdl)
 
-    def row_fused(self, i: int, cfg: RowGemvConfig) -> torch.Tensor:
+    def row_fused(self, i: int, cfg: RowGemvConfig, pdl: bool = False) -> torch.Tensor:
         return row_gemv(self.x, self.weights[i], self.bias, norm_weight=self.norm.weight,
-                        eps=EPS, residual=self.residual, config=cfg)[0]
+                        eps=EPS, residual=self.residual, config=cfg, pdl=pdl)[0]
 
     def bytes_read(self, fused: bool) -> int:
         extra = _nbytes(self.residual, self.norm.weight) if fused else 0
@@ -276,10 +276,12 @@ def run(args: argparse.Namespace) -> dict:
                       for label, (fn, fused) in timed.items() if label in PDL_ROWS}
         for spec in args.row_configs:
             cfg = RowGemvConfig(*map(int, spec.split(":")))
-            timed[f"row{spec}"] = (lambda i, c=case, g=cfg: c.row(i, g), False)
+            # launched as the `ours` rows they are set against: dependent with --pdl
+            timed[f"row{spec}"] = (lambda i, c=case, g=cfg: c.row(i, g, args.pdl), False)
             row[f"max_err_row{spec}"] = case.max_err(False, timed[f"row{spec}"][0])
             if case.fused:
-                timed[f"row_fused{spec}"] = (lambda i, c=case, g=cfg: c.row_fused(i, g), True)
+                timed[f"row_fused{spec}"] = (
+                    lambda i, c=case, g=cfg: c.row_fused(i, g, args.pdl), True)
                 row[f"max_err_row_fused{spec}"] = case.max_err(
                     True, timed[f"row_fused{spec}"][0])
         for label, (fn, fused) in timed.items():

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The paired row GEMVs in the whole bs-1 decode step, the verify attention candidates and the
-# DFlash step at narrower static verify widths, on the H200 in one device call (<= 9 minutes),
+# DFlash step at narrower static verify widths, on the H200 in one device call (about 5 minutes),
 # from the repository root (docs/kernels.md, "Candidates"; issue 39's schedule). Writes JSON
 # and logs under OUT; each step's exit status in OUT/status.txt.
 #
@@ -28,6 +28,12 @@ done
 step attention 120 python "$bench/bench_decode_attention.py" --bs 1 8 32 --contexts 900 \
   --q-lens 1 16 --min-split-keys --splits 1 2 4 8 --merge-heads 1 \
   --out "$out/verify_attention_candidates.json"
+# one K tile (2048 >= 1536) for the K = 1536 projections, launched dependent: with PDL the
+# whole weight slice is requested before the wait on the kernel before (today: 1024-wide
+# tiles, the first one before the wait)
+step gemv_tiles 90 python "$bench/bench_gemv.py" --iters 100 --pdl --shapes qkv o_proj down \
+  --row-configs 2:1024:4:1 8:1024:8:1 2:2048:4:1 4:2048:4:1 4:2048:8:1 8:2048:8:1 \
+  --out "$out/gemv_tiles.json"
 # static verify at narrower widths against target-only, the Qwen GSM8K profile truncated to
 # each: what a static draft length schedule per batch size would gain (today only compact
 # verify narrows a step, and it loses on the GPU)
