@@ -55,6 +55,23 @@ def test_greedy_dflash_equals_target_only(ckpts, target_only, target, shared):
     assert_kv_all_back(engine)
 
 
+@pytest.mark.parametrize("target", list(PAIRS))
+def test_narrower_verify_widths_stay_lossless(ckpts, target_only, target):
+    """`--speculative-verify-width w` below the draft's block: each step verifies the block's
+    first w - 1 proposals (what `bench_dflash_step.py --widths` times), greedy output still
+    the target's."""
+    widths = range(2, _dflash(ckpts, target).worker.verify_width)
+    assert len(widths) == 2  # the tiny drafts' block of 4: widths 2 and 3
+    for width in widths:
+        engine = _dflash(ckpts, target, speculative_verify_width=width)
+        assert engine.worker.verify_width == width
+        outs = engine.generate(PROMPTS, GREEDY)
+        for ref, out in zip(target_only[target], outs, strict=True):
+            assert out["output_ids"] == ref["output_ids"], width
+            assert_spec_counts(out["meta_info"], width)
+        assert_kv_all_back(engine)
+
+
 def _oracle(worker, references: dict[str, list[int]], corrupt_at: int | None):
     """Proposals read from the target-only output; `corrupt_at` (1-based) breaks one."""
 
