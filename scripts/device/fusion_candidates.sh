@@ -31,8 +31,9 @@ step attention 120 python "$bench/bench_decode_attention.py" --bs 1 8 32 --conte
 # one K tile (2048 >= 1536) for the K = 1536 projections, launched dependent: with PDL the
 # whole weight slice is requested before the wait on the kernel before (today: 1024-wide
 # tiles, the first one before the wait)
-step gemv_tiles 90 python "$bench/bench_gemv.py" --iters 100 --pdl --shapes qkv o_proj down \
-  --row-configs 2:1024:4:1 8:1024:8:1 2:2048:4:1 4:2048:4:1 4:2048:8:1 8:2048:8:1 \
+step gemv_tiles 120 python "$bench/bench_gemv.py" --iters 100 --pdl \
+  --shapes qkv o_proj gate_up down \
+  --row-configs 2:1024:4:1 8:1024:8:1 4:512:4:3 2:2048:4:1 4:2048:4:1 4:2048:8:1 8:2048:8:1 \
   --out "$out/gemv_tiles.json"
 # static verify at narrower widths against target-only, the Qwen GSM8K profile truncated to
 # each: what a static draft length schedule per batch size would gain (today only compact
