@@ -115,6 +115,7 @@ def test_the_offline_builds_cover_the_tiles_the_scripts_time(tmp_path):
         args = call[call.index(flag) + 1:]
         return args[: next((i for i, a in enumerate(args) if a.startswith("--")), len(args))]
 
+    assert values("bench_gemv.py", "--row-configs") == sm90_builds.GEMV_TILE_CANDIDATES
     assert values("bench_decode_attention.py", "--single-pass") == [
         ":".join(map(str, tile)) for tile in sm90_builds.SINGLE_PASS_CANDIDATES]
 

@@ -227,26 +227,32 @@ def _gemv_launches(builds: Builds) -> None:
         row_gemv_rope_store,
         row_gemv_silu_mul,
     )
-    from sglang_aux.srt.layers.triton_ops.row_gemv import row_gemv
+    from sglang_aux.srt.layers.triton_ops.row_gemv import RowGemvConfig, row_gemv
 
     norm = _t(HIDDEN)
     for name, (n, k) in PROJECTIONS.items():
         w, bias = _t(n, k), _t(n) if name == "qkv" else None
         fused = dict(norm_weight=norm, eps=1e-6, residual=_t(1, k)) if k == HIDDEN else {}
         for pdl in (False, True):
-            builds.label(f"row_gemv {name} pdl={pdl}", candidate=pdl)
+            builds.label(f"row_gemv {name} pdl={pdl}")
             row_gemv(_t(1, k), w, bias, pdl=pdl)
             if fused:
                 row_gemv(_t(1, k), w, bias, pdl=pdl, **fused)
+        builds.label(f"row_gemv {name} tiles", candidate=True)
+        for spec in GEMV_TILE_CANDIDATES:
+            cfg = RowGemvConfig(*map(int, spec.split(":")))
+            row_gemv(_t(1, k), w, bias, pdl=True, config=cfg)
+            if fused:
+                row_gemv(_t(1, k), w, bias, pdl=True, config=cfg, **fused)
     positions, loc = torch.zeros(1, dtype=torch.int64), torch.zeros(1, dtype=torch.int64)
     cos_sin = _t(MAX_CONTEXT, HEAD_DIM, dtype=torch.float32)
     k_cache, v_cache = _t(SLOTS, KV_HEADS, HEAD_DIM), _t(SLOTS, KV_HEADS, HEAD_DIM)
     for pdl in (False, True):
-        builds.label(f"paired qkv+rope+store pdl={pdl}", candidate=True)
+        builds.label(f"paired qkv+rope+store pdl={pdl}")
         row_gemv_rope_store(_t(1, HIDDEN), _t(QKV, HIDDEN), _t(QKV), positions, cos_sin,
                             k_cache, v_cache, loc, HEADS, norm_weight=norm, eps=1e-6,
                             residual=_t(1, HIDDEN), pdl=pdl)
-        builds.label(f"paired gate_up+silu pdl={pdl}", candidate=True)
+        builds.label(f"paired gate_up+silu pdl={pdl}")
         row_gemv_silu_mul(_t(1, HIDDEN), _t(2 * INTER, HIDDEN), norm_weight=norm, eps=1e-6,
                           residual=_t(1, HIDDEN), pdl=pdl)
 
@@ -258,7 +264,8 @@ def _elementwise_launches(builds: Builds) -> None:
 
     for rows in (1, 32, 512):
         for pdl in (False, True):
-            builds.label(f"elementwise rows={rows} pdl={pdl}", candidate=pdl)
+            # PDL is the default at one token only (grid_dependency.resolve_pdl)
+            builds.label(f"elementwise rows={rows} pdl={pdl}", candidate=pdl and rows > 1)
             rms_norm(_t(rows, HIDDEN), _t(HIDDEN), 1e-6, pdl=pdl)
             rms_norm(_t(rows, HIDDEN), _t(HIDDEN), 1e-6, residual=_t(rows, HIDDEN), pdl=pdl)
             silu_and_mul(_t(rows, 2 * INTER), pdl=pdl)
@@ -296,6 +303,8 @@ def _attention_launches(builds: Builds) -> None:
                                      counters=SplitCounters())
                 if q_len > 1:  # the draft's block sees all of itself
                     decode_attention_fwd(*args[:-1], False, num_kv_splits=splits)
+            builds.label(f"one-head merge bs={bs} q_len={q_len}", candidate=True)
+            decode_attention_fwd(*args, num_kv_splits=4, merge_heads=1)
             builds.label(f"single-pass attention bs={bs} q_len={q_len}", candidate=True)
             for block_n, warps, stages in SINGLE_PASS_CANDIDATES:
                 decode_attention_fwd(*args, single_pass=tiling.SinglePassTile(block_n, warps,
@@ -331,6 +340,9 @@ def _prefill_launches(builds: Builds) -> None:
 
 # kernel_candidates.sh's single-pass tiles: block_n, num_warps, num_stages
 SINGLE_PASS_CANDIDATES = [(64, 4, 2), (128, 4, 2), (128, 8, 2), (256, 8, 1)]
+# the row GEMV tiles `fusion_candidates.sh` times under PDL (BLOCK_N:BLOCK_K:warps:stages)
+GEMV_TILE_CANDIDATES = ["2:1024:4:1", "8:1024:8:1", "4:512:4:3", "2:2048:4:1", "4:2048:4:1",
+                        "4:2048:8:1", "8:2048:8:1"]
 
 
 def _sampling_launches(builds: Builds) -> None:
