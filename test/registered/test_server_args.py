@@ -1,13 +1,19 @@
 """The speculative flags of `server_args.py`: one field for the verify width under every
 SGLang spelling, the verify mode as a flag (SGLang's variable its documented default), and
-the refusals of flags that would do nothing, named before any model loads."""
+the refusals of flags that would do nothing, named before any model loads. SGLang's attention
+backend names start on the default backend with a warning; other names are refused."""
 
 import argparse
+import logging
 import sys
 
 import pytest
 
-from sglang_aux.srt.server_args import RAGGED_VERIFY_MODE_ENV, ServerArgs
+from sglang_aux.srt.server_args import (
+    RAGGED_VERIFY_MODE_ENV,
+    SGLANG_ATTENTION_BACKENDS,
+    ServerArgs,
+)
 from sglang_aux.test.ci.ci_register import register_cpu_ci
 
 register_cpu_ci(est_time=5, suite="default")
@@ -126,6 +132,29 @@ def test_speculative_flags_without_a_speculative_algorithm_are_refused(flag, cap
         _args(["--model-path", "m", "--speculative-algorithm", "NONE", *flag])
     assert f"{flag[0]} only act with --speculative-algorithm DFLASH or DSPARK" in \
         capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name", ["flashinfer", "fa3"])
+def test_sglang_attention_backends_run_the_default_with_a_warning(name, caplog):
+    assert name in SGLANG_ATTENTION_BACKENDS
+    with caplog.at_level(logging.WARNING, logger="sglang_aux.srt.server_args"):
+        args = _args(["--model-path", "m", "--attention-backend", name])
+    assert args.attention_backend is None
+    assert args.resolved_attention_backend() in ("triton", "torch_native")
+    [record] = [r for r in caplog.records if "--attention-backend" in r.getMessage()]
+    assert record.getMessage() == (f"--attention-backend {name}: SGLang's, not built in this "
+                                   "runtime; running the default (triton on CUDA, "
+                                   "torch_native on CPU)")
+    assert _args(["--model-path", "m", "--attention-backend", "triton"]).attention_backend \
+        == "triton"
+
+
+def test_unknown_attention_backend_is_refused(capsys):
+    with pytest.raises(SystemExit):
+        _args(["--model-path", "m", "--attention-backend", "flashattn9"])
+    assert "invalid choice: 'flashattn9'" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="--attention-backend must be one of"):
+        ServerArgs(model_path="m", attention_backend="flashattn9")
 
 
 if __name__ == "__main__":

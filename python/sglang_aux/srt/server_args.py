@@ -18,6 +18,12 @@ from sglang_aux.srt.configs.step_costs import StepCosts
 from sglang_aux.srt.layers.triton_ops.dispatch import GEMV_BACKENDS, check_kernel_switches
 
 ATTENTION_BACKENDS = ("torch_native", "triton")
+# SGLang's other `--attention-backend` names: a command line written for SGLang starts here on
+# the default backend, with a warning. FlashInfer's decode and prefill lost to our Triton
+# kernels on the H200 (docs/kernels.md); the others are not built.
+SGLANG_ATTENTION_BACKENDS = ("flashinfer", "fa3", "fa4", "flex_attention", "trtllm_mha",
+                             "dual_chunk_flash_attn", "aiter", "wave", "ascend", "intel_amx",
+                             "intel_xpu", "flashmla", "cutlass_mla", "trtllm_mla", "nsa")
 # How the Triton backend's fixed-layout attention combines key splits (its
 # `decode_attention.MERGE_MODES`): a merge kernel after the split one, or in the split kernel
 TRITON_DECODE_MERGES = ("launch", "in_kernel")
@@ -220,6 +226,11 @@ class ServerArgs:
         if self.served_model_name is None:
             # absolute (so "." names its folder) but not resolved (a symlink keeps its name)
             self.served_model_name = Path(os.path.abspath(self.model_path or DEFAULT_MODEL)).name
+        if self.attention_backend in SGLANG_ATTENTION_BACKENDS:
+            logger.warning("--attention-backend %s: SGLang's, not built in this runtime; "
+                           "running the default (%s)", self.attention_backend,
+                           " on CUDA, ".join(ATTENTION_BACKENDS[::-1]) + " on CPU")
+            self.attention_backend = None
         for name, choices in (("dtype", DTYPES), ("load_format", LOAD_FORMATS),
                               ("attention_backend", (None, *ATTENTION_BACKENDS)),
                               ("triton_attention_decode_merge", TRITON_DECODE_MERGES),
@@ -421,7 +432,8 @@ class ServerArgs:
         add("--context-length", type=int, default=None,
             help="longest prompt + output in tokens (default: the model's "
                  "max_position_embeddings)")
-        add("--attention-backend", default=None, choices=ATTENTION_BACKENDS,
+        add("--attention-backend", default=None,
+            choices=(*ATTENTION_BACKENDS, *SGLANG_ATTENTION_BACKENDS),
             help="default: triton on CUDA, torch_native on CPU")
         add("--triton-attention-decode-merge", default=d["triton_attention_decode_merge"],
             choices=TRITON_DECODE_MERGES,
