@@ -307,6 +307,17 @@ def _release_device_memory() -> None:
         torch.cuda.empty_cache()
 
 
+def best_widths(rows: list[dict]) -> dict[str, dict[int, tuple[int, float]]]:
+    """Per mode and batch size, the verify width whose DFlash / target-only ratio is highest,
+    with that ratio."""
+    best: dict[str, dict[int, tuple[int, float]]] = {}
+    for r in rows:
+        by_bs = best.setdefault(r["mode"], {})
+        if r["bs"] not in by_bs or r["ratio"] > by_bs[r["bs"]][1]:
+            by_bs[r["bs"]] = (r["width"], r["ratio"])
+    return best
+
+
 def print_table(rows: list[dict]) -> None:
     print(f"{'mode':>8} {'width':>5} {'bs':>4} {'step ms':>8} {'target ms':>9} {'cost':>6} "
           f"{'tok/step':>8} {'profile':>7} {'tok/s':>9} {'target tok/s':>12} {'ratio':>6} "
@@ -384,8 +395,13 @@ def main(argv: list[str] | None = None) -> dict:
     report = {"args": vars(args), "profile": {"path": profile.path, "probs": profile.probs,
                                               "tokens_per_step": profile.tokens_per_step},
               "target_only": list(target.values()), "rows": rows, **schedule}
+    report["best_width"] = best_widths(rows)
     Path(args.out).write_text(json.dumps(report, indent=1))
     print_table(rows)
+    if len(args.widths) > 1:
+        print("best verify width per mode and batch size (ratio to target-only): " + ", ".join(
+            f"{mode} bs {bs}: {w} ({ratio:.2f}x)"
+            for mode, by_bs in report["best_width"].items() for bs, (w, ratio) in by_bs.items()))
     if schedule:
         print(f"draft length schedule derived from the profile and the step costs: "
               f"{schedule['draft_len_schedule']}")

@@ -102,6 +102,9 @@ def test_narrower_widths_force_the_truncated_profile(tmp_path):
         assert abs(r["tokens_per_step"] - expected) < (width - 1) / n
         assert r["verify_tokens_per_accepted"] == pytest.approx(width / r["tokens_per_step"])
     assert rows[2, 1]["tokens_per_step"] < rows[4, 1]["tokens_per_step"]
+    for bs in (1, 4):  # the report names the better width of each batch size
+        width, ratio = max(((w, rows[w, bs]["ratio"]) for w in (2, 4)), key=lambda x: x[1])
+        assert report["best_width"]["static"][bs] == (width, ratio)
 
 
 @pytest.mark.parametrize("widths, says", [(["1"], "a verify width of 1 is target-only"),
