@@ -65,6 +65,8 @@ def test_narrower_verify_widths_stay_lossless(ckpts, target_only, target):
     for width in widths:
         engine = _dflash(ckpts, target, speculative_verify_width=width)
         assert engine.worker.verify_width == width
+        graphs = engine.worker.target_runner.step_graphs  # the eager-replay graphs
+        assert {x.tokens_per_req for x in graphs.layouts} == {width}
         outs = engine.generate(PROMPTS, GREEDY)
         for ref, out in zip(target_only[target], outs, strict=True):
             assert out["output_ids"] == ref["output_ids"], width

@@ -1,6 +1,6 @@
-"""DFlash with real CUDA graphs on the H200: greedy output equals target-only greedy, and
-sampled or mixed batches (sampling tails inside the graphs) equal the eager path's at every
-captured size and at padded sizes."""
+"""DFlash with real CUDA graphs on the H200: greedy output equals target-only greedy (at the
+draft's block and at narrower verify widths), and sampled or mixed batches (sampling tails
+inside the graphs) equal the eager path's at every captured size and at padded sizes."""
 
 import sys
 
@@ -31,6 +31,25 @@ def test_dflash_greedy_equals_target_only_with_cuda_graphs(tmp_path, target, sha
     assert type(engine.worker.target_runner.step_graphs.backend).__name__ == "CudaGraphBackend"
     outs = engine.generate(PROMPTS, GREEDY)
     for r, o in zip(ref, outs, strict=True):
+        assert o["output_ids"] == r["output_ids"]
+        assert o["meta_info"]["spec_verify_ct"] > 0
+
+
+@pytest.mark.parametrize("width", [2, 3])
+def test_narrower_verify_widths_equal_target_only_with_cuda_graphs(tmp_path, width):
+    """`--speculative-verify-width` below the block of 4: graphs of that width, still
+    lossless (what `bench_dflash_step.py --widths` times)."""
+    common = dict(device="cuda", max_total_tokens=8192, max_running_requests=8,
+                  cuda_graph_bs_decode=[1, 2, 4, 8])
+    path = tiny_checkpoint("tiny-llama", tmp_path)
+    ref = Engine(model_path=path, **common).generate(PROMPTS, GREEDY)
+    engine = Engine(model_path=path, speculative_algorithm="DFLASH",
+                    speculative_draft_model_path=tiny_checkpoint("tiny-llama-dflash", tmp_path),
+                    speculative_verify_width=width, **common)
+    graphs = engine.worker.target_runner.step_graphs
+    assert type(graphs.backend).__name__ == "CudaGraphBackend"
+    assert {x.tokens_per_req for x in graphs.layouts} == {width}
+    for r, o in zip(ref, engine.generate(PROMPTS, GREEDY), strict=True):
         assert o["output_ids"] == r["output_ids"]
         assert o["meta_info"]["spec_verify_ct"] > 0
 
