@@ -35,6 +35,7 @@ from step_bandwidth import copy_bandwidth, kv_bytes, weight_bytes
 
 from sglang_aux.srt.entrypoints.engine import Engine
 from sglang_aux.srt.layers.triton_ops.dispatch import (
+    ATTENTION_PDL_ENV_VAR,
     GEMV_BACKENDS,
     PAIRED_GEMV_ENV_VAR,
     PDL_ENV_VAR,
@@ -180,10 +181,14 @@ def main() -> None:
     p.add_argument("--paired-gemv", default="on", choices=["on", "off"],
                    help="with the triton backend, qkv + RoPE + K/V store and gate_up + SiLU-mul "
                         "as one kernel each (SGLANG_AUX_PAIRED_GEMV; on, the server's default)")
+    p.add_argument("--attention-pdl", default="off", choices=["on", "off"],
+                   help="the one-token decode attention and its merge launched dependent too "
+                        "(SGLANG_AUX_ATTENTION_PDL; a candidate, off by default)")
     p.add_argument("--out", default="benchmark/spec_decode/graph_replay.json")
     args = p.parse_args()
     os.environ[PDL_ENV_VAR] = {"on": "1", "off": "0", "auto": "auto"}[args.pdl]
     os.environ[PAIRED_GEMV_ENV_VAR] = {"on": "1", "off": "0"}[args.paired_gemv]
+    os.environ[ATTENTION_PDL_ENV_VAR] = {"on": "1", "off": "0"}[args.attention_pdl]
     device = torch.device("cuda" if args.device == "auto" and torch.cuda.is_available()
                           else "cpu" if args.device == "auto" else args.device)
     if args.kernel_table is None:

@@ -23,6 +23,13 @@ for paired in on off; do
     --presets qwen2.5-1.5b-shaped --decode-bs 1 8 --verify-bs --decode-gemv-backend triton \
     --paired-gemv "$paired" --out "$out/replay_paired_$paired.json"
 done
+# the bs-1 step with the decode attention and its merge launched dependent too, against
+# today's (twice each, alternating: the gain expected is a few percent)
+for attn in off on off on; do
+  step "replay_attention_pdl_$attn" 60 python "$bench/bench_graph_replay.py" \
+    --presets qwen2.5-1.5b-shaped --decode-bs 1 --verify-bs --decode-gemv-backend triton \
+    --kernel-table 0 --attention-pdl "$attn" --out "$out/replay_attention_pdl_${attn}_$SECONDS.json"
+done
 # verify (16 tokens) and decode attention at the step's context: fixed key splits, one row
 # tile for a request's 96 GQA rows, each split with the merge of one head a program and of
 # tiling.MERGE_HEADS (the default)

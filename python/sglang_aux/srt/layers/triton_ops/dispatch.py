@@ -30,7 +30,12 @@ PDL_ENV_VAR = "SGLANG_AUX_PDL"
 PDL_VALUES = ("auto", "0", "1")
 PAIRED_GEMV_ENV_VAR = "SGLANG_AUX_PAIRED_GEMV"
 PAIRED_GEMV_VALUES = ("1", "0")
-SWITCHES = {ENV_VAR: MODES, PDL_ENV_VAR: PDL_VALUES, PAIRED_GEMV_ENV_VAR: PAIRED_GEMV_VALUES}
+# a bench-only candidate until the H200 measures it: the one-token decode attention and its
+# merge launched dependent too (layers/attention/triton_ops/decode_attention.py)
+ATTENTION_PDL_ENV_VAR = "SGLANG_AUX_ATTENTION_PDL"
+ATTENTION_PDL_VALUES = ("0", "1")
+SWITCHES = {ENV_VAR: MODES, PDL_ENV_VAR: PDL_VALUES, PAIRED_GEMV_ENV_VAR: PAIRED_GEMV_VALUES,
+            ATTENTION_PDL_ENV_VAR: ATTENTION_PDL_VALUES}
 # `--decode-gemv-backend`: the dense projections of one-row forwards on cuBLAS (torch) or on the
 # row GEMV kernel (triton; layers/decode_gemv.py), which these rules then gate like any other.
 GEMV_BACKENDS = ("torch", "triton")
