@@ -33,10 +33,10 @@ from sglang_aux.srt.layers.triton_ops.dispatch import (
 )
 
 if TYPE_CHECKING:
+    from sglang_aux.srt.forward_state.forward_batch_info import ForwardBatch
     from sglang_aux.srt.layers.activation import SiluAndMul
-    from sglang_aux.srt.layers.kv_store import KVStore
+    from sglang_aux.srt.layers.radix_attention import RadixAttention
     from sglang_aux.srt.layers.rotary_embedding import RotaryEmbedding
-
 
 
 def paired_gemv() -> bool:
@@ -94,16 +94,19 @@ def norm_linear(norm: RMSNorm, linear: nn.Module, hidden: torch.Tensor,
 
 
 def norm_qkv_store(norm: RMSNorm, qkv_proj: nn.Module, rotary: RotaryEmbedding,
-                   num_q_heads: int, positions: torch.Tensor, hidden: torch.Tensor,
-                   residual: torch.Tensor | None, store: KVStore | None
+                   attn: RadixAttention, positions: torch.Tensor, hidden: torch.Tensor,
+                   residual: torch.Tensor | None, forward_batch: ForwardBatch
                    ) -> tuple[torch.Tensor, torch.Tensor] | None:
     """`(q, stream)` of one decode token in one kernel: the norm of the stream, the qkv
-    projection, RoPE on q and k at `positions`, k and v written to `store`; as `norm_linear`
-    then `rotary.forward_and_store` would give them. None where the paired kernel does not
-    apply (more tokens, the torch backend, per-head q/k norms, no KV pool, a cache in another
-    dtype): the caller runs those two steps."""
-    if not use_gemv(qkv_proj, hidden) or store is None or not paired_gemv() \
+    projection, RoPE on q and k at `positions`, k and v written to `attn`'s KV store; as
+    `norm_linear` then `rotary.forward_and_store` would give them. None where the paired kernel
+    does not apply (more tokens, the torch backend, no KV pool, a cache in another dtype): the
+    caller runs those two steps. No per-head q/k norm: the caller has none (Qwen3 has)."""
+    if not use_gemv(qkv_proj, hidden) or not paired_gemv() \
             or (residual is not None and not residual.is_contiguous()):
+        return None
+    store = attn.kv_store(forward_batch)
+    if store is None:
         return None
     k_cache, v_cache = store.k_cache, store.v_cache
     if k_cache.dtype != hidden.dtype or v_cache.dtype != hidden.dtype \
@@ -112,6 +115,7 @@ def norm_qkv_store(norm: RMSNorm, qkv_proj: nn.Module, rotary: RotaryEmbedding,
     from sglang_aux.srt.layers.triton_ops.paired_row_gemv import row_gemv_rope_store
 
     return row_gemv_rope_store(hidden, qkv_proj.weight, qkv_proj.bias, positions,
-                               rotary.cos_sin_cache, k_cache, v_cache, store.loc, num_q_heads,
+                               rotary.cos_sin_cache, k_cache, v_cache, store.loc,
+                               attn.tp_q_head_num,
                                norm_weight=norm.weight, eps=norm.variance_epsilon,
                                residual=residual)

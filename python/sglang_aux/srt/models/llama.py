@@ -135,9 +135,8 @@ class LlamaAttention(nn.Module):
         (`norm_linear`)."""
         stored = None
         if self.q_norm is None:
-            stored = norm_qkv_store(norm, self.qkv_proj, self.rotary_emb, self.num_heads,
-                                    positions, hidden, residual,
-                                    self.attn.kv_store(forward_batch))
+            stored = norm_qkv_store(norm, self.qkv_proj, self.rotary_emb, self.attn, positions,
+                                    hidden, residual, forward_batch)
         if stored is None:
             qkv, stream = norm_linear(norm, self.qkv_proj, hidden, residual)
         else:
