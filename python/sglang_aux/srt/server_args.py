@@ -228,8 +228,8 @@ class ServerArgs:
             self.served_model_name = Path(os.path.abspath(self.model_path or DEFAULT_MODEL)).name
         if self.attention_backend in SGLANG_ATTENTION_BACKENDS:
             logger.warning("--attention-backend %s: SGLang's, not built in this runtime; "
-                           "running the default (%s)", self.attention_backend,
-                           " on CUDA, ".join(ATTENTION_BACKENDS[::-1]) + " on CPU")
+                           "running the default (triton on CUDA, torch_native on CPU)",
+                           self.attention_backend)
             self.attention_backend = None
         for name, choices in (("dtype", DTYPES), ("load_format", LOAD_FORMATS),
                               ("attention_backend", (None, *ATTENTION_BACKENDS)),
