@@ -211,10 +211,9 @@ def run(args: argparse.Namespace) -> dict:
                     del fb, layers
                     continue
                 q = torch.randn(bs * q_len, heads * head_dim, device=device, dtype=dtype)
-                paths = _paths(args)
-                for name, backend in paths.items():
-                    m_tiles = -(-q_len * (heads // kv_heads) // tiling.q_block(
-                        q_len * (heads // kv_heads), head_dim))
+                rows_per_tile = q_len * (heads // kv_heads)
+                m_tiles = -(-rows_per_tile // tiling.q_block(rows_per_tile, head_dim))
+                for name, backend in _paths(args).items():
                     splits = backend.num_kv_splits or grid_kv_splits(
                         bs * kv_heads * m_tiles, fb.req_to_token_pool.max_context_len,
                         q.device, backend.decode_merge, backend.min_split_keys, q_len)

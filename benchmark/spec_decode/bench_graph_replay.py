@@ -17,8 +17,9 @@ with `--kernel-table N` (default 12 on CUDA) each replay's N costliest kernels.
 `--triton-attention-decode-merge in_kernel` measures the one-launch decode attention.
 `--pdl on|off` launches our kernels (row GEMVs, RMSNorm, RoPE + KV store, SiLU-mul) dependent
 or not (programmatic dependent launch: it sets `SGLANG_AUX_PDL` for this process,
-`triton_ops/grid_dependency.py`; `auto`, the default, is the server's: on where the device has
-it); run the two beside each other in the same call.
+`triton_ops/grid_dependency.py`; `auto`, the default, is the server's: one-token launches where
+the device has it); `--paired-gemv` and `--attention-pdl` set their switches likewise. Run the
+settings compared beside each other in the same call.
 """
 
 from __future__ import annotations
@@ -186,9 +187,10 @@ def main() -> None:
                         "(SGLANG_AUX_ATTENTION_PDL; a candidate, off by default)")
     p.add_argument("--out", default="benchmark/spec_decode/graph_replay.json")
     args = p.parse_args()
-    os.environ[PDL_ENV_VAR] = {"on": "1", "off": "0", "auto": "auto"}[args.pdl]
-    os.environ[PAIRED_GEMV_ENV_VAR] = {"on": "1", "off": "0"}[args.paired_gemv]
-    os.environ[ATTENTION_PDL_ENV_VAR] = {"on": "1", "off": "0"}[args.attention_pdl]
+    on_off = {"on": "1", "off": "0", "auto": "auto"}
+    for var, value in ((PDL_ENV_VAR, args.pdl), (PAIRED_GEMV_ENV_VAR, args.paired_gemv),
+                       (ATTENTION_PDL_ENV_VAR, args.attention_pdl)):
+        os.environ[var] = on_off[value]
     device = torch.device("cuda" if args.device == "auto" and torch.cuda.is_available()
                           else "cpu" if args.device == "auto" else args.device)
     if args.kernel_table is None:

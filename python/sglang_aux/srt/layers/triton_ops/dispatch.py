@@ -25,7 +25,8 @@ ENV_VAR = "SGLANG_AUX_FUSED_KERNELS"
 MODES = ("auto", "off", "force")
 # The kernels' environment switches and their values, checked when the server's arguments are
 # (`check_kernel_switches`), so a typo stops the server before the model loads rather than at
-# its first step: PDL (`grid_dependency.py`) and the paired row GEMVs (`layers/decode_gemv.py`).
+# its first step: PDL (`grid_dependency.py`), the paired row GEMVs (`layers/decode_gemv.py`)
+# and the attention's PDL candidate.
 PDL_ENV_VAR = "SGLANG_AUX_PDL"
 PDL_VALUES = ("auto", "0", "1")
 PAIRED_GEMV_ENV_VAR = "SGLANG_AUX_PAIRED_GEMV"
