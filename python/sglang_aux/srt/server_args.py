@@ -322,8 +322,7 @@ class ServerArgs:
         if self.speculative_draft_len_schedule is not None:
             schedule = DraftLenSchedule.parse(self.speculative_draft_len_schedule)
             if self.speculative_verify_width is not None:
-                schedule.check(self.speculative_verify_width,
-                               self.speculative_verify_mode == "compact")
+                schedule.check(self.speculative_verify_width)
         if self.speculative_acceptance_profile is not None:
             AcceptanceProfile.load(self.speculative_acceptance_profile)
         if self.speculative_step_costs is not None:
@@ -487,8 +486,8 @@ class ServerArgs:
         add(DRAFT_LEN_SCHEDULE_FLAG, default=None,
             help="DFLASH or DSPARK: the verify width per running batch size, BS:WIDTH pairs "
                  "with batch sizes ascending from 1, each width holding from its batch size "
-                 "up, e.g. 1:16,8:8,32:4,64:1 (width 1: plain decoding, no draft forward; "
-                 "widths below the draft's need compact verify) (default: derived from the "
+                 "up, e.g. 1:16,8:8,32:4,64:1 (width 1: plain decoding, no draft forward; static "
+                 "verify captures its graphs at each width it runs) (default: derived from the "
                  "step costs and the acceptance under compact verify, else the full width)")
         add("--speculative-acceptance-profile", default=None,
             help="compact verify only: a JSON acceptance profile (accept_histogram, as in "

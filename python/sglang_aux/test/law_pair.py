@@ -21,7 +21,7 @@ from safetensors.torch import load_file, save_file
 
 from sglang_aux.srt.entrypoints.engine import Engine
 from sglang_aux.srt.model_loader.preset_checkpoint import write_checkpoint
-from sglang_aux.test.runtime_utils import assert_kv_all_back
+from sglang_aux.test.runtime_utils import assert_kv_all_back, record_verdict_rows
 from sglang_aux.test.sampling_law import FALSE_ALARM, chi_square, position_laws
 
 TOP_K = 8
@@ -143,16 +143,23 @@ def block_laws(p: torch.Tensor, q: torch.Tensor, b: int, anchors: set[int]
 
 
 def assert_block_positions_follow_the_target_law(pairs: dict, algorithm: str,
-                                                 device: str = "cpu") -> None:
+                                                 device: str = "cpu",
+                                                 width: int | None = None) -> None:
     """Each emitted block position i: the token and whether the block went on, against p and
     min(p, q) / p (the bonus: p, and the block ends), over the blocks of each anchor (DSpark's
     proposal law depends on it); the first token (sampled after the prefill) against p.
     FALSE_ALARM is shared by the B + 1 tests; `scripts/sampler_test_power.py` gives their
-    power."""
+    power. `width`: static verify of the blocks' leading `width` tokens only (a draft length
+    schedule narrower than the block), so blocks of that width follow the same laws."""
     _, _, p, q = pair = pairs[algorithm, "noisy"]
+    narrower = {} if width is None else {"speculative_draft_len_schedule": f"1:{width}"}
     engine = law_engine(pair, algorithm, device=device, max_running_requests=REQUESTS,
-                     cuda_graph_bs_decode=[REQUESTS])
+                        cuda_graph_bs_decode=[REQUESTS], **narrower)
     b = engine.worker.verify_width
+    if width is not None:
+        assert width < b and {x.tokens_per_req for x in
+                              engine.worker.target_runner.step_graphs.layouts} == {width, b}
+        b = width
     steps = record_steps(engine.worker, with_rids=True)
     params = [dict(SAMPLED, max_new_tokens=NEW_TOKENS, seed=i) for i in range(REQUESTS)]
     outs = engine.generate(input_ids=[PROMPT] * REQUESTS, sampling_params=params)
@@ -192,16 +199,11 @@ def assert_compact_verify_keeps_the_target_law(pairs: dict, algorithm: str,
     b = worker.verify_width
     assert b == 4
     steps = record_steps(worker)
-    verdicts, verified = [], worker._verified
-
-    def recording(req, row):
-        verdicts.append((row[0], row[-1]))  # accepted drafts, tokens verified
-        return verified(req, row)
-
-    worker._verified = recording
+    rows = record_verdict_rows(worker)
     params = [dict(SAMPLED, max_new_tokens=NEW_TOKENS, seed=i) for i in range(REQUESTS)]
     outs = engine.generate(input_ids=[PROMPT] * REQUESTS, sampling_params=params)
     # no block accepts past its verified drafts, and the cap binds often
+    verdicts = [(row[0], row[-1]) for row in rows]  # accepted drafts, tokens verified
     assert all(accepted <= length - 1 for accepted, length in verdicts)
     assert sum(accepted == length - 1 < b - 1 for accepted, length in verdicts) > 100
     spent = sum(o["meta_info"]["spec_verify_tokens"] for o in outs)

@@ -269,6 +269,24 @@ def record_graph_forwards(runner: ModelRunner) -> list[tuple[int, int | None]]:
     return seen
 
 
+def record_verdict_rows(worker) -> list[list[int]]:
+    """Every verdict row the host reads from a speculative worker's verify steps from now on
+    (accepted proposals, the emitted tokens; compact: then the tokens verified)."""
+    rows, verified = [], worker._verified
+
+    def recording(width: int):
+        apply = verified(width)
+
+        def record(req, row):
+            rows.append(row)
+            return apply(req, row)
+
+        return record
+
+    worker._verified = recording
+    return rows
+
+
 def pair_checkpoints(root: Path, pairs: dict[str, str], *extra: str) -> dict[str, str]:
     """Tiny checkpoints of every target and draft of `pairs` (target -> draft) and of `extra`
     presets, by preset name."""

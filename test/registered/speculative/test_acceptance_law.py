@@ -42,6 +42,11 @@ def test_every_block_position_follows_the_target_law(pairs, algorithm):
 
 
 @pytest.mark.parametrize("algorithm", list(DRAFTS))
+def test_static_verify_narrower_than_the_block_keeps_the_law(pairs, algorithm):
+    assert_block_positions_follow_the_target_law(pairs, algorithm, width=3)
+
+
+@pytest.mark.parametrize("algorithm", list(DRAFTS))
 def test_compact_verify_keeps_every_token_on_the_target_law(pairs, algorithm):
     assert_compact_verify_keeps_the_target_law(pairs, algorithm)
 

@@ -96,6 +96,60 @@ def test_batch_crossing_the_thresholds_both_ways_stays_exact(ckpts, target_only,
     assert_kv_all_back(engine)
 
 
+@pytest.mark.parametrize("overlap", [False, True])
+def test_static_verify_narrows_per_batch_size_and_stays_exact(ckpts, target_only, overlap):
+    engine = Engine(model_path=ckpts["tiny-llama"], speculative_algorithm="DFLASH",
+                    speculative_draft_model_path=ckpts["tiny-llama-dflash"],
+                    speculative_verify_mode="static", speculative_draft_len_schedule=SCHEDULE,
+                    disable_overlap_schedule=not overlap, **ENGINE_KW)
+    worker = engine.worker
+    schedule, w, runner = DraftLenSchedule.parse(SCHEDULE), worker.verify_width, \
+        worker.target_runner
+    graphs = runner.step_graphs
+    # the full width at every captured size (steps that verify every token), and each size's
+    # schedule widths: size 4 takes bs 3-4 (width 2), size 6 bs 5-6 (width 1)
+    assert sorted((x.step_bs, x.tokens_per_req) for x in graphs.layouts) == [
+        (1, w), (2, w), (4, 2), (4, w), (6, 1), (6, w)]
+    steps, prepare, draft_forward, drafts = [], runner.prepare, worker.draft_runner.forward, []
+
+    def recording_prepare(inputs):
+        fb = prepare(inputs)
+        if inputs.mode == ForwardMode.TARGET_VERIFY:
+            layout = graphs.layouts[fb.prepared_graph]
+            steps.append((len(inputs.step_rows), fb.tokens_per_req, layout.tokens_per_req))
+        return fb
+
+    def counting_draft(fb):
+        drafts.append(fb.forward_mode)
+        return draft_forward(fb)
+
+    runner.prepare, worker.draft_runner.forward = recording_prepare, counting_draft
+    reqs = run_arrivals(engine)
+    for i, (req, want) in enumerate(zip(reqs, target_only, strict=True)):
+        assert len(req.output_ids) == ARRIVALS[i][1]
+        if i != ARRIVAL_SAMPLED:
+            assert req.output_ids == want["output_ids"], i
+        assert cached_kv_error(engine, committed_tokens(req)) < 1e-4, i
+    widths = [width for _, width, _ in steps]
+    assert {bs for bs, _, _ in steps} >= {1, 2, 3, 4, 5, 6}
+    # every verify step at its batch size's width, a graph of that width replayed
+    assert all(width == schedule.width(bs) == graph_width for bs, width, graph_width in steps)
+    first_plain, last_plain = widths.index(1), len(widths) - 1 - widths[::-1].index(1)
+    assert w in widths[:first_plain] and 2 in widths[:first_plain]
+    assert 2 in widths[last_plain:] and w in widths[last_plain:]
+    assert drafts == [ForwardMode.DRAFT_BLOCK] * sum(width > 1 for width in widths)
+    assert worker.step_stats == {"spec_verify_steps": len(steps),
+                                 "spec_plain_steps": widths.count(1)}
+    # each request's verify tokens are its steps' widths (under overlap, a step launched
+    # before its request's finish was read is not recorded)
+    verified, launched = (sum(r.spec_verify_tokens for r in reqs),
+                          sum(bs * width for bs, width, _ in steps))
+    assert verified == launched if not overlap else 0 < verified <= launched
+    assert worker.server_info()["speculative_draft_len_schedule"] == {
+        "schedule": SCHEDULE, "source": "flag", "verify_width": w}
+    assert_kv_all_back(engine)
+
+
 def test_static_verify_runs_the_full_width_and_counts_mixed_steps(ckpts, target_only):
     engine = Engine(model_path=ckpts["tiny-llama"], speculative_algorithm="DFLASH",
                     speculative_draft_model_path=ckpts["tiny-llama-dflash"],

@@ -1,7 +1,8 @@
 """The draft length schedule with real CUDA graphs on the H200 (the twin of
 test_dflash_worker_draft_len.py): a batch that grows to 6 and shrinks back to 1 across
-`1:4,3:2,5:1`, every verify step a ragged graph replay, keeps every greedy request equal to
-target-only token for token, overlap on and off; the derived schedule's step costs are timed
+`1:4,3:2,5:1`, every verify step a ragged graph replay (compact) or a replay of the graph of
+its batch size's width (static), keeps every greedy request equal to target-only token for
+token, overlap on and off; the derived schedule's step costs are timed
 with CUDA events at start-up, and its output is exact too."""
 
 import sys
@@ -46,7 +47,7 @@ def target_only(ckpts):
 def _dflash(ckpts, **kw) -> Engine:
     return Engine(model_path=ckpts["tiny-llama"], speculative_algorithm="DFLASH",
                   speculative_draft_model_path=ckpts["tiny-llama-dflash"],
-                  speculative_verify_mode="compact", **COMMON, **kw)
+                  **{"speculative_verify_mode": "compact", **COMMON, **kw})
 
 
 def _assert_exact(reqs, target_only) -> None:
@@ -79,6 +80,30 @@ def test_schedule_crossing_thresholds_with_cuda_graphs(ckpts, target_only, overl
     assert {width for _, width in planned} == {1, 2, 4}
     stats = worker.step_stats
     assert 0 < stats["spec_plain_steps"] < stats["spec_verify_steps"] == len(planned)
+    assert_kv_all_back(engine)
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_static_narrower_widths_with_cuda_graphs(ckpts, target_only, overlap):
+    engine = _dflash(ckpts, speculative_verify_mode="static",
+                     speculative_draft_len_schedule=SCHEDULE,
+                     disable_overlap_schedule=not overlap)
+    worker = engine.worker
+    graphs = worker.target_runner.step_graphs
+    assert type(graphs.backend).__name__ == "CudaGraphBackend"
+    w = worker.verify_width
+    assert sorted((x.step_bs, x.tokens_per_req) for x in graphs.layouts) == [
+        (1, w), (2, w), (4, 2), (4, w), (6, 1), (6, w)]
+    verifies = record_graph_forwards(worker.target_runner)
+    _assert_exact(run_arrivals(engine), target_only)
+    # every verify step a replay of a graph of its batch size's width
+    schedule = DraftLenSchedule.parse(SCHEDULE)
+    assert verifies and all(g is not None for _, g in verifies)
+    widths = {graphs.layouts[g].tokens_per_req for _, g in verifies}
+    assert widths == {1, 2, w}
+    stats = worker.step_stats
+    assert 0 < stats["spec_plain_steps"] < stats["spec_verify_steps"] == len(verifies)
+    assert all(graphs.layouts[g].tokens_per_req == schedule.width(bs) for bs, g in verifies)
     assert_kv_all_back(engine)
 
 

@@ -1,8 +1,8 @@
 """`--speculative-draft-len-schedule` (configs/draft_len_schedule.py): parsing, the width at
 every batch size, merging a derived schedule's steps, and the refusals, each one line naming
 the flag and its value: bad syntax, unsorted or duplicate batch sizes, out-of-range widths
-(in ServerArgs; against the draft's verify width and under static verify when the worker reads
-the draft's config, before any model loads); the derivation's files that do not parse."""
+(in ServerArgs; against the draft's verify width when the worker reads the draft's config,
+before any model loads); the derivation's files that do not parse."""
 
 import json
 import sys
@@ -55,19 +55,16 @@ def test_bad_schedule_is_one_line_naming_flag_and_value(text, says):
     assert "\n" not in message and message.startswith(FLAG) and says in message
 
 
-def test_width_past_the_verify_width_and_static_refused_when_known():
+@pytest.mark.parametrize("mode", ["static", "compact"])
+def test_width_past_the_verify_width_refused_when_known(mode):
     common = dict(model_path="tiny-llama", speculative_algorithm="DFLASH",
                   speculative_draft_model_path="tiny-llama-dflash", speculative_verify_width=4)
     with pytest.raises(ValueError, match=f"^{FLAG} 1:8,4:2: width 8 exceeds the draft's verify "
                                          "width 4$"):
-        ServerArgs(**common, speculative_verify_mode="compact",
+        ServerArgs(**common, speculative_verify_mode=mode,
                    speculative_draft_len_schedule="1:8,4:2")
-    with pytest.raises(ValueError, match="widths below the verify width 4 need "
-                                         "--speculative-verify-mode compact"):
-        ServerArgs(**common, speculative_verify_mode="static",
-                   speculative_draft_len_schedule="1:4,4:2")
-    # the full width everywhere is static verify's own schedule
-    ServerArgs(**common, speculative_verify_mode="static", speculative_draft_len_schedule="1:4")
+    # narrower widths: static verify captures graphs at them, compact's ragged graphs take them
+    ServerArgs(**common, speculative_verify_mode=mode, speculative_draft_len_schedule="1:4,4:2")
     with pytest.raises(ValueError, match=f"{FLAG} only act with --speculative-algorithm"):
         ServerArgs(model_path="tiny-llama", speculative_draft_len_schedule="1:4")
 
@@ -113,8 +110,8 @@ def no_model_load(monkeypatch):
 @pytest.mark.parametrize("kw, says", [
     (dict(speculative_verify_mode="compact", speculative_draft_len_schedule="1:4,2:5"),
      f"{FLAG} 1:4,2:5: width 5 exceeds the draft's verify width 4"),
-    (dict(speculative_draft_len_schedule="1:4,2:2"),
-     f"{FLAG} 1:4,2:2: widths below the verify width 4 need --speculative-verify-mode compact"),
+    (dict(speculative_draft_len_schedule="1:4,2:5"),
+     f"{FLAG} 1:4,2:5: width 5 exceeds the draft's verify width 4"),
     (dict(speculative_verify_mode="compact", speculative_acceptance_profile="PROFILE"),
      "made for verify width 16, the draft verifies 4"),
 ])

@@ -36,6 +36,7 @@ from sglang_aux.test.runtime_utils import (
     engine_in_verify_mode,
     pair_checkpoints,
     record_graph_forwards,
+    record_verdict_rows,
 )
 
 register_cpu_ci(est_time=150, suite="default")
@@ -120,19 +121,14 @@ def test_compact_lengths_respect_budget_bounds_and_buckets(ckpts, align, sampled
     b = worker.verify_width
     n_proposals = b - 1
     buckets = [x.step_bs for x in worker.target_runner.step_graphs.layouts]
-    plans, verdicts = [], []
-    plan, verified = worker.verify_plan.plan, worker._verified
+    plans, plan = [], worker.verify_plan.plan
 
     def recording_plan(bs, every_token, confidence, width):
         n = plan(bs, every_token, confidence, width)
         plans.append((bs, n, width, worker.verify_plan.verify_lens[:n].tolist()))
         return n
 
-    def recording_verified(req, row):
-        verdicts.append((row[0], row[-1]))
-        return verified(req, row)
-
-    worker.verify_plan.plan, worker._verified = recording_plan, recording_verified
+    worker.verify_plan.plan, rows = recording_plan, record_verdict_rows(worker)
     params = [dict(p, temperature=1.0, seed=i) if sampled else p
               for i, p in enumerate(STAGGERED)]
     outs = engine.generate(SPEC_PROMPTS, params)
@@ -146,6 +142,7 @@ def test_compact_lengths_respect_budget_bounds_and_buckets(ckpts, align, sampled
             take = min(n - bs, bs * (width - 1))
         # random confidences are far above the survival floor: the budget is spent whole
         assert sum(live) == bs + take <= n, (bs, n, lens)
+    verdicts = [(row[0], row[-1]) for row in rows]  # accepted drafts, tokens verified
     assert all(0 <= accepted <= length - 1 for accepted, length in verdicts)
     assert sum(o["meta_info"]["spec_verify_tokens"] for o in outs) == sum(
         length for _, length in verdicts)
@@ -195,13 +192,7 @@ def test_acceptance_under_known_proposals(ckpts, mode):
     refs = engine.generate(SPEC_PROMPTS, dict(params, max_new_tokens=3 * params["max_new_tokens"]))
     by_rid = {f"req-{i + len(SPEC_PROMPTS)}": r["output_ids"] for i, r in enumerate(refs)}
     worker.propose = _oracle(worker, by_rid)
-    rows, verified = [], worker._verified
-
-    def recording(req, row):
-        rows.append(row)
-        return verified(req, row)
-
-    worker._verified = recording
+    rows = record_verdict_rows(worker)
     outs = engine.generate(SPEC_PROMPTS, params)
     for ref, out in zip(refs, outs, strict=True):
         assert out["output_ids"] == ref["output_ids"][: params["max_new_tokens"]]

@@ -4,7 +4,9 @@
 A schedule is a list of `bs:width` steps, batch sizes ascending from 1: a step of bs running
 requests verifies at most `width` tokens per request, the width of the last step at or below
 bs. Width 1 is plain decoding (the anchor alone, no draft forward); the draft's verify width W
-is the most. TensorRT-LLM's `draft_len_schedule` maps the same thing the other way round (each
+is the most. Static verify captures its verify graphs at every width a captured batch size
+runs (`capture_sizes.step_widths`); compact verify's ragged graphs take any width.
+TensorRT-LLM's `draft_len_schedule` maps the same thing the other way round (each
 key is the largest batch size of its draft length, which counts proposals: our width - 1).
 """
 
@@ -69,16 +71,15 @@ class DraftLenSchedule:
     def max_width(self) -> int:
         return max(self.widths)
 
-    def check(self, verify_width: int, compact: bool) -> None:
-        """ValueError, one line, unless every width is at most `verify_width` and, under
-        static verify (graphs per batch size at the full width), equal to it."""
+    @property
+    def min_width(self) -> int:
+        return min(self.widths)
+
+    def check(self, verify_width: int) -> None:
+        """ValueError, one line, unless every width is at most `verify_width`."""
         if self.max_width > verify_width:
             raise ValueError(f"{FLAG} {self}: width {self.max_width} exceeds the draft's verify "
                              f"width {verify_width}")
-        if not compact and min(self.widths) < verify_width:
-            raise ValueError(f"{FLAG} {self}: widths below the verify width {verify_width} "
-                             "need --speculative-verify-mode compact (static verify runs every "
-                             "request's whole width)")
 
     def __str__(self) -> str:
         return ",".join(f"{b}:{w}" for b, w in zip(self.batch_sizes, self.widths, strict=True))

@@ -161,7 +161,8 @@ def step_inputs(reqs: list[Req], mode: ForwardMode, tokens_per_req: int) -> Forw
     `StepPrologue` for `mode` derives the rest on the device (the row's last token first,
     then the prologue's block tokens or fill token)."""
     return ForwardInputs(mode, step_rows=[r.req_pool_idx for r in reqs],
-                         step_kv_bounds=_step_bounds(reqs, tokens_per_req))
+                         step_kv_bounds=_step_bounds(reqs, tokens_per_req),
+                         step_width=tokens_per_req)
 
 
 def mixed_inputs(runner: ModelRunner, reqs: list[Req], arrivals: list[Req],

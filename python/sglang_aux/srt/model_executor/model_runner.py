@@ -45,6 +45,7 @@ from sglang_aux.srt.model_executor.runner_utils.capture_sizes import (
     mixed_max_arrivals,
     prefill_graph_plan,
     ragged_token_buckets,
+    step_widths,
 )
 from sglang_aux.srt.model_executor.runner_utils.host_transfer import to_device_into
 from sglang_aux.srt.model_loader.loader import get_model
@@ -217,7 +218,12 @@ class ModelRunner:
             if parts.ragged:
                 return [ForwardLayout(mode, n, 1)
                         for n in ragged_token_buckets(max_bs=sizes[-1], tokens_per_req=w)]
-            return [ForwardLayout(mode, bs, w) for bs in sizes]
+            layouts = [ForwardLayout(mode, bs, w) for bs in sizes]
+            if parts.step_width is not None:
+                layouts += [ForwardLayout(mode, bs, x) for bs, xs in
+                            step_widths(sizes, parts.step_width).items() for x in sorted(xs)
+                            if x != w]
+            return layouts
         if mode == ForwardMode.EXTEND:
             if self.prefill_capture_tokens and not extend_ok:
                 logger.info("No prefill graphs: the %s attention backend reads host lists",
@@ -260,7 +266,7 @@ class ModelRunner:
         derived on the device (`ForwardLayout.complete`: in the graph, or right here)."""
         # a prefill needs no registered parts; a step needs its prologue
         parts = self.forwards.get(inputs.mode) or ForwardParts(inputs.mode)
-        live = ForwardLayout.of(inputs, parts.layout_width)
+        live = ForwardLayout.of(inputs, inputs.step_width or parts.layout_width)
         if live.num_reqs == 0:
             raise ValueError(f"a {inputs.mode.name} forward needs requests")
         graphs = self.graph_runners.get(inputs.mode)

@@ -7,10 +7,12 @@ forward: it commits every verified token's draft context (`DraftContext`) and ac
 target's token after it); its sampling tail, run for batches with a sampled request, replaces
 the sampled requests' verdicts by lossless rejection sampling (`rejection_verify`) against the
 distributions the draft drew from. A compact (ragged) step's requests accept at most their
-verified proposals. A step whose logits are processed (penalties, min_new_tokens, min-p) or
-restricted by a grammar is decided again after the forward, from the processed logits
-(`verify_processed`). Verdict rows `[1 + W]` per request: accepted proposals, then the
-emitted tokens; rank 0 decides, so tensor-parallel ranks cannot diverge.
+verified proposals; a static step narrower than W (the draft length schedule's width w)
+verifies and accepts its first w - 1, its verdicts filling the rows' first 1 + w columns. A
+step whose logits are processed (penalties, min_new_tokens, min-p) or restricted by a grammar
+is decided again after the forward, from the processed logits (`verify_processed`). Verdict
+rows `[1 + W]` per request: accepted proposals, then the emitted tokens; rank 0 decides, so
+tensor-parallel ranks cannot diverge.
 """
 
 from __future__ import annotations
@@ -85,30 +87,32 @@ class Acceptance:
         self.accept_greedy(bs, fb.input_ids[:n].view(bs, -1)[:, 1:], out.next_token_logits[:n])
 
     def accept_greedy(self, bs: int, proposals: torch.Tensor, logits: torch.Tensor) -> None:
-        """`verdicts[:bs]` from `bs` requests' proposals `[bs, W - 1]` and their logits rows
-        `[bs * W, vocab]`."""
-        target_argmax = logits.view(bs, self.verify_width, -1).argmax(-1)
-        self.verdicts[:bs] = greedy_verify(proposals, target_argmax).packed()
+        """`verdicts[:bs]` from `bs` requests' verified proposals `[bs, w - 1]` (w <= W)
+        and their logits rows `[bs * w, vocab]`."""
+        w = proposals.shape[1] + 1
+        target_argmax = logits.view(bs, w, -1).argmax(-1)
+        self.verdicts[:bs, : w + 1] = greedy_verify(proposals, target_argmax).packed()
         broadcast_from_first_rank(self.verdicts[:bs])
 
     def rejection_sample(self, bs: int, proposals: torch.Tensor, positions: torch.Tensor,
                          rows: torch.Tensor, logits: torch.Tensor, min_p: bool = False,
                          num_verified: torch.Tensor | None = None) -> None:
-        """Lossless rejection sampling of `bs` requests' proposals `[bs, W - 1]` (verify
-        positions `[bs, W]`, logits `[bs * W, vocab]`) against `Proposals.q(bs)`; greedy
-        requests keep their greedy verdicts. `min_p`: a request may set it (known on the
-        host); `num_verified` `[bs]`: tokens each request verified (`rejection_verify`)."""
-        w = self.verify_width
+        """Lossless rejection sampling of `bs` requests' proposals `[bs, w - 1]` (w <= W;
+        verify positions `[bs, w]`, logits `[bs * w, vocab]`) against the leading w - 1 of
+        `Proposals.q(bs)`; greedy requests keep their greedy verdicts. `min_p`: a request may
+        set it (known on the host); `num_verified` `[bs]`: tokens each request verified
+        (`rejection_verify`)."""
+        w = proposals.shape[1] + 1
         params = self.sampling_rows.gather(rows, min_p)
         p = sampling_probs(logits, params.repeat_interleave(w)).view(bs, w, -1)
         seed = params.seed[:, None]
-        sampled = rejection_verify(proposals, self.proposals.q(bs), p,
+        sampled = rejection_verify(proposals, self.proposals.q(bs)[:, : w - 1], p,
                                    uniform(seed, positions[:, 1:], Lane.ACCEPT),
                                    uniform(seed, positions + 1, Lane.RESIDUAL),
                                    num_verified).packed()
-        verdicts = self.verdicts[:bs]
-        broadcast_from_first_rank(verdicts.copy_(torch.where(params.is_greedy[:, None],
-                                                             verdicts, sampled)))
+        verdicts = self.verdicts[:bs, : w + 1]
+        verdicts.copy_(torch.where(params.is_greedy[:, None], verdicts, sampled))
+        broadcast_from_first_rank(self.verdicts[:bs])
 
     def verify_processed(self, rows: torch.Tensor, logits: torch.Tensor, *, penalized: bool,
                          has_sampling: bool, token_bitmask: torch.Tensor | None = None) -> None:

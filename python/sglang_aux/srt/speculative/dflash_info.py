@@ -73,13 +73,16 @@ def rejection_verify(drafts: torch.Tensor, draft_probs: torch.Tensor,
     at = accepted[:, None, None].expand(bs, 1, vocab)
     p_next = target_probs.gather(1, at)[:, 0]  # [bs, V]
     # after all W-1 drafts there is no draft distribution: the bonus draws from p alone
-    q_next = draft_probs.gather(1, at.clamp_max(num_drafts - 1))[:, 0]
-    q_next = torch.where((accepted < limit)[:, None], q_next, 0.0)
+    if num_drafts:
+        q_next = draft_probs.gather(1, at.clamp_max(num_drafts - 1))[:, 0]
+        q_next = torch.where((accepted < limit)[:, None], q_next, 0.0)
+    else:  # the anchor alone (plain decoding): the next token draws from p
+        q_next = torch.zeros_like(p_next)
     residual = (p_next - q_next).clamp_min_(0)
     # p == q: a rejection has probability zero; should rounding produce one, draw from p
     residual = torch.where(residual.sum(-1, keepdim=True) > 0, residual, p_next)
     last = sample_from_probs(residual, u_residual.gather(1, accepted[:, None])[:, 0])
     offset = torch.arange(num_drafts + 1, device=drafts.device)
-    padded = torch.cat([drafts, drafts[:, :1]], dim=1)
+    padded = torch.cat([drafts, last[:, None]], dim=1)
     tokens = torch.where(offset < accepted[:, None], padded, last[:, None])
     return BlockVerdicts(accepted, tokens)

@@ -23,11 +23,13 @@ invariant in schedule_batch.py). The scheduler owns the KV slots; this worker on
 each request's kv_len. Each request's verify tokens are counted (`spec_verify_tokens`), so
 verify tokens per accepted token compare static with compact verify.
 
-Under compact verify a step of bs requests verifies at most the schedule's width w(bs) <= W
-per request on average (it caps the step's budget at bs * (w - 1) proposals; steps whose
-logits are processed, grammar-restricted or scored verify every token, as static). At width 1
-the step is plain decoding: no draft forward, the verify forward runs the anchors alone and
-its epilogue still commits their draft context, so a later step speculates again.
+A step of bs requests verifies the draft length schedule's width w(bs) <= W per request:
+static verify the leading w(bs) tokens of each block (graphs per batch size and width),
+compact verify at most w(bs) on average (it caps the step's budget at bs * (w - 1)
+proposals). Steps whose logits are processed, grammar-restricted or scored verify every
+token of the full width, request-major. At width 1 the step is plain decoding: no draft
+forward, the verify forward runs the anchors alone and its epilogue still commits their
+draft context, so a later step speculates again.
 """
 
 from __future__ import annotations
@@ -160,10 +162,12 @@ class DFlashWorker(RequestRowStaging):
         acceptance, context = self.acceptance, self.draft_context
         verify, extend = ForwardMode.TARGET_VERIFY, ForwardMode.EXTEND
         block = ForwardMode.DRAFT_BLOCK
+        narrower = not self.verify_plan.compact and self.draft_len.schedule.min_width < \
+            self.verify_width
         self.verify_parts = self.verify_plan.forward_parts(
             self.proposals.tokens,
             Epilogue(verify, acceptance.verify_epilogue, acceptance.verify_sampling),
-            context.streamed_aux)
+            context.streamed_aux, step_width=self.draft_len.width if narrower else None)
         forwards = [self.verify_parts,
                     ForwardParts(extend, epilogue=Epilogue(extend, context.prefill_epilogue),
                                  streamed_aux=context.streamed_aux,
@@ -234,9 +238,11 @@ class DFlashWorker(RequestRowStaging):
         token_bitmask = self._verify_bitmask(reqs)
         processed = token_bitmask is not None or penalized
         # `[anchor, proposals]` per request: the verify prologue reads `Proposals` itself
-        inputs = step_inputs(reqs, ForwardMode.TARGET_VERIFY, w)
         if plan.compact:
-            inputs = plan.ragged_inputs(inputs, every_token, self.proposals.confidence, width)
+            inputs = plan.ragged_inputs(step_inputs(reqs, ForwardMode.TARGET_VERIFY, w),
+                                        every_token, self.proposals.confidence, width)
+        else:  # the leading `width` of each request's block
+            inputs = step_inputs(reqs, ForwardMode.TARGET_VERIFY, width)
         verify_fb = self.target_runner.prepare(inputs)
         verify_fb.has_sampling = has_sampling
         # The graph (or the eager forward) commits the draft context and leaves the verdicts.
@@ -257,8 +263,8 @@ class DFlashWorker(RequestRowStaging):
             # verify position j's target row scores the token emitted there: the verify
             # logits (borrowed until the next forward) are read before any other forward
             readback = logprobs.pack(readback, logits, verdicts[:, 1:])
-        return PendingStep(reqs, self.readback.start(readback), self._verified, kv_growth=w,
-                           logprobs=logprobs)
+        return PendingStep(reqs, self.readback.start(readback), self._verified(width),
+                           kv_growth=w if plan.compact else width, logprobs=logprobs)
 
     def mixed(self, reqs: list[Req], arrivals: list[Req],
               chunk: int | None = None) -> list[PendingStep]:
@@ -291,7 +297,7 @@ class DFlashWorker(RequestRowStaging):
                                         fb.req_pool_indices[:bs], logits[:step_tokens])
         verdicts = self._advance(fb.req_pool_indices[:bs], bs)
         if not n:
-            return [PendingStep(reqs, self.readback.start(verdicts), self._verified,
+            return [PendingStep(reqs, self.readback.start(verdicts), self._verified(w),
                                 kv_growth=w)]
         rows, seq_lens = fb.req_pool_indices[sb : sb + n], fb.seq_lens[sb : sb + n]
         first = self._sample(logits[step_tokens : step_tokens + n], arrivals, rows, seq_lens)
@@ -302,7 +308,7 @@ class DFlashWorker(RequestRowStaging):
         all_verdicts = acceptance.verdicts
         all_verdicts[bs : bs + n, 0] = first
         copy = self.readback.start(all_verdicts[: bs + n])
-        return [PendingStep(reqs, PendingRows(copy, 0, bs), self._verified, kv_growth=w),
+        return [PendingStep(reqs, PendingRows(copy, 0, bs), self._verified(w), kv_growth=w),
                 PendingStep(arrivals, PendingRows(copy, bs, bs + n), _first_of_row,
                             kv_growth=0)]
 
@@ -339,15 +345,18 @@ class DFlashWorker(RequestRowStaging):
     def _graph_proposals(self, reqs: list[Req], _fb: ForwardBatch) -> torch.Tensor:
         return self.proposals.tokens[: len(reqs)]
 
-    def _verified(self, req: Req, row: list[int]) -> list[int]:
-        """One request's verdict row (compact: then the tokens it verified): the anchor and
-        the accepted proposals are now KV."""
-        w = self.verify_width
-        req.kv_len += row[0] + 1
-        verified = row[-1] if self.verify_plan.compact else w
-        req.record_spec_verify(row[0], w, verified)
-        self.draft_len.observe(row[0], verified)
-        return row[1 : row[0] + 2]
+    def _verified(self, width: int) -> Callable[[Req, list[int]], list[int]]:
+        """What the host does with one request's verdict row of a step of `width` tokens a
+        request (compact: the row ends with the tokens the request verified): the anchor and
+        the accepted proposals are now KV; the emitted tokens."""
+        def verified(req: Req, row: list[int]) -> list[int]:
+            req.kv_len += row[0] + 1
+            tokens = row[-1] if self.verify_plan.compact else width
+            req.record_spec_verify(row[0], self.verify_width, tokens)
+            self.draft_len.observe(row[0], tokens)
+            return row[1 : row[0] + 2]
+
+        return verified
 
 
 def _samples(reqs: list[Req]) -> bool:

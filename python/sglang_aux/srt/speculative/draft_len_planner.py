@@ -81,7 +81,7 @@ class DraftLenPlanner:
         flag = server_args.speculative_draft_len_schedule
         self.fixed = DraftLenSchedule.parse(flag) if flag is not None else None
         if self.fixed is not None:
-            self.fixed.check(verify_width, compact)
+            self.fixed.check(verify_width)
         profile = server_args.speculative_acceptance_profile
         self.profile = None if profile is None else AcceptanceProfile.load(profile, verify_width)
         self.step_costs_path = server_args.speculative_step_costs

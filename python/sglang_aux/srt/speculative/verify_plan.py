@@ -2,7 +2,8 @@
 verify forward that runs them.
 
 static: every request verifies its whole verify width W, `[anchor, proposals]`, in a
-request-major TARGET_VERIFY forward (graphs per batch size).
+request-major TARGET_VERIFY forward (graphs per batch size); under a draft length schedule
+narrower at some batch sizes, the leading w(bs) of it (graphs per batch size and width).
 
 compact (SGLang's `SGLANG_RAGGED_VERIFY_MODE=compact`, here for the whole family): each
 proposal k of a request comes with a confidence, the estimated probability that it is
@@ -27,7 +28,7 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -103,14 +104,17 @@ class VerifyPlan:
         self.request_rows = torch.zeros(rows * verify_width, dtype=torch.int64, device=device)
 
     def forward_parts(self, proposals: torch.Tensor, epilogue: Epilogue,
-                      streamed_aux: StreamedAux | None) -> ForwardParts:
+                      streamed_aux: StreamedAux | None,
+                      step_width: Callable[[int], int] | None = None) -> ForwardParts:
         """The TARGET_VERIFY forward: its prologue builds `[anchor, proposals]` from
-        `proposals` `[rows, W - 1]` (static), or spreads them over a ragged step's tokens."""
+        `proposals` `[rows, W - 1]` (static: the leading `step_width(bs) - 1` at batch sizes
+        where the draft length schedule narrows it), or spreads them over a ragged step's
+        tokens."""
         w = self.verify_width
         if not self.compact:
             return ForwardParts(epilogue.mode, w,
                                 StepPrologue(block_tokens=lambda bs: proposals[:bs]),
-                                epilogue, streamed_aux)
+                                epilogue, streamed_aux, step_width=step_width)
         prologue = RaggedStepPrologue(block_tokens=lambda n: proposals[:n],
                                       lens=lambda n: self.verify_lens[:n],
                                       request_rows=lambda n: self.request_rows[:n],
@@ -126,7 +130,7 @@ class VerifyPlan:
         bound = max(inputs.step_kv_bounds) + self.verify_width - 1
         return dataclasses.replace(
             inputs, step_rows=inputs.step_rows + [PADDING_REQ_ROW] * (n - bs),
-            step_kv_bounds=[bound] * n)
+            step_kv_bounds=[bound] * n, step_width=1)
 
     def budget(self, bs: int) -> int:
         """The most proposals a step of `bs` requests verifies beyond their anchors under

@@ -58,6 +58,8 @@ class ForwardInputs:
     ext: list[int] = field(default_factory=list)  # per arrival: new tokens
     capture_hidden_mode: CaptureHiddenMode = CaptureHiddenMode.NULL
     aux_projection: AuxProjection | None = None  # a staged MXFP8 fc input (eager only)
+    # tokens per step request; 0: the mode's registered width (`ForwardParts.layout_width`)
+    step_width: int = 0
 
 
 @dataclass(frozen=True)

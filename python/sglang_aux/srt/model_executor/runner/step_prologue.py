@@ -23,8 +23,9 @@ from sglang_aux.srt.forward_state.forward_batch_info import ForwardBatch
 @dataclass(frozen=True)
 class StepPrologue:
     fill_token_id: int = 0
-    # bs -> `[bs, width - 1]` tokens after each request's last one, in storage its owner keeps
-    # static (a graph reads it at replay); None: `fill_token_id`
+    # bs -> `[bs, >= width - 1]` tokens after each request's last one (a narrower step takes
+    # the leading ones), in storage its owner keeps static (a graph reads it at replay);
+    # None: `fill_token_id`
     block_tokens: Callable[[int], torch.Tensor] | None = None
 
     def __call__(self, fb: ForwardBatch) -> None:
@@ -44,5 +45,5 @@ class StepPrologue:
             if self.block_tokens is None:
                 ids[:, 1:] = self.fill_token_id
             else:
-                ids[:, 1:] = self.block_tokens(bs)
+                ids[:, 1:] = self.block_tokens(bs)[:, : width - 1]
         torch.add(kv_lens, width, out=fb.seq_lens)

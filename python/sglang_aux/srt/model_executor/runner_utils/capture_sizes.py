@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -34,6 +35,17 @@ def ragged_token_buckets(*, max_bs: int, tokens_per_req: int) -> list[int]:
     speculative batch-size list read as token counts, up to `max_bs` requests of
     `tokens_per_req` tokens each; a step pads its tokens to the next bucket."""
     return get_capture_bs(max_bs=max_bs * tokens_per_req, speculative=True)
+
+
+def step_widths(sizes: list[int], width: Callable[[int], int]) -> dict[int, set[int]]:
+    """For each captured batch size of `sizes` (ascending), the widths `width(bs)` of the
+    running batch sizes it takes (those above the size before it): a step pads to the
+    smallest captured size of its own width, so each needs its graph."""
+    widths, low = {}, 0
+    for size in sizes:
+        widths[size] = {width(bs) for bs in range(low + 1, size + 1)}
+        low = size
+    return widths
 
 
 # About 1.5x apart: a prefill pads to the next size, so at most a third of a graph's tokens
