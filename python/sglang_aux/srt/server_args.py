@@ -44,8 +44,8 @@ DEFAULT_COMPACT_VERIFY_BUDGET_FRAC = 0.5
 VERIFY_WIDTH_ALIASES = ("--speculative-num-draft-tokens", "--speculative-dflash-block-size")
 DSPARK_PROPOSALS_FLAG = "--speculative-dspark-block-size"
 COMPACT_ONLY_FLAGS = ("compact_verify_budget_frac", "compact_verify_max_tokens",
-                      "speculative_dspark_align_verify_tokens_to_graph_tier",
-                      "speculative_acceptance_profile", "speculative_step_costs")
+                      "speculative_dspark_align_verify_tokens_to_graph_tier")
+DRAFT_LEN_FILE_FLAGS = ("speculative_acceptance_profile", "speculative_step_costs")
 
 logger = logging.getLogger(__name__)
 
@@ -278,7 +278,8 @@ class ServerArgs:
             self._check_dflash(algo)
         else:
             given = self._given("speculative_verify_width", "speculative_verify_mode",
-                                "speculative_draft_len_schedule", *COMPACT_ONLY_FLAGS)
+                                "speculative_draft_len_schedule", *COMPACT_ONLY_FLAGS,
+                                *DRAFT_LEN_FILE_FLAGS)
             if given:
                 raise ValueError(f"{', '.join(given)} only act with --speculative-algorithm "
                                  f"DFLASH or DSPARK (got {algo.value})")
@@ -339,6 +340,11 @@ class ServerArgs:
             if given:
                 raise ValueError(f"{', '.join(given)} only act with --speculative-verify-mode "
                                  "compact (the verify mode is static)")
+            if self.speculative_step_costs and not self.speculative_acceptance_profile:
+                # its counts cannot change a schedule whose graphs are captured for it
+                raise ValueError("--speculative-step-costs under static verify needs "
+                                 "--speculative-acceptance-profile: static verify derives its "
+                                 "draft length schedule once, at start-up, from both")
             return
         if self.compact_verify_budget_frac is not None and self.compact_verify_max_tokens:
             raise ValueError("--compact-verify-budget-frac and --compact-verify-max-tokens are "
@@ -488,13 +494,16 @@ class ServerArgs:
                  "with batch sizes ascending from 1, each width holding from its batch size "
                  "up, e.g. 1:16,8:8,32:4,64:1 (width 1: plain decoding, no draft forward; static "
                  "verify captures its graphs at each width it runs) (default: derived from the "
-                 "step costs and the acceptance under compact verify, else the full width)")
+                 "step costs and the acceptance under compact verify, or under static verify "
+                 "with --speculative-acceptance-profile; else the full width)")
         add("--speculative-acceptance-profile", default=None,
-            help="compact verify only: a JSON acceptance profile (accept_histogram, as in "
-                 "benchmark/spec_decode/profiles/), the prior of the derived draft length "
-                 "schedule before the server's own counts (default: every proposal accepted)")
+            help="a JSON acceptance profile (accept_histogram, as in "
+                 "benchmark/spec_decode/profiles/): the prior of the derived draft length "
+                 "schedule before the server's own counts (compact verify; default: every "
+                 "proposal accepted); under static verify, given, the schedule is derived "
+                 "from it once at start-up and its narrower graphs captured")
         add("--speculative-step-costs", default=None,
-            help="compact verify only: a JSON file of draft ms per batch size and verify ms "
+            help="a JSON file of draft ms per batch size and verify ms "
                  "per token count (what bench_dflash_step.py --out writes) for the derived "
                  "draft length schedule (default: measured at start-up by replaying the "
                  "captured graphs)")

@@ -7,6 +7,7 @@ run no draft forward, yet commit the draft context of their tokens, so speculati
 after them; the step statistics count them. Static verify keeps the full width and counts its
 mixed steps among the verify steps."""
 
+import json
 import sys
 
 import pytest
@@ -147,6 +148,36 @@ def test_static_verify_narrows_per_batch_size_and_stays_exact(ckpts, target_only
     assert verified == launched if not overlap else 0 < verified <= launched
     assert worker.server_info()["speculative_draft_len_schedule"] == {
         "schedule": SCHEDULE, "source": "flag", "verify_width": w}
+    assert_kv_all_back(engine)
+    with pytest.raises(ValueError, match=f"step widths above the full width {w}"):
+        runner.capture_step_widths(lambda bs: w + 1)
+
+
+def test_static_schedule_derived_from_a_profile_captures_its_widths(ckpts, target_only,
+                                                                     tmp_path):
+    costs, profile = tmp_path / "costs.json", tmp_path / "profile.json"
+    costs.write_text(json.dumps({"draft_ms": {"1": 1.0, "8": 2.0},
+                                 "verify_ms": {"4": 4.0, "8": 4.5, "16": 5.0, "32": 20.0}}))
+    profile.write_text(json.dumps({"accept_histogram": [0.2, 0.4, 0.2, 0.2]}))
+    engine = Engine(model_path=ckpts["tiny-llama"], speculative_algorithm="DFLASH",
+                    speculative_draft_model_path=ckpts["tiny-llama-dflash"],
+                    speculative_verify_mode="static", speculative_step_costs=str(costs),
+                    speculative_acceptance_profile=str(profile), **ENGINE_KW)
+    worker = engine.worker
+    w, info = worker.verify_width, worker.server_info()["speculative_draft_len_schedule"]
+    # at the draft graphs' sizes 1, 2, 4, 6: bs 4 verifies 16 tokens at 2 + 5 ms (2.6 tokens a
+    # request) rather than 12 at the same cost; bs 6 verifies 12 (1.8 / 7 ms) rather than 24,
+    # which pads to 32 tokens at 20 ms
+    assert info["source"] == "derived" and info["schedule"] == "1:4,6:2"
+    assert info["rederived"].startswith("never")
+    assert sorted((x.step_bs, x.tokens_per_req) for x in
+                  worker.target_runner.step_graphs.layouts) == [
+        (1, w), (2, w), (4, w), (6, 2), (6, w)]
+    reqs = run_arrivals(engine)
+    for i, (req, want) in enumerate(zip(reqs, target_only, strict=True)):
+        if i != ARRIVAL_SAMPLED:
+            assert req.output_ids == want["output_ids"], i
+    assert worker.server_info()["speculative_draft_len_schedule"]["schedule"] == "1:4,6:2"
     assert_kv_all_back(engine)
 
 

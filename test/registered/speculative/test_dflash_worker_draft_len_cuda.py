@@ -5,6 +5,7 @@ its batch size's width (static), keeps every greedy request equal to target-only
 token, overlap on and off; the derived schedule's step costs are timed
 with CUDA events at start-up, and its output is exact too."""
 
+import json
 import sys
 
 import pytest
@@ -121,6 +122,32 @@ def test_derived_schedule_from_cuda_event_costs(ckpts, target_only):
     _assert_exact(run_arrivals(engine), target_only)
     assert_kv_all_back(engine)
 
+
+
+def test_static_schedule_derived_from_cuda_event_costs(ckpts, target_only, tmp_path):
+    profile = tmp_path / "profile.json"
+    profile.write_text(json.dumps({"accept_histogram": [0.2, 0.4, 0.2, 0.2]}))
+    engine = _dflash(ckpts, speculative_verify_mode="static",
+                     speculative_acceptance_profile=str(profile))
+    worker = engine.worker
+    info = worker.server_info()["speculative_draft_len_schedule"]
+    print(f"static, derived on the device: {info}")
+    assert info["source"] == "derived" and info["rederived"].startswith("never")
+    schedule, w = DraftLenSchedule.parse(info["schedule"]), worker.verify_width
+    graphs = worker.target_runner.step_graphs
+    have = {(x.step_bs, x.tokens_per_req) for x in graphs.layouts}
+    # the full width everywhere, and every captured size's schedule widths
+    sizes = COMMON["cuda_graph_bs_decode"]
+    assert {(bs, w) for bs in sizes} <= have
+    low = 0
+    for size in sizes:
+        assert {(size, schedule.width(bs)) for bs in range(low + 1, size + 1)} <= have
+        low = size
+    verifies = record_graph_forwards(worker.target_runner)
+    _assert_exact(run_arrivals(engine), target_only)
+    assert verifies and all(g is not None and graphs.layouts[g].tokens_per_req ==
+                            schedule.width(bs) for bs, g in verifies)
+    assert_kv_all_back(engine)
 
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-v", "-s"]))

@@ -122,5 +122,30 @@ def test_derived_from_files_then_from_the_servers_counts(tmp_path, caplog, monke
     assert caplog.text.count("Draft length schedule after 10 verify steps: 1:4,8:1") == 1
 
 
+
+def test_static_verify_derives_once_from_a_profile(tmp_path, monkeypatch):
+    costs = tmp_path / "costs.json"
+    costs.write_text(json.dumps({"draft_ms": {"1": 1.0, "8": 2.0},
+                                 "verify_ms": {"4": 4.0, "8": 4.5, "16": 5.0, "32": 20.0}}))
+    profile = tmp_path / "profile.json"
+    profile.write_text(json.dumps({"accept_histogram": [0.2, 0.4, 0.2, 0.2]}))
+    planner = DraftLenPlanner(_args(speculative_step_costs=str(costs),
+                                    speculative_acceptance_profile=str(profile)), 4,
+                              compact=False)
+    # static verify's budget is every proposal: a width verifies all of its tokens
+    planner.start([1, 8], lambda bs: bs * 3, _no_measure)
+    # bs 1: E(w) = 1, 1.8, 2.2, 2.6 over 4, 5, 5, 5 ms: width 4; bs 8: 1.8 / 7 ms (16 tokens)
+    # beats plain's 1 / 4.5 and 2.2 / 22 (24 tokens pad to 32)
+    info = planner.info()
+    assert info["schedule"] == "1:4,8:2" and info["source"] == "derived"
+    assert info["rederived"].startswith("never")
+    # its graphs are captured for it: the counts never change it
+    monkeypatch.setattr(draft_len_planner, "REDERIVE_STEPS", 1)
+    for _ in range(5):
+        planner.observe(accepted=0, verified=4)
+        planner.count_step(planner.width(1))
+    assert str(planner.schedule) == "1:4,8:2"
+    assert planner.info()["acceptance_observed_steps"] == 5
+
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-q"]))

@@ -69,13 +69,19 @@ def test_width_past_the_verify_width_refused_when_known(mode):
         ServerArgs(model_path="tiny-llama", speculative_draft_len_schedule="1:4")
 
 
-@pytest.mark.parametrize("flag", ["speculative_acceptance_profile", "speculative_step_costs"])
-def test_derivation_files_act_with_compact_verify_only(flag, tmp_path):
-    with pytest.raises(ValueError, match=f"--{flag.replace('_', '-')} only act with "
-                                         "--speculative-verify-mode compact"):
-        ServerArgs(model_path="tiny-llama", speculative_algorithm="DFLASH",
-                   speculative_draft_model_path="tiny-llama-dflash",
-                   speculative_verify_mode="static", **{flag: str(tmp_path / "x.json")})
+def test_static_verify_takes_step_costs_only_with_a_profile(tmp_path):
+    costs, profile = tmp_path / "costs.json", tmp_path / "profile.json"
+    costs.write_text('{"draft_ms": {"1": 1}, "verify_ms": {"4": 2}}')
+    profile.write_text('{"accept_histogram": [1, 1, 1, 1]}')
+    common = dict(model_path="tiny-llama", speculative_algorithm="DFLASH",
+                  speculative_draft_model_path="tiny-llama-dflash",
+                  speculative_verify_mode="static")
+    with pytest.raises(ValueError, match="^--speculative-step-costs under static verify needs "
+                                         "--speculative-acceptance-profile"):
+        ServerArgs(**common, speculative_step_costs=str(costs))
+    ServerArgs(**common, speculative_acceptance_profile=str(profile))
+    ServerArgs(**common, speculative_acceptance_profile=str(profile),
+               speculative_step_costs=str(costs))
 
 
 @pytest.mark.parametrize("flag, text, says", [

@@ -8,6 +8,7 @@ capture and replay to `runner/graph_runner.py`.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -218,12 +219,7 @@ class ModelRunner:
             if parts.ragged:
                 return [ForwardLayout(mode, n, 1)
                         for n in ragged_token_buckets(max_bs=sizes[-1], tokens_per_req=w)]
-            layouts = [ForwardLayout(mode, bs, w) for bs in sizes]
-            if parts.step_width is not None:
-                layouts += [ForwardLayout(mode, bs, x) for bs, xs in
-                            step_widths(sizes, parts.step_width).items() for x in sorted(xs)
-                            if x != w]
-            return layouts
+            return [ForwardLayout(mode, bs, w) for bs in sizes]
         if mode == ForwardMode.EXTEND:
             if self.prefill_capture_tokens and not extend_ok:
                 logger.info("No prefill graphs: the %s attention backend reads host lists",
@@ -236,6 +232,22 @@ class ModelRunner:
             return []
         step_bs, tokens, arrivals = mixed_graph_plan(args, step.layouts[-1].step_bs)
         return [ForwardLayout(mode, bs, w, arrivals, n) for bs in step_bs for n in tokens]
+
+    def capture_step_widths(self, width: Callable[[int], int]) -> None:
+        """Add graphs of the step mode at each captured batch size's narrower widths
+        `width(bs)` (static verify under a draft length schedule; `step_widths`), beside its
+        full-width ones (which steps that verify every token keep replaying); a step's
+        `ForwardInputs.step_width` picks its graph. Nothing without step graphs."""
+        graphs = self.step_graphs
+        if graphs is None or graphs.parts.ragged:
+            return
+        full = graphs.parts.tokens_per_req
+        sizes = sorted({x.step_bs for x in graphs.layouts})
+        if any(width(bs) > full for bs in range(1, sizes[-1] + 1)):
+            raise ValueError(f"step widths above the full width {full}")
+        have = set(graphs.layouts)
+        graphs.capture([layout for bs, xs in step_widths(sizes, width).items() for x in xs
+                        if (layout := ForwardLayout(graphs.mode, bs, x)) not in have])
 
     @property
     def step_graphs(self) -> GraphRunner | None:

@@ -127,14 +127,19 @@ class DFlashWorker(RequestRowStaging):
         self.proposer = self._proposer()
         self._init_forwards(server_args)
         draft_graphs = self.draft_runner.step_graphs
+        plan = self.verify_plan
         self.draft_len.start([] if draft_graphs is None else
                              [x.step_bs for x in draft_graphs.layouts],
-                             self.verify_plan.budget, self._measure_step_costs)
+                             plan.budget if plan.compact else lambda bs: bs * (w - 1),
+                             self._measure_step_costs)
+        if not plan.compact and self.draft_len.schedule.min_width < w:
+            # static verify's graphs at the schedule's narrower widths (it stays fixed)
+            self.target_runner.capture_step_widths(self.draft_len.width)
 
     def _measure_step_costs(self) -> StepCosts | None:
-        """The draft and ragged verify graphs' costs (None without both)."""
+        """The draft and verify graphs' costs (None without both)."""
         draft, verify = self.draft_runner.step_graphs, self.target_runner.step_graphs
-        if draft is None or verify is None or not verify.parts.ragged:
+        if draft is None or verify is None:
             return None
         return measure_step_costs(draft, verify)
 
@@ -162,12 +167,10 @@ class DFlashWorker(RequestRowStaging):
         acceptance, context = self.acceptance, self.draft_context
         verify, extend = ForwardMode.TARGET_VERIFY, ForwardMode.EXTEND
         block = ForwardMode.DRAFT_BLOCK
-        narrower = not self.verify_plan.compact and self.draft_len.schedule.min_width < \
-            self.verify_width
         self.verify_parts = self.verify_plan.forward_parts(
             self.proposals.tokens,
             Epilogue(verify, acceptance.verify_epilogue, acceptance.verify_sampling),
-            context.streamed_aux, step_width=self.draft_len.width if narrower else None)
+            context.streamed_aux)
         forwards = [self.verify_parts,
                     ForwardParts(extend, epilogue=Epilogue(extend, context.prefill_epilogue),
                                  streamed_aux=context.streamed_aux,

@@ -14,7 +14,11 @@ E and the cost are taken at t (E interpolated between whole widths).
 The acceptance is `--speculative-acceptance-profile`'s as a prior (else every proposal
 accepted: full width until the server has seen its draft), then the server's own counts
 (`AcceptanceCounts`), re-derived every REDERIVE_STEPS verify steps; a new schedule is logged.
-Static verify runs the full width at every batch size (its graphs are per batch size at W).
+Static verify derives only from a profile, and once: its graphs are captured at the widths
+the schedule gives each batch size (`ModelRunner.capture_step_widths`), so the counts never
+change it; its verify costs are its full-width graphs', a batch size's tokens read as a
+token count (the tokens decide the GEMMs; the padding rows read almost no KV either way).
+Without a profile it runs the full width at every batch size.
 """
 
 from __future__ import annotations
@@ -96,7 +100,7 @@ class DraftLenPlanner:
 
     @property
     def derived(self) -> bool:
-        return self.compact and self.fixed is None
+        return self.fixed is None and (self.compact or self.profile is not None)
 
     def start(self, batch_sizes: Sequence[int], budget: Callable[[int], int],
               measure: Callable[[], StepCosts | None]) -> None:
@@ -139,7 +143,8 @@ class DraftLenPlanner:
         """A verify step launched at `width`; every REDERIVE_STEPS, derive again."""
         self.verify_steps += 1
         self.plain_steps += width == 1
-        if self.source == "derived" and self.verify_steps % REDERIVE_STEPS == 0:
+        if (self.source == "derived" and self.compact
+                and self.verify_steps % REDERIVE_STEPS == 0):
             schedule = self._derive()
             if schedule != self.schedule:
                 logger.info("Draft length schedule after %d verify steps: %s",
@@ -155,5 +160,7 @@ class DraftLenPlanner:
                      "acceptance_prior": self.profile.path if self.profile else
                      "none (every proposal accepted)",
                      "acceptance_observed_steps": self.counts.num_steps,
+                     "rederived": f"every {REDERIVE_STEPS} verify steps" if self.compact
+                     else "never (static verify's graphs are captured for it)",
                      "acceptance_rates": [round(a, 4) for a in self.rates()]}
         return info

@@ -1,6 +1,7 @@
 """Step costs measured at start-up, right after graph capture: replays of the draft's
-DRAFT_BLOCK graph at every captured batch size and of the target's ragged TARGET_VERIFY graph
-at every token bucket, over their padding batches (CUDA events on the GPU; on the CPU the
+DRAFT_BLOCK graph at every captured batch size and of the target's TARGET_VERIFY graph at
+every token bucket (compact verify's ragged graphs) or batch size (static verify's full-width
+ones, keyed by their tokens), over their padding batches (CUDA events on the GPU; on the CPU the
 eager-replay backend runs the forwards, timed by the host's clock).
 
 The padding rows read almost no KV, so attention over real contexts is not in these figures
@@ -43,9 +44,8 @@ def _replay_ms(graphs: GraphRunner, i: int, replays: int) -> float:
 
 def measure_step_costs(draft: GraphRunner, verify: GraphRunner,
                        replays: int = PROBE_REPLAYS) -> StepCosts:
-    """The draft graph's cost per batch size and the ragged verify graph's per token count."""
-    if not verify.parts.ragged:
-        raise ValueError("step costs are measured on compact verify's ragged graphs")
+    """The draft graph's cost per batch size and the verify graph's per token count (static
+    verify: its full-width graphs, a batch size's tokens)."""
     draft_ms = {x.step_bs: _replay_ms(draft, i, replays)
                 for i, x in enumerate(draft.layouts)}
     verify_ms = {x.num_tokens: _replay_ms(verify, i, replays)

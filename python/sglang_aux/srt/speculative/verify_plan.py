@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -104,17 +104,15 @@ class VerifyPlan:
         self.request_rows = torch.zeros(rows * verify_width, dtype=torch.int64, device=device)
 
     def forward_parts(self, proposals: torch.Tensor, epilogue: Epilogue,
-                      streamed_aux: StreamedAux | None,
-                      step_width: Callable[[int], int] | None = None) -> ForwardParts:
+                      streamed_aux: StreamedAux | None) -> ForwardParts:
         """The TARGET_VERIFY forward: its prologue builds `[anchor, proposals]` from
-        `proposals` `[rows, W - 1]` (static: the leading `step_width(bs) - 1` at batch sizes
-        where the draft length schedule narrows it), or spreads them over a ragged step's
-        tokens."""
+        `proposals` `[rows, W - 1]` (static; a narrower step takes the leading ones), or
+        spreads them over a ragged step's tokens."""
         w = self.verify_width
         if not self.compact:
             return ForwardParts(epilogue.mode, w,
                                 StepPrologue(block_tokens=lambda bs: proposals[:bs]),
-                                epilogue, streamed_aux, step_width=step_width)
+                                epilogue, streamed_aux)
         prologue = RaggedStepPrologue(block_tokens=lambda n: proposals[:n],
                                       lens=lambda n: self.verify_lens[:n],
                                       request_rows=lambda n: self.request_rows[:n],

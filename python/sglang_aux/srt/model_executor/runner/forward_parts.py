@@ -9,10 +9,6 @@ most `tokens_per_req`, chosen on the device: its forwards are token-major, one p
 per token (a layout of width 1 whose `step_bs` is the token count), and its graphs are
 captured per token bucket (`capture_sizes.ragged_token_buckets`); `RaggedStepPrologue`
 spreads the requests over the tokens.
-
-A fixed-layout step may run narrower than `tokens_per_req` at some batch sizes (`step_width`,
-static verify under a draft length schedule): its graphs are captured per (batch size,
-width), and a step's `ForwardInputs.step_width` picks its layout.
 """
 
 from __future__ import annotations
@@ -50,10 +46,6 @@ class ForwardParts:
     # (`ForwardInputs.aux_projection`), so the aux storage needs no rows for them
     staged_from_tokens: int | None = None
     ragged: bool = False  # token-major steps of per-request lengths up to tokens_per_req
-    # a fixed-layout step's tokens per request at each running batch size, at most
-    # tokens_per_req (static verify under a draft length schedule): its graphs are captured
-    # at those widths too, beside tokens_per_req at every size; None: tokens_per_req always
-    step_width: Callable[[int], int] | None = None
 
     @property
     def layout_width(self) -> int:
@@ -74,6 +66,3 @@ class ForwardParts:
                              f"forward, got {self.staged_from_tokens} for {self.mode.name}")
         if self.ragged and not self.mode.is_cuda_graph():
             raise ValueError(f"only step modes run ragged, not {self.mode.name}")
-        if self.step_width is not None and (self.ragged or not self.mode.is_cuda_graph()):
-            raise ValueError(f"only fixed-layout step modes take a width per batch size, not "
-                             f"{'a ragged ' if self.ragged else ''}{self.mode.name}")

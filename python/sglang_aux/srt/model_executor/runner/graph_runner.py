@@ -98,14 +98,28 @@ class GraphRunner:
             aux_hidden_states_buffer=None if streamed is not None else rows,
             aux_projection=projection, is_capturing=True)
 
-    def capture(self) -> None:
-        """Capture every layout, largest first (later graphs reuse its pool blocks)."""
+    def capture(self, added: list[ForwardLayout] | None = None) -> None:
+        """Capture every layout, largest first (later graphs reuse its pool blocks); or, once
+        captured, the `added` layouts too (a step's narrower widths: the buffers, sized for
+        the first layouts, must hold them)."""
+        if added is not None:
+            b = self.buffers
+            too_big = [x for x in added if x.mode != self.mode
+                       or x.num_values > b.packed.numel() or x.num_reqs > b.seq_lens_cpu.numel()
+                       or x.num_logits_rows > b.next_token_logits_buffer.shape[0]]
+            if too_big or not self.graphs:
+                raise ValueError(f"layouts to add to the captured {self.layouts} must be "
+                                 f"{self.mode.name} ones the buffers hold, got {too_big}")
+            if not added:
+                return
+        new = sorted(added if added is not None else self.layouts,
+                     key=lambda x: (x.num_tokens, x.num_reqs))
         probe = MemoryProbe(self.model_runner.device)
         start = time.perf_counter()
         model, attn = self.model_runner.model, self.model_runner.attn_backend
         packed, parts = self.buffers.packed, self.parts
         captured = []
-        for layout in reversed(self.layouts):
+        for layout in reversed(new):
             fb = self.capture_prepare(layout)
             attn.init_forward_metadata_capture_cuda_graph(fb)
 
@@ -115,28 +129,46 @@ class GraphRunner:
                 return run_model(model, fb, parts.epilogue)
 
             captured.append((*self.backend.warm_and_capture(run), fb))
-        graphs, outputs, static = zip(*reversed(captured), strict=True)
-        self.graphs, self.outputs, self.static = list(graphs), list(outputs), list(static)
+        graphs, outputs, static = (list(x) for x in zip(*reversed(captured), strict=True))
         seconds = time.perf_counter() - start
-        self.capture_stats = {"forward_mode": self.mode.name,
-                              "layouts": [dataclasses.astuple(x)[1:] for x in self.layouts],
-                              "seconds": round(seconds, 3), **probe.delta()}
+        stats = {"forward_mode": self.mode.name,
+                 "layouts": [dataclasses.astuple(x)[1:] for x in new],
+                 "seconds": round(seconds, 3), **probe.delta()}
         logger.info("Captured %d %s graphs in %.2f s; free memory dropped %.1f MiB",
-                    len(self.layouts), self.mode.name, seconds,
-                    self.capture_stats["free_memory_drop_bytes"] / 2**20)
+                    len(new), self.mode.name, seconds, stats["free_memory_drop_bytes"] / 2**20)
         epilogue = parts.epilogue
+        tails = []
         if epilogue is not None and epilogue.sampling_fn is not None:
-            self.capture_stats["sampling_tail"] = self._capture_sampling_tails(
-                epilogue.sampling_fn)
+            tails, stats["sampling_tail"] = self._capture_sampling_tails(
+                epilogue.sampling_fn, new, static, outputs)
+        if added is None:
+            self.graphs, self.outputs, self.static = graphs, outputs, static
+            self.sampling_graphs, self.capture_stats = tails, stats
+            return
+        self.capture_stats.setdefault("added", []).append(stats)
+        layouts = self.layouts + new
+        order = sorted(range(len(layouts)),
+                       key=lambda i: (layouts[i].num_tokens, layouts[i].num_reqs))
 
-    def _capture_sampling_tails(self, sampling_fn: EpilogueFn) -> dict[str, object]:
-        """One tail graph per layout, after every main graph (so its memory is measured on
-        its own): the sampling step over that layout's static inputs and outputs."""
+        def merged(old: list, more: list) -> list:
+            return [(old + more)[i] for i in order]
+
+        self.graphs, self.outputs = merged(self.graphs, graphs), merged(self.outputs, outputs)
+        self.static, self.layouts = merged(self.static, static), merged(self.layouts, new)
+        if tails:
+            self.sampling_graphs = merged(self.sampling_graphs, tails)
+
+    def _capture_sampling_tails(self, sampling_fn: EpilogueFn, layouts: list[ForwardLayout],
+                                static: list[ForwardBatch], outputs: list[LogitsProcessorOutput]
+                                ) -> tuple[list[object], dict[str, object]]:
+        """One tail graph per layout of `layouts`, after every main graph (so its memory is
+        measured on its own): the sampling step over that layout's static inputs and
+        outputs."""
         probe = MemoryProbe(self.model_runner.device)
         start = time.perf_counter()
         tails = []
-        for layout, fb, out in zip(reversed(self.layouts), reversed(self.static),
-                                   reversed(self.outputs), strict=True):
+        for layout, fb, out in zip(reversed(layouts), reversed(static), reversed(outputs),
+                                   strict=True):
             # the graphs' views overlap: give this one its padding batch back first
             to_device_into(self.buffers.packed, layout.padding().values)
             layout.complete(self.buffers.packed, fb, self.parts.prologue)
@@ -147,11 +179,10 @@ class GraphRunner:
                 return out
 
             tails.append(self.backend.warm_and_capture(tail)[0])
-        self.sampling_graphs = tails[::-1]
         stats = {"seconds": round(time.perf_counter() - start, 3), **probe.delta()}
         logger.info("Captured %s sampling tails in %.2f s; free memory dropped %.1f MiB",
                     self.mode.name, stats["seconds"], stats["free_memory_drop_bytes"] / 2**20)
-        return stats
+        return tails[::-1], stats
 
     def prepare(self, i: int, inputs: ForwardInputs) -> ForwardBatch:
         """Queue `inputs`, padded to layout `i`, into the packed buffer (one pinned copy) and
