@@ -37,6 +37,10 @@ start-up; the file `--speculative-step-costs` reads) and `draft_len_schedule`, t
 the server derives from them and the profile (`speculative/draft_len_planner.py`); each
 compact row adds `predicted_step_ms` (those costs at its batch size and verified tokens) and
 `step_ms_over_predicted`, the share of a real step the costs leave out.
+With `--schedule derived` the DFlash engines run the schedule the server derives at start-up
+from `--profile` (`--speculative-acceptance-profile`) and the step costs (measured, or
+`--step-costs`): static verify's narrower graphs, each batch size's row at its width, the
+draws cut to its proposals; the report's `server_schedule` gives each engine's schedule.
 """
 
 from __future__ import annotations
@@ -132,8 +136,9 @@ class ForcedAcceptance:
         forced, plan = self.log[k, :bs], self.worker.verify_plan
         if plan.compact:
             torch.minimum(self.draws[k, :bs], plan.verify_lens[:bs] - 1, out=forced)
-        else:
-            forced.copy_(self.draws[k, :bs])
+        else:  # the proposals the step's width verifies (a derived schedule's, or all)
+            torch.clamp_max(self.draws[k, :bs], self.worker.draft_len.width(bs) - 1,
+                            out=forced)
         self.worker.acceptance.verdicts[:bs, 0] = forced
         self.step, self._bs = self.step + 1, None
 
@@ -216,12 +221,17 @@ def engine_kwargs(args: argparse.Namespace, mode: str | None, width: int | None 
           "context_length": args.context + args.max_new_tokens + 64}
     if mode is None:
         return kw
-    # one verify width at every batch size (the draft's, or a narrower one `--widths` asks
-    # for), the forced profile truncated to it
     width = width or args.verify_width
     kw |= {"speculative_algorithm": "DFLASH", "speculative_draft_model_path": args.draft,
-           "speculative_verify_mode": mode, "speculative_verify_width": width,
-           "speculative_draft_len_schedule": f"1:{width}"}
+           "speculative_verify_mode": mode, "speculative_verify_width": width}
+    if args.schedule == "derived":
+        # the server's own schedule, derived from the profile and the step costs
+        kw |= {"speculative_acceptance_profile": args.profile,
+               "speculative_step_costs": args.step_costs}
+    else:
+        # one verify width at every batch size (the draft's, or a narrower one `--widths`
+        # asks for), the forced profile truncated to it
+        kw["speculative_draft_len_schedule"] = f"1:{width}"
     if mode == "compact":
         kw |= {"compact_verify_budget_frac": args.compact_verify_budget_frac,
                "compact_verify_max_tokens": args.compact_verify_max_tokens}
@@ -242,11 +252,14 @@ def schedule_report(worker: DFlashWorker, profile: AcceptanceProfile
 
 
 def measure_dflash(args: argparse.Namespace, mode: str, profile: AcceptanceProfile,
-                   target: dict[int, dict]) -> tuple[list[dict], dict | None]:
+                   target: dict[int, dict]) -> tuple[list[dict], dict | None, dict]:
     """The mode's rows at `profile`'s verify width, and under compact verify its
-    `schedule_report`."""
+    `schedule_report`, and the schedule the engine ran (its `/get_server_info` field); with
+    `--schedule derived`, each row at the width the server's schedule gives its batch
+    size."""
     width = len(profile.probs)
     engine = Engine(ServerArgs(**engine_kwargs(args, mode, width)))
+    derived = args.schedule == "derived"
     schedule, costs = (schedule_report(engine.worker, profile) if mode == "compact"
                        else (None, None))
     # the steps whose verdicts the timed window's counters read: one earlier with overlap
@@ -264,11 +277,14 @@ def measure_dflash(args: argparse.Namespace, mode: str, profile: AcceptanceProfi
         r["forced_histogram"] = torch.bincount(window, minlength=width).tolist()
         t = target[bs]
         tokens = r["emitted"] / r["verify_steps"]
+        # a derived schedule's static step verifies its batch size's width: the profile cut
+        step_width = engine.worker.draft_len.width(bs) if derived else width
+        expected = (profile.truncated(step_width) if mode == "static" else profile)
         rows.append({
-            "mode": mode, "width": width, "bs": bs, "step_ms": r["step_ms"],
+            "mode": mode, "width": step_width, "bs": bs, "step_ms": r["step_ms"],
             "target_step_ms": t["step_ms"],
             "step_cost": r["step_ms"] / t["step_ms"],
-            "profile_tokens_per_step": profile.tokens_per_step, "tokens_per_step": tokens,
+            "profile_tokens_per_step": expected.tokens_per_step, "tokens_per_step": tokens,
             "dflash_tok_s": bs * tokens / r["step_ms"] * 1e3, "target_tok_s": t["tok_s"],
             "ratio": tokens * t["step_ms"] / r["step_ms"],
             "verify_tokens_per_accepted": r["verify_tokens"] / r["emitted"],
@@ -280,10 +296,11 @@ def measure_dflash(args: argparse.Namespace, mode: str, profile: AcceptanceProfi
             tokens = math.ceil(r["verify_tokens"] / args.steps)
             rows[-1]["predicted_step_ms"] = costs.draft(bs) + costs.verify(tokens)
             rows[-1]["step_ms_over_predicted"] = r["step_ms"] / rows[-1]["predicted_step_ms"]
+    server = engine.worker.server_info()["speculative_draft_len_schedule"]
     engine.shutdown()
     del engine, forced
     _release_device_memory()
-    return rows, schedule
+    return rows, schedule, server
 
 
 def measure_target(args: argparse.Namespace) -> dict[int, dict]:
@@ -345,6 +362,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--widths", type=int, nargs="+", default=None,
                    help="verify widths (anchor included) to run every mode at, the profile "
                         "truncated to each (default: the draft's block size)")
+    p.add_argument("--schedule", default="full", choices=["full", "derived"],
+                   help="full: every batch size at the verify width (or each of --widths); "
+                        "derived: the server's draft length schedule from --profile (and "
+                        "--step-costs), each batch size at its width, the draws cut to it")
+    p.add_argument("--step-costs", default=None,
+                   help="with --schedule derived: the server's --speculative-step-costs "
+                        "(default: measured at start-up)")
     p.add_argument("--context", type=int, default=900, help="prompt tokens per request")
     p.add_argument("--seed", type=int, default=0, help="of the prompts and the draws")
     p.add_argument("--warmup", type=int, default=5)
@@ -364,6 +388,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
              if getattr(args, f) is not None]
     if given and "compact" not in args.verify_modes:
         p.error(f"--{given[0].replace('_', '-')} acts on compact verify, not in --verify-modes")
+    if args.schedule == "derived" and args.widths:
+        p.error("--schedule derived runs each batch size at the width the server derives: "
+                "drop --widths")
+    if args.step_costs and args.schedule != "derived":
+        p.error("--step-costs acts with --schedule derived")
     return args
 
 
@@ -385,16 +414,18 @@ def main(argv: list[str] | None = None) -> dict:
     except ValueError as e:
         raise SystemExit(f"bench_dflash_step: {e}") from None
     target = measure_target(args)
-    rows, schedule = [], {}
+    rows, schedule, servers = [], {}, {}
     for mode in args.verify_modes:
         for w in args.widths:
-            mode_rows, mode_schedule = measure_dflash(args, mode, profiles[w], target)
+            mode_rows, mode_schedule, server = measure_dflash(args, mode, profiles[w], target)
             rows += mode_rows
+            servers[f"{mode} width {w}"] = server
             if w == width:  # the schedule is derived from the full width's costs
                 schedule = mode_schedule or schedule
     report = {"args": vars(args), "profile": {"path": profile.path, "probs": profile.probs,
                                               "tokens_per_step": profile.tokens_per_step},
-              "target_only": list(target.values()), "rows": rows, **schedule}
+              "target_only": list(target.values()), "rows": rows, **schedule,
+              "server_schedule": servers}
     report["best_width"] = best_widths(rows)
     Path(args.out).write_text(json.dumps(report, indent=1))
     print_table(rows)
@@ -402,6 +433,9 @@ def main(argv: list[str] | None = None) -> dict:
         print("best verify width per mode and batch size (ratio to target-only): " + ", ".join(
             f"{mode} bs {bs}: {w} ({ratio:.2f}x)"
             for mode, by_bs in report["best_width"].items() for bs, (w, ratio) in by_bs.items()))
+    if args.schedule == "derived":
+        print("the servers' draft length schedules: " + ", ".join(
+            f"{name}: {x['schedule']} ({x['source']})" for name, x in servers.items()))
     if schedule:
         print(f"draft length schedule derived from the profile and the step costs: "
               f"{schedule['draft_len_schedule']}")

@@ -107,6 +107,31 @@ def test_narrower_widths_force_the_truncated_profile(tmp_path):
         assert report["best_width"]["static"][bs] == (width, ratio)
 
 
+def test_derived_static_schedule_runs_each_batch_size_at_its_width(tmp_path):
+    """`--schedule derived`: the static engine derives its schedule from the profile and the
+    given step costs (bs 1: E(w) = 1, 1.6, 1.9, 2.0 over 2, 3, 3, 3 ms: width 4; bs 4:
+    1.6 / 3.1 ms beats 1.9 / 11 and plain's 1 / 2: width 2), so its bs-4 row verifies two
+    tokens a request and accepts the profile cut there."""
+    costs = tmp_path / "costs.json"
+    costs.write_text(json.dumps({"draft_ms": {"1": 1.0, "4": 1.0},
+                                 "verify_ms": {"4": 2.0, "8": 2.1, "16": 10.0}}))
+    report = _bench().main(["--smoke", "--verify-modes", "static", "--schedule", "derived",
+                            "--step-costs", str(costs), "--out", str(tmp_path / "step.json")])
+    server = report["server_schedule"][f"static width {WIDTH}"]
+    assert server["schedule"] == "1:4,3:2" and server["source"] == "derived"
+    rows = {r["bs"]: r for r in report["rows"]}
+    assert rows[1]["width"] == WIDTH and rows[4]["width"] == 2
+    for bs, truncated in ((1, SMOKE_PROBS), (4, [0.4, 0.6])):
+        r, n = rows[bs], rows[bs]["steps"] * bs
+        assert r["accept_histogram"] == r["forced_histogram"]
+        assert sum(r["accept_histogram"][r["width"]:]) == 0
+        expected = 1 + sum(a * p for a, p in enumerate(truncated))
+        assert r["profile_tokens_per_step"] == pytest.approx(expected)
+        assert abs(r["tokens_per_step"] - expected) < (r["width"] - 1) / n
+        assert r["verify_tokens_per_accepted"] == pytest.approx(r["width"]
+                                                                / r["tokens_per_step"])
+
+
 @pytest.mark.parametrize("widths, says", [(["1"], "a verify width of 1 is target-only"),
                                           (["5"], "width 5 is not within 1..4")])
 def test_width_out_of_range_is_one_line_before_any_model(widths, says):
@@ -140,6 +165,17 @@ def test_flag_out_of_range_is_one_line_before_any_model():
     assert str(e.value) == ("bench_dflash_step: --compact-verify-budget-frac must be in "
                             "[0, 1], got 1.5")
 
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--schedule", "derived", "--widths", "2"], "--schedule derived runs each batch size"),
+    (["--step-costs", "costs.json"], "--step-costs acts with --schedule derived"),
+])
+def test_schedule_flags_that_do_not_go_together(argv, says, capsys):
+    with pytest.raises(SystemExit):
+        _bench().main(["--smoke", "--target", "no-such-model", *argv])
+    err = capsys.readouterr().err
+    assert says in err and err.count("error:") == 1
 
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-v"]))
