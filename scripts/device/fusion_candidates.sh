@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# The paired row GEMVs in the whole bs-1 decode step, the verify attention candidates and the
-# DFlash step at narrower static verify widths, on the H200 in one device call (about 5 minutes),
-# from the repository root (docs/kernels.md, "Candidates"; issue 39's schedule). Writes JSON
-# and logs under OUT; each step's exit status in OUT/status.txt.
+# The kernel candidates left after the paired row GEMVs (measured 2026-12-05 and shipped): the
+# decode attention and its merge launched dependent, the verify attention's splits and merges,
+# the GEMV K tiles under PDL; on the H200 in one device call (about 5 minutes), from the
+# repository root (docs/kernels.md, "Candidates"). The draft length schedule's figures:
+# draft_len_candidates.sh. Writes JSON and logs under OUT; each step's exit status in
+# OUT/status.txt.
 #
 #   bash scripts/device/fusion_candidates.sh "$OUT"
 set -uo pipefail
@@ -16,13 +18,7 @@ bench=benchmark/spec_decode
 step tests 120 python -m pytest -q -x \
   test/registered/layers/test_paired_row_gemv_cuda.py test/registered/layers/test_row_gemv_cuda.py \
   "test/registered/attention/test_triton_backend_cuda.py::test_cuda_graph_replay_matches_torch_native" \
-  "test/registered/speculative/test_dflash_worker_cuda.py::test_narrower_verify_widths_equal_target_only_with_cuda_graphs"
-# the whole step with the paired kernels (the default) and without (two launches each)
-for paired in on off; do
-  step "replay_paired_$paired" 90 python "$bench/bench_graph_replay.py" \
-    --presets qwen2.5-1.5b-shaped --decode-bs 1 8 --verify-bs --decode-gemv-backend triton \
-    --paired-gemv "$paired" --out "$out/replay_paired_$paired.json"
-done
+  test/registered/layers/test_grid_dependency_cuda.py
 # the bs-1 step with the decode attention and its merge launched dependent too, against
 # today's (twice each, alternating: the gain expected is a few percent)
 for attn in off on off on; do
@@ -43,10 +39,4 @@ step gemv_tiles 120 python "$bench/bench_gemv.py" --iters 100 --pdl \
   --shapes qkv o_proj gate_up down \
   --row-configs 2:1024:4:1 8:1024:8:1 4:512:4:3 2:2048:4:1 4:2048:4:1 4:2048:8:1 8:2048:8:1 \
   --out "$out/gemv_tiles.json"
-# static and compact verify at narrower widths against target-only, the Qwen GSM8K profile
-# truncated to each: what a draft length per batch size would gain (at full width compact
-# lost to static on the GPU; at 32 requests the verify is compute-bound, so half the tokens
-# may pay for the ragged attention)
-step widths 420 python "$bench/bench_dflash_step.py" --bs 1 8 32 \
-  --verify-modes static compact --widths 4 6 8 12 16 --out "$out/dflash_step_widths.json"
 cat "$out/status.txt"
