@@ -1,11 +1,13 @@
 """DFlash under a draft length schedule (`--speculative-draft-len-schedule 1:4,3:2,5:1`,
-compact verify, CPU): requests arrive and finish so the running batch grows past 5 and shrinks
+compact and static verify, CPU): requests arrive and finish so the running batch grows past 5 and shrinks
 back to 1, crossing every threshold both ways; every greedy request's output equals
 target-only token for token (a sampled request rides along, so the sampling tails run over
 plain steps too); each step verifies what its batch size's width allows, plain steps (width 1)
 run no draft forward, yet commit the draft context of their tokens, so speculation resumes
-after them; the step statistics count them. Static verify keeps the full width and counts its
-mixed steps among the verify steps."""
+after them; the step statistics count them. Static verify replays a graph of each step's
+width (captured per batch size and width); derived from a profile, its schedule is fixed at
+start-up with the graphs it needs. Without a schedule static verify keeps the full width and
+counts its mixed steps among the verify steps."""
 
 import json
 import sys
