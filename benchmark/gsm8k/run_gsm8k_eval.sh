@@ -9,13 +9,17 @@
 # start (120); N1, N8: questions one at a time (32) and at 8
 # concurrent (64); SGLANG_HARNESS=1: SGLang's own harness (run_sglang_harness.sh) too, after
 # ours at 32 concurrent, on the target and dflash servers, and ours again with its prompts
-# (`--shots-from test`: SGLang 0.5.23 takes the shots from the first test questions).
+# (`--shots-from test`: SGLang 0.5.23 takes the shots from the first test questions);
+# HIGH_P: more concurrencies for ours after the 32-concurrent run, e.g. "64 128 256" (the
+# server's --max-running-requests is MAX_RUNNING, default 64: raise it with them).
 # CONFIGS: a space-separated subset of "target dflash dflash_noshare dflash_streamed
 # target_nocache dflash_nocache target_delay dflash_delay
 # target_mixed dflash_mixed" (default: target dflash dflash_noshare; *_nocache pass
 # --disable-radix-cache, *_delay --enable-prefill-delayer,
 # *_mixed --enable-mixed-chunk,
-# dflash_streamed --speculative-dflash-aux-projection streamed; dflash_compact:
+# dflash_streamed --speculative-dflash-aux-projection streamed; dflash_schedule: static verify
+# with the draft length schedule derived at start-up from ACCEPTANCE_PROFILE (environment,
+# default the Qwen2.5-Coder GSM8K profile in benchmark/spec_decode/profiles/); dflash_compact:
 # --speculative-verify-mode compact (the draft's probabilities as confidences, SERVER_FLAGS may
 # add --compact-verify-budget-frac F, which static configs refuse); dspark / dspark_compact:
 # DSpark with the draft DSPARK_DRAFT (environment), --speculative-verify-mode static / compact,
@@ -27,11 +31,13 @@ set -uo pipefail
 draft=$1; out=$2; n=${3:-1319}; configs=${4:-target dflash dflash_noshare}
 mkdir -p "$out"
 port=31000
+profile=$(dirname "$0")/../spec_decode/profiles/qwen2.5-coder-1.5b-dflash-b16_gsm8k.json
 serve() {  # name, extra flags...
   local name=$1; shift
   # shellcheck disable=SC2086
   ${PYTHON:-python3} -m sglang_aux.launch_server --model-path "${MODEL:-smollm2-135m-instruct}" \
-    --port $port --context-length 2048 --max-running-requests 64 ${SERVER_FLAGS:-} "$@" \
+    --port $port --context-length 2048 --max-running-requests "${MAX_RUNNING:-64}" \
+    ${SERVER_FLAGS:-} "$@" \
     > "$out/server_$name.log" 2>&1 &
   pid=$!
   for _ in $(seq $((2 * ${START_TIMEOUT:-120}))); do
@@ -66,6 +72,8 @@ for cfg in $configs; do
     dflash_mixed) flags=(--speculative-algorithm DFLASH --speculative-draft-model-path "$draft"
                          --enable-mixed-chunk) ;;
     dflash_compact) flags=(--speculative-algorithm DFLASH --speculative-draft-model-path "$draft") ;;
+    dflash_schedule) flags=(--speculative-algorithm DFLASH --speculative-draft-model-path "$draft"
+                            --speculative-acceptance-profile "${ACCEPTANCE_PROFILE:-$profile}") ;;
     dspark|dspark_compact) flags=(--speculative-algorithm DSPARK
                                   --speculative-draft-model-path "${DSPARK_DRAFT:?set DSPARK_DRAFT}"
                                   ${DSPARK_FLAGS:-}) ;;
@@ -84,7 +92,11 @@ for cfg in $configs; do
   # scheduler_stats (prefill/decode steps, requests, tokens, seconds) and prefix cache hits
   # (radix_cache_hit_tokens / radix_cache_admitted_prompt_tokens) of the 32-concurrent run
   curl -s localhost:$port/get_server_info > "$out/server_info_after32_$cfg.json"
-  if [[ $cfg =~ ^(target|dflash|dflash_compact|dspark|dspark_compact)(_delay|_mixed)?$ ]]; then
+  for p in ${HIGH_P:-}; do
+    harness $cfg "$n" "$p"
+    curl -s localhost:$port/get_server_info > "$out/server_info_after${p}_$cfg.json"
+  done
+  if [[ $cfg =~ ^(target|dflash|dflash_compact|dflash_schedule|dspark|dspark_compact)(_delay|_mixed)?$ ]]; then
     harness $cfg "${N1:-32}" 1
     harness $cfg "${N8:-64}" 8
   fi
