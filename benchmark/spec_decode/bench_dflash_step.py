@@ -33,7 +33,8 @@ forced profile truncated to w (an acceptance of w - 1 or more proposals counts a
 narrower static verify's cost and tokens, which the draft length schedule trades.
 Under compact verify the report adds `step_costs` (the draft graph per batch size, the
 ragged verify graph per token bucket, replayed over padding rows as the server does at
-start-up; the file `--speculative-step-costs` reads) and `draft_len_schedule`, the schedule
+start-up, and what a request's context of `--context` tokens adds to each; the file
+`--speculative-step-costs` reads) and `draft_len_schedule`, the schedule
 the server derives from them and the profile (`speculative/draft_len_planner.py`); each
 compact row adds `predicted_step_ms` (those costs at its batch size and verified tokens) and
 `step_ms_over_predicted`, the share of a real step the costs leave out.
@@ -216,7 +217,7 @@ def run_steps(engine: Engine, bs: int, args: argparse.Namespace, width: int,
 def engine_kwargs(args: argparse.Namespace, mode: str | None, width: int | None = None
                   ) -> dict:
     kw = {"model_path": args.target, "load_format": args.load_format, "device": args.device,
-          "max_running_requests": max(args.bs),
+          "max_running_requests": max(args.bs), "speculative_step_cost_context": args.context,
           "disable_overlap_schedule": OVERLAP[args.overlap_schedule],
           "context_length": args.context + args.max_new_tokens + 64}
     if mode is None:
@@ -244,7 +245,9 @@ def schedule_report(worker: DFlashWorker, profile: AcceptanceProfile
     format `--speculative-step-costs` reads), and the draft length schedule the server would
     derive from them and the profile; and the costs."""
     draft = worker.draft_runner.step_graphs
-    costs = measure_step_costs(draft, worker.target_runner.step_graphs)
+    costs = measure_step_costs(draft, worker.target_runner.step_graphs,
+                               context=worker.step_cost_context,
+                               ragged_lens=worker.verify_plan.verify_lens)
     widths = derive_widths([x.step_bs for x in draft.layouts], costs,
                            profile.conditional_rates(), worker.verify_plan.budget)
     return {"step_costs": costs.to_json(),
@@ -292,9 +295,11 @@ def measure_dflash(args: argparse.Namespace, mode: str, profile: AcceptanceProfi
             "forced_histogram": r["forced_histogram"], "steps": args.steps})
         if costs is not None:
             # what the schedule's derivation takes this step to cost: the draft graph and the
-            # ragged verify graph of the tokens it verified, timed over padding rows
+            # ragged verify graph of the tokens it verified, timed over padding rows, and
+            # what its requests' contexts add
             tokens = math.ceil(r["verify_tokens"] / args.steps)
-            rows[-1]["predicted_step_ms"] = costs.draft(bs) + costs.verify(tokens)
+            rows[-1]["predicted_step_ms"] = (costs.draft(bs) + costs.verify(tokens)
+                                             + costs.context_cost(bs, drafted=True))
             rows[-1]["step_ms_over_predicted"] = r["step_ms"] / rows[-1]["predicted_step_ms"]
     server = engine.worker.server_info()["speculative_draft_len_schedule"]
     engine.shutdown()

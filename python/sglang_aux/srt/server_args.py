@@ -46,6 +46,7 @@ DSPARK_PROPOSALS_FLAG = "--speculative-dspark-block-size"
 COMPACT_ONLY_FLAGS = ("compact_verify_budget_frac", "compact_verify_max_tokens",
                       "speculative_dspark_align_verify_tokens_to_graph_tier")
 DRAFT_LEN_FILE_FLAGS = ("speculative_acceptance_profile", "speculative_step_costs")
+DEFAULT_STEP_COST_CONTEXT = 1024  # tokens: a few-shot prompt and its answer
 
 logger = logging.getLogger(__name__)
 
@@ -156,12 +157,15 @@ class ServerArgs:
     compact_verify_budget_frac: float | None = None
     compact_verify_max_tokens: int | None = None  # set: the budget is the step's token cap
     # the verify width per running batch size, "BS:WIDTH,..." (configs/draft_len_schedule.py);
-    # None: derived under compact verify (speculative/draft_len_planner.py), else full width
+    # None: derived under compact verify, or under static verify with an acceptance profile
+    # (speculative/draft_len_planner.py), else full width
     speculative_draft_len_schedule: str | None = None
-    # compact verify's derived schedule: the acceptance prior (configs/acceptance_profile.py)
-    # and the step costs (configs/step_costs.py; None: measured at start-up)
+    # the derived schedule's acceptance prior (configs/acceptance_profile.py) and step costs
+    # (configs/step_costs.py; None: measured at start-up, the requests' attention over
+    # contexts of speculative_step_cost_context tokens included; 0: padding rows only)
     speculative_acceptance_profile: str | None = None
     speculative_step_costs: str | None = None
+    speculative_step_cost_context: int = DEFAULT_STEP_COST_CONTEXT
     speculative_draft_fc_quantization: str | None = None  # "mxfp8"; None: the draft config's
     dflash_staged_projection_min_tokens: int = 1024  # staged MXFP8 fc input from this size on
     # packed: [T, K*H] aux rows, then fc (shared graph buffer; staged input for large MXFP8
@@ -320,6 +324,9 @@ class ServerArgs:
     def _check_draft_len_files(self) -> None:
         """The schedule's syntax and the derivation's files parse (their fit to the draft's
         verify width is checked when the draft's config is read, before the models load)."""
+        if self.speculative_step_cost_context < 0:
+            raise ValueError(f"--speculative-step-cost-context must be >= 0 tokens, got "
+                             f"{self.speculative_step_cost_context}")
         if self.speculative_draft_len_schedule is not None:
             schedule = DraftLenSchedule.parse(self.speculative_draft_len_schedule)
             if self.speculative_verify_width is not None:
@@ -507,6 +514,11 @@ class ServerArgs:
                  "per token count (what bench_dflash_step.py --out writes) for the derived "
                  "draft length schedule (default: measured at start-up by replaying the "
                  "captured graphs)")
+        add("--speculative-step-cost-context", type=int, default=DEFAULT_STEP_COST_CONTEXT,
+            help="the context, in tokens per request, at which the start-up probe measures "
+                 "what a request's attention adds to the draft and verify steps (fewer "
+                 "where the KV pool cannot hold the largest graph's requests at it; 0: "
+                 "padding rows only)")
         add("--speculative-draft-fc-quantization", default=None, choices=FC_QUANTIZATIONS,
             help="store the DFlash draft's fc as MXFP8 (default: the draft config's "
                  "'quantization')")

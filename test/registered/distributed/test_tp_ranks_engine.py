@@ -73,6 +73,28 @@ def test_tp2_greedy_equals_tp1_target_only_and_dflash(root, target, draft):
     assert engine.worker.target_runner.aux_storage.buffer.shape[1] == width
 
 
+@pytest.mark.parametrize("schedule", ["flag", "derived"])
+def test_tp2_static_verify_narrower_per_batch_size_equals_tp1(root, schedule, tmp_path):
+    """Static verify under a draft length schedule at TP2: every rank captures the same
+    narrower graphs (the derived schedule from rank 0's measured costs) and steps them in
+    lockstep; greedy output equals target-only's."""
+    path = tiny_checkpoint("tiny-llama", root)
+    ref, _ = _generate(GREEDY, model_path=path)
+    profile = tmp_path / "profile.json"
+    profile.write_text('{"accept_histogram": [0.2, 0.4, 0.2, 0.2]}')
+    narrow = ({"speculative_draft_len_schedule": "1:4,3:2"} if schedule == "flag"
+              else {"speculative_acceptance_profile": str(profile)})
+    spec, engine = _generate(GREEDY, model_path=path, tp_size=2, speculative_algorithm="DFLASH",
+                             speculative_draft_model_path=tiny_checkpoint("tiny-llama-dflash",
+                                                                          root), **narrow)
+    assert _ids(spec) == _ids(ref)
+    info = engine.worker.server_info()["speculative_draft_len_schedule"]
+    assert info["source"] == schedule
+    if schedule == "flag":
+        assert {(x.step_bs, x.tokens_per_req) for x in
+                engine.worker.target_runner.step_graphs.layouts} >= {(4, 2), (4, 4)}
+
+
 def test_tp2_qwen2_biases_and_untied_head_equal_tp1(root):
     """A Qwen2 checkpoint transformers saved: q/k/v biases cut with their rows, an untied LM
     head split by vocabulary."""

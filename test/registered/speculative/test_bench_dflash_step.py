@@ -64,11 +64,16 @@ def test_smoke_forces_the_profile_static_and_compact(tmp_path, capsys):
             assert r["tokens_per_step"] <= static["tokens_per_step"]
             assert r["verify_tokens_per_accepted"] < static["verify_tokens_per_accepted"]
             # the schedule's cost of this step, from the costs the report carries
-            costs = StepCosts(**{k: {int(x): v for x, v in report["step_costs"][k].items()}
-                                 for k in ("draft_ms", "verify_ms")})
+            doc = report["step_costs"]
+            costs = StepCosts(**{k: {int(x): v for x, v in doc[k].items()}
+                                 for k in ("draft_ms", "verify_ms")},
+                              **{k: doc[k] for k in ("context", "draft_context_ms",
+                                                     "verify_context_ms")})
+            # the probe's requests held the bench's context (the KV pool holds it)
+            assert costs.context == 24
             verified = math.ceil(round(r["verify_tokens_per_accepted"] * emitted / r["steps"], 6))
-            assert r["predicted_step_ms"] == pytest.approx(costs.draft(bs)
-                                                           + costs.verify(verified))
+            assert r["predicted_step_ms"] == pytest.approx(
+                costs.draft(bs) + costs.verify(verified) + costs.context_cost(bs, drafted=True))
             assert r["step_ms_over_predicted"] == pytest.approx(r["step_ms"]
                                                                 / r["predicted_step_ms"])
     assert [t["bs"] for t in report["target_only"]] == [1, 4]

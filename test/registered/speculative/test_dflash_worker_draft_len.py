@@ -1,6 +1,6 @@
 """DFlash under a draft length schedule (`--speculative-draft-len-schedule 1:4,3:2,5:1`,
-compact and static verify, CPU): requests arrive and finish so the running batch grows past 5 and shrinks
-back to 1, crossing every threshold both ways; every greedy request's output equals
+compact and static verify, CPU): requests arrive and finish so the running batch grows past 5
+and shrinks back to 1, crossing every threshold both ways; every greedy request's output equals
 target-only token for token (a sampled request rides along, so the sampling tails run over
 plain steps too); each step verifies what its batch size's width allows, plain steps (width 1)
 run no draft forward, yet commit the draft context of their tokens, so speculation resumes

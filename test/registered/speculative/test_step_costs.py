@@ -1,8 +1,10 @@
 """Step costs (configs/step_costs.py, speculative/step_cost_probe.py): a step pads to the
-smallest measured size holding it and grows in proportion past the largest; the file
-round-trips, bare or as a bench report's field; the start-up probe times the draft graph at
-every captured batch size and the ragged verify graph at every token bucket, and leaves the
-engine's greedy output exact."""
+smallest measured size holding it and grows in proportion past the largest, the contexts'
+share with its requests; the file round-trips, bare or as a bench report's field (files
+without the context keys still load); the start-up probe times the draft graph at every
+captured batch size and the verify graph (ragged or static) at every token bucket or batch
+size, then the largest of each over requests that hold the context, clears those requests'
+rows, and leaves the engine's greedy output exact."""
 
 import json
 import sys
@@ -29,39 +31,88 @@ def test_a_step_pads_to_the_next_measured_size():
     assert [costs.draft(bs) for bs in (1, 2, 4)] == [1.0, 2.0, 2.0]
     assert costs.draft(8) == pytest.approx(4.0)  # past the largest: in proportion
     assert [costs.verify(n) for n in (1, 4, 5, 16, 32)] == [3.0, 3.0, 5.0, 5.0, 10.0]
+    assert costs.context_cost(8, drafted=True) == 0.0
+    ctx = StepCosts({1: 1.0}, {4: 3.0}, context=512, draft_context_ms=0.01,
+                    verify_context_ms=0.05)
+    assert ctx.context_cost(8, drafted=True) == pytest.approx(0.48)
+    assert ctx.context_cost(8, drafted=False) == pytest.approx(0.4)
+
+
+@pytest.mark.parametrize("field, value", [("context", -1), ("draft_context_ms", float("inf")),
+                                          ("verify_context_ms", "1")])
+def test_bad_context_costs_are_refused(field, value):
+    with pytest.raises(ValueError, match=f"'{field}' must be a finite number >= 0"):
+        StepCosts({1: 1.0}, {4: 3.0}, **{field: value})
 
 
 def test_file_round_trips_bare_and_inside_a_bench_report(tmp_path):
-    costs = StepCosts({1: 1.5, 2: 2.5}, {2: 3.0, 8: 4.0}, source="probe")
+    costs = StepCosts({1: 1.5, 2: 2.5}, {2: 3.0, 8: 4.0}, context=900, draft_context_ms=0.002,
+                      verify_context_ms=0.004, source="probe")
     bare, report = tmp_path / "bare.json", tmp_path / "report.json"
     bare.write_text(json.dumps(costs.to_json()))
     report.write_text(json.dumps({"rows": [], "step_costs": costs.to_json()}))
     for path in (bare, report):
         loaded = StepCosts.load(str(path))
         assert loaded == costs and loaded.source == f"{path} (probe)"
+    old = tmp_path / "old.json"  # written before the context keys
+    old.write_text(json.dumps({"draft_ms": {"1": 1.5}, "verify_ms": {"2": 3.0}}))
+    assert StepCosts.load(str(old)) == StepCosts({1: 1.5}, {2: 3.0})
 
 
-def test_probe_times_every_captured_graph(tmp_path):
+@pytest.mark.parametrize("mode", ["compact", "static"])
+def test_probe_times_every_captured_graph(tmp_path, mode, monkeypatch):
     ckpts = pair_checkpoints(tmp_path, {"tiny-llama": "tiny-llama-dflash"})
     kw = dict(SPEC_ENGINE_KW, model_path=ckpts["tiny-llama"], speculative_algorithm="DFLASH",
               speculative_draft_model_path=ckpts["tiny-llama-dflash"])
-    engine = Engine(speculative_verify_mode="compact", **kw)
+    engine = Engine(speculative_verify_mode=mode, **kw)
     worker = engine.worker
     draft, verify = worker.draft_runner.step_graphs, worker.target_runner.step_graphs
-    costs = measure_step_costs(draft, verify, replays=2)
+    pool = worker.target_runner.req_to_token_pool
+    # the attention's lengths of every forward the probe replays
+    seen, attend = [], worker.target_runner.attn_backend.forward
+
+    def recording(q, k, v, layer, fb, *a, **k2):
+        if layer.layer_id == 0:
+            seen.append((fb.forward_mode, int(fb.seq_lens.max())))
+        return attend(q, k, v, layer, fb, *a, **k2)
+
+    monkeypatch.setattr(worker.target_runner.attn_backend, "forward", recording)
+    plan = worker.verify_plan
+    costs = measure_step_costs(draft, verify, replays=2, context=200,
+                               ragged_lens=plan.verify_lens if plan.compact else None)
     assert sorted(costs.draft_ms) == CAPTURED_BS
     assert sorted(costs.verify_ms) == [x.num_tokens for x in verify.layouts]
     assert all(v > 0 for v in (*costs.draft_ms.values(), *costs.verify_ms.values()))
-    # the server measured its own at start-up (no file given)
-    assert worker.draft_len.costs.source.startswith("measured at start-up")
+    assert costs.context == 200 and costs.source.endswith("; contexts of 200 tokens)")
+    assert costs.draft_context_ms >= 0 and costs.verify_context_ms >= 0
+    # the target's verify graph replayed over requests holding the context, then the rows
+    # and lengths the probe borrowed are clear again
+    w = worker.verify_width
+    assert max(n for _, n in seen) == 200 + w
+    assert not pool.req_to_token[1:].any() and not pool.kv_lens.any()
+    assert not plan.verify_lens.any()
+    # the server measured its own at start-up (no file given), at the default context or
+    # what the KV pool holds for the largest graph's requests
+    assert worker.draft_len.costs is None or worker.draft_len.costs.context > 0
     want = Engine(**SPEC_ENGINE_KW, model_path=ckpts["tiny-llama"]).generate(SPEC_PROMPTS,
                                                                            STAGGERED)
     got = engine.generate(SPEC_PROMPTS, STAGGERED)
     assert [o["output_ids"] for o in got] == [o["output_ids"] for o in want]
-    with pytest.raises(ValueError, match="ragged graphs"):
-        static = Engine(speculative_verify_mode="static", **kw).worker
-        measure_step_costs(static.draft_runner.step_graphs, static.target_runner.step_graphs)
 
+
+def test_a_context_the_pool_cannot_hold_is_measured_smaller(tmp_path):
+    ckpts = pair_checkpoints(tmp_path, {"tiny-llama": "tiny-llama-dflash"})
+    engine = Engine(**dict(SPEC_ENGINE_KW, max_total_tokens=1024), model_path=ckpts[
+        "tiny-llama"], speculative_algorithm="DFLASH", speculative_verify_mode="compact",
+        speculative_draft_model_path=ckpts["tiny-llama-dflash"],
+        speculative_step_cost_context=100000)
+    costs, w = engine.worker.draft_len.costs, engine.worker.verify_width
+    largest = max(CAPTURED_BS)  # the draft's requests, and the ragged bucket's at width w
+    assert 0 < costs.context <= 1024 // largest - w
+    with pytest.raises(ValueError, match="--speculative-step-cost-context must be >= 0"):
+        Engine(**SPEC_ENGINE_KW, model_path=ckpts["tiny-llama"], speculative_algorithm="DFLASH",
+               speculative_draft_model_path=ckpts["tiny-llama-dflash"],
+               speculative_step_cost_context=-1)
 
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-q"]))

@@ -42,6 +42,7 @@ import torch
 from sglang_aux.srt.configs.dflash_config import DFlashConfig
 from sglang_aux.srt.configs.model_config import ModelConfig
 from sglang_aux.srt.configs.step_costs import StepCosts
+from sglang_aux.srt.distributed.parallel_state import get_tp_group
 from sglang_aux.srt.forward_state.forward_batch_info import (
     CaptureHiddenMode,
     ForwardBatch,
@@ -105,6 +106,7 @@ class DFlashWorker(RequestRowStaging):
             token_to_kv_pool_allocator=self.target_runner.token_to_kv_pool_allocator,
         )
         self.draft_context = DraftContext(self.target_runner, self.draft_runner, server_args)
+        self.step_cost_context = server_args.speculative_step_cost_context
         self.draft_runner.model.set_target_modules(
             self.target_runner.model.get_input_embeddings(), self.target_runner.model.lm_head_weight
         )
@@ -137,11 +139,16 @@ class DFlashWorker(RequestRowStaging):
             self.target_runner.capture_step_widths(self.draft_len.width)
 
     def _measure_step_costs(self) -> StepCosts | None:
-        """The draft and verify graphs' costs (None without both)."""
+        """The draft and verify graphs' costs (None without both), over padding rows and
+        over requests of `--speculative-step-cost-context` tokens; rank 0's on every rank,
+        so tensor-parallel ranks derive one schedule."""
         draft, verify = self.draft_runner.step_graphs, self.target_runner.step_graphs
         if draft is None or verify is None:
             return None
-        return measure_step_costs(draft, verify)
+        plan = self.verify_plan
+        costs = measure_step_costs(draft, verify, context=self.step_cost_context,
+                                   ragged_lens=plan.verify_lens if plan.compact else None)
+        return get_tp_group().broadcast_object(costs)
 
     @property
     def step_stats(self) -> dict[str, int]:

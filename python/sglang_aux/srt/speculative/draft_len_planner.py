@@ -6,8 +6,9 @@ alone) where speculation does not pay.
 Derivation, for each batch size bs the draft graphs cover, widths w = 1..W: expected tokens a
 request emits per step E(w) = 1 + sum_{k=1}^{w-1} prod_{j<=k} a_j (a_j: proposal j's
 acceptance given the ones before it were accepted), and the step's cost c_draft(bs) +
-c_verify(bs * w) in ms (`StepCosts`; width 1 has no draft cost); w maximizes E(w) / cost, the
-smaller w on a tie. Compact verify's own budget (`VerifyPlan.budget`) caps the tokens a width
+c_verify(bs * w) + bs * (c_ctx_draft + c_ctx_verify) in ms (`StepCosts`: the contexts' share
+grows with the requests, not the tokens; width 1 has no draft cost); w maximizes E(w) / cost,
+the smaller w on a tie. Compact verify's own budget (`VerifyPlan.budget`) caps the tokens a width
 can verify: a request then verifies t = 1 + min(w - 1, budget / bs) tokens on average, and
 E and the cost are taken at t (E interpolated between whole widths).
 
@@ -67,10 +68,11 @@ def derive_widths(batch_sizes: Sequence[int], costs: StepCosts, rates: Sequence[
     verify_width, total = len(rates) + 1, _expected_by_width(rates)
     widths = {}
     for bs in batch_sizes:
-        best_w, best = 1, 1.0 / costs.verify(bs)
+        best_w, best = 1, 1.0 / (costs.verify(bs) + costs.context_cost(bs, drafted=False))
         for w in range(2, verify_width + 1):
             t = 1 + min(w - 1, budget(bs) / bs)
-            cost = costs.draft(bs) + costs.verify(math.ceil(bs * t))
+            cost = (costs.draft(bs) + costs.verify(math.ceil(bs * t))
+                    + costs.context_cost(bs, drafted=True))
             rate = expected_tokens(rates, t, total) / cost
             if rate > best * (1 + TIE_RTOL):
                 best_w, best = w, rate
