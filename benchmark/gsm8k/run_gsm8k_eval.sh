@@ -19,7 +19,8 @@
 # *_mixed --enable-mixed-chunk,
 # dflash_streamed --speculative-dflash-aux-projection streamed; dflash_schedule: static verify
 # with the draft length schedule derived at start-up from ACCEPTANCE_PROFILE (environment,
-# default the Qwen2.5-Coder GSM8K profile in benchmark/spec_decode/profiles/); dflash_compact:
+# default the Qwen2.5-Coder GSM8K profile in benchmark/spec_decode/profiles/; `draft`: the
+# draft's own, which `train_dflash --eval` or `--eval-only` writes); dflash_compact:
 # --speculative-verify-mode compact (the draft's probabilities as confidences, SERVER_FLAGS may
 # add --compact-verify-budget-frac F, which static configs refuse); dspark / dspark_compact:
 # DSpark with the draft DSPARK_DRAFT (environment), --speculative-verify-mode static / compact,

@@ -9,7 +9,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from sglang_aux.srt.configs.acceptance_profile import AcceptanceProfile
+from sglang_aux.srt.configs.acceptance_profile import FROM_DRAFT, AcceptanceProfile
 from sglang_aux.srt.configs.draft_len_schedule import FLAG as DRAFT_LEN_SCHEDULE_FLAG
 from sglang_aux.srt.configs.draft_len_schedule import DraftLenSchedule
 from sglang_aux.srt.configs.presets import DEFAULT_DRAFT_MODEL, DEFAULT_MODEL
@@ -331,7 +331,7 @@ class ServerArgs:
             schedule = DraftLenSchedule.parse(self.speculative_draft_len_schedule)
             if self.speculative_verify_width is not None:
                 schedule.check(self.speculative_verify_width)
-        if self.speculative_acceptance_profile is not None:
+        if self.speculative_acceptance_profile not in (None, FROM_DRAFT):
             AcceptanceProfile.load(self.speculative_acceptance_profile)
         if self.speculative_step_costs is not None:
             StepCosts.load(self.speculative_step_costs)
@@ -505,10 +505,12 @@ class ServerArgs:
                  "with --speculative-acceptance-profile; else the full width)")
         add("--speculative-acceptance-profile", default=None,
             help="a JSON acceptance profile (accept_histogram, as in "
-                 "benchmark/spec_decode/profiles/): the prior of the derived draft length "
-                 "schedule before the server's own counts (compact verify; default: every "
-                 "proposal accepted); under static verify, given, the schedule is derived "
-                 "from it once at start-up and its narrower graphs captured")
+                 "benchmark/spec_decode/profiles/), or 'draft': the draft folder's own "
+                 "acceptance_profile.json (train_dflash --eval writes it): the prior of the "
+                 "derived draft length schedule before the server's own counts (compact "
+                 "verify; default: every proposal accepted); under static verify, given, the "
+                 "schedule is derived from it once at start-up and its narrower graphs "
+                 "captured")
         add("--speculative-step-costs", default=None,
             help="a JSON file of draft ms per batch size and verify ms "
                  "per token count (what bench_dflash_step.py --out writes) for the derived "

@@ -49,6 +49,7 @@ from pathlib import Path
 
 import torch
 
+from sglang_aux.srt.configs.acceptance_profile import DRAFT_PROFILE, AcceptanceProfile
 from sglang_aux.srt.entrypoints.engine import Engine
 from sglang_aux.srt.model_loader.builtin import DRAFTS_DIR, resolve_model_path, trained_draft_dir
 from sglang_aux.srt.model_loader.tokenizer import Tokenizer
@@ -336,6 +337,13 @@ def evaluate(args: argparse.Namespace, target: str) -> str:
                      f"{res['max_new_tokens']} new tokens")
     text = "; ".join(parts) + f" ({next(iter(results.values()))['device']})"
     set_card_eval(args.out, text)
+    # the draft's acceptance profile (--speculative-acceptance-profile draft): every kind's
+    # verify steps together, each kind's apart
+    hists = {name: res["accept_histogram"] for name, res in results.items()}
+    width = max(len(h) for h in hists.values())
+    total = [sum(h[a] for h in hists.values() if a < len(h)) for a in range(width)]
+    AcceptanceProfile.write(Path(args.out) / DRAFT_PROFILE, total,
+                            f"train_dflash --eval: {text}", per_task=hists)
     return text
 
 

@@ -120,6 +120,8 @@ def no_model_load(monkeypatch):
      f"{FLAG} 1:4,2:5: width 5 exceeds the draft's verify width 4"),
     (dict(speculative_verify_mode="compact", speculative_acceptance_profile="PROFILE"),
      "made for verify width 16, the draft verifies 4"),
+    (dict(speculative_acceptance_profile="draft"),
+     "--speculative-acceptance-profile draft: the draft "),
 ])
 def test_refusals_against_the_draft_come_before_any_model_loads(tmp_path, no_model_load, kw,
                                                                 says):

@@ -14,6 +14,7 @@ import tokenizers
 import torch
 from tokenizers import models, pre_tokenizers
 
+from sglang_aux.srt.configs.acceptance_profile import DRAFT_PROFILE
 from sglang_aux.srt.configs.model_config import ModelConfig
 from sglang_aux.srt.configs.presets import MASK_TOKEN_ID, PRESETS
 from sglang_aux.srt.entrypoints.engine import Engine
@@ -591,6 +592,20 @@ def test_eval_measures_accept_on_each_kind_of_prompt(target, tmp_path, caplog):
     assert "on 2 chat prompts" in parts[2] and "at most 12 new tokens" in parts[2]
     for part in parts:  # an accept length of at least one token per step leads each part
         assert float(part.split()[0]) >= 1.0
+    # the draft's acceptance profile: every kind's verify steps, which a server reads with
+    # --speculative-acceptance-profile draft
+    doc = json.loads((out / DRAFT_PROFILE).read_text())
+    assert sorted(doc["per_task"]) == ["chat", "gsm8k", "humaneval"]
+    assert doc["verify_width"] == 4 and len(doc["accept_histogram"]) == 4
+    assert doc["accept_histogram"] == [sum(h[a] for h in doc["per_task"].values())
+                                       for a in range(4)]
+    assert sum(doc["accept_histogram"]) > 0 and doc["source"].startswith("train_dflash --eval")
+    engine = Engine(model_path=target, speculative_algorithm="DFLASH",
+                    speculative_draft_model_path=str(out), device="cpu", max_total_tokens=4096,
+                    max_running_requests=4, speculative_acceptance_profile="draft")
+    info = engine.worker.server_info()["speculative_draft_len_schedule"]
+    assert info["source"] == "derived" and info["acceptance_prior"] == str(out / DRAFT_PROFILE)
+    engine.shutdown()
 
 
 def _assert_lossless(target: str, draft: Path) -> None:

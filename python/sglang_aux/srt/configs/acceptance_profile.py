@@ -1,7 +1,9 @@
 """A draft's acceptance profile (`--speculative-acceptance-profile`, and what
 `benchmark/spec_decode/bench_dflash_step.py` forces): a JSON object whose `accept_histogram`
 gives P(accepted proposals = a) for a = 0..W-1 at full verify width W, with where it came from
-(`benchmark/spec_decode/profiles/`)."""
+(`benchmark/spec_decode/profiles/`). A draft trained here carries its own, measured on held-out
+prompts (`train_dflash --eval` writes DRAFT_PROFILE in its folder); the flag's value `draft`
+names that one."""
 
 from __future__ import annotations
 
@@ -9,6 +11,21 @@ import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
+
+DRAFT_PROFILE = "acceptance_profile.json"  # in a draft's folder
+FROM_DRAFT = "draft"  # --speculative-acceptance-profile's value for the draft's own
+
+
+def resolve_profile_path(value: str, draft_dir: str) -> str:
+    """The file `--speculative-acceptance-profile VALUE` names: the draft folder's own profile
+    for FROM_DRAFT (a ValueError, one line, when the draft has none), else VALUE."""
+    if value != FROM_DRAFT:
+        return value
+    path = Path(draft_dir) / DRAFT_PROFILE
+    if not path.is_file():
+        raise ValueError(f"--speculative-acceptance-profile {FROM_DRAFT}: the draft {draft_dir} "
+                         f"has no {DRAFT_PROFILE} (train_dflash --eval writes it)")
+    return str(path)
 
 
 @dataclass(frozen=True)
@@ -58,6 +75,16 @@ class AcceptanceProfile:
     def tokens_per_step(self) -> float:
         """Expected tokens a full-width verify step emits (accepted + 1)."""
         return 1 + sum(a * p for a, p in enumerate(self.probs))
+
+    @staticmethod
+    def write(path: str | Path, counts: list[int], source: str, **extra) -> None:
+        """A profile file from accept counts (`counts[a]`: verify steps that accepted a
+        proposals, a = 0..W-1), with where they came from."""
+        if not counts or sum(counts) <= 0:
+            raise ValueError(f"an acceptance profile needs verify steps, got counts {counts}")
+        Path(path).write_text(json.dumps({"accept_histogram": list(counts),
+                                          "verify_width": len(counts), "source": source,
+                                          **extra}, indent=1))
 
     def conditional_rates(self) -> list[float]:
         """P(accepted > k | accepted >= k) for proposal k = 0..W-2: the acceptance of each

@@ -97,7 +97,8 @@ class DFlashWorker(RequestRowStaging):
                                  or dc.draft_block_size)
         # the draft length flags checked against the draft before the models load
         self.draft_len = DraftLenPlanner(server_args, w,
-                                         compact=server_args.speculative_verify_mode == "compact")
+                                         compact=server_args.speculative_verify_mode == "compact",
+                                         draft_dir=draft_config.model_path)
         self.target_runner = ModelRunner(target_config, server_args,
                                          aux_layer_ids=dc.target_layer_ids)
         self.draft_runner = ModelRunner(

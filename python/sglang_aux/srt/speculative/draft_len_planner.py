@@ -28,7 +28,10 @@ import logging
 import math
 from collections.abc import Callable, Sequence
 
-from sglang_aux.srt.configs.acceptance_profile import AcceptanceProfile
+from sglang_aux.srt.configs.acceptance_profile import (
+    AcceptanceProfile,
+    resolve_profile_path,
+)
 from sglang_aux.srt.configs.draft_len_schedule import DraftLenSchedule
 from sglang_aux.srt.configs.step_costs import StepCosts
 from sglang_aux.srt.server_args import ServerArgs
@@ -81,15 +84,17 @@ def derive_widths(batch_sizes: Sequence[int], costs: StepCosts, rates: Sequence[
 
 
 class DraftLenPlanner:
-    def __init__(self, server_args: ServerArgs, verify_width: int, compact: bool):
-        """Validates the flags against the draft (before any model loads)."""
+    def __init__(self, server_args: ServerArgs, verify_width: int, compact: bool,
+                 draft_dir: str = ""):
+        """Validates the flags against the draft in `draft_dir` (before any model loads)."""
         self.verify_width, self.compact = verify_width, compact
         flag = server_args.speculative_draft_len_schedule
         self.fixed = DraftLenSchedule.parse(flag) if flag is not None else None
         if self.fixed is not None:
             self.fixed.check(verify_width)
         profile = server_args.speculative_acceptance_profile
-        self.profile = None if profile is None else AcceptanceProfile.load(profile, verify_width)
+        self.profile = None if profile is None else AcceptanceProfile.load(
+            resolve_profile_path(profile, draft_dir), verify_width)
         self.step_costs_path = server_args.speculative_step_costs
         self.schedule = self.fixed or DraftLenSchedule.uniform(verify_width)
         self.source = "flag" if self.fixed is not None else "static verify: full width"

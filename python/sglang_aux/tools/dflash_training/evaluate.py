@@ -1,5 +1,6 @@
 """Held-out accept length of a draft on each kind of prompt (GSM8K, HumanEval, chat): greedy
-DFlash (or DSpark) generation through the Engine's worker."""
+DFlash (or DSpark) generation through the Engine's worker, and how many proposals each verify
+step accepted (the draft's acceptance profile)."""
 
 from __future__ import annotations
 
@@ -40,11 +41,15 @@ def measure_accept_lengths(target: str, draft: str, sets: dict[str, EvalSet],
         seconds = time.perf_counter() - start
         metas = [o["meta_info"] for o in outs]
         steps = sum(m["spec_verify_ct"] for m in metas)
+        width = max(len(m["spec_accept_histogram"]) for m in metas)
+        histogram = [sum(m["spec_accept_histogram"][a] for m in metas
+                         if a < len(m["spec_accept_histogram"])) for a in range(width)]
         accepted = sum(m["spec_accept_length"] * m["spec_verify_ct"] for m in metas)
         results[name] = {
             "num_prompts": len(eval_set.prompts),
             "accept_length": sum(m["spec_accept_length"] for m in metas) / len(metas),
             "accept_length_per_step": accepted / steps if steps else 0.0,
+            "accept_histogram": histogram,  # verify steps that accepted a proposals
             "completion_tokens": sum(m["completion_tokens"] for m in metas),
             "max_new_tokens": eval_set.max_new_tokens,
             "seconds": seconds,
