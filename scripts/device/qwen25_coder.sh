@@ -15,6 +15,9 @@
 #   bash scripts/device/qwen25_coder.sh user-eval OUT  # HumanEval, GSM8K and chat: target-only
 #                                                   # and DFlash, one at a time and at 32
 #   bash scripts/device/qwen25_coder.sh train OUT   # the draft: train_dflash --recipe on them
+#   bash scripts/device/qwen25_coder.sh search OUT  # the recipe search (issue 40): variants of
+#                                                   # the recipe, SEARCH_STEPS each, measured
+#                                                   # on code, chat and GSM8K; again until done
 #   bash scripts/device/qwen25_coder.sh draft-in OUT  # or: a draft carried back in parts
 #   bash scripts/device/qwen25_coder.sh eval OUT    # GSM8K: target-only and DFlash (ours and
 #                                                   # SGLang's harness), lossless fp32 test
@@ -109,6 +112,23 @@ print(d('$DRAFT').parent)")
     send_parts 3
     ls -la "$draft"
     if [ -n "${tests:-}" ]; then wait $tests; cat /root/cuda.log; fi ;;
+  search)  # issue 40's recipe search: SEARCH_VARIANTS (NAME=FLAGS ...) of $DRAFT's recipe,
+    # SEARCH_STEPS each, on the samples `gen` wrote (or the carried ones); call again until it
+    # says every variant is measured (the state stays on the machine: calls back to back)
+    if [ ! -f /root/samples.jsonl ] && ls .carry/qwen-samples/samples.jsonl.xz.part-* \
+        > /dev/null 2>&1; then
+      cat .carry/qwen-samples/samples.jsonl.xz.part-* | xz -d > /root/samples.jsonl
+    fi
+    variants=()
+    for v in ${SEARCH_VARIANTS:-base= layers3=--num-layers=3 aux6=--num-aux-layers=6 \
+        gamma5=--gamma=5 anchors64=--anchors-per-seq=64 lr1e-3=--lr=1e-3}; do
+      variants+=("--variant=$v")
+    done
+    $py -m sglang_aux.tools.dflash_recipe_search --recipe $DRAFT \
+      --samples-file /root/samples.jsonl --root /root/search --steps "${SEARCH_STEPS:-2000}" \
+      --deadline-s "${DEADLINE:-540}" --eval-num-prompts "${SEARCH_PROMPTS:-100}" \
+      "${variants[@]}" 2>&1 | grep -v Warning | grep -E "^\||every variant|stopped|rror" 
+    cp /root/search/search.json /root/search/search.md "$out/" 2>/dev/null; ls "$out" ;;
   gen)  # the data alone, so the next call (`train`) trains for its whole 10 minutes
     $py -m sglang_aux.tools.train_dflash --recipe $DRAFT --phase data \
       --samples-file /root/samples.jsonl ${SAMPLED_PASSES:+--sampled-passes $SAMPLED_PASSES} \

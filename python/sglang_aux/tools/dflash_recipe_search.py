@@ -1,0 +1,211 @@
+"""A recipe search for a DFlash (or DSpark) draft, measured: variants of one recipe trained on
+the same samples file for the same number of steps, then each draft's held-out accept length
+on every kind of prompt, in one table (issue 40 item 3; docs/training.md).
+
+    python -m sglang_aux.tools.dflash_recipe_search --recipe R --samples-file S.jsonl.xz \\
+        --root drafts/search --steps 2000 --deadline-s 540 \\
+        --variant base= --variant layers3="--num-layers 3" --variant gamma5="--gamma 5"
+    # the same command again until every variant is measured: each call resumes
+
+Each variant is `train_dflash --recipe R --phase train --resume` with its flags, into
+ROOT/NAME (its checkpoint beside it), then `train_dflash --eval-only`, whose acceptance
+profile (`acceptance_profile.json`) gives the accept length per verify step of each kind. A
+call stops before `--deadline-s` (a device call's limit), leaving ROOT/search.json, which the
+next call continues from: a variant cut mid-training resumes its checkpoint, a trained one
+is measured, a measured one is kept. The table: ROOT/search.md, and printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import shlex
+import sys
+import time
+from pathlib import Path
+
+from sglang_aux.srt.configs.acceptance_profile import DRAFT_PROFILE
+from sglang_aux.tools import train_dflash
+
+STATE = "search.json"
+TABLE = "search.md"
+NAME = re.compile(r"[A-Za-z0-9_.-]+")
+MIN_TRAIN_S = 30.0  # a training run shorter than this is not worth starting
+
+
+class SearchError(ValueError):
+    """Bad input: one line naming the flag or file."""
+
+
+def parse_variant(text: str) -> tuple[str, str]:
+    """`NAME=FLAGS` -> (name, flags as given)."""
+    name, sep, flags = text.partition("=")
+    if not sep or not NAME.fullmatch(name):
+        raise SearchError(f"--variant {text!r}: expected NAME=FLAGS with NAME of letters, "
+                          "digits, '_', '.' or '-' (FLAGS may be empty: the recipe as it is)")
+    try:
+        shlex.split(flags)
+    except ValueError as e:
+        raise SearchError(f"--variant {text!r}: {e}") from None
+    return name, flags
+
+
+def accept_per_step(histogram: list[int]) -> float:
+    """Tokens a verify step emits on average (accepted proposals + 1)."""
+    steps = sum(histogram)
+    return sum((a + 1) * n for a, n in enumerate(histogram)) / steps if steps else 0.0
+
+
+class Search:
+    def __init__(self, args: argparse.Namespace):
+        self.args = args
+        self.root = Path(args.root)
+        self.path = self.root / STATE
+        self.variants = dict(parse_variant(v) for v in args.variant)
+        if len(self.variants) != len(args.variant):
+            raise SearchError(f"--variant names must differ, got {args.variant}")
+        if not Path(args.samples_file).is_file():
+            raise SearchError(f"--samples-file {args.samples_file}: no such file (write it "
+                              "with train_dflash --phase data)")
+        self.state = self._load()
+
+    def _load(self) -> dict:
+        """The search so far; a file from another search (recipe, samples, steps or a
+        variant's flags differ) stops with one line naming it."""
+        want = {"recipe": self.args.recipe, "samples_file": str(self.args.samples_file),
+                "steps": self.args.steps, "common": self.args.common}
+        if not self.path.is_file():
+            return {**want, "variants": {}}
+        try:
+            state = json.loads(self.path.read_text())
+            for key, value in want.items():
+                if state[key] != value:
+                    raise SearchError(f"{self.path}: a search with {key} {state[key]!r}, "
+                                      f"not {value!r}: use another --root")
+            for name, v in state["variants"].items():
+                if name in self.variants and v["flags"] != self.variants[name]:
+                    raise SearchError(f"{self.path}: variant {name} was {v['flags']!r}, not "
+                                      f"{self.variants[name]!r}: name it anew")
+        except (ValueError, KeyError, TypeError) as e:
+            if isinstance(e, SearchError):
+                raise
+            raise SearchError(f"{self.path}: not a search state ({type(e).__name__}: {e})"
+                              ) from None
+        return state
+
+    def _save(self) -> None:
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.path.write_text(json.dumps(self.state, indent=1))
+
+    def _train_dflash(self, name: str, *flags: str) -> Path | None:
+        a = self.args
+        common = ["--recipe", a.recipe] if a.recipe else []
+        common += [*shlex.split(a.common), "--out", str(self.root / name)]
+        return train_dflash.main([*common, *flags])
+
+    def run(self) -> bool:
+        """Train and measure what fits before the deadline; True when every variant is
+        measured."""
+        a, start = self.args, time.perf_counter()
+        left = (lambda: a.deadline_s - (time.perf_counter() - start)) if a.deadline_s \
+            else (lambda: float("inf"))
+        for name, flags in self.variants.items():
+            v = self.state["variants"].setdefault(
+                name, {"flags": flags, "status": "training", "runs": 0, "train_seconds": 0.0})
+            if v["status"] == "measured":
+                continue
+            if v["status"] == "training":
+                budget = left() - a.eval_reserve_s
+                if budget < MIN_TRAIN_S:
+                    break
+                t0 = time.perf_counter()
+                out = self._train_dflash(
+                    name, "--phase", "train", "--samples-file", str(a.samples_file),
+                    "--resume", "--steps", str(a.steps),
+                    *(["--deadline-s", str(budget)] if a.deadline_s else []),
+                    *shlex.split(flags))
+                v["runs"] += 1
+                v["train_seconds"] = round(v["train_seconds"] + time.perf_counter() - t0, 1)
+                if out is not None:
+                    v["status"] = "trained"
+                self._save()
+                if out is None:  # cut by the deadline: its checkpoint holds it
+                    break
+            if left() < a.eval_reserve_s:
+                break
+            # the variant's flags are training's: its folder holds what the engine reads
+            self._train_dflash(name, "--eval-only", "--eval-tasks", *a.eval_tasks,
+                               "--eval-num-prompts", str(a.eval_num_prompts))
+            profile = json.loads((self.root / name / DRAFT_PROFILE).read_text())
+            v["accept_per_step"] = {task: round(accept_per_step(h), 4)
+                                    for task, h in profile["per_task"].items()}
+            v["accept_histogram"] = profile["per_task"]
+            v["status"] = "measured"
+            self._save()
+        self._save()
+        return all(self.state["variants"].get(n, {}).get("status") == "measured"
+                   for n in self.variants)
+
+    def table(self) -> str:
+        tasks = self.args.eval_tasks
+        lines = [f"Recipe search: `{self.args.recipe}`, {self.args.steps} steps each on "
+                 f"`{Path(self.args.samples_file).name}`; held-out accept length per verify "
+                 "step (accepted proposals + 1), greedy.", "",
+                 "| variant | flags | status | runs | train s | "
+                 + " | ".join(tasks) + " |",
+                 "|---|---|---|---:|---:|" + "---:|" * len(tasks)]
+        for name in self.variants:
+            v = self.state["variants"].get(name, {"flags": self.variants[name],
+                                                  "status": "not started", "runs": 0,
+                                                  "train_seconds": 0.0})
+            accept = v.get("accept_per_step", {})
+            cells = [f"{accept[t]:.3f}" if t in accept else "-" for t in tasks]
+            lines.append(f"| {name} | `{v['flags'] or '(recipe)'}` | {v['status']} | "
+                         f"{v['runs']} | {v['train_seconds']:.0f} | " + " | ".join(cells) + " |")
+        return "\n".join(lines) + "\n"
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--recipe", default=None, choices=sorted(train_dflash.RECIPES),
+                   help="the recipe every variant starts from")
+    p.add_argument("--samples-file", required=True,
+                   help="the samples every variant trains on (train_dflash --phase data)")
+    p.add_argument("--root", required=True, help="where the drafts and the search state go")
+    p.add_argument("--variant", action="append", required=True,
+                   help="NAME=FLAGS: train_dflash flags over the recipe's (repeat)")
+    p.add_argument("--steps", type=int, required=True, help="training steps of each variant")
+    p.add_argument("--common", default="",
+                   help="train_dflash flags every variant gets (e.g. --smoke, --target)")
+    p.add_argument("--deadline-s", type=float, default=None,
+                   help="stop before this many seconds (a device call's limit)")
+    p.add_argument("--eval-reserve-s", type=float, default=90.0,
+                   help="seconds kept for one variant's evaluation")
+    p.add_argument("--eval-tasks", nargs="+", choices=train_dflash.EVAL_TASKS,
+                   default=list(train_dflash.EVAL_TASKS))
+    p.add_argument("--eval-num-prompts", type=int, default=100)
+    args = p.parse_args(argv)
+    if args.steps < 1:
+        p.error("--steps must be >= 1")
+    return args
+
+
+def main(argv: list[str] | None = None) -> bool:
+    """Run the search as far as the deadline allows; True when it is complete."""
+    args = parse_args(argv)
+    try:
+        search = Search(args)
+        done = search.run()
+    except SearchError as e:
+        sys.exit(f"dflash_recipe_search: error: {e}")
+    table = search.table()
+    (search.root / TABLE).write_text(table)
+    print(table)
+    print("every variant measured" if done else
+          "stopped before the deadline: run the same command again to continue")
+    return done
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,99 @@
+"""The DFlash recipe search (tools/dflash_recipe_search.py) on the CPU with the tiny smoke
+recipe: two variants trained on one samples file and measured on held-out GSM8K prompts into
+one table; a variant cut mid-training resumes its checkpoint in the next call; a finished
+search trains nothing again; bad input (a variant name, two of one name, a missing samples
+file, a state from another search) stops with one line."""
+
+import json
+import sys
+
+import pytest
+
+from sglang_aux.test.ci.ci_register import register_cpu_ci
+from sglang_aux.test.gsm8k_data import local_path_or_skip
+from sglang_aux.test.runtime_utils import tiny_checkpoint
+from sglang_aux.tools import dflash_recipe_search as search
+from sglang_aux.tools import train_dflash
+
+register_cpu_ci(est_time=40, suite="default")
+
+
+@pytest.fixture(scope="module")
+def samples(tmp_path_factory):
+    local_path_or_skip("train")
+    local_path_or_skip("test")
+    root = tmp_path_factory.mktemp("search")
+    target = tiny_checkpoint("tiny-llama", root)
+    path = root / "samples.jsonl.xz"
+    train_dflash.main(["--smoke", "--target", target, "--phase", "data", "--samples-file",
+                       str(path), "--num-samples", "4"])
+    return target, path
+
+
+def _argv(root, samples, *variants, steps=4):
+    target, path = samples
+    return ["--samples-file", str(path), "--root", str(root), "--steps", str(steps),
+            "--common", f"--smoke --target {target}", "--eval-tasks", "gsm8k",
+            "--eval-num-prompts", "2", *[f"--variant={v}" for v in variants]]
+
+
+def test_two_variants_trained_measured_and_tabled(samples, tmp_path, capsys, monkeypatch):
+    root = tmp_path / "s"
+    # "cut" stops after 2 of its 4 steps in the first call (as a deadline would)
+    argv = _argv(root, samples, "base=", "cut=--num-layers 2 --max-run-steps 2")
+    assert search.main(argv) is False
+    state = json.loads((root / search.STATE).read_text())
+    assert state["variants"]["base"]["status"] == "measured"
+    assert state["variants"]["cut"]["status"] == "training"
+    assert "run the same command again" in capsys.readouterr().out
+    assert search.main(argv) is True
+    state = json.loads((root / search.STATE).read_text())
+    base, cut = state["variants"]["base"], state["variants"]["cut"]
+    assert base["runs"] == 1 and cut["runs"] == 2 and cut["status"] == "measured"
+    for v in (base, cut):
+        hist = v["accept_histogram"]["gsm8k"]
+        assert sum(hist) > 0 and v["accept_per_step"]["gsm8k"] == pytest.approx(
+            sum((a + 1) * n for a, n in enumerate(hist)) / sum(hist), abs=1e-4)
+    layers = [json.loads((root / n / "config.json").read_text())["num_hidden_layers"]
+              for n in ("base", "cut")]
+    assert layers == [1, 2]  # the smoke recipe's one layer, and the variant's two
+    table = (root / search.TABLE).read_text()
+    assert "| base | `(recipe)` | measured | 1 |" in table
+    assert "| cut | `--num-layers 2 --max-run-steps 2` | measured | 2 |" in table
+    assert "every variant measured" in capsys.readouterr().out
+    # done: nothing trains or evaluates again
+    monkeypatch.setattr(train_dflash, "main", lambda *_a: pytest.fail("ran train_dflash"))
+    assert search.main(argv) is True
+
+
+@pytest.mark.parametrize("variants, says", [
+    (["bad name="], "expected NAME=FLAGS"),
+    (["noequals"], "expected NAME=FLAGS"),
+    (["a=--lr 1", "a=--lr 2"], "--variant names must differ"),
+    (["a=--lr '1"], "No closing quotation"),
+])
+def test_bad_variants_are_one_line(samples, tmp_path, variants, says):
+    with pytest.raises(SystemExit) as e:
+        search.main(_argv(tmp_path, samples, *variants))
+    assert "\n" not in str(e.value) and says in str(e.value)
+
+
+def test_missing_samples_and_another_searchs_state_are_one_line(samples, tmp_path):
+    target, _ = samples
+    with pytest.raises(SystemExit) as e:
+        search.main(_argv(tmp_path, (target, tmp_path / "none.jsonl"), "a="))
+    assert "--samples-file" in str(e.value) and "no such file" in str(e.value)
+    (tmp_path / search.STATE).write_text(json.dumps(
+        {"recipe": None, "samples_file": str(samples[1]), "steps": 99,
+         "common": f"--smoke --target {target}", "variants": {}}))
+    with pytest.raises(SystemExit) as e:
+        search.main(_argv(tmp_path, samples, "a="))
+    assert f"{tmp_path / search.STATE}: a search with steps 99, not 4" in str(e.value)
+    (tmp_path / search.STATE).write_text("{oops")
+    with pytest.raises(SystemExit) as e:
+        search.main(_argv(tmp_path, samples, "a="))
+    assert "not a search state" in str(e.value) and "\n" not in str(e.value)
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-q"]))
