@@ -155,6 +155,33 @@ def test_static_verify_narrows_per_batch_size_and_stays_exact(ckpts, target_only
         runner.capture_step_widths(lambda bs: w + 1)
 
 
+def test_static_narrower_widths_run_eagerly_without_graphs(ckpts, target_only):
+    """Past the captured sizes (here: no graphs at all) a narrower static step runs eagerly
+    at its width, and stays exact."""
+    engine = Engine(model_path=ckpts["tiny-llama"], speculative_algorithm="DFLASH",
+                    speculative_draft_model_path=ckpts["tiny-llama-dflash"],
+                    speculative_verify_mode="static", speculative_draft_len_schedule=SCHEDULE,
+                    disable_decode_cuda_graph=True, **ENGINE_KW)
+    worker = engine.worker
+    assert worker.target_runner.step_graphs is None
+    widths, forward = [], worker.target_runner.forward
+
+    def recording(fb):
+        if fb.forward_mode == ForwardMode.TARGET_VERIFY:
+            widths.append((fb.batch_size, fb.tokens_per_req))
+        return forward(fb)
+
+    worker.target_runner.forward = recording
+    reqs = run_arrivals(engine)
+    for i, (req, want) in enumerate(zip(reqs, target_only, strict=True)):
+        if i != ARRIVAL_SAMPLED:
+            assert req.output_ids == want["output_ids"], i
+    schedule = DraftLenSchedule.parse(SCHEDULE)
+    assert {w for _, w in widths} == {1, 2, worker.verify_width}
+    assert all(w == schedule.width(bs) for bs, w in widths)
+    assert_kv_all_back(engine)
+
+
 def test_static_schedule_derived_from_a_profile_captures_its_widths(ckpts, target_only,
                                                                      tmp_path):
     costs, profile = tmp_path / "costs.json", tmp_path / "profile.json"
