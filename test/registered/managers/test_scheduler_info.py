@@ -42,5 +42,21 @@ def test_graph_memory_counts_what_the_shared_aux_buffer_saves(tmp_path, shared):
     assert info["aux_bytes_saved"] == (per_graph - shared_bytes if shared else 0)
 
 
+
+def test_narrower_step_graphs_are_counted_once_per_size(tmp_path):
+    """A static verify's narrower graphs (`capture_step_widths`): each size once in
+    `capture_bs`, its widths in `capture_widths`, their aux rows in the per-graph figure."""
+    runner = make_runner(tiny_checkpoint("tiny-k3", tmp_path), aux_layer_ids=AUX_LAYERS,
+                         speculative_algorithm="DFLASH", cuda_graph_bs_decode=CAPTURE_BS,
+                         max_total_tokens=512, max_running_requests=max(CAPTURE_BS))
+    runner.init_forwards(ForwardParts(ForwardMode.TARGET_VERIFY, BLOCK, StepPrologue()))
+    runner.capture_step_widths(lambda bs: 2 if bs >= 3 else BLOCK)
+    info = graph_memory(runner)
+    assert info["capture_bs"] == CAPTURE_BS
+    assert info["capture_widths"] == {"1": [BLOCK], "2": [BLOCK], "4": [2, BLOCK]}
+    assert info["aux_per_graph_bytes"] == (sum(CAPTURE_BS) * BLOCK + 4 * 2) * ROW_BYTES
+    assert info["aux_buffer_bytes"] == max(CAPTURE_BS) * BLOCK * ROW_BYTES
+    assert info["graph_memory_bytes"] == 0  # free device memory does not move on the CPU
+
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-q"]))

@@ -100,15 +100,27 @@ def test_probe_times_every_captured_graph(tmp_path, mode, monkeypatch):
     assert [o["output_ids"] for o in got] == [o["output_ids"] for o in want]
 
 
-def test_a_context_the_pool_cannot_hold_is_measured_smaller(tmp_path):
+@pytest.mark.parametrize("mode", ["compact", "static"])
+def test_a_context_the_pool_or_the_context_cannot_hold_is_measured_smaller(tmp_path, mode):
     ckpts = pair_checkpoints(tmp_path, {"tiny-llama": "tiny-llama-dflash"})
-    engine = Engine(**dict(SPEC_ENGINE_KW, max_total_tokens=1024), model_path=ckpts[
-        "tiny-llama"], speculative_algorithm="DFLASH", speculative_verify_mode="compact",
-        speculative_draft_model_path=ckpts["tiny-llama-dflash"],
-        speculative_step_cost_context=100000)
-    costs, w = engine.worker.draft_len.costs, engine.worker.verify_width
+    kw = dict(model_path=ckpts["tiny-llama"], speculative_algorithm="DFLASH",
+              speculative_verify_mode=mode, speculative_step_cost_context=100000,
+              speculative_draft_model_path=ckpts["tiny-llama-dflash"])
+    profile = tmp_path / "profile.json"
+    profile.write_text('{"accept_histogram": [1, 1, 1, 1]}')
+    if mode == "static":  # static verify measures its costs only to derive from a profile
+        kw["speculative_acceptance_profile"] = str(profile)
+    by_pool = Engine(**dict(SPEC_ENGINE_KW, max_total_tokens=1024), **kw)
+    costs, w = by_pool.worker.draft_len.costs, by_pool.worker.verify_width
     largest = max(CAPTURED_BS)  # the draft's requests, and the ragged bucket's at width w
     assert 0 < costs.context <= 1024 // largest - w
+    # a context right at the model's limit: every probe request's step still fits it
+    by_context = Engine(**dict(SPEC_ENGINE_KW, context_length=128), **kw)
+    assert by_context.worker.draft_len.costs.context == 128 - w
+    got = by_context.generate(SPEC_PROMPTS, STAGGERED)
+    want = Engine(**dict(SPEC_ENGINE_KW, context_length=128),
+                  model_path=ckpts["tiny-llama"]).generate(SPEC_PROMPTS, STAGGERED)
+    assert [o["output_ids"] for o in got] == [o["output_ids"] for o in want]
     with pytest.raises(ValueError, match="--speculative-step-cost-context must be >= 0"):
         Engine(**SPEC_ENGINE_KW, model_path=ckpts["tiny-llama"], speculative_algorithm="DFLASH",
                speculative_draft_model_path=ckpts["tiny-llama-dflash"],

@@ -85,8 +85,9 @@ def _context_inputs(graphs: GraphRunner, i: int, rows: list[int], context: int,
     bs = n // width
     ragged_lens[:n] = 0
     ragged_lens[:bs] = width
+    # each token's length bound, as `VerifyPlan.ragged_inputs` gives it
     return ForwardInputs(layout.mode, step_rows=rows[:bs] + [PADDING_REQ_ROW] * (n - bs),
-                         step_kv_bounds=[context + width] * n, step_width=1), bs
+                         step_kv_bounds=[context + width - 1] * n, step_width=1), bs
 
 
 def _context_ms_per_request(graphs: GraphRunner, i: int, padded_ms: float, rows: list[int],

@@ -17,7 +17,8 @@ from sglang_aux.srt.model_executor.model_runner_components.misc_utils import (
     resolve_aux_hidden_states_width,
 )
 
-GRAPH_KEYS = ("forward_mode", "capture_bs", "prefill_capture_tokens", "graph_memory_bytes",
+GRAPH_KEYS = ("forward_mode", "capture_bs", "capture_widths", "prefill_capture_tokens",
+              "graph_memory_bytes",
               "graph_memory_reserved_bytes", "graph_memory_allocated_bytes", "aux_path",
               "aux_buffer_bytes", "aux_per_graph_bytes", "aux_bytes_saved")
 
@@ -43,14 +44,27 @@ def graph_memory(runner: ModelRunner) -> dict:
     storage = runner.aux_storage
     shared = 0 if storage is None else storage.nbytes()
     stats = step.capture_stats
+
+    def captured(key: str) -> int | None:
+        """A capture figure, with the graphs added after the first capture (a static verify's
+        narrower widths)."""
+        first = stats.get(key)
+        return None if first is None else first + sum(a.get(key) or 0
+                                                      for a in stats.get("added", []))
+
+    widths: dict[str, list[int]] = {}
+    for x in step.layouts:
+        widths.setdefault(str(x.step_bs), []).append(x.tokens_per_req)
     return {
         "forward_mode": step.mode.name,
-        "capture_bs": [x.step_bs for x in step.layouts],
+        "capture_bs": sorted({x.step_bs for x in step.layouts}),
+        # tokens per request of each size's graphs (a ragged step's: 1, per token)
+        "capture_widths": {bs: sorted(ws) for bs, ws in widths.items()},
         "prefill_capture_tokens": prefill_tokens,
         # the capture's drop in free device memory (SGLang's figure), and the allocator's view
-        "graph_memory_bytes": stats.get("free_memory_drop_bytes"),
-        "graph_memory_reserved_bytes": stats.get("reserved_delta_bytes"),
-        "graph_memory_allocated_bytes": stats.get("allocated_delta_bytes"),
+        "graph_memory_bytes": captured("free_memory_drop_bytes"),
+        "graph_memory_reserved_bytes": captured("reserved_delta_bytes"),
+        "graph_memory_allocated_bytes": captured("allocated_delta_bytes"),
         "aux_path": "per-graph" if storage is None else storage.path,
         "aux_buffer_bytes": shared,
         "aux_per_graph_bytes": per_graph,
