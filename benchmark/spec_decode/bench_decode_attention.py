@@ -21,8 +21,10 @@ output poisoned with NaN before the call.
 a seeded random 1..q_len of its block's tokens (mean ~q_len / 2), laid out token-major over the
 token bucket that holds them (`RaggedStepPrologue`). Paths: "static" (the whole blocks,
 request-major: what static verify runs), "per_token" (the ragged step with one entry per
-token, each reading its request's keys: compact verify before `ForwardBatch.ragged`) and
-"ragged" (the same step read per request); the ratio column is against "static".
+token, each reading its request's keys: compact verify before `ForwardBatch.ragged`),
+"ragged" (the same step read per request, a request slot per token) and "ragged_bounded"
+(request slots for the step's requests only, as the server's prologue bounds them since
+2026-12-05); the ratio column is against "static".
 
 Time per layer call, on CUDA: one graph of back-to-back calls, each reading its own layer's
 K/V (as many layers as `--calls`, more when one layer's K/V is small enough that the calls
@@ -52,6 +54,7 @@ from bench_graph_replay import replay_ms  # noqa: E402  (this script's folder is
 from step_bandwidth import copy_bandwidth  # noqa: E402
 
 from sglang_aux.srt.forward_state.forward_batch_info import ForwardBatch, ForwardMode  # noqa: E402
+from sglang_aux.srt.forward_state.ragged_requests import RaggedRequests  # noqa: E402
 from sglang_aux.srt.layers.attention.torch_native_backend import (  # noqa: E402
     TorchNativeAttnBackend,
 )
@@ -177,9 +180,16 @@ def _ragged_rows(fb: ForwardBatch, layers: list[RadixAttention], q_len: int,
     q_ragged = torch.randn(n, heads * head_dim, device=device,
                            dtype=fb.token_to_kv_pool.k_buffer[0].dtype)
     q_static = torch.randn(bs * q_len, heads * head_dim, device=device, dtype=q_ragged.dtype)
+    # the request slots bounded to the step's requests, as the server's prologue bounds
+    # them to its most requests (`max_requests`): no programs for slots no request takes
+    bounded = dataclasses.replace(ragged, ragged=RaggedRequests(
+        **{name: getattr(ragged.ragged, name)[:bs]
+           for name in ("request_rows", "lens", "prefix_lens", "q_start")},
+        width=ragged.ragged.width))
     cases = {"static": (fb, q_static, None),
              "per_token": (dataclasses.replace(ragged, ragged=None), q_ragged, sum(lens)),
-             "ragged": (ragged, q_ragged, sum(lens))}
+             "ragged": (ragged, q_ragged, sum(lens)),
+             "ragged_bounded": (bounded, q_ragged, sum(lens))}
     rows = []
     for path, (batch, q, live) in cases.items():
         backend = TritonAttnBackend(args.num_kv_splits)

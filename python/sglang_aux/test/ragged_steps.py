@@ -104,10 +104,12 @@ class RaggedTrio:
 
 
 def ragged_verify_batch(req_pool, kv_pool, backend, rows: list[int], prefix: list[int],
-                        lens: list[int], num_tokens: int, width: int) -> ForwardBatch:
+                        lens: list[int], num_tokens: int, width: int,
+                        max_requests: int = 0) -> ForwardBatch:
     """A TARGET_VERIFY batch of requests in `rows` with `prefix` cached tokens verifying
     `lens` tokens each, laid out token-major over `num_tokens` entries by
-    `RaggedStepPrologue` (rows of no request past them), for attention tests."""
+    `RaggedStepPrologue` (rows of no request past them; `max_requests` request slots, 0:
+    one per token), for attention tests."""
     device, bs = req_pool.req_to_token.device, len(rows)
     ints = lambda xs: torch.tensor(xs, dtype=torch.int64, device=device)  # noqa: E731
     req_pool.kv_lens[ints(rows)] = ints(prefix)
@@ -122,6 +124,6 @@ def ragged_verify_batch(req_pool, kv_pool, backend, rows: list[int], prefix: lis
         positions=zeros.clone(), req_to_token_pool=req_pool, token_to_kv_pool=kv_pool,
         attn_backend=backend)
     RaggedStepPrologue(lens=lambda n: lens_storage[:n], request_rows=lambda n: rows_storage[:n],
-                       width=width)(fb)
+                       width=width, max_requests=max_requests)(fb)
     fb.seq_lens_cpu = fb.seq_lens.cpu()
     return fb

@@ -2,8 +2,8 @@
 smoke mode: every (tokens per request, bs, context) row has every path (today's launch, the
 in-kernel merge, single pass, a fixed split, another merge width, the last two together), each
 checked against torch_native inside the run; the merge-kernel paths launch twice, the
-in-kernel one once; `--ragged` reports the static, per-token and ragged verify paths of every
-row."""
+in-kernel one once; `--ragged` reports the static, per-token, ragged and bounded ragged
+verify paths of every row."""
 
 import os
 
@@ -63,7 +63,8 @@ def test_ragged_smoke_run_reports_every_path(tmp_path, capsys):
     smoke = bench.SMOKE
     seen = {(r["q_len"], r["bs"], r["context"], r["path"]) for r in report["rows"]}
     assert seen == {(q, b, c, p) for q in smoke["q_lens"] for b in smoke["bs"]
-                    for c in smoke["contexts"] for p in ("static", "per_token", "ragged")}
+                    for c in smoke["contexts"]
+                    for p in ("static", "per_token", "ragged", "ragged_bounded")}
     for r in report["rows"]:
         if r["path"] == "static":
             assert r["tokens"] == r["verified"] == r["bs"] * r["q_len"]

@@ -21,6 +21,7 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 from sglang_aux.srt.forward_state.forward_batch_info import ForwardBatch, ForwardMode  # noqa: E402
+from sglang_aux.srt.forward_state.ragged_requests import RaggedRequests  # noqa: E402
 from sglang_aux.srt.layers.attention.torch_native_backend import TorchNativeAttnBackend  # noqa: E402
 from sglang_aux.srt.layers.attention.triton_backend import (  # noqa: E402
     ExtendMetadata,
@@ -492,12 +493,12 @@ RAGGED_TOKENS = sum(RAGGED_LENS) + 3
 
 
 def ragged_batch(req_pool, kv_pool, backend, prefix: list[int], lens: list[int],
-                 num_tokens: int) -> ForwardBatch:
+                 num_tokens: int, max_requests: int = 0) -> ForwardBatch:
     """Rows of BLOCK tokens after `prefix` (so a static verify step of the same requests
     reads the same keys) verifying `lens` of them, token-major over `num_tokens` entries."""
     rows = place_requests(req_pool, [p + BLOCK for p in prefix])
     return ragged_verify_batch(req_pool, kv_pool, backend, rows, prefix, lens, num_tokens,
-                               BLOCK)
+                               BLOCK, max_requests)
 
 
 @pytest.mark.parametrize("window", WINDOWS)
@@ -542,6 +543,38 @@ def test_ragged_verify_reads_each_request_once(heads, kv_heads, head_dim, dtype,
     backend.init_forward_metadata(static)
     want = backend.forward(q_static, None, None, layer, static, save_kv_cache=False)
     assert_close(out, want[picked], dtype, seed)
+
+
+@pytest.mark.parametrize("num_kv_splits,decode_merge", [(None, "launch"), (3, "launch"),
+                                                        (3, "in_kernel")])
+def test_ragged_slots_bounded_to_the_most_requests_change_nothing(num_kv_splits, decode_merge):
+    """Request slots for no more requests than a step holds (`max_requests`: the programs of
+    slots no request can take are not launched) give the same output, bit for bit."""
+    heads, kv_heads, head_dim = MERGE_HEAD_CONFIGS[2]
+    seed = fresh_seed()
+    req_pool, kv_pool = make_pools(kv_heads, head_dim, torch.float32)
+    backend = TritonAttnBackend(num_kv_splits=num_kv_splits, decode_merge=decode_merge,
+                                min_split_keys=MERGE_MIN_KEYS)
+    fb = ragged_batch(req_pool, kv_pool, backend, RAGGED_PREFIX, RAGGED_LENS, RAGGED_TOKENS)
+    r = len(RAGGED_LENS)
+    # the prologue's bounded slots are the leading slots of the unbounded ones
+    bounded = ragged_batch(*make_pools(kv_heads, head_dim, torch.float32), backend,
+                           RAGGED_PREFIX, RAGGED_LENS, RAGGED_TOKENS, max_requests=r).ragged
+    assert bounded.lens.shape[0] == r and bounded.width == fb.ragged.width
+    for name in ("lens", "prefix_lens", "q_start"):
+        assert torch.equal(getattr(bounded, name), getattr(fb.ragged, name)[:r]), name
+    q = torch.randn(RAGGED_TOKENS, heads * head_dim)
+    layer = RadixAttention(heads, head_dim, 0.3, kv_heads, LAYER_ID, -1, DECODER)
+    outs = []
+    for slots in (RAGGED_TOKENS, r):
+        batch = dataclasses.replace(fb, ragged=RaggedRequests(
+            **{name: getattr(fb.ragged, name)[:slots]
+               for name in ("request_rows", "lens", "prefix_lens", "q_start")},
+            width=fb.ragged.width))
+        backend.init_forward_metadata(batch)
+        outs.append(backend.forward(q, None, None, layer, batch, save_kv_cache=False))
+    assert torch.equal(outs[0], outs[1]), f"seed {seed}"
+    assert outs[1][: sum(RAGGED_LENS)].abs().sum() > 0
 
 
 def test_ragged_slots_of_no_tokens_store_nothing():

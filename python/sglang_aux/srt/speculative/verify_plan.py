@@ -99,6 +99,7 @@ class VerifyPlan:
         self.max_tokens = server_args.compact_verify_max_tokens
         self.target_runner = target_runner  # its captured token buckets
         device = target_runner.device
+        self.max_requests = rows  # a step's most requests: a ragged step's request slots
         # a ragged step's per-token lengths and request rows (at most every request's W)
         self.verify_lens = torch.zeros(rows * verify_width, dtype=torch.int64, device=device)
         self.request_rows = torch.zeros(rows * verify_width, dtype=torch.int64, device=device)
@@ -116,7 +117,7 @@ class VerifyPlan:
         prologue = RaggedStepPrologue(block_tokens=lambda n: proposals[:n],
                                       lens=lambda n: self.verify_lens[:n],
                                       request_rows=lambda n: self.request_rows[:n],
-                                      width=w)
+                                      width=w, max_requests=self.max_requests)
         return ForwardParts(epilogue.mode, w, prologue, epilogue, streamed_aux, ragged=True)
 
     def ragged_inputs(self, inputs: ForwardInputs, every_token: bool,

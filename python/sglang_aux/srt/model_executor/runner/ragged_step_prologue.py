@@ -17,8 +17,9 @@ batch's `req_pool_indices` with each token's row. Tokens past the live ones are 
 padding row at position 0, as a padded step request.
 
 It also sets `fb.ragged` (`RaggedRequests`): each request's row, length, context before the
-step and first token row, `[n]` each, so an attention backend that can (Triton's) reads a
-request's keys once for all its tokens instead of once per token.
+step and first token row, `[min(n, max_requests)]` each (no step holds more requests), so
+an attention backend that can (Triton's) reads a request's keys once for all its tokens
+instead of once per token, with no program for a slot no request can take.
 """
 
 from __future__ import annotations
@@ -41,10 +42,14 @@ class RaggedStepPrologue(StepPrologue):
     # n -> `[n]` int64 static storage the prologue fills with the requests' rows
     request_rows: Callable[[int], torch.Tensor]
     width: int  # the most tokens a request verifies (its lens never exceed it)
+    # the most requests a step holds (0: one per token): `fb.ragged` covers that many slots,
+    # so attention launches no program for slots no request can take
+    max_requests: int = 0
 
     def __post_init__(self):
-        if self.width < 1:
-            raise ValueError(f"a ragged step's width must be >= 1, got {self.width}")
+        if self.width < 1 or self.max_requests < 0:
+            raise ValueError(f"a ragged step's width must be >= 1 and its most requests >= 0, "
+                             f"got {self.width} and {self.max_requests}")
 
     def __call__(self, fb: ForwardBatch) -> None:
         n = fb.batch_size  # tokens, one pseudo-request each
@@ -58,8 +63,9 @@ class RaggedStepPrologue(StepPrologue):
         owner = torch.searchsorted(ends, token, right=True).clamp_max_(n - 1)
         live = token < ends[-1]
         offset = torch.where(live, token - starts[owner], 0)
-        fb.ragged = RaggedRequests(request_rows=req_rows, lens=lens,
-                                   prefix_lens=pool.kv_lens[req_rows], q_start=starts,
+        r = min(n, self.max_requests) if self.max_requests else n
+        fb.ragged = RaggedRequests(request_rows=req_rows[:r], lens=lens[:r],
+                                   prefix_lens=pool.kv_lens[req_rows[:r]], q_start=starts[:r],
                                    width=self.width)
         rows = torch.where(live, req_rows[owner], PADDING_REQ_ROW)
         torch.add(pool.kv_lens[rows], offset, out=fb.positions)
