@@ -84,6 +84,9 @@ def test_the_triton_backend_reads_the_request_layout(path, monkeypatch):
 def test_ragged_prologue_rejects_a_bad_width():
     with pytest.raises(ValueError, match="a ragged step's width must be >= 1, got 0"):
         RaggedStepPrologue(lens=lambda n: None, request_rows=lambda n: None, width=0)
+    with pytest.raises(ValueError, match="a ragged step's most requests must be >= 0"):
+        RaggedStepPrologue(lens=lambda n: None, request_rows=lambda n: None, width=2,
+                           max_requests=-1)
 
 
 if __name__ == "__main__":

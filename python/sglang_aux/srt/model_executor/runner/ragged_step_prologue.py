@@ -47,9 +47,11 @@ class RaggedStepPrologue(StepPrologue):
     max_requests: int = 0
 
     def __post_init__(self):
-        if self.width < 1 or self.max_requests < 0:
-            raise ValueError(f"a ragged step's width must be >= 1 and its most requests >= 0, "
-                             f"got {self.width} and {self.max_requests}")
+        if self.width < 1:
+            raise ValueError(f"a ragged step's width must be >= 1, got {self.width}")
+        if self.max_requests < 0:
+            raise ValueError(f"a ragged step's most requests must be >= 0 (0: one per token), "
+                             f"got {self.max_requests}")
 
     def __call__(self, fb: ForwardBatch) -> None:
         n = fb.batch_size  # tokens, one pseudo-request each
