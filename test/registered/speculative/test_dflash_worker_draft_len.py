@@ -49,6 +49,28 @@ def target_only(ckpts):
                            [arrival_params(i) for i in range(len(ARRIVALS))])
 
 
+def _assert_exact(engine: Engine, reqs: list, target_only: list[dict], *,
+                  context: bool = False) -> None:
+    """Every greedy request equals target-only token for token, each at its full length;
+    `context`: the target's K/V and the draft context of every committed token are cached
+    (plain steps' too)."""
+    for i, (req, want) in enumerate(zip(reqs, target_only, strict=True)):
+        assert len(req.output_ids) == ARRIVALS[i][1]
+        if i != ARRIVAL_SAMPLED:
+            assert req.output_ids == want["output_ids"], i
+        if context:
+            assert cached_kv_error(engine, committed_tokens(req)) < 1e-4, i
+
+
+def _assert_crossed_both_ways(sizes: list[int], widths: list[int], w: int) -> None:
+    """The running batch grew past each threshold of SCHEDULE and shrank back below them:
+    widths w and 2 before the first plain step and after the last."""
+    assert set(sizes) >= {1, 2, 3, 4, 5, 6}
+    first_plain, last_plain = widths.index(1), len(widths) - 1 - widths[::-1].index(1)
+    assert w in widths[:first_plain] and 2 in widths[:first_plain]
+    assert 2 in widths[last_plain:] and w in widths[last_plain:]
+
+
 @pytest.mark.parametrize("overlap", [False, True])
 def test_batch_crossing_the_thresholds_both_ways_stays_exact(ckpts, target_only, overlap):
     engine = Engine(model_path=ckpts["tiny-llama"], speculative_algorithm="DFLASH",
@@ -71,18 +93,9 @@ def test_batch_crossing_the_thresholds_both_ways_stays_exact(ckpts, target_only,
 
     worker.verify_plan.plan, worker.draft_runner.forward = recording_plan, counting_draft
     reqs = run_arrivals(engine)
-    for i, (req, want) in enumerate(zip(reqs, target_only, strict=True)):
-        assert len(req.output_ids) == ARRIVALS[i][1]
-        if i != ARRIVAL_SAMPLED:
-            assert req.output_ids == want["output_ids"], i
-        # the target's K/V and the draft context of every committed token, plain steps' too
-        assert cached_kv_error(engine, committed_tokens(req)) < 1e-4, i
+    _assert_exact(engine, reqs, target_only, context=True)
     widths = [width for _, width, _ in steps]
-    # grown past each threshold and shrunk back below them
-    assert {bs for bs, _, _ in steps} >= {1, 2, 3, 4, 5, 6}
-    first_plain, last_plain = widths.index(1), len(widths) - 1 - widths[::-1].index(1)
-    assert w in widths[:first_plain] and 2 in widths[:first_plain]
-    assert 2 in widths[last_plain:] and w in widths[last_plain:]
+    _assert_crossed_both_ways([bs for bs, _, _ in steps], widths, w)
     budget = worker.verify_plan.budget
     for bs, width, lens in steps:
         assert width == schedule.width(bs), (bs, width)
@@ -128,18 +141,11 @@ def test_static_verify_narrows_per_batch_size_and_stays_exact(ckpts, target_only
 
     runner.prepare, worker.draft_runner.forward = recording_prepare, counting_draft
     reqs = run_arrivals(engine)
-    for i, (req, want) in enumerate(zip(reqs, target_only, strict=True)):
-        assert len(req.output_ids) == ARRIVALS[i][1]
-        if i != ARRIVAL_SAMPLED:
-            assert req.output_ids == want["output_ids"], i
-        assert cached_kv_error(engine, committed_tokens(req)) < 1e-4, i
+    _assert_exact(engine, reqs, target_only, context=True)
     widths = [width for _, width, _ in steps]
-    assert {bs for bs, _, _ in steps} >= {1, 2, 3, 4, 5, 6}
+    _assert_crossed_both_ways([bs for bs, _, _ in steps], widths, w)
     # every verify step at its batch size's width, a graph of that width replayed
     assert all(width == schedule.width(bs) == graph_width for bs, width, graph_width in steps)
-    first_plain, last_plain = widths.index(1), len(widths) - 1 - widths[::-1].index(1)
-    assert w in widths[:first_plain] and 2 in widths[:first_plain]
-    assert 2 in widths[last_plain:] and w in widths[last_plain:]
     assert drafts == [ForwardMode.DRAFT_BLOCK] * sum(width > 1 for width in widths)
     assert worker.step_stats == {"spec_verify_steps": len(steps),
                                  "spec_plain_steps": widths.count(1)}
@@ -173,9 +179,7 @@ def test_static_narrower_widths_run_eagerly_without_graphs(ckpts, target_only):
 
     worker.target_runner.forward = recording
     reqs = run_arrivals(engine)
-    for i, (req, want) in enumerate(zip(reqs, target_only, strict=True)):
-        if i != ARRIVAL_SAMPLED:
-            assert req.output_ids == want["output_ids"], i
+    _assert_exact(engine, reqs, target_only)
     schedule = DraftLenSchedule.parse(SCHEDULE)
     assert {w for _, w in widths} == {1, 2, worker.verify_width}
     assert all(w == schedule.width(bs) for bs, w in widths)
@@ -203,9 +207,7 @@ def test_static_schedule_derived_from_a_profile_captures_its_widths(ckpts, targe
                   worker.target_runner.step_graphs.layouts) == [
         (1, w), (2, w), (4, w), (6, 2), (6, w)]
     reqs = run_arrivals(engine)
-    for i, (req, want) in enumerate(zip(reqs, target_only, strict=True)):
-        if i != ARRIVAL_SAMPLED:
-            assert req.output_ids == want["output_ids"], i
+    _assert_exact(engine, reqs, target_only)
     assert worker.server_info()["speculative_draft_len_schedule"]["schedule"] == "1:4,6:2"
     assert_kv_all_back(engine)
 
@@ -216,9 +218,7 @@ def test_static_verify_runs_the_full_width_and_counts_mixed_steps(ckpts, target_
                     speculative_verify_mode="static", enable_mixed_chunk=True, **ENGINE_KW)
     worker = engine.worker
     reqs = run_arrivals(engine)
-    for i, (req, want) in enumerate(zip(reqs, target_only, strict=True)):
-        if i != ARRIVAL_SAMPLED:
-            assert req.output_ids == want["output_ids"], i
+    _assert_exact(engine, reqs, target_only)
     stats = engine.scheduler.stats
     assert stats["mixed_steps"] > 0
     assert worker.step_stats == {"spec_verify_steps": stats["decode_steps"] + stats["mixed_steps"],
