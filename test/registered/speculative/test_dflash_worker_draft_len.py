@@ -49,6 +49,13 @@ def target_only(ckpts):
                            [arrival_params(i) for i in range(len(ARRIVALS))])
 
 
+def _dflash(ckpts, mode: str, **kw) -> Engine:
+    """The tiny DFlash pair under `mode` verify."""
+    return Engine(model_path=ckpts["tiny-llama"], speculative_algorithm="DFLASH",
+                  speculative_draft_model_path=ckpts["tiny-llama-dflash"],
+                  speculative_verify_mode=mode, **ENGINE_KW, **kw)
+
+
 def _assert_exact(engine: Engine, reqs: list, target_only: list[dict], *,
                   context: bool = False) -> None:
     """Every greedy request equals target-only token for token, each at its full length;
@@ -73,10 +80,8 @@ def _assert_crossed_both_ways(sizes: list[int], widths: list[int], w: int) -> No
 
 @pytest.mark.parametrize("overlap", [False, True])
 def test_batch_crossing_the_thresholds_both_ways_stays_exact(ckpts, target_only, overlap):
-    engine = Engine(model_path=ckpts["tiny-llama"], speculative_algorithm="DFLASH",
-                    speculative_draft_model_path=ckpts["tiny-llama-dflash"],
-                    speculative_verify_mode="compact", speculative_draft_len_schedule=SCHEDULE,
-                    disable_overlap_schedule=not overlap, **ENGINE_KW)
+    engine = _dflash(ckpts, "compact", speculative_draft_len_schedule=SCHEDULE,
+                     disable_overlap_schedule=not overlap)
     worker = engine.worker
     schedule, w = DraftLenSchedule.parse(SCHEDULE), worker.verify_width
     steps, plan, draft_forward = [], worker.verify_plan.plan, worker.draft_runner.forward
@@ -114,10 +119,8 @@ def test_batch_crossing_the_thresholds_both_ways_stays_exact(ckpts, target_only,
 
 @pytest.mark.parametrize("overlap", [False, True])
 def test_static_verify_narrows_per_batch_size_and_stays_exact(ckpts, target_only, overlap):
-    engine = Engine(model_path=ckpts["tiny-llama"], speculative_algorithm="DFLASH",
-                    speculative_draft_model_path=ckpts["tiny-llama-dflash"],
-                    speculative_verify_mode="static", speculative_draft_len_schedule=SCHEDULE,
-                    disable_overlap_schedule=not overlap, **ENGINE_KW)
+    engine = _dflash(ckpts, "static", speculative_draft_len_schedule=SCHEDULE,
+                     disable_overlap_schedule=not overlap)
     worker = engine.worker
     schedule, w, runner = DraftLenSchedule.parse(SCHEDULE), worker.verify_width, \
         worker.target_runner
@@ -164,10 +167,8 @@ def test_static_verify_narrows_per_batch_size_and_stays_exact(ckpts, target_only
 def test_static_narrower_widths_run_eagerly_without_graphs(ckpts, target_only):
     """Past the captured sizes (here: no graphs at all) a narrower static step runs eagerly
     at its width, and stays exact."""
-    engine = Engine(model_path=ckpts["tiny-llama"], speculative_algorithm="DFLASH",
-                    speculative_draft_model_path=ckpts["tiny-llama-dflash"],
-                    speculative_verify_mode="static", speculative_draft_len_schedule=SCHEDULE,
-                    disable_decode_cuda_graph=True, **ENGINE_KW)
+    engine = _dflash(ckpts, "static", speculative_draft_len_schedule=SCHEDULE,
+                     disable_decode_cuda_graph=True)
     worker = engine.worker
     assert worker.target_runner.step_graphs is None
     widths, forward = [], worker.target_runner.forward
@@ -192,10 +193,8 @@ def test_static_schedule_derived_from_a_profile_captures_its_widths(ckpts, targe
     costs.write_text(json.dumps({"draft_ms": {"1": 1.0, "8": 2.0},
                                  "verify_ms": {"4": 4.0, "8": 4.5, "16": 5.0, "32": 20.0}}))
     profile.write_text(json.dumps({"accept_histogram": [0.2, 0.4, 0.2, 0.2]}))
-    engine = Engine(model_path=ckpts["tiny-llama"], speculative_algorithm="DFLASH",
-                    speculative_draft_model_path=ckpts["tiny-llama-dflash"],
-                    speculative_verify_mode="static", speculative_step_costs=str(costs),
-                    speculative_acceptance_profile=str(profile), **ENGINE_KW)
+    engine = _dflash(ckpts, "static", speculative_step_costs=str(costs),
+                     speculative_acceptance_profile=str(profile))
     worker = engine.worker
     w, info = worker.verify_width, worker.server_info()["speculative_draft_len_schedule"]
     # at the draft graphs' sizes 1, 2, 4, 6: bs 4 verifies 16 tokens at 2 + 5 ms (2.6 tokens a
@@ -213,9 +212,7 @@ def test_static_schedule_derived_from_a_profile_captures_its_widths(ckpts, targe
 
 
 def test_static_verify_runs_the_full_width_and_counts_mixed_steps(ckpts, target_only):
-    engine = Engine(model_path=ckpts["tiny-llama"], speculative_algorithm="DFLASH",
-                    speculative_draft_model_path=ckpts["tiny-llama-dflash"],
-                    speculative_verify_mode="static", enable_mixed_chunk=True, **ENGINE_KW)
+    engine = _dflash(ckpts, "static", enable_mixed_chunk=True)
     worker = engine.worker
     reqs = run_arrivals(engine)
     _assert_exact(engine, reqs, target_only)
