@@ -9,7 +9,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from sglang_aux.srt.configs.acceptance_profile import FROM_DRAFT, AcceptanceProfile
+from sglang_aux.srt.configs.acceptance_profile import FROM_DRAFT, NO_PROFILE, AcceptanceProfile
 from sglang_aux.srt.configs.draft_len_schedule import FLAG as DRAFT_LEN_SCHEDULE_FLAG
 from sglang_aux.srt.configs.draft_len_schedule import DraftLenSchedule
 from sglang_aux.srt.configs.presets import DEFAULT_DRAFT_MODEL, DEFAULT_MODEL
@@ -46,6 +46,11 @@ DSPARK_PROPOSALS_FLAG = "--speculative-dspark-block-size"
 COMPACT_ONLY_FLAGS = ("compact_verify_budget_frac", "compact_verify_max_tokens",
                       "speculative_dspark_align_verify_tokens_to_graph_tier")
 DRAFT_LEN_FILE_FLAGS = ("speculative_acceptance_profile", "speculative_step_costs")
+# its counts cannot change a schedule whose graphs are captured for it
+STATIC_COSTS_NEED_PROFILE = ("--speculative-step-costs under static verify needs an acceptance "
+                             "profile (--speculative-acceptance-profile, or the draft's own "
+                             "acceptance_profile.json): static verify derives its draft length "
+                             "schedule once, at start-up, from both")
 DEFAULT_STEP_COST_CONTEXT = 1024  # tokens: a few-shot prompt and its answer
 
 logger = logging.getLogger(__name__)
@@ -331,7 +336,7 @@ class ServerArgs:
             schedule = DraftLenSchedule.parse(self.speculative_draft_len_schedule)
             if self.speculative_verify_width is not None:
                 schedule.check(self.speculative_verify_width)
-        if self.speculative_acceptance_profile not in (None, FROM_DRAFT):
+        if self.speculative_acceptance_profile not in (None, FROM_DRAFT, NO_PROFILE):
             AcceptanceProfile.load(self.speculative_acceptance_profile)
         if self.speculative_step_costs is not None:
             StepCosts.load(self.speculative_step_costs)
@@ -347,11 +352,8 @@ class ServerArgs:
             if given:
                 raise ValueError(f"{', '.join(given)} only act with --speculative-verify-mode "
                                  "compact (the verify mode is static)")
-            if self.speculative_step_costs and not self.speculative_acceptance_profile:
-                # its counts cannot change a schedule whose graphs are captured for it
-                raise ValueError("--speculative-step-costs under static verify needs "
-                                 "--speculative-acceptance-profile: static verify derives its "
-                                 "draft length schedule once, at start-up, from both")
+            if self.speculative_step_costs and self.speculative_acceptance_profile == NO_PROFILE:
+                raise ValueError(STATIC_COSTS_NEED_PROFILE)
             return
         if self.compact_verify_budget_frac is not None and self.compact_verify_max_tokens:
             raise ValueError("--compact-verify-budget-frac and --compact-verify-max-tokens are "
@@ -502,15 +504,17 @@ class ServerArgs:
                  "up, e.g. 1:16,8:8,32:4,64:1 (width 1: plain decoding, no draft forward; static "
                  "verify captures its graphs at each width it runs) (default: derived from the "
                  "step costs and the acceptance under compact verify, or under static verify "
-                 "with --speculative-acceptance-profile; else the full width)")
+                 "with an acceptance profile (the draft's own by default); else the full "
+                 "width)")
         add("--speculative-acceptance-profile", default=None,
             help="a JSON acceptance profile (accept_histogram, as in "
-                 "benchmark/spec_decode/profiles/), or 'draft': the draft folder's own "
-                 "acceptance_profile.json (train_dflash --eval writes it): the prior of the "
-                 "derived draft length schedule before the server's own counts (compact "
-                 "verify; default: every proposal accepted); under static verify, given, the "
+                 "benchmark/spec_decode/profiles/), 'draft': the draft folder's own "
+                 "acceptance_profile.json (train_dflash --eval writes it), or 'none': the "
+                 "prior of the derived draft length schedule before the server's own counts "
+                 "(compact verify; none: every proposal accepted); under static verify the "
                  "schedule is derived from it once at start-up and its narrower graphs "
-                 "captured")
+                 "captured (none: the full width) (default: the draft's own when its folder "
+                 "has one, else none)")
         add("--speculative-step-costs", default=None,
             help="a JSON file of draft ms per batch size and verify ms "
                  "per token count (what bench_dflash_step.py --out writes) for the derived "

@@ -77,8 +77,11 @@ def test_static_verify_takes_step_costs_only_with_a_profile(tmp_path):
                   speculative_draft_model_path="tiny-llama-dflash",
                   speculative_verify_mode="static")
     with pytest.raises(ValueError, match="^--speculative-step-costs under static verify needs "
-                                         "--speculative-acceptance-profile"):
-        ServerArgs(**common, speculative_step_costs=str(costs))
+                                         "an acceptance profile"):
+        ServerArgs(**common, speculative_step_costs=str(costs),
+                   speculative_acceptance_profile="none")
+    # given no profile flag, the draft's own may serve: the planner decides, knowing the draft
+    ServerArgs(**common, speculative_step_costs=str(costs))
     ServerArgs(**common, speculative_acceptance_profile=str(profile))
     ServerArgs(**common, speculative_acceptance_profile=str(profile),
                speculative_step_costs=str(costs))
@@ -122,6 +125,8 @@ def no_model_load(monkeypatch):
      "made for verify width 16, the draft verifies 4"),
     (dict(speculative_acceptance_profile="draft"),
      "--speculative-acceptance-profile draft: the draft "),
+    (dict(speculative_step_costs="COSTS"),
+     "--speculative-step-costs under static verify needs an acceptance profile"),
 ])
 def test_refusals_against_the_draft_come_before_any_model_loads(tmp_path, no_model_load, kw,
                                                                 says):
@@ -130,6 +135,10 @@ def test_refusals_against_the_draft_come_before_any_model_loads(tmp_path, no_mod
     profile.write_text(json.dumps({"verify_width": 16, "accept_histogram": [1] * 16}))
     if kw.get("speculative_acceptance_profile") == "PROFILE":
         kw = dict(kw, speculative_acceptance_profile=str(profile))
+    if kw.get("speculative_step_costs") == "COSTS":  # the draft has no profile of its own
+        costs = tmp_path / "costs.json"
+        costs.write_text('{"draft_ms": {"1": 1}, "verify_ms": {"4": 2}}')
+        kw = dict(kw, speculative_step_costs=str(costs))
     with pytest.raises(ValueError) as e:
         Engine(model_path=ckpts["tiny-llama"], speculative_algorithm="DFLASH",
                speculative_draft_model_path=ckpts["tiny-llama-dflash"], device="cpu", **kw)

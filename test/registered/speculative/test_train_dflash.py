@@ -606,6 +606,17 @@ def test_eval_measures_accept_on_each_kind_of_prompt(target, tmp_path, caplog):
     info = engine.worker.server_info()["speculative_draft_len_schedule"]
     assert info["source"] == "derived" and info["acceptance_prior"] == str(out / DRAFT_PROFILE)
     engine.shutdown()
+    # given no profile flag, a static server derives its schedule from the draft's own;
+    # `none` keeps the full width
+    for flag, source, prior in ((None, "derived", str(out / DRAFT_PROFILE)),
+                                ("none", "static verify: full width", None)):
+        engine = Engine(model_path=target, speculative_algorithm="DFLASH",
+                        speculative_draft_model_path=str(out), device="cpu",
+                        max_total_tokens=4096, max_running_requests=4,
+                        speculative_acceptance_profile=flag)
+        info = engine.worker.server_info()["speculative_draft_len_schedule"]
+        assert (info["source"], info.get("acceptance_prior")) == (source, prior), flag
+        engine.shutdown()
 
 
 def _assert_lossless(target: str, draft: Path) -> None:

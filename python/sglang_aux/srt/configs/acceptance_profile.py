@@ -3,7 +3,7 @@
 gives P(accepted proposals = a) for a = 0..W-1 at full verify width W, with where it came from
 (`benchmark/spec_decode/profiles/`). A draft trained here carries its own, measured on held-out
 prompts (`train_dflash --eval` writes DRAFT_PROFILE in its folder); the flag's value `draft`
-names that one."""
+names that one, and a server given no value uses it when the draft has one (`none`: not)."""
 
 from __future__ import annotations
 
@@ -14,6 +14,19 @@ from pathlib import Path
 
 DRAFT_PROFILE = "acceptance_profile.json"  # in a draft's folder
 FROM_DRAFT = "draft"  # --speculative-acceptance-profile's value for the draft's own
+NO_PROFILE = "none"  # ... for no profile, though the draft has one
+
+
+def default_profile_path(value: str | None, draft_dir: str) -> str | None:
+    """The profile a server uses for `--speculative-acceptance-profile VALUE`: given no value,
+    the draft folder's own when it has one (its acceptance measured by its trainer), else
+    none; NO_PROFILE: none; otherwise `resolve_profile_path`."""
+    if value == NO_PROFILE:
+        return None
+    if value is None:
+        path = Path(draft_dir) / DRAFT_PROFILE
+        return str(path) if draft_dir and path.is_file() else None
+    return resolve_profile_path(value, draft_dir)
 
 
 def resolve_profile_path(value: str, draft_dir: str) -> str:

@@ -30,11 +30,11 @@ from collections.abc import Callable, Sequence
 
 from sglang_aux.srt.configs.acceptance_profile import (
     AcceptanceProfile,
-    resolve_profile_path,
+    default_profile_path,
 )
 from sglang_aux.srt.configs.draft_len_schedule import DraftLenSchedule
 from sglang_aux.srt.configs.step_costs import StepCosts
-from sglang_aux.srt.server_args import ServerArgs
+from sglang_aux.srt.server_args import STATIC_COSTS_NEED_PROFILE, ServerArgs
 from sglang_aux.srt.speculative.acceptance_counts import AcceptanceCounts
 
 logger = logging.getLogger(__name__)
@@ -92,10 +92,11 @@ class DraftLenPlanner:
         self.fixed = DraftLenSchedule.parse(flag) if flag is not None else None
         if self.fixed is not None:
             self.fixed.check(verify_width)
-        profile = server_args.speculative_acceptance_profile
-        self.profile = None if profile is None else AcceptanceProfile.load(
-            resolve_profile_path(profile, draft_dir), verify_width)
+        path = default_profile_path(server_args.speculative_acceptance_profile, draft_dir)
+        self.profile = None if path is None else AcceptanceProfile.load(path, verify_width)
         self.step_costs_path = server_args.speculative_step_costs
+        if self.step_costs_path and not compact and self.profile is None:
+            raise ValueError(STATIC_COSTS_NEED_PROFILE)
         self.schedule = self.fixed or DraftLenSchedule.uniform(verify_width)
         self.source = "flag" if self.fixed is not None else "static verify: full width"
         self.costs: StepCosts | None = None
