@@ -129,7 +129,27 @@ def test_static_verify_narrows_per_batch_size_and_stays_exact(ckpts, target_only
     # schedule widths: size 4 takes bs 3-4 (width 2), size 6 bs 5-6 (width 1)
     assert sorted((x.step_bs, x.tokens_per_req) for x in graphs.layouts) == [
         (1, w), (2, w), (4, 2), (4, w), (6, 1), (6, w)]
+    # the draft's graphs: every size's proposals (w - 1 logits rows a request), and those a
+    # narrower width verifies (size 4: 1; size 6's width 1 runs no draft)
+    draft_graphs = worker.draft_runner.step_graphs
+    assert sorted((x.step_bs, x.tokens_per_req, x.logits_per_req)
+                  for x in draft_graphs.layouts) == [
+        (1, w, w - 1), (2, w, w - 1), (4, w, 1), (4, w, w - 1), (6, w, w - 1)]
     steps, prepare, draft_forward, drafts = [], runner.prepare, worker.draft_runner.forward, []
+    draft, narrowed = worker._draft, []
+
+    def checking_draft(reqs, has_sampling, width=None):
+        """A narrower step's proposals are the full block's first width - 1: its draft
+        computes the same logits rows, only fewer (the full forward first, the step's own
+        last, so the step reads its own)."""
+        bs, n = len(reqs), (width or w) - 1
+        if n < w - 1:
+            draft(reqs, has_sampling)
+            full = worker.proposals.tokens[:bs, :n].clone()
+        draft(reqs, has_sampling, width)
+        if n < w - 1:
+            assert worker.proposals.tokens[:bs, :n].equal(full), (bs, width)
+            narrowed.append(bs)
 
     def recording_prepare(inputs):
         fb = prepare(inputs)
@@ -139,17 +159,24 @@ def test_static_verify_narrows_per_batch_size_and_stays_exact(ckpts, target_only
         return fb
 
     def counting_draft(fb):
-        drafts.append(fb.forward_mode)
+        rows = draft_graphs.layouts[fb.prepared_graph].logits_per_req
+        drafts.append((fb.batch_size, fb.logits_per_req, rows))
         return draft_forward(fb)
 
     runner.prepare, worker.draft_runner.forward = recording_prepare, counting_draft
+    worker._draft = checking_draft
     reqs = run_arrivals(engine)
     _assert_exact(engine, reqs, target_only, context=True)
     widths = [width for _, width, _ in steps]
     _assert_crossed_both_ways([bs for bs, _, _ in steps], widths, w)
     # every verify step at its batch size's width, a graph of that width replayed
     assert all(width == schedule.width(bs) == graph_width for bs, width, graph_width in steps)
-    assert drafts == [ForwardMode.DRAFT_BLOCK] * sum(width > 1 for width in widths)
+    # each draft forward (a narrower step's twice) computes its step's proposals' logits, in a
+    # graph of that many rows a request
+    assert narrowed and all(n == rows for _, n, rows in drafts)
+    assert [(bs, n) for bs, n, _ in drafts if n < w - 1] == [
+        (bs, schedule.width(bs) - 1) for bs in narrowed]
+    assert len(drafts) == sum(width > 1 for width in widths) + len(narrowed)
     assert worker.step_stats == {"spec_verify_steps": len(steps),
                                  "spec_plain_steps": widths.count(1)}
     # each request's verify tokens are its steps' widths (under overlap, a step launched

@@ -60,8 +60,8 @@ def _dflash(ckpts, target="tiny-llama", mode="compact", **kw) -> Engine:
 
 def test_confidence_is_the_drafts_probability_of_its_proposal(ckpts):
     """After every draft forward (graph replays included): `Proposals.confidence[:bs]` is the
-    float64 softmax maximum of the draft's logits rows 1..W-1, and the proposals are their
-    argmax."""
+    float64 softmax maximum of the draft's logits rows (block offsets 1..W-1, the only ones
+    it computes), and the proposals are their argmax."""
     engine = _dflash(ckpts)
     worker = engine.worker
     b, forward, checked = worker.verify_width, worker.draft_runner.forward, []
@@ -69,7 +69,7 @@ def test_confidence_is_the_drafts_probability_of_its_proposal(ckpts):
     def checking(fb):
         out = forward(fb)
         bs = fb.batch_size
-        logits = out.next_token_logits.view(bs, b, -1)[:, 1:].double()
+        logits = out.next_token_logits.view(bs, b - 1, -1).double()
         want = torch.softmax(logits, -1).amax(-1)
         torch.testing.assert_close(worker.proposals.confidence[:bs].double(), want, rtol=1e-5,
                                    atol=0)

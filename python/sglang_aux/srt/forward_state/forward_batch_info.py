@@ -121,6 +121,9 @@ class ForwardBatch:
     mixed_step_bs: int = 0
     mixed_step_width: int = 0
     logits_rows: torch.Tensor | None = None
+    # A step whose LM head reads each request's tokens at block offsets 1..n only (a DFlash
+    # draft block's proposals: `[bs * n, vocab]` logits); 0: every token's.
+    logits_per_req: int = 0
     # A ragged step's requests (token-major, one entry per token): where each one's tokens
     # lie, filled by its prologue on the device; None for every other forward.
     ragged: RaggedRequests | None = None

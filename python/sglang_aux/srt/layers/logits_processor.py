@@ -12,8 +12,9 @@ from sglang_aux.srt.layers.vocab_parallel_embedding import lm_head_logits
 
 @dataclass
 class LogitsProcessorOutput:
-    # EXTEND: one row per request (its last token); fixed-layout modes: one row per token;
-    # MIXED: one per `ForwardBatch.logits_rows` entry.
+    # EXTEND: one row per request (its last token); fixed-layout modes: one row per token, or
+    # `ForwardBatch.logits_per_req` per request; MIXED: one per `ForwardBatch.logits_rows`
+    # entry.
     next_token_logits: torch.Tensor  # [rows, vocab]
     hidden_states: torch.Tensor | None = None  # final hidden states, per capture_hidden_mode
     aux_hidden_states: torch.Tensor | None = None  # [num_tokens, K * hidden]
@@ -34,6 +35,9 @@ class LogitsProcessor:
         rows = hidden
         if forward_batch.logits_rows is not None:
             rows = hidden[forward_batch.logits_rows]
+        elif forward_batch.logits_per_req:
+            n, bs = forward_batch.logits_per_req, forward_batch.batch_size
+            rows = hidden.view(bs, -1, hidden.shape[-1])[:, 1 : 1 + n].reshape(bs * n, -1)
         elif forward_batch.forward_mode.is_extend():
             ext = forward_batch.extend_seq_lens
             if ext is None:  # a batch built by hand with host lists only

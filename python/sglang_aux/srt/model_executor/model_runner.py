@@ -219,7 +219,8 @@ class ModelRunner:
             if parts.ragged:
                 return [ForwardLayout(mode, n, 1)
                         for n in ragged_token_buckets(max_bs=sizes[-1], tokens_per_req=w)]
-            return [ForwardLayout(mode, bs, w) for bs in sizes]
+            return [ForwardLayout(mode, bs, w, logits_per_req=parts.logits_per_req)
+                    for bs in sizes]
         if mode == ForwardMode.EXTEND:
             if self.prefill_capture_tokens and not extend_ok:
                 logger.info("No prefill graphs: the %s attention backend reads host lists",
@@ -248,6 +249,27 @@ class ModelRunner:
         have = set(graphs.layouts)
         graphs.capture([layout for bs, xs in step_widths(sizes, width).items() for x in xs
                         if (layout := ForwardLayout(graphs.mode, bs, x)) not in have])
+
+    def capture_logits_widths(self, per_req: Callable[[int], int]) -> None:
+        """Add graphs of the step mode whose requests' logits are fewer, `per_req(bs)` rows
+        (block offsets 1..n) for each captured batch size's running sizes, beside the ones of
+        the registered count: the DFlash draft of a static step verifying n proposals (its
+        LM head, most of the draft's FLOPs at large batches, then reads only those). A step
+        asks for its count with `ForwardInputs.logits_per_req`; none under 1 is captured
+        (a step of width 1 runs no draft). Nothing without narrowable step graphs."""
+        graphs = self.step_graphs
+        if graphs is None or not graphs.parts.logits_per_req:
+            return
+        parts = graphs.parts
+        if any(per_req(bs) > parts.logits_per_req
+               for bs in range(1, graphs.layouts[-1].step_bs + 1)):
+            raise ValueError(f"logits rows per request above the registered "
+                             f"{parts.logits_per_req}")
+        sizes = sorted({x.step_bs for x in graphs.layouts})
+        have = set(graphs.layouts)
+        graphs.capture([layout for bs, ns in step_widths(sizes, per_req).items() for n in ns
+                        if n >= 1 and (layout := ForwardLayout(
+                            graphs.mode, bs, parts.tokens_per_req, logits_per_req=n)) not in have])
 
     @property
     def step_graphs(self) -> GraphRunner | None:
@@ -278,7 +300,8 @@ class ModelRunner:
         derived on the device (`ForwardLayout.complete`: in the graph, or right here)."""
         # a prefill needs no registered parts; a step needs its prologue
         parts = self.forwards.get(inputs.mode) or ForwardParts(inputs.mode)
-        live = ForwardLayout.of(inputs, inputs.step_width or parts.layout_width)
+        live = ForwardLayout.of(inputs, inputs.step_width or parts.layout_width,
+                                inputs.logits_per_req or parts.logits_per_req)
         if live.num_reqs == 0:
             raise ValueError(f"a {inputs.mode.name} forward needs requests")
         graphs = self.graph_runners.get(inputs.mode)

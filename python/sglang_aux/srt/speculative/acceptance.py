@@ -99,14 +99,14 @@ class Acceptance:
                          num_verified: torch.Tensor | None = None) -> None:
         """Lossless rejection sampling of `bs` requests' proposals `[bs, w - 1]` (w <= W;
         verify positions `[bs, w]`, logits `[bs * w, vocab]`) against the leading w - 1 of
-        `Proposals.q(bs)`; greedy requests keep their greedy verdicts. `min_p`: a request may
+        `Proposals.q(bs, w - 1)`; greedy requests keep their greedy verdicts. `min_p`: a request may
         set it (known on the host); `num_verified` `[bs]`: tokens each request verified
         (`rejection_verify`)."""
         w = proposals.shape[1] + 1
         params = self.sampling_rows.gather(rows, min_p)
         p = sampling_probs(logits, params.repeat_interleave(w)).view(bs, w, -1)
         seed = params.seed[:, None]
-        sampled = rejection_verify(proposals, self.proposals.q(bs)[:, : w - 1], p,
+        sampled = rejection_verify(proposals, self.proposals.q(bs, w - 1), p,
                                    uniform(seed, positions[:, 1:], Lane.ACCEPT),
                                    uniform(seed, positions + 1, Lane.RESIDUAL),
                                    num_verified).packed()

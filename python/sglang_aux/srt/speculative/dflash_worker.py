@@ -122,7 +122,7 @@ class DFlashWorker(RequestRowStaging):
         self.sampling_rows = SamplingRows(rows, vocab, device)
         self.penalty_rows = PenaltyRows(rows, vocab, device)
         self.readback = HostReadback(device)
-        self.proposals = Proposals.create(rows, w, vocab, device)
+        self.proposals = self._proposals(rows, vocab, device)
         self.verify_plan = VerifyPlan(server_args, w, rows, self.target_runner)
         self.acceptance = Acceptance(self.proposals, self.verify_plan, self.draft_context,
                                      self.sampling_rows, self.penalty_rows,
@@ -136,8 +136,10 @@ class DFlashWorker(RequestRowStaging):
                              plan.budget if plan.compact else lambda bs: bs * (w - 1),
                              self._measure_step_costs)
         if not plan.compact and self.draft_len.schedule.min_width < w:
-            # static verify's graphs at the schedule's narrower widths (it stays fixed)
+            # static verify's graphs at the schedule's narrower widths (it stays fixed), and
+            # the draft's that compute only their proposals' logits
             self.target_runner.capture_step_widths(self.draft_len.width)
+            self.draft_runner.capture_logits_widths(lambda bs: self.draft_len.width(bs) - 1)
 
     def _measure_step_costs(self) -> StepCosts | None:
         """The draft and verify graphs' costs (None without both), over padding rows and
@@ -160,6 +162,10 @@ class DFlashWorker(RequestRowStaging):
     def server_info(self) -> dict:
         """The draft length schedule in force and its source (`Worker`)."""
         return {"speculative_draft_len_schedule": self.draft_len.info()}
+
+    def _proposals(self, rows: int, vocab: int, device: torch.device) -> Proposals:
+        """A step's distributions packed by its proposals: the draft computes only those."""
+        return Proposals.create(rows, self.verify_width, vocab, device, packed=True)
 
     def _proposer(self) -> Proposer:
         """The draft's half of the step: DFlash drafts over the whole verify width."""
@@ -194,7 +200,8 @@ class DFlashWorker(RequestRowStaging):
         proposer = self.proposer
         self.draft_runner.init_forwards(ForwardParts(
             block, proposer.draft_block_size, StepPrologue(fill_token_id=self.mask_token_id),
-            Epilogue(block, proposer.epilogue, proposer.sampling)))
+            Epilogue(block, proposer.epilogue, proposer.sampling),
+            logits_per_req=proposer.logits_per_req))
 
     @property
     def model_runner(self) -> ModelRunner:
@@ -245,7 +252,8 @@ class DFlashWorker(RequestRowStaging):
         self.draft_len.count_step(width)
         has_sampling = _samples(reqs)
         if width > 1:  # else plain decoding: the verify forward runs the anchors alone
-            self._draft(reqs, has_sampling)
+            # compact verify ranks every proposal by its confidence: the full block's
+            self._draft(reqs, has_sampling, None if plan.compact else width)
         token_bitmask = self._verify_bitmask(reqs)
         processed = token_bitmask is not None or penalized
         # `[anchor, proposals]` per request: the verify prologue reads `Proposals` itself
@@ -341,11 +349,14 @@ class DFlashWorker(RequestRowStaging):
         # the step's second host sync, grammar batches only: xgrammar's matchers walk on the host
         return self._token_bitmask(reqs, self.proposals.tokens[: len(reqs)].tolist())
 
-    def _draft(self, reqs: list[Req], has_sampling: bool) -> None:
-        """The draft's proposals for `reqs` into `Proposals.tokens[:bs]`; `has_sampling`: a
+    def _draft(self, reqs: list[Req], has_sampling: bool, width: int | None = None) -> None:
+        """The draft's proposals for `reqs` into `Proposals.tokens[:bs]`, the first
+        `width` - 1 of them for a step of that verify width (None: all); `has_sampling`: a
         request samples (only then do the epilogues' sampling steps run)."""
-        draft_fb = self.draft_runner.prepare(step_inputs(reqs, ForwardMode.DRAFT_BLOCK,
-                                                         self.proposer.draft_block_size))
+        inputs = step_inputs(reqs, ForwardMode.DRAFT_BLOCK, self.proposer.draft_block_size)
+        if width is not None and width < self.verify_width and self.proposer.logits_per_req:
+            inputs = dataclasses.replace(inputs, logits_per_req=width - 1)
+        draft_fb = self.draft_runner.prepare(inputs)
         draft_fb.has_sampling = has_sampling
         self.draft_runner.forward(draft_fb)  # proposals in `Proposals.tokens[:bs]`
         proposals = self.propose(reqs, draft_fb)

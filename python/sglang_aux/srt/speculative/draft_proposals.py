@@ -11,6 +11,11 @@ predicting the token at offset k + 1 (`dspark_proposal.py`).
 allocated once for the largest batch (row prefixes per batch) and borrowed until the draft
 runner's next forward. A `Proposer` is the draft's half of the step: its block size and the
 epilogue and sampling tail that fill `Proposals` inside the DRAFT_BLOCK graph.
+
+A static step of verify width w < W reads the first w - 1 proposals. DFlash's draft then
+computes only those: its LM head reads block offsets 1..w-1 (`ForwardBatch.logits_per_req`;
+at 32 requests the head is most of the draft's FLOPs), and its sampled distributions lie
+packed, `Proposals.q(bs, w - 1)`. DSpark's Markov loop proposes all W - 1 (`packed` off).
 """
 
 from __future__ import annotations
@@ -32,25 +37,34 @@ CONFIDENCE_ROWS = 256  # rows of draft logits whose softmax temporaries exist at
 @dataclass(frozen=True)
 class Proposals:
     tokens: torch.Tensor  # [rows, W - 1] int64: greedy or drawn proposals
-    # [rows, W, vocab] float32: what sampled proposals were drawn from, for the rejection
-    # test: offsets 1..W-1 (`q`); offset 0, the anchor's, is kept so that DFlash's draft
-    # logits rows go in whole, without a `[bs * (W - 1), vocab]` copy
+    # [rows * (W - 1), vocab] float32: what sampled proposals were drawn from, for the
+    # rejection test (`q`), as the draft's logits rows come, without a copy
     probs: torch.Tensor
     # [rows, W - 1] float32: each proposal's confidence, compact verify's ranking
     confidence: torch.Tensor
+    # a step of n < W - 1 proposals a request keeps their distributions in the leading
+    # bs * n rows of `probs` (DFlash: its draft computes only those); else in each request's
+    # W - 1 rows, of which it reads the first n (DSpark)
+    packed: bool = True
 
     @classmethod
-    def create(cls, rows: int, verify_width: int, vocab: int, device: torch.device
-               ) -> Proposals:
+    def create(cls, rows: int, verify_width: int, vocab: int, device: torch.device,
+               packed: bool = True) -> Proposals:
         n = verify_width - 1
         return cls(torch.zeros((rows, n), dtype=torch.int64, device=device),
-                   torch.zeros((rows, verify_width, vocab), dtype=torch.float32, device=device),
-                   torch.zeros((rows, n), dtype=torch.float32, device=device))
+                   torch.zeros((rows * n, vocab), dtype=torch.float32, device=device),
+                   torch.zeros((rows, n), dtype=torch.float32, device=device), packed)
 
-    def q(self, bs: int) -> torch.Tensor:
-        """The distributions `bs` requests' proposals were drawn from, `[bs, W - 1, vocab]`
-        (a view of `probs`)."""
-        return self.probs[:bs, 1:]
+    def q(self, bs: int, n: int | None = None) -> torch.Tensor:
+        """The distributions `bs` requests' first `n` proposals (None: all W - 1) were drawn
+        from, `[bs, n, vocab]` (a view of `probs`)."""
+        full = self.tokens.shape[1]
+        n = full if n is None else n
+        if not 0 <= n <= full:
+            raise ValueError(f"{n} proposals a request: the draft proposes at most {full}")
+        if self.packed:
+            return self.probs[: bs * n].view(bs, n, self.probs.shape[1])
+        return self.probs[: bs * full].view(bs, full, -1)[:, :n]
 
 
 class Proposer(Protocol):
@@ -59,6 +73,11 @@ class Proposer(Protocol):
 
     @property
     def draft_block_size(self) -> int: ...
+
+    # the DRAFT_BLOCK forward's logits rows per request (`ForwardParts.logits_per_req`:
+    # block offsets 1..n), fewer in a narrower static step; 0: every block row's, always
+    @property
+    def logits_per_req(self) -> int: ...
 
     # greedy proposals into `Proposals.tokens[:bs]` (and, under compact verify, confidences)
     def epilogue(self, fb: ForwardBatch, out: LogitsProcessorOutput) -> None: ...
@@ -74,30 +93,35 @@ class DFlashProposer:
     draft_block_size: int  # the verify width: `[anchor, MASK x (W - 1)]`
     with_confidence: bool  # compact verify ranks the proposals by `max_probability`
 
+    @property
+    def logits_per_req(self) -> int:
+        """The draft forward's logits rows per request: block offsets 1..W-1 (the anchor's
+        row predicts nothing a step verifies); a narrower static step asks for fewer."""
+        return self.draft_block_size - 1
+
     def epilogue(self, fb: ForwardBatch, out: LogitsProcessorOutput) -> None:
-        """Block offsets 1..W-1 propose the tokens at those offsets (no shift)."""
-        bs, w = fb.batch_size, self.draft_block_size
-        logits = out.next_token_logits.view(bs, w, -1)[:, 1:]
-        tokens = self.proposals.tokens[:bs]
-        tokens.copy_(logits.argmax(-1))
-        broadcast_from_first_rank(tokens)
+        """Block offsets 1..n propose the tokens at those offsets (no shift); the forward's
+        logits are theirs alone (`fb.logits_per_req` = n)."""
+        bs, n = fb.batch_size, fb.logits_per_req
+        logits = out.next_token_logits.view(bs, n, -1)
+        self.proposals.tokens[:bs, :n].copy_(logits.argmax(-1))
+        broadcast_from_first_rank(self.proposals.tokens[:bs])
         if self.with_confidence:
-            max_probability(logits, self.proposals.confidence[:bs])
+            max_probability(logits, self.proposals.confidence[:bs, :n])
 
     def sampling(self, fb: ForwardBatch, out: LogitsProcessorOutput) -> None:
         """Sampled requests draw their proposals instead, from the distributions left in
-        `Proposals.q(bs)`."""
-        bs, w = fb.batch_size, self.draft_block_size
+        `Proposals.q(bs, n)`."""
+        bs, n = fb.batch_size, fb.logits_per_req
         params = self.sampling_rows.gather(fb.req_pool_indices)
-        # every block row, the anchor's too: the logits go in as the forward left them
-        sampling_probs(out.next_token_logits[: bs * w], params.repeat_interleave(w),
-                       out=self.proposals.probs[:bs].view(bs * w, -1))
-        positions = fb.positions.view(bs, w)[:, 1:]
-        drawn = sample_from_probs(self.proposals.q(bs),
-                                  uniform(params.seed[:, None], positions, Lane.DRAFT))
-        tokens = self.proposals.tokens[:bs]
-        broadcast_from_first_rank(tokens.copy_(torch.where(params.is_greedy[:, None], tokens,
-                                                           drawn)))
+        q = self.proposals.q(bs, n)
+        sampling_probs(out.next_token_logits[: bs * n], params.repeat_interleave(n),
+                       out=q.view(bs * n, -1))
+        positions = fb.positions.view(bs, -1)[:, 1 : 1 + n]
+        drawn = sample_from_probs(q, uniform(params.seed[:, None], positions, Lane.DRAFT))
+        tokens = self.proposals.tokens[:bs, :n]
+        tokens.copy_(torch.where(params.is_greedy[:, None], tokens, drawn))
+        broadcast_from_first_rank(self.proposals.tokens[:bs])
 
 
 def max_probability(logits: torch.Tensor, out: torch.Tensor) -> torch.Tensor:

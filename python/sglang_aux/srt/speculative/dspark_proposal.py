@@ -120,6 +120,11 @@ class DSparkProposer:
         """One row per proposal."""
         return self.draft.num_proposals
 
+    @property
+    def logits_per_req(self) -> int:
+        """Every block row's: the Markov loop reads them all, whatever a step verifies."""
+        return 0
+
     def epilogue(self, fb: ForwardBatch, out: LogitsProcessorOutput) -> None:
         self._propose(fb, out, None)
 

@@ -15,11 +15,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import torch
+
 from sglang_aux.srt.configs.dspark_config import DSparkConfig
 from sglang_aux.srt.configs.model_config import ModelConfig
 from sglang_aux.srt.server_args import ServerArgs
 from sglang_aux.srt.speculative.dflash_worker import DFlashWorker
-from sglang_aux.srt.speculative.draft_proposals import Proposer
+from sglang_aux.srt.speculative.draft_proposals import Proposals, Proposer
 from sglang_aux.srt.speculative.dspark_proposal import DSparkProposer
 
 
@@ -41,6 +43,10 @@ class DSparkWorker(DFlashWorker):
                              "head (its config sets enable_confidence_head false)")
         super().__init__(target_config, draft_config, server_args, token_to_id,
                          verify_width=verify_width)
+
+    def _proposals(self, rows: int, vocab: int, device: torch.device) -> Proposals:
+        """Each request's W - 1 distributions, whatever a step verifies: the loop draws all."""
+        return Proposals.create(rows, self.verify_width, vocab, device, packed=False)
 
     def _proposer(self) -> Proposer:
         return DSparkProposer(self.draft_runner.model, self.proposals, self.sampling_rows,

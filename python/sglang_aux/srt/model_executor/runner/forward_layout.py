@@ -3,8 +3,10 @@
 A `ForwardLayout` gives a forward's sizes, padding included: `step_bs` requests taking a step
 of `tokens_per_req` tokens each (DECODE, TARGET_VERIFY, DRAFT_BLOCK, and the lead of a MIXED
 forward), then `arrivals` requests prefilling `arrival_tokens` new tokens (EXTEND, and the
-rest of a MIXED forward). A captured graph has one layout; an eager forward's is its live
-sizes.
+rest of a MIXED forward). A step's logits rows are every step token's, or with
+`logits_per_req` n each request's tokens at block offsets 1..n (a DFlash draft block's
+proposals, of which a static step narrower than the block verifies n). A captured graph has
+one layout; an eager forward's is its live sizes.
 
 The host knows the step requests' rows and the arrivals' tokens (`ForwardInputs`, built by
 `managers/schedule_batch.py`). `ForwardLayout.pack` lays them out as one int64 tensor, each
@@ -60,6 +62,9 @@ class ForwardInputs:
     aux_projection: AuxProjection | None = None  # a staged MXFP8 fc input (eager only)
     # tokens per step request; 0: the mode's registered width (`ForwardParts.layout_width`)
     step_width: int = 0
+    # logits rows per step request (block offsets 1..n); 0: the mode's registered count
+    # (`ForwardParts.logits_per_req`)
+    logits_per_req: int = 0
 
 
 @dataclass(frozen=True)
@@ -82,16 +87,26 @@ class ForwardLayout:
     tokens_per_req: int = 0
     arrivals: int = 0
     arrival_tokens: int = 0
+    logits_per_req: int = 0  # a step request's logits rows: block offsets 1..n; 0: every token
+
+    def __post_init__(self):
+        if self.logits_per_req and not (0 < self.logits_per_req < self.tokens_per_req
+                                        and self.mode.is_cuda_graph()):
+            raise ValueError(f"{self.logits_per_req} logits rows per request need a step mode "
+                             f"of more tokens per request, got {self}")
 
     @classmethod
-    def of(cls, inputs: ForwardInputs, tokens_per_req: int) -> ForwardLayout:
+    def of(cls, inputs: ForwardInputs, tokens_per_req: int,
+           logits_per_req: int = 0) -> ForwardLayout:
         """The live layout of `inputs` (no padding)."""
-        return cls(inputs.mode, len(inputs.step_rows), tokens_per_req if inputs.step_rows else 0,
-                   len(inputs.arrival_rows), len(inputs.ids))
+        step = bool(inputs.step_rows)
+        return cls(inputs.mode, len(inputs.step_rows), tokens_per_req if step else 0,
+                   len(inputs.arrival_rows), len(inputs.ids), logits_per_req if step else 0)
 
     def fits(self, live: ForwardLayout) -> bool:
         return (live.mode == self.mode and live.step_bs <= self.step_bs
                 and live.tokens_per_req in (0, self.tokens_per_req)
+                and live.logits_per_req == (self.logits_per_req if live.step_bs else 0)
                 and live.arrivals <= self.arrivals and live.arrival_tokens <= self.arrival_tokens)
 
     @property
@@ -108,8 +123,9 @@ class ForwardLayout:
 
     @property
     def num_logits_rows(self) -> int:
-        """Every step token's, then each arrival's last token's (a step: every token's)."""
-        return self.step_tokens + self.arrivals
+        """Every step token's (or `logits_per_req` a request), then each arrival's last
+        token's."""
+        return self.step_bs * (self.logits_per_req or self.tokens_per_req) + self.arrivals
 
     def _sizes(self) -> list[int]:
         t, r = self.num_tokens, self.num_reqs
@@ -128,7 +144,7 @@ class ForwardLayout:
         each arrival's last token, then padding (row 0)."""
         s, w = self.step_bs, self.tokens_per_req
         bs, n, live = len(inputs.step_rows), len(inputs.arrival_rows), len(inputs.ids)
-        if not self.fits(ForwardLayout.of(inputs, w)):
+        if not self.fits(ForwardLayout.of(inputs, w, self.logits_per_req)):
             raise ValueError(f"{bs} step requests and {n} arrivals over {live} tokens do not "
                              f"fit {self}")
         pad_s, pad_a, pad_t, st = s - bs, self.arrivals - n, self.arrival_tokens - live, s * w
@@ -141,7 +157,8 @@ class ForwardLayout:
         prefix_cpu = [*inputs.step_kv_bounds, *[0] * pad_s, *inputs.prefix, *[0] * pad_a]
         ext_cpu = [w] * s + inputs.ext + [0] * pad_a
         if not self.mode.is_extend():
-            return PackedInputs(rows, seq_lens_cpu, prefix_cpu, ext_cpu, bs * w)
+            return PackedInputs(rows, seq_lens_cpu, prefix_cpu, ext_cpu,
+                                bs * (self.logits_per_req or w))
         starts = [st + x for x in accumulate(inputs.ext, initial=0)][:-1]
         values = [
             *rows,
@@ -187,6 +204,7 @@ class ForwardLayout:
             extend_seq_lens_cpu=host.extend_seq_lens_cpu if extend else None,
             mixed_step_bs=self.step_bs if self.mode.is_mixed() else 0,
             mixed_step_width=self.tokens_per_req if self.mode.is_mixed() else 0,
+            logits_per_req=self.logits_per_req,
             **fields,
         )
 

@@ -46,6 +46,9 @@ class ForwardParts:
     # (`ForwardInputs.aux_projection`), so the aux storage needs no rows for them
     staged_from_tokens: int | None = None
     ragged: bool = False  # token-major steps of per-request lengths up to tokens_per_req
+    # a step's logits rows per request, block offsets 1..n (`ForwardLayout.logits_per_req`;
+    # a DFlash draft's proposals); 0: every token's
+    logits_per_req: int = 0
 
     @property
     def layout_width(self) -> int:
@@ -66,3 +69,8 @@ class ForwardParts:
                              f"forward, got {self.staged_from_tokens} for {self.mode.name}")
         if self.ragged and not self.mode.is_cuda_graph():
             raise ValueError(f"only step modes run ragged, not {self.mode.name}")
+        if self.logits_per_req and (self.ragged or not self.mode.is_cuda_graph()
+                                    or self.logits_per_req >= self.tokens_per_req):
+            raise ValueError(f"{self.logits_per_req} logits rows per request need a fixed step "
+                             f"mode of more tokens per request, got {self.mode.name} of "
+                             f"{self.tokens_per_req}")

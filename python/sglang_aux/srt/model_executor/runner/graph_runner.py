@@ -227,7 +227,8 @@ class GraphRunner:
         if batch.has_sampling and self.sampling_graphs:
             self.backend.replay(self.sampling_graphs[i])
         out = self.outputs[i]
-        rows = batch.num_tokens if batch.logits_rows is None else batch.logits_rows.shape[0]
+        rows = (batch.logits_rows.shape[0] if batch.logits_rows is not None
+                else batch.batch_size * batch.logits_per_req or batch.num_tokens)
         aux = out.aux_hidden_states
         return LogitsProcessorOutput(
             next_token_logits=out.next_token_logits[:rows], hidden_states=None,
