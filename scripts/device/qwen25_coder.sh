@@ -46,7 +46,8 @@
 # Needs GSM8K in $SGLANG_AUX_GSM8K_DIR (default: the carried .carry/gsm8k) and, for eval, the
 # server wheels (carry .carry/wheels: scripts/device/fetch_server_wheels.sh), and for SGLang's
 # harness its client (carry .carry/sglang-client: scripts/device/fetch_sglang_client.sh).
-# Environment: DEADLINE, CUDA_TESTS (train), SAMPLED_PASSES, GEN_BUDGET (gen), NUM_QUESTIONS
+# Environment: DEADLINE, CUDA_TESTS (train: 1 the CUDA suite, 0 none, else pytest arguments
+# run beside the training), SAMPLED_PASSES, GEN_BUDGET (gen), NUM_QUESTIONS
 # (eval, eval2), EVAL_CONFIGS (eval: default "target dflash"), SGLANG_HARNESS= (eval: ours
 # only), HELDOUT=1 (eval: the held-out accept too), LOSSLESS=0 (eval: not the lossless test), EXTRA_TESTS (eval: more test files),
 # DRAFT_PARTS (draft-in: how many parts make the draft, default 6), TRAIN_FLAGS (train: more
@@ -98,6 +99,10 @@ print(d('$DRAFT').parent)")
       # the trainer's generation and feature passes take ~200 s; the suite then shares the
       # GPU with its training loop, which paces itself to the deadline
       (sleep 200; bash scripts/device/run_h200_figures.sh tests /root/cuda > /root/cuda.log 2>&1;
+       cp /root/cuda.log /root/cuda/; tar czf "$out/cuda.tgz" -C /root cuda) &
+      tests=$!
+    elif [ "${CUDA_TESTS:-1}" != 0 ]; then  # these test files (pytest arguments) only
+      (sleep 60; mkdir -p /root/cuda; $py -m pytest -q -x $CUDA_TESTS > /root/cuda.log 2>&1;
        cp /root/cuda.log /root/cuda/; tar czf "$out/cuda.tgz" -C /root cuda) &
       tests=$!
     fi
