@@ -51,6 +51,18 @@ def test_a_tie_goes_to_the_smaller_width():
     assert derive_widths([1], cheaper_draft, [0.5], lambda bs: bs) == {1: 2}
 
 
+def test_a_draft_of_fewer_proposals_makes_a_narrower_width_pay():
+    """Static verify's narrower steps draft only their proposals. Rates 0.8, 0.5, 0.5: E(w)
+    = 1, 1.8, 2.2, 2.4; verify 4 ms at any width. A block's draft costs 4 ms: w=4 2.4/8 =
+    0.3 beats w=2 1.8/8 = 0.225; at one proposal 1 ms (w=2: 1.8/5 = 0.36; w=3: 2.5 ms,
+    2.2/6.5 = 0.338; w=4: 0.3; w=1: 1/4 = 0.25) the narrowest draft wins."""
+    costs = StepCosts({1: 4.0}, {1: 4.0, 2: 4.0, 3: 4.0, 4: 4.0}, draft_one_ms={1: 1.0},
+                      draft_proposals=3)
+    rates = [0.8, 0.5, 0.5]
+    assert derive_widths([1], costs, rates, all_proposals) == {1: 4}
+    assert derive_widths([1], costs, rates, all_proposals, narrow_draft=True) == {1: 2}
+
+
 def test_the_contexts_share_can_make_speculation_pay():
     """The contexts' attention costs every width alike per request, so it narrows what a
     cheaper plain step saves: 1 / 4 beats 1.6 / 7 over padding rows, but with 0.5 ms of

@@ -4,7 +4,9 @@ share with its requests; the file round-trips, bare or as a bench report's field
 without the context keys still load); the start-up probe times the draft graph at every
 captured batch size and the verify graph (ragged or static) at every token bucket or batch
 size, then the largest of each over requests that hold the context, clears those requests'
-rows, and leaves the engine's greedy output exact."""
+rows, and leaves the engine's greedy output exact. A static server's draft, which computes
+only a narrower step's proposals, is timed at one proposal a request too (those graphs
+captured for it, kept for steps of width 2), and its cost is interpolated in the proposals."""
 
 import json
 import sys
@@ -38,6 +40,19 @@ def test_a_step_pads_to_the_next_measured_size():
     assert ctx.context_cost(8, drafted=False) == pytest.approx(0.4)
 
 
+def test_a_narrower_draft_costs_between_one_proposal_and_all():
+    costs = StepCosts({1: 1.0, 4: 2.0}, {4: 3.0}, draft_one_ms={1: 0.9, 4: 1.0},
+                      draft_proposals=3)
+    assert [costs.draft(4, n) for n in (None, 3, 2, 1)] == [2.0, 2.0, 1.5, 1.0]
+    assert costs.draft(2, 2) == 1.5 and costs.draft(1, 1) == 0.9
+    assert StepCosts({1: 1.0}, {4: 3.0}).draft(1, 1) == 1.0  # not measured: the block's
+    for bad in ({1: 0.9}, {1: 0.9, 4: -1}):
+        with pytest.raises(ValueError, match="'draft_one_ms' must give finite positive"):
+            StepCosts({1: 1.0, 4: 2.0}, {4: 3.0}, draft_one_ms=bad, draft_proposals=3)
+    with pytest.raises(ValueError, match="with 'draft_proposals' >= 2"):
+        StepCosts({1: 1.0}, {4: 3.0}, draft_one_ms={1: 0.5}, draft_proposals=1)
+
+
 @pytest.mark.parametrize("field, value", [("context", -1), ("draft_context_ms", float("inf")),
                                           ("verify_context_ms", "1")])
 def test_bad_context_costs_are_refused(field, value):
@@ -47,7 +62,8 @@ def test_bad_context_costs_are_refused(field, value):
 
 def test_file_round_trips_bare_and_inside_a_bench_report(tmp_path):
     costs = StepCosts({1: 1.5, 2: 2.5}, {2: 3.0, 8: 4.0}, context=900, draft_context_ms=0.002,
-                      verify_context_ms=0.004, source="probe")
+                      verify_context_ms=0.004, draft_one_ms={1: 1.0, 2: 1.2},
+                      draft_proposals=15, source="probe")
     bare, report = tmp_path / "bare.json", tmp_path / "report.json"
     bare.write_text(json.dumps(costs.to_json()))
     report.write_text(json.dumps({"rows": [], "step_costs": costs.to_json()}))
@@ -78,16 +94,25 @@ def test_probe_times_every_captured_graph(tmp_path, mode, monkeypatch):
 
     monkeypatch.setattr(worker.target_runner.attn_backend, "forward", recording)
     plan = worker.verify_plan
+    before = list(draft.layouts)
     costs = measure_step_costs(draft, verify, replays=2, context=200,
-                               ragged_lens=plan.verify_lens if plan.compact else None)
+                               ragged_lens=plan.verify_lens if plan.compact else None,
+                               narrow_draft=not plan.compact)
     assert sorted(costs.draft_ms) == CAPTURED_BS
+    w = worker.verify_width
+    if plan.compact:  # its draft ranks every proposal: the block's cost alone
+        assert costs.draft_one_ms == {} and draft.layouts == before
+    else:  # one proposal's logits a request at every size, those graphs kept
+        assert sorted(costs.draft_one_ms) == CAPTURED_BS and costs.draft_proposals == w - 1
+        assert all(v > 0 for v in costs.draft_one_ms.values())
+        assert sorted((x.step_bs, x.logits_per_req) for x in draft.layouts) == sorted(
+            [(bs, w - 1) for bs in CAPTURED_BS] + [(bs, 1) for bs in CAPTURED_BS])
     assert sorted(costs.verify_ms) == [x.num_tokens for x in verify.layouts]
     assert all(v > 0 for v in (*costs.draft_ms.values(), *costs.verify_ms.values()))
     assert costs.context == 200 and costs.source.endswith("; contexts of 200 tokens)")
     assert costs.draft_context_ms >= 0 and costs.verify_context_ms >= 0
     # the target's verify graph replayed over requests holding the context, then the rows
     # and lengths the probe borrowed are clear again
-    w = worker.verify_width
     assert max(n for _, n in seen) == 200 + w
     assert not pool.req_to_token[1:].any() and not pool.kv_lens.any()
     assert not plan.verify_lens.any()

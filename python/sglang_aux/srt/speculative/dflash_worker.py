@@ -150,7 +150,8 @@ class DFlashWorker(RequestRowStaging):
             return None
         plan = self.verify_plan
         costs = measure_step_costs(draft, verify, context=self.step_cost_context,
-                                   ragged_lens=plan.verify_lens if plan.compact else None)
+                                   ragged_lens=plan.verify_lens if plan.compact else None,
+                                   narrow_draft=not plan.compact)
         return get_tp_group().broadcast_object(costs)
 
     @property

@@ -18,8 +18,9 @@ accepted: full width until the server has seen its draft), then the server's own
 Static verify derives only from a profile, and once: its graphs are captured at the widths
 the schedule gives each batch size (`ModelRunner.capture_step_widths`), so the counts never
 change it; its verify costs are its full-width graphs', a batch size's tokens read as a
-token count (the tokens decide the GEMMs; the padding rows read almost no KV either way).
-Without a profile it runs the full width at every batch size.
+token count (the tokens decide the GEMMs; the padding rows read almost no KV either way),
+and its draft's at w - 1 proposals a request (`StepCosts.draft`: a narrower step's draft
+computes only their logits). Without a profile it runs the full width at every batch size.
 """
 
 from __future__ import annotations
@@ -66,15 +67,17 @@ def expected_tokens(rates: Sequence[float], width: float,
 
 
 def derive_widths(batch_sizes: Sequence[int], costs: StepCosts, rates: Sequence[float],
-                  budget: Callable[[int], int]) -> dict[int, int]:
-    """Each batch size's width of most expected tokens per ms (module docstring)."""
+                  budget: Callable[[int], int], narrow_draft: bool = False) -> dict[int, int]:
+    """Each batch size's width of most expected tokens per ms (module docstring);
+    `narrow_draft`: a width's draft computes only its w - 1 proposals (static verify)."""
     verify_width, total = len(rates) + 1, _expected_by_width(rates)
     widths = {}
     for bs in batch_sizes:
         best_w, best = 1, 1.0 / (costs.verify(bs) + costs.context_cost(bs, drafted=False))
         for w in range(2, verify_width + 1):
             t = 1 + min(w - 1, budget(bs) / bs)
-            cost = (costs.draft(bs) + costs.verify(math.ceil(bs * t))
+            cost = (costs.draft(bs, w - 1 if narrow_draft else None)
+                    + costs.verify(math.ceil(bs * t))
                     + costs.context_cost(bs, drafted=True))
             rate = expected_tokens(rates, t, total) / cost
             if rate > best * (1 + TIE_RTOL):
@@ -137,8 +140,9 @@ class DraftLenPlanner:
         return self.counts.rates(self.prior(), PRIOR_WEIGHT)
 
     def _derive(self) -> DraftLenSchedule:
-        return DraftLenSchedule.of_widths(derive_widths(self.batch_sizes, self.costs,
-                                                        self.rates(), self.budget))
+        return DraftLenSchedule.of_widths(derive_widths(
+            self.batch_sizes, self.costs, self.rates(), self.budget,
+            narrow_draft=not self.compact))
 
     def width(self, bs: int) -> int:
         return self.schedule.width(bs)

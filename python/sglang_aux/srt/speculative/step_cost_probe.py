@@ -8,12 +8,16 @@ The padding rows read almost no KV, so the attention over real contexts is measu
 the largest graph of each runner replayed again over requests of `context` tokens each
 (request rows and KV slots nobody holds yet at start-up, set for the probe and cleared after),
 the difference per request is what a request's context adds (`StepCosts.context_cost`).
+For a draft whose narrower static steps compute fewer proposals' logits, its graphs of one
+proposal a request are captured first (a step of width 2 replays them) and timed too
+(`StepCosts.draft_one_ms`).
 `benchmark/spec_decode/bench_dflash_step.py` writes the same probe's costs for
 `--speculative-step-costs`; its step rows, over real contexts, show what is still left out.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 import time
 from collections.abc import Callable, Iterator
@@ -105,27 +109,45 @@ def _context_ms_per_request(graphs: GraphRunner, i: int, padded_ms: float, rows:
     return max(0.0, (ms - padded_ms) / bs)
 
 
+def _draft_one_ms(draft: GraphRunner, replays: int) -> dict[int, float]:
+    """The draft graph of one proposal's logits a request at each captured batch size,
+    captured where missing, then timed over its padding batch."""
+    full = [x for x in draft.layouts if x.logits_per_req == draft.parts.logits_per_req]
+    ones = [dataclasses.replace(x, logits_per_req=1) for x in full]
+    draft.capture([x for x in ones if x not in set(draft.layouts)])
+    index = {x: i for i, x in enumerate(draft.layouts)}
+    return {x.step_bs: _median_ms(lambda i=index[x]: draft.replay_padding(i),
+                                  draft.model_runner.device, replays) for x in ones}
+
+
 def measure_step_costs(draft: GraphRunner, verify: GraphRunner,
                        replays: int = PROBE_REPLAYS, context: int = 0,
-                       ragged_lens: torch.Tensor | None = None) -> StepCosts:
+                       ragged_lens: torch.Tensor | None = None,
+                       narrow_draft: bool = False) -> StepCosts:
     """The draft graph's cost per batch size and the verify graph's per token count (static
     verify: its full-width graphs, a batch size's tokens); with `context` > 0, what a
     request's context of that many tokens (fewer where the KV pool holds fewer for the
     largest graph's requests) adds to each (`ragged_lens`: a ragged verify's per-request
-    lengths, its static storage)."""
+    lengths, its static storage); `narrow_draft`: the draft's cost at one proposal's logits a
+    request too, where its graphs compute fewer (a static server's narrower steps)."""
     if verify.parts.ragged and context and ragged_lens is None:
         raise ValueError("a ragged verify's context probe needs its per-request lengths")
     device = draft.model_runner.device
-    draft_ms = {x.step_bs: _median_ms(lambda i=i: draft.replay_padding(i), device, replays)
-                for i, x in enumerate(draft.layouts)}
+    proposals = draft.parts.logits_per_req
+    full = [i for i, x in enumerate(draft.layouts) if x.logits_per_req == proposals]
+    draft_ms = {draft.layouts[i].step_bs: _median_ms(lambda i=i: draft.replay_padding(i),
+                                                     device, replays) for i in full}
     verify_ms = {x.num_tokens: _median_ms(lambda i=i: verify.replay_padding(i), device,
                                           replays)
                  for i, x in enumerate(verify.layouts)}
     source = f"measured at start-up ({device.type} graph replays, padding rows"
     extra = {}
+    if narrow_draft and proposals >= 2:
+        extra = {"draft_one_ms": _draft_one_ms(draft, replays), "draft_proposals": proposals}
+        full = [i for i, x in enumerate(draft.layouts) if x.logits_per_req == proposals]
     runner = verify.model_runner
     width = verify.parts.tokens_per_req
-    d, v = len(draft.layouts) - 1, len(verify.layouts) - 1
+    d, v = full[-1], len(verify.layouts) - 1
     rows = max(draft.layouts[d].step_bs,
                verify.layouts[v].step_bs // (width if verify.parts.ragged else 1))
     num_slots = runner.token_to_kv_pool_allocator.size
@@ -133,7 +155,7 @@ def measure_step_costs(draft: GraphRunner, verify: GraphRunner,
                runner.req_to_token_pool.max_context_len - width)
     if context > 0 and fits > 0:
         with _context_rows(runner.req_to_token_pool, num_slots, rows, fits, width) as ids:
-            extra = {
+            extra |= {
                 "context": fits,
                 "draft_context_ms": _context_ms_per_request(
                     draft, d, draft_ms[draft.layouts[d].step_bs], ids, fits, replays, None),
