@@ -19,7 +19,8 @@ _REQUEST_FIELDS = {"req_pool_indices", "seq_lens", "seq_lens_cpu"}
 _REQUEST_LIST_FIELDS = {"extend_prefix_lens_cpu", "extend_seq_lens_cpu", "extend_prefix_lens",
                         "extend_seq_lens"}
 _SHARED_FIELDS = {"forward_mode", "req_to_token_pool", "token_to_kv_pool", "attn_backend",
-                  "capture_hidden_mode", "is_capturing", "has_sampling"}
+                  "capture_hidden_mode", "is_capturing", "has_sampling",
+                  "logits_per_req"}  # per request: each child keeps it
 _MIXED_ONLY_FIELDS = {"mixed_step_bs", "mixed_step_width"}
 _PARENT_ONLY_FIELDS = {"aux_hidden_states_buffer", "next_token_logits_buffer", "aux_projection",
                        "prepared_graph"}
