@@ -302,6 +302,9 @@ def measure_dflash(args: argparse.Namespace, mode: str, profile: AcceptanceProfi
                                              + costs.context_cost(bs, drafted=True))
             rows[-1]["step_ms_over_predicted"] = r["step_ms"] / rows[-1]["predicted_step_ms"]
     server = engine.worker.server_info()["speculative_draft_len_schedule"]
+    if derived and engine.worker.draft_len.costs is not None:
+        # what the server derived its schedule from (static: its narrower drafts' too)
+        server["costs"] = engine.worker.draft_len.costs.to_json()
     engine.shutdown()
     del engine, forced
     _release_device_memory()

@@ -124,6 +124,7 @@ def test_derived_static_schedule_runs_each_batch_size_at_its_width(tmp_path):
                             "--step-costs", str(costs), "--out", str(tmp_path / "step.json")])
     server = report["server_schedule"][f"static width {WIDTH}"]
     assert server["schedule"] == "1:4,3:2" and server["source"] == "derived"
+    assert server["costs"]["draft_ms"] == {"1": 1.0, "4": 1.0}  # what it derived from
     rows = {r["bs"]: r for r in report["rows"]}
     assert rows[1]["width"] == WIDTH and rows[4]["width"] == 2
     for bs, truncated in ((1, SMOKE_PROBS), (4, [0.4, 0.6])):
