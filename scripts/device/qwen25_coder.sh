@@ -31,11 +31,15 @@
 #       SAMPLED_PASSES=5 GEN_BUDGET=430 bash scripts/device/qwen25_coder.sh gen $OUT",
 #       carry=[".carry/qwen2-gguf/17", ".carry/gsm8k"], timeout_s=560)        # 353 s
 #   run(command="CUDA_TESTS=0 DEADLINE=500 bash scripts/device/qwen25_coder.sh train $OUT",
-#       carry=[".carry/gsm8k"], timeout_s=540)                                # 492 s
+#       carry=[".carry/gsm8k", ".carry/wheels"], timeout_s=540)               # 492 s
 #   run(command="EVAL_CONFIGS='target dflash' SGLANG_HARNESS= HELDOUT=1 \
 #       bash scripts/device/qwen25_coder.sh eval $OUT",
 #       carry=[".carry/gsm8k", ".carry/wheels"], timeout_s=450)               # 244 s
-# (43,608 continuations, 6,120 training steps; held-out accept 4.11, served 4.20.) A later
+# (43,608 continuations, 6,120 training steps; held-out accept 4.11, served 4.20.) On an H100
+# (2026-12-05, fourth session) DEADLINE=430 left 176 s of training after loading and the
+# feature pass (191 s): 2,301 steps, training accept 3.92 (docs/data/draft_len_h100_1205):
+# give an H100 DEADLINE=540. TRAIN_FLAGS='--eval' leaves the draft its acceptance_profile.json,
+# from which a static server derives its draft length schedule by default. A later
 # session skips `gen` by carrying the returned samples (.carry/qwen-samples: 6.4 MB of xz) and
 # `train` reads them; `draft-in` brings a trained draft back instead of training it again.
 # `train` sends the draft back over the calls (draft.tar.part-*, see send_parts) and,
@@ -90,6 +94,9 @@ print(d('$DRAFT').parent)")
     fi
     ls /root/draft-in ;;
   train)
+    # the trainer imports the server's modules: their wheels (carry .carry/wheels)
+    [ -d .carry/wheels ] && $py -m pip install -q --no-index --no-deps --target /tmp/site \
+      .carry/wheels/*.whl
     # continuations carried from an earlier session (`gen` returns them): the same data
     if [ ! -f /root/samples.jsonl ] && ls .carry/qwen-samples/samples.jsonl.xz.part-* \
         > /dev/null 2>&1; then
