@@ -243,12 +243,8 @@ class ModelRunner:
         if graphs is None or graphs.parts.ragged:
             return
         full = graphs.parts.tokens_per_req
-        sizes = sorted({x.step_bs for x in graphs.layouts})
-        if any(width(bs) > full for bs in range(1, sizes[-1] + 1)):
-            raise ValueError(f"step widths above the full width {full}")
-        have = set(graphs.layouts)
-        graphs.capture([layout for bs, xs in step_widths(sizes, width).items() for x in xs
-                        if (layout := ForwardLayout(graphs.mode, bs, x)) not in have])
+        _capture_per_size(graphs, width, full, f"step widths above the full width {full}",
+                          lambda bs, x: ForwardLayout(graphs.mode, bs, x))
 
     def capture_logits_widths(self, per_req: Callable[[int], int]) -> None:
         """Add graphs of the step mode whose requests' logits are fewer, `per_req(bs)` rows
@@ -260,16 +256,11 @@ class ModelRunner:
         graphs = self.step_graphs
         if graphs is None or not graphs.parts.logits_per_req:
             return
-        parts = graphs.parts
-        if any(per_req(bs) > parts.logits_per_req
-               for bs in range(1, graphs.layouts[-1].step_bs + 1)):
-            raise ValueError(f"logits rows per request above the registered "
-                             f"{parts.logits_per_req}")
-        sizes = sorted({x.step_bs for x in graphs.layouts})
-        have = set(graphs.layouts)
-        graphs.capture([layout for bs, ns in step_widths(sizes, per_req).items() for n in ns
-                        if n >= 1 and (layout := ForwardLayout(
-                            graphs.mode, bs, parts.tokens_per_req, logits_per_req=n)) not in have])
+        most, w = graphs.parts.logits_per_req, graphs.parts.tokens_per_req
+        _capture_per_size(graphs, per_req, most,
+                          f"logits rows per request above the registered {most}",
+                          lambda bs, n: ForwardLayout(graphs.mode, bs, w, logits_per_req=n)
+                          if n >= 1 else None)
 
     @property
     def step_graphs(self) -> GraphRunner | None:
@@ -335,3 +326,16 @@ class ModelRunner:
               and fb.aux_hidden_states_buffer is None):
             fb.aux_hidden_states_buffer = rows
         return run_model(self.model, fb, None if parts is None else parts.epilogue)
+
+
+def _capture_per_size(graphs: GraphRunner, per_size: Callable[[int], int], most: int,
+                      too_many: str, layout: Callable[[int, int], ForwardLayout | None]) -> None:
+    """Add to `graphs` the `layout(bs, x)` of each captured batch size bs and each `x =
+    per_size(b)` of the running sizes b it takes (`step_widths`; None: no graph), those not
+    captured yet; a ValueError `too_many` where some `per_size(b)` exceeds `most`."""
+    sizes = sorted({x.step_bs for x in graphs.layouts})
+    if any(per_size(bs) > most for bs in range(1, sizes[-1] + 1)):
+        raise ValueError(too_many)
+    have = set(graphs.layouts)
+    graphs.capture([y for bs, xs in step_widths(sizes, per_size).items() for x in xs
+                    if (y := layout(bs, x)) is not None and y not in have])

@@ -112,9 +112,10 @@ def _context_ms_per_request(graphs: GraphRunner, i: int, padded_ms: float, rows:
 def _draft_one_ms(draft: GraphRunner, replays: int) -> dict[int, float]:
     """The draft graph of one proposal's logits a request at each captured batch size,
     captured where missing, then timed over its padding batch."""
-    full = [x for x in draft.layouts if x.logits_per_req == draft.parts.logits_per_req]
-    ones = [dataclasses.replace(x, logits_per_req=1) for x in full]
-    draft.capture([x for x in ones if x not in set(draft.layouts)])
+    have = set(draft.layouts)
+    ones = [dataclasses.replace(x, logits_per_req=1) for x in draft.layouts
+            if x.logits_per_req == draft.parts.logits_per_req]
+    draft.capture([x for x in ones if x not in have])
     index = {x: i for i, x in enumerate(draft.layouts)}
     return {x.step_bs: _median_ms(lambda i=index[x]: draft.replay_padding(i),
                                   draft.model_runner.device, replays) for x in ones}
@@ -134,20 +135,22 @@ def measure_step_costs(draft: GraphRunner, verify: GraphRunner,
         raise ValueError("a ragged verify's context probe needs its per-request lengths")
     device = draft.model_runner.device
     proposals = draft.parts.logits_per_req
-    full = [i for i, x in enumerate(draft.layouts) if x.logits_per_req == proposals]
+
+    def full() -> list[int]:  # the draft graphs of every proposal's logits
+        return [i for i, x in enumerate(draft.layouts) if x.logits_per_req == proposals]
+
     draft_ms = {draft.layouts[i].step_bs: _median_ms(lambda i=i: draft.replay_padding(i),
-                                                     device, replays) for i in full}
+                                                     device, replays) for i in full()}
     verify_ms = {x.num_tokens: _median_ms(lambda i=i: verify.replay_padding(i), device,
                                           replays)
                  for i, x in enumerate(verify.layouts)}
     source = f"measured at start-up ({device.type} graph replays, padding rows"
     extra = {}
-    if narrow_draft and proposals >= 2:
+    if narrow_draft and proposals >= 2:  # captures graphs: the indices move
         extra = {"draft_one_ms": _draft_one_ms(draft, replays), "draft_proposals": proposals}
-        full = [i for i, x in enumerate(draft.layouts) if x.logits_per_req == proposals]
     runner = verify.model_runner
     width = verify.parts.tokens_per_req
-    d, v = full[-1], len(verify.layouts) - 1
+    d, v = full()[-1], len(verify.layouts) - 1
     rows = max(draft.layouts[d].step_bs,
                verify.layouts[v].step_bs // (width if verify.parts.ragged else 1))
     num_slots = runner.token_to_kv_pool_allocator.size
