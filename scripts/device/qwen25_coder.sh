@@ -39,7 +39,22 @@
 # (2026-12-05, fourth session) DEADLINE=430 left 176 s of training after loading and the
 # feature pass (191 s): 2,301 steps, training accept 3.92 (docs/data/draft_len_h100_1205):
 # give an H100 DEADLINE=540. TRAIN_FLAGS='--eval' leaves the draft its acceptance_profile.json,
-# from which a static server derives its draft length schedule by default. A later
+# from which a static server derives its draft length schedule by default. The samples
+# carried, as run on 2026-12-05 (a light branch: `git checkout -b stage-light && git rm -q
+# python/sglang_aux/data/drafts/smollm2-135m-instruct-dflash-b8/model.safetensors && git commit
+# -qm light`, then `MARGIN_MIB=2 bash scripts/device/stage_qwen2_gguf.sh --model 1.5b`: 18 puts
+# of 57 MiB and a join, 5 s a call warm; the join apart: its part, the wheels, GSM8K and the
+# samples would not fit one call's 64 MiB):
+#   run(command="bash scripts/device/stage_qwen2_gguf.sh --model 1.5b --join 18",
+#       carry=[".carry/qwen2-gguf/18"])
+#   run(command="TRAIN_FLAGS='--eval --eval-num-prompts 100' CUDA_TESTS=0 DEADLINE=500 \
+#       bash scripts/device/qwen25_coder.sh train $OUT",
+#       carry=[".carry/wheels", ".carry/gsm8k", ".carry/qwen-samples"], timeout_s=590)
+#   run(command="EVAL_CONFIGS='target dflash' SGLANG_HARNESS= LOSSLESS=0 HIGH_P='64 128 256' \
+#       MAX_RUNNING=256 START_TIMEOUT=300 bash scripts/device/qwen25_coder.sh eval $OUT",
+#       carry=[".carry/gsm8k", ".carry/wheels"], timeout_s=600)
+# The draft's six 16 MiB parts come back three a call (train, eval): keep them in
+# .carry/qwen-draft-parts/{1,2} and a later session runs `draft-in` instead of `train`. A later
 # session skips `gen` by carrying the returned samples (.carry/qwen-samples: 6.4 MB of xz) and
 # `train` reads them; `draft-in` brings a trained draft back instead of training it again.
 # `train` sends the draft back over the calls (draft.tar.part-*, see send_parts) and,
