@@ -238,6 +238,38 @@ def test_static_schedule_derived_from_a_profile_captures_its_widths(ckpts, targe
     assert_kv_all_back(engine)
 
 
+@pytest.mark.parametrize("overlap", [False, True])
+def test_mixed_steps_run_at_the_schedules_width(ckpts, target_only, overlap):
+    """`--enable-mixed-chunk` under static verify and a schedule: a step that prefills
+    arrivals verifies its batch size's width too (plain decoding at width 1), in a mixed
+    graph captured at that width, and stays exact."""
+    engine = _dflash(ckpts, "static", speculative_draft_len_schedule=SCHEDULE,
+                     enable_mixed_chunk=True, disable_overlap_schedule=not overlap)
+    worker, runner = engine.worker, engine.worker.target_runner
+    schedule, w = DraftLenSchedule.parse(SCHEDULE), worker.verify_width
+    mixed_graphs = runner.graph_runners[ForwardMode.MIXED]
+    assert {x.tokens_per_req for x in mixed_graphs.layouts} == {1, 2, w}
+    steps, prepare = [], runner.prepare
+
+    def recording_prepare(inputs):
+        fb = prepare(inputs)
+        if inputs.mode == ForwardMode.MIXED:
+            graph = fb.prepared_graph
+            steps.append((len(inputs.step_rows), fb.mixed_step_width,
+                          None if graph is None else mixed_graphs.layouts[graph].tokens_per_req))
+        return fb
+
+    runner.prepare = recording_prepare
+    reqs = run_arrivals(engine)
+    _assert_exact(engine, reqs, target_only, context=True)
+    assert engine.scheduler.stats["mixed_steps"] == len(steps) > 0
+    # each mixed step at its live batch size's width, a mixed graph of that width replayed;
+    # narrower ones among them
+    assert all(width == schedule.width(bs) == graph for bs, width, graph in steps), steps
+    assert {width for _, width, _ in steps} - {w}, steps
+    assert_kv_all_back(engine)
+
+
 def test_static_verify_runs_the_full_width_and_counts_mixed_steps(ckpts, target_only):
     engine = _dflash(ckpts, "static", enable_mixed_chunk=True)
     worker = engine.worker

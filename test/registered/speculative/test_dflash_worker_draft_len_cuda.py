@@ -1,9 +1,10 @@
 """The draft length schedule with real CUDA graphs on the H200 (the twin of
 test_dflash_worker_draft_len.py): a batch that grows to 6 and shrinks back to 1 across
 `1:4,3:2,5:1`, every verify step a ragged graph replay (compact) or a replay of the graph of
-its batch size's width (static), keeps every greedy request equal to target-only token for
-token, overlap on and off; the derived schedule's step costs are timed
-with CUDA events at start-up, and its output is exact too."""
+its batch size's width (static; its draft's LM head over that width's proposals; its mixed
+steps too), keeps every greedy request equal to target-only token for token, overlap on and
+off; the derived schedule's step costs are timed with CUDA events at start-up, and its
+output is exact too."""
 
 import json
 import sys
@@ -105,6 +106,41 @@ def test_static_narrower_widths_with_cuda_graphs(ckpts, target_only, overlap):
     stats = worker.step_stats
     assert 0 < stats["spec_plain_steps"] < stats["spec_verify_steps"] == len(verifies)
     assert all(graphs.layouts[g].tokens_per_req == schedule.width(bs) for bs, g in verifies)
+    # the draft's graphs: its LM head over each width's proposals only, replayed
+    draft = worker.draft_runner.step_graphs
+    assert sorted((x.step_bs, x.logits_per_req) for x in draft.layouts) == [
+        (1, w - 1), (2, w - 1), (4, 1), (4, w - 1), (6, w - 1)]
+    assert_kv_all_back(engine)
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_static_mixed_steps_at_narrower_widths_with_cuda_graphs(ckpts, target_only, overlap):
+    """`--enable-mixed-chunk`: a step that prefills arrivals verifies its batch size's width
+    too, a mixed CUDA graph captured at that width replayed, and stays exact."""
+    from sglang_aux.srt.forward_state.forward_batch_info import ForwardMode
+
+    engine = _dflash(ckpts, speculative_verify_mode="static",
+                     speculative_draft_len_schedule=SCHEDULE, enable_mixed_chunk=True,
+                     disable_overlap_schedule=not overlap)
+    runner, w = engine.worker.target_runner, engine.worker.verify_width
+    mixed = runner.graph_runners[ForwardMode.MIXED]
+    assert type(mixed.backend).__name__ == "CudaGraphBackend"
+    assert {x.tokens_per_req for x in mixed.layouts} == {1, 2, w}
+    steps, prepare = [], runner.prepare
+
+    def recording(inputs):
+        fb = prepare(inputs)
+        if inputs.mode == ForwardMode.MIXED:
+            g = fb.prepared_graph
+            steps.append((len(inputs.step_rows), None if g is None
+                          else mixed.layouts[g].tokens_per_req))
+        return fb
+
+    runner.prepare = recording
+    _assert_exact(run_arrivals(engine), target_only)
+    schedule = DraftLenSchedule.parse(SCHEDULE)
+    assert steps and all(width == schedule.width(bs) for bs, width in steps), steps
+    assert {width for _, width in steps} - {w}, steps
     assert_kv_all_back(engine)
 
 
@@ -135,6 +171,10 @@ def test_static_schedule_derived_from_cuda_event_costs(ckpts, target_only, tmp_p
     info = worker.server_info()["speculative_draft_len_schedule"]
     print(f"static, derived on the device: {info}")
     assert info["source"] == "derived" and info["rederived"].startswith("never")
+    # its draft timed at one proposal a request too, at every captured size
+    costs = worker.draft_len.costs
+    assert sorted(costs.draft_one_ms) == COMMON["cuda_graph_bs_decode"]
+    assert all(v > 0 for v in costs.draft_one_ms.values())
     schedule, w = DraftLenSchedule.parse(info["schedule"]), worker.verify_width
     graphs = worker.target_runner.step_graphs
     have = {(x.step_bs, x.tokens_per_req) for x in graphs.layouts}

@@ -183,4 +183,4 @@ def mixed_inputs(runner: ModelRunner, reqs: list[Req], arrivals: list[Req],
     return ForwardInputs(ForwardMode.MIXED, step_rows=[r.req_pool_idx for r in reqs],
                          step_kv_bounds=bounds, arrival_rows=[r.req_pool_idx for r in arrivals],
                          ids=ids, positions=positions, token_rows=token_rows, prefix=prefix,
-                         ext=ext)
+                         ext=ext, step_width=tokens_per_req)

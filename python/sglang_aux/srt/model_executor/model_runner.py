@@ -7,6 +7,7 @@ capture and replay to `runner/graph_runner.py`.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable
 
@@ -237,14 +238,21 @@ class ModelRunner:
     def capture_step_widths(self, width: Callable[[int], int]) -> None:
         """Add graphs of the step mode at each captured batch size's narrower widths
         `width(bs)` (static verify under a draft length schedule; `step_widths`), beside its
-        full-width ones (which steps that verify every token keep replaying); a step's
+        full-width ones (which steps that verify every token keep replaying), and mixed
+        graphs likewise (each step size's arrival token counts at each width); a step's
         `ForwardInputs.step_width` picks its graph. Nothing without step graphs."""
         graphs = self.step_graphs
         if graphs is None or graphs.parts.ragged:
             return
         full = graphs.parts.tokens_per_req
-        _capture_per_size(graphs, width, full, f"step widths above the full width {full}",
-                          lambda bs, x: ForwardLayout(graphs.mode, bs, x))
+        too_many = f"step widths above the full width {full}"
+        _capture_per_size(graphs, width, full, too_many,
+                          lambda bs, x: [ForwardLayout(graphs.mode, bs, x)])
+        mixed = self.graph_runners.get(ForwardMode.MIXED)
+        if mixed is not None:
+            _capture_per_size(mixed, width, full, too_many, lambda bs, x: [
+                dataclasses.replace(y, tokens_per_req=x) for y in mixed.layouts
+                if y.step_bs == bs and y.tokens_per_req == full])
 
     def capture_logits_widths(self, per_req: Callable[[int], int]) -> None:
         """Add graphs of the step mode whose requests' logits are fewer, `per_req(bs)` rows
@@ -259,8 +267,8 @@ class ModelRunner:
         most, w = graphs.parts.logits_per_req, graphs.parts.tokens_per_req
         _capture_per_size(graphs, per_req, most,
                           f"logits rows per request above the registered {most}",
-                          lambda bs, n: ForwardLayout(graphs.mode, bs, w, logits_per_req=n)
-                          if n >= 1 else None)
+                          lambda bs, n: [ForwardLayout(graphs.mode, bs, w, logits_per_req=n)]
+                          if n >= 1 else [])
 
     @property
     def step_graphs(self) -> GraphRunner | None:
@@ -329,13 +337,14 @@ class ModelRunner:
 
 
 def _capture_per_size(graphs: GraphRunner, per_size: Callable[[int], int], most: int,
-                      too_many: str, layout: Callable[[int, int], ForwardLayout | None]) -> None:
-    """Add to `graphs` the `layout(bs, x)` of each captured batch size bs and each `x =
-    per_size(b)` of the running sizes b it takes (`step_widths`; None: no graph), those not
-    captured yet; a ValueError `too_many` where some `per_size(b)` exceeds `most`."""
+                      too_many: str, layouts: Callable[[int, int], list[ForwardLayout]]
+                      ) -> None:
+    """Add to `graphs` the `layouts(bs, x)` of each captured step size bs and each `x =
+    per_size(b)` of the running sizes b it takes (`step_widths`), those not captured yet; a
+    ValueError `too_many` where some `per_size(b)` exceeds `most`."""
     sizes = sorted({x.step_bs for x in graphs.layouts})
     if any(per_size(bs) > most for bs in range(1, sizes[-1] + 1)):
         raise ValueError(too_many)
     have = set(graphs.layouts)
     graphs.capture([y for bs, xs in step_widths(sizes, per_size).items() for x in xs
-                    if (y := layout(bs, x)) is not None and y not in have])
+                    for y in layouts(bs, x) if y not in have])

@@ -83,7 +83,7 @@ class Acceptance:
         verdicts nobody reads)."""
         self.draft_context.commit_forward(fb, out)
         bs = fb.mixed_step_bs
-        n = bs * self.verify_width
+        n = bs * fb.mixed_step_width
         self.accept_greedy(bs, fb.input_ids[:n].view(bs, -1)[:, 1:], out.next_token_logits[:n])
 
     def accept_greedy(self, bs: int, proposals: torch.Tensor, logits: torch.Tensor) -> None:

@@ -24,12 +24,13 @@ each request's kv_len. Each request's verify tokens are counted (`spec_verify_to
 verify tokens per accepted token compare static with compact verify.
 
 A step of bs requests verifies the draft length schedule's width w(bs) <= W per request:
-static verify the leading w(bs) tokens of each block (graphs per batch size and width),
-compact verify at most w(bs) on average (it caps the step's budget at bs * (w - 1)
-proposals). Steps whose logits are processed, grammar-restricted or scored verify every
-token of the full width, request-major. At width 1 the step is plain decoding: no draft
-forward, the verify forward runs the anchors alone and its epilogue still commits their
-draft context, so a later step speculates again.
+static verify the leading w(bs) tokens of each block (graphs per batch size and width; its
+mixed steps too; its draft's LM head over their w(bs) - 1 proposals alone), compact verify at
+most w(bs) on average (it caps the step's budget at bs * (w - 1) proposals; its mixed steps
+verify the full width). Steps whose logits are processed, grammar-restricted or scored
+verify every token of the full width, request-major. At width 1 the step is plain decoding:
+no draft forward, the verify forward runs the anchors alone and its epilogue still commits
+their draft context, so a later step speculates again.
 """
 
 from __future__ import annotations
@@ -294,13 +295,19 @@ class DFlashWorker(RequestRowStaging):
         shared by the two steps it returns. With `chunk`, `arrivals` is the one chunked request
         and the forward runs (and commits the draft context of) its next `chunk` prompt
         tokens, not its last: nothing is sampled for it and only the verify step comes back."""
-        bs, w, acceptance = len(reqs), self.verify_width, self.acceptance
+        bs, acceptance = len(reqs), self.acceptance
         n = 0 if chunk is not None else len(arrivals)  # arrivals sampled
         if n:  # a chunked request's rows are staged once, for its last chunk
             self._write_rows(arrivals)
         has_sampling = _samples(reqs)
-        self.draft_len.count_step(w)  # mixed steps are static: the full width
-        self._draft(reqs, has_sampling)
+        penalized = any(r.sampling_params.processes_logits for r in reqs)
+        # mixed steps are static: the schedule's width (its graphs captured with the verify
+        # ones), the full one under compact verify and where logits are processed row by row
+        w = (self.verify_width if penalized or self.verify_plan.compact
+             else self.draft_len.width(bs))
+        self.draft_len.count_step(w)
+        if w > 1:  # else plain decoding: the step rows are the anchors alone
+            self._draft(reqs, has_sampling, w)
         fb = self.target_runner.prepare(mixed_inputs(self.target_runner, reqs, arrivals, w,
                                                      chunk))
         out = self.target_runner.forward(fb)
@@ -308,7 +315,7 @@ class DFlashWorker(RequestRowStaging):
             self.on_aux_consumed()
         step_tokens, sb = bs * w, fb.mixed_step_bs
         logits = out.next_token_logits
-        if any(r.sampling_params.processes_logits for r in reqs):
+        if penalized:
             acceptance.verify_processed(fb.req_pool_indices[:bs], logits[:step_tokens],
                                         penalized=True, has_sampling=has_sampling)
         elif has_sampling:
