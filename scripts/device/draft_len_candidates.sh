@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # The draft length per batch size on the H200 in one device call (about 7 minutes), from the
-# repository root (issue 39 item 3; docs/benchmarks.md, "Not measured yet"): the schedule's
-# CUDA tests (static verify's narrower graphs, its law, compact's ragged ones), static verify
-# at fixed narrower widths against target-only, then the schedule each server derives at
-# start-up from the Qwen GSM8K profile and its own graphs' costs, run as a server runs it.
+# repository root (issue 39 item 3; docs/benchmarks.md section 9c and "Not measured yet"): the
+# schedule's CUDA tests (static verify's narrower graphs, its draft's narrower LM head, its
+# mixed steps, its law, compact's ragged ones), each server's schedule derived at start-up
+# from the Qwen GSM8K profile and its own graphs' costs (the draft timed at one proposal a
+# request too) run as a server runs it, up to 128 requests, then fixed static widths against
+# target-only at the larger batch sizes.
 # Writes JSON and logs under OUT; each step's exit status in OUT/status.txt.
 #
 #   bash scripts/device/draft_len_candidates.sh "$OUT"
@@ -15,19 +17,15 @@ bench=benchmark/spec_decode
 
 . scripts/device/timed_steps.sh
 
-step tests 150 python -m pytest -q -x -s \
+step tests 180 python -m pytest -q -x -s \
   test/registered/speculative/test_dflash_worker_draft_len_cuda.py \
   "test/registered/speculative/test_acceptance_law_cuda.py::test_static_verify_narrower_than_the_block_keeps_the_law" \
   "test/registered/speculative/test_dflash_worker_cuda.py::test_narrower_verify_widths_equal_target_only_with_cuda_graphs"
-# compact verify's ragged attention with its request slots bounded (the new default) beside
-# one slot per token (before) and the static layout
-step ragged_attention 90 python "$bench/bench_decode_attention.py" --ragged --bs 1 8 32 \
-  --contexts 900 --q-lens 16 --out "$out/ragged_verify_attention.json"
+# each server's own schedule (static: derived once, its narrower verify and draft graphs
+# captured), each batch size at its width; the report's server_schedule holds the costs
+step derived 200 python "$bench/bench_dflash_step.py" --bs 1 8 16 32 64 128 \
+  --verify-modes static --schedule derived --out "$out/dflash_step_derived.json"
 # one static width at every batch size, the profile truncated to it: what each width pays
-step widths 200 python "$bench/bench_dflash_step.py" --bs 1 8 16 32 --verify-modes static \
+step widths 200 python "$bench/bench_dflash_step.py" --bs 16 32 64 --verify-modes static \
   --widths 4 6 8 12 16 --out "$out/dflash_step_widths.json"
-# each server's own schedule (static: derived once, its narrower graphs captured; compact:
-# its ragged buckets), each batch size at its width
-step derived 200 python "$bench/bench_dflash_step.py" --bs 1 8 16 32 \
-  --verify-modes static compact --schedule derived --out "$out/dflash_step_derived.json"
 cat "$out/status.txt"
