@@ -149,6 +149,27 @@ def test_derived_from_files_then_from_the_servers_counts(tmp_path, caplog, monke
 
 
 
+def test_the_drafts_own_profile_serves_by_default_where_it_fits(tmp_path, caplog):
+    """Given no profile flag, the draft folder's acceptance_profile.json is the prior; one that
+    does not fit the server's verify width is left out with a warning (nobody asked for it),
+    where `draft` naming it is refused; `none` leaves out a good one."""
+    good, bad = tmp_path / "good", tmp_path / "bad"
+    for folder, width in ((good, 4), (bad, 16)):
+        folder.mkdir()
+        (folder / "acceptance_profile.json").write_text(json.dumps(
+            {"accept_histogram": [1] * width, "verify_width": width}))
+    planner = DraftLenPlanner(_args(), 4, compact=False, draft_dir=str(good))
+    assert planner.profile.path == str(good / "acceptance_profile.json")
+    assert DraftLenPlanner(_args(speculative_acceptance_profile="none"), 4, compact=False,
+                           draft_dir=str(good)).profile is None
+    with caplog.at_level(logging.WARNING):
+        assert DraftLenPlanner(_args(), 4, compact=False, draft_dir=str(bad)).profile is None
+    assert "made for verify width 16, the draft verifies 4: not used" in caplog.text
+    with pytest.raises(ValueError, match="made for verify width 16, the draft verifies 4$"):
+        DraftLenPlanner(_args(speculative_acceptance_profile="draft"), 4, compact=False,
+                        draft_dir=str(bad))
+
+
 def test_static_verify_derives_once_from_a_profile(tmp_path, monkeypatch):
     costs = tmp_path / "costs.json"
     costs.write_text(json.dumps({"draft_ms": {"1": 1.0, "8": 2.0},

@@ -95,8 +95,17 @@ class DraftLenPlanner:
         self.fixed = DraftLenSchedule.parse(flag) if flag is not None else None
         if self.fixed is not None:
             self.fixed.check(verify_width)
-        path = default_profile_path(server_args.speculative_acceptance_profile, draft_dir)
-        self.profile = None if path is None else AcceptanceProfile.load(path, verify_width)
+        value = server_args.speculative_acceptance_profile
+        path = default_profile_path(value, draft_dir)
+        try:
+            self.profile = None if path is None else AcceptanceProfile.load(path, verify_width)
+        except ValueError as e:
+            if value is not None:
+                raise
+            # the draft's own, which nobody asked for: a server that does not fit it still runs
+            logger.warning("%s: not used (the draft's own profile, taken by default; "
+                           "--speculative-acceptance-profile FILE or none chooses)", e)
+            self.profile = None
         self.step_costs_path = server_args.speculative_step_costs
         if self.step_costs_path and not compact and self.profile is None:
             raise ValueError(STATIC_COSTS_NEED_PROFILE)
