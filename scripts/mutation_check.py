@@ -60,9 +60,10 @@ MUTATIONS = [
              "else torch.empty(",
              (f"{T}/speculative/test_dspark_proposal.py::"
               "test_distributions_go_into_a_given_view",)),
-    Mutation("rejection sampling reads the anchor's distribution as the first draft's",
+    Mutation("a narrower step's draft laws are read from each request's whole rows",
              f"{SRT}/speculative/draft_proposals.py",
-             "return self.probs[:bs, 1:]", "return self.probs[:bs, :-1]",
+             "return self.probs[: bs * n].view(bs, n, self.probs.shape[1])",
+             "return self.probs[: bs * full].view(bs, full, -1)[:, :n]",
              (f"{T}/speculative/test_draft_proposals.py::"
               "test_sampled_drafts_and_their_distributions_line_up",)),
     # draft training: the sliced LM-head loss (its gradient is handed on in the caller's
@@ -200,7 +201,7 @@ MUTATIONS = [
               "test_ragged_verify_attention_reads_each_request_once",)),
     Mutation("DFlash compact verify plans from stale confidences",
              f"{SRT}/speculative/draft_proposals.py",
-             "            max_probability(logits, self.proposals.confidence[:bs])",
+             "            max_probability(logits, self.proposals.confidence[:bs, :n])",
              "            pass",
              (f"{T}/speculative/test_verify_plan_dflash.py::"
               "test_confidence_is_the_drafts_probability_of_its_proposal",)),
