@@ -4,7 +4,7 @@ Three sizes per request, one name each (docs/dspark.md): the *verify width* W, t
 request carries through one verify step, anchor included; its *proposals*, the W - 1 draft
 tokens after the anchor; and the *draft block*, the draft forward's input
 `[anchor, MASK x (draft_block_size - 1)]`. DFlash's draft block has W tokens and block offset
-j predicts the token at offset j (no shift; offset 0 is unused); DSpark's has W - 1, row k
+j predicts the token at offset j (no shift; the LM head skips offset 0); DSpark's has W - 1, row k
 predicting the token at offset k + 1 (`dspark_proposal.py`).
 
 `Proposals` is the storage the DRAFT_BLOCK graph's epilogue writes and the verify step reads,
