@@ -269,6 +269,25 @@ def record_graph_forwards(runner: ModelRunner) -> list[tuple[int, int | None]]:
     return seen
 
 
+def record_mixed_steps(runner: ModelRunner) -> list[tuple[int, int, int | None]]:
+    """(live step requests, their width, the width of the mixed graph replayed or None) of
+    every MIXED forward the runner prepares from now on."""
+    seen, prepare = [], runner.prepare
+
+    def record(inputs):
+        fb = prepare(inputs)
+        if inputs.mode == ForwardMode.MIXED:
+            graph = fb.prepared_graph
+            layouts = runner.graph_runners[ForwardMode.MIXED].layouts if graph is not None \
+                else None
+            seen.append((len(inputs.step_rows), fb.mixed_step_width,
+                         None if layouts is None else layouts[graph].tokens_per_req))
+        return fb
+
+    runner.prepare = record
+    return seen
+
+
 def record_verdict_rows(worker) -> list[list[int]]:
     """Every verdict row the host reads from a speculative worker's verify steps from now on
     (accepted proposals, the emitted tokens; compact: then the tokens verified)."""

@@ -26,6 +26,7 @@ from sglang_aux.test.runtime_utils import (
     cached_kv_error,
     committed_tokens,
     pair_checkpoints,
+    record_mixed_steps,
     run_arrivals,
 )
 
@@ -249,17 +250,7 @@ def test_mixed_steps_run_at_the_schedules_width(ckpts, target_only, overlap):
     schedule, w = DraftLenSchedule.parse(SCHEDULE), worker.verify_width
     mixed_graphs = runner.graph_runners[ForwardMode.MIXED]
     assert {x.tokens_per_req for x in mixed_graphs.layouts} == {1, 2, w}
-    steps, prepare = [], runner.prepare
-
-    def recording_prepare(inputs):
-        fb = prepare(inputs)
-        if inputs.mode == ForwardMode.MIXED:
-            graph = fb.prepared_graph
-            steps.append((len(inputs.step_rows), fb.mixed_step_width,
-                          None if graph is None else mixed_graphs.layouts[graph].tokens_per_req))
-        return fb
-
-    runner.prepare = recording_prepare
+    steps = record_mixed_steps(runner)
     reqs = run_arrivals(engine)
     _assert_exact(engine, reqs, target_only, context=True)
     assert engine.scheduler.stats["mixed_steps"] == len(steps) > 0

@@ -22,6 +22,7 @@ from sglang_aux.test.runtime_utils import (
     assert_kv_all_back,
     pair_checkpoints,
     record_graph_forwards,
+    record_mixed_steps,
     run_arrivals,
 )
 
@@ -126,21 +127,11 @@ def test_static_mixed_steps_at_narrower_widths_with_cuda_graphs(ckpts, target_on
     mixed = runner.graph_runners[ForwardMode.MIXED]
     assert type(mixed.backend).__name__ == "CudaGraphBackend"
     assert {x.tokens_per_req for x in mixed.layouts} == {1, 2, w}
-    steps, prepare = [], runner.prepare
-
-    def recording(inputs):
-        fb = prepare(inputs)
-        if inputs.mode == ForwardMode.MIXED:
-            g = fb.prepared_graph
-            steps.append((len(inputs.step_rows), None if g is None
-                          else mixed.layouts[g].tokens_per_req))
-        return fb
-
-    runner.prepare = recording
+    steps = record_mixed_steps(runner)
     _assert_exact(run_arrivals(engine), target_only)
     schedule = DraftLenSchedule.parse(SCHEDULE)
-    assert steps and all(width == schedule.width(bs) for bs, width in steps), steps
-    assert {width for _, width in steps} - {w}, steps
+    assert steps and all(width == schedule.width(bs) == graph for bs, width, graph in steps), steps
+    assert {width for _, width, _ in steps} - {w}, steps
     assert_kv_all_back(engine)
 
 
