@@ -168,7 +168,7 @@ class StepClock:
         return (last - first) * 1e3 / (len(self.marks) - 1)
 
 
-def _counters(reqs: list[Req], width: int) -> list[int]:
+def request_counters(reqs: list[Req], width: int) -> list[int]:
     """Emitted tokens, verify steps, verify tokens, then the accept histogram (summed)."""
     hist = [sum(r.spec_accept_histogram[a] if r.spec_accept_histogram else 0 for r in reqs)
             for a in range(width)]
@@ -198,11 +198,11 @@ def run_steps(engine: Engine, bs: int, args: argparse.Namespace, width: int,
         sched.step()
     clock = StepClock(engine.worker.model_runner.device)
     clock.mark()
-    before = _counters(reqs, width)
+    before = request_counters(reqs, width)
     for _ in range(args.steps):
         sched.step()
         clock.mark()
-    after = _counters(reqs, width)
+    after = request_counters(reqs, width)
     ms = clock.mean_ms()
     if any(r.finished for r in reqs):
         raise RuntimeError("a request finished inside the timed steps: raise --max-new-tokens")
@@ -307,7 +307,7 @@ def measure_dflash(args: argparse.Namespace, mode: str, profile: AcceptanceProfi
         server["costs"] = engine.worker.draft_len.costs.to_json()
     engine.shutdown()
     del engine, forced
-    _release_device_memory()
+    release_device_memory()
     return rows, schedule, server
 
 
@@ -320,11 +320,11 @@ def measure_target(args: argparse.Namespace) -> dict[int, dict]:
                    "tok_s": r["emitted"] / args.steps / r["step_ms"] * 1e3}
     engine.shutdown()
     del engine
-    _release_device_memory()
+    release_device_memory()
     return out
 
 
-def _release_device_memory() -> None:
+def release_device_memory() -> None:
     """After the last reference to an engine is gone: its device memory back, before the
     next engine sizes its KV pool."""
     gc.collect()

@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
-# The draft length per batch size on the H200 in one device call (about 7 minutes), from the
-# repository root (issue 39 item 3; docs/benchmarks.md section 9c and "Not measured yet"): the
-# schedule's CUDA tests (static verify's narrower graphs, its draft's narrower LM head, its
-# mixed steps, its law, compact's ragged ones), each server's schedule derived at start-up
-# from the Qwen GSM8K profile and its own graphs' costs (the draft timed at one proposal a
-# request too) run as a server runs it, up to 128 requests, then fixed static widths against
-# target-only at the larger batch sizes.
+# The draft length per batch size on the H200 in one device call, from the repository root
+# (issue 39 item 3; docs/benchmarks.md section 9c and "Not measured yet"): the schedule's CUDA
+# tests (static verify's narrower graphs, its draft's narrower LM head, its mixed steps, its
+# law, compact's ragged ones), each server's schedule derived at start-up from the Qwen GSM8K
+# profile and its own graphs' costs (the draft timed at one proposal a request too) run as a
+# server runs it, up to 128 requests, then fixed static widths against target-only at the
+# larger batch sizes (about 7 minutes so far), then served traffic (closed loops of requests,
+# their prefills and mixed steps too: bench_dflash_served.py; up to 4 minutes more, so near a
+# 10-minute call limit run that step in a call of its own).
 # Writes JSON and logs under OUT; each step's exit status in OUT/status.txt.
 #
 #   bash scripts/device/draft_len_candidates.sh "$OUT"
@@ -28,4 +30,9 @@ step derived 200 python "$bench/bench_dflash_step.py" --bs 1 8 16 32 64 128 \
 # one static width at every batch size, the profile truncated to it: what each width pays
 step widths 200 python "$bench/bench_dflash_step.py" --bs 16 32 64 --verify-modes static \
   --widths 4 6 8 12 16 --out "$out/dflash_step_widths.json"
+# served traffic as the GSM8K harness sends it (a request ends after ~122 tokens, a new one
+# with a cached prefix and 78 new prompt tokens comes at once): target-only and DFlash, their
+# arrivals prefilled apart or in mixed steps
+step served 240 python "$bench/bench_dflash_served.py" --bs 1 8 32 \
+  --out "$out/dflash_served.json"
 cat "$out/status.txt"
