@@ -65,6 +65,14 @@ def test_schedule_and_plain_steps_in_server_info(tmp_path):
     stats = info["scheduler_stats"]
     assert 0 < stats["spec_plain_steps"] < stats["spec_verify_steps"]
     assert stats["spec_verify_steps"] == stats["decode_steps"] + stats["mixed_steps"]
+    # every forward by mode, a captured layout's or eager: one verify forward a step (a plain
+    # step's of the anchors alone), one draft forward a step that proposes, one per prefill
+    forwards, draft = info["forwards"], info["draft_forwards"]
+    assert set(forwards) == {"EXTEND", "TARGET_VERIFY"} and set(draft) == {"DRAFT_BLOCK"}
+    assert sum(forwards["TARGET_VERIFY"].values()) == stats["spec_verify_steps"]
+    assert sum(forwards["EXTEND"].values()) == stats["prefill_steps"]
+    assert sum(draft["DRAFT_BLOCK"].values()) == (stats["spec_verify_steps"]
+                                                  - stats["spec_plain_steps"])
     assert f"Draft length schedule (derived): {SCHEDULE}" in log.read_text()
 
 

@@ -113,3 +113,24 @@ def test_abort_while_its_step_is_in_flight(ckpts, kind):
 
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-q"]))
+
+
+def test_overlap_charges_a_pass_to_the_step_it_completes(ckpts):
+    """A pass launches step n and waits for step n-1's tokens: its seconds are n-1's, so the
+    pass that launches the first decode step (completing the prefill) adds to the prefill's."""
+    engine = _engine(ckpts, "target", overlap=True)
+    sched, stats = engine.scheduler, engine.scheduler.stats
+    req = engine.make_request(text=PROMPTS[1], sampling_params={"max_new_tokens": 8,
+                                                                "ignore_eos": True})
+    sched.add_request(req)
+    sched.step()  # the prefill's launch
+    assert stats["prefill_steps"] == 1 and not req.output_ids
+    sched.step()  # the first decode step's launch; the prefill's tokens read
+    assert stats["decode_steps"] == 1 and len(req.output_ids) == 1
+    assert stats["decode_seconds"] == 0.0 < stats["prefill_seconds"]
+    prefill_seconds = stats["prefill_seconds"]
+    sched.step()  # the second decode step's launch; the first's tokens read
+    assert stats["decode_seconds"] > 0.0 and stats["prefill_seconds"] == prefill_seconds
+    while sched.has_work():
+        sched.step()
+    assert req.finished and len(req.output_ids) == 8

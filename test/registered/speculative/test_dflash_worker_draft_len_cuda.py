@@ -132,6 +132,10 @@ def test_static_mixed_steps_at_narrower_widths_with_cuda_graphs(ckpts, target_on
     schedule = DraftLenSchedule.parse(SCHEDULE)
     assert steps and all(width == schedule.width(bs) == graph for bs, width, graph in steps), steps
     assert {width for _, width, _ in steps} - {w}, steps
+    # no step fell back to an eager forward (`/get_server_info` `forwards`)
+    counts = runner.forward_counts
+    assert counts["MIXED"]["eager"] == 0 < counts["MIXED"]["graph"], counts
+    assert counts["TARGET_VERIFY"]["eager"] == 0, counts
     assert_kv_all_back(engine)
 
 

@@ -98,6 +98,9 @@ class ModelRunner:
         self.model_config = model_config
         self.server_args = server_args
         self.is_draft_worker = is_draft_worker
+        # forwards run since start, by mode, replayed from a graph or eager
+        # (/get_server_info `forwards`): a step that misses its graphs shows here
+        self.forward_counts: dict[str, dict[str, int]] = {}
         self.spec_algorithm = server_args.spec_algorithm
         self.device = torch.device(server_args.resolved_device())
         self.model = model or get_model(model_config, self.device,
@@ -322,6 +325,8 @@ class ModelRunner:
         """Replays the graph `prepare` chose (its outputs are borrowed until the next
         replay), else runs eagerly over row views of the aux storage where they fit."""
         fb, mode = forward_batch, forward_batch.forward_mode
+        counts = self.forward_counts.setdefault(mode.name, {"graph": 0, "eager": 0})
+        counts["graph" if fb.prepared_graph is not None else "eager"] += 1
         if fb.prepared_graph is not None:
             return self.graph_runners[mode].replay(fb)
         self.attn_backend.init_forward_metadata(fb)

@@ -162,8 +162,11 @@ class DFlashWorker(RequestRowStaging):
                 "spec_plain_steps": self.draft_len.plain_steps}
 
     def server_info(self) -> dict:
-        """The draft length schedule in force and its source (`Worker`)."""
-        return {"speculative_draft_len_schedule": self.draft_len.info()}
+        """The draft length schedule in force and its source, and the draft's forwards by
+        mode, graph or eager (`Worker`)."""
+        return {"speculative_draft_len_schedule": self.draft_len.info(),
+                "draft_forwards": {m: dict(c) for m, c in
+                                   self.draft_runner.forward_counts.items()}}
 
     def _proposals(self, rows: int, vocab: int, device: torch.device) -> Proposals:
         """A step's distributions packed by its proposals: the draft computes only those."""

@@ -10,12 +10,13 @@ need n's tokens on the host; a request that n finishes runs once more in n+1, an
 dropped. Admission reserves every KV slot a request can need (`KvReservation`, which also
 explains the prefix cache); a request naming a grammar waits in `GrammarQueue` first.
 
-With mixed steps (`--enable-mixed-chunk`, SGLang's flag) arrivals that fit a mixed forward
-(`mixed_limits`) are not prefilled in a step of their own: one MIXED forward runs the running
-batch's decode (or DFlash verify) step and their prefill (`Worker.mixed`), so a small model's
-latency-bound forward is paid once for both. Both halves come back as steps of their own that
-share one readback; an arrival too long for it is prefilled apart, as before, unless chunked
-prefill is on: then it is chunked and each step's mixed forward carries its next chunk.
+With mixed steps (`--enable-mixed-chunk`, SGLang's flag; on by default here) arrivals that fit
+a mixed forward (`mixed_limits`) are not prefilled in a step of their own: one MIXED forward
+runs the running batch's decode (or DFlash verify) step and their prefill (`Worker.mixed`), so
+a small model's latency-bound forward is paid once for both. Both halves come back as steps of
+their own that share one readback; an arrival too long for it is prefilled apart, as before,
+unless chunked prefill is on: then it is chunked and each step's mixed forward carries its next
+chunk.
 
 With chunked prefill (`--chunked-prefill-size N`, SGLang's flag) a prompt with more than N
 uncached tokens is admitted alone (its row and whole reservation taken as usual) and becomes
@@ -95,8 +96,12 @@ class Scheduler:
         self.running: list[Req] = []
         # launched, tokens not read (overlap): a prefill, a decode step, or both
         self.in_flight: list[PendingStep] = []
+        self._in_flight_kind: str | None = None  # the stats key of `in_flight`'s step
         self.stats = {"prefill_steps": 0, "decode_steps": 0, "generated_tokens": 0,
                       "prefill_requests": 0, "prefill_tokens": 0, "decode_batch_requests": 0,
+                      # host seconds of the scheduler passes that completed each kind of
+                      # step: with overlap a pass launches step n and waits for step n-1's
+                      # tokens, so its time is mostly n-1's device time, charged to n-1
                       "prefill_seconds": 0.0, "decode_seconds": 0.0,
                       "prefill_delayed_passes": 0,
                       "mixed_steps": 0, "mixed_requests": 0, "mixed_seconds": 0.0,
@@ -192,9 +197,11 @@ class Scheduler:
         lag = self.overlap and not any(r.grammar is not None for s in launched for r in s.reqs)
         done, self.in_flight = (self.in_flight, launched) if lag else (
             self.in_flight + launched, [])
+        charged = self._in_flight_kind if lag and self._in_flight_kind else kind
+        self._in_flight_kind = kind if lag and launched else None
         for step in done:
             self._complete(step)
-        self.stats[kind] += time.perf_counter() - start
+        self.stats[charged] += time.perf_counter() - start
         if self.record_step_peak:
             peak = torch.cuda.max_memory_allocated(device) - base
             self.stats["max_step_peak_bytes"] = max(self.stats["max_step_peak_bytes"], peak)
