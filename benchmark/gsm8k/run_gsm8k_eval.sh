@@ -14,9 +14,11 @@
 # server's --max-running-requests is MAX_RUNNING, default 64: raise it with them).
 # CONFIGS: a space-separated subset of "target dflash dflash_noshare dflash_streamed
 # target_nocache dflash_nocache target_delay dflash_delay
-# target_mixed dflash_mixed" (default: target dflash dflash_noshare; *_nocache pass
-# --disable-radix-cache, *_delay --enable-prefill-delayer,
-# *_mixed --enable-mixed-chunk,
+# target_mixed dflash_mixed target_apart dflash_apart" (default: target dflash dflash_noshare;
+# *_nocache pass --disable-radix-cache, *_delay --enable-prefill-delayer,
+# *_mixed --enable-mixed-chunk (the default since 2026-12-05, so these are the plain configs
+# with the flag spelled out), *_apart --disable-mixed-chunk (arrivals prefilled in steps of
+# their own, the default before),
 # dflash_streamed --speculative-dflash-aux-projection streamed; dflash_schedule: static verify
 # with the draft length schedule derived at start-up from ACCEPTANCE_PROFILE (environment,
 # default the Qwen2.5-Coder GSM8K profile in benchmark/spec_decode/profiles/; `draft`: the
@@ -72,6 +74,9 @@ for cfg in $configs; do
     target_mixed) flags=(--speculative-algorithm NONE --enable-mixed-chunk) ;;
     dflash_mixed) flags=(--speculative-algorithm DFLASH --speculative-draft-model-path "$draft"
                          --enable-mixed-chunk) ;;
+    target_apart) flags=(--speculative-algorithm NONE --disable-mixed-chunk) ;;
+    dflash_apart) flags=(--speculative-algorithm DFLASH --speculative-draft-model-path "$draft"
+                         --disable-mixed-chunk) ;;
     dflash_compact) flags=(--speculative-algorithm DFLASH --speculative-draft-model-path "$draft") ;;
     dflash_schedule) flags=(--speculative-algorithm DFLASH --speculative-draft-model-path "$draft"
                             --speculative-acceptance-profile "${ACCEPTANCE_PROFILE:-$profile}") ;;
@@ -97,7 +102,7 @@ for cfg in $configs; do
     harness $cfg "$n" "$p"
     curl -s localhost:$port/get_server_info > "$out/server_info_after${p}_$cfg.json"
   done
-  if [[ $cfg =~ ^(target|dflash|dflash_compact|dflash_schedule|dspark|dspark_compact)(_delay|_mixed)?$ ]]; then
+  if [[ $cfg =~ ^(target|dflash|dflash_compact|dflash_schedule|dspark|dspark_compact)(_delay|_mixed|_apart)?$ ]]; then
     harness $cfg "${N1:-32}" 1
     harness $cfg "${N8:-64}" 8
   fi

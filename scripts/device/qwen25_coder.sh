@@ -38,7 +38,10 @@
 # (43,608 continuations, 6,120 training steps; held-out accept 4.11, served 4.20.) On an H100
 # (2026-12-05, fourth session) DEADLINE=430 left 176 s of training after loading and the
 # feature pass (191 s): 2,301 steps, training accept 3.92 (docs/data/draft_len_h100_1205):
-# give an H100 DEADLINE=540. TRAIN_FLAGS='--eval' leaves the draft its acceptance_profile.json,
+# give an H100 DEADLINE=540 without --eval; with TRAIN_FLAGS='--eval --eval-num-prompts 100'
+# DEADLINE=545 trained 4,769 steps (accept 4.83) but the held-out eval after it ran the call
+# into its 600 s limit before the draft's parts were sent back (2026-12-05, fifth session):
+# there give DEADLINE=490. TRAIN_FLAGS='--eval' leaves the draft its acceptance_profile.json,
 # from which a static server derives its draft length schedule by default. The samples
 # carried, as run on 2026-12-05 (a light branch: `git checkout -b stage-light && git rm -q
 # python/sglang_aux/data/drafts/smollm2-135m-instruct-dflash-b8/model.safetensors && git commit

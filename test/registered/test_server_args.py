@@ -157,5 +157,30 @@ def test_unknown_attention_backend_is_refused(capsys):
         ServerArgs(model_path="m", attention_backend="flashattn9")
 
 
+
+@pytest.mark.parametrize("argv,mixed", [
+    (["--model-path", "m"], True),  # the default, target-only
+    (DFLASH, True),  # static verify
+    ([*DSPARK, "--speculative-verify-mode", "compact"], False),  # no mixed forward takes it
+    ([*DFLASH, "--disable-mixed-chunk"], False),
+    ([*DFLASH, "--enable-mixed-chunk"], True),  # SGLang's flag, kept
+])
+def test_mixed_steps_are_on_by_default_where_they_run(argv, mixed):
+    args = _args(argv)
+    assert args.enable_mixed_chunk is mixed
+    # resolved once: what the scheduler process and the ranks rebuild stays the same
+    assert ServerArgs(**vars(args)).enable_mixed_chunk is mixed
+
+
+def test_mixed_steps_asked_of_compact_verify_or_both_ways_are_refused(capsys):
+    with pytest.raises(SystemExit):
+        _args([*DFLASH, "--enable-mixed-chunk", "--disable-mixed-chunk"])
+    assert "not allowed with argument --enable-mixed-chunk" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        _args([*DFLASH, "--speculative-verify-mode", "compact", "--enable-mixed-chunk"])
+    assert "--enable-mixed-chunk with --speculative-verify-mode compact" in \
+        capsys.readouterr().err
+
+
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-q"]))

@@ -197,8 +197,11 @@ class ServerArgs:
     # the host reads step n's tokens while the device runs step n+1; None: on for CUDA
     disable_overlap_schedule: bool | None = None
     # arrivals' prefills ride in the running batch's decode / verify forward (MIXED, SGLang's
-    # flag name), up to this many arrival tokens per forward (managers/scheduler/scheduler.py)
-    enable_mixed_chunk: bool = False
+    # flag name), up to this many arrival tokens per forward (managers/scheduler/scheduler.py);
+    # None: on wherever mixed steps run (not under compact verify), resolved at start-up:
+    # unlike SGLang's default, since it won for target-only and DFlash at 1, 8 and 32
+    # concurrent (docs/benchmarks.md, section 9d); --disable-mixed-chunk: off
+    enable_mixed_chunk: bool | None = None
     mixed_chunk_max_prefill_tokens: int = 512
     # SGLang's: a prompt longer than this prefills over several steps of at most this many
     # tokens, between the running batch's steps; <= 0 (SGLang's -1): off; None: SGLang's pick
@@ -285,7 +288,11 @@ class ServerArgs:
                              f"{self.mixed_chunk_max_prefill_tokens}")
         if algo.is_dflash_family():
             self._check_dflash(algo)
-        else:
+        if self.enable_mixed_chunk is None:
+            # a compact verify step runs ragged lengths no mixed forward takes
+            self.enable_mixed_chunk = not (algo.is_dflash_family()
+                                           and self.speculative_verify_mode == "compact")
+        if not algo.is_dflash_family():
             given = self._given("speculative_verify_width", "speculative_verify_mode",
                                 "speculative_draft_len_schedule", *COMPACT_ONLY_FLAGS,
                                 *DRAFT_LEN_FILE_FLAGS)
@@ -569,9 +576,15 @@ class ServerArgs:
         add("--disable-overlap-schedule", action="store_const", const=True, default=None,
             help="read each step's tokens before launching the next (default: overlap on CUDA, "
                  "where the host prepares step n+1 while the device runs step n)")
-        add("--enable-mixed-chunk", action="store_true",
+        mixed = parser.add_mutually_exclusive_group()
+        mixed.add_argument(
+            "--enable-mixed-chunk", action="store_const", const=True, default=None,
             help="run arrivals' prefills inside the running batch's decode (or DFlash verify) "
-                 "forward instead of in a step of their own")
+                 "forward instead of in a step of their own (default: on, except under "
+                 "compact verify, which refuses the flag)")
+        mixed.add_argument(
+            "--disable-mixed-chunk", dest="enable_mixed_chunk", action="store_const",
+            const=False, help="prefill arrivals in steps of their own")
         add("--mixed-chunk-max-prefill-tokens", type=int,
             default=d["mixed_chunk_max_prefill_tokens"],
             help="most arrival tokens one mixed forward takes; a longer prefill runs alone")

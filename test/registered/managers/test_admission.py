@@ -17,6 +17,8 @@ register_cpu_ci(est_time=90, suite="default")
 
 PROMPTS = ["Hi", "The quick brown fox jumps over", "12 + 30 =", "Natalia sold clips to 48 of",
            "x", "What is the capital of France?", "abc", "Once upon a time"]
+# prefill steps of their own: mixed steps (the default) would carry these arrivals instead
+APART = dict(enable_mixed_chunk=False)
 
 
 def test_delayer_rules():
@@ -73,7 +75,7 @@ def _arrivals(engine: Engine, max_delay_passes: int) -> tuple[list[list[int]], l
 def test_delayed_arrivals_share_prefills(ckpts, kind):
     spec = {} if kind == "target" else dict(
         speculative_algorithm="DFLASH", speculative_draft_model_path=ckpts["tiny-llama-dflash"])
-    common = dict(model_path=ckpts["tiny-llama"], device="cpu", dtype="float32",
+    common = dict(model_path=ckpts["tiny-llama"], device="cpu", dtype="float32", **APART,
                   max_total_tokens=4096, max_running_requests=8, cuda_graph_bs_decode=[1, 2, 4, 8],
                   **spec)
     plain = Engine(**common)
@@ -95,7 +97,7 @@ def test_a_prefill_step_takes_what_one_graph_holds(ckpts, kind):
     replays a graph (none runs eagerly), and the outputs equal an engine without graphs."""
     spec = {} if kind == "target" else dict(
         speculative_algorithm="DFLASH", speculative_draft_model_path=ckpts["tiny-llama-dflash"])
-    common = dict(model_path=ckpts["tiny-llama"], device="cpu", dtype="float32",
+    common = dict(model_path=ckpts["tiny-llama"], device="cpu", dtype="float32", **APART,
                   max_total_tokens=4096, max_running_requests=8, cuda_graph_bs_decode=[1, 2, 4, 8],
                   disable_radix_cache=True, **spec)
     graphs = Engine(**common, cuda_graph_tokens_prefill=[16, 48], cuda_graph_max_bs_prefill=2)
@@ -121,7 +123,7 @@ def test_graph_sized_steps_after_a_cached_prefix(ckpts):
     """With the prefix cache, the token budget counts uncached tokens: three arrivals after a
     cached 40-token prefix add 30 each, so a 48-token graph takes one at a time; a request held
     back releases the cached prefix it had locked (nothing leaks) and prefills next step."""
-    common = dict(model_path=ckpts["tiny-llama"], device="cpu", dtype="float32",
+    common = dict(model_path=ckpts["tiny-llama"], device="cpu", dtype="float32", **APART,
                   max_total_tokens=4096, max_running_requests=8, cuda_graph_bs_decode=[1, 2, 4, 8])
     graphs = Engine(**common, cuda_graph_tokens_prefill=[16, 48], cuda_graph_max_bs_prefill=2)
     plain = Engine(**common, disable_radix_cache=True)

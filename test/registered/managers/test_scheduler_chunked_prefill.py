@@ -26,8 +26,9 @@ register_cpu_ci(est_time=150, suite="default")
 
 BLOCK = 4  # the tiny drafts' block size
 GREEDY = {"temperature": 0, "max_new_tokens": 8, "ignore_eos": True}
+# chunks between the running batch's steps unless a test asks for mixed steps (`MIXED`)
 COMMON = dict(device="cpu", dtype="float32", max_total_tokens=2048, max_running_requests=4,
-              cuda_graph_bs_decode=[1, 2, 4], context_length=512)
+              cuda_graph_bs_decode=[1, 2, 4], context_length=512, enable_mixed_chunk=False)
 
 
 @pytest.fixture(scope="module")

@@ -53,8 +53,9 @@ def test_mixed_steps_equal_prefill_apart_on_graphs(tmp_path, kind, overlap):
                     enable_mixed_chunk=True, **ROWS)
     graphs = mixed.worker.model_runner.graph_runners.get(ForwardMode.MIXED)
     assert type(graphs.backend).__name__ == "CudaGraphBackend" and graphs.graphs
-    apart = _engine(tmp_path, kind, disable_overlap_schedule=not overlap, **ROWS)
-    assert apart.scheduler.mixed_limits is None, "mixed steps are off by default"
+    apart = _engine(tmp_path, kind, disable_overlap_schedule=not overlap,
+                    enable_mixed_chunk=False, **ROWS)
+    assert apart.scheduler.mixed_limits is None
     mixed.generate(PROMPTS, _params())  # warm-up: lazy kernels
     with strict_sync(mixed.worker, "mixed") as launches:
         got = mixed.generate(PROMPTS, _params())

@@ -33,8 +33,9 @@ from sglang_aux.test.runtime_utils import (
 register_cpu_ci(est_time=40, suite="default")
 
 SCHEDULE = "1:4,3:2,5:1"
+# arrivals prefilled apart unless a test asks for mixed steps
 ENGINE_KW = dict(device="cpu", max_total_tokens=4096, max_running_requests=6,
-                 cuda_graph_bs_decode=[1, 2, 4, 6])
+                 cuda_graph_bs_decode=[1, 2, 4, 6], enable_mixed_chunk=False)
 
 
 @pytest.fixture(scope="module")
@@ -54,7 +55,7 @@ def _dflash(ckpts, mode: str, **kw) -> Engine:
     """The tiny DFlash pair under `mode` verify."""
     return Engine(model_path=ckpts["tiny-llama"], speculative_algorithm="DFLASH",
                   speculative_draft_model_path=ckpts["tiny-llama-dflash"],
-                  speculative_verify_mode=mode, **ENGINE_KW, **kw)
+                  speculative_verify_mode=mode, **{**ENGINE_KW, **kw})
 
 
 def _assert_exact(engine: Engine, reqs: list, target_only: list[dict], *,
