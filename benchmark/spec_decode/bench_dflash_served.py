@@ -20,9 +20,9 @@ Configurations (`--configs`): `target`, `target_mixed`, `dflash`, `dflash_mixed`
 ones run arrivals' prefills inside the decode / verify forward (`--enable-mixed-chunk`), the
 others prefill them in steps of their own. DFlash runs static verify at the draft length
 schedule the server derives from `--profile` and the step costs it measures at start-up (the
-step bench's `--schedule derived`), its verdicts forced to draws from the profile by the step
-bench's `ForcedAcceptance` (a verify step of width 1, plain decoding, drafts nothing and is not
-forced).
+step bench's `--schedule derived`; `--step-costs FILE` instead of measuring), its verdicts
+forced to draws from the profile by the step bench's `ForcedAcceptance` (a verify step of width
+1, plain decoding, drafts nothing and is not forced).
 
 Per configuration and concurrency: tok/s, ms per scheduler step, the scheduler's statistics
 over the timed steps (prefill, decode and mixed steps, the requests they ran, ...), emitted
@@ -42,6 +42,7 @@ import torch
 from bench_dflash_step import (  # this script's folder is on sys.path
     DEFAULT_PROFILE,
     OVERLAP,
+    PROFILES,
     ForcedAcceptance,
     StepClock,
     engine_kwargs,
@@ -61,7 +62,8 @@ from sglang_aux.srt.speculative.dflash_worker import DFlashWorker
 CONFIGS = ("target", "target_mixed", "dflash", "dflash_mixed")
 SMOKE = {**{k: STEP_SMOKE[k] for k in ("target", "draft", "device", "overlap_schedule",
                                        "profile")},
-         "bs": [1, 4], "context": 24, "new_prompt_tokens": 8, "output_tokens": 8, "steps": 24}
+         "bs": [1, 4], "context": 24, "new_prompt_tokens": 8, "output_tokens": 8, "steps": 24,
+         "step_costs": str(PROFILES / "tiny-llama-dflash-b4_step_costs_synthetic.json")}
 # a running max, not a count: no change over a window
 NOT_ADDITIVE = {"max_step_peak_bytes"}
 
@@ -151,6 +153,17 @@ def scheduler_stats(engine: Engine) -> dict:
     return dict(engine.scheduler.stats) | engine.worker.step_stats
 
 
+def forward_counts(engine: Engine) -> dict[str, int]:
+    """Forwards so far by runner, mode and path (`/get_server_info` `forwards`), flat:
+    `"target MIXED eager": n`, ...: a step that misses its graph shows as eager."""
+    worker = engine.worker
+    runners = {"target": worker.model_runner}
+    if isinstance(worker, DFlashWorker):
+        runners["draft"] = worker.draft_runner
+    return {f"{name} {mode} {path}": n for name, runner in runners.items()
+            for mode, counts in runner.forward_counts.items() for path, n in counts.items()}
+
+
 def run_served(engine: Engine, bs: int, args: argparse.Namespace, width: int,
                profile: AcceptanceProfile | None = None) -> dict:
     """Warm the closed loop of `bs` requests up, step it `--steps` times; the timed steps'
@@ -172,7 +185,7 @@ def run_served(engine: Engine, bs: int, args: argparse.Namespace, width: int,
     first_wave = list(loop.reqs)
     while not all(r.finished for r in first_wave):
         loop.step()
-    warmup, stats = loop.steps, scheduler_stats(engine)
+    warmup, stats, forwards = loop.steps, scheduler_stats(engine), forward_counts(engine)
     before = request_counters(loop.reqs, width)  # the window's arrivals start from nothing
     clock = StepClock(engine.worker.model_runner.device)
     clock.mark()
@@ -184,10 +197,11 @@ def run_served(engine: Engine, bs: int, args: argparse.Namespace, width: int,
     loop.close()
     delta = [b - a for a, b in zip(before, after, strict=True)]
     stats = {k: now[k] - stats[k] for k in now if k not in NOT_ADDITIVE}
+    forwards = {k: n - forwards.get(k, 0) for k, n in forward_counts(engine).items()}
     stepped = stats["decode_batch_requests"]  # request rows of decode, verify and mixed steps
     r = {"bs": bs, "step_ms": ms, "tok_s": delta[0] / (args.steps * ms) * 1e3,
          "emitted": delta[0], "tokens_per_request_step": delta[0] / stepped if stepped else None,
-         "steps": args.steps, "warmup_steps": warmup, "stats": stats,
+         "steps": args.steps, "warmup_steps": warmup, "stats": stats, "forwards": forwards,
          "requests_started": len(loop.reqs), "requests_finished": len(loop.finished_at),
          "finished_in_window": sum(s >= warmup for s in loop.finished_at.values())}
     if forced is not None:
@@ -262,6 +276,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--target", default="qwen2.5-1.5b-shaped")
     p.add_argument("--draft", default="qwen2.5-1.5b-shaped-dflash")
     p.add_argument("--profile", default=str(DEFAULT_PROFILE))
+    p.add_argument("--step-costs", default=None,
+                   help="the DFlash servers' --speculative-step-costs (default: measured at "
+                        "start-up, as a server does)")
     p.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=CONFIGS)
     p.add_argument("--bs", type=int, nargs="+", default=[1, 8, 32],
                    help="concurrent requests (each a closed loop of its own)")
@@ -294,7 +311,7 @@ def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
     # what the step bench's engine_kwargs reads: the server's derived schedule (its step
     # costs measured at start-up), requests up to the longest output drawn
-    args.schedule, args.step_costs = "derived", None
+    args.schedule = "derived"
     args.max_new_tokens = output_lengths(args)[1]
     args.verify_width, profile = None, None
     # Everything that can be wrong with the input fails here, before any model loads.

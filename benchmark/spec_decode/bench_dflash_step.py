@@ -219,6 +219,8 @@ def engine_kwargs(args: argparse.Namespace, mode: str | None, width: int | None 
     kw = {"model_path": args.target, "load_format": args.load_format, "device": args.device,
           "max_running_requests": max(args.bs), "speculative_step_cost_context": args.context,
           "disable_overlap_schedule": OVERLAP[args.overlap_schedule],
+          # decode steps only (the batch is prefilled before them): no mixed graphs to capture
+          "enable_mixed_chunk": False,
           "context_length": args.context + args.max_new_tokens + 64}
     if mode is None:
         return kw

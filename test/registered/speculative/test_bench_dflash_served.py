@@ -50,6 +50,18 @@ def test_the_closed_loop_holds_its_concurrency(smoke):
         # every timed step launched one forward: a prefill, a decode / verify or a mixed one
         assert stats["prefill_steps"] + stats["decode_steps"] + stats["mixed_steps"] \
             == r["steps"]
+        # and the forwards each runner ran in the window, by mode, graph or eager
+        def forwards(runner: str, mode: str, counts: dict = r["forwards"]) -> int:
+            return sum(n for k, n in counts.items() if k.startswith(f"{runner} {mode} "))
+
+        step = "TARGET_VERIFY" if r["config"].startswith("dflash") else "DECODE"
+        assert forwards("target", step) == stats["decode_steps"]
+        assert forwards("target", "MIXED") == stats["mixed_steps"]
+        assert forwards("target", "EXTEND") == stats["prefill_steps"]
+        if step == "TARGET_VERIFY":
+            assert forwards("draft", "DRAFT_BLOCK") == (stats["decode_steps"]
+                                                        + stats["mixed_steps"]
+                                                        - stats["spec_plain_steps"])
 
 
 def test_plain_configs_prefill_apart_and_mixed_ones_ride_the_step(smoke):
