@@ -41,7 +41,11 @@
 # give an H100 DEADLINE=540 without --eval; with TRAIN_FLAGS='--eval --eval-num-prompts 100'
 # DEADLINE=545 trained 4,769 steps (accept 4.83) but the held-out eval after it ran the call
 # into its 600 s limit before the draft's parts were sent back (2026-12-05, fifth session):
-# there give DEADLINE=490. TRAIN_FLAGS='--eval' leaves the draft its acceptance_profile.json,
+# there give DEADLINE=490. A longer draft over two calls: TRAIN_FLAGS='--resume' in the first
+# (the deadline writes the checkpoint; the call ends without a draft), then TRAIN_FLAGS='--resume
+# --eval --eval-num-prompts 100' SEND_PARTS=6 (the draft's six 16 MiB parts beside its README:
+# within a call's eight files) in the second; the feature pass (about 130 s on an H100) runs in each.
+# TRAIN_FLAGS='--eval' leaves the draft its acceptance_profile.json,
 # from which a static server derives its draft length schedule by default. The samples
 # carried, as run on 2026-12-05 (a light branch: `git checkout -b stage-light && git rm -q
 # python/sglang_aux/data/drafts/smollm2-135m-instruct-dflash-b8/model.safetensors && git commit
@@ -72,7 +76,8 @@
 # run beside the training), SAMPLED_PASSES, GEN_BUDGET (gen), NUM_QUESTIONS
 # (eval, eval2), EVAL_CONFIGS (eval: default "target dflash"), SGLANG_HARNESS= (eval: ours
 # only), HELDOUT=1 (eval: the held-out accept too), LOSSLESS=0 (eval: not the lossless test), EXTRA_TESTS (eval: more test files),
-# DRAFT_PARTS (draft-in: how many parts make the draft, default 6), TRAIN_FLAGS (train: more
+# DRAFT_PARTS (draft-in: how many parts make the draft, default 6), SEND_PARTS (train: the
+# draft's parts it sends back, default 3), TRAIN_FLAGS (train: more
 # train_dflash flags, e.g. '--eval --profile-steps 20'). Issue 30's Qwen comparison, Qwen staged and the samples
 # carried: DRAFT=qwen2.5-coder-1.5b-instruct-dspark-b15 TRAIN_FLAGS='--eval --profile-steps 20' DEADLINE=500 ... train
 # (the DFlash draft's data and training time), `draft-in` (the DFlash draft), then
@@ -139,7 +144,7 @@ print(d('$DRAFT').parent)")
     cp "$draft/README.md" "$out/draft_README.md"
     rm -rf /root/draft-parts && mkdir -p /root/draft-parts
     tar cf - -C "$(dirname "$draft")" "$DRAFT" | split -b 16M - /root/draft-parts/draft.tar.part-
-    send_parts 3
+    send_parts "${SEND_PARTS:-3}"
     ls -la "$draft"
     if [ -n "${tests:-}" ]; then wait $tests; cat /root/cuda.log; fi ;;
   search)  # issue 40's recipe search: SEARCH_VARIANTS (NAME=FLAGS ...) of $DRAFT's recipe,
