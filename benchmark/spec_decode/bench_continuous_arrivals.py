@@ -149,8 +149,9 @@ def main() -> None:
     p.add_argument("--trace", action="store_true", help="GPU span and idle time per step")
     p.add_argument("--disable-radix-cache", action="store_true")
     p.add_argument("--engines", nargs="+", default=["target", "dflash"],
-                   help="of: target dflash, then _delay (with the prefill delayer) or _mixed "
-                        "(--enable-mixed-chunk)")
+                   help="of: target dflash, then _delay (with the prefill delayer), _mixed "
+                        "(--enable-mixed-chunk, the default since 2026-12-05) or _apart "
+                        "(--disable-mixed-chunk: arrivals prefilled in steps of their own)")
     p.add_argument("--out", default="benchmark/spec_decode/continuous_arrivals.json")
     a = p.parse_args()
     if a.trace and a.device != "cuda":
@@ -164,8 +165,8 @@ def main() -> None:
         extra = dict(dflash) if name.startswith("dflash") else {}
         if name.endswith("_delay"):
             extra["enable_prefill_delayer"] = True
-        if name.endswith("_mixed"):
-            extra["enable_mixed_chunk"] = True
+        if name.endswith(("_mixed", "_apart")):
+            extra["enable_mixed_chunk"] = name.endswith("_mixed")
         engine = Engine(model_path=folder, dtype=a.dtype, device=a.device,
                         max_running_requests=64, context_length=2048,
                         disable_radix_cache=a.disable_radix_cache, **extra)

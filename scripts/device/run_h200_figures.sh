@@ -94,11 +94,13 @@ case $phase in
       --max-running-requests 128 --context-length 2048 ${LOAD_FLAGS:-} 2>&1 | tail -25 ;;
   arrivals)  # the harness's traffic in-process, per-step GPU spans, prefill delayer off / on
     $py benchmark/spec_decode/bench_continuous_arrivals.py --trace \
-      --engines target dflash target_delay dflash_delay --out "$out/continuous_arrivals.json" \
+      --engines target_apart dflash_apart target_delay dflash_delay \
+      --out "$out/continuous_arrivals.json" \
       2>&1 | grep -v Warning | tail -12 ;;
   mixed)  # the harness's traffic in-process, arrivals' prefills apart / inside the step
     $py benchmark/spec_decode/bench_continuous_arrivals.py --trace \
-      --engines target dflash target_mixed dflash_mixed --out "$out/continuous_arrivals_mixed.json" \
+      --engines target_apart dflash_apart target_mixed dflash_mixed \
+      --out "$out/continuous_arrivals_mixed.json" \
       2>&1 | grep -v Warning | tail -12 ;;
   gemm)
     $py benchmark/aux_memory/bench_mxfp8_gemm.py --out "$out/mxfp8_gemm.json" 2>&1 | tail -40 ;;
