@@ -16,9 +16,9 @@
 # target_nocache dflash_nocache target_delay dflash_delay
 # target_mixed dflash_mixed target_apart dflash_apart" (default: target dflash dflash_noshare;
 # *_nocache pass --disable-radix-cache, *_delay --enable-prefill-delayer,
-# *_mixed --enable-mixed-chunk (the default since 2026-12-05, so these are the plain configs
-# with the flag spelled out), *_apart --disable-mixed-chunk (arrivals prefilled in steps of
-# their own, the default before),
+# *_mixed --enable-mixed-chunk (on CUDA the default since 2026-12-05, so there these are the
+# plain configs with the flag spelled out), *_apart --disable-mixed-chunk (arrivals prefilled
+# in steps of their own, the default before),
 # dflash_streamed --speculative-dflash-aux-projection streamed; dflash_schedule: static verify
 # with the draft length schedule derived at start-up from ACCEPTANCE_PROFILE (environment,
 # default the Qwen2.5-Coder GSM8K profile in benchmark/spec_decode/profiles/; `draft`: the

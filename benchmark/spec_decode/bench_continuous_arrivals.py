@@ -150,7 +150,7 @@ def main() -> None:
     p.add_argument("--disable-radix-cache", action="store_true")
     p.add_argument("--engines", nargs="+", default=["target", "dflash"],
                    help="of: target dflash, then _delay (with the prefill delayer), _mixed "
-                        "(--enable-mixed-chunk, the default since 2026-12-05) or _apart "
+                        "(--enable-mixed-chunk, on CUDA the default since 2026-12-05) or _apart "
                         "(--disable-mixed-chunk: arrivals prefilled in steps of their own)")
     p.add_argument("--out", default="benchmark/spec_decode/continuous_arrivals.json")
     a = p.parse_args()

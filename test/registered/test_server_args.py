@@ -158,14 +158,18 @@ def test_unknown_attention_backend_is_refused(capsys):
 
 
 
+CUDA = ["--device", "cuda"]  # a named device: nothing probes for a GPU
+
+
 @pytest.mark.parametrize("argv,mixed", [
-    (["--model-path", "m"], True),  # the default, target-only
-    (DFLASH, True),  # static verify
-    ([*DSPARK, "--speculative-verify-mode", "compact"], False),  # no mixed forward takes it
-    ([*DFLASH, "--disable-mixed-chunk"], False),
-    ([*DFLASH, "--enable-mixed-chunk"], True),  # SGLang's flag, kept
+    ([*CUDA, "--model-path", "m"], True),  # the default on CUDA, target-only
+    ([*CUDA, *DFLASH], True),  # static verify
+    ([*CUDA, *DSPARK, "--speculative-verify-mode", "compact"], False),  # no mixed forward
+    ([*CUDA, *DFLASH, "--disable-mixed-chunk"], False),
+    (["--device", "cpu", *DFLASH], False),  # the CPU's default
+    (["--device", "cpu", *DFLASH, "--enable-mixed-chunk"], True),  # SGLang's flag, kept
 ])
-def test_mixed_steps_are_on_by_default_where_they_run(argv, mixed):
+def test_mixed_steps_are_on_by_default_where_they_win(argv, mixed):
     args = _args(argv)
     assert args.enable_mixed_chunk is mixed
     # resolved once: what the scheduler process and the ranks rebuild stays the same

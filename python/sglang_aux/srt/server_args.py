@@ -198,9 +198,10 @@ class ServerArgs:
     disable_overlap_schedule: bool | None = None
     # arrivals' prefills ride in the running batch's decode / verify forward (MIXED, SGLang's
     # flag name), up to this many arrival tokens per forward (managers/scheduler/scheduler.py);
-    # None: on wherever mixed steps run (not under compact verify), resolved at start-up:
-    # unlike SGLang's default, since it won for target-only and DFlash at 1, 8 and 32
-    # concurrent (docs/benchmarks.md, section 9d); --disable-mixed-chunk: off
+    # None: on CUDA, where it won for target-only and DFlash at 1, 8 and 32 concurrent
+    # (docs/benchmarks.md, section 9d; SGLang's default is off), unless compact verify, which
+    # no mixed forward takes; off on the CPU, where capturing its layouts costs start-up time
+    # and nothing shows a win. Resolved at start-up; --disable-mixed-chunk: off
     enable_mixed_chunk: bool | None = None
     mixed_chunk_max_prefill_tokens: int = 512
     # SGLang's: a prompt longer than this prefills over several steps of at most this many
@@ -290,8 +291,8 @@ class ServerArgs:
             self._check_dflash(algo)
         if self.enable_mixed_chunk is None:
             # a compact verify step runs ragged lengths no mixed forward takes
-            self.enable_mixed_chunk = not (algo.is_dflash_family()
-                                           and self.speculative_verify_mode == "compact")
+            self.enable_mixed_chunk = self.resolved_device().startswith("cuda") and not (
+                algo.is_dflash_family() and self.speculative_verify_mode == "compact")
         if not algo.is_dflash_family():
             given = self._given("speculative_verify_width", "speculative_verify_mode",
                                 "speculative_draft_len_schedule", *COMPACT_ONLY_FLAGS,
@@ -580,8 +581,8 @@ class ServerArgs:
         mixed.add_argument(
             "--enable-mixed-chunk", action="store_const", const=True, default=None,
             help="run arrivals' prefills inside the running batch's decode (or DFlash verify) "
-                 "forward instead of in a step of their own (default: on, except under "
-                 "compact verify, which refuses the flag)")
+                 "forward instead of in a step of their own (default: on CUDA, except under "
+                 "compact verify, which refuses the flag; off on the CPU)")
         mixed.add_argument(
             "--disable-mixed-chunk", dest="enable_mixed_chunk", action="store_const",
             const=False, help="prefill arrivals in steps of their own")

@@ -20,13 +20,12 @@ def _load_test():
     return load_bench(SCRIPT)
 
 
-@pytest.mark.parametrize("flags", [["--disable-mixed-chunk"], [],
-                                   ["--chunked-prefill-size", "8", "--disable-mixed-chunk"]],
+@pytest.mark.parametrize("flags", [[], ["--enable-mixed-chunk"], ["--chunked-prefill-size", "8"]],
                          ids=["apart", "mixed", "chunked"])
 def test_load_test_passes_on_a_small_dflash_server(tmp_path, flags):
-    """With mixed steps (the default) the concurrent phase's arrivals ride in verify steps;
-    with `--chunked-prefill-size 8` and without them longer prompts prefill in chunks between
-    them."""
+    """With `--enable-mixed-chunk` (the default on CUDA, not on this CPU) the concurrent
+    phase's arrivals ride in verify steps; with `--chunked-prefill-size 8` longer prompts
+    prefill in chunks between them."""
     target = tiny_checkpoint("tiny-k3", tmp_path)
     draft = tiny_checkpoint("tiny-k3-dflash", tmp_path)
     out = tmp_path / "load.json"
@@ -46,7 +45,7 @@ def test_load_test_passes_on_a_small_dflash_server(tmp_path, flags):
     assert report["radix_cache_hit_tokens"] > 0  # the concurrent phase repeats the references
     assert report["ok"]
     stats = report["scheduler_stats_after_concurrent"]
-    assert (stats["mixed_steps"] > 0) == ("--disable-mixed-chunk" not in flags), stats
+    assert (stats["mixed_steps"] > 0) == ("--enable-mixed-chunk" in flags), stats
     assert (stats["chunked_prefill_steps"] > 0) == ("--chunked-prefill-size" in flags), stats
 
 

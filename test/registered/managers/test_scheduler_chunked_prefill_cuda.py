@@ -20,7 +20,8 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUD
 GREEDY = {"temperature": 0, "max_new_tokens": 12, "ignore_eos": True}
 COMMON = dict(device="cuda", dtype="float32", max_total_tokens=8192, max_running_requests=4,
               cuda_graph_bs_decode=[1, 2, 4], cuda_graph_tokens_prefill=[16, 64],
-              cuda_graph_max_bs_prefill=2, context_length=1024)
+              cuda_graph_max_bs_prefill=2, context_length=1024,
+              enable_mixed_chunk=False)  # chunks between steps unless a test asks for mixed
 LENS = [5, 48, 111, 300, 3, 64]  # 48 and 64 end on 16-token chunk boundaries
 PROJECTIONS = {"packed": {},
                "staged": dict(speculative_draft_fc_quantization="mxfp8",

@@ -27,8 +27,9 @@ PROMPTS = [SHARED + q for q in ["Question: 12 + 30 =", "Question: what is 7 time
                                 "Question: Weng earns $12 an hour.", "Question: 12 + 31 =",
                                 "Question: x", "Question: a long one " * 4, "Question: 2"]]
 GREEDY = {"temperature": 0, "max_new_tokens": 24, "ignore_eos": True}
+# prefills in EXTEND graphs of their own (mixed steps, CUDA's default, would carry arrivals)
 COMMON = dict(device="cuda", dtype="float32", max_running_requests=8,
-              cuda_graph_bs_decode=[1, 2, 4, 8])
+              cuda_graph_bs_decode=[1, 2, 4, 8], enable_mixed_chunk=False)
 
 
 def _run(engine) -> list[dict]:

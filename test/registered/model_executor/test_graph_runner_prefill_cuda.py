@@ -20,7 +20,8 @@ register_cuda_ci(est_time=120, suite="default")
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 TOKENS = [16, 32, 64, 128]
 COMMON = dict(device="cuda", dtype="float32", max_running_requests=4, max_total_tokens=8192,
-              context_length=512, cuda_graph_tokens_prefill=TOKENS, cuda_graph_max_bs_prefill=2)
+              context_length=512, cuda_graph_tokens_prefill=TOKENS, cuda_graph_max_bs_prefill=2,
+              enable_mixed_chunk=False)  # prefills in EXTEND graphs of their own
 BATCHES = [[16], [20, 12], [64], [128], [10], [40, 7], [100, 3], [5]]
 
 

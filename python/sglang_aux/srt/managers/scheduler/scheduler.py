@@ -10,8 +10,8 @@ need n's tokens on the host; a request that n finishes runs once more in n+1, an
 dropped. Admission reserves every KV slot a request can need (`KvReservation`, which also
 explains the prefix cache); a request naming a grammar waits in `GrammarQueue` first.
 
-With mixed steps (`--enable-mixed-chunk`, SGLang's flag; on by default here) arrivals that fit
-a mixed forward (`mixed_limits`) are not prefilled in a step of their own: one MIXED forward
+With mixed steps (`--enable-mixed-chunk`, SGLang's flag; on by default on CUDA) arrivals that
+fit a mixed forward (`mixed_limits`) are not prefilled in a step of their own: one MIXED forward
 runs the running batch's decode (or DFlash verify) step and their prefill (`Worker.mixed`), so
 a small model's latency-bound forward is paid once for both. Both halves come back as steps of
 their own that share one readback; an arrival too long for it is prefilled apart, as before,
