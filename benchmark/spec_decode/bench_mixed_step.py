@@ -2,13 +2,14 @@
 
     python benchmark/spec_decode/bench_mixed_step.py --out mixed_step.json
 
-Random-weight SmolLM2-shaped target (and draft), bf16, `--enable-mixed-chunk`: `--bs` running
-requests and `width` arrivals, each a cached `--prefix`-token prompt plus `--new` tokens (the
-harness's traffic). CUDA-event ms (median of `--iters`) of: the step graph alone (DECODE or
-TARGET_VERIFY at `--bs`), the arrivals' prefill graph, the two back to back, and the mixed
-graph that does both in one forward (replay only, and `ModelRunner.prepare` + the replay through
-`ModelRunner.forward`: a launch's one input copy added); with a kernel table of the mixed
-replay.
+Random-weight SmolLM2-shaped target (and draft; `--target`, `--draft`: other presets, e.g.
+`qwen2.5-1.5b-shaped` and its `-dflash`, with `--verify-width` the static schedule's width),
+bf16, `--enable-mixed-chunk`: `--bs` running requests and `width` arrivals, each a cached
+`--prefix`-token prompt plus `--new` tokens (the harness's traffic). CUDA-event ms (median of
+`--iters`) of: the step graph alone (DECODE or TARGET_VERIFY at `--bs`), the arrivals' prefill
+graph, the two back to back, and the mixed graph that does both in one forward (replay only,
+and `ModelRunner.prepare` + the replay through `ModelRunner.forward`: a launch's one input copy
+added); with a kernel table of the mixed replay.
 """
 
 from __future__ import annotations
@@ -95,13 +96,21 @@ def main() -> None:
     p.add_argument("--iters", type=int, default=50)
     p.add_argument("--kernels", type=int, default=16)
     p.add_argument("--vocab", type=int, default=40000, help="prompt ids are drawn below it")
+    p.add_argument("--target", default="smollm2-shaped", help="a preset (random weights)")
+    p.add_argument("--draft", default="smollm2-shaped-dflash", help="the target's DFlash preset")
+    p.add_argument("--verify-width", type=int, default=None,
+                   help="DFlash verifies this many tokens a request at every batch size (a "
+                        "static server's schedule at --bs, e.g. 8 at 32 for the Qwen2.5-1.5B "
+                        "shapes; default: the draft's block)")
     p.add_argument("--out", default="benchmark/spec_decode/mixed_step.json")
     a = p.parse_args()
     rows = []
-    for name, extra in (("target", {}), ("dflash", {
-            "speculative_algorithm": "DFLASH",
-            "speculative_draft_model_path": "smollm2-shaped-dflash"})):
-        engine = Engine(model_path="smollm2-shaped", load_format="dummy", dtype="bfloat16",
+    dflash = {"speculative_algorithm": "DFLASH", "speculative_draft_model_path": a.draft}
+    if a.verify_width is not None:  # its narrower step and mixed graphs captured beside
+        dflash |= {"speculative_verify_mode": "static",
+                   "speculative_draft_len_schedule": f"1:{a.verify_width}"}
+    for name, extra in (("target", {}), ("dflash", dflash)):
+        engine = Engine(model_path=a.target, load_format="dummy", dtype="bfloat16",
                         device="cuda", max_running_requests=a.bs + 4, context_length=2048,
                         cuda_graph_bs_decode=[1, a.bs], enable_mixed_chunk=True, **extra)
         rows += measure(engine, name, a)
