@@ -41,11 +41,12 @@ from pathlib import Path
 import torch
 from bench_dflash_step import (  # this script's folder is on sys.path
     DEFAULT_PROFILE,
-    OVERLAP,
     PROFILES,
     ForcedAcceptance,
     StepClock,
+    add_engine_flags,
     engine_kwargs,
+    parse_with_smoke,
     release_device_memory,
     request_counters,
     stratified,
@@ -289,15 +290,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="mean output tokens per request, each drawn from [L/2, 3L/2]")
     p.add_argument("--steps", type=int, default=400, help="timed scheduler steps")
     p.add_argument("--seed", type=int, default=0, help="of the prompts, lengths and draws")
-    p.add_argument("--load-format", default="dummy")
-    p.add_argument("--device", default="auto")
-    p.add_argument("--overlap-schedule", default="auto", choices=list(OVERLAP))
+    add_engine_flags(p)
     p.add_argument("--smoke", action="store_true",
                    help="tiny presets on the CPU, short requests, a few steps (the CI test)")
     p.add_argument("--out", default="benchmark/spec_decode/dflash_served.json")
-    if p.parse_args(argv).smoke:  # its values as defaults: flags given still win
-        p.set_defaults(**SMOKE)
-    args = p.parse_args(argv)
+    args = parse_with_smoke(p, argv, SMOKE)
     if args.steps < 1 or min(args.bs) < 1 or args.output_tokens < 1:
         p.error("--steps, every --bs and --output-tokens must be >= 1")
     if not 0 <= args.new_prompt_tokens < args.context:

@@ -358,6 +358,22 @@ def print_table(rows: list[dict]) -> None:
               f"{r['verify_tokens_per_accepted']:>10.2f}")
 
 
+def add_engine_flags(p: argparse.ArgumentParser) -> None:
+    """The flags of the DFlash benches' engines: weights, device, overlap scheduler."""
+    p.add_argument("--load-format", default="dummy")
+    p.add_argument("--device", default="auto")
+    p.add_argument("--overlap-schedule", default="auto", choices=list(OVERLAP))
+
+
+def parse_with_smoke(p: argparse.ArgumentParser, argv: list[str] | None, smoke: dict
+                     ) -> argparse.Namespace:
+    """`argv` parsed, with `smoke`'s values as the defaults under `--smoke` (flags given
+    still win)."""
+    if p.parse_args(argv).smoke:
+        p.set_defaults(**smoke)
+    return p.parse_args(argv)
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--target", default="qwen2.5-1.5b-shaped")
@@ -383,15 +399,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0, help="of the prompts and the draws")
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--steps", type=int, default=40)
-    p.add_argument("--load-format", default="dummy")
-    p.add_argument("--device", default="auto")
-    p.add_argument("--overlap-schedule", default="auto", choices=list(OVERLAP))
+    add_engine_flags(p)
     p.add_argument("--smoke", action="store_true",
                    help="tiny presets on the CPU, a few steps (the CI test)")
     p.add_argument("--out", default="benchmark/spec_decode/dflash_step.json")
-    if p.parse_args(argv).smoke:  # its values as defaults: flags given still win
-        p.set_defaults(**SMOKE)
-    args = p.parse_args(argv)
+    args = parse_with_smoke(p, argv, SMOKE)
     if args.warmup < 1 or args.steps < 1 or min(args.bs) < 1:
         p.error("--warmup, --steps and every --bs must be >= 1")
     given = [f for f in ("compact_verify_budget_frac", "compact_verify_max_tokens")
