@@ -273,6 +273,10 @@ class ModelRunner:
                           lambda bs, n: [ForwardLayout(graphs.mode, bs, w, logits_per_req=n)]
                           if n >= 1 else [])
 
+    def forwards_info(self) -> dict[str, dict[str, int]]:
+        """A copy of `forward_counts`: each mode's forwards so far, graph or eager."""
+        return {mode: dict(counts) for mode, counts in self.forward_counts.items()}
+
     @property
     def step_graphs(self) -> GraphRunner | None:
         """The graphs of the runner's step mode (DECODE, TARGET_VERIFY or DRAFT_BLOCK)."""

@@ -165,8 +165,7 @@ class DFlashWorker(RequestRowStaging):
         """The draft length schedule in force and its source, and the draft's forwards by
         mode, graph or eager (`Worker`)."""
         return {"speculative_draft_len_schedule": self.draft_len.info(),
-                "draft_forwards": {m: dict(c) for m, c in
-                                   self.draft_runner.forward_counts.items()}}
+                "draft_forwards": self.draft_runner.forwards_info()}
 
     def _proposals(self, rows: int, vocab: int, device: torch.device) -> Proposals:
         """A step's distributions packed by its proposals: the draft computes only those."""

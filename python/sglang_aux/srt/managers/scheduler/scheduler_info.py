@@ -102,7 +102,7 @@ def engine_info(engine: ServingEngine, throughput: StepThroughput) -> dict:
         **prefix_cache_info(sched),
         "last_gen_throughput": throughput.last_gen_throughput,
         **graph_memory(runner),
-        "forwards": {m: dict(c) for m, c in runner.forward_counts.items()},
+        "forwards": runner.forwards_info(),
         **engine.worker.server_info(),
         "num_running_reqs": len(sched.running),
         "num_queue_reqs": len(sched.waiting),
