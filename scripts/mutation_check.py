@@ -358,6 +358,23 @@ MUTATIONS = [
              "h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)",
              "h = tl.arange(0, BLOCK_H) + 0 * tl.program_id(1)",
              (f"{T}/attention/test_split_merge.py",)),
+    # the scheduler's statistics and the mixed-step default
+    Mutation("overlap: a pass's seconds charged to the step it launched, not the one it reads",
+             f"{SRT}/managers/scheduler/scheduler.py",
+             "self.stats[charged] += time.perf_counter() - start",
+             "self.stats[kind] += time.perf_counter() - start",
+             (f"{T}/managers/test_scheduler_overlap.py::"
+              "test_overlap_charges_a_pass_to_the_step_it_completes",)),
+    Mutation("mixed steps on by default under compact verify too",
+             f"{SRT}/server_args.py",
+             'algo.is_dflash_family() and self.speculative_verify_mode == "compact")',
+             "False)",
+             (f"{T}/test_server_args.py",)),
+    Mutation("mixed steps on by default on the CPU too",
+             f"{SRT}/server_args.py",
+             'self.enable_mixed_chunk = self.resolved_device().startswith("cuda") and not (',
+             "self.enable_mixed_chunk = True and not (",
+             (f"{T}/test_server_args.py",)),
 ]
 
 
