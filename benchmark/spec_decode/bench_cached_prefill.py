@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import time
 
 import torch
 
@@ -27,8 +28,12 @@ from sglang_aux.srt.managers.schedule_batch import extend_inputs
 
 
 def gpu_ms(fn, iters: int) -> float:
+    """Median ms of `fn` over `iters` calls: CUDA events, or the host clock without CUDA (the
+    benches' CPU smoke runs)."""
     for _ in range(5):
         fn()
+    if not torch.cuda.is_available():
+        return statistics.median(_host_ms(fn) for _ in range(iters))
     times = []
     for _ in range(iters):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -40,7 +45,15 @@ def gpu_ms(fn, iters: int) -> float:
     return statistics.median(times)
 
 
+def _host_ms(fn) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return (time.perf_counter() - t0) * 1e3
+
+
 def kernel_table(fn, top: int) -> list[dict]:
+    if not torch.cuda.is_available():
+        return []
     fn()
     torch.cuda.synchronize()
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:

@@ -1,6 +1,8 @@
 """GPU time of a mixed step's graph against the step graph and the prefill it replaces.
 
     python benchmark/spec_decode/bench_mixed_step.py --out mixed_step.json
+    python benchmark/spec_decode/bench_mixed_step.py --device cpu --target tiny-llama \
+        --draft tiny-llama-dflash --bs 4 --prefix 40 --new 8 --vocab 200 --kernels 0  # smoke
 
 Random-weight SmolLM2-shaped target (and draft; `--target`, `--draft`: other presets, e.g.
 `qwen2.5-1.5b-shaped` and its `-dflash`, with `--verify-width` the static schedule's width),
@@ -42,13 +44,23 @@ def measure(engine: Engine, name: str, a: argparse.Namespace) -> list[dict]:
             worker.admit(r)
         return reqs
 
-    running = admitted(a.bs)
-    for i in range(0, a.bs, 4):  # prefill graphs take 4 requests
-        for r, toks in zip(running[i:i + 4], worker.prefill(running[i:i + 4]).tokens(),
-                           strict=True):
-            r.output_ids += toks
+    # the running batch as a server steps it, so the step graph's static inputs hold a real
+    # batch (a bare replay of a freshly captured graph may index past its tables)
+    params = {"max_new_tokens": 512, "ignore_eos": True, "temperature": 0.0}
+    for _ in range(a.bs):
+        sched.add_request(engine.make_request(
+            input_ids=prefix + torch.randint(3, a.vocab, (a.new,), generator=g).tolist(),
+            sampling_params=params))
+    while sched.waiting or len(sched.running) < a.bs:
+        sched.step()
+    for _ in range(3):
+        sched.step()
+    running = list(sched.running)
+    draft_len = getattr(worker, "draft_len", None)
+    width = 1 if draft_len is None else draft_len.width(a.bs)  # the step's verify width
     gr, mg = runner.step_graphs, runner.graph_runners.get(ForwardMode.MIXED)
-    step_i = next(i for i, x in enumerate(gr.layouts) if x.step_bs == a.bs)
+    step_i = next(i for i, x in enumerate(gr.layouts)
+                  if x.step_bs == a.bs and x.tokens_per_req == width)
     step = lambda: gr.backend.replay(gr.graphs[step_i])  # noqa: E731
     step_ms = gpu_ms(step, a.iters)
     rows = []
@@ -58,7 +70,6 @@ def measure(engine: Engine, name: str, a: argparse.Namespace) -> list[dict]:
         prefill_fb = runner.prepare(extend_inputs(runner, arrivals))
         for r, k in zip(arrivals, kv, strict=True):
             r.kv_len = k
-        width = gr.layouts[0].tokens_per_req
         inputs = mixed_inputs(runner, running, arrivals, width)  # what a mixed step sends
         key = mg.fit(ForwardLayout.of(inputs, width))
         if key is None:
@@ -67,9 +78,10 @@ def measure(engine: Engine, name: str, a: argparse.Namespace) -> list[dict]:
         launch()  # the static inputs hold the batch: a bare replay reruns it
         replay = lambda key=key: mg.backend.replay(mg.graphs[key])  # noqa: E731
         layout = mg.layouts[key]
-        row = {"engine": name, "step_graph": gr.mode.name, "bs": a.bs, "arrivals": n,
+        row = {"engine": name, "step_graph": gr.mode.name, "bs": a.bs, "width": width,
+               "arrivals": n,
                "arrival_tokens": prefill_fb.num_tokens,
-               "mixed_graph": [layout.step_bs, layout.arrival_tokens],
+               "mixed_graph": [layout.step_bs, layout.tokens_per_req, layout.arrival_tokens],
                "step_ms": round(step_ms, 4),
                "prefill_ms": round(gpu_ms(lambda fb=prefill_fb: runner.forward(fb), a.iters), 4),
                "step_then_prefill_ms": round(gpu_ms(
@@ -83,11 +95,12 @@ def measure(engine: Engine, name: str, a: argparse.Namespace) -> list[dict]:
         for r in arrivals:
             sched.kv.release(r)
     for r in running:
-        sched.kv.release(r)
+        sched.abort(r)
+    sched.step()
     return rows
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--bs", type=int, default=32)
     p.add_argument("--prefix", type=int, default=700)
@@ -102,17 +115,20 @@ def main() -> None:
                    help="DFlash verifies this many tokens a request at every batch size (a "
                         "static server's schedule at --bs, e.g. 8 at 32 for the Qwen2.5-1.5B "
                         "shapes; default: the draft's block)")
+    p.add_argument("--device", default="cuda", help="cpu: a smoke run (host-clock ms)")
     p.add_argument("--out", default="benchmark/spec_decode/mixed_step.json")
-    a = p.parse_args()
+    a = p.parse_args(argv)
     rows = []
     dflash = {"speculative_algorithm": "DFLASH", "speculative_draft_model_path": a.draft}
     if a.verify_width is not None:  # its narrower step and mixed graphs captured beside
         dflash |= {"speculative_verify_mode": "static",
                    "speculative_draft_len_schedule": f"1:{a.verify_width}"}
     for name, extra in (("target", {}), ("dflash", dflash)):
-        engine = Engine(model_path=a.target, load_format="dummy", dtype="bfloat16",
-                        device="cuda", max_running_requests=a.bs + 4, context_length=2048,
-                        cuda_graph_bs_decode=[1, a.bs], enable_mixed_chunk=True, **extra)
+        engine = Engine(model_path=a.target, load_format="dummy", device=a.device,
+                        dtype="bfloat16" if a.device == "cuda" else "float32",
+                        max_running_requests=a.bs + 4, context_length=2048,
+                        cuda_graph_bs_decode=[1, a.bs], enable_mixed_chunk=True,
+                        disable_overlap_schedule=True, **extra)
         rows += measure(engine, name, a)
         del engine
         torch.cuda.empty_cache()
@@ -126,8 +142,10 @@ def main() -> None:
         if r["arrivals"] == a.widths[0]:
             print_kernel_table(r.get("kernels", []), f"  {r['engine']} mixed ")
             print_kernel_table(r.get("step_kernels", []), f"  {r['engine']} step  ")
+    report = {"args": vars(a), "rows": rows}
     with open(a.out, "w") as f:
-        json.dump({"args": vars(a), "rows": rows}, f, indent=1)
+        json.dump(report, f, indent=1)
+    return report
 
 
 if __name__ == "__main__":

@@ -88,8 +88,10 @@ def test_schedule_crossing_thresholds_with_cuda_graphs(ckpts, target_only, overl
 
 @pytest.mark.parametrize("overlap", [False, True])
 def test_static_narrower_widths_with_cuda_graphs(ckpts, target_only, overlap):
+    # prefills apart (mixed steps, on by default on CUDA, are the next test's): every
+    # verify step is then a TARGET_VERIFY forward
     engine = _dflash(ckpts, speculative_verify_mode="static",
-                     speculative_draft_len_schedule=SCHEDULE,
+                     speculative_draft_len_schedule=SCHEDULE, enable_mixed_chunk=False,
                      disable_overlap_schedule=not overlap)
     worker = engine.worker
     graphs = worker.target_runner.step_graphs
