@@ -485,6 +485,35 @@ def test_extend_split_leaves_padding_rows_zero():
         assert torch.equal(out[live:], torch.zeros_like(q[live:])), f"seed {seed}"
 
 
+@pytest.mark.parametrize("window", WINDOWS)
+@pytest.mark.parametrize("splits", [1, 3])
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("heads,kv_heads,head_dim", HEAD_CONFIGS + [(6, 1, 16)])
+def test_extend_packed_gqa_equals_per_head(heads, kv_heads, head_dim, causal, splits, window):
+    """`pack_gqa`: a program per kv head whose tiles hold (token, query head) rows gives
+    every live row of the per-head kernel (fp32: summation order alone may differ), its
+    tiles ending mid-token and mid-window; padding rows stay 0."""
+    seed = fresh_seed()
+    req_pool, kv_pool = make_pools(kv_heads, head_dim, torch.float32)
+    fb = extend_batch(req_pool, kv_pool, TritonAttnBackend(), EXTEND_PREFIX_LENS, EXTEND_LENS)
+    meta = ExtendMetadata.build(fb)
+    pad = 7
+    q = torch.randn(fb.num_tokens + pad, heads, head_dim)
+    k_buf, v_buf = kv_pool.k_buffer[LAYER_ID], kv_pool.v_buffer[LAYER_ID]
+    outs = []
+    for pack in (False, True):
+        out = torch.full_like(q, float("nan"))
+        extend_attention_fwd(q, k_buf, v_buf, out, req_pool.req_to_token, fb.req_pool_indices,
+                             meta.q_start, meta.prefix_lens, meta.extend_lens,
+                             meta.max_extend_len, 0.3, causal, window, num_kv_splits=splits,
+                             pack_gqa=pack)
+        outs.append(out)
+    live = fb.num_tokens
+    torch.testing.assert_close(outs[1][:live], outs[0][:live], rtol=1e-5, atol=1e-6,
+                               msg=f"seed {seed}")
+    assert torch.equal(outs[1][live:], torch.zeros_like(q[live:])), f"seed {seed}"
+
+
 # A ragged step over a bucket of RAGGED_TOKENS tokens: a request verifying all BLOCK tokens,
 # one verifying 1, two in between (contexts before the step short, long and past several
 # key splits), then request slots of 0 tokens and three padding tokens.

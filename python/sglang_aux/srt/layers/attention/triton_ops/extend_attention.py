@@ -37,37 +37,49 @@ def _extend_attention_kernel(
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,
     stride_pt, stride_ph, stride_ps, stride_lt, stride_lh,
     stride_req,
-    GROUP: tl.constexpr, NUM_KV_SPLITS: tl.constexpr, CAUSAL: tl.constexpr,
-    SLIDING_WINDOW_SIZE: tl.constexpr, DOT_PRECISION: tl.constexpr, HEAD_DIM: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    GROUP: tl.constexpr, PACK_GQA: tl.constexpr, NUM_KV_SPLITS: tl.constexpr,
+    CAUSAL: tl.constexpr, SLIDING_WINDOW_SIZE: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     b = tl.program_id(0)
-    head = tl.program_id(1)
     m_tile = tl.program_id(2) // NUM_KV_SPLITS
     split = tl.program_id(2) % NUM_KV_SPLITS
-    kv_head = head // GROUP
+    # PACK_GQA: a program owns a kv head and its GROUP query heads, a tile's rows running
+    # (token, head) token-major, so each K/V tile it loads serves GROUP heads
+    rows_per_token = GROUP if PACK_GQA else 1
+    if PACK_GQA:
+        kv_head = tl.program_id(1)
+    else:
+        kv_head = tl.program_id(1) // GROUP
 
     extend_len = tl.load(Extend_Lens + b)
     prefix_len = tl.load(Prefix_Lens + b)
     q_start = tl.load(Q_Start + b)
     req_row = tl.load(Req_Pool_Indices + b).to(tl.int64)
 
-    rows = m_tile * BLOCK_M + tl.arange(0, BLOCK_M)  # index among this request's new tokens
+    tile_rows = m_tile * BLOCK_M + tl.arange(0, BLOCK_M)
+    rows = tile_rows // rows_per_token  # index among this request's new tokens
+    if PACK_GQA:
+        head = kv_head * GROUP + tile_rows % GROUP
+    else:
+        head = tl.program_id(1) + tile_rows * 0
     row_valid = rows < extend_len
     tok = (q_start - q_offset + rows).to(tl.int64)
     d = tl.arange(0, HEAD_DIM)
-    q = tl.load(Q + tok[:, None] * stride_qt + head * stride_qh + d[None, :],
+    q = tl.load(Q + tok[:, None] * stride_qt + head[:, None] * stride_qh + d[None, :],
                 mask=row_valid[:, None], other=0.0)  # [BLOCK_M, HEAD_DIM]
     q_pos = prefix_len + rows
 
     # Keys past the tile's last query are causally invisible; a tile past the request's new
     # tokens (the grid covers the longest request) runs no loop and stores nothing.
+    first_token = m_tile * BLOCK_M // rows_per_token
     if CAUSAL:
-        kv_end = prefix_len + tl.minimum((m_tile + 1) * BLOCK_M, extend_len)
+        last_token = ((m_tile + 1) * BLOCK_M - 1) // rows_per_token
+        kv_end = prefix_len + tl.minimum(last_token + 1, extend_len)
     else:
         kv_end = prefix_len + extend_len
-    kv_end = tl.where(m_tile * BLOCK_M < extend_len, kv_end, 0)
-    kv_lo = tiling.window_start(prefix_len + m_tile * BLOCK_M, kv_end, SLIDING_WINDOW_SIZE)
+    kv_end = tl.where(first_token < extend_len, kv_end, 0)
+    kv_lo = tiling.window_start(prefix_len + first_token, kv_end, SLIDING_WINDOW_SIZE)
     chunk = tl.cdiv(tl.cdiv(kv_end - kv_lo, NUM_KV_SPLITS), BLOCK_N) * BLOCK_N
     kv_start = kv_lo + split * chunk
     kv_end = tl.minimum(kv_start + chunk, kv_end)
@@ -80,12 +92,12 @@ def _extend_attention_kernel(
     has_keys = l_i > 0.0
     acc = acc / tl.where(has_keys, l_i, 1.0)[:, None]
     if NUM_KV_SPLITS == 1:
-        tl.store(Out + tok[:, None] * stride_ot + head * stride_oh + d[None, :],
+        tl.store(Out + tok[:, None] * stride_ot + head[:, None] * stride_oh + d[None, :],
                  acc.to(Out.dtype.element_ty), mask=row_valid[:, None])
     else:
         lse = tl.where(has_keys, m_i + tl.log2(tl.where(has_keys, l_i, 1.0)), NO_KEYS)
-        tl.store(Partial_Out + tok[:, None] * stride_pt + head * stride_ph + split * stride_ps
-                 + d[None, :], acc, mask=row_valid[:, None])
+        tl.store(Partial_Out + tok[:, None] * stride_pt + head[:, None] * stride_ph
+                 + split * stride_ps + d[None, :], acc, mask=row_valid[:, None])
         tl.store(Partial_Lse + tok * stride_lt + head * stride_lh + split, lse, mask=row_valid)
 
 
@@ -105,18 +117,23 @@ def extend_attention_fwd(
     sliding_window_size: int = -1,
     num_kv_splits: int | None = None,
     q_offset: int = 0,
+    pack_gqa: bool = False,
 ) -> None:
     """`sliding_window_size` keys left of each query are seen (-1: all); `num_kv_splits=None`
     picks the split from the device for the case of one request holding every new token.
     `q_offset`: `q` and `out` start at that row of the batch `q_start` counts in (a MIXED
-    batch's arrivals, after its step rows)."""
+    batch's arrivals, after its step rows). `pack_gqa`: a program per kv head, its tiles'
+    rows (token, query head) token-major, so each K/V tile loaded serves the whole group."""
     bs = req_pool_indices.shape[0]
     num_tokens, num_heads, head_dim = q.shape
     group = num_heads // k_buffer.shape[1]
-    block_m = tiling.q_block(max_extend_len, head_dim)
-    m_tiles = triton.cdiv(max_extend_len, block_m)
+    pack_gqa = pack_gqa and group > 1
+    rows = max_extend_len * group if pack_gqa else max_extend_len
+    block_m = tiling.q_block(rows, head_dim)
+    m_tiles = triton.cdiv(rows, block_m)
+    heads = num_heads // group if pack_gqa else num_heads
     if num_kv_splits is None:
-        num_kv_splits = pick_num_kv_splits(num_heads * m_tiles, q.device)
+        num_kv_splits = pick_num_kv_splits(heads * m_tiles, q.device)
     if num_kv_splits > 1:
         # Rows no program writes (a graph's padding) merge to 0: their splits saw no keys.
         partial_out = q.new_empty((num_tokens, num_heads, num_kv_splits, head_dim),
@@ -126,7 +143,7 @@ def extend_attention_fwd(
     else:
         out.zero_()  # rows of no request (a graph's padding) stay finite
         partial_out, partial_lse = out, out  # unused: the kernel writes `out` directly
-    grid = (bs, num_heads, m_tiles * num_kv_splits)
+    grid = (bs, heads, m_tiles * num_kv_splits)
     _extend_attention_kernel[grid](
         q, k_buffer, v_buffer, out, partial_out, partial_lse,
         req_to_token, req_pool_indices, q_start, prefix_lens, extend_lens,
@@ -136,7 +153,7 @@ def extend_attention_fwd(
         partial_out.stride(0), partial_out.stride(1), partial_out.stride(2),
         partial_lse.stride(0), partial_lse.stride(1),
         req_to_token.stride(0),
-        GROUP=group, NUM_KV_SPLITS=num_kv_splits, CAUSAL=causal,
+        GROUP=group, PACK_GQA=pack_gqa, NUM_KV_SPLITS=num_kv_splits, CAUSAL=causal,
         SLIDING_WINDOW_SIZE=sliding_window_size,
         DOT_PRECISION=tiling.dot_precision(q.dtype), HEAD_DIM=head_dim,
         BLOCK_M=block_m, BLOCK_N=tiling.kv_block(head_dim),
