@@ -18,7 +18,9 @@ between steps, wall time on the CPU), and every token the requests emit meanwhil
 
 Configurations (`--configs`): `target`, `target_mixed`, `dflash`, `dflash_mixed`; the `_mixed`
 ones run arrivals' prefills inside the decode / verify forward (`--enable-mixed-chunk`), the
-others prefill them in steps of their own. DFlash runs static verify at the draft length
+others prefill them in steps of their own; `target_mixed_delay` and `dflash_mixed_delay` (not
+run by default) also hold arrivals back until a mixed forward takes several
+(`--enable-prefill-delayer`). DFlash runs static verify at the draft length
 schedule the server derives from `--profile` and the step costs it measures at start-up (the
 step bench's `--schedule derived`; `--step-costs FILE` instead of measuring), its verdicts
 forced to draws from the profile by the step bench's `ForcedAcceptance` (a verify step of width
@@ -61,6 +63,8 @@ from sglang_aux.srt.server_args import ServerArgs
 from sglang_aux.srt.speculative.dflash_worker import DFlashWorker
 
 CONFIGS = ("target", "target_mixed", "dflash", "dflash_mixed")
+# also measurable (`--configs`): mixed steps whose arrivals the prefill delayer gathers
+DELAYED = ("target_mixed_delay", "dflash_mixed_delay")
 SMOKE = {**{k: STEP_SMOKE[k] for k in ("target", "draft", "device", "overlap_schedule",
                                        "profile")},
          "bs": [1, 4], "context": 24, "new_prompt_tokens": 8, "output_tokens": 8, "steps": 24,
@@ -216,7 +220,11 @@ def config_kwargs(args: argparse.Namespace, config: str) -> dict:
     """The engine of `config`: the step bench's (DFlash: static verify at the derived
     schedule), mixed steps on or off, explicitly either way."""
     mode = "static" if config.startswith("dflash") else None
-    return engine_kwargs(args, mode) | {"enable_mixed_chunk": config.endswith("_mixed")}
+    kw = engine_kwargs(args, mode) | {"enable_mixed_chunk": "_mixed" in config,
+                                      "enable_prefill_delayer": config.endswith("_delay")}
+    if args.max_running_requests is not None:
+        kw["max_running_requests"] = args.max_running_requests
+    return kw
 
 
 def measure_config(args: argparse.Namespace, config: str, profile: AcceptanceProfile | None
@@ -244,16 +252,18 @@ def measure_config(args: argparse.Namespace, config: str, profile: AcceptancePro
 
 def ratios(rows: list[dict], batch_sizes: list[int]) -> list[dict]:
     """Per concurrency, the tok/s quotients of the configurations measured: dflash / target,
-    dflash_mixed / target_mixed, and the best of each side (plain or mixed)."""
+    dflash_mixed / target_mixed, dflash_mixed_delay / target_mixed_delay, and the best of each
+    side (plain, mixed or delayed)."""
     tok = {(r["config"], r["bs"]): r["tok_s"] for r in rows}
     out = []
     for bs in batch_sizes:
         x = {"bs": bs}
-        for num, den in (("dflash", "target"), ("dflash_mixed", "target_mixed")):
+        for variant in ("", "_mixed", "_mixed_delay"):
+            num, den = f"dflash{variant}", f"target{variant}"
             if (num, bs) in tok and (den, bs) in tok:
                 x[f"{num}/{den}"] = tok[num, bs] / tok[den, bs]
-        best = [max((tok[c, bs] for c in (side, f"{side}_mixed") if (c, bs) in tok),
-                    default=None) for side in ("dflash", "target")]
+        best = [max((tok[c, bs] for c in (side, f"{side}_mixed", f"{side}_mixed_delay")
+                     if (c, bs) in tok), default=None) for side in ("dflash", "target")]
         if None not in best:
             x["best_dflash/best_target"] = best[0] / best[1]
         out.append(x)
@@ -280,7 +290,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--step-costs", default=None,
                    help="the DFlash servers' --speculative-step-costs (default: measured at "
                         "start-up, as a server does)")
-    p.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=CONFIGS)
+    p.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=CONFIGS + DELAYED)
     p.add_argument("--bs", type=int, nargs="+", default=[1, 8, 32],
                    help="concurrent requests (each a closed loop of its own)")
     p.add_argument("--context", type=int, default=900, help="prompt tokens per request")
@@ -289,6 +299,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--output-tokens", type=int, default=122,
                    help="mean output tokens per request, each drawn from [L/2, 3L/2]")
     p.add_argument("--steps", type=int, default=400, help="timed scheduler steps")
+    p.add_argument("--max-running-requests", type=int, default=None,
+                   help="the engines' (default: the largest --bs). Above the concurrency, rows "
+                        "stay free, as in a server started for more clients: only then does "
+                        "the prefill delayer hold arrivals back")
     p.add_argument("--seed", type=int, default=0, help="of the prompts, lengths and draws")
     add_engine_flags(p)
     p.add_argument("--smoke", action="store_true",
@@ -297,6 +311,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args = parse_with_smoke(p, argv, SMOKE)
     if args.steps < 1 or min(args.bs) < 1 or args.output_tokens < 1:
         p.error("--steps, every --bs and --output-tokens must be >= 1")
+    if args.max_running_requests is not None and args.max_running_requests < max(args.bs):
+        p.error(f"--max-running-requests must be >= the largest --bs {max(args.bs)}, got "
+                f"{args.max_running_requests}")
     if not 0 <= args.new_prompt_tokens < args.context:
         p.error(f"--new-prompt-tokens must be in [0, --context {args.context}) (each prompt "
                 f"is a shared prefix and that many fresh tokens), got {args.new_prompt_tokens}")

@@ -127,9 +127,28 @@ def test_forcing_without_overlap(tmp_path):
     assert report["ratios"] == [{"bs": 4}]  # nothing to divide by
 
 
+def test_delayed_mixed_configs_gather_arrivals(tmp_path):
+    """`_mixed_delay` with rows to spare: the prefill delayer holds arrivals back, so its
+    mixed steps pass over waiting requests and carry more than one arrival on average; its
+    ratio is reported."""
+    report = _bench().main(["--smoke", "--configs", "target_mixed_delay", "dflash_mixed_delay",
+                            "--bs", "8", "--max-running-requests", "16",
+                            "--out", str(tmp_path / "served.json")])
+    for row in report["rows"]:
+        stats = row["stats"]
+        assert stats["prefill_steps"] == 0 < stats["prefill_delayed_passes"], row["config"]
+        assert stats["mixed_requests"] > stats["mixed_steps"] > 0, row["config"]
+    tok = {r["config"]: r["tok_s"] for r in report["rows"]}
+    [x] = report["ratios"]
+    assert x["dflash_mixed_delay/target_mixed_delay"] == pytest.approx(
+        tok["dflash_mixed_delay"] / tok["target_mixed_delay"])
+    assert x["best_dflash/best_target"] == x["dflash_mixed_delay/target_mixed_delay"]
+
+
 @pytest.mark.parametrize("argv, says", [
     (["--new-prompt-tokens", "24"], "--new-prompt-tokens must be in [0, --context 24)"),
     (["--output-tokens", "0"], "--output-tokens must be >= 1"),
+    (["--max-running-requests", "2"], "--max-running-requests must be >= the largest --bs"),
     (["--configs", "target", "eagle"], "--configs: invalid choice: 'eagle'"),
 ])
 def test_bad_flag_is_one_line_before_any_model(argv, says, capsys):
