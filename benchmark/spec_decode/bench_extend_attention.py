@@ -10,11 +10,11 @@ graph's width), LIVE of them each appending NEW tokens after PREFIX cached keys 
 pool slots, the rest empty, the queries padded to BUCKET rows (the graph's token bucket, which
 also sizes the grid). The default cases: the GSM8K harness's arrivals (78 new tokens after an
 820-token cached prefix; 1, 2 and 4 of them in the mixed graph's 128 / 256 / 512-token
-buckets) and two long prefills. Paths: "per_head" (one program per query head; the device's
-split), "packed" (one per kv head, its rows (token, head): `extend_attention_fwd(pack_gqa=)`),
-and each at every `--splits` count. Every path is checked first against a float32 reference
-(each request's softmax over its prefix and its causal new keys), its output poisoned with
-NaN before the call.
+buckets) and two long prefills. Paths: "per_head" (one program per query head, the device's
+split: `extend_attention_fwd(pack_gqa=False)`), "packed" (one per kv head, its rows (token,
+head): the default since 2026-12-05), and each at every `--splits` count. Every path is
+checked first against a float32 reference (each request's softmax over its prefix and its
+causal new keys), its output poisoned with NaN before the call.
 
 Time per layer call, on CUDA: one graph of `--calls` back-to-back calls, each reading its own
 layer's K/V, replayed `--iters` times (CUDA events, median), divided by the calls. On the CPU:
