@@ -9,17 +9,18 @@ Each case `LIVE:NEW:PREFIX:BUCKET` is a graph's batch: `--slots` request slots (
 graph's width), LIVE of them each appending NEW tokens after PREFIX cached keys in scattered
 pool slots, the rest empty, the queries padded to BUCKET rows (the graph's token bucket, which
 also sizes the grid). The default cases: the GSM8K harness's arrivals (78 new tokens after an
-820-token cached prefix; 1, 2 and 4 of them in the mixed graph's 128 / 256 / 512-token
-buckets) and two long prefills. Paths: "per_head" (one program per query head, the device's
-split: `extend_attention_fwd(pack_gqa=False)`), "packed" (one per kv head, its rows (token,
-head): the default since 2026-12-05), and each at every `--splits` count. Every path is
-checked first against a float32 reference (each request's softmax over its prefix and its
-causal new keys), its output poisoned with NaN before the call.
+820-token cached prefix; 1, 2 and 4 of them in the mixed graph's 128 / 256 / 512-token buckets)
+and two long prefills. Paths: "per_head" (one program per query head, the device's split:
+`extend_attention_fwd(pack_gqa=False)`), "packed" (one per kv head, its rows (token, head): the
+default since 2026-12-05), two candidates for its key loop's memory latency ("packed+prefetch":
+each key tile's pool slots loaded an iteration ahead and its V with its K; "packed+stages3":
+Triton's pipeline three stages deep), and each at every `--splits` count. Every path is checked
+first against a float32 reference (each request's softmax over its prefix and its causal new
+keys), its output poisoned with NaN before the call.
 
 Time per layer call, on CUDA: one graph of `--calls` back-to-back calls, each reading its own
 layer's K/V, replayed `--iters` times (CUDA events, median), divided by the calls. On the CPU:
-the wall time of one interpreted call, a smoke of the harness, not a figure.
-"""
+the wall time of one interpreted call, a smoke of the harness, not a figure."""
 
 from __future__ import annotations
 
@@ -47,6 +48,10 @@ from sglang_aux.srt.model_executor.runner_backend.cuda_graph_backend import (  #
 QWEN_HEADS = (12, 2, 128)  # Qwen2.5-1.5B: q heads, kv heads, head_dim
 CASES = ["1:78:820:128", "2:78:820:256", "4:78:820:512", "1:2048:0:2048", "4:512:0:2048"]
 REL_ERR_BOUND = {torch.float32: 1e-4, torch.bfloat16: 2e-2}
+# each at the device's split and every --splits count
+PATHS = {"per_head": {"pack_gqa": False}, "packed": {},
+         # candidates for the key loop's memory latency (attend_paged_kv)
+         "packed+prefetch": {"prefetch": True}, "packed+stages3": {"num_stages": 3}}
 SMOKE = dict(cases=["1:5:40:16", "2:7:0:16"], splits=[2], heads=[6, 2, 16], calls=1, iters=1)
 
 
@@ -78,11 +83,11 @@ class Case:
         self.q_start = as_i32([min(b, live) * new for b in range(slots)])
         self.q = torch.randn(bucket, h, d, device=device, dtype=dtype)
 
-    def run(self, out: torch.Tensor, layer: int, splits: int | None, pack: bool) -> None:
+    def run(self, out: torch.Tensor, layer: int, splits: int | None, path: dict) -> None:
         extend_attention_fwd(self.q, self.k[layer], self.v[layer], out, self.req_to_token,
                              self.rows, self.q_start, self.prefix_lens, self.extend,
                              self.bucket, self.q.shape[-1] ** -0.5, num_kv_splits=splits,
-                             pack_gqa=pack)
+                             **path)
 
     def reference(self) -> torch.Tensor:
         """Layer 0's live rows in float32."""
@@ -102,10 +107,10 @@ class Case:
         return torch.cat(outs)
 
 
-def measure(case: Case, splits: int | None, pack: bool, iters: int) -> tuple[float, float]:
+def measure(case: Case, splits: int | None, path: dict, iters: int) -> tuple[float, float]:
     """(us per call, rel err of layer 0's live rows against the float32 reference)."""
     out = torch.full_like(case.q, float("nan"))
-    case.run(out, 0, splits, pack)
+    case.run(out, 0, splits, path)
     live = case.live * case.new
     expected = case.reference()
     got = out[:live].float()
@@ -118,7 +123,7 @@ def measure(case: Case, splits: int | None, pack: bool, iters: int) -> tuple[flo
 
     def all_layers() -> None:
         for layer in range(calls):
-            case.run(out, layer, splits, pack)
+            case.run(out, layer, splits, path)
 
     if not case.q.is_cuda:
         t0 = time.perf_counter()
@@ -137,11 +142,10 @@ def run(args: argparse.Namespace) -> dict:
     for spec in args.cases:
         torch.manual_seed(args.seed)
         case = Case(spec, args.slots, heads, args.calls, device, dtype)
-        for pack in (False, True):
+        for path, kwargs in PATHS.items():
             for splits in (None, *args.splits):
-                us, err = measure(case, splits, pack, args.iters)
-                name = ("packed" if pack else "per_head") + ("" if splits is None
-                                                             else f"@{splits}")
+                us, err = measure(case, splits, kwargs, args.iters)
+                name = path + ("" if splits is None else f"@{splits}")
                 rows.append(dict(case=spec, path=name, us_per_call=us, rel_err=err))
         del case
         if cuda:

@@ -329,12 +329,15 @@ def _prefill_launches(builds: Builds) -> None:
         builds.label(f"extend_attention bs={bs} extend={extend} prefix={prefix}")
         t = bs * extend
         lens = torch.full((bs,), extend, dtype=torch.int32)
-        for splits, pack in ((None, True), (1, True), (4, True), (None, False)):
+        # the default (packed) at three splits, per head, and bench_extend_attention's
+        # key-loop candidates
+        for splits, path in ((None, {}), (1, {}), (4, {}), (None, {"pack_gqa": False}),
+                             (None, {"prefetch": True}), (None, {"num_stages": 3})):
             extend_attention_fwd(_t(t, HEADS, HEAD_DIM), k_buf, v_buf, _t(t, HEADS, HEAD_DIM),
                                  torch.zeros(bs, MAX_CONTEXT, dtype=torch.int32),
                                  torch.arange(bs), torch.arange(0, t, extend, dtype=torch.int32),
                                  torch.full((bs,), prefix, dtype=torch.int32), lens, extend,
-                                 HEAD_DIM**-0.5, num_kv_splits=splits, pack_gqa=pack)
+                                 HEAD_DIM**-0.5, num_kv_splits=splits, **path)
     builds.label("mxfp8 quantize (staged aux states)")
     for rows in (16, 4096):
         quantize_mxfp8_triton(_t(rows, HIDDEN), _t(rows, HIDDEN, dtype=torch.float8_e4m3fn),

@@ -492,7 +492,8 @@ def test_extend_split_leaves_padding_rows_zero():
 def test_extend_packed_gqa_equals_per_head(heads, kv_heads, head_dim, causal, splits, window):
     """`pack_gqa`: a program per kv head whose tiles hold (token, query head) rows gives
     every live row of the per-head kernel (fp32: summation order alone may differ), its
-    tiles ending mid-token and mid-window; padding rows stay 0."""
+    tiles ending mid-token and mid-window; padding rows stay 0. So does its key loop with
+    each tile's slots prefetched an iteration ahead (a candidate)."""
     seed = fresh_seed()
     req_pool, kv_pool = make_pools(kv_heads, head_dim, torch.float32)
     fb = extend_batch(req_pool, kv_pool, TritonAttnBackend(), EXTEND_PREFIX_LENS, EXTEND_LENS)
@@ -501,17 +502,18 @@ def test_extend_packed_gqa_equals_per_head(heads, kv_heads, head_dim, causal, sp
     q = torch.randn(fb.num_tokens + pad, heads, head_dim)
     k_buf, v_buf = kv_pool.k_buffer[LAYER_ID], kv_pool.v_buffer[LAYER_ID]
     outs = []
-    for pack in (False, True):
+    for pack, prefetch in ((False, False), (True, False), (True, True)):
         out = torch.full_like(q, float("nan"))
         extend_attention_fwd(q, k_buf, v_buf, out, req_pool.req_to_token, fb.req_pool_indices,
                              meta.q_start, meta.prefix_lens, meta.extend_lens,
                              meta.max_extend_len, 0.3, causal, window, num_kv_splits=splits,
-                             pack_gqa=pack)
+                             pack_gqa=pack, prefetch=prefetch)
         outs.append(out)
     live = fb.num_tokens
-    torch.testing.assert_close(outs[1][:live], outs[0][:live], rtol=1e-5, atol=1e-6,
-                               msg=f"seed {seed}")
-    assert torch.equal(outs[1][live:], torch.zeros_like(q[live:])), f"seed {seed}"
+    for out in outs[1:]:
+        torch.testing.assert_close(out[:live], outs[0][:live], rtol=1e-5, atol=1e-6,
+                                   msg=f"seed {seed}")
+        assert torch.equal(out[live:], torch.zeros_like(q[live:])), f"seed {seed}"
 
 
 # A ragged step over a bucket of RAGGED_TOKENS tokens: a request verifying all BLOCK tokens,
