@@ -378,7 +378,9 @@ MUTATIONS = [
     Mutation("the prefetching key loop reads each tile's slots again, not the next ones",
              f"{SRT}/layers/attention/triton_ops/paged_kv_loop.py",
              "ahead = cols + BLOCK_N", "ahead = cols",
-             (f"{T}/attention/test_triton_backend.py::test_extend_packed_gqa_equals_per_head",)),
+             (f"{T}/attention/test_triton_backend.py::test_extend_packed_gqa_equals_per_head",
+              f"{T}/attention/test_triton_backend.py"
+              "::test_fixed_layout_prefetch_equals_the_default_loop")),
     Mutation("mixed steps on by default on the CPU too",
              f"{SRT}/server_args.py",
              'self.enable_mixed_chunk = self.resolved_device().startswith("cuda") and not (',

@@ -221,6 +221,28 @@ def test_fixed_layout_matches_torch_native(mode, q_len, attn_type, heads, kv_hea
     assert_close(out, ref, dtype, seed)
 
 
+@pytest.mark.parametrize("window", WINDOWS)
+@pytest.mark.parametrize("num_kv_splits", [None, 3])
+@pytest.mark.parametrize("mode,q_len,attn_type", FIXED_MODES, ids=FIXED_IDS)
+def test_fixed_layout_prefetch_equals_the_default_loop(mode, q_len, attn_type, num_kv_splits,
+                                                       window):
+    """`prefetch` (a candidate): each key tile's slots loaded an iteration ahead and its V
+    beside its K give the default loop's output (fp32; contexts ending mid-tile, splits
+    starting mid-window)."""
+    seed = fresh_seed()
+    heads, kv_heads, head_dim = HEAD_CONFIGS[1]
+    req_pool, kv_pool = make_pools(kv_heads, head_dim, torch.float32)
+    fb = fixed_layout_batch(mode, q_len, req_pool, kv_pool, None)
+    q = torch.randn(fb.num_tokens, heads * head_dim)
+    layer = RadixAttention(heads, head_dim, 0.3, kv_heads, LAYER_ID, window, attn_type)
+    outs = []
+    for prefetch in (False, True):
+        backend = TritonAttnBackend(num_kv_splits=num_kv_splits, prefetch=prefetch)
+        backend.init_forward_metadata(fb)
+        outs.append(backend.forward(q, None, None, layer, fb, save_kv_cache=False))
+    torch.testing.assert_close(outs[1], outs[0], rtol=1e-5, atol=1e-6, msg=f"seed {seed}")
+
+
 # In-kernel merge: contexts of 1 key, a short one, exactly one key tile (= MERGE_MIN_KEYS: one
 # split), one key past it (two), three chunks of MERGE_MIN_KEYS and a long one whose chunks
 # grow past it (MERGE_SPLITS splits at most).
