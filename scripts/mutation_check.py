@@ -381,6 +381,12 @@ MUTATIONS = [
              (f"{T}/attention/test_triton_backend.py::test_extend_packed_gqa_equals_per_head",
               f"{T}/attention/test_triton_backend.py"
               "::test_fixed_layout_prefetch_equals_the_default_loop")),
+    Mutation("the mixed graphs ignore --cuda-graph-tokens-mixed",
+             f"{SRT}/model_executor/runner_utils/capture_sizes.py",
+             "tokens = (sorted(set(args.cuda_graph_tokens_mixed)) if args.cuda_graph_tokens_mixed",
+             "tokens = (sorted(set(args.cuda_graph_tokens_mixed)) if False",
+             (f"{T}/managers/test_scheduler_mixed_chunk.py"
+              "::test_mixed_graph_token_counts_from_the_flag",)),
     Mutation("mixed steps on by default on the CPU too",
              f"{SRT}/server_args.py",
              'self.enable_mixed_chunk = self.resolved_device().startswith("cuda") and not (',

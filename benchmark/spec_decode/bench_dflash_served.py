@@ -224,6 +224,8 @@ def config_kwargs(args: argparse.Namespace, config: str) -> dict:
                                       "enable_prefill_delayer": config.endswith("_delay")}
     if args.max_running_requests is not None:
         kw["max_running_requests"] = args.max_running_requests
+    if "_mixed" in config:
+        kw["cuda_graph_tokens_mixed"] = args.mixed_tokens
     return kw
 
 
@@ -299,6 +301,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--output-tokens", type=int, default=122,
                    help="mean output tokens per request, each drawn from [L/2, 3L/2]")
     p.add_argument("--steps", type=int, default=400, help="timed scheduler steps")
+    p.add_argument("--mixed-tokens", type=int, nargs="+", default=None,
+                   help="the mixed configurations' arrival token counts to capture graphs for "
+                        "(--cuda-graph-tokens-mixed; default: the server's, 2x apart)")
     p.add_argument("--max-running-requests", type=int, default=None,
                    help="the engines' (default: the largest --bs). Above the concurrency, rows "
                         "stay free, as in a server started for more clients: only then does "

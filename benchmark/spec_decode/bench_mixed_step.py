@@ -115,6 +115,9 @@ def main(argv: list[str] | None = None) -> dict:
                    help="DFlash verifies this many tokens a request at every batch size (a "
                         "static server's schedule at --bs, e.g. 8 at 32 for the Qwen2.5-1.5B "
                         "shapes; default: the draft's block)")
+    p.add_argument("--mixed-tokens", type=int, nargs="+", default=None,
+                   help="the mixed graphs' arrival token counts (--cuda-graph-tokens-mixed; "
+                        "default: the server's, 2x apart)")
     p.add_argument("--device", default="cuda", help="cpu: a smoke run (host-clock ms)")
     p.add_argument("--out", default="benchmark/spec_decode/mixed_step.json")
     a = p.parse_args(argv)
@@ -128,6 +131,7 @@ def main(argv: list[str] | None = None) -> dict:
                         dtype="bfloat16" if a.device == "cuda" else "float32",
                         max_running_requests=a.bs + 4, context_length=2048,
                         cuda_graph_bs_decode=[1, a.bs], enable_mixed_chunk=True,
+                        cuda_graph_tokens_mixed=a.mixed_tokens,
                         disable_overlap_schedule=True, **extra)
         rows += measure(engine, name, a)
         del engine

@@ -184,6 +184,8 @@ class ServerArgs:
     # (None: min(max running, 4)); see runner_utils/capture_sizes.py.
     cuda_graph_max_tokens_prefill: int | None = None
     cuda_graph_tokens_prefill: list[int] | None = None
+    # arrival token counts of the mixed graphs (capture_sizes.mixed_graph_plan)
+    cuda_graph_tokens_mixed: list[int] | None = None
     cuda_graph_max_bs_prefill: int | None = None
     disable_prefill_cuda_graph: bool = False
     disable_shared_aux_buffer: bool = False
@@ -287,6 +289,13 @@ class ServerArgs:
         if self.mixed_chunk_max_prefill_tokens < 1:
             raise ValueError("--mixed-chunk-max-prefill-tokens must be >= 1, got "
                              f"{self.mixed_chunk_max_prefill_tokens}")
+        mixed_tokens = self.cuda_graph_tokens_mixed
+        if mixed_tokens is not None and not (
+                mixed_tokens and all(1 <= n <= self.mixed_chunk_max_prefill_tokens
+                                     for n in mixed_tokens)):
+            raise ValueError(f"--cuda-graph-tokens-mixed needs token counts in [1, "
+                             f"--mixed-chunk-max-prefill-tokens "
+                             f"{self.mixed_chunk_max_prefill_tokens}], got {mixed_tokens}")
         if algo.is_dflash_family():
             self._check_dflash(algo)
         if self.enable_mixed_chunk is None:
@@ -589,6 +598,10 @@ class ServerArgs:
         add("--mixed-chunk-max-prefill-tokens", type=int,
             default=d["mixed_chunk_max_prefill_tokens"],
             help="most arrival tokens one mixed forward takes; a longer prefill runs alone")
+        add("--cuda-graph-tokens-mixed", type=int, nargs="+", default=None,
+            help="the arrival token counts to capture mixed graphs for, each at most "
+                 "--mixed-chunk-max-prefill-tokens, the largest bounding a mixed forward's "
+                 "arrivals (default: 32, 64, 128, ... up to that bound, and the bound)")
         add("--chunked-prefill-size", type=int, default=None,
             help="prefill a longer prompt over several scheduler steps of at most this many "
                  "tokens, between the running batch's steps; -1 turns it off (default: "

@@ -99,6 +99,32 @@ def test_eager_mixed_steps_equal_prefill_apart(ckpts, kind):
     assert_kv_all_back(mixed)
 
 
+def test_mixed_graph_token_counts_from_the_flag(ckpts):
+    """`--cuda-graph-tokens-mixed`: the mixed graphs are captured at those arrival token
+    counts, the largest bounds what a mixed forward takes (a longer arrival prefills in a
+    step of its own), and outputs still equal prefills apart."""
+    apart = _engine(ckpts, "dflash", mixed=False, overlap=False)
+    engine = Engine(model_path=ckpts["tiny-llama"], enable_mixed_chunk=True,
+                    mixed_chunk_max_prefill_tokens=16, cuda_graph_tokens_mixed=[12, 6],
+                    disable_overlap_schedule=True, speculative_algorithm="DFLASH",
+                    speculative_draft_model_path=ckpts["tiny-llama-dflash"], **COMMON)
+    runner = engine.worker.model_runner
+    mixed = runner.graph_runners[ForwardMode.MIXED]
+    assert {x.arrival_tokens for x in mixed.layouts} == {6, 12}
+    assert runner.mixed_limits()[2] == 12 == engine.scheduler.mixed_limits[2]
+    assert_same_outputs(apart.generate(PROMPTS, _params()), engine.generate(PROMPTS, _params()))
+    stats = engine.scheduler.stats
+    assert stats["mixed_steps"] > 0 and stats["prefill_steps"] > 0
+    assert_kv_all_back(engine)
+
+
+@pytest.mark.parametrize("tokens", [[], [0, 8], [8, 17]])
+def test_mixed_graph_token_counts_out_of_range_are_refused(tokens):
+    with pytest.raises(ValueError, match="--cuda-graph-tokens-mixed needs token counts in"):
+        ServerArgs(model_path="x", mixed_chunk_max_prefill_tokens=16,
+                   cuda_graph_tokens_mixed=tokens)
+
+
 @pytest.fixture(scope="module")
 def runner_pair(ckpts):
     """width -> (a runner with mixed graphs, one without), built once per width."""

@@ -145,6 +145,15 @@ def test_delayed_mixed_configs_gather_arrivals(tmp_path):
     assert x["best_dflash/best_target"] == x["dflash_mixed_delay/target_mixed_delay"]
 
 
+def test_mixed_token_counts_reach_the_mixed_engines(tmp_path):
+    """`--mixed-tokens` below the arrivals' 8 new tokens: no mixed graph holds an arrival,
+    so a mixed configuration prefills every arrival in a step of its own."""
+    report = _bench().main(["--smoke", "--configs", "target_mixed", "--bs", "4",
+                            "--mixed-tokens", "4", "--out", str(tmp_path / "served.json")])
+    [row] = report["rows"]
+    assert row["stats"]["mixed_steps"] == 0 < row["stats"]["prefill_steps"]
+
+
 @pytest.mark.parametrize("argv, says", [
     (["--new-prompt-tokens", "24"], "--new-prompt-tokens must be in [0, --context 24)"),
     (["--output-tokens", "0"], "--output-tokens must be >= 1"),

@@ -1,7 +1,8 @@
 """The mixed-step benchmark (benchmark/spec_decode/bench_mixed_step.py) in its CPU smoke mode
 (tiny-llama and its block-4 draft, host-clock ms): a running batch stepped by the scheduler,
 then arrivals priced as a prefill apart and inside a mixed forward whose graph has the step's
-batch size and verify width and holds the arrivals' uncached tokens."""
+batch size and verify width and the smallest of the asked arrival token counts that holds the
+arrivals' uncached tokens."""
 
 from pathlib import Path
 
@@ -23,7 +24,7 @@ def report(tmp_path_factory):
         "--device", "cpu", "--target", "tiny-llama", "--draft", "tiny-llama-dflash",
         "--bs", str(BS), "--prefix", "40", "--new", str(NEW), "--widths", "1", "2",
         "--iters", "2", "--kernels", "0", "--vocab", "200", "--verify-width", str(WIDTH),
-        "--out", str(out)])
+        "--mixed-tokens", "12", "24", "--out", str(out)])
 
 
 def test_each_engine_and_arrival_count_is_priced(report):
@@ -36,7 +37,9 @@ def test_each_engine_and_arrival_count_is_priced(report):
         # the prefix came from the cache: only the new tokens are prefilled
         assert r["arrival_tokens"] == n * NEW
         step_bs, mixed_width, arrival_tokens = r["mixed_graph"]
-        assert step_bs == BS and mixed_width == width and arrival_tokens >= n * NEW
+        # the smallest of --mixed-tokens that holds the arrivals
+        assert step_bs == BS and mixed_width == width and arrival_tokens == (12 if n == 1
+                                                                              else 24)
         for key in ("step_ms", "prefill_ms", "step_then_prefill_ms", "mixed_replay_ms",
                     "mixed_forward_ms"):
             assert r[key] > 0, key

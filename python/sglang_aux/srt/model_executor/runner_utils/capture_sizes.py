@@ -92,17 +92,22 @@ def prefill_graph_plan(args: ServerArgs, on_cuda: bool, hidden_size: int
     return [n for n in tokens if n <= max_tokens], max_bs
 
 
-# Arrival tokens a mixed graph pads to: 2x apart, since a padded arrival token costs little
-# beside the step's own tokens.
+# Arrival tokens a mixed graph pads to by default: 2x apart. A padded arrival token costs what
+# a live one costs the GEMMs (on an H100 at Qwen2.5-1.5B's shapes, 32 requests verifying 8
+# tokens each, 128 arrival rows added 366 us, one arrival's 78 tokens padded to 128:
+# docs/benchmarks.md section 9e); `--cuda-graph-tokens-mixed` captures other counts.
 _MIXED_ARRIVAL_TOKENS = [32, 64, 128, 256, 512, 1024, 2048, 4096]
 
 
 def mixed_graph_plan(args: ServerArgs, max_step_bs: int) -> tuple[list[int], list[int], int]:
     """(step request counts, arrival token counts, arrivals per graph) of a runner's mixed
-    graphs (`--enable-mixed-chunk`): the decode sizes up to `max_step_bs`, arrival tokens up
-    to `--mixed-chunk-max-prefill-tokens`, as many arrivals as a prefill graph takes."""
+    graphs (`--enable-mixed-chunk`): the decode sizes up to `max_step_bs`, arrival tokens
+    `--cuda-graph-tokens-mixed`, else the default counts up to
+    `--mixed-chunk-max-prefill-tokens` and that bound, as many arrivals as a prefill graph
+    takes."""
     max_tokens = args.mixed_chunk_max_prefill_tokens
-    tokens = sorted({n for n in _MIXED_ARRIVAL_TOKENS if n <= max_tokens} | {max_tokens})
+    tokens = (sorted(set(args.cuda_graph_tokens_mixed)) if args.cuda_graph_tokens_mixed
+              else sorted({n for n in _MIXED_ARRIVAL_TOKENS if n <= max_tokens} | {max_tokens}))
     step_bs = get_capture_bs(max_bs=max_step_bs, speculative=False)
     return step_bs, tokens, mixed_max_arrivals(args)
 
