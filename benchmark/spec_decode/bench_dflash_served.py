@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 import torch
@@ -272,9 +273,10 @@ def ratios(rows: list[dict], batch_sizes: list[int]) -> list[dict]:
     return out
 
 
-def print_table(rows: list[dict], by_bs: list[dict]) -> None:
-    print(f"{'config':>12} {'bs':>4} {'step ms':>8} {'tok/s':>9} {'prefill':>7} {'decode':>6} "
-          f"{'mixed':>5} {'tok/req-step':>12} {'finished':>8}")
+def print_table(rows: list[dict], by_bs: list[dict], header: bool = True) -> None:
+    if header:
+        print(f"{'config':>12} {'bs':>4} {'step ms':>8} {'tok/s':>9} {'prefill':>7} "
+              f"{'decode':>6} {'mixed':>5} {'tok/req-step':>12} {'finished':>8}")
     for r in rows:
         s, per_step = r["stats"], r["tokens_per_request_step"]
         print(f"{r['config']:>12} {r['bs']:>4} {r['step_ms']:>8.3f} {r['tok_s']:>9.0f} "
@@ -282,6 +284,7 @@ def print_table(rows: list[dict], by_bs: list[dict]) -> None:
               f"{per_step or float('nan'):>12.3f} {r['finished_in_window']:>8}")
     for x in by_bs:
         print(f"bs {x['bs']}: " + ", ".join(f"{k} {v:.2f}x" for k, v in x.items() if k != "bs"))
+    sys.stdout.flush()
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -343,18 +346,27 @@ def main(argv: list[str] | None = None) -> dict:
     except ValueError as e:
         raise SystemExit(f"bench_dflash_served: {e}") from None
     rows, servers = [], {}
-    for config in args.configs:
+    for i, config in enumerate(args.configs):
         config_rows, server = measure_config(args, config, profile)
         rows += config_rows
         if server is not None:
             servers[config] = server
-    by_bs = ratios(rows, args.bs)
-    report = {"args": vars(args), "rows": rows, "ratios": by_bs, "server_schedule": servers}
+        # written and printed after each configuration: a run cut by a time limit keeps
+        # the configurations it finished
+        report = _report(args, rows, servers, profile)
+        Path(args.out).write_text(json.dumps(report, indent=1))
+        last = i == len(args.configs) - 1
+        print_table(config_rows, report["ratios"] if last else [], header=i == 0)
+    return report
+
+
+def _report(args: argparse.Namespace, rows: list[dict], servers: dict,
+            profile: AcceptanceProfile | None) -> dict:
+    report = {"args": vars(args), "rows": rows, "ratios": ratios(rows, args.bs),
+              "server_schedule": servers}
     if profile is not None:
         report["profile"] = {"path": profile.path, "probs": profile.probs,
                              "tokens_per_step": profile.tokens_per_step}
-    Path(args.out).write_text(json.dumps(report, indent=1))
-    print_table(rows, by_bs)
     return report
 
 

@@ -154,6 +154,25 @@ def test_mixed_token_counts_reach_the_mixed_engines(tmp_path):
     assert row["stats"]["mixed_steps"] == 0 < row["stats"]["prefill_steps"]
 
 
+def test_a_cut_run_keeps_the_configurations_it_finished(tmp_path, monkeypatch):
+    """The report is written after each configuration: a run its time limit kills keeps
+    the rows of those it finished."""
+    bench = _bench()
+    measure = bench.measure_config
+
+    def cut(args, config, profile):
+        if config == "dflash":
+            raise KeyboardInterrupt  # what the limit's kill leaves
+        return measure(args, config, profile)
+
+    monkeypatch.setattr(bench, "measure_config", cut)
+    out = tmp_path / "served.json"
+    with pytest.raises(KeyboardInterrupt):
+        bench.main(["--smoke", "--configs", "target", "dflash", "--bs", "1",
+                    "--out", str(out)])
+    assert [r["config"] for r in json.loads(out.read_text())["rows"]] == ["target"]
+
+
 @pytest.mark.parametrize("argv, says", [
     (["--new-prompt-tokens", "24"], "--new-prompt-tokens must be in [0, --context 24)"),
     (["--output-tokens", "0"], "--output-tokens must be >= 1"),
