@@ -25,14 +25,14 @@ step extend 55 python "$bench/bench_extend_attention.py" --splits 1 2 4 --iters 
   --out "$out/extend_attention.json"
 # the same key-loop candidate in the decode / verify kernel (16 us a layer at a 32-request
 # verify of width 8 in section 9e's table)
-step decode 55 python "$bench/bench_decode_attention.py" --bs 1 8 32 --contexts 900 \
+step decode 65 python "$bench/bench_decode_attention.py" --bs 1 8 32 --contexts 900 \
   --q-lens 1 8 16 --prefetch --out "$out/decode_attention_prefetch.json"
 step mixed 120 python "$bench/bench_mixed_step.py" --target qwen2.5-1.5b-shaped \
   --draft qwen2.5-1.5b-shaped-dflash --bs 32 --verify-width 8 --widths 1 2 4 --prefix 820 \
   --new 78 --vocab 150000 --kernels 16 --out "$out/mixed_step_qwen.json"
 # four engines (each captures its step, mixed and prefill graphs up to 40 requests): the
 # 170 s that call 4 of 2026-12-05's sixth session gave them ran out before any printed
-step served 265 python "$bench/bench_dflash_served.py" --bs 32 --max-running-requests 40 \
+step served 255 python "$bench/bench_dflash_served.py" --bs 32 --max-running-requests 40 \
   --configs target_mixed dflash_mixed target_mixed_delay dflash_mixed_delay \
   --out "$out/dflash_served_arrivals.json"
 cat "$out/status.txt"
