@@ -110,7 +110,8 @@ def host_port(url: str) -> tuple[str, int]:
 def raw_exchange(url: str, head: bytes, body: Iterable[bytes] = (),
                  timeout_s: float = 20.0) -> tuple[bytes, int]:
     """Send `head`, then `body` piece by piece until the server answers or closes; returns
-    what it sent back (b"" when it closed without an answer) and the bytes sent."""
+    what it sent back until it closed (b"" when it closed without an answer: a refusal's
+    headers and body may arrive in separate reads) and the bytes sent."""
     sent = 0
     with socket.create_connection(host_port(url), timeout=timeout_s) as s:
         deadline = time.monotonic() + timeout_s
@@ -123,10 +124,13 @@ def raw_exchange(url: str, head: bytes, body: Iterable[bytes] = (),
                 break
             sent += len(piece)
             assert time.monotonic() < deadline, "the server neither answered nor closed"
+        answer = []
         try:
-            return s.recv(65536), sent
-        except ConnectionResetError:
-            return b"", sent
+            while chunk := s.recv(65536):
+                answer.append(chunk)
+        except (ConnectionResetError, TimeoutError):
+            pass  # a reset after the answer, or a connection left open: what came is kept
+        return b"".join(answer), sent
 
 
 def status_of(answer: bytes) -> int | None:
