@@ -45,6 +45,7 @@ import json
 import os
 import sys
 import time
+from collections.abc import Callable
 
 import torch
 
@@ -135,20 +136,27 @@ def _check(backend: TritonAttnBackend, fb: ForwardBatch, layer: RadixAttention,
     return err
 
 
+def us_per_call(calls: Callable[[], None], num_calls: int, device: torch.device,
+                iters: int) -> float:
+    """us per call of `calls` (`num_calls` back-to-back layer calls): on CUDA one captured
+    graph of them replayed `iters` times (its warm-ups compile the kernels and size the
+    in-kernel merge's counters); on the CPU one interpreted pass."""
+    if device.type != "cuda":
+        t0 = time.perf_counter()
+        calls()
+        return (time.perf_counter() - t0) * 1e6 / num_calls
+    graphs = CudaGraphBackend(device)
+    graph, _ = graphs.warm_and_capture(calls)
+    return replay_ms(graphs, graph, iters, cuda=True) * 1e3 / num_calls
+
+
 def _us_per_call(backend: TritonAttnBackend, fb: ForwardBatch, layers: list[RadixAttention],
                  q: torch.Tensor, iters: int) -> float:
     def calls() -> None:
         for layer in layers:
             backend.forward(q, None, None, layer, fb, save_kv_cache=False)
 
-    if not q.is_cuda:
-        t0 = time.perf_counter()
-        calls()
-        return (time.perf_counter() - t0) * 1e6 / len(layers)
-    # the warm-ups compile the kernels and size the in-kernel merge's counters
-    graphs = CudaGraphBackend(q.device)
-    graph, _ = graphs.warm_and_capture(calls)
-    return replay_ms(graphs, graph, iters, cuda=True) * 1e3 / len(layers)
+    return us_per_call(calls, len(layers), q.device, iters)
 
 
 def _paths(args: argparse.Namespace) -> dict[str, TritonAttnBackend]:
@@ -301,14 +309,20 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--smoke", action="store_true",
                    help="tiny shapes, one call each (the CPU's interpreter)")
     p.add_argument("--out", default="benchmark/spec_decode/decode_attention.json")
-    args = p.parse_args(argv)
+    return finish(p.parse_args(argv), SMOKE, run, _table)
+
+
+def finish(args: argparse.Namespace, smoke: dict, run: Callable[[argparse.Namespace], dict],
+           table: Callable[[dict], str]) -> dict:
+    """`run(args)` (`--smoke`: with `smoke`'s values), its report written to `--out` and
+    its table printed."""
     if args.smoke:
-        for name, value in SMOKE.items():
+        for name, value in smoke.items():
             setattr(args, name, value)
     report = run(args)
     with open(args.out, "w") as f:
         json.dump(report, f, indent=1)
-    print(_table(report))
+    print(table(report))
     return report
 
 

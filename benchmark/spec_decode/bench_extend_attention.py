@@ -25,10 +25,8 @@ the wall time of one interpreted call, a smoke of the harness, not a figure."""
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
-import time
 
 import torch
 
@@ -36,16 +34,13 @@ if not torch.cuda.is_available():
     # NOTE: before any @triton.jit definition is imported: the kernels run interpreted.
     os.environ["TRITON_INTERPRET"] = "1"
 
-from bench_graph_replay import replay_ms  # noqa: E402  (this script's folder is on sys.path)
+# this script's folder is on sys.path
+from bench_decode_attention import QWEN_HEADS, finish, us_per_call  # noqa: E402
 
 from sglang_aux.srt.layers.attention.triton_ops.extend_attention import (  # noqa: E402
     extend_attention_fwd,
 )
-from sglang_aux.srt.model_executor.runner_backend.cuda_graph_backend import (  # noqa: E402
-    CudaGraphBackend,
-)
 
-QWEN_HEADS = (12, 2, 128)  # Qwen2.5-1.5B: q heads, kv heads, head_dim
 CASES = ["1:78:820:128", "2:78:820:256", "4:78:820:512", "1:2048:0:2048", "4:512:0:2048"]
 REL_ERR_BOUND = {torch.float32: 1e-4, torch.bfloat16: 2e-2}
 # each at the device's split and every --splits count
@@ -125,13 +120,7 @@ def measure(case: Case, splits: int | None, path: dict, iters: int) -> tuple[flo
         for layer in range(calls):
             case.run(out, layer, splits, path)
 
-    if not case.q.is_cuda:
-        t0 = time.perf_counter()
-        all_layers()
-        return (time.perf_counter() - t0) * 1e6 / calls, err
-    graphs = CudaGraphBackend(case.q.device)
-    graph, _ = graphs.warm_and_capture(all_layers)
-    return replay_ms(graphs, graph, iters, cuda=True) * 1e3 / calls, err
+    return us_per_call(all_layers, calls, case.q.device, iters), err
 
 
 def run(args: argparse.Namespace) -> dict:
@@ -178,15 +167,7 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--smoke", action="store_true",
                    help="tiny shapes, one call each (the CPU's interpreter)")
     p.add_argument("--out", default="benchmark/spec_decode/extend_attention.json")
-    args = p.parse_args(argv)
-    if args.smoke:
-        for name, value in SMOKE.items():
-            setattr(args, name, value)
-    report = run(args)
-    with open(args.out, "w") as f:
-        json.dump(report, f, indent=1)
-    print(table(report))
-    return report
+    return finish(p.parse_args(argv), SMOKE, run, table)
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ import os
 os.environ["TRITON_INTERPRET"] = "1"
 
 import json  # noqa: E402
+import sys  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
@@ -39,3 +40,7 @@ def test_a_case_past_its_bucket_is_refused(tmp_path):
     with pytest.raises(ValueError, match="2 requests of 9 tokens do not fit"):
         load_bench(SCRIPT).main(["--cases", "2:9:0:16", "--heads", "6", "2", "16",
                                  "--calls", "1", "--out", str(tmp_path / "x.json")])
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-v"]))

@@ -4,6 +4,7 @@ then arrivals priced as a prefill apart and inside a mixed forward whose graph h
 batch size and verify width and the smallest of the asked arrival token counts that holds the
 arrivals' uncached tokens."""
 
+import sys
 from pathlib import Path
 
 import pytest
@@ -43,3 +44,7 @@ def test_each_engine_and_arrival_count_is_priced(report):
         for key in ("step_ms", "prefill_ms", "step_then_prefill_ms", "mixed_replay_ms",
                     "mixed_forward_ms"):
             assert r[key] > 0, key
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-v"]))
