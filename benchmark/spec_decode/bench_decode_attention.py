@@ -302,14 +302,19 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--num-kv-splits", type=int, default=None,
                    help="force the grid's key splits (default: the device's pick)")
     p.add_argument("--calls", type=int, default=28, help="layer calls per graph, at least")
-    p.add_argument("--iters", type=int, default=100)
-    p.add_argument("--seed", type=int, default=0)
     p.add_argument("--ragged", action="store_true",
                    help="compact verify's attention: static / per_token / ragged per q_len > 1")
+    add_run_flags(p, "benchmark/spec_decode/decode_attention.json")
+    return finish(p.parse_args(argv), SMOKE, run, _table)
+
+
+def add_run_flags(p: argparse.ArgumentParser, out: str) -> None:
+    """The flags `finish` and the timing read: --iters, --seed, --smoke, --out."""
+    p.add_argument("--iters", type=int, default=100)
+    p.add_argument("--seed", type=int, default=0)
     p.add_argument("--smoke", action="store_true",
                    help="tiny shapes, one call each (the CPU's interpreter)")
-    p.add_argument("--out", default="benchmark/spec_decode/decode_attention.json")
-    return finish(p.parse_args(argv), SMOKE, run, _table)
+    p.add_argument("--out", default=out)
 
 
 def finish(args: argparse.Namespace, smoke: dict, run: Callable[[argparse.Namespace], dict],

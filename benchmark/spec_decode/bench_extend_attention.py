@@ -35,7 +35,12 @@ if not torch.cuda.is_available():
     os.environ["TRITON_INTERPRET"] = "1"
 
 # this script's folder is on sys.path
-from bench_decode_attention import QWEN_HEADS, finish, us_per_call  # noqa: E402
+from bench_decode_attention import (  # noqa: E402
+    QWEN_HEADS,
+    add_run_flags,
+    finish,
+    us_per_call,
+)
 
 from sglang_aux.srt.layers.attention.triton_ops.extend_attention import (  # noqa: E402
     extend_attention_fwd,
@@ -162,11 +167,7 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--heads", type=int, nargs=3, default=list(QWEN_HEADS),
                    help="q heads, kv heads, head_dim")
     p.add_argument("--calls", type=int, default=28, help="layer calls per graph")
-    p.add_argument("--iters", type=int, default=100)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--smoke", action="store_true",
-                   help="tiny shapes, one call each (the CPU's interpreter)")
-    p.add_argument("--out", default="benchmark/spec_decode/extend_attention.json")
+    add_run_flags(p, "benchmark/spec_decode/extend_attention.json")
     return finish(p.parse_args(argv), SMOKE, run, table)
 
 
