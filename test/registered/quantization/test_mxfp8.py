@@ -20,7 +20,7 @@ from sglang_aux.srt.layers.quantization.mxfp8 import mxfp8_gemm, quantize_mxfp8
 from sglang_aux.srt.layers.quantization.mxfp8_format import ZERO_BLOCK_SCALE_BYTE, dequantize_mxfp8
 from sglang_aux.srt.layers.quantization.mxfp8_gemm_choice import mxfp8_gemm_accumulate
 from sglang_aux.srt.layers.quantization.mxfp8_linear import MXFP8Linear
-from sglang_aux.srt.layers.quantization.staged_input import MXFP8InputAccumulator
+from sglang_aux.srt.layers.quantization.staged_input import DeferredOutput, MXFP8InputAccumulator
 from sglang_aux.test.ci.ci_register import register_cpu_ci
 from sglang_aux.test.concat_projection import concat_then_project
 
@@ -210,6 +210,23 @@ def test_staged_bitwise_equals_concat_then_project(staged) -> None:
         acc.out.fill_(float("nan"))
         out = staged(acc, slices)
         assert out is acc.out and torch.equal(out.view(torch.int16), ref.view(torch.int16))
+
+
+def test_deferred_output_is_allocated_at_the_last_slice_and_bitwise_equal() -> None:
+    acc, linear, slices = make_staged()
+    ref = run_staged(acc, slices)
+    deferred = MXFP8InputAccumulator(linear, DeferredOutput(24, torch.bfloat16,
+                                                            torch.device("cpu")),
+                                     hidden_size=64, num_slices=3)
+    for s in slices[:-1]:
+        deferred.accumulate(s)
+        assert deferred.out is None  # nothing [T, N] live while the slices are produced
+    deferred.accumulate(slices[-1])
+    out = deferred.result()
+    assert out.shape == (24, 40) and out.dtype == torch.bfloat16
+    assert torch.equal(out.view(torch.int16), ref.view(torch.int16))
+    assert torch.equal(run_staged(deferred, slices).view(torch.int16), ref.view(torch.int16))
+    assert deferred.out is out  # a second forward reuses it
 
 
 def test_staged_with_a_bf16_weight_equals_the_concat_gemm() -> None:

@@ -26,7 +26,7 @@ from sglang_aux.srt.layers.kv_store import KVStore
 from sglang_aux.srt.layers.layernorm import RMSNorm
 from sglang_aux.srt.layers.logits_processor import LogitsProcessor, LogitsProcessorOutput
 from sglang_aux.srt.layers.quantization.mxfp8_linear import MXFP8Linear
-from sglang_aux.srt.layers.quantization.staged_input import MXFP8InputAccumulator
+from sglang_aux.srt.layers.quantization.staged_input import DeferredOutput, MXFP8InputAccumulator
 from sglang_aux.srt.layers.quantization.streamed_projection import StreamedProjection
 from sglang_aux.srt.mem_cache.memory_pool import MHATokenToKVPool
 from sglang_aux.srt.models.llama import run_decoder_layers
@@ -100,12 +100,12 @@ class DFlashDraftModel(nn.Module):
 
     def new_staged_projection(self, num_tokens: int, aux_dtype: torch.dtype
                               ) -> MXFP8InputAccumulator:
-        """A staged MXFP8 input for `num_tokens` aux rows and a caller-owned fc output."""
+        """A staged MXFP8 input for `num_tokens` aux rows; its fc output `[T, H]` is allocated
+        when the last slice arrives, after the target forward's own peak."""
         if self.fc_mxfp8 is None:
             raise RuntimeError("the staged projection needs an MXFP8 fc (quantize_fc_mxfp8)")
         dc = self.dflash_config
-        out = torch.empty((num_tokens, self.fc.out_features), dtype=self.fc.weight.dtype,
-                          device=self.fc.weight.device)  # [T, H]
+        out = DeferredOutput(num_tokens, self.fc.weight.dtype, self.fc.weight.device)
         return MXFP8InputAccumulator(self.fc_mxfp8, out, dc.target_hidden_size,
                                      len(dc.target_layer_ids), dtype=aux_dtype,
                                      candidate=self._fc_candidate(num_tokens))

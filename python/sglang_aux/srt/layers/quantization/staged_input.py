@@ -7,6 +7,8 @@ Quantization is row- and block-local, so the retained bytes equal those of quant
 concat, and the same GEMM on the same bytes gives bitwise-equal output.
 """
 
+from dataclasses import dataclass
+
 import torch
 
 from sglang_aux.srt.layers.quantization.mxfp8 import mxfp8_gemm, quantize_mxfp8
@@ -24,10 +26,22 @@ def allocate_retained_input(
     return values, scales
 
 
+@dataclass(frozen=True)
+class DeferredOutput:
+    """An `out` the accumulator allocates itself when its last slice arrives: in a large
+    prefill the `[T, N]` output is then not live while the target forward that produces the
+    slices peaks (the K3-shaped chunk step: 58.7 MB at 4,096 tokens)."""
+
+    num_tokens: int
+    dtype: torch.dtype
+    device: torch.device
+
+
 class MXFP8InputAccumulator(SliceSequence):
     """Quantizes K slices [T, H] into a retained MXFP8 input [T, K*H]; the K-th slice runs
-    the GEMM once into the caller's `out` [T, N]: `linear`'s MXFP8 weight, or a bf16 fc weight
-    [N, K*H] (MXFP8 activations x BF16 weight, `mxfp8_gemm` with `ws=None`).
+    the GEMM once into the caller's `out` [T, N] (or one it allocates then, for a
+    `DeferredOutput`): `linear`'s MXFP8 weight, or a bf16 fc weight [N, K*H] (MXFP8
+    activations x BF16 weight, `mxfp8_gemm` with `ws=None`).
 
     Life cycle: `accumulate` x K -> `result()` once -> `reset()` before the next forward.
     All checks are on Python ints, dtypes and a Python slice counter, so the per-slice path is
@@ -40,7 +54,7 @@ class MXFP8InputAccumulator(SliceSequence):
     def __init__(
         self,
         linear: MXFP8Linear | torch.Tensor,
-        out: torch.Tensor,
+        out: torch.Tensor | DeferredOutput,
         hidden_size: int,
         num_slices: int,
         dtype: torch.dtype | None = None,
@@ -57,9 +71,10 @@ class MXFP8InputAccumulator(SliceSequence):
         if in_features != width:
             raise ValueError(f"fc in_features {in_features} != num_slices * "
                              f"hidden_size = {num_slices} * {hidden_size} = {width}")
-        if out.dim() != 2 or out.shape[1] != n:
+        self.deferred = out if isinstance(out, DeferredOutput) else None
+        if self.deferred is None and (out.dim() != 2 or out.shape[1] != n):
             raise ValueError(f"out must be [T, {n}], got {tuple(out.shape)}")
-        num_tokens = out.shape[0]
+        num_tokens = out.num_tokens if self.deferred else out.shape[0]
         if values is None or scales is None:
             values, scales = allocate_retained_input(num_tokens, width, out.device)
         expected = ((num_tokens, width), (num_tokens, width // MXFP8_BLOCK))
@@ -72,7 +87,8 @@ class MXFP8InputAccumulator(SliceSequence):
                              f"scales, got {values.dtype} and {scales.dtype}")
         self.linear = linear
         self.candidate = candidate  # the GEMM candidate of `mxfp8_gemm_choice` (None: by T)
-        self.out = out  # [T, N], caller-owned
+        self.out_features = n
+        self.out = None if self.deferred else out  # [T, N], the caller's (or ours once run)
         self.values = values  # [T, K*H] e4m3fn
         self.scales = scales  # [T, K*H/32] uint8
         super().__init__(num_tokens, hidden_size, num_slices,
@@ -86,6 +102,10 @@ class MXFP8InputAccumulator(SliceSequence):
                                     self.scales[:, lo // MXFP8_BLOCK:hi // MXFP8_BLOCK]))
         if not self._slice_done():
             return
+        if self.out is None:
+            d = self.deferred
+            self.out = torch.empty((d.num_tokens, self.out_features), dtype=d.dtype,
+                                   device=d.device)
         if isinstance(self.linear, MXFP8Linear):
             self.linear.forward_quantized(self.values, self.scales, self.out, self.candidate)
         else:
@@ -93,6 +113,7 @@ class MXFP8InputAccumulator(SliceSequence):
                        candidate=self.candidate)
 
     def result(self) -> torch.Tensor:
-        """The projected output [T, N] (the caller's `out`); readable once per forward."""
+        """The projected output [T, N] (the caller's `out`, or the one allocated for a
+        `DeferredOutput`); readable once per forward."""
         self._consume()
         return self.out
