@@ -124,12 +124,15 @@ class KimiK3MoE(nn.Module):
         return torch.zeros_like(probs).scatter(-1, top_i, top_w)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        weights = self.routing_weights(x).to(x.dtype)
-        routed = torch.stack([expert(x) for expert in self.experts], dim=1)  # [T, E, H]
-        out = torch.einsum("te,teh->th", weights, routed)
+        weights = self.routing_weights(x)
+        # One expert's output live at a time, summed in fp32: a stack of all of them [T, E, H]
+        # (and its copies) was the K3-shaped chunk step's peak (docs/chunked_prefill.md).
+        out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
+        for e, expert in enumerate(self.experts):
+            out.addcmul_(weights[:, e:e + 1], expert(x))
         if self.shared_experts is not None:
-            out = out + self.shared_experts(x)
-        return tensor_model_parallel_all_reduce(out)
+            out += self.shared_experts(x)
+        return tensor_model_parallel_all_reduce(out.to(x.dtype))
 
 
 class KimiK3DecoderLayer(nn.Module):
