@@ -7,9 +7,11 @@
 `--chunk` (4096): the first chunk step of a longer prompt (`Scheduler.step` ->
 `Worker.prefill_chunk`), per projection path: concat (the packed aux rows, quantized whole
 into the fc), staged MXFP8, streamed. `step_peak_bytes` is the allocator's peak above the
-step's start plus the aux storage rows the step wrote (preallocated, so outside that peak):
-the memory the step's aux projection needs (CUDA only; the seed's K3 figure, concat ->
-staged: 1,278,083,584 -> 663,355,904 bytes).
+step's start plus the aux storage rows the step wrote (preallocated, so outside that peak),
+CUDA only. The target's own chunk step (no draft) is measured too: `above_target_bytes` is
+what each path adds to it, the aux projection's share (the target's activations peak inside
+its forward, where every path adds what it holds then). The seed's K3 figure, concat ->
+staged, is of the projection alone: 1,278,083,584 -> 663,355,904 bytes.
 (b) `--model-path` / `--draft-path` served over HTTP (`--context-length`), once with
 `--chunked-prefill-size --chunk` and once unchunked: `--others` requests decode
 `--others-max-new` tokens each while one `--prompt-tokens`-token prompt (random ids) is
@@ -49,13 +51,14 @@ def chunk_step(a: argparse.Namespace, path: str) -> dict:
     preset = a.step_preset
     # the preset's context must hold a prompt longer than one chunk
     PRESETS[preset] = {**PRESETS[preset], "max_position_embeddings": 2 * a.chunk + 64}
+    spec = {} if path == "target" else dict(
+        speculative_algorithm="DFLASH", speculative_draft_model_path=f"{preset}-dflash",
+        speculative_draft_fc_quantization="mxfp8", **PATHS[path])
     engine = Engine(model_path=preset, load_format="dummy", device=a.device,
-                    speculative_algorithm="DFLASH", speculative_draft_model_path=f"{preset}-dflash",
-                    speculative_draft_fc_quantization="mxfp8", chunked_prefill_size=a.chunk,
-                    max_running_requests=4, max_total_tokens=4 * a.chunk,
-                    disable_decode_cuda_graph=True, disable_prefill_cuda_graph=True,
-                    disable_radix_cache=True, **PATHS[path])
-    runner, sched = engine.worker.target_runner, engine.scheduler
+                    chunked_prefill_size=a.chunk, max_running_requests=4,
+                    max_total_tokens=4 * a.chunk, disable_decode_cuda_graph=True,
+                    disable_prefill_cuda_graph=True, disable_radix_cache=True, **spec)
+    runner, sched = engine.worker.model_runner, engine.scheduler
     vocab = engine.model_config.hf_config.vocab_size
     prompt = torch.randint(3, vocab, (a.chunk + 16,), generator=torch.Generator().manual_seed(0))
     req = engine.make_request(input_ids=prompt.tolist(), sampling_params={"max_new_tokens": 1})
@@ -68,7 +71,7 @@ def chunk_step(a: argparse.Namespace, path: str) -> dict:
     sched.step()
     assert sched.chunked is req and req.kv_len == a.chunk, "the first step is not a chunk"
     peak = None
-    storage = runner.aux_storage
+    storage = getattr(runner, "aux_storage", None)
     rows_bytes = 0 if path == "staged" or storage is None else \
         a.chunk * storage.buffer.shape[1] * storage.buffer.element_size()
     if cuda:
@@ -158,6 +161,8 @@ def long_prompt(a: argparse.Namespace, chunk: int, log: Path) -> dict:
             "prompt_tokens": len(prompt), "ttft_s": ttft, "prefill_tok_s": len(prompt) / ttft,
             "max_step_peak_bytes": after["scheduler_stats"].get("max_step_peak_bytes"),
             "chunked_prefill_steps": after["scheduler_stats"]["chunked_prefill_steps"],
+            # a mixed step replays a graph whose memory was taken at capture: no step peak
+            "mixed_steps": after["scheduler_stats"].get("mixed_steps", 0),
             "others_decode_tok_s_before": before, "others_decode_tok_s_during": during,
             "others_kept": during / before if before else None, "output_ids": ids}
 
@@ -194,16 +199,27 @@ def main(argv: list[str] | None = None) -> dict:
     report: dict = {"device": torch.cuda.get_device_name() if a.device == "cuda" else "cpu",
                     "args": {k: v for k, v in vars(a).items() if k != "server_args"}}
     if not a.skip_step:
-        steps = [chunk_step(a, path) for path in PATHS]
-        concat = steps[0]["step_peak_bytes"]
+        target, *steps = [chunk_step(a, path) for path in ("target", *PATHS)]
+        report["target_chunk_step"] = target
+        report["chunk_step"] = steps
+        concat, floor = steps[0]["step_peak_bytes"], target["step_peak_bytes"]
         for s in steps:
             s["vs_concat"] = s["step_peak_bytes"] / concat if concat else None
-        report["chunk_step"] = steps
-        print(f"{'path':>9} {'chunk':>6} {'step peak B':>14} {'aux rows B':>12} {'/concat':>8}")
+            # what the draft's aux projection adds to the target's own chunk step
+            s["above_target_bytes"] = None if floor is None else s["step_peak_bytes"] - floor
+            s["above_target_vs_concat"] = (s["above_target_bytes"] / (concat - floor)
+                                           if concat and floor is not None else None)
+        print(f"{'path':>9} {'chunk':>6} {'step peak B':>14} {'aux rows B':>12} {'/concat':>8} "
+              f"{'above target B':>15} {'/concat':>8}")
+        print(f"{'target':>9} {target['chunk']:>6} {floor or 'n/a':>14}")
+
+        def ratio(x: float | None) -> str:
+            return f"{x:8.3f}" if x else f"{'n/a':>8}"
+
         for s in steps:
-            vs = f"{s['vs_concat']:8.3f}" if s["vs_concat"] else f"{'n/a':>8}"
             print(f"{s['path']:>9} {s['chunk']:>6} {s['step_peak_bytes'] or 'n/a':>14} "
-                  f"{s['aux_rows_bytes']:>12} {vs}")
+                  f"{s['aux_rows_bytes']:>12} {ratio(s['vs_concat'])} "
+                  f"{s['above_target_bytes'] or 'n/a':>15} {ratio(s['above_target_vs_concat'])}")
     if not a.skip_server:
         runs = [long_prompt(a, n, tmp / f"server_{n}.log") for n in (a.chunk, -1)]
         report["long_prompt"] = runs

@@ -33,6 +33,9 @@ def test_smoke_run_reports_every_figure(tmp_path, capsys):
     assert steps["concat"]["aux_rows_bytes"] == 32 * 3 * 64 * 4
     assert steps["streamed"]["aux_rows_bytes"] == 32 * 64 * 4
     assert steps["staged"]["aux_rows_bytes"] == 0
+    # the target-only floor: the same chunk with no draft, so no aux rows
+    assert report["target_chunk_step"]["aux_rows_bytes"] == 0
+    assert report["target_chunk_step"]["chunk"] == 32
     chunked, whole = report["long_prompt"]
     assert chunked["server_chunked_prefill_size"] == 32
     assert whole["server_chunked_prefill_size"] == -1
