@@ -210,6 +210,10 @@ class ServerArgs:
     # tokens, between the running batch's steps; <= 0 (SGLang's -1): off; None: SGLang's pick
     # for the device's memory (`resolved_chunked_prefill_size`)
     chunked_prefill_size: int | None = None
+    # with mixed steps, a chunked prompt's chunks shrink (down to the smallest mixed graph)
+    # so the running requests keep this share of their decode tokens/s while it is
+    # prefilled (managers/scheduler/chunk_pacer.py); 0: chunks of the full mixed budget
+    chunked_prefill_decode_share: float = 0.5
     # SGLang's: JSON schemas compile without optional whitespace (compact JSON; a small model
     # may otherwise wander in whitespace the grammar allows)
     constrained_json_disable_any_whitespace: bool = False
@@ -286,6 +290,9 @@ class ServerArgs:
                 raise ValueError(f"--{name.replace('_', '-')} must be > 0")
         if self.max_request_body_bytes is not None and self.max_request_body_bytes < 1:
             raise ValueError("--max-request-body-bytes must be >= 1")
+        if not 0.0 <= self.chunked_prefill_decode_share < 1.0:
+            raise ValueError("--chunked-prefill-decode-share must be in [0, 1) (0: off), got "
+                             f"{self.chunked_prefill_decode_share}")
         if self.mixed_chunk_max_prefill_tokens < 1:
             raise ValueError("--mixed-chunk-max-prefill-tokens must be >= 1, got "
                              f"{self.mixed_chunk_max_prefill_tokens}")
@@ -607,6 +614,11 @@ class ServerArgs:
                  "tokens, between the running batch's steps; -1 turns it off (default: "
                  "SGLang's pick for the GPU's memory: 2048 below 35 GiB, 8192 below 160 GiB, "
                  "else 16384; 4096 on CPU)")
+        add("--chunked-prefill-decode-share", type=float,
+            default=d["chunked_prefill_decode_share"],
+            help="with mixed steps, shrink a chunked prompt's chunks so the running requests "
+                 "keep this share of their decode tokens/s while it is prefilled, in [0, 1); "
+                 "0: every chunk takes the full mixed budget")
         add("--constrained-json-disable-any-whitespace", action="store_true",
             help="compile json_schema (and response_format) grammars without optional "
                  "whitespace: compact JSON")

@@ -180,6 +180,50 @@ def test_chunks_ride_in_mixed_steps(ckpts, kind, overlap):
 
 
 @pytest.mark.parametrize("kind", ["target", "dflash"])
+def test_paced_chunks_shrink_and_equal_unchunked(ckpts, kind):
+    """`--chunked-prefill-decode-share` near 1: every mixed step of a chunk runs longer than
+    the timed decode steps allow, so the pacer takes each chunk a mixed size down (64 -> 8)
+    and back up to the largest for the next prompt; outputs equal unchunked, non-mixed ones."""
+    ref = _engine(ckpts, "tiny-llama", kind, -1)
+    vocab = ref.model_config.hf_config.vocab_size
+    short, long_, second = _prompts(vocab, [4, 300, 200], seed=5)
+    params = [{**GREEDY, "max_new_tokens": 120}, {**GREEDY, "max_new_tokens": 6},
+              {**GREEDY, "max_new_tokens": 6}]
+    want = _ids(ref.generate(input_ids=[short, long_, second], sampling_params=params))
+    eng = _engine(ckpts, "tiny-llama", kind, 64, enable_mixed_chunk=True,
+                  mixed_chunk_max_prefill_tokens=64, cuda_graph_tokens_mixed=[8, 16, 32, 64],
+                  chunked_prefill_decode_share=0.99)
+    pacer = eng.scheduler.chunk_pacer
+    assert pacer is not None and pacer.sizes == [8, 16, 32, 64]
+    chunks, real = [], eng.worker.mixed
+
+    def traced(*a, **kw):
+        chunks.append(kw.get("chunk"))
+        return real(*a, **kw)
+    eng.worker.mixed = traced
+    reqs = [eng.make_request(input_ids=p, sampling_params=q)
+            for p, q in zip([short, long_, second], params, strict=True)]
+    eng.scheduler.add_request(reqs[0])
+    for _ in range(4):  # decode steps first: the pacer times one
+        eng.scheduler.step()
+    eng.scheduler.add_request(reqs[1])
+    while reqs[1].kv_len < len(long_):
+        eng.scheduler.step()
+    first = [c for c in chunks if c]
+    eng.scheduler.add_request(reqs[2])
+    while not all(r.finished for r in reqs):
+        eng.scheduler.step()
+    while eng.scheduler.in_flight:
+        eng.scheduler.step()
+    assert pacer.decode_ms is not None
+    assert first[0] == 64 and min(first) < 64, first  # started large, then shrank
+    later = [c for c in chunks[len(first) + 1:] if c]
+    assert later and later[0] == 64, later  # the next prompt starts at the largest again
+    assert [r.output_ids for r in reqs] == want
+    assert_kv_all_back(eng)
+
+
+@pytest.mark.parametrize("kind", ["target", "dflash"])
 def test_mixed_chunked_equals_unchunked(ckpts, kind):
     """Several prompts at once, chunked and mixed: equal to unchunked, non-mixed; twice, the
     second round from the prefix cache."""

@@ -17,6 +17,7 @@ from sglang_aux.srt.managers.model_worker import ModelWorker
 from sglang_aux.srt.managers.request_factory import RequestFactory
 from sglang_aux.srt.managers.request_output import request_output
 from sglang_aux.srt.managers.schedule_batch import Req
+from sglang_aux.srt.managers.scheduler.chunk_pacer import ChunkPacer
 from sglang_aux.srt.managers.scheduler.prefill_delayer import PrefillDelayer
 from sglang_aux.srt.managers.scheduler.scheduler import Scheduler
 from sglang_aux.srt.managers.scheduler.tp_ranks import (
@@ -69,6 +70,7 @@ class Engine:
                 prefill_graph_limits=graph_limits,
                 mixed_limits=self.worker.model_runner.mixed_limits(),
                 chunked_prefill_size=args.resolved_chunked_prefill_size(),
+                chunk_pacer=self._chunk_pacer(),
                 grammar_backend=GrammarBackend(
                     self.tokenizer.vocab_bytes, self.model_config.hf_config.vocab_size,
                     eos_ids, any_whitespace=not args.constrained_json_disable_any_whitespace),
@@ -116,6 +118,17 @@ class Engine:
             return None
         width = graph_limits[0] if graph_limits else min(args.max_running_requests, 4)
         return PrefillDelayer(width, args.prefill_delayer_max_delay_passes)
+
+    def _chunk_pacer(self) -> ChunkPacer | None:
+        """Sizes a chunked prompt's chunks in mixed steps (`--chunked-prefill-decode-share`);
+        None without mixed steps or chunked prefill, or with the share 0."""
+        args, runner = self.server_args, self.worker.model_runner
+        sizes = runner.mixed_chunk_sizes()
+        if (not sizes or args.resolved_chunked_prefill_size() is None
+                or args.chunked_prefill_decode_share == 0):
+            return None
+        return ChunkPacer(args.chunked_prefill_decode_share, sizes,
+                          cuda=runner.device.type == "cuda")
 
     def _make_worker(self) -> Worker:
         algo = self.server_args.spec_algorithm

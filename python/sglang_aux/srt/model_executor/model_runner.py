@@ -295,6 +295,16 @@ class ModelRunner:
         return (args.max_running_requests, mixed_max_arrivals(args),
                 args.mixed_chunk_max_prefill_tokens)
 
+    def mixed_chunk_sizes(self) -> list[int]:
+        """Chunk token counts a MIXED forward takes without padding, ascending: its graphs'
+        arrival token counts, or eagerly the default plan's; empty without MIXED forwards."""
+        if ForwardMode.MIXED not in self.forwards:
+            return []
+        g = self.graph_runners.get(ForwardMode.MIXED)
+        if g is not None:
+            return sorted({x.arrival_tokens for x in g.layouts})
+        return mixed_graph_plan(self.server_args, self.server_args.max_running_requests)[1]
+
     def prefill_graph_limits(self) -> tuple[int, int] | None:
         """(requests, tokens) one captured prefill graph takes; None without prefill graphs."""
         g = self.graph_runners.get(ForwardMode.EXTEND)

@@ -26,9 +26,11 @@ and the running batch's step runs between two chunks, so running requests keep d
 last chunk is an ordinary `prefill` over the cached-so-far prefix: it samples the first token
 and the request joins the running batch. With mixed steps, while a running batch can step,
 each chunk (at most min(N, the mixed token budget)) rides in its step's MIXED forward instead,
-its last one sampling the first token (as SGLang). Nothing waiting is admitted meanwhile (one
-chunked request at a time, as SGLang). Its kv_len counts every launched chunk, so an abort
-hands the prefix cache only positions whose target and draft K/V a launched forward writes.
+its last one sampling the first token (as SGLang); `ChunkPacer` shrinks those chunks so the
+running batch keeps its decode share (`--chunked-prefill-decode-share`). Nothing waiting is
+admitted meanwhile (one chunked request at a time, as SGLang). Its kv_len counts every launched
+chunk, so an abort hands the prefix cache only positions whose target and draft K/V a
+launched forward writes.
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ from sglang_aux.srt.managers.pending_step import PendingStep
 from sglang_aux.srt.managers.request_limits import RequestLimits
 from sglang_aux.srt.managers.schedule_batch import Req
 from sglang_aux.srt.managers.scheduler.admission import Admission
+from sglang_aux.srt.managers.scheduler.chunk_pacer import ChunkPacer
 from sglang_aux.srt.managers.scheduler.finish_check import FinishCheck
 from sglang_aux.srt.managers.scheduler.grammar_queue import GrammarQueue
 from sglang_aux.srt.managers.scheduler.kv_reservation import KvReservation
@@ -67,7 +70,8 @@ class Scheduler:
                  prefill_graph_limits: tuple[int, int] | None = None,
                  mixed_limits: tuple[int, int, int] | None = None,
                  chunked_prefill_size: int | None = None,
-                 grammar_backend: GrammarBackend | None = None):
+                 grammar_backend: GrammarBackend | None = None,
+                 chunk_pacer: ChunkPacer | None = None):
         self.worker = worker
         self.runner = runner = worker.model_runner
         self.max_running_requests = max_running_requests
@@ -88,6 +92,8 @@ class Scheduler:
         self.mixed_limits = mixed_limits
         self.chunked_prefill_size = chunked_prefill_size  # as Admission's
         self.chunked: Req | None = None  # admitted, mid chunked prefill, not running yet
+        # set: a chunk in a mixed step is sized so the running batch keeps its decode share
+        self.chunk_pacer = chunk_pacer
         # set: requests may ask for structured output
         self.grammar_backend = grammar_backend
         self.grammar_queue = GrammarQueue(grammar_backend)
@@ -160,6 +166,8 @@ class Scheduler:
     def _admit(self, limits: tuple[int, int] | None, strict: bool = False) -> list[Req]:
         """`Admission.admit` from `waiting` (setting `chunked` when it admits one)."""
         new, chunked = self.admission.admit(self.waiting, len(self.running), limits, strict)
+        if chunked is not None and self.chunked is None and self.chunk_pacer is not None:
+            self.chunk_pacer.new_prompt()
         self.chunked = self.chunked or chunked
         return new
 
@@ -237,19 +245,27 @@ class Scheduler:
         """One mixed forward of the running batch's step and the chunked request's next
         chunk, of at most min(N, `budget`) tokens; its last chunk samples its first token and
         the request joins the running batch."""
-        req = self.chunked
+        req, pacer = self.chunked, self.chunk_pacer
         size = min(self.chunked_prefill_size, budget)
+        if pacer is not None:
+            size = pacer.chunk_tokens(size)
+            pacer.start()
         rest = len(req.origin_input_ids) - req.kv_len
         self.stats["mixed_steps"] += 1
         self.stats["chunked_prefill_steps"] += 1
         self.stats["decode_batch_requests"] += len(batch)
         self.stats["prefill_tokens"] += min(size, rest)
+        new: list[Req] = []
         if rest > size:
-            return [], self.worker.mixed(batch, [req], chunk=size)
-        self.chunked = None
-        self.stats["mixed_requests"] += 1
-        self.stats["prefill_requests"] += 1
-        return [req], self.worker.mixed(batch, [req])
+            launched = self.worker.mixed(batch, [req], chunk=size)
+        else:
+            self.chunked, new = None, [req]
+            self.stats["mixed_requests"] += 1
+            self.stats["prefill_requests"] += 1
+            launched = self.worker.mixed(batch, [req])
+        if pacer is not None:
+            pacer.timed(launched[0], min(size, rest))
+        return new, launched
 
     def _launch_apart(self, prefill: bool) -> tuple[list[Req], list[PendingStep], bool]:
         """A prefill step of admitted arrivals (or a chunk of the chunked request), or a
@@ -273,7 +289,13 @@ class Scheduler:
             return [], [], False
         self.stats["decode_steps"] += 1
         self.stats["decode_batch_requests"] += len(batch)
-        return [], [self.worker.decode(batch)], False
+        pacer = self.chunk_pacer
+        if pacer is None or not pacer.time_decode():
+            return [], [self.worker.decode(batch)], False
+        pacer.start()
+        step = self.worker.decode(batch)
+        pacer.timed(step, 0)
+        return [], [step], False
 
     def _launch_chunk(self) -> tuple[list[Req], list[PendingStep]]:
         """The chunked request's next chunk; its last one is a prefill that samples its first
@@ -310,6 +332,8 @@ class Scheduler:
     def _complete(self, step: PendingStep) -> None:
         """Read a launched step's tokens, append them, finish requests, then notify."""
         live = self.outputs.apply(step)
+        if self.chunk_pacer is not None:
+            self.chunk_pacer.completed(step)
         self.running = [r for r in self.running if not r.finished]
         # Notify once the running list is settled, so a listener never sees a finished
         # request still counted as running.

@@ -1,0 +1,120 @@
+"""`ChunkPacer` (`--chunked-prefill-decode-share`): against a step cost that grows with the
+chunk and its prefix, the chunks it picks keep every step after the first few within
+`decode step / share` (5% over at most, its reading a step late) while the cost allows and
+the decode rate kept at the share, grow back when steps are cheap, start each new
+prompt from the largest size, never pass the caller's limit, and a bad share or size list is
+refused naming it; the server flag is validated before any model loads."""
+
+import argparse
+import sys
+
+import pytest
+
+from sglang_aux.srt.managers.scheduler.chunk_pacer import ChunkPacer
+from sglang_aux.srt.server_args import ServerArgs
+from sglang_aux.test.ci.ci_register import register_cpu_ci
+
+register_cpu_ci(est_time=5, suite="default")
+
+SIZES = [32, 64, 128, 256, 512]
+DECODE_MS = 3.0
+
+
+def step_ms(tokens: int, prefix: int) -> float:
+    """A mixed step: the decode step, a fixed 0.5 ms, and per chunk token a cost that grows
+    with the prefix (attention), about the shape measured on an H100."""
+    return DECODE_MS + 0.5 + tokens * (0.007 + 1.2e-6 * prefix)
+
+
+def prefill(pacer: ChunkPacer, prompt: int, limit: int = 512, lag: int = 1) -> list[tuple]:
+    """Chunks of a `prompt`-token prefill, each step's ms read `lag` steps later (overlap)."""
+    pacer.new_prompt()
+    done, steps, unread = 0, [], []
+    while done < prompt:
+        n = min(pacer.chunk_tokens(limit), prompt - done)
+        ms = step_ms(n, done)
+        steps.append((n, done, ms))
+        unread.append((n, ms))
+        if len(unread) > lag:
+            pacer.observe(*unread.pop(0))
+        done += n
+    return steps
+
+
+def test_steps_stay_within_the_share_after_the_first_few():
+    pacer = ChunkPacer(0.5, SIZES, cuda=False)
+    for _ in range(3):
+        pacer.observe(0, DECODE_MS)
+    steps = prefill(pacer, 32000)
+    target = DECODE_MS / 0.5
+    assert steps[0][0] == 512  # a new prompt starts at the largest size
+    late = [ms for n, done, ms in steps[6:] if step_ms(SIZES[0], done) <= target]
+    # a reading comes a step late (overlap), so a step may pass the bound by one prefix's
+    # growth before its size drops
+    assert late and max(late) <= 1.05 * target, max(late)
+    sizes = [n for n, _, _ in steps]
+    assert min(sizes) < 128 and sizes[-2] <= sizes[5]  # deep in the prompt, smaller chunks
+    # the decode rate kept: tokens per step over step time, against decode steps alone
+    kept = len(steps) / sum(ms for *_, ms in steps) * DECODE_MS
+    assert kept >= 0.5, kept
+
+
+def test_cheap_steps_grow_back_and_the_limit_holds():
+    pacer = ChunkPacer(0.5, SIZES, cuda=False)
+    pacer.observe(0, DECODE_MS)
+    pacer.new_prompt()
+    assert pacer.chunk_tokens(512) == 512
+    pacer.observe(512, 20.0)
+    assert pacer.chunk_tokens(512) == 256  # too long: one size down
+    pacer.observe(256, 9.0)
+    assert pacer.chunk_tokens(512) == 128
+    pacer.observe(128, 3.5)  # 3.0 + 0.5 x 2 = 4.0 <= 6.0: the next size fits
+    assert pacer.chunk_tokens(512) == 256
+    assert pacer.chunk_tokens(512) == 256  # no new reading: unchanged
+    assert pacer.chunk_tokens(100) == 64  # the budget bounds it
+    assert pacer.chunk_tokens(16) == 16  # below every size: the limit itself
+    pacer.new_prompt()
+    assert pacer.chunk_tokens(512) == 512
+
+
+def test_without_a_decode_reading_chunks_take_the_limit():
+    pacer = ChunkPacer(0.5, SIZES, cuda=False)
+    pacer.new_prompt()
+    pacer.observe(512, 100.0)  # no decode step timed yet: nothing to compare it with
+    assert pacer.chunk_tokens(512) == 512
+
+
+def test_host_spans_are_read_when_the_step_completes():
+    pacer = ChunkPacer(0.5, SIZES, cuda=False)
+    step = object()
+    pacer.start()
+    pacer.timed(step, 0)
+    assert pacer.decode_ms is None
+    pacer.completed(object())  # a step never timed: nothing changes
+    assert pacer.decode_ms is None
+    pacer.completed(step)
+    assert pacer.decode_ms is not None and pacer.decode_ms >= 0
+    assert [pacer.time_decode() for _ in range(9)] == [True] + [False] * 7 + [True]
+
+
+@pytest.mark.parametrize("share", [0.0, 1.0, -0.1])
+def test_bad_share_or_sizes_are_refused(share):
+    with pytest.raises(ValueError, match="decode-share"):
+        ChunkPacer(share, SIZES, cuda=False)
+    with pytest.raises(ValueError, match="ascending"):
+        ChunkPacer(0.5, [64, 32], cuda=False)
+
+
+@pytest.mark.parametrize("share", [1.0, -0.5])
+def test_the_flag_is_validated(share):
+    with pytest.raises(ValueError, match="--chunked-prefill-decode-share"):
+        ServerArgs(model_path="tiny-llama", chunked_prefill_decode_share=share)
+    parser = argparse.ArgumentParser()
+    ServerArgs.add_cli_args(parser)
+    args = ServerArgs.from_cli_args(parser.parse_args(["--chunked-prefill-decode-share", "0"]))
+    assert args.chunked_prefill_decode_share == 0.0  # 0: off, accepted
+    assert ServerArgs().chunked_prefill_decode_share == 0.5
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-v"]))
