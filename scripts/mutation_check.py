@@ -375,12 +375,6 @@ MUTATIONS = [
              "last_token = ((m_tile + 1) * BLOCK_M - 1) // rows_per_token",
              "last_token = ((m_tile + 1) * BLOCK_M - 1) // rows_per_token - 1",
              (f"{T}/attention/test_triton_backend.py::test_extend_packed_gqa_equals_per_head",)),
-    Mutation("the prefetching key loop reads each tile's slots again, not the next ones",
-             f"{SRT}/layers/attention/triton_ops/paged_kv_loop.py",
-             "ahead = cols + BLOCK_N", "ahead = cols",
-             (f"{T}/attention/test_triton_backend.py::test_extend_packed_gqa_equals_per_head",
-              f"{T}/attention/test_triton_backend.py"
-              "::test_fixed_layout_prefetch_equals_the_default_loop")),
     Mutation("the mixed graphs ignore --cuda-graph-tokens-mixed",
              f"{SRT}/model_executor/runner_utils/capture_sizes.py",
              "tokens = (sorted(set(args.cuda_graph_tokens_mixed)) if args.cuda_graph_tokens_mixed",

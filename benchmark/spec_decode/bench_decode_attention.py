@@ -12,9 +12,7 @@ whose interpreter mishandles bf16). Every request holds `context` keys in scatte
 `q_len` 1 is DECODE, more is TARGET_VERIFY (causal in the block). Paths: "launch" (today's
 default: the split kernel, then the merge kernel when it split) and "in_kernel@N" for each
 `--min-split-keys` N (one launch: contexts up to N keys unsplit, longer ones merged by their
-last split), "prefetch" with `--prefetch` (a candidate: the key loop loads each tile's pool
-slots an iteration ahead and its V beside its K), and "single@B:W:S" for each `--single-pass`
-tile (a bench-only candidate: no key
+last split), and "single@B:W:S" for each `--single-pass` tile (a bench-only candidate: no key
 split and no merge, key tile B, W warps, S stages; `tiling.SinglePassTile`). Each path is
 checked first against torch_native on fresh random inputs, its
 output poisoned with NaN before the call.
@@ -83,7 +81,7 @@ L2_PASSES = 2
 REL_ERR_BOUND = {torch.float32: 1e-4, torch.bfloat16: 2e-2}
 # the CPU picks one split: force three, so both paths split and merge at the longer context
 SMOKE = dict(bs=[1, 3], contexts=[16, 130], q_lens=[1, 4], min_split_keys=[64],
-             single_pass=["32:4:1"], splits=[2], merge_heads=[1], prefetch=True,
+             single_pass=["32:4:1"], splits=[2], merge_heads=[1],
              num_kv_splits=3, max_context=256, calls=1, iters=1)
 
 
@@ -173,10 +171,6 @@ def _paths(args: argparse.Namespace) -> dict[str, TritonAttnBackend]:
     for n in args.splits:
         for h in args.merge_heads:
             paths[f"splits@{n}+merge_heads@{h}"] = TritonAttnBackend(n, merge_heads=h)
-    if args.prefetch:
-        paths["prefetch"] = TritonAttnBackend(args.num_kv_splits, prefetch=True)
-        for n in args.splits:
-            paths[f"splits@{n}+prefetch"] = TritonAttnBackend(n, prefetch=True)
     return paths
 
 
@@ -293,10 +287,6 @@ def main(argv: list[str] | None = None) -> dict:
                    help="also the launch path whose merge combines this many heads of a token "
                         "per program (merge_heads@N; today's: tiling.MERGE_HEADS), and with "
                         "each --splits")
-    p.add_argument("--prefetch", action="store_true",
-                   help="also the launch path whose key loop loads each tile's slots an "
-                        "iteration ahead and its V beside its K (prefetch; a candidate), and "
-                        "with each --splits")
     p.add_argument("--max-context", type=int, default=32768,
                    help="the request pool's context bound (a runner's; caps in-kernel splits)")
     p.add_argument("--num-kv-splits", type=int, default=None,

@@ -12,11 +12,9 @@ also sizes the grid). The default cases: the GSM8K harness's arrivals (78 new to
 820-token cached prefix; 1, 2 and 4 of them in the mixed graph's 128 / 256 / 512-token buckets)
 and two long prefills. Paths: "per_head" (one program per query head, the device's split:
 `extend_attention_fwd(pack_gqa=False)`), "packed" (one per kv head, its rows (token, head): the
-default since 2026-12-05), two candidates for its key loop's memory latency ("packed+prefetch":
-each key tile's pool slots loaded an iteration ahead and its V with its K; "packed+stages3":
-Triton's pipeline three stages deep), and each at every `--splits` count. Every path is checked
-first against a float32 reference (each request's softmax over its prefix and its causal new
-keys), its output poisoned with NaN before the call.
+default since 2026-12-05), and each at every `--splits` count. Every path is checked first
+against a float32 reference (each request's softmax over its prefix and its causal new keys),
+its output poisoned with NaN before the call.
 
 Time per layer call, on CUDA: one graph of `--calls` back-to-back calls, each reading its own
 layer's K/V, replayed `--iters` times (CUDA events, median), divided by the calls. On the CPU:
@@ -49,9 +47,7 @@ from sglang_aux.srt.layers.attention.triton_ops.extend_attention import (  # noq
 CASES = ["1:78:820:128", "2:78:820:256", "4:78:820:512", "1:2048:0:2048", "4:512:0:2048"]
 REL_ERR_BOUND = {torch.float32: 1e-4, torch.bfloat16: 2e-2}
 # each at the device's split and every --splits count
-PATHS = {"per_head": {"pack_gqa": False}, "packed": {},
-         # candidates for the key loop's memory latency (attend_paged_kv)
-         "packed+prefetch": {"prefetch": True}, "packed+stages3": {"num_stages": 3}}
+PATHS = {"per_head": {"pack_gqa": False}, "packed": {}}
 SMOKE = dict(cases=["1:5:40:16", "2:7:0:16"], splits=[2], heads=[6, 2, 16], calls=1, iters=1)
 
 

@@ -2,11 +2,10 @@
 # What an arrival costs a served step at 32 requests, in one device call from the repository
 # root (issue 39; docs/benchmarks.md section 9e): the packed extend attention's CUDA tests and
 # the fixed narrower-widths test, the extend attention per layer call (per query head against
-# GQA-packed, each at fixed splits, and the key-loop candidates), the decode / verify kernel's
-# prefetching key loop, the mixed graph against the verify / decode and prefill
+# GQA-packed, each at fixed splits), the mixed graph against the verify / decode and prefill
 # graphs it replaces with its kernel table (the Qwen2.5-1.5B shapes at the static schedule's
 # width 8 at 32 requests), then served traffic at 32 requests with rows to spare, mixed steps
-# with and without the prefill delayer gathering arrivals (at most 595 s by the steps'
+# with and without the prefill delayer gathering arrivals (at most 530 s by the steps'
 # limits). Writes JSON and logs under OUT; each step's exit status in OUT/status.txt.
 #
 #   bash scripts/device/arrival_candidates.sh "$OUT"
@@ -23,10 +22,6 @@ step tests 100 python -m pytest -q -x -s \
   "test/registered/speculative/test_dflash_worker_draft_len_cuda.py::test_static_narrower_widths_with_cuda_graphs"
 step extend 55 python "$bench/bench_extend_attention.py" --splits 1 2 4 --iters 50 \
   --out "$out/extend_attention.json"
-# the same key-loop candidate in the decode / verify kernel (16 us a layer at a 32-request
-# verify of width 8 in section 9e's table)
-step decode 65 python "$bench/bench_decode_attention.py" --bs 1 8 32 --contexts 900 \
-  --q-lens 1 8 16 --prefetch --out "$out/decode_attention_prefetch.json"
 step mixed 120 python "$bench/bench_mixed_step.py" --target qwen2.5-1.5b-shaped \
   --draft qwen2.5-1.5b-shaped-dflash --bs 32 --verify-width 8 --widths 1 2 4 --prefix 820 \
   --new 78 --vocab 150000 --kernels 16 --out "$out/mixed_step_qwen.json"

@@ -308,8 +308,6 @@ def _attention_launches(builds: Builds) -> None:
             if t == 1:  # SGLANG_AUX_ATTENTION_PDL: one token only
                 builds.label("decode attention + merge, PDL", candidate=True)
                 decode_attention_fwd(*args, num_kv_splits=16, pdl=True)
-            builds.label(f"prefetching key loop bs={bs} q_len={q_len}", candidate=True)
-            decode_attention_fwd(*args, prefetch=True)
             builds.label(f"single-pass attention bs={bs} q_len={q_len}", candidate=True)
             for block_n, warps, stages in SINGLE_PASS_CANDIDATES:
                 decode_attention_fwd(*args, single_pass=tiling.SinglePassTile(block_n, warps,
@@ -331,17 +329,12 @@ def _prefill_launches(builds: Builds) -> None:
         builds.label(f"extend_attention bs={bs} extend={extend} prefix={prefix}")
         t = bs * extend
         lens = torch.full((bs,), extend, dtype=torch.int32)
-        args = (k_buf, v_buf, _t(t, HEADS, HEAD_DIM),
-                torch.zeros(bs, MAX_CONTEXT, dtype=torch.int32), torch.arange(bs),
-                torch.arange(0, t, extend, dtype=torch.int32),
-                torch.full((bs,), prefix, dtype=torch.int32), lens, extend, HEAD_DIM**-0.5)
-        # the default (GQA-packed) at three splits, and per head
-        for splits, path in ((None, {}), (1, {}), (4, {}), (None, {"pack_gqa": False})):
-            extend_attention_fwd(_t(t, HEADS, HEAD_DIM), *args, num_kv_splits=splits, **path)
-        builds.label(f"extend_attention key-loop candidates bs={bs} extend={extend}",
-                     candidate=True)
-        for path in ({"prefetch": True}, {"num_stages": 3}):
-            extend_attention_fwd(_t(t, HEADS, HEAD_DIM), *args, **path)
+        for splits, pack in ((None, True), (1, True), (4, True), (None, False)):
+            extend_attention_fwd(_t(t, HEADS, HEAD_DIM), k_buf, v_buf, _t(t, HEADS, HEAD_DIM),
+                                 torch.zeros(bs, MAX_CONTEXT, dtype=torch.int32),
+                                 torch.arange(bs), torch.arange(0, t, extend, dtype=torch.int32),
+                                 torch.full((bs,), prefix, dtype=torch.int32), lens, extend,
+                                 HEAD_DIM**-0.5, num_kv_splits=splits, pack_gqa=pack)
     builds.label("mxfp8 quantize (staged aux states)")
     for rows in (16, 4096):
         quantize_mxfp8_triton(_t(rows, HIDDEN), _t(rows, HIDDEN, dtype=torch.float8_e4m3fn),

@@ -221,28 +221,6 @@ def test_fixed_layout_matches_torch_native(mode, q_len, attn_type, heads, kv_hea
     assert_close(out, ref, dtype, seed)
 
 
-@pytest.mark.parametrize("window", WINDOWS)
-@pytest.mark.parametrize("num_kv_splits", [None, 3])
-@pytest.mark.parametrize("mode,q_len,attn_type", FIXED_MODES, ids=FIXED_IDS)
-def test_fixed_layout_prefetch_equals_the_default_loop(mode, q_len, attn_type, num_kv_splits,
-                                                       window):
-    """`prefetch` (a candidate): each key tile's slots loaded an iteration ahead and its V
-    beside its K give the default loop's output (fp32; contexts ending mid-tile, splits
-    starting mid-window)."""
-    seed = fresh_seed()
-    heads, kv_heads, head_dim = HEAD_CONFIGS[1]
-    req_pool, kv_pool = make_pools(kv_heads, head_dim, torch.float32)
-    fb = fixed_layout_batch(mode, q_len, req_pool, kv_pool, None)
-    q = torch.randn(fb.num_tokens, heads * head_dim)
-    layer = RadixAttention(heads, head_dim, 0.3, kv_heads, LAYER_ID, window, attn_type)
-    outs = []
-    for prefetch in (False, True):
-        backend = TritonAttnBackend(num_kv_splits=num_kv_splits, prefetch=prefetch)
-        backend.init_forward_metadata(fb)
-        outs.append(backend.forward(q, None, None, layer, fb, save_kv_cache=False))
-    torch.testing.assert_close(outs[1], outs[0], rtol=1e-5, atol=1e-6, msg=f"seed {seed}")
-
-
 # In-kernel merge: contexts of 1 key, a short one, exactly one key tile (= MERGE_MIN_KEYS: one
 # split), one key past it (two), three chunks of MERGE_MIN_KEYS and a long one whose chunks
 # grow past it (MERGE_SPLITS splits at most).
@@ -514,8 +492,7 @@ def test_extend_split_leaves_padding_rows_zero():
 def test_extend_packed_gqa_equals_per_head(heads, kv_heads, head_dim, causal, splits, window):
     """`pack_gqa`: a program per kv head whose tiles hold (token, query head) rows gives
     every live row of the per-head kernel (fp32: summation order alone may differ), its
-    tiles ending mid-token and mid-window; padding rows stay 0. So does its key loop with
-    each tile's slots prefetched an iteration ahead (a candidate)."""
+    tiles ending mid-token and mid-window; padding rows stay 0."""
     seed = fresh_seed()
     req_pool, kv_pool = make_pools(kv_heads, head_dim, torch.float32)
     fb = extend_batch(req_pool, kv_pool, TritonAttnBackend(), EXTEND_PREFIX_LENS, EXTEND_LENS)
@@ -524,18 +501,17 @@ def test_extend_packed_gqa_equals_per_head(heads, kv_heads, head_dim, causal, sp
     q = torch.randn(fb.num_tokens + pad, heads, head_dim)
     k_buf, v_buf = kv_pool.k_buffer[LAYER_ID], kv_pool.v_buffer[LAYER_ID]
     outs = []
-    for pack, prefetch in ((False, False), (True, False), (True, True)):
+    for pack in (False, True):
         out = torch.full_like(q, float("nan"))
         extend_attention_fwd(q, k_buf, v_buf, out, req_pool.req_to_token, fb.req_pool_indices,
                              meta.q_start, meta.prefix_lens, meta.extend_lens,
                              meta.max_extend_len, 0.3, causal, window, num_kv_splits=splits,
-                             pack_gqa=pack, prefetch=prefetch)
+                             pack_gqa=pack)
         outs.append(out)
     live = fb.num_tokens
-    for out in outs[1:]:
-        torch.testing.assert_close(out[:live], outs[0][:live], rtol=1e-5, atol=1e-6,
-                                   msg=f"seed {seed}")
-        assert torch.equal(out[live:], torch.zeros_like(q[live:])), f"seed {seed}"
+    torch.testing.assert_close(outs[1][:live], outs[0][:live], rtol=1e-5, atol=1e-6,
+                               msg=f"seed {seed}")
+    assert torch.equal(outs[1][live:], torch.zeros_like(q[live:])), f"seed {seed}"
 
 
 # A ragged step over a bucket of RAGGED_TOKENS tokens: a request verifying all BLOCK tokens,

@@ -115,7 +115,7 @@ def _decode_attention_kernel(
     NUM_KV_SPLITS: tl.constexpr, MERGE_IN_KERNEL: tl.constexpr, MIN_SPLIT_KEYS: tl.constexpr,
     RAGGED: tl.constexpr, CAUSAL: tl.constexpr, SLIDING_WINDOW_SIZE: tl.constexpr,
     DOT_PRECISION: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr, PDL: tl.constexpr, PREFETCH: tl.constexpr,
+    BLOCK_N: tl.constexpr, PDL: tl.constexpr,
 ):
     wait_for_previous_kernel(PDL)
     b = tl.program_id(0)
@@ -162,7 +162,7 @@ def _decode_attention_kernel(
         acc, l_i, m_i = attend_paged_kv(
             q, pos, row_valid, K_Buf, V_Buf, Req_To_Token, req_row, kv_head, kv_start, kv_end,
             sm_scale_log2, stride_kt, stride_kh, stride_vt, stride_vh, stride_req,
-            CAUSAL, SLIDING_WINDOW_SIZE, DOT_PRECISION, HEAD_DIM, BLOCK_M, BLOCK_N, PREFETCH)
+            CAUSAL, SLIDING_WINDOW_SIZE, DOT_PRECISION, HEAD_DIM, BLOCK_M, BLOCK_N)
 
         # Rows that saw no key (an empty split) give 0 and a NO_KEYS log-sum-exp, never NaN.
         has_keys = l_i > 0.0
@@ -240,7 +240,6 @@ def decode_attention_fwd(
     ragged: RaggedQueries | None = None,
     merge_heads: int = tiling.MERGE_HEADS,
     pdl: bool | None = None,
-    prefetch: bool = False,
 ) -> None:
     """Fixed-layout paged attention; `num_kv_splits=None` picks the split from the device;
     `sliding_window_size` keys left of each query are seen (-1: all). `merge="in_kernel"`
@@ -249,9 +248,7 @@ def decode_attention_fwd(
     (bs request slots, any number of tokens), `seq_lens` is unused; rows of no request come
     out 0. `merge_heads`: the heads a merge program combines (`merge_attn_states`). `pdl`:
     this launch and its merge launched dependent (None: `SGLANG_AUX_ATTENTION_PDL=1`, a
-    bench-only candidate, where `grid_dependency.resolve_pdl` launches one token so).
-    `prefetch` (a bench-only candidate): the key loop's slots an iteration ahead, V beside K
-    (`attend_paged_kv`)."""
+    bench-only candidate, where `grid_dependency.resolve_pdl` launches one token so)."""
     if merge not in MERGE_MODES:
         raise ValueError(f"merge must be one of {MERGE_MODES}, got {merge!r}")
     if single_pass is not None and (merge != "launch" or num_kv_splits not in (None, 1)):
@@ -315,7 +312,7 @@ def decode_attention_fwd(
         MERGE_IN_KERNEL=in_kernel and num_kv_splits > 1,  # one split: the launch kernel
         MIN_SPLIT_KEYS=min_split_keys, RAGGED=ragged is not None, CAUSAL=causal,
         SLIDING_WINDOW_SIZE=sliding_window_size, DOT_PRECISION=tiling.dot_precision(q.dtype),
-        HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n, PDL=pdl, PREFETCH=prefetch,
+        HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n, PDL=pdl,
         num_warps=tiling.num_warps(block_m, head_dim) if single_pass is None
         else single_pass.num_warps,
         num_stages=tiling.NUM_STAGES if single_pass is None else single_pass.num_stages,

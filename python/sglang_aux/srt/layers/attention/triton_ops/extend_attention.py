@@ -42,7 +42,6 @@ def _extend_attention_kernel(
     GROUP: tl.constexpr, PACK_GQA: tl.constexpr, NUM_KV_SPLITS: tl.constexpr,
     CAUSAL: tl.constexpr, SLIDING_WINDOW_SIZE: tl.constexpr, DOT_PRECISION: tl.constexpr,
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    PREFETCH: tl.constexpr,
 ):
     b = tl.program_id(0)
     m_tile = tl.program_id(2) // NUM_KV_SPLITS
@@ -90,7 +89,7 @@ def _extend_attention_kernel(
     acc, l_i, m_i = attend_paged_kv(
         q, q_pos, row_valid, K_Buf, V_Buf, Req_To_Token, req_row, kv_head, kv_start, kv_end,
         sm_scale_log2, stride_kt, stride_kh, stride_vt, stride_vh, stride_req,
-        CAUSAL, SLIDING_WINDOW_SIZE, DOT_PRECISION, HEAD_DIM, BLOCK_M, BLOCK_N, PREFETCH)
+        CAUSAL, SLIDING_WINDOW_SIZE, DOT_PRECISION, HEAD_DIM, BLOCK_M, BLOCK_N)
 
     has_keys = l_i > 0.0
     acc = acc / tl.where(has_keys, l_i, 1.0)[:, None]
@@ -121,8 +120,6 @@ def extend_attention_fwd(
     num_kv_splits: int | None = None,
     q_offset: int = 0,
     pack_gqa: bool = True,
-    prefetch: bool = False,
-    num_stages: int = tiling.NUM_STAGES,
 ) -> None:
     """`sliding_window_size` keys left of each query are seen (-1: all); `num_kv_splits=None`
     picks the split from the device for the case of one request holding every new token.
@@ -131,8 +128,7 @@ def extend_attention_fwd(
     its tiles' rows (token, query head) token-major, so each K/V tile loaded serves the whole
     group; False, a program per query head. Measured on an H100 at Qwen2.5-1.5B's heads
     (`bench_extend_attention.py`, docs/kernels.md): 1.12-1.27x for the GSM8K harness's
-    arrivals in a mixed graph, 0.99-1.00x for long prefills. `prefetch` and `num_stages`:
-    bench-only candidates for the key loop's memory latency (`attend_paged_kv`)."""
+    arrivals in a mixed graph, 0.99-1.00x for long prefills."""
     bs = req_pool_indices.shape[0]
     num_tokens, num_heads, head_dim = q.shape
     group = num_heads // k_buffer.shape[1]
@@ -165,8 +161,8 @@ def extend_attention_fwd(
         GROUP=group, PACK_GQA=pack_gqa, NUM_KV_SPLITS=num_kv_splits, CAUSAL=causal,
         SLIDING_WINDOW_SIZE=sliding_window_size,
         DOT_PRECISION=tiling.dot_precision(q.dtype), HEAD_DIM=head_dim,
-        BLOCK_M=block_m, BLOCK_N=tiling.kv_block(head_dim), PREFETCH=prefetch,
-        num_warps=tiling.num_warps(block_m, head_dim), num_stages=num_stages,
+        BLOCK_M=block_m, BLOCK_N=tiling.kv_block(head_dim),
+        num_warps=tiling.num_warps(block_m, head_dim), num_stages=tiling.NUM_STAGES,
     )
     if num_kv_splits > 1:
         merge_attn_states(partial_out, partial_lse, out)

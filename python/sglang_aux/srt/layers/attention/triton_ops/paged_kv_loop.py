@@ -14,7 +14,6 @@ def attend_paged_kv(
     sm_scale_log2, stride_kt, stride_kh, stride_vt, stride_vh, stride_req,
     CAUSAL: tl.constexpr, SLIDING_WINDOW_SIZE: tl.constexpr, DOT_PRECISION: tl.constexpr,
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    PREFETCH: tl.constexpr = False,
 ):
     """A query tile `q` `[BLOCK_M, HEAD_DIM]` attends to key positions `[kv_start, kv_end)`
     of request row `req_row`; when CAUSAL, only to positions <= its `q_pos`, and with a
@@ -23,35 +22,18 @@ def attend_paged_kv(
 
     Returns the unnormalized `acc` `[BLOCK_M, HEAD_DIM]`, the softmax denominators `l_i` and
     the running maxima `m_i` (log2 domain; NO_KEYS for rows that saw no key).
-
-    PREFETCH (a bench-only candidate, `bench_extend_attention.py`): each key tile's pool slots
-    are loaded one iteration ahead and its V with its K, so an iteration waits on one memory
-    latency, not three (slots, then K, then V; 2.8 us an iteration measured on an H100).
     """
     d = tl.arange(0, HEAD_DIM)
     m_i = tl.full([BLOCK_M], NO_KEYS, tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
-    if PREFETCH:
-        first = kv_start + tl.arange(0, BLOCK_N)
-        next_slots = tl.load(Req_To_Token + req_row * stride_req + first, mask=first < kv_end,
-                             other=0)
     for n0 in range(kv_start, kv_end, BLOCK_N):
         cols = n0 + tl.arange(0, BLOCK_N)
         col_valid = cols < kv_end
-        if PREFETCH:
-            slots = next_slots.to(tl.int64)
-            ahead = cols + BLOCK_N
-            next_slots = tl.load(Req_To_Token + req_row * stride_req + ahead,
-                                 mask=ahead < kv_end, other=0)
-        else:
-            slots = tl.load(Req_To_Token + req_row * stride_req + cols, mask=col_valid, other=0)
-            slots = slots.to(tl.int64)  # slot * stride can pass 2**31 in large pools
+        slots = tl.load(Req_To_Token + req_row * stride_req + cols, mask=col_valid, other=0)
+        slots = slots.to(tl.int64)  # slot * stride can pass 2**31 in large pools
         k = tl.load(K_Buf + slots[:, None] * stride_kt + kv_head * stride_kh + d[None, :],
                     mask=col_valid[:, None], other=0.0).to(q.dtype)  # [BLOCK_N, HEAD_DIM]
-        if PREFETCH:
-            v = tl.load(V_Buf + slots[:, None] * stride_vt + kv_head * stride_vh + d[None, :],
-                        mask=col_valid[:, None], other=0.0).to(q.dtype)
         qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * sm_scale_log2
         visible = row_valid[:, None] & col_valid[None, :]
         if CAUSAL:
@@ -62,9 +44,8 @@ def attend_paged_kv(
         m_new = tl.maximum(m_i, tl.max(qk, 1))
         p = tl.exp2(qk - m_new[:, None])
         alpha = tl.exp2(m_i - m_new)
-        if not PREFETCH:
-            v = tl.load(V_Buf + slots[:, None] * stride_vt + kv_head * stride_vh
-                        + d[None, :], mask=col_valid[:, None], other=0.0).to(q.dtype)
+        v = tl.load(V_Buf + slots[:, None] * stride_vt + kv_head * stride_vh + d[None, :],
+                    mask=col_valid[:, None], other=0.0).to(q.dtype)
         acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v, input_precision=DOT_PRECISION)
         l_i = l_i * alpha + tl.sum(p, 1)
         m_i = m_new
