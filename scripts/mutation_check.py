@@ -386,6 +386,18 @@ MUTATIONS = [
              'self.enable_mixed_chunk = self.resolved_device().startswith("cuda") and not (',
              "self.enable_mixed_chunk = True and not (",
              (f"{T}/test_server_args.py",)),
+    # the chunk pacer (--chunked-prefill-decode-share)
+    Mutation("the chunk pacer never takes a chunk a size down",
+             f"{SRT}/managers/scheduler/chunk_pacer.py",
+             "level = max(level - 1, 0)", "level = level",
+             (f"{T}/managers/test_chunk_pacer.py",
+              f"{T}/managers/test_scheduler_chunked_prefill.py"
+              "::test_paced_chunks_shrink_and_equal_unchunked")),
+    Mutation("the scheduler ignores the chunk pacer's size",
+             f"{SRT}/managers/scheduler/scheduler.py",
+             "size = pacer.chunk_tokens(size)", "pacer.chunk_tokens(size)",
+             (f"{T}/managers/test_scheduler_chunked_prefill.py"
+              "::test_paced_chunks_shrink_and_equal_unchunked",)),
 ]
 
 

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Chunked prefill on the shaped presets in one device call from the repository root (issue 41;
+# docs/chunked_prefill.md): the K3-shaped 4,096-token chunk step's peak per aux projection
+# beside the target's own chunk step, then a 32,000-token prompt through the HTTP server (the
+# Qwen2.5-1.5B-shaped pair, dummy weights) chunked at 4,096 and unchunked while 8 requests
+# decode, with the chunk pacer at its default share and off, then the chunked prefill, staged
+# input and K3 CUDA tests (at most 590 s by the steps' limits). Needs the server wheels:
+# carry .carry/wheels. Writes JSON and logs under OUT; each step's exit status in
+# OUT/status.txt.
+#
+#   bash scripts/device/chunked_prefill.sh "$OUT"
+set -uo pipefail
+out=${1:?usage: chunked_prefill.sh OUT_DIR}
+mkdir -p "$out"
+python -m pip install -q --no-index --target /tmp/site .carry/wheels/*.whl >/dev/null 2>&1
+export PYTHONPATH=$PWD/python:/tmp/site
+bench=benchmark/spec_decode
+
+. scripts/device/timed_steps.sh
+
+step step 120 python "$bench/bench_chunked_prefill.py" --skip-server \
+  --out "$out/chunk_step.json"
+long=(--skip-step --model-path qwen2.5-1.5b-shaped --draft-path qwen2.5-1.5b-shaped-dflash)
+step paced 150 python "$bench/bench_chunked_prefill.py" "${long[@]}" \
+  --out "$out/long_prompt_paced.json" --server-args --load-format dummy
+step unpaced 150 python "$bench/bench_chunked_prefill.py" "${long[@]}" \
+  --out "$out/long_prompt_unpaced.json" --server-args --load-format dummy \
+  --chunked-prefill-decode-share 0
+step tests 170 python -m pytest -q -x \
+  test/registered/managers/test_scheduler_chunked_prefill_cuda.py \
+  test/registered/speculative/test_staged_input_cuda.py \
+  test/registered/model_executor/test_graph_runner_prefill_cuda.py
+cat "$out/status.txt"
