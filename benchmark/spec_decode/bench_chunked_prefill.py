@@ -8,7 +8,8 @@
 `Worker.prefill_chunk`), per projection path: concat (the packed aux rows, quantized whole
 into the fc), staged MXFP8, streamed. `step_peak_bytes` is the allocator's peak above the
 step's start plus the aux storage rows the step wrote (preallocated, so outside that peak),
-CUDA only. The target's own chunk step (no draft) is measured too: `above_target_bytes` is
+CUDA only (`--memory-history`: the largest allocations live at that peak, and the code that
+made them). The target's own chunk step (no draft) is measured too: `above_target_bytes` is
 what each path adds to it, the aux projection's share (the target's activations peak inside
 its forward, where every path adds what it holds then). The seed's K3 figure, concat ->
 staged, is of the projection alone: 1,278,083,584 -> 663,355,904 bytes.
@@ -46,6 +47,31 @@ PATHS = {"concat": dict(dflash_staged_projection_min_tokens=1 << 30),
          "streamed": dict(speculative_dflash_aux_projection="streamed")}
 
 
+def live_at_peak(trace: list[dict], top: int = 12) -> tuple[int, list[dict]]:
+    """Replays a CUDA memory history's events (`torch.cuda.memory._snapshot()`'s
+    `device_traces[i]`): the peak of the bytes they keep live, and the `top` largest
+    allocations live at that peak, each with its size and the package's frames that made it."""
+    live: dict[int, dict] = {}
+    cur = peak = 0
+    at: list[dict] = []
+    for e in trace:
+        if e["action"] == "alloc":
+            live[e["addr"]] = e
+            cur += e["size"]
+            if cur > peak:
+                peak, at = cur, list(live.values())
+        elif e["action"] == "free_requested" and e["addr"] in live:
+            cur -= live.pop(e["addr"])["size"]
+
+    def where(e: dict) -> str:
+        frames = [f for f in e.get("frames", []) if "sglang_aux/" in f["filename"]]
+        return " < ".join(f"{f['filename'].split('sglang_aux/')[-1]}:{f['line']} {f['name']}"
+                          for f in frames[:3])
+
+    return peak, [{"bytes": e["size"], "at": where(e)}
+                  for e in sorted(at, key=lambda e: -e["size"])[:top]]
+
+
 def chunk_step(a: argparse.Namespace, path: str) -> dict:
     """One chunk step of `a.chunk` tokens under projection `path`."""
     preset = a.step_preset
@@ -68,9 +94,17 @@ def chunk_step(a: argparse.Namespace, path: str) -> dict:
         torch.cuda.synchronize()
         base = torch.cuda.memory_allocated()
         torch.cuda.reset_peak_memory_stats()
+    history = cuda and a.memory_history
+    if history:
+        torch.cuda.memory._record_memory_history(max_entries=200_000, stacks="python")
     sched.step()
     assert sched.chunked is req and req.kv_len == a.chunk, "the first step is not a chunk"
-    peak = None
+    peak, at_peak = None, None
+    if history:
+        torch.cuda.synchronize()
+        trace = torch.cuda.memory._snapshot()["device_traces"][runner.device.index or 0]
+        torch.cuda.memory._record_memory_history(enabled=None)
+        at_peak = live_at_peak(trace)[1]
     storage = getattr(runner, "aux_storage", None)
     rows_bytes = 0 if path == "staged" or storage is None else \
         a.chunk * storage.buffer.shape[1] * storage.buffer.element_size()
@@ -82,6 +116,8 @@ def chunk_step(a: argparse.Namespace, path: str) -> dict:
            "aux_rows_bytes": rows_bytes,
            "step_peak_bytes": None if peak is None else peak + rows_bytes,
            "aux_storage_bytes": None if storage is None else storage.nbytes()}
+    if at_peak is not None:
+        out["live_at_peak"] = at_peak
     del engine, runner, sched, storage
     gc.collect()
     if cuda:
@@ -182,6 +218,9 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--others", type=int, default=8)
     p.add_argument("--others-max-new", type=int, default=4096)
     p.add_argument("--baseline-s", type=float, default=2.0)
+    p.add_argument("--memory-history", action="store_true",
+                   help="(a): record CUDA memory history over each chunk step; the report "
+                        "names the largest allocations live at its peak (live_at_peak)")
     p.add_argument("--skip-step", action="store_true", help="only (b)")
     p.add_argument("--skip-server", action="store_true", help="only (a)")
     p.add_argument("--server-args", nargs=argparse.REMAINDER, default=[],

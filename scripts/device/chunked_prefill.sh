@@ -18,7 +18,7 @@ bench=benchmark/spec_decode
 
 . scripts/device/timed_steps.sh
 
-step step 120 python "$bench/bench_chunked_prefill.py" --skip-server \
+step step 120 python "$bench/bench_chunked_prefill.py" --skip-server --memory-history \
   --out "$out/chunk_step.json"
 long=(--skip-step --model-path qwen2.5-1.5b-shaped --draft-path qwen2.5-1.5b-shaped-dflash)
 step paced 150 python "$bench/bench_chunked_prefill.py" "${long[@]}" \

@@ -46,5 +46,21 @@ def test_smoke_run_reports_every_figure(tmp_path, capsys):
         assert r["others_decode_tok_s_before"] > 0
 
 
+def test_live_at_peak_replays_allocs_and_frees():
+    frames = [{"filename": "/x/python/sglang_aux/srt/models/m.py", "line": 7, "name": "forward"},
+              {"filename": "/usr/lib/torch/nn.py", "line": 1, "name": "call"}]
+    trace = [{"action": "alloc", "addr": 1, "size": 100, "frames": frames},
+             {"action": "alloc", "addr": 2, "size": 300, "frames": []},
+             {"action": "free_requested", "addr": 2, "size": 300},
+             {"action": "free_completed", "addr": 2, "size": 300},
+             {"action": "alloc", "addr": 3, "size": 250, "frames": frames},
+             {"action": "alloc", "addr": 4, "size": 10, "frames": frames},
+             {"action": "free_requested", "addr": 1, "size": 100}]
+    peak, live = _bench().live_at_peak(trace, top=2)
+    assert peak == 400  # 100 + 300, not 100 + 250 + 10 = 360
+    assert live == [{"bytes": 300, "at": ""},
+                    {"bytes": 100, "at": "srt/models/m.py:7 forward"}]
+
+
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-v"]))
