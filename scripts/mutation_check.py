@@ -393,6 +393,12 @@ MUTATIONS = [
              (f"{T}/managers/test_chunk_pacer.py",
               f"{T}/managers/test_scheduler_chunked_prefill.py"
               "::test_paced_chunks_shrink_and_equal_unchunked")),
+    Mutation("interleaved pacing: no decode steps between chunks",
+             f"{SRT}/managers/scheduler/scheduler.py",
+             "self._decode_owed = pacer.decode_steps_owed() if not new else 0",
+             "self._decode_owed = 0",
+             (f"{T}/managers/test_scheduler_chunked_prefill.py"
+              "::test_interleaved_decode_steps_between_full_chunks",)),
     Mutation("the scheduler ignores the chunk pacer's size",
              f"{SRT}/managers/scheduler/scheduler.py",
              "size = pacer.chunk_tokens(size)", "pacer.chunk_tokens(size)",

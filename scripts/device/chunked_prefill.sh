@@ -3,8 +3,10 @@
 # docs/chunked_prefill.md): the K3-shaped 4,096-token chunk step's peak per aux projection
 # beside the target's own chunk step, then a 32,000-token prompt through the HTTP server (the
 # Qwen2.5-1.5B-shaped pair, dummy weights) chunked at 4,096 and unchunked while 8 requests
-# decode, with the chunk pacer at its default share and off, then the chunked prefill, staged
-# input and K3 CUDA tests (at most 590 s by the steps' limits). Needs the server wheels:
+# decode, with the chunk pacer at its default share shrinking the chunks, interleaving decode
+# steps between full ones, and off, then the chunked prefill CUDA tests (at most 530 s by the
+# steps' limits; 2026-12-05's seventh session ran the staged input and prefill graph CUDA
+# tests on the pacer's tree, and the first three steps in 178 s). Needs the server wheels:
 # carry .carry/wheels. Writes JSON and logs under OUT; each step's exit status in
 # OUT/status.txt.
 #
@@ -18,16 +20,17 @@ bench=benchmark/spec_decode
 
 . scripts/device/timed_steps.sh
 
-step step 120 python "$bench/bench_chunked_prefill.py" --skip-server --memory-history \
+step step 60 python "$bench/bench_chunked_prefill.py" --skip-server --memory-history \
   --out "$out/chunk_step.json"
 long=(--skip-step --model-path qwen2.5-1.5b-shaped --draft-path qwen2.5-1.5b-shaped-dflash)
-step paced 150 python "$bench/bench_chunked_prefill.py" "${long[@]}" \
+step paced 130 python "$bench/bench_chunked_prefill.py" "${long[@]}" \
   --out "$out/long_prompt_paced.json" --server-args --load-format dummy
-step unpaced 150 python "$bench/bench_chunked_prefill.py" "${long[@]}" \
+step interleaved 130 python "$bench/bench_chunked_prefill.py" "${long[@]}" \
+  --out "$out/long_prompt_interleaved.json" --server-args --load-format dummy \
+  --chunked-prefill-pacing interleave
+step unpaced 100 python "$bench/bench_chunked_prefill.py" "${long[@]}" \
   --out "$out/long_prompt_unpaced.json" --server-args --load-format dummy \
   --chunked-prefill-decode-share 0
-step tests 170 python -m pytest -q -x \
-  test/registered/managers/test_scheduler_chunked_prefill_cuda.py \
-  test/registered/speculative/test_staged_input_cuda.py \
-  test/registered/model_executor/test_graph_runner_prefill_cuda.py
+step tests 110 python -m pytest -q -x \
+  test/registered/managers/test_scheduler_chunked_prefill_cuda.py
 cat "$out/status.txt"

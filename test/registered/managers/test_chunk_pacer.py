@@ -97,12 +97,54 @@ def test_host_spans_are_read_when_the_step_completes():
     assert [pacer.time_decode() for _ in range(9)] == [True] + [False] * 7 + [True]
 
 
+def test_interleave_keeps_full_chunks_and_owes_decode_steps():
+    pacer = ChunkPacer(0.5, SIZES, cuda=False, pacing="interleave")
+    pacer.new_prompt()
+    assert pacer.chunk_tokens(512) == 512 and pacer.decode_steps_owed() == 0  # nothing read
+    pacer.observe(0, DECODE_MS)
+    pacer.observe(512, 14.9)  # the H100's 512-token mixed step deep in a 32k prompt
+    assert pacer.chunk_tokens(512) == 512  # never shrinks
+    owed = pacer.decode_steps_owed()
+    assert owed == 3  # ceil((0.5 * 14.9 - 3) / (3 * 0.5)) = ceil(2.97)
+    # the chunk's step and the decode steps after it keep half the decode rate; one fewer not
+    assert (owed + 1) * DECODE_MS / (14.9 + owed * DECODE_MS) >= 0.5
+    assert owed * DECODE_MS / (14.9 + (owed - 1) * DECODE_MS) < 0.5
+    assert pacer.chunk_tokens(100) == 64
+    pacer.new_prompt()
+    assert pacer.decode_steps_owed() == 0
+
+
+def test_interleave_keeps_the_share_at_a_better_prefill_rate_than_shrink():
+    """Against the same step cost: both keep the decode share; interleave prefills faster,
+    since each step pays the mixed step's fixed cost for a full chunk."""
+    def run(pacing: str) -> tuple[float, float]:
+        pacer = ChunkPacer(0.5, SIZES, cuda=False, pacing=pacing)
+        pacer.observe(0, DECODE_MS)
+        pacer.new_prompt()
+        done = steps = 0
+        total_ms = 0.0
+        while done < 32000:
+            n = min(pacer.chunk_tokens(512), 32000 - done)
+            ms = step_ms(n, done)
+            pacer.observe(n, ms)
+            owed = pacer.decode_steps_owed()
+            total_ms += ms + owed * DECODE_MS
+            steps += 1 + owed
+            done += n
+        return steps / total_ms * DECODE_MS, 32000 / total_ms  # kept, tokens per ms
+    shrink, interleave = run("shrink"), run("interleave")
+    assert shrink[0] >= 0.5 and interleave[0] >= 0.5, (shrink, interleave)
+    assert interleave[1] > 1.3 * shrink[1], (shrink, interleave)
+
+
 @pytest.mark.parametrize("share", [0.0, 1.0, -0.1])
 def test_bad_share_or_sizes_are_refused(share):
     with pytest.raises(ValueError, match="decode-share"):
         ChunkPacer(share, SIZES, cuda=False)
     with pytest.raises(ValueError, match="ascending"):
         ChunkPacer(0.5, [64, 32], cuda=False)
+    with pytest.raises(ValueError, match="--chunked-prefill-pacing"):
+        ChunkPacer(0.5, SIZES, cuda=False, pacing="smooth")
 
 
 @pytest.mark.parametrize("share", [1.0, -0.5])
@@ -114,6 +156,9 @@ def test_the_flag_is_validated(share):
     args = ServerArgs.from_cli_args(parser.parse_args(["--chunked-prefill-decode-share", "0"]))
     assert args.chunked_prefill_decode_share == 0.0  # 0: off, accepted
     assert ServerArgs().chunked_prefill_decode_share == 0.5
+    assert ServerArgs().chunked_prefill_pacing == "shrink"
+    with pytest.raises(ValueError, match="--chunked-prefill-pacing"):
+        ServerArgs(chunked_prefill_pacing="smooth")
 
 
 if __name__ == "__main__":

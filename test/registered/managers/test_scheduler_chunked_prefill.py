@@ -224,6 +224,49 @@ def test_paced_chunks_shrink_and_equal_unchunked(ckpts, kind):
 
 
 @pytest.mark.parametrize("kind", ["target", "dflash"])
+def test_interleaved_decode_steps_between_full_chunks(ckpts, kind):
+    """`--chunked-prefill-pacing interleave`: chunks keep the full mixed size and, once a
+    chunk step is read (here, as four decode steps long), the running batch takes the decode
+    steps that keep its share (0.5: two) between chunks; outputs equal unchunked ones."""
+    ref = _engine(ckpts, "tiny-llama", kind, -1)
+    vocab = ref.model_config.hf_config.vocab_size
+    short, long_ = _prompts(vocab, [4, 300], seed=6)
+    params = [{**GREEDY, "max_new_tokens": 120}, {**GREEDY, "max_new_tokens": 6}]
+    want = _ids(ref.generate(input_ids=[short, long_], sampling_params=params))
+    eng = _engine(ckpts, "tiny-llama", kind, 64, enable_mixed_chunk=True,
+                  mixed_chunk_max_prefill_tokens=64, cuda_graph_tokens_mixed=[8, 16, 32, 64],
+                  chunked_prefill_pacing="interleave")
+    pacer = eng.scheduler.chunk_pacer
+    real_observe = pacer.observe
+    pacer.observe = lambda n, ms: real_observe(n, 4.0 if n else 1.0)  # deterministic times
+    calls = _trace(eng)
+    sizes, real_mixed = [], eng.worker.mixed
+
+    def mixed(*a, **kw):
+        sizes.append(kw.get("chunk"))
+        return real_mixed(*a, **kw)
+    eng.worker.mixed = mixed
+    reqs = [eng.make_request(input_ids=p, sampling_params=q)
+            for p, q in zip([short, long_], params, strict=True)]
+    eng.scheduler.add_request(reqs[0])
+    for _ in range(4):
+        eng.scheduler.step()
+    eng.scheduler.add_request(reqs[1])
+    start = len(calls)
+    while not all(r.finished for r in reqs):
+        eng.scheduler.step()
+    while eng.scheduler.in_flight:
+        eng.scheduler.step()
+    during = calls[start:calls.index("mixed", start) + 1]
+    chunks = -(-len(long_) // 64) - 1
+    assert during == (["mixed_chunk", "mixed_chunk"] + ["decode", "decode", "mixed_chunk"]
+                      * (chunks - 2) + ["decode", "decode", "mixed"]), during
+    assert [n for n in sizes if n] == [64] * chunks  # full chunks, never shrunk
+    assert [r.output_ids for r in reqs] == want
+    assert_kv_all_back(eng)
+
+
+@pytest.mark.parametrize("kind", ["target", "dflash"])
 def test_mixed_chunked_equals_unchunked(ckpts, kind):
     """Several prompts at once, chunked and mixed: equal to unchunked, non-mixed; twice, the
     second round from the prefix cache."""

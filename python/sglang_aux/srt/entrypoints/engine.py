@@ -128,7 +128,7 @@ class Engine:
                 or args.chunked_prefill_decode_share == 0):
             return None
         return ChunkPacer(args.chunked_prefill_decode_share, sizes,
-                          cuda=runner.device.type == "cuda")
+                          cuda=runner.device.type == "cuda", pacing=args.chunked_prefill_pacing)
 
     def _make_worker(self) -> Worker:
         algo = self.server_args.spec_algorithm

@@ -6,17 +6,28 @@ verify) step and the prompt's next chunk in one forward. A long chunk deep into 
 makes that step many decode steps long: on an H100 (the shaped Qwen2.5-1.5B pair, a
 32,000-token prompt, 8 running requests, 512-token chunks) the running requests kept 22% of
 their tokens/s while it was prefilled. The pacer times steps on the device (CUDA events, read
-when the step's tokens are) and moves each chunk one mixed size down when the last chunk's
-step ran longer than `decode step / share`, and one size up when the next size's step, scaled
-from the last, would still fit. Decode steps are timed one in `decode_every`.
+when the step's tokens are; decode steps one in `decode_every`) and keeps the share one of two
+ways (`--chunked-prefill-pacing`):
+
+- `shrink`: each chunk moves one mixed size down when the last chunk's step ran longer than
+  `decode step / share`, and one size up when the next size's step, scaled from the last,
+  would still fit. Smooth steps; but every step pays the mixed step's fixed cost (about 1 ms
+  over a decode step on that H100), so small chunks prefill slowly.
+- `interleave`: chunks keep the full size and the running batch takes decode steps of its own
+  between them, as many as keep the share over the chunk's step and theirs:
+  k >= (share * chunk_ms - decode_ms) / (decode_ms * (1 - share)). The fixed cost is paid
+  once per full chunk; the running requests see a long step every k + 1.
 """
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
 
 import torch
+
+from sglang_aux.srt.server_args import CHUNK_PACINGS
 
 
 @dataclass
@@ -36,10 +47,12 @@ class ChunkPacer:
     share: float  # of their decode tokens/s the running requests keep, in (0, 1)
     sizes: list[int]  # chunk token counts a mixed forward takes (its graphs'), ascending
     cuda: bool  # device time from CUDA events; else the launch's host time (a CPU step)
+    pacing: str = "shrink"  # or "interleave"
     decode_every: int = 8
     decode_ms: float | None = None  # a moving average of timed decode steps
     _level: int | None = None  # index into the sizes a chunk may take; None: a new prompt
     _last: tuple[int, float] | None = None  # (tokens, ms) of the last chunk step read
+    _chunk_ms: float | None = None  # the last chunk step read, kept (interleave)
     _decodes: int = 0
     _open: dict[int, tuple[int, _Span]] = field(default_factory=dict)  # id(step) -> chunk
     _start: torch.cuda.Event | float | None = None
@@ -50,15 +63,20 @@ class ChunkPacer:
                              f"got {self.share}")
         if not self.sizes or self.sizes != sorted(set(self.sizes)) or self.sizes[0] < 1:
             raise ValueError(f"chunk sizes must be ascending positive counts, got {self.sizes}")
+        if self.pacing not in CHUNK_PACINGS:
+            raise ValueError(f"--chunked-prefill-pacing must be one of {CHUNK_PACINGS}, got "
+                             f"{self.pacing!r}")
 
     def new_prompt(self) -> None:
         """A chunked prompt starts: its first chunk takes the largest size again."""
-        self._level, self._last = None, None
+        self._level, self._last, self._chunk_ms = None, None, None
 
     def chunk_tokens(self, limit: int) -> int:
         """The next chunk's tokens, at most `limit` (the chunk size and the mixed budget)."""
         fit = [s for s in self.sizes if s <= limit] or [limit]
         top = len(fit) - 1
+        if self.pacing == "interleave":
+            return fit[top]
         level = top if self._level is None else min(self._level, top)
         if self._last is not None and self.decode_ms is not None:
             tokens, ms = self._last
@@ -72,6 +90,14 @@ class ChunkPacer:
             self._last = None  # each reading moves the size once
         self._level = level
         return fit[level]
+
+    def decode_steps_owed(self) -> int:
+        """Decode steps the running batch takes before the next chunk (`interleave`; 0 under
+        `shrink` or before a chunk and a decode step are read)."""
+        if self.pacing != "interleave" or self._chunk_ms is None or self.decode_ms is None:
+            return 0
+        d, share = self.decode_ms, self.share
+        return max(0, math.ceil((share * self._chunk_ms - d) / (d * (1.0 - share))))
 
     def start(self) -> None:
         """Marks the device's position before a launch (`timed` closes it)."""
@@ -111,4 +137,4 @@ class ChunkPacer:
         if chunk_tokens == 0:
             self.decode_ms = ms if self.decode_ms is None else 0.75 * self.decode_ms + 0.25 * ms
         else:
-            self._last = (chunk_tokens, ms)
+            self._last, self._chunk_ms = (chunk_tokens, ms), ms

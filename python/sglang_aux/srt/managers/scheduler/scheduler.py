@@ -97,7 +97,9 @@ class Scheduler:
         # set: requests may ask for structured output
         self.grammar_backend = grammar_backend
         self.grammar_queue = GrammarQueue(grammar_backend)
-        self._decode_turn = False  # a chunk ran last: the running batch steps next
+        # decode steps the running batch takes before the chunked request's next chunk: one
+        # after a chunk step of its own, the pacer's count after a mixed one (interleave)
+        self._decode_owed = 0
         self.waiting: deque[Req] = deque()
         self.running: list[Req] = []
         # launched, tokens not read (overlap): a prefill, a decode step, or both
@@ -265,6 +267,7 @@ class Scheduler:
             launched = self.worker.mixed(batch, [req])
         if pacer is not None:
             pacer.timed(launched[0], min(size, rest))
+            self._decode_owed = pacer.decode_steps_owed() if not new else 0
         return new, launched
 
     def _launch_apart(self, prefill: bool) -> tuple[list[Req], list[PendingStep], bool]:
@@ -277,7 +280,7 @@ class Scheduler:
         if prefill and self.chunked is not None:
             new, launched = self._launch_chunk()
             return new, launched, True
-        self._decode_turn = False
+        self._decode_owed = max(self._decode_owed - 1, 0)
         if new:
             self.stats["prefill_steps"] += 1
             self.stats["prefill_requests"] += len(new)
@@ -306,7 +309,7 @@ class Scheduler:
         self.stats["prefill_tokens"] += n or len(req.origin_input_ids) - req.kv_len
         if n is not None:
             self.worker.prefill_chunk(req, n)
-            self._decode_turn = True
+            self._decode_owed = 1
             return [], []
         self.chunked = None
         self.stats["prefill_requests"] += 1
@@ -314,7 +317,7 @@ class Scheduler:
 
     def _prefill_now(self) -> bool:
         if self.chunked is not None:
-            return not (self._decode_turn and self.running)
+            return not (self._decode_owed and self.running)
         if not self.waiting:
             return False
         d = self.prefill_delayer
