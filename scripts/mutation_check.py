@@ -399,6 +399,16 @@ MUTATIONS = [
              "self._decode_owed = 0",
              (f"{T}/managers/test_scheduler_chunked_prefill.py"
               "::test_interleaved_decode_steps_between_full_chunks",)),
+    Mutation("tensor parallelism: a follower's chunk pacer reads its own step times",
+             f"{SRT}/managers/scheduler/tp_step_broadcast.py",
+             'scheduler.chunk_pacer.role = "follower"', 'scheduler.chunk_pacer.role = "alone"',
+             (f"{T}/managers/test_chunk_pacer.py"
+              "::test_under_tensor_parallelism_followers_decide_from_rank0s_readings",)),
+    Mutation("tensor parallelism: rank 0 does not send its pacer's readings",
+             f"{SRT}/managers/scheduler/tp_step_broadcast.py",
+             "            if readings:\n", "            if False:\n",
+             (f"{T}/managers/test_chunk_pacer.py"
+              "::test_under_tensor_parallelism_followers_decide_from_rank0s_readings",)),
     Mutation("the scheduler ignores the chunk pacer's size",
              f"{SRT}/managers/scheduler/scheduler.py",
              "size = pacer.chunk_tokens(size)", "pacer.chunk_tokens(size)",

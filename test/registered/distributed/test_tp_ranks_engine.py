@@ -1,7 +1,8 @@
 """Tensor parallelism through the offline Engine, on the CPU with gloo, in real processes:
 `--tp-size 2` greedy output equals `--tp-size 1` token for token (fp32) for the Llama, Qwen2,
 Qwen3 and K3-style families, target-only and with their DFlash drafts (greedy DFlash is lossless,
-so it equals target-only), seeded sampling too; `--tp-size 4` replicates the two KV heads;
+so it equals target-only), seeded sampling too, the chunk pacer's time-driven schedule
+taken from rank 0 on every rank; `--tp-size 4` replicates the two KV heads;
 each rank holds its share of the heads and the whole-width aux storage."""
 
 import sys
@@ -148,6 +149,46 @@ def test_tp2_mixed_chunked_prefill_and_logprobs_equal_tp1(root):
             assert [v for v in got if isinstance(v, float)] == pytest.approx(
                 [v for v in want if isinstance(v, float)], abs=1e-4), key
     assert len(_flat(ref[-1]["meta_info"]["input_token_logprobs"])) > 9
+
+
+@pytest.mark.parametrize("pacing", ["shrink", "interleave"])
+def test_tp2_chunk_pacer_decides_from_rank0s_step_times(root, pacing):
+    """The chunk pacer steers the schedule by step times, which differ between ranks: the
+    followers take rank 0's readings (interleave's count of decode steps moves with every
+    millisecond), so every rank runs the same forwards and the output equals one rank's."""
+    kwargs = {"model_path": tiny_checkpoint("tiny-llama", root),
+              "speculative_algorithm": "DFLASH",
+              "speculative_draft_model_path": tiny_checkpoint("tiny-llama-dflash", root),
+              "enable_mixed_chunk": True, "mixed_chunk_max_prefill_tokens": 16,
+              "cuda_graph_tokens_mixed": [4, 8, 16], "chunked_prefill_size": 16,
+              "chunked_prefill_pacing": pacing, "chunked_prefill_decode_share": 0.99,
+              "disable_decode_cuda_graph": True}
+    prompts = [*PROMPTS, " ".join(["a longer prompt that takes many chunks to prefill"] * 6)]
+    params = [{**GREEDY, "max_new_tokens": 60}] * 4 + [GREEDY]
+
+    def run(**extra):
+        engine = Engine(**ENGINE, **kwargs, **extra)
+        calls, worker = [], engine.worker
+        for name in ("decode", "mixed"):
+            real = getattr(worker, name)
+
+            def traced(*a, _real=real, _name=name, **kw):
+                calls.append(kw.get("chunk") or _name)
+                return _real(*a, **kw)
+            setattr(worker, name, traced)
+        try:
+            return engine.generate(prompts, params), calls
+        finally:
+            engine.shutdown()
+
+    (ref, _), (tp2, calls) = run(), run(tp_size=2)
+    chunks = [i for i, c in enumerate(calls) if isinstance(c, int)]
+    assert len(chunks) > 3
+    if pacing == "shrink":  # rank 0 took chunks below the largest size
+        assert min(calls[i] for i in chunks) < 16, calls
+    else:  # and decode steps between them
+        assert "decode" in calls[chunks[0]:chunks[-1]], calls
+    assert _ids(tp2) == _ids(ref)
 
 
 def test_tp4_replicates_kv_heads(root):

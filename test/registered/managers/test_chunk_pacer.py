@@ -137,6 +137,79 @@ def test_interleave_keeps_the_share_at_a_better_prefill_rate_than_shrink():
     assert interleave[1] > 1.3 * shrink[1], (shrink, interleave)
 
 
+def test_a_leader_keeps_its_readings_and_a_follower_times_nothing():
+    leader = ChunkPacer(0.5, SIZES, cuda=False, role="leader")
+    follower = ChunkPacer(0.5, SIZES, cuda=False, role="follower")
+    leader.new_prompt()
+    follower.new_prompt()
+    leader.observe(0, DECODE_MS)
+    leader.observe(512, 20.0)
+    readings = leader.take_readings()
+    assert readings == [(0, DECODE_MS), (512, 20.0)] and leader.take_readings() == []
+    step = object()
+    follower.start()
+    follower.timed(step, 0)
+    follower.completed(step)  # its own time is never read
+    assert follower.decode_ms is None
+    for tokens, ms in readings:  # the leader's, replayed
+        follower.observe(tokens, ms)
+    assert follower.chunk_tokens(512) == 256 == leader.chunk_tokens(512)
+    assert follower.take_readings() == []  # a follower sends nothing
+
+
+class _Group:
+    """Two ranks' broadcast in one process: rank 0's sends queue up for rank 1's receives."""
+
+    def __init__(self, sent: list, rank: int):
+        self.world_size, self.rank, self.sent = 2, rank, sent
+
+    def broadcast_object(self, obj=None):
+        if self.rank == 0:
+            self.sent.append(obj)
+            return obj
+        return self.sent.pop(0)
+
+
+class _Scheduler:
+    """What the broadcast touches of a scheduler: its pacer, its step, its update hook."""
+
+    def __init__(self, role_pacer: ChunkPacer):
+        self.chunk_pacer, self.on_update, self.steps = role_pacer, None, 0
+
+    def step(self) -> None:
+        self.steps += 1
+
+
+def test_under_tensor_parallelism_followers_decide_from_rank0s_readings():
+    """The pacer steers by step times, which differ between ranks; each turn carries rank 0's
+    readings and a follower reads no time of its own, so both decide alike (the engine test
+    beside it: test_tp2_chunk_pacer_decides_from_rank0s_step_times)."""
+    from sglang_aux.srt.managers.scheduler.tp_step_broadcast import (
+        FollowerLoop,
+        ReplayPacerReadings,
+        StepBroadcast,
+        Turn,
+    )
+
+    sent: list = []
+    lead = _Scheduler(ChunkPacer(0.5, SIZES, cuda=False))
+    follow = _Scheduler(ChunkPacer(0.5, SIZES, cuda=False))
+    broadcast = StepBroadcast(lead, _Group(sent, 0))
+    loop = FollowerLoop(follow, _Group(sent, 1))
+    assert (lead.chunk_pacer.role, follow.chunk_pacer.role) == ("leader", "follower")
+    for pacer in (lead.chunk_pacer, follow.chunk_pacer):
+        pacer.new_prompt()
+    lead.chunk_pacer.observe(0, DECODE_MS)
+    lead.chunk_pacer.observe(512, 20.0)
+    broadcast.step()
+    broadcast.stop()
+    assert sent[0] == Turn([ReplayPacerReadings(((0, DECODE_MS), (512, 20.0)))])
+    loop.run()  # applies rank 0's turn, steps, then stops
+    assert follow.steps == lead.steps == 1
+    assert follow.chunk_pacer.decode_ms == lead.chunk_pacer.decode_ms == DECODE_MS
+    assert follow.chunk_pacer.chunk_tokens(512) == lead.chunk_pacer.chunk_tokens(512) == 256
+
+
 @pytest.mark.parametrize("share", [0.0, 1.0, -0.1])
 def test_bad_share_or_sizes_are_refused(share):
     with pytest.raises(ValueError, match="decode-share"):

@@ -49,6 +49,10 @@ class ChunkPacer:
     cuda: bool  # device time from CUDA events; else the launch's host time (a CPU step)
     pacing: str = "shrink"  # or "interleave"
     decode_every: int = 8
+    # Tensor parallelism (tp_step_broadcast): the scheduler is replicated and must decide
+    # alike on every rank, so rank 0 ("leader") keeps its readings for the followers, and a
+    # follower's schedule takes those readings only, never its own step times.
+    role: str = "alone"
     decode_ms: float | None = None  # a moving average of timed decode steps
     _level: int | None = None  # index into the sizes a chunk may take; None: a new prompt
     _last: tuple[int, float] | None = None  # (tokens, ms) of the last chunk step read
@@ -56,6 +60,7 @@ class ChunkPacer:
     _decodes: int = 0
     _open: dict[int, tuple[int, _Span]] = field(default_factory=dict)  # id(step) -> chunk
     _start: torch.cuda.Event | float | None = None
+    _readings: list[tuple[int, float]] = field(default_factory=list)  # leader: not yet sent
 
     def __post_init__(self) -> None:
         if not 0.0 < self.share < 1.0:
@@ -101,6 +106,8 @@ class ChunkPacer:
 
     def start(self) -> None:
         """Marks the device's position before a launch (`timed` closes it)."""
+        if self.role == "follower":
+            return
         now: torch.cuda.Event | float
         if self.cuda:
             now = torch.cuda.Event(enable_timing=True)
@@ -112,6 +119,8 @@ class ChunkPacer:
     def timed(self, step: object, chunk_tokens: int) -> None:
         """Closes the span `start` opened for `step`, a chunk of `chunk_tokens` (0: a
         decode step); read when the step completes."""
+        if self.role == "follower":
+            return
         start, self._start = self._start, None
         if self.cuda:
             end = torch.cuda.Event(enable_timing=True)
@@ -134,7 +143,14 @@ class ChunkPacer:
 
     def observe(self, chunk_tokens: int, ms: float) -> None:
         """A step's device ms: a decode step's (`chunk_tokens` 0) or a chunk's."""
+        if self.role == "leader":
+            self._readings.append((chunk_tokens, ms))
         if chunk_tokens == 0:
             self.decode_ms = ms if self.decode_ms is None else 0.75 * self.decode_ms + 0.25 * ms
         else:
             self._last, self._chunk_ms = (chunk_tokens, ms), ms
+
+    def take_readings(self) -> list[tuple[int, float]]:
+        """The leader's readings since the last call, for the followers to `observe`."""
+        readings, self._readings = self._readings, []
+        return readings

@@ -6,7 +6,9 @@ scheduler per rank, requests received on rank 0 and broadcast). Rank 0 applies e
 it broadcasts the commands since the last step, and every follower applies the same commands
 and runs the same step. The scheduler is deterministic given its commands and the tokens each
 step produces, and those tokens are rank 0's (the workers broadcast them on the device), so
-every rank schedules the same batches and runs the same forwards, collectives included.
+every rank schedules the same batches and runs the same forwards, collectives included. The
+one input that is not a command or a token, the chunk pacer's step times, is rank 0's too:
+its readings ride in each turn (`ReplayPacerReadings`) and a follower's own are never read.
 """
 
 from __future__ import annotations
@@ -41,7 +43,14 @@ class ReplayFlush:
     """Flush the prefix cache, as rank 0 did."""
 
 
-StepCommand = ReplayAdd | ReplayAbort | ReplayFlush
+@dataclass(frozen=True)
+class ReplayPacerReadings:
+    """The step times rank 0's chunk pacer read since the last turn, in order."""
+
+    readings: tuple[tuple[int, float], ...]
+
+
+StepCommand = ReplayAdd | ReplayAbort | ReplayFlush | ReplayPacerReadings
 
 
 @dataclass(frozen=True)
@@ -60,6 +69,8 @@ class StepBroadcast:
         self.scheduler = scheduler
         self.group = group
         self._commands: list[StepCommand] = []
+        if self.replicated and scheduler.chunk_pacer is not None:
+            scheduler.chunk_pacer.role = "leader"
 
     @property
     def replicated(self) -> bool:
@@ -86,6 +97,10 @@ class StepBroadcast:
     def step(self) -> None:
         """Send the commands since the last step, then step with the followers."""
         if self.replicated:
+            pacer = self.scheduler.chunk_pacer
+            readings = pacer.take_readings() if pacer is not None else []
+            if readings:
+                self._commands.append(ReplayPacerReadings(tuple(readings)))
             self.group.broadcast_object(Turn(self._commands))
             self._commands = []
         self.scheduler.step()
@@ -104,6 +119,8 @@ class FollowerLoop:
         self.group = group
         self._live: dict[str, Req] = {}
         scheduler.on_update = self._on_update
+        if scheduler.chunk_pacer is not None:
+            scheduler.chunk_pacer.role = "follower"
 
     def run(self) -> None:
         while True:
@@ -129,6 +146,9 @@ class FollowerLoop:
                     self.scheduler.abort(req)
             case ReplayFlush():
                 self.scheduler.flush_cache()
+            case ReplayPacerReadings(readings=readings):
+                for tokens, ms in readings:
+                    self.scheduler.chunk_pacer.observe(tokens, ms)
             case unknown:
                 raise TypeError(f"unknown step command {type(unknown).__name__}")
 
