@@ -179,6 +179,28 @@ def test_chunks_ride_in_mixed_steps(ckpts, kind, overlap):
         assert_kv_all_back(eng)
 
 
+def _paced(ckpts, kind: str, **kw) -> tuple[Engine, list[int | None]]:
+    """A mixed engine chunking at 64 whose pacer picks among 8- to 64-token chunks, and the
+    chunk of each mixed forward its worker runs (None: not a chunk)."""
+    eng = _engine(ckpts, "tiny-llama", kind, 64, enable_mixed_chunk=True,
+                  mixed_chunk_max_prefill_tokens=64, cuda_graph_tokens_mixed=[8, 16, 32, 64],
+                  **kw)
+    chunks, real = [], eng.worker.mixed
+
+    def traced(*a, **kw):
+        chunks.append(kw.get("chunk"))
+        return real(*a, **kw)
+    eng.worker.mixed = traced
+    return eng, chunks
+
+
+def _run_to_end(eng: Engine, reqs: list) -> None:
+    while not all(r.finished for r in reqs):
+        eng.scheduler.step()
+    while eng.scheduler.in_flight:
+        eng.scheduler.step()
+
+
 @pytest.mark.parametrize("kind", ["target", "dflash"])
 def test_paced_chunks_shrink_and_equal_unchunked(ckpts, kind):
     """`--chunked-prefill-decode-share` near 1: every mixed step of a chunk runs longer than
@@ -190,17 +212,9 @@ def test_paced_chunks_shrink_and_equal_unchunked(ckpts, kind):
     params = [{**GREEDY, "max_new_tokens": 120}, {**GREEDY, "max_new_tokens": 6},
               {**GREEDY, "max_new_tokens": 6}]
     want = _ids(ref.generate(input_ids=[short, long_, second], sampling_params=params))
-    eng = _engine(ckpts, "tiny-llama", kind, 64, enable_mixed_chunk=True,
-                  mixed_chunk_max_prefill_tokens=64, cuda_graph_tokens_mixed=[8, 16, 32, 64],
-                  chunked_prefill_decode_share=0.99)
+    eng, chunks = _paced(ckpts, kind, chunked_prefill_decode_share=0.99)
     pacer = eng.scheduler.chunk_pacer
     assert pacer is not None and pacer.sizes == [8, 16, 32, 64]
-    chunks, real = [], eng.worker.mixed
-
-    def traced(*a, **kw):
-        chunks.append(kw.get("chunk"))
-        return real(*a, **kw)
-    eng.worker.mixed = traced
     reqs = [eng.make_request(input_ids=p, sampling_params=q)
             for p, q in zip([short, long_, second], params, strict=True)]
     eng.scheduler.add_request(reqs[0])
@@ -211,10 +225,7 @@ def test_paced_chunks_shrink_and_equal_unchunked(ckpts, kind):
         eng.scheduler.step()
     first = [c for c in chunks if c]
     eng.scheduler.add_request(reqs[2])
-    while not all(r.finished for r in reqs):
-        eng.scheduler.step()
-    while eng.scheduler.in_flight:
-        eng.scheduler.step()
+    _run_to_end(eng, reqs)
     assert pacer.decode_ms is not None
     assert first[0] == 64 and min(first) < 64, first  # started large, then shrank
     later = [c for c in chunks[len(first) + 1:] if c]
@@ -233,19 +244,11 @@ def test_interleaved_decode_steps_between_full_chunks(ckpts, kind):
     short, long_ = _prompts(vocab, [4, 300], seed=6)
     params = [{**GREEDY, "max_new_tokens": 120}, {**GREEDY, "max_new_tokens": 6}]
     want = _ids(ref.generate(input_ids=[short, long_], sampling_params=params))
-    eng = _engine(ckpts, "tiny-llama", kind, 64, enable_mixed_chunk=True,
-                  mixed_chunk_max_prefill_tokens=64, cuda_graph_tokens_mixed=[8, 16, 32, 64],
-                  chunked_prefill_pacing="interleave")
+    eng, sizes = _paced(ckpts, kind, chunked_prefill_pacing="interleave")
     pacer = eng.scheduler.chunk_pacer
     real_observe = pacer.observe
     pacer.observe = lambda n, ms: real_observe(n, 4.0 if n else 1.0)  # deterministic times
     calls = _trace(eng)
-    sizes, real_mixed = [], eng.worker.mixed
-
-    def mixed(*a, **kw):
-        sizes.append(kw.get("chunk"))
-        return real_mixed(*a, **kw)
-    eng.worker.mixed = mixed
     reqs = [eng.make_request(input_ids=p, sampling_params=q)
             for p, q in zip([short, long_], params, strict=True)]
     eng.scheduler.add_request(reqs[0])
@@ -253,10 +256,7 @@ def test_interleaved_decode_steps_between_full_chunks(ckpts, kind):
         eng.scheduler.step()
     eng.scheduler.add_request(reqs[1])
     start = len(calls)
-    while not all(r.finished for r in reqs):
-        eng.scheduler.step()
-    while eng.scheduler.in_flight:
-        eng.scheduler.step()
+    _run_to_end(eng, reqs)
     during = calls[start:calls.index("mixed", start) + 1]
     chunks = -(-len(long_) // 64) - 1
     assert during == (["mixed_chunk", "mixed_chunk"] + ["decode", "decode", "mixed_chunk"]
