@@ -162,10 +162,13 @@ def long_prompt(a: argparse.Namespace, chunk: int, log: Path) -> dict:
     os.environ[STEP_PEAK_ENV] = "1"  # the server inherits it: max_step_peak_bytes
     with launched_server(args, log, timeout_s=1200) as url:
         info = httpx.get(f"{url}/get_server_info").json()
-        # warm the kernels on a shorter prompt of other tokens (no prefix cache hit)
+        # warm the kernels on a prompt of other tokens (no prefix cache hit), by default as
+        # long as the measured one: a first prefill of a new length compiles kernel variants
+        # (the unchunked 32k prompt's TTFT varied 1.16-1.65 s over calls after a 256-token
+        # warm-up)
+        warm = a.warm_tokens or len(prompt)
         httpx.post(f"{url}/generate", timeout=600, json={
-            "input_ids": torch.randint(3, vocab, (min(256, len(prompt) // 2),),
-                                       generator=g).tolist(),
+            "input_ids": torch.randint(3, vocab, (warm,), generator=g).tolist(),
             "sampling_params": {**greedy, "max_new_tokens": 2}})
         times: list[list[float]] = [[] for _ in range(a.others)]
         done = threading.Event()
@@ -215,6 +218,9 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--context-length", type=int, default=32768)
     p.add_argument("--prompt-tokens", type=int, default=32000)
     p.add_argument("--long-max-new", type=int, default=64)
+    p.add_argument("--warm-tokens", type=int, default=None,
+                   help="the warm-up prompt's tokens before the measured one (default: as "
+                        "many as --prompt-tokens)")
     p.add_argument("--others", type=int, default=8)
     p.add_argument("--others-max-new", type=int, default=4096)
     p.add_argument("--baseline-s", type=float, default=2.0)
