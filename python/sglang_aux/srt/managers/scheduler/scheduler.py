@@ -26,8 +26,9 @@ and the running batch's step runs between two chunks, so running requests keep d
 last chunk is an ordinary `prefill` over the cached-so-far prefix: it samples the first token
 and the request joins the running batch. With mixed steps, while a running batch can step,
 each chunk (at most min(N, the mixed token budget)) rides in its step's MIXED forward instead,
-its last one sampling the first token (as SGLang); `ChunkPacer` shrinks those chunks so the
-running batch keeps its decode share (`--chunked-prefill-decode-share`). Nothing waiting is
+its last one sampling the first token (as SGLang); `ChunkPacer` shrinks those chunks, or owes
+the running batch decode steps between them, so that it keeps its decode share
+(`--chunked-prefill-decode-share`, `--chunked-prefill-pacing`). Nothing waiting is
 admitted meanwhile (one chunked request at a time, as SGLang). Its kv_len counts every launched
 chunk, so an abort hands the prefix cache only positions whose target and draft K/V a
 launched forward writes.
