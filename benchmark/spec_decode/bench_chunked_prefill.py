@@ -39,6 +39,9 @@ import torch
 from sglang_aux.srt.configs.presets import PRESETS
 from sglang_aux.srt.entrypoints.engine import Engine
 from sglang_aux.srt.managers.scheduler.scheduler import STEP_PEAK_ENV
+from sglang_aux.srt.model_loader.builtin import resolve_model
+from sglang_aux.srt.server_args import ServerArgs
+from sglang_aux.test.gsm8k_data import gsm8k_path
 from sglang_aux.test.runtime_utils import tiny_checkpoint
 from sglang_aux.test.server_utils import launched_server
 
@@ -150,6 +153,24 @@ def _rate(times: list[float], start: float, end: float) -> float:
     return n / (end - start) if end > start else 0.0
 
 
+def text_prompt(a: argparse.Namespace) -> list[int]:
+    """`a.prompt_tokens` ids of GSM8K train problems and their solutions one after another,
+    in the served model's tokenizer (as the server resolves it from the same flags)."""
+    parser = argparse.ArgumentParser()
+    ServerArgs.add_cli_args(parser)
+    _, tokenizer = resolve_model(ServerArgs.from_cli_args(
+        parser.parse_args(["--model-path", a.model_path, *a.server_args])))
+    ids: list[int] = []
+    with gsm8k_path("train").open() as f:
+        for line in f:
+            item = json.loads(line)
+            ids += tokenizer.encode(f"Question: {item['question']}\nAnswer: {item['answer']}\n\n")
+            if len(ids) >= a.prompt_tokens:
+                return ids[: a.prompt_tokens]
+    raise ValueError(f"GSM8K train holds {len(ids)} tokens, fewer than --prompt-tokens "
+                     f"{a.prompt_tokens}")
+
+
 def long_prompt(a: argparse.Namespace, chunk: int, log: Path) -> dict:
     args = ["--model-path", a.model_path, "--speculative-algorithm", "DFLASH",
             "--speculative-draft-model-path", a.draft_path, "--device", a.device,
@@ -157,7 +178,8 @@ def long_prompt(a: argparse.Namespace, chunk: int, log: Path) -> dict:
             "--max-running-requests", str(a.others + 1), *a.server_args]
     vocab = a.vocab
     g = torch.Generator().manual_seed(1)
-    prompt = torch.randint(3, vocab, (a.prompt_tokens,), generator=g).tolist()
+    prompt = (text_prompt(a) if a.prompt == "gsm8k"
+              else torch.randint(3, vocab, (a.prompt_tokens,), generator=g).tolist())
     greedy = {"temperature": 0, "ignore_eos": True}
     os.environ[STEP_PEAK_ENV] = "1"  # the server inherits it: max_step_peak_bytes
     with launched_server(args, log, timeout_s=1200) as url:
@@ -218,6 +240,10 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--context-length", type=int, default=32768)
     p.add_argument("--prompt-tokens", type=int, default=32000)
     p.add_argument("--long-max-new", type=int, default=64)
+    p.add_argument("--prompt", choices=["random", "gsm8k"], default="random",
+                   help="the long prompt: random ids below --vocab, or real text (GSM8K train "
+                        "problems and solutions in the model's tokenizer), whose greedy tokens "
+                        "a real model does not leave near-tied")
     p.add_argument("--warm-tokens", type=int, default=None,
                    help="the warm-up prompt's tokens before the measured one (default: as "
                         "many as --prompt-tokens)")

@@ -178,7 +178,8 @@ print(d('$DRAFT').parent)")
   long-prompt)  # issue 41 item 2 on real weights: a 32,000-token prompt through the server,
     # chunked at 4,096 and unchunked, 8 requests decoding meanwhile, once per PACINGS entry
     # (shrink, interleave: the chunk pacer's two ways at its default share; off: share 0);
-    # greedy tokens compared chunked against unchunked (docs/chunked_prefill.md)
+    # the prompt real text (GSM8K train, carried), greedy tokens compared chunked against
+    # unchunked (docs/chunked_prefill.md)
     [ -d .carry/wheels ] && $py -m pip install -q --no-index --no-deps --target /tmp/site \
       .carry/wheels/*.whl
     draft_dir > /dev/null || exit 1
@@ -188,7 +189,7 @@ print(d('$DRAFT').parent)")
         *) flags=(--chunked-prefill-pacing "$pacing") ;;
       esac
       timeout "${LONG_LIMIT:-240}" $py benchmark/spec_decode/bench_chunked_prefill.py \
-        --skip-step --model-path $MODEL --draft-path $DRAFT \
+        --skip-step --model-path $MODEL --draft-path $DRAFT --prompt gsm8k \
         --out "$out/long_prompt_$pacing.json" --server-args "${flags[@]}" 2>&1 \
         | grep -v Warning | tail -6
     done ;;

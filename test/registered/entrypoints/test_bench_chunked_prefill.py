@@ -3,13 +3,18 @@ smoke mode: a tiny-k3 chunk step under each aux projection, then a long prompt t
 HTTP servers (chunked and unchunked) while other requests decode; the servers report their
 chunk size, the chunked one prefills in chunks, and both give the same greedy tokens."""
 
+import argparse
+import json
 import sys
 from pathlib import Path
 
 import pytest
 
+from sglang_aux.srt.model_loader.tokenizer import Tokenizer
 from sglang_aux.test.bench_script import load_bench
 from sglang_aux.test.ci.ci_register import register_cpu_ci
+from sglang_aux.test.gsm8k_data import gsm8k_path
+from sglang_aux.test.runtime_utils import tiny_checkpoint
 
 register_cpu_ci(est_time=60, suite="default")
 
@@ -44,6 +49,20 @@ def test_smoke_run_reports_every_figure(tmp_path, capsys):
     for r in (chunked, whole):
         assert r["ttft_s"] > 0 and r["prefill_tok_s"] > 0
         assert r["others_decode_tok_s_before"] > 0
+
+
+def test_a_text_prompt_in_the_models_tokenizer(tmp_path):
+    bench = _bench()
+    ckpt = tiny_checkpoint("tiny-llama", tmp_path)
+    a = argparse.Namespace(model_path=ckpt, server_args=["--device", "cpu"], prompt_tokens=300)
+    ids = bench.text_prompt(a)
+    tokenizer = Tokenizer.from_dir(ckpt)
+    first = json.loads(gsm8k_path("train").open().readline())
+    assert len(ids) == 300
+    assert ids[:20] == tokenizer.encode(f"Question: {first['question']}")[:20]
+    with pytest.raises(ValueError, match="fewer than --prompt-tokens"):
+        bench.text_prompt(argparse.Namespace(model_path=ckpt, server_args=[],
+                                             prompt_tokens=10**9))
 
 
 def test_live_at_peak_replays_allocs_and_frees():
