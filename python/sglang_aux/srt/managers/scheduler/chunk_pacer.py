@@ -56,7 +56,7 @@ class ChunkPacer:
     decode_ms: float | None = None  # a moving average of timed decode steps
     _level: int | None = None  # index into the sizes a chunk may take; None: a new prompt
     _last: tuple[int, float] | None = None  # (tokens, ms) of the last chunk step read
-    _chunk_ms: float | None = None  # the last chunk step read, kept (interleave)
+    _last_used: bool = False  # it has moved the size (shrink): each reading moves it once
     _decodes: int = 0
     _open: dict[int, tuple[int, _Span]] = field(default_factory=dict)  # id(step) -> chunk
     _start: torch.cuda.Event | float | None = None
@@ -74,7 +74,7 @@ class ChunkPacer:
 
     def new_prompt(self) -> None:
         """A chunked prompt starts: its first chunk takes the largest size again."""
-        self._level, self._last, self._chunk_ms = None, None, None
+        self._level, self._last = None, None
 
     def chunk_tokens(self, limit: int) -> int:
         """The next chunk's tokens, at most `limit` (the chunk size and the mixed budget)."""
@@ -83,7 +83,7 @@ class ChunkPacer:
         if self.pacing == "interleave":
             return fit[top]
         level = top if self._level is None else min(self._level, top)
-        if self._last is not None and self.decode_ms is not None:
+        if self._last is not None and not self._last_used and self.decode_ms is not None:
             tokens, ms = self._last
             target = self.decode_ms / self.share
             if ms > target:
@@ -92,17 +92,17 @@ class ChunkPacer:
                 extra = max(ms - self.decode_ms, 0.0) * fit[level + 1] / tokens
                 if self.decode_ms + extra <= target:
                     level += 1
-            self._last = None  # each reading moves the size once
+            self._last_used = True
         self._level = level
         return fit[level]
 
     def decode_steps_owed(self) -> int:
         """Decode steps the running batch takes before the next chunk (`interleave`; 0 under
         `shrink` or before a chunk and a decode step are read)."""
-        if self.pacing != "interleave" or self._chunk_ms is None or self.decode_ms is None:
+        if self.pacing != "interleave" or self._last is None or self.decode_ms is None:
             return 0
         d, share = self.decode_ms, self.share
-        return max(0, math.ceil((share * self._chunk_ms - d) / (d * (1.0 - share))))
+        return max(0, math.ceil((share * self._last[1] - d) / (d * (1.0 - share))))
 
     def start(self) -> None:
         """Marks the device's position before a launch (`timed` closes it)."""
@@ -148,7 +148,7 @@ class ChunkPacer:
         if chunk_tokens == 0:
             self.decode_ms = ms if self.decode_ms is None else 0.75 * self.decode_ms + 0.25 * ms
         else:
-            self._last, self._chunk_ms = (chunk_tokens, ms), ms
+            self._last, self._last_used = (chunk_tokens, ms), False
 
     def take_readings(self) -> list[tuple[int, float]]:
         """The leader's readings since the last call, for the followers to `observe`."""
