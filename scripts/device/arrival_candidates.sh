@@ -9,12 +9,6 @@
 # limits). Writes JSON and logs under OUT; each step's exit status in OUT/status.txt.
 #
 #   bash scripts/device/arrival_candidates.sh "$OUT"
-set -uo pipefail
-out=${1:?usage: arrival_candidates.sh OUT_DIR}
-mkdir -p "$out"
-export PYTHONPATH=$PWD/python
-bench=benchmark/spec_decode
-
 . scripts/device/timed_steps.sh
 
 step tests 100 python -m pytest -q -x -s \

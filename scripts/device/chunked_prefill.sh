@@ -11,14 +11,9 @@
 # OUT/status.txt.
 #
 #   bash scripts/device/chunked_prefill.sh "$OUT"
-set -uo pipefail
-out=${1:?usage: chunked_prefill.sh OUT_DIR}
-mkdir -p "$out"
-python -m pip install -q --no-index --target /tmp/site .carry/wheels/*.whl >/dev/null 2>&1
-export PYTHONPATH=$PWD/python:/tmp/site
-bench=benchmark/spec_decode
-
 . scripts/device/timed_steps.sh
+python -m pip install -q --no-index --target /tmp/site .carry/wheels/*.whl >/dev/null 2>&1
+export PYTHONPATH=$PYTHONPATH:/tmp/site
 
 step step 60 python "$bench/bench_chunked_prefill.py" --skip-server --memory-history \
   --out "$out/chunk_step.json"

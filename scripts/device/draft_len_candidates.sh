@@ -12,12 +12,6 @@
 # Writes JSON and logs under OUT; each step's exit status in OUT/status.txt.
 #
 #   bash scripts/device/draft_len_candidates.sh "$OUT"
-set -uo pipefail
-out=${1:?usage: draft_len_candidates.sh OUT_DIR}
-mkdir -p "$out"
-export PYTHONPATH=$PWD/python
-bench=benchmark/spec_decode
-
 . scripts/device/timed_steps.sh
 
 step tests 180 python -m pytest -q -x -s \

@@ -7,16 +7,12 @@
 # OUT/status.txt.
 #
 #   run(command="bash scripts/device/flashinfer_candidates.sh $OUT", carry=[".carry/flashinfer"])
-set -uo pipefail
-out=${1:?usage: flashinfer_candidates.sh OUT_DIR}
-mkdir -p "$out"
+. scripts/device/timed_steps.sh
 bash scripts/device/stage_flashinfer.sh --install >"$out/install.log" 2>&1
 status=$?
 cat "$out/install.log"
 [ $status = 0 ] || exit $status
 export PYTHONPATH=/tmp/site:$PWD/python:$PWD/benchmark/spec_decode
-bench=benchmark/spec_decode
-. scripts/device/timed_steps.sh
 
 step tests 150 python -m pytest -q \
   test/registered/attention/test_bench_flashinfer_attention_cuda.py \

@@ -7,12 +7,6 @@
 # OUT/status.txt.
 #
 #   bash scripts/device/fusion_candidates.sh "$OUT"
-set -uo pipefail
-out=${1:?usage: fusion_candidates.sh OUT_DIR}
-mkdir -p "$out"
-export PYTHONPATH=$PWD/python
-bench=benchmark/spec_decode
-
 . scripts/device/timed_steps.sh
 
 step tests 120 python -m pytest -q -x \

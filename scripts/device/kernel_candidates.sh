@@ -7,12 +7,6 @@
 #
 # Each step has its own time limit, so a slow one leaves the others' results; a step's exit
 # status is in OUT/status.txt.
-set -uo pipefail
-out=${1:?usage: kernel_candidates.sh OUT_DIR}
-mkdir -p "$out"
-export PYTHONPATH=$PWD/python
-bench=benchmark/spec_decode
-
 . scripts/device/timed_steps.sh
 
 step tests 140 python -m pytest -q -x \

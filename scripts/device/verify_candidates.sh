@@ -6,12 +6,8 @@
 # OUT; each step's exit status is in OUT/status.txt.
 #
 #   bash scripts/device/verify_candidates.sh "$OUT"
-set -uo pipefail
-out=${1:?usage: verify_candidates.sh OUT_DIR}
-mkdir -p "$out"
-export PYTHONPATH=$PWD/python:$PWD/benchmark/spec_decode
-bench=benchmark/spec_decode
 . scripts/device/timed_steps.sh
+export PYTHONPATH=$PYTHONPATH:$PWD/benchmark/spec_decode
 
 step tests 165 python -m pytest -q \
   test/registered/model_executor/test_ragged_step_prologue_cuda.py \
