@@ -387,18 +387,22 @@ MUTATIONS = [
              "self.enable_mixed_chunk = True and not (",
              (f"{T}/test_server_args.py",)),
     # the chunk pacer (--chunked-prefill-decode-share)
-    Mutation("the chunk pacer never takes a chunk a size down",
+    Mutation("the chunk pacer owes one decode step too few",
              f"{SRT}/managers/scheduler/chunk_pacer.py",
-             "level = max(level - 1, 0)", "level = level",
+             "return max(0, math.ceil(", "return max(0, math.floor(",
+             (f"{T}/managers/test_chunk_pacer.py",)),
+    Mutation("a new prompt's first chunk owes decode steps for the last prompt's",
+             f"{SRT}/managers/scheduler/chunk_pacer.py",
+             "        self._last_chunk_ms = None\n", "        pass\n",
              (f"{T}/managers/test_chunk_pacer.py",
               f"{T}/managers/test_scheduler_chunked_prefill.py"
-              "::test_paced_chunks_shrink_and_equal_unchunked")),
-    Mutation("interleaved pacing: no decode steps between chunks",
+              "::test_paced_chunks_interleave_decode_steps_and_equal_unchunked")),
+    Mutation("paced chunks: no decode steps between them",
              f"{SRT}/managers/scheduler/scheduler.py",
              "self._decode_owed = pacer.decode_steps_owed() if not new else 0",
              "self._decode_owed = 0",
              (f"{T}/managers/test_scheduler_chunked_prefill.py"
-              "::test_interleaved_decode_steps_between_full_chunks",)),
+              "::test_paced_chunks_interleave_decode_steps_and_equal_unchunked",)),
     Mutation("tensor parallelism: a follower's chunk pacer reads its own step times",
              f"{SRT}/managers/scheduler/tp_step_broadcast.py",
              'scheduler.chunk_pacer.role = "follower"', 'scheduler.chunk_pacer.role = "alone"',
@@ -413,7 +417,7 @@ MUTATIONS = [
              f"{SRT}/managers/scheduler/scheduler.py",
              "size = pacer.chunk_tokens(size)", "pacer.chunk_tokens(size)",
              (f"{T}/managers/test_scheduler_chunked_prefill.py"
-              "::test_paced_chunks_shrink_and_equal_unchunked",)),
+              "::test_paced_chunks_interleave_decode_steps_and_equal_unchunked",)),
 ]
 
 

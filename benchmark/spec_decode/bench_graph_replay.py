@@ -18,8 +18,8 @@ with `--kernel-table N` (default 12 on CUDA) each replay's N costliest kernels.
 `--pdl on|off` launches our kernels (row GEMVs, RMSNorm, RoPE + KV store, SiLU-mul) dependent
 or not (programmatic dependent launch: it sets `SGLANG_AUX_PDL` for this process,
 `triton_ops/grid_dependency.py`; `auto`, the default, is the server's: one-token launches where
-the device has it); `--paired-gemv` and `--attention-pdl` set their switches likewise. Run the
-settings compared beside each other in the same call.
+the device has it); `--paired-gemv` sets its switch likewise. Run the settings compared
+beside each other in the same call.
 """
 
 from __future__ import annotations
@@ -36,7 +36,6 @@ from step_bandwidth import copy_bandwidth, kv_bytes, weight_bytes
 
 from sglang_aux.srt.entrypoints.engine import Engine
 from sglang_aux.srt.layers.triton_ops.dispatch import (
-    ATTENTION_PDL_ENV_VAR,
     GEMV_BACKENDS,
     PAIRED_GEMV_ENV_VAR,
     PDL_ENV_VAR,
@@ -182,14 +181,10 @@ def main() -> None:
     p.add_argument("--paired-gemv", default="on", choices=["on", "off"],
                    help="with the triton backend, qkv + RoPE + K/V store and gate_up + SiLU-mul "
                         "as one kernel each (SGLANG_AUX_PAIRED_GEMV; on, the server's default)")
-    p.add_argument("--attention-pdl", default="off", choices=["on", "off"],
-                   help="the one-token decode attention and its merge launched dependent too "
-                        "(SGLANG_AUX_ATTENTION_PDL; a candidate, off by default)")
     p.add_argument("--out", default="benchmark/spec_decode/graph_replay.json")
     args = p.parse_args()
     on_off = {"on": "1", "off": "0", "auto": "auto"}
-    for var, value in ((PDL_ENV_VAR, args.pdl), (PAIRED_GEMV_ENV_VAR, args.paired_gemv),
-                       (ATTENTION_PDL_ENV_VAR, args.attention_pdl)):
+    for var, value in ((PDL_ENV_VAR, args.pdl), (PAIRED_GEMV_ENV_VAR, args.paired_gemv)):
         os.environ[var] = on_off[value]
     device = torch.device("cuda" if args.device == "auto" and torch.cuda.is_available()
                           else "cpu" if args.device == "auto" else args.device)

@@ -3,12 +3,11 @@
 # docs/chunked_prefill.md): the K3-shaped 4,096-token chunk step's peak per aux projection
 # beside the target's own chunk step, then a 32,000-token prompt through the HTTP server (the
 # Qwen2.5-1.5B-shaped pair, dummy weights) chunked at 4,096 and unchunked while 8 requests
-# decode, with the chunk pacer at its default share shrinking the chunks, interleaving decode
-# steps between full ones, and off, then the chunked prefill CUDA tests (at most 530 s by the
-# steps' limits; 2026-12-05's seventh session ran the staged input and prefill graph CUDA
-# tests on the pacer's tree, and the first three steps in 178 s). Needs the server wheels:
-# carry .carry/wheels. Writes JSON and logs under OUT; each step's exit status in
-# OUT/status.txt.
+# decode, with the chunk pacer at its default share (decode steps between full chunks) and
+# off (share 0), then the chunked prefill CUDA tests (at most 400 s by the steps' limits; on
+# an H100 on 2026-12-05 these steps and one more for the pacer's since removed way took 315 s,
+# docs/data/session_h100_1205h/chunked_prefill). Needs the server wheels: carry
+# .carry/wheels. Writes JSON and logs under OUT; each step's exit status in OUT/status.txt.
 #
 #   bash scripts/device/chunked_prefill.sh "$OUT"
 . scripts/device/timed_steps.sh
@@ -20,9 +19,6 @@ step step 60 python "$bench/bench_chunked_prefill.py" --skip-server --memory-his
 long=(--skip-step --model-path qwen2.5-1.5b-shaped --draft-path qwen2.5-1.5b-shaped-dflash)
 step paced 130 python "$bench/bench_chunked_prefill.py" "${long[@]}" \
   --out "$out/long_prompt_paced.json" --server-args --load-format dummy
-step interleaved 130 python "$bench/bench_chunked_prefill.py" "${long[@]}" \
-  --out "$out/long_prompt_interleaved.json" --server-args --load-format dummy \
-  --chunked-prefill-pacing interleave
 step unpaced 100 python "$bench/bench_chunked_prefill.py" "${long[@]}" \
   --out "$out/long_prompt_unpaced.json" --server-args --load-format dummy \
   --chunked-prefill-decode-share 0

@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # The kernel candidates left after the paired row GEMVs (measured 2026-12-05 and shipped): the
-# decode attention and its merge launched dependent, the verify attention's splits and merges,
-# the GEMV K tiles under PDL; on the H200 in one device call (about 5 minutes), from the
-# repository root (docs/kernels.md, "Candidates"). The draft length schedule's figures:
-# draft_len_candidates.sh. Writes JSON and logs under OUT; each step's exit status in
-# OUT/status.txt.
+# verify attention's splits and merges, the GEMV K tiles under PDL (the decode attention and its
+# merge launched dependent lost on an H100 on 2026-12-05 and are removed); on the H200 in one
+# device call (about 2 minutes), from the repository root (docs/kernels.md, "Candidates"). The
+# draft length schedule's figures: draft_len_candidates.sh. Writes JSON and logs under OUT; each
+# step's exit status in OUT/status.txt.
 #
 #   bash scripts/device/fusion_candidates.sh "$OUT"
 . scripts/device/timed_steps.sh
@@ -13,13 +13,6 @@ step tests 120 python -m pytest -q -x \
   test/registered/layers/test_paired_row_gemv_cuda.py test/registered/layers/test_row_gemv_cuda.py \
   "test/registered/attention/test_triton_backend_cuda.py::test_cuda_graph_replay_matches_torch_native" \
   test/registered/layers/test_grid_dependency_cuda.py
-# the bs-1 step with the decode attention and its merge launched dependent too, against
-# today's (twice each, alternating: the gain expected is a few percent)
-for attn in off on off on; do
-  step "replay_attention_pdl_$attn" 60 python "$bench/bench_graph_replay.py" \
-    --presets qwen2.5-1.5b-shaped --decode-bs 1 --verify-bs --decode-gemv-backend triton \
-    --kernel-table 0 --attention-pdl "$attn" --out "$out/replay_attention_pdl_${attn}_$SECONDS.json"
-done
 # verify (16 tokens) and decode attention at the step's context: fixed key splits, one row
 # tile for a request's 96 GQA rows, each split with the merge of one head a program and of
 # tiling.MERGE_HEADS (the default)

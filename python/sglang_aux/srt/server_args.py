@@ -30,8 +30,6 @@ TRITON_DECODE_MERGES = ("launch", "in_kernel")
 DTYPES = ("auto", "float32", "float16", "bfloat16")
 LOAD_FORMATS = ("auto", "dummy")
 FC_QUANTIZATIONS = ("none", "mxfp8")
-# how a chunked prompt's mixed steps keep the running batch's decode share (ChunkPacer)
-CHUNK_PACINGS = ("shrink", "interleave")
 AUX_PROJECTIONS = ("packed", "streamed")
 # What the CLI offers: the algorithms that run (EAGLE3 stays in the enum, where the gating
 # checks use it).
@@ -212,13 +210,10 @@ class ServerArgs:
     # tokens, between the running batch's steps; <= 0 (SGLang's -1): off; None: SGLang's pick
     # for the device's memory (`resolved_chunked_prefill_size`)
     chunked_prefill_size: int | None = None
-    # with mixed steps, a chunked prompt's chunks shrink (down to the smallest mixed graph)
-    # so the running requests keep this share of their decode tokens/s while it is
-    # prefilled (managers/scheduler/chunk_pacer.py); 0: chunks of the full mixed budget
+    # with mixed steps, the running requests take decode steps of their own between a
+    # chunked prompt's chunks so they keep this share of their decode tokens/s while it is
+    # prefilled (managers/scheduler/chunk_pacer.py); 0: off, a chunk every step
     chunked_prefill_decode_share: float = 0.5
-    # how the share is kept: "shrink" the chunks, or "interleave" decode steps between
-    # full-size ones (managers/scheduler/chunk_pacer.py)
-    chunked_prefill_pacing: str = "shrink"
     # SGLang's: JSON schemas compile without optional whitespace (compact JSON; a small model
     # may otherwise wander in whitespace the grammar allows)
     constrained_json_disable_any_whitespace: bool = False
@@ -298,9 +293,6 @@ class ServerArgs:
         if not 0.0 <= self.chunked_prefill_decode_share < 1.0:
             raise ValueError("--chunked-prefill-decode-share must be in [0, 1) (0: off), got "
                              f"{self.chunked_prefill_decode_share}")
-        if self.chunked_prefill_pacing not in CHUNK_PACINGS:
-            raise ValueError(f"--chunked-prefill-pacing must be one of {CHUNK_PACINGS}, got "
-                             f"{self.chunked_prefill_pacing!r}")
         if self.mixed_chunk_max_prefill_tokens < 1:
             raise ValueError("--mixed-chunk-max-prefill-tokens must be >= 1, got "
                              f"{self.mixed_chunk_max_prefill_tokens}")
@@ -624,13 +616,9 @@ class ServerArgs:
                  "else 16384; 4096 on CPU)")
         add("--chunked-prefill-decode-share", type=float,
             default=d["chunked_prefill_decode_share"],
-            help="with mixed steps, shrink a chunked prompt's chunks so the running requests "
-                 "keep this share of their decode tokens/s while it is prefilled, in [0, 1); "
-                 "0: every chunk takes the full mixed budget")
-        add("--chunked-prefill-pacing", choices=CHUNK_PACINGS,
-            default=d["chunked_prefill_pacing"],
-            help="how that share is kept: shrink the chunks (smooth steps), or keep them "
-                 "full and interleave decode steps of the running batch between them")
+            help="with mixed steps, interleave decode steps of the running batch between a "
+                 "chunked prompt's chunks so the running requests keep this share of their "
+                 "decode tokens/s while it is prefilled, in [0, 1); 0: off, a chunk every step")
         add("--constrained-json-disable-any-whitespace", action="store_true",
             help="compile json_schema (and response_format) grammars without optional "
                  "whitespace: compact JSON")

@@ -22,7 +22,6 @@ from sglang_aux.srt.layers.decode_gemv import set_decode_gemv_backend  # noqa: E
 from sglang_aux.srt.layers.triton_ops import paired_row_gemv as paired_module  # noqa: E402
 from sglang_aux.srt.layers.triton_ops import row_gemv as row_gemv_module  # noqa: E402
 from sglang_aux.srt.layers.triton_ops.dispatch import (  # noqa: E402
-    ATTENTION_PDL_ENV_VAR,
     ENV_VAR,
     PAIRED_GEMV_ENV_VAR,
     PDL_ENV_VAR,
@@ -155,8 +154,7 @@ def test_off_by_default_and_validated(root, monkeypatch):
         set_decode_gemv_backend(runner.model, "cuda")
     for name, value, choices in ((PAIRED_GEMV_ENV_VAR, "yes", "1, 0"),
                                  (PDL_ENV_VAR, "on", "auto, 0, 1"),
-                                 (ENV_VAR, "triton", "auto, off, force"),
-                                 (ATTENTION_PDL_ENV_VAR, "on", "0, 1")):
+                                 (ENV_VAR, "triton", "auto, off, force")):
         with monkeypatch.context() as env:
             env.setenv(name, value)
             with pytest.raises(ValueError, match=rf"^{name}='{value}'; choose from {choices}$"):

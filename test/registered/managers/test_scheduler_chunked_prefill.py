@@ -180,9 +180,10 @@ def test_chunks_ride_in_mixed_steps(ckpts, kind, overlap):
 
 
 def _paced(ckpts, kind: str, **kw) -> tuple[Engine, list[int | None]]:
-    """A mixed engine chunking at 64 whose pacer picks among 8- to 64-token chunks, and the
-    chunk of each mixed forward its worker runs (None: not a chunk)."""
-    eng = _engine(ckpts, "tiny-llama", kind, 64, enable_mixed_chunk=True,
+    """A mixed engine chunking at 48, between its 8- to 64-token mixed graphs' sizes, with the
+    pacer at its default share, and the chunk of each mixed forward its worker runs (None:
+    not a chunk)."""
+    eng = _engine(ckpts, "tiny-llama", kind, 48, enable_mixed_chunk=True,
                   mixed_chunk_max_prefill_tokens=64, cuda_graph_tokens_mixed=[8, 16, 32, 64],
                   **kw)
     chunks, real = [], eng.worker.mixed
@@ -202,66 +203,44 @@ def _run_to_end(eng: Engine, reqs: list) -> None:
 
 
 @pytest.mark.parametrize("kind", ["target", "dflash"])
-def test_paced_chunks_shrink_and_equal_unchunked(ckpts, kind):
-    """`--chunked-prefill-decode-share` near 1: every mixed step of a chunk runs longer than
-    the timed decode steps allow, so the pacer takes each chunk a mixed size down (64 -> 8)
-    and back up to the largest for the next prompt; outputs equal unchunked, non-mixed ones."""
+def test_paced_chunks_interleave_decode_steps_and_equal_unchunked(ckpts, kind):
+    """`--chunked-prefill-decode-share` 0.5: chunks take the largest mixed size within the
+    chunk size (32 of 48: no padding) and, once a chunk step is read (here, as four decode
+    steps long), the running batch takes the decode steps that keep its share (two) between
+    chunks; the next prompt owes none until a chunk of its own is read; outputs equal
+    unchunked, non-mixed ones."""
     ref = _engine(ckpts, "tiny-llama", kind, -1)
     vocab = ref.model_config.hf_config.vocab_size
-    short, long_, second = _prompts(vocab, [4, 300, 200], seed=5)
+    short, long_, second = _prompts(vocab, [4, 300, 200], seed=6)
     params = [{**GREEDY, "max_new_tokens": 120}, {**GREEDY, "max_new_tokens": 6},
               {**GREEDY, "max_new_tokens": 6}]
     want = _ids(ref.generate(input_ids=[short, long_, second], sampling_params=params))
-    eng, chunks = _paced(ckpts, kind, chunked_prefill_decode_share=0.99)
+    eng, sizes = _paced(ckpts, kind)
     pacer = eng.scheduler.chunk_pacer
     assert pacer is not None and pacer.sizes == [8, 16, 32, 64]
+    real_observe = pacer.observe
+    pacer.observe = lambda n, ms: real_observe(n, 4.0 if n else 1.0)  # deterministic times
+    calls = _trace(eng)
     reqs = [eng.make_request(input_ids=p, sampling_params=q)
             for p, q in zip([short, long_, second], params, strict=True)]
     eng.scheduler.add_request(reqs[0])
     for _ in range(4):  # decode steps first: the pacer times one
         eng.scheduler.step()
     eng.scheduler.add_request(reqs[1])
+    starts = [len(calls)]
     while reqs[1].kv_len < len(long_):
         eng.scheduler.step()
-    first = [c for c in chunks if c]
     eng.scheduler.add_request(reqs[2])
+    starts.append(len(calls))
     _run_to_end(eng, reqs)
-    assert pacer.decode_ms is not None
-    assert first[0] == 64 and min(first) < 64, first  # started large, then shrank
-    later = [c for c in chunks[len(first) + 1:] if c]
-    assert later and later[0] == 64, later  # the next prompt starts at the largest again
-    assert [r.output_ids for r in reqs] == want
-    assert_kv_all_back(eng)
-
-
-@pytest.mark.parametrize("kind", ["target", "dflash"])
-def test_interleaved_decode_steps_between_full_chunks(ckpts, kind):
-    """`--chunked-prefill-pacing interleave`: chunks keep the full mixed size and, once a
-    chunk step is read (here, as four decode steps long), the running batch takes the decode
-    steps that keep its share (0.5: two) between chunks; outputs equal unchunked ones."""
-    ref = _engine(ckpts, "tiny-llama", kind, -1)
-    vocab = ref.model_config.hf_config.vocab_size
-    short, long_ = _prompts(vocab, [4, 300], seed=6)
-    params = [{**GREEDY, "max_new_tokens": 120}, {**GREEDY, "max_new_tokens": 6}]
-    want = _ids(ref.generate(input_ids=[short, long_], sampling_params=params))
-    eng, sizes = _paced(ckpts, kind, chunked_prefill_pacing="interleave")
-    pacer = eng.scheduler.chunk_pacer
-    real_observe = pacer.observe
-    pacer.observe = lambda n, ms: real_observe(n, 4.0 if n else 1.0)  # deterministic times
-    calls = _trace(eng)
-    reqs = [eng.make_request(input_ids=p, sampling_params=q)
-            for p, q in zip([short, long_], params, strict=True)]
-    eng.scheduler.add_request(reqs[0])
-    for _ in range(4):
-        eng.scheduler.step()
-    eng.scheduler.add_request(reqs[1])
-    start = len(calls)
-    _run_to_end(eng, reqs)
-    during = calls[start:calls.index("mixed", start) + 1]
-    chunks = -(-len(long_) // 64) - 1
-    assert during == (["mixed_chunk", "mixed_chunk"] + ["decode", "decode", "mixed_chunk"]
-                      * (chunks - 2) + ["decode", "decode", "mixed"]), during
-    assert [n for n in sizes if n] == [64] * chunks  # full chunks, never shrunk
+    total = 0
+    for start, prompt in zip(starts, [long_, second], strict=True):
+        during = calls[start:calls.index("mixed", start) + 1]
+        chunks = -(-len(prompt) // 32) - 1
+        assert during == (["mixed_chunk", "mixed_chunk"] + ["decode", "decode", "mixed_chunk"]
+                          * (chunks - 2) + ["decode", "decode", "mixed"]), during
+        total += chunks
+    assert [n for n in sizes if n] == [32] * total  # full chunks, never shrunk
     assert [r.output_ids for r in reqs] == want
     assert_kv_all_back(eng)
 

@@ -120,7 +120,7 @@ class Engine:
         return PrefillDelayer(width, args.prefill_delayer_max_delay_passes)
 
     def _chunk_pacer(self) -> ChunkPacer | None:
-        """Sizes a chunked prompt's chunks in mixed steps (`--chunked-prefill-decode-share`);
+        """Paces a chunked prompt's chunks in mixed steps (`--chunked-prefill-decode-share`);
         None without mixed steps or chunked prefill, or with the share 0."""
         args, runner = self.server_args, self.worker.model_runner
         sizes = runner.mixed_chunk_sizes()
@@ -128,7 +128,7 @@ class Engine:
                 or args.chunked_prefill_decode_share == 0):
             return None
         return ChunkPacer(args.chunked_prefill_decode_share, sizes,
-                          cuda=runner.device.type == "cuda", pacing=args.chunked_prefill_pacing)
+                          cuda=runner.device.type == "cuda")
 
     def _make_worker(self) -> Worker:
         algo = self.server_args.spec_algorithm

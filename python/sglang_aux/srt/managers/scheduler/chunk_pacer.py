@@ -1,4 +1,4 @@
-"""Sizing a chunked prompt's chunks in mixed steps so that running requests keep a share of
+"""Pacing a chunked prompt's chunks in mixed steps so that running requests keep a share of
 their decode rate (`--chunked-prefill-decode-share`).
 
 With mixed steps every step of a chunked prefill runs the running batch's decode (or DFlash
@@ -6,17 +6,15 @@ verify) step and the prompt's next chunk in one forward. A long chunk deep into 
 makes that step many decode steps long: on an H100 (the shaped Qwen2.5-1.5B pair, a
 32,000-token prompt, 8 running requests, 512-token chunks) the running requests kept 22% of
 their tokens/s while it was prefilled. The pacer times steps on the device (CUDA events, read
-when the step's tokens are; decode steps one in `decode_every`) and keeps the share one of two
-ways (`--chunked-prefill-pacing`):
+when the step's tokens are; decode steps one in `decode_every`) and keeps the share by
+interleaving: chunks keep the largest mixed size that fits and the running batch takes decode
+steps of its own between them, as many as keep the share over the chunk's step and theirs:
+k >= (share * chunk_ms - decode_ms) / (decode_ms * (1 - share)).
 
-- `shrink`: each chunk moves one mixed size down when the last chunk's step ran longer than
-  `decode step / share`, and one size up when the next size's step, scaled from the last,
-  would still fit. Smooth steps; but every step pays the mixed step's fixed cost (about 1 ms
-  over a decode step on that H100), so small chunks prefill slowly.
-- `interleave`: chunks keep the full size and the running batch takes decode steps of its own
-  between them, as many as keep the share over the chunk's step and theirs:
-  k >= (share * chunk_ms - decode_ms) / (decode_ms * (1 - share)). The fixed cost is paid
-  once per full chunk; the running requests see a long step every k + 1.
+Why not shrink the chunks instead: every mixed step pays a fixed cost (about 1 ms over a decode
+step on that H100), which full chunks pay once per chunk. Measured on an H100 (2026-12-05,
+docs/benchmarks.md section 7), full chunks with decode steps owed between them prefilled 1.86x
+faster than shrinking chunks at the same kept share.
 """
 
 from __future__ import annotations
@@ -26,8 +24,6 @@ import time
 from dataclasses import dataclass, field
 
 import torch
-
-from sglang_aux.srt.server_args import CHUNK_PACINGS
 
 
 @dataclass
@@ -47,16 +43,13 @@ class ChunkPacer:
     share: float  # of their decode tokens/s the running requests keep, in (0, 1)
     sizes: list[int]  # chunk token counts a mixed forward takes (its graphs'), ascending
     cuda: bool  # device time from CUDA events; else the launch's host time (a CPU step)
-    pacing: str = "shrink"  # or "interleave"
     decode_every: int = 8
     # Tensor parallelism (tp_step_broadcast): the scheduler is replicated and must decide
     # alike on every rank, so rank 0 ("leader") keeps its readings for the followers, and a
     # follower's schedule takes those readings only, never its own step times.
     role: str = "alone"
     decode_ms: float | None = None  # a moving average of timed decode steps
-    _level: int | None = None  # index into the sizes a chunk may take; None: a new prompt
-    _last: tuple[int, float] | None = None  # (tokens, ms) of the last chunk step read
-    _last_used: bool = False  # it has moved the size (shrink): each reading moves it once
+    _last_chunk_ms: float | None = None  # the last chunk step read; None: a new prompt
     _decodes: int = 0
     _open: dict[int, tuple[int, _Span]] = field(default_factory=dict)  # id(step) -> chunk
     _start: torch.cuda.Event | float | None = None
@@ -68,41 +61,23 @@ class ChunkPacer:
                              f"got {self.share}")
         if not self.sizes or self.sizes != sorted(set(self.sizes)) or self.sizes[0] < 1:
             raise ValueError(f"chunk sizes must be ascending positive counts, got {self.sizes}")
-        if self.pacing not in CHUNK_PACINGS:
-            raise ValueError(f"--chunked-prefill-pacing must be one of {CHUNK_PACINGS}, got "
-                             f"{self.pacing!r}")
 
     def new_prompt(self) -> None:
-        """A chunked prompt starts: its first chunk takes the largest size again."""
-        self._level, self._last = None, None
+        """A chunked prompt starts: the last prompt's chunk steps owe it nothing."""
+        self._last_chunk_ms = None
 
     def chunk_tokens(self, limit: int) -> int:
-        """The next chunk's tokens, at most `limit` (the chunk size and the mixed budget)."""
-        fit = [s for s in self.sizes if s <= limit] or [limit]
-        top = len(fit) - 1
-        if self.pacing == "interleave":
-            return fit[top]
-        level = top if self._level is None else min(self._level, top)
-        if self._last is not None and not self._last_used and self.decode_ms is not None:
-            tokens, ms = self._last
-            target = self.decode_ms / self.share
-            if ms > target:
-                level = max(level - 1, 0)
-            elif level < top:
-                extra = max(ms - self.decode_ms, 0.0) * fit[level + 1] / tokens
-                if self.decode_ms + extra <= target:
-                    level += 1
-            self._last_used = True
-        self._level = level
-        return fit[level]
+        """The next chunk's tokens: the largest size at most `limit` (the chunk size and the
+        mixed budget), so the forward pads nothing; `limit` if no size fits."""
+        return max((s for s in self.sizes if s <= limit), default=limit)
 
     def decode_steps_owed(self) -> int:
-        """Decode steps the running batch takes before the next chunk (`interleave`; 0 under
-        `shrink` or before a chunk and a decode step are read)."""
-        if self.pacing != "interleave" or self._last is None or self.decode_ms is None:
+        """Decode steps the running batch takes before the next chunk (0 before a chunk and a
+        decode step are read)."""
+        if self._last_chunk_ms is None or self.decode_ms is None:
             return 0
         d, share = self.decode_ms, self.share
-        return max(0, math.ceil((share * self._last[1] - d) / (d * (1.0 - share))))
+        return max(0, math.ceil((share * self._last_chunk_ms - d) / (d * (1.0 - share))))
 
     def start(self) -> None:
         """Marks the device's position before a launch (`timed` closes it)."""
@@ -148,7 +123,7 @@ class ChunkPacer:
         if chunk_tokens == 0:
             self.decode_ms = ms if self.decode_ms is None else 0.75 * self.decode_ms + 0.25 * ms
         else:
-            self._last, self._last_used = (chunk_tokens, ms), False
+            self._last_chunk_ms = ms
 
     def take_readings(self) -> list[tuple[int, float]]:
         """The leader's readings since the last call, for the followers to `observe`."""

@@ -26,12 +26,11 @@ and the running batch's step runs between two chunks, so running requests keep d
 last chunk is an ordinary `prefill` over the cached-so-far prefix: it samples the first token
 and the request joins the running batch. With mixed steps, while a running batch can step,
 each chunk (at most min(N, the mixed token budget)) rides in its step's MIXED forward instead,
-its last one sampling the first token (as SGLang); `ChunkPacer` shrinks those chunks, or owes
-the running batch decode steps between them, so that it keeps its decode share
-(`--chunked-prefill-decode-share`, `--chunked-prefill-pacing`). Nothing waiting is
-admitted meanwhile (one chunked request at a time, as SGLang). Its kv_len counts every launched
-chunk, so an abort hands the prefix cache only positions whose target and draft K/V a
-launched forward writes.
+its last one sampling the first token (as SGLang); `ChunkPacer` owes the running batch decode
+steps between those chunks so that it keeps its decode share (`--chunked-prefill-decode-share`).
+Nothing waiting is admitted meanwhile (one chunked request at a time, as SGLang). Its kv_len
+counts every launched chunk, so an abort hands the prefix cache only positions whose target
+and draft K/V a launched forward writes.
 """
 
 from __future__ import annotations
@@ -99,7 +98,7 @@ class Scheduler:
         self.grammar_backend = grammar_backend
         self.grammar_queue = GrammarQueue(grammar_backend)
         # decode steps the running batch takes before the chunked request's next chunk: one
-        # after a chunk step of its own, the pacer's count after a mixed one (interleave)
+        # after a chunk step of its own, the pacer's count after a mixed one
         self._decode_owed = 0
         self.waiting: deque[Req] = deque()
         self.running: list[Req] = []

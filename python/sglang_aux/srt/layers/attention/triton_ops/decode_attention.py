@@ -47,11 +47,6 @@ from sglang_aux.srt.layers.attention.triton_ops.tiling import (
     SinglePassTile,
     pick_num_kv_splits,
 )
-from sglang_aux.srt.layers.triton_ops.dispatch import ATTENTION_PDL_ENV_VAR, switch
-from sglang_aux.srt.layers.triton_ops.grid_dependency import (
-    resolve_pdl,
-    wait_for_previous_kernel,
-)
 
 MergeMode = Literal["launch", "in_kernel"]
 MERGE_MODES: tuple[MergeMode, ...] = ("launch", "in_kernel")
@@ -115,9 +110,8 @@ def _decode_attention_kernel(
     NUM_KV_SPLITS: tl.constexpr, MERGE_IN_KERNEL: tl.constexpr, MIN_SPLIT_KEYS: tl.constexpr,
     RAGGED: tl.constexpr, CAUSAL: tl.constexpr, SLIDING_WINDOW_SIZE: tl.constexpr,
     DOT_PRECISION: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr, PDL: tl.constexpr,
+    BLOCK_N: tl.constexpr,
 ):
-    wait_for_previous_kernel(PDL)
     b = tl.program_id(0)
     kv_head = tl.program_id(1) // M_TILES
     m_tile = tl.program_id(1) % M_TILES
@@ -239,16 +233,13 @@ def decode_attention_fwd(
     single_pass: SinglePassTile | None = None,
     ragged: RaggedQueries | None = None,
     merge_heads: int = tiling.MERGE_HEADS,
-    pdl: bool | None = None,
 ) -> None:
     """Fixed-layout paged attention; `num_kv_splits=None` picks the split from the device;
     `sliding_window_size` keys left of each query are seen (-1: all). `merge="in_kernel"`
     needs `counters` and splits only keys past `min_split_keys` (a multiple of the key tile).
     `single_pass` (a bench-only candidate): no key split at all, at that tile. With `ragged`
     (bs request slots, any number of tokens), `seq_lens` is unused; rows of no request come
-    out 0. `merge_heads`: the heads a merge program combines (`merge_attn_states`). `pdl`:
-    this launch and its merge launched dependent (None: `SGLANG_AUX_ATTENTION_PDL=1`, a
-    bench-only candidate, where `grid_dependency.resolve_pdl` launches one token so)."""
+    out 0. `merge_heads`: the heads a merge program combines (`merge_attn_states`)."""
     if merge not in MERGE_MODES:
         raise ValueError(f"merge must be one of {MERGE_MODES}, got {merge!r}")
     if single_pass is not None and (merge != "launch" or num_kv_splits not in (None, 1)):
@@ -296,8 +287,6 @@ def decode_attention_fwd(
             if counters is None:
                 raise ValueError("merge='in_kernel' with key splits needs SplitCounters")
             split_counters = counters.get(bs * num_kv_heads * m_tiles, q.device)
-    pdl = (switch(ATTENTION_PDL_ENV_VAR) == "1" and resolve_pdl(None, q) if pdl is None
-           else resolve_pdl(pdl, q))
     grid = (bs, num_kv_heads * m_tiles, num_kv_splits)
     _decode_attention_kernel[grid](
         q, k_buffer, v_buffer, out, partial_out, partial_lse, split_counters,
@@ -312,11 +301,10 @@ def decode_attention_fwd(
         MERGE_IN_KERNEL=in_kernel and num_kv_splits > 1,  # one split: the launch kernel
         MIN_SPLIT_KEYS=min_split_keys, RAGGED=ragged is not None, CAUSAL=causal,
         SLIDING_WINDOW_SIZE=sliding_window_size, DOT_PRECISION=tiling.dot_precision(q.dtype),
-        HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n, PDL=pdl,
+        HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n,
         num_warps=tiling.num_warps(block_m, head_dim) if single_pass is None
         else single_pass.num_warps,
         num_stages=tiling.NUM_STAGES if single_pass is None else single_pass.num_stages,
-        launch_pdl=pdl,
     )
     if merge_launch:
-        merge_attn_states(partial_out, partial_lse, out, merge_heads, pdl=pdl)
+        merge_attn_states(partial_out, partial_lse, out, merge_heads)

@@ -14,7 +14,6 @@ import triton.language as tl
 
 from sglang_aux.srt.layers.attention.triton_ops import tiling
 from sglang_aux.srt.layers.attention.triton_ops.tiling import NO_KEYS
-from sglang_aux.srt.layers.triton_ops.grid_dependency import wait_for_previous_kernel
 
 
 @triton.jit
@@ -22,9 +21,8 @@ def _merge_attn_states_kernel(
     Partial_Out, Partial_Lse, Out, num_heads,
     stride_pt, stride_ph, stride_ps, stride_lt, stride_lh, stride_ot, stride_oh,
     NUM_SPLITS: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_H: tl.constexpr,
-    HEAD_DIM: tl.constexpr, PDL: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
 ):
-    wait_for_previous_kernel(PDL)
     t = tl.program_id(0)
     h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     h_valid = h < num_heads
@@ -50,11 +48,9 @@ def merge_attn_states(
     partial_lse: torch.Tensor,  # [T, H, S] fp32
     out: torch.Tensor,  # [T, H, D], written in its own dtype
     heads_per_program: int = tiling.MERGE_HEADS,
-    pdl: bool = False,
 ) -> None:
     """`heads_per_program` (a power of two): the query heads of a token one program merges;
-    fewer, larger programs than one a head for a verify step's many rows. `pdl`: launched
-    dependent (`grid_dependency.py`)."""
+    fewer, larger programs than one a head for a verify step's many rows."""
     if heads_per_program < 1 or heads_per_program & (heads_per_program - 1):
         raise ValueError(f"heads_per_program must be a power of two, got {heads_per_program}")
     num_tokens, num_heads, num_splits, head_dim = partial_out.shape
@@ -64,5 +60,5 @@ def merge_attn_states(
         partial_out.stride(0), partial_out.stride(1), partial_out.stride(2),
         partial_lse.stride(0), partial_lse.stride(1), out.stride(0), out.stride(1),
         NUM_SPLITS=num_splits, BLOCK_S=triton.next_power_of_2(num_splits), BLOCK_H=block_h,
-        HEAD_DIM=head_dim, PDL=pdl, num_warps=tiling.MERGE_NUM_WARPS, launch_pdl=pdl,
+        HEAD_DIM=head_dim, num_warps=tiling.MERGE_NUM_WARPS,
     )
