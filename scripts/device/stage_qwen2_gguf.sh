@@ -23,9 +23,10 @@
 #         --model-path qwen2.5-coder-1.5b-instruct ...
 # With an 18 MB tree the parts are 43 MiB: the 1.5B takes 25 calls (--put 00 .. --put 23, then
 # --join 24); the 0.5B 11 (--put 00 .. 09, --join 10), with `--model 0.5b` in every call.
-# Fewer calls: stage from a checkout without the shipped SmolLM2 draft (a branch that deletes
-# it: a 1.7 MB tree) and MARGIN_MIB=2: 60 MiB parts, 17 puts and a join whose call can go on
-# to train (scripts/device/qwen25_coder.sh train).
+# Fewer calls: stage from a checkout without the shipped SmolLM2 draft and samples (a branch
+# that deletes them: a 5 MB tree; qwen25_coder.sh's header has the commands) and MARGIN_MIB=2:
+# 57 MiB parts, 18 puts and a join whose call can go on to `gen`
+# (scripts/device/qwen25_coder.sh).
 # A call that fails leaves the earlier parts in place: repeat that call only.
 set -euo pipefail
 cd "$(dirname "$0")/../.."

@@ -65,7 +65,7 @@ from sglang_aux.tools.dflash_training.data import (
     Sample,
     by_source,
     common_prefix_len,
-    describe_continuations,
+    describe_data,
     generate_samples,
     gsm8k_prompts,
     gsm8k_questions,
@@ -495,9 +495,8 @@ def train(args: argparse.Namespace, target: str, started: float) -> Path | None:
         return None
     timings["train"] = stats["train_seconds"]
     info = dict(config=config, target=target_name, mask_token=mask_name,
-                num_samples=len(data), num_shots=args.num_shots,
-                continuations=describe_continuations(samples),
-                max_new_tokens=args.max_new_tokens, num_tokens=data.num_tokens,
+                num_samples=len(data), num_tokens=data.num_tokens,
+                data=describe_data(samples, args.num_shots),
                 batch_size=cfg.batch_size, anchors=cfg.anchors_per_seq,
                 lr=cfg.lr, gamma=cfg.gamma, seed=cfg.seed, command=args.command,
                 timings=", ".join(f"{k} {v:.0f} s" for k, v in timings.items()),

@@ -7,6 +7,7 @@ import logging
 import re
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -47,6 +48,7 @@ from sglang_aux.tools.dflash_training.data import (
     BadInputError,
     Sample,
     common_prefix_len,
+    describe_data,
     generate_samples,
     load_samples,
     save_samples,
@@ -60,6 +62,7 @@ from sglang_aux.tools.dflash_training.export import (
     write_draft,
 )
 from sglang_aux.tools.dflash_training.features import extract_aux
+from sglang_aux.tools.dflash_training.recipes import MIX, RECIPES, shipped_samples
 from sglang_aux.tools.dflash_training.trainer import (
     BUDGET_PROBE_STEPS,
     BUDGET_WARMUP_STEPS,
@@ -310,8 +313,9 @@ def test_recipe_sets_defaults_and_resolves_its_draft(tmp_path, monkeypatch):
     and writes where NAME resolves; before training, NAME fails naming the command."""
     monkeypatch.setenv("SGLANG_AUX_CACHE", str(tmp_path))
     name = "qwen2.5-coder-1.5b-instruct-dflash-b16"
-    with pytest.raises(FileNotFoundError, match=f"train_dflash --recipe {name}"):
-        builtin.resolve_model_path(name)
+    for recipe in RECIPES:  # every recipe's draft is served by its name once trained
+        with pytest.raises(FileNotFoundError, match=f"train_dflash --recipe {recipe}"):
+            builtin.resolve_model_path(recipe)
     args = train_dflash.parse_args(["--recipe", name, "--steps", "7"])
     assert (args.target, args.block_size, args.num_layers, args.num_aux_layers,
             args.intermediate_size, args.holdout, args.sampled_passes, args.steps) == (
@@ -324,6 +328,8 @@ def test_recipe_sets_defaults_and_resolves_its_draft(tmp_path, monkeypatch):
         3_000, 3_000, 2_000, 3)
     assert (mix.block_size, mix.num_layers, mix.steps) == (16, 2, 6_120)
     assert mix.code_tasks_file == str(TASKS_FILE)  # the shipped tasks, the same everywhere
+    assert mix.samples_file == str(shipped_samples(MIX))  # generated once, trained from here
+    assert train_dflash.parse_args(["--recipe", name]).samples_file is None
     assert args.out == str(tmp_path / "drafts" / name)
     (tmp_path / "drafts" / name).mkdir(parents=True)
     (tmp_path / "drafts" / name / "config.json").write_text("{}")
@@ -397,6 +403,44 @@ def test_samples_file_is_xz_when_named_so_and_a_bad_one_is_named(tmp_path):
         with pytest.raises(BadInputError, match=f"^{re.escape(str(bad))}: {why}") as e:
             load_samples(bad)
         assert "\n" not in str(e.value)
+
+
+def test_the_card_describes_the_samples_read_not_the_flags():
+    """A GSM8K-only run given a mixed samples file says so on its card: each source, how it
+    was continued and its longest continuation, read from the samples."""
+    samples = [Sample([1, 2], [3, 4, 5]), Sample([1, 2], [3, 4], temperature=0.7),
+               Sample([7], [8] * 9, source="code"), Sample([9], [1, 2], source="chat")]
+    text = describe_data(samples, num_shots=5)
+    assert text.startswith("GSM8K train questions in the 5-shot")
+    assert ": 1 greedy, 1 sampled at temperature 0.7 (the longest 3 tokens); code tasks" in text
+    assert "Python packages: 1 greedy (the longest 9 tokens); chat requests" in text
+    assert describe_data(samples[:2], 3).count(";") == 0
+
+
+def test_the_mix_recipes_shipped_samples():
+    """The samples the mix recipe trains on by default, as the H100 generated them
+    (`qwen25_coder.sh gen`, 2026-12-05): every prompt of the recipe continued greedily and in
+    three sampled passes, within the recipe's token limits and Qwen2.5's vocabulary. (That no
+    evaluation prompt is among them needs the real tokenizer: the trainer checks it whenever it
+    reads them, and did on the device.)"""
+    path = shipped_samples(MIX)
+    assert path.stat().st_size < 10_000_000  # the repository keeps it
+    samples = load_samples(path)
+    recipe = train_dflash.parse_args(["--recipe", MIX])
+    counts = Counter((s.source, s.temperature) for s in samples)
+    per_source = {"gsm8k": recipe.num_samples, "code": recipe.code_tasks,
+                  "chat": recipe.chat_instructions}
+    assert counts == {**{(k, 0.0): n for k, n in per_source.items()},
+                      **{(k, 0.7): recipe.sampled_passes * n for k, n in per_source.items()}}
+    limit = {"gsm8k": recipe.max_new_tokens, "code": recipe.code_chat_max_new_tokens,
+             "chat": recipe.code_chat_max_new_tokens}
+    assert all(2 <= len(s.output_ids) <= limit[s.source] for s in samples)
+    vocab = PRESETS["qwen2.5-1.5b-shaped"]["vocab_size"]
+    assert max(max(s.ids) for s in samples) < vocab
+    # each source's greedy pass continues distinct prompts
+    for source, n in per_source.items():
+        assert len({tuple(s.prompt_ids) for s in samples
+                    if s.source == source and s.temperature == 0}) == n
 
 
 def test_bad_input_stops_in_one_line_naming_the_file(target, tmp_path):

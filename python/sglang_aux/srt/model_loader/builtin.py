@@ -33,6 +33,7 @@ SHIPPED_DRAFTS = ("smollm2-135m-instruct-dflash-b8",)
 # Drafts too large for the repository (their card says why): one command trains each into the
 # cache, where its name then resolves.
 TRAINED_DRAFTS = ("qwen2.5-coder-1.5b-instruct-dflash-b16",
+                  "qwen2.5-coder-1.5b-instruct-dflash-b16-mix",
                   "qwen2.5-coder-1.5b-instruct-dspark-b15", "smollm2-135m-instruct-dspark-b7")
 
 

@@ -150,16 +150,21 @@ def by_source(samples: list[Sample]) -> dict[Source, list[int]]:
     return groups
 
 
-def describe_continuations(samples: list[Sample]) -> str:
-    """How the samples were continued, for the card: `N greedy, M sampled at T, ...`, by
-    source when there are several (`gsm8k: ...; code: ...`)."""
-    groups = by_source(samples)
+def describe_data(samples: list[Sample], num_shots: int) -> str:
+    """What the samples are, for the card: each source's prompts, how they were continued
+    (`N greedy, M sampled at T`) and the longest continuation, read from the samples
+    themselves, not from the flags of the run that reads them (a samples file may come from
+    another recipe)."""
+    prompts = {"gsm8k": f"GSM8K train questions in the {num_shots}-shot `Question: ...\\nAnswer:` "
+                        "format, stopped at \"Question\"",
+               "code": "code tasks from documented functions of Python packages",
+               "chat": "chat requests the target wrote from seed topics"}
 
     def described(index: list[int]) -> str:
         counts = Counter(samples[i].temperature for i in index)
-        return ", ".join(f"{n} greedy" if t == 0 else f"{n} sampled at temperature {t:g}"
-                         for t, n in sorted(counts.items()))
+        kinds = ", ".join(f"{n} greedy" if t == 0 else f"{n} sampled at temperature {t:g}"
+                          for t, n in sorted(counts.items()))
+        return f"{kinds} (the longest {max(len(samples[i].output_ids) for i in index)} tokens)"
 
-    if len(groups) == 1:
-        return described(next(iter(groups.values())))
-    return "; ".join(f"{source}: {described(index)}" for source, index in groups.items())
+    return "; ".join(f"{prompts[source]}: {described(index)}"
+                     for source, index in by_source(samples).items())

@@ -144,10 +144,8 @@ fc {len(dc['target_layer_ids'])} x {dc['target_hidden_size']} \
 -> {info['config']['hidden_size']}; the target's embedding and LM head (frozen).
 - Target layers read: {dc['target_layer_ids']}; block size {dc['block_size']}; mask token \
 `{info['mask_token']}` (id {dc['mask_token_id']}).
-- Data: {info['num_samples']} continuations of GSM8K train questions in the \
-{info['num_shots']}-shot `Question: ...\\nAnswer:` format by the target (of \
-{info['continuations']}, those of two tokens or more; at most {info['max_new_tokens']} new \
-tokens, stop at "Question"); {info['num_tokens']} tokens.
+- Data: {info['num_samples']} continuations by the target, those of two tokens or more, \
+of {info['data']}; {info['num_tokens']} tokens.
 - Training: {info['steps']} steps x {info['batch_size']} sequences x {info['anchors']} blocks, \
 AdamW lr {info['lr']} (warm-up + cosine), loss decay gamma {info['gamma']}, seed {info['seed']}.
 - Final loss {info['loss']:.4f}; accuracy per offset 1..{len(info['acc'])}: {acc}; \

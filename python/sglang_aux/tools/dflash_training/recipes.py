@@ -3,7 +3,18 @@ smoke run's (`--smoke`)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from sglang_aux.tools.dflash_training.code_tasks import TASKS_FILE
+
+DATA_DIR = Path(__file__).resolve().parents[2] / "data"
+
+
+def shipped_samples(recipe: str) -> Path:
+    """Where a recipe's generated samples are kept in the package, when they are: its
+    training then starts without the target generating them (`--samples-file`'s default)."""
+    return DATA_DIR / f"{recipe}.samples.jsonl.xz"
+
 
 # Named drafts trained by one command (`--recipe NAME`): the flags that make each, applied as
 # defaults (flags given beside `--recipe` still win). The draft is written to the cache folder
@@ -15,13 +26,14 @@ RECIPES: dict[str, dict] = {
         gen_batch=256, holdout=200, steps=6_120),
 }
 # The candidate for what users send a coder model (issue 40): code tasks and self-instruct chat
-# beside GSM8K, greedy + 3 sampled answers of each prompt. It replaces the recipe above once
-# the H200 has generated its data and measured its draft against that one's (until then its
-# step count is the GSM8K recipe's).
-RECIPES["qwen2.5-coder-1.5b-instruct-dflash-b16-mix"] = dict(
+# beside GSM8K, greedy + 3 sampled answers of each prompt. Its samples are generated and
+# shipped (32,000 continuations, 8.1 MB of xz: docs/training.md); it replaces the recipe above
+# once its draft is measured against that one's (until then its step count is that one's).
+MIX = "qwen2.5-coder-1.5b-instruct-dflash-b16-mix"
+RECIPES[MIX] = dict(
     RECIPES["qwen2.5-coder-1.5b-instruct-dflash-b16"], sampled_passes=3, num_samples=3_000,
     code_tasks=3_000, code_tasks_file=str(TASKS_FILE), chat_instructions=2_000,
-    code_chat_max_new_tokens=512)
+    code_chat_max_new_tokens=512, samples_file=str(shipped_samples(MIX)))
 # DSpark beside it on the same data, schedule and deadline; gamma 15 verifies the same 16
 # tokens per request as the block-16 DFlash draft
 RECIPES["qwen2.5-coder-1.5b-instruct-dspark-b15"] = dict(
