@@ -12,6 +12,7 @@ import torch
 from test_scheduler_step_loop_cuda import KINDS, _engine
 
 from sglang_aux.srt.forward_state.forward_batch_info import ForwardMode
+from sglang_aux.srt.layers.triton_ops.dispatch import MIXED_ATTENTION_STREAMS_ENV_VAR
 from sglang_aux.srt.managers.schedule_batch import mixed_inputs, reserve_kv
 from sglang_aux.srt.model_executor.runner.forward_parts import ForwardParts
 from sglang_aux.srt.model_executor.runner.step_prologue import StepPrologue
@@ -66,48 +67,84 @@ def test_mixed_steps_equal_prefill_apart_on_graphs(tmp_path, kind, overlap):
     assert_kv_all_back(mixed)
 
 
+ARGS = dict(device="cuda", dtype="float32", max_running_requests=6, max_total_tokens=8192,
+            context_length=512, cuda_graph_bs_decode=[1, 2, 4], enable_mixed_chunk=True,
+            mixed_chunk_max_prefill_tokens=128, cuda_graph_max_bs_prefill=2,
+            attention_backend="triton")
+
+
+def _mixed_runner(ckpt, width: int, graphs: bool):
+    runner = make_runner(ckpt, disable_decode_cuda_graph=not graphs, **ARGS)
+    prologue = StepPrologue(fill_token_id=5)
+    runner.init_forwards(ForwardParts(ForwardMode.DECODE, width, prologue),
+                         ForwardParts(ForwardMode.MIXED, width, prologue))
+    return runner
+
+
+def _mixed_cases(runner) -> list[tuple[int, list[int]]]:
+    """(step requests, arrival lengths): each captured layout, then a padded one."""
+    g = runner.graph_runners[ForwardMode.MIXED]
+    return [(x.step_bs, [x.arrival_tokens]) for x in g.layouts] + [(3, [5, 70])]
+
+
+def _mixed_logits(runner, width: int, step_bs: int, arrival_lens: list[int], seed: int,
+                  graphs: bool) -> torch.Tensor:
+    running = prefill_random(runner, [40 + 31 * i for i in range(step_bs)], seed)
+    publish_rows(runner, running)
+    for r in running:
+        reserve_kv(runner, r, r.kv_len + width)
+    arrivals = new_requests(runner, arrival_lens, seed + 100)
+    for r in arrivals:  # as the scheduler admits them
+        reserve_kv(runner, r, len(r.origin_input_ids))
+    with launch_ops(runner) as ops:
+        fb = runner.prepare(mixed_inputs(runner, running, arrivals, width))
+        if graphs:
+            runner.forward(fb)
+    assert graphs == (fb.prepared_graph is not None)
+    if graphs:  # the host values' copy, then the replay
+        assert ops == ["copy_"], ops
+    live = step_bs * width + len(arrivals)
+    # (the graph's second replay of the batch derives the same inputs again)
+    logits = runner.forward(fb).next_token_logits[:live].clone()
+    release(runner, running + arrivals)
+    return logits
+
+
 @pytest.mark.parametrize("width", [1, 8])
 def test_mixed_graph_replay_equals_eager_at_every_layout(tmp_path, width):
     """fp32: each captured (step requests, arrival tokens) graph, and padded layouts,
     against the same batch run eagerly (Triton attention both)."""
     ckpt = tiny_checkpoint("tiny-llama", tmp_path)
-    args = dict(device="cuda", dtype="float32", max_running_requests=6,
-                max_total_tokens=8192, context_length=512, cuda_graph_bs_decode=[1, 2, 4],
-                enable_mixed_chunk=True, mixed_chunk_max_prefill_tokens=128,
-                cuda_graph_max_bs_prefill=2, attention_backend="triton")
-    prologue = StepPrologue(fill_token_id=5)
-    runners = []
-    for graphs in (True, False):
-        runner = make_runner(ckpt, disable_decode_cuda_graph=not graphs, **args)
-        runner.init_forwards(ForwardParts(ForwardMode.DECODE, width, prologue),
-                             ForwardParts(ForwardMode.MIXED, width, prologue))
-        runners.append(runner)
-    g = runners[0].graph_runners[ForwardMode.MIXED]
+    runners = {graphs: _mixed_runner(ckpt, width, graphs) for graphs in (True, False)}
+    g = runners[True].graph_runners[ForwardMode.MIXED]
     assert {(x.step_bs, x.arrival_tokens) for x in g.layouts} == {
         (bs, n) for bs in (1, 2, 4) for n in (32, 64, 128)}
-    cases = [(x.step_bs, [x.arrival_tokens]) for x in g.layouts] + [(3, [5, 70])]
-    for seed, (step_bs, arrival_lens) in enumerate(cases):
-        out = []
-        for runner in runners:
-            running = prefill_random(runner, [40 + 31 * i for i in range(step_bs)], seed)
-            publish_rows(runner, running)
-            for r in running:
-                reserve_kv(runner, r, r.kv_len + width)
-            arrivals = new_requests(runner, arrival_lens, seed + 100)
-            for r in arrivals:  # as the scheduler admits them
-                reserve_kv(runner, r, len(r.origin_input_ids))
-            with launch_ops(runner) as ops:
-                fb = runner.prepare(mixed_inputs(runner, running, arrivals, width))
-                if runner is runners[0]:
-                    runner.forward(fb)
-            assert (runner is runners[0]) == (fb.prepared_graph is not None)
-            if runner is runners[0]:  # the host values' copy, then the replay
-                assert ops == ["copy_"], ops
-            live = step_bs * width + len(arrivals)
-            # (the graph's second replay of the batch derives the same inputs again)
-            out.append(runner.forward(fb).next_token_logits[:live].clone())
-            release(runner, running + arrivals)
+    for seed, (step_bs, arrival_lens) in enumerate(_mixed_cases(runners[True])):
+        out = [_mixed_logits(r, width, step_bs, arrival_lens, seed, graphs)
+               for graphs, r in runners.items()]
         torch.testing.assert_close(out[0], out[1], rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("width", [1, 8])
+def test_mixed_attention_on_a_side_stream_changes_no_bit(tmp_path, monkeypatch, width):
+    """`SGLANG_AUX_MIXED_ATTENTION_STREAMS=2` (a candidate): the arrivals' attention forked
+    onto a side stream and joined gives one stream's logits bitwise, replayed at every
+    captured layout and a padded one, and eagerly; the forked graphs capture and replay."""
+    ckpt = tiny_checkpoint("tiny-llama", tmp_path)
+    for graphs in (True, False):
+        runners = {}
+        for streams in ("1", "2"):
+            monkeypatch.setenv(MIXED_ATTENTION_STREAMS_ENV_VAR, streams)
+            runners[streams] = _mixed_runner(ckpt, width, graphs)
+        cases = _mixed_cases(runners["1"]) if graphs else [(2, [9, 40]), (3, [5, 70])]
+        for seed, (step_bs, arrival_lens) in enumerate(cases):
+            out = {}
+            for streams, runner in runners.items():
+                monkeypatch.setenv(MIXED_ATTENTION_STREAMS_ENV_VAR, streams)
+                out[streams] = _mixed_logits(runner, width, step_bs, arrival_lens, seed, graphs)
+            assert torch.equal(out["1"], out["2"]), (graphs, step_bs, arrival_lens)
+        side = runners["2"].attn_backend._side
+        assert side is not None and runners["1"].attn_backend._side is None
 
 
 if __name__ == "__main__":

@@ -26,17 +26,21 @@ MODES = ("auto", "off", "force")
 # The kernels' environment switches and their values, checked when the server's arguments are
 # (`check_kernel_switches`), so a typo stops the server before the model loads rather than at
 # its first step: PDL (`grid_dependency.py`), the paired row GEMVs (`layers/decode_gemv.py`)
-# and the attention's PDL candidate.
+# and two candidates.
 PDL_ENV_VAR = "SGLANG_AUX_PDL"
 PDL_VALUES = ("auto", "0", "1")
 PAIRED_GEMV_ENV_VAR = "SGLANG_AUX_PAIRED_GEMV"
 PAIRED_GEMV_VALUES = ("1", "0")
-# a bench-only candidate until the H200 measures it: the one-token decode attention and its
-# merge launched dependent too (layers/attention/triton_ops/decode_attention.py)
-ATTENTION_PDL_ENV_VAR = "SGLANG_AUX_ATTENTION_PDL"
-ATTENTION_PDL_VALUES = ("0", "1")
+# Bench-only candidates until the GPU measures them in the whole step: a MIXED batch's
+# arrivals attend on a side stream beside the step's rows (layers/attention/triton_backend.py),
+MIXED_ATTENTION_STREAMS_ENV_VAR = "SGLANG_AUX_MIXED_ATTENTION_STREAMS"
+MIXED_ATTENTION_STREAMS_VALUES = ("1", "2")
+# and the row GEMV's tile for narrow unfused projections (layers/triton_ops/row_gemv.py)
+ROW_GEMV_NARROW_TILE_ENV_VAR = "SGLANG_AUX_ROW_GEMV_NARROW_TILE"
+ROW_GEMV_NARROW_TILE_VALUES = ("2:1024:4:1", "4:2048:8:1")
 SWITCHES = {ENV_VAR: MODES, PDL_ENV_VAR: PDL_VALUES, PAIRED_GEMV_ENV_VAR: PAIRED_GEMV_VALUES,
-            ATTENTION_PDL_ENV_VAR: ATTENTION_PDL_VALUES}
+            MIXED_ATTENTION_STREAMS_ENV_VAR: MIXED_ATTENTION_STREAMS_VALUES,
+            ROW_GEMV_NARROW_TILE_ENV_VAR: ROW_GEMV_NARROW_TILE_VALUES}
 # `--decode-gemv-backend`: the dense projections of one-row forwards on cuBLAS (torch) or on the
 # row GEMV kernel (triton; layers/decode_gemv.py), which these rules then gate like any other.
 GEMV_BACKENDS = ("torch", "triton")
