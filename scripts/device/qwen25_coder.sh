@@ -19,6 +19,10 @@
 #   bash scripts/device/qwen25_coder.sh user-eval OUT  # HumanEval, GSM8K and chat: target-only
 #                                                   # and DFlash, one at a time and at 32
 #   bash scripts/device/qwen25_coder.sh train OUT   # the draft: train_dflash --recipe on them
+#   bash scripts/device/qwen25_coder.sh train-start OUT  # or: the same training outliving the
+#                                                   # call, for a DEADLINE past 10 minutes;
+#   bash scripts/device/qwen25_coder.sh train-wait OUT  # then this until it says the draft is
+#                                                   # packed (WAIT s a call), again for parts
 #   bash scripts/device/qwen25_coder.sh search OUT  # the recipe search (issue 40): variants of
 #                                                   # the recipe, SEARCH_STEPS each, measured
 #                                                   # on code, chat and GSM8K; again until done
@@ -90,13 +94,14 @@
 set -uo pipefail
 phase=$1; out=$2
 mkdir -p "$out"
+work=${WORK:-/root}  # where a phase leaves what the next call reads (the samples, the draft)
 export PYTHONPATH=/tmp/site:python PYTHONUNBUFFERED=1
 export SGLANG_AUX_GSM8K_DIR=${SGLANG_AUX_GSM8K_DIR:-$PWD/.carry/gsm8k}
 export SGLANG_AUX_HUMANEVAL=${SGLANG_AUX_HUMANEVAL:-$PWD/.carry/humaneval/HumanEval.jsonl.gz}
 export PYTORCH_CUDA_ALLOC_CONF=${PYTORCH_CUDA_ALLOC_CONF:-expandable_segments:True}
 MODEL=${MODEL:-qwen2.5-coder-1.5b-instruct}
 DRAFT=${DRAFT:-qwen2.5-coder-1.5b-instruct-dflash-b16}
-py=python3
+py=${PY:-python3}
 draft_dir() {
   $py -c "from sglang_aux.srt.model_loader.builtin import resolve_model_path as r; print(r('$DRAFT'))"
 }
@@ -105,7 +110,7 @@ draft_dir() {
 # recipe's shipped ones (python/sglang_aux/data/<recipe>.samples.jsonl.xz), else, for the
 # GSM8K recipes, the carried ones (.carry/qwen-samples, the b16 recipe's), else none: the
 # trainer generates them into the file.
-samples=/root/samples-$DRAFT.jsonl
+samples=$work/samples-$DRAFT.jsonl
 shipped=python/sglang_aux/data/$DRAFT.samples.jsonl.xz
 samples_file() {
   if [ ! -f "$samples" ] && [ -f "$shipped" ]; then
@@ -117,6 +122,20 @@ samples_file() {
   fi
   echo "$samples"
 }
+trainer() {  # the recipe's training on samples_file's continuations, its log in $work/train.log
+  $py -m sglang_aux.tools.train_dflash --recipe $DRAFT ${DEADLINE:+--deadline-s $DEADLINE} \
+    --samples-file "$(samples_file)" ${TRAIN_FLAGS:-} 2>&1 | grep -v Warning \
+    | grep -v "aux states for" > $work/train.log
+}
+pack_draft() {  # the trained draft's card, and its 16 MiB tar parts, SEND_PARTS sent now
+  local draft
+  draft=$(draft_dir) || return 1
+  cp "$draft/README.md" "$out/draft_README.md"
+  rm -rf $work/draft-parts && mkdir -p $work/draft-parts
+  tar cf - -C "$(dirname "$draft")" "$DRAFT" | split -b 16M - $work/draft-parts/draft.tar.part-
+  send_parts "${SEND_PARTS:-3}"
+  ls -la "$draft"
+}
 install_wheels() {  # the server's and trainer's dependencies (carry .carry/wheels)
   [ -d .carry/wheels ] && $py -m pip install -q --no-index --no-deps --target /tmp/site \
     .carry/wheels/*.whl
@@ -125,7 +144,7 @@ install_wheels() {  # the server's and trainer's dependencies (carry .carry/whee
 # three in `train`, the rest in `eval` and `eval2` (`cat draft.tar.part-* | tar x`).
 send_parts() {
   local n=$1 p
-  for p in /root/draft-parts/draft.tar.part-*; do
+  for p in $work/draft-parts/draft.tar.part-*; do
     [ -f "$p" ] && [ "$n" -gt 0 ] || continue
     mv "$p" "$out/"; n=$((n - 1))
   done
@@ -134,37 +153,60 @@ case $phase in
   draft-in)  # a draft trained in an earlier session, carried back in its 16 MiB tar parts
     # (.carry/qwen-draft-parts/1, then /2: three parts a call beside the lite tree); the
     # call that brings the last part unpacks it where its name resolves
-    mkdir -p /root/draft-in && cp .carry/qwen-draft-parts/*/draft.tar.part-* /root/draft-in/
-    if [ "$(ls /root/draft-in | wc -l)" -ge "${DRAFT_PARTS:-6}" ]; then
+    mkdir -p $work/draft-in && cp .carry/qwen-draft-parts/*/draft.tar.part-* $work/draft-in/
+    if [ "$(ls $work/draft-in | wc -l)" -ge "${DRAFT_PARTS:-6}" ]; then
       dest=$($py -c "from sglang_aux.srt.model_loader.builtin import trained_draft_dir as d; \
 print(d('$DRAFT').parent)")
-      mkdir -p "$dest" && cat /root/draft-in/draft.tar.part-* | tar x -C "$dest" && draft_dir
+      mkdir -p "$dest" && cat $work/draft-in/draft.tar.part-* | tar x -C "$dest" && draft_dir
     fi
-    ls /root/draft-in ;;
+    ls $work/draft-in ;;
   train)
     install_wheels  # the trainer imports the server's modules
     if [ "${CUDA_TESTS:-1}" = 1 ]; then
       # the trainer's generation and feature passes take ~200 s; the suite then shares the
       # GPU with its training loop, which paces itself to the deadline
-      (sleep 200; bash scripts/device/run_h200_figures.sh tests /root/cuda > /root/cuda.log 2>&1;
-       cp /root/cuda.log /root/cuda/; tar czf "$out/cuda.tgz" -C /root cuda) &
+      (sleep 200; bash scripts/device/run_h200_figures.sh tests $work/cuda > $work/cuda.log 2>&1;
+       cp $work/cuda.log $work/cuda/; tar czf "$out/cuda.tgz" -C "$work" cuda) &
       tests=$!
     elif [ "${CUDA_TESTS:-1}" != 0 ]; then  # these test files (pytest arguments) only
-      (sleep 60; mkdir -p /root/cuda; $py -m pytest -q -x $CUDA_TESTS > /root/cuda.log 2>&1;
-       cp /root/cuda.log /root/cuda/; tar czf "$out/cuda.tgz" -C /root cuda) &
+      (sleep 60; mkdir -p $work/cuda; $py -m pytest -q -x $CUDA_TESTS > $work/cuda.log 2>&1;
+       cp $work/cuda.log $work/cuda/; tar czf "$out/cuda.tgz" -C "$work" cuda) &
       tests=$!
     fi
-    # continuations `gen` wrote in the call before are read back, else generated here
-    $py -m sglang_aux.tools.train_dflash --recipe $DRAFT ${DEADLINE:+--deadline-s $DEADLINE} \
-      --samples-file "$(samples_file)" ${TRAIN_FLAGS:-} 2>&1 | grep -v Warning | grep -v "aux states for" | tee /root/train.log \
-      | grep -E "generat|budget|sequences|00/|Error|error|Traceback" | tail -40
-    draft=$(draft_dir) || exit 1
-    cp "$draft/README.md" "$out/draft_README.md"
-    rm -rf /root/draft-parts && mkdir -p /root/draft-parts
-    tar cf - -C "$(dirname "$draft")" "$DRAFT" | split -b 16M - /root/draft-parts/draft.tar.part-
-    send_parts "${SEND_PARTS:-3}"
-    ls -la "$draft"
-    if [ -n "${tests:-}" ]; then wait $tests; cat /root/cuda.log; fi ;;
+    trainer
+    grep -E "generat|budget|sequences|00/|Error|error|Traceback" $work/train.log | tail -40
+    pack_draft || exit 1
+    if [ -n "${tests:-}" ]; then wait $tests; cat $work/cuda.log; fi ;;
+  train-start)  # `train` in a process session of its own, which outlives this call (the
+    # device keeps such a process until the machine goes back): one feature pass for a
+    # training longer than a call's 10 minutes (DEADLINE counts from here); `train-wait`
+    # follows it. It runs from a copy of the package, the scripts, GSM8K and HumanEval, so
+    # later calls' trees and carries do not move under it.
+    install_wheels
+    rm -rf $work/train-tree $work/train.rc $work/train.log $work/draft-parts
+    mkdir -p $work/train-tree/.carry && cp -r python scripts $work/train-tree/
+    cp -r .carry/gsm8k .carry/humaneval $work/train-tree/.carry/ 2>/dev/null
+    cd $work/train-tree  # (the process alone in the background: none holds this call's output)
+    SGLANG_AUX_GSM8K_DIR=$PWD/.carry/gsm8k \
+      SGLANG_AUX_HUMANEVAL=$PWD/.carry/humaneval/HumanEval.jsonl.gz setsid nohup bash scripts/device/qwen25_coder.sh train-run $work/train-out \
+      > $work/train.nohup 2>&1 < /dev/null &
+    cd - > /dev/null
+    sleep "${WAIT:-30}"; tail -n 3 $work/train.log $work/train.nohup ;;
+  train-run)  # (the process `train-start` leaves running)
+    trainer; echo $? > $work/train.rc ;;
+  train-wait)  # until the detached trainer ends or WAIT seconds pass (default 560): its
+    # progress; once it has ended, the draft packed and SEND_PARTS of its parts sent, as
+    # `train` does (again: the parts left)
+    t0=$SECONDS
+    while [ ! -f $work/train.rc ] && [ $((SECONDS - t0)) -lt "${WAIT:-560}" ]; do sleep 1; done
+    grep -E "generat|budget|sequences|00/|eval|Error|error|Traceback" $work/train.log | tail -30
+    if [ ! -f $work/train.rc ]; then
+      echo "still training"
+    elif [ -d $work/draft-parts ]; then
+      send_parts "${SEND_PARTS:-3}"; ls "$out"
+    else
+      echo "trainer exited $(cat $work/train.rc)"; pack_draft
+    fi ;;
   search)  # issue 40's recipe search: SEARCH_VARIANTS (NAME=FLAGS ...) of $DRAFT's recipe,
     # SEARCH_STEPS each, on the samples `gen` wrote (or the carried ones); call again until it
     # says every variant is measured (the state stays on the machine: calls back to back)
@@ -174,10 +216,10 @@ print(d('$DRAFT').parent)")
       variants+=("--variant=$v")
     done
     $py -m sglang_aux.tools.dflash_recipe_search --recipe $DRAFT \
-      --samples-file "$(samples_file)" --root /root/search --steps "${SEARCH_STEPS:-2000}" \
+      --samples-file "$(samples_file)" --root $work/search --steps "${SEARCH_STEPS:-2000}" \
       --deadline-s "${DEADLINE:-540}" --eval-num-prompts "${SEARCH_PROMPTS:-100}" \
       "${variants[@]}" 2>&1 | grep -v Warning | grep -E "^\||every variant|stopped|rror" 
-    cp /root/search/search.json /root/search/search.md "$out/" 2>/dev/null; ls "$out" ;;
+    cp $work/search/search.json $work/search/search.md "$out/" 2>/dev/null; ls "$out" ;;
   gen)  # the data alone, so the next call (`train`) trains for its whole 10 minutes
     install_wheels  # the prompts' modules import the server's protocol (fastapi)
     $py -m sglang_aux.tools.train_dflash --recipe $DRAFT --phase data \
@@ -212,7 +254,7 @@ print(d('$DRAFT').parent)")
       --num-gsm8k "${NUM_QUESTIONS:-200}" --out "$out/user_eval" 2>&1 | grep -v Warning \
       | tail -30 ;;
   eval|eval2)
-    ev=/root/$phase; mkdir -p "$ev"
+    ev=$work/$phase; mkdir -p "$ev"
     pack() { tar czf "$out/$phase.tgz" -C "$ev" .; }
     install_wheels
     draft_dir > /dev/null || exit 1  # the draft is trained on this machine

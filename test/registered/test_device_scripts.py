@@ -1,6 +1,7 @@
 """The one-call device scripts (scripts/device/*_candidates.sh) hold up before an H200 runs
 them: each parses, each test file they name exists, and each bench they call accepts the flags
-they give it. The scripts run here with `python` standing in as a recorder of its arguments
+they give it (and qwen25_coder.sh's training that outlives its call runs, with a stand-in
+trainer). The scripts run here with `python` standing in as a recorder of its arguments
 (and FlashInfer's install, which reads .carry, skipped);
 every recorded bench invocation is then parsed by that bench's own argument parser (stopped
 right after parsing: no model loads). A renamed flag or a moved test would otherwise cost a
@@ -19,7 +20,7 @@ import pytest
 
 from sglang_aux.test.ci.ci_register import register_cpu_ci
 
-register_cpu_ci(est_time=40, suite="default")
+register_cpu_ci(est_time=60, suite="default")
 
 REPO = Path(__file__).resolve().parents[2]
 DEVICE = REPO / "scripts/device"
@@ -130,3 +131,66 @@ def test_a_removed_flag_is_caught():
 
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-q"]))
+
+
+# A stand-in for the device's python3 in qwen25_coder.sh (PY): train_dflash logs two steps a
+# second apart and writes a 20 MiB draft where its recipe's name resolves; pip does nothing;
+# `-c` (the draft's folder) is the real interpreter.
+TRAINER = """#!/bin/bash
+case "$1 $2" in
+  "-m pip") exit 0 ;;
+  "-m sglang_aux.tools.train_dflash")
+    while [ $# -gt 0 ]; do
+      [ "$1" = --recipe ] && recipe=$2; [ "$1" = --samples-file ] && s=$2; shift
+    done
+    echo "reading $s"; sleep 1; echo "step 100/200 loss 1.0"; sleep "$STEP_S"
+    echo "step 200/200 loss 0.5"
+    d=$SGLANG_AUX_CACHE/drafts/$recipe; mkdir -p "$d"; echo '{}' > "$d/config.json"
+    echo "# card" > "$d/README.md"; head -c 20971520 /dev/zero > "$d/model.safetensors" ;;
+  *) exec "$REAL_PY" "$@" ;;
+esac
+"""
+
+
+def test_detached_training_outlives_its_call_and_packs_the_draft(tmp_path):
+    """`qwen25_coder.sh train-start` leaves the trainer running in a session of its own after
+    the call returns (the device keeps such a process); `train-wait` reports it still training,
+    then packs the draft once it ends: its card and the first SEND_PARTS of its 16 MiB parts,
+    the next call the rest, which rebuild the draft byte for byte. The trainer reads the
+    recipe's shipped samples."""
+    py = tmp_path / "py"
+    py.write_text(TRAINER)
+    py.chmod(0o755)
+    env = {**os.environ, "PY": str(py), "REAL_PY": sys.executable, "WORK": str(tmp_path / "w"),
+           "SGLANG_AUX_CACHE": str(tmp_path / "cache"), "STEP_S": "12", "SEND_PARTS": "1",
+           "DRAFT": "qwen2.5-coder-1.5b-instruct-dflash-b16-mix"}
+    (tmp_path / "w").mkdir()
+
+    def call(phase: str, wait: int) -> tuple[str, Path]:
+        out = tmp_path / f"out-{phase}-{wait}"
+        r = subprocess.run(["bash", "scripts/device/qwen25_coder.sh", phase, str(out)],
+                           cwd=REPO, env={**env, "WAIT": str(wait)}, capture_output=True,
+                           text=True, timeout=60)
+        assert r.returncode == 0, r.stderr
+        return r.stdout, out
+
+    started, _ = call("train-start", 2)
+    assert "step 100/200" not in started  # the call returned before the trainer's steps
+    waiting, out = call("train-wait", 1)
+    assert "still training" in waiting and not list(out.iterdir())
+    done, out = call("train-wait", 45)
+    assert "step 200/200" in done and "trainer exited 0" in done
+    assert (out / "draft_README.md").read_text() == "# card\n"
+    first = sorted(out.glob("draft.tar.part-*"))
+    _, rest_out = call("train-wait", 1)
+    rest = sorted(rest_out.glob("draft.tar.part-*"))
+    assert len(first) == 1 and len(rest) == 1
+    log = (tmp_path / "w/train.log").read_text()
+    assert "data/qwen2.5-coder-1.5b-instruct-dflash-b16-mix.samples.jsonl.xz" in log
+    unpacked = tmp_path / "unpacked"
+    unpacked.mkdir()
+    subprocess.run(f"cat {' '.join(map(str, first + rest))} | tar x -C {unpacked}", shell=True,
+                   check=True)
+    draft = tmp_path / "cache/drafts" / env["DRAFT"]
+    got = unpacked / env["DRAFT"] / "model.safetensors"
+    assert got.read_bytes() == (draft / "model.safetensors").read_bytes()
