@@ -72,6 +72,13 @@ MUTATIONS = [
              "python/sglang_aux/tools/dflash_training/sliced_loss.py",
              "return total + (handed_on - handed_on.detach()), stats", "return total, stats",
              (f"{T}/speculative/test_sliced_loss.py",)),
+    # a recipe search's variants share the features of one set of target layers
+    Mutation("the kept features ignore which target layers a variant reads",
+             "python/sglang_aux/tools/train_dflash.py",
+             "stat.st_size, stat.st_mtime_ns, cut, args.num_aux_layers, args.algorithm)",
+             "stat.st_size, stat.st_mtime_ns, cut, args.algorithm)",
+             (f"{T}/speculative/test_dflash_recipe_search.py::"
+              "test_variants_share_the_features_and_train_as_alone",)),
     Mutation("training step zeroes gradients after the objective",
              "python/sglang_aux/tools/dflash_training/trainer.py",
              "        self.opt.zero_grad(set_to_none=True)\n        with torch.autocast(\"cuda\","

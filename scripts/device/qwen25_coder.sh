@@ -22,7 +22,9 @@
 #   bash scripts/device/qwen25_coder.sh train-start OUT  # or: the same training outliving the
 #                                                   # call, for a DEADLINE past 10 minutes;
 #   bash scripts/device/qwen25_coder.sh train-wait OUT  # then this until it says the draft is
-#                                                   # packed (WAIT s a call), again for parts
+#                                                   # packed (WAIT s a call), again for parts;
+#                                                   # search-start, search-wait: the same for
+#                                                   # `search`
 #   bash scripts/device/qwen25_coder.sh search OUT  # the recipe search (issue 40): variants of
 #                                                   # the recipe, SEARCH_STEPS each, measured
 #                                                   # on code, chat and GSM8K; again until done
@@ -136,6 +138,18 @@ pack_draft() {  # the trained draft's card, and its 16 MiB tar parts, SEND_PARTS
   send_parts "${SEND_PARTS:-3}"
   ls -la "$draft"
 }
+searcher() {  # the recipe search (variants with other target layers last: each set of layers
+  # is one feature pass)
+  local variants=() v
+  for v in ${SEARCH_VARIANTS:-base= layers3=--num-layers=3 gamma5=--gamma=5 \
+      anchors64=--anchors-per-seq=64 lr1e-3=--lr=1e-3 aux6=--num-aux-layers=6}; do
+    variants+=("--variant=$v")
+  done
+  $py -m sglang_aux.tools.dflash_recipe_search --recipe $DRAFT \
+    --samples-file "$(samples_file)" --root $work/search --steps "${SEARCH_STEPS:-2000}" \
+    --deadline-s "${DEADLINE:-540}" --eval-num-prompts "${SEARCH_PROMPTS:-100}" \
+    "${variants[@]}"
+}
 install_wheels() {  # the server's and trainer's dependencies (carry .carry/wheels)
   [ -d .carry/wheels ] && $py -m pip install -q --no-index --no-deps --target /tmp/site \
     .carry/wheels/*.whl
@@ -177,23 +191,28 @@ print(d('$DRAFT').parent)")
     grep -E "generat|budget|sequences|00/|Error|error|Traceback" $work/train.log | tail -40
     pack_draft || exit 1
     if [ -n "${tests:-}" ]; then wait $tests; cat $work/cuda.log; fi ;;
-  train-start)  # `train` in a process session of its own, which outlives this call (the
-    # device keeps such a process until the machine goes back): one feature pass for a
-    # training longer than a call's 10 minutes (DEADLINE counts from here); `train-wait`
-    # follows it. It runs from a copy of the package, the scripts, GSM8K and HumanEval, so
-    # later calls' trees and carries do not move under it.
+  train-start|search-start)  # `train` (`search`) in a process session of its own, which
+    # outlives this call (the device keeps such a process until the machine goes back): one
+    # feature pass for a training longer than a call's 10 minutes (DEADLINE counts from
+    # here); `train-wait` (`search-wait`) follows it. It runs from a copy of the package, the
+    # scripts, GSM8K and HumanEval, so later calls' trees and carries do not move under it.
+    job=${phase%-start}
     install_wheels
-    rm -rf $work/train-tree $work/train.rc $work/train.log $work/draft-parts
-    mkdir -p $work/train-tree/.carry && cp -r python scripts $work/train-tree/
-    cp -r .carry/gsm8k .carry/humaneval $work/train-tree/.carry/ 2>/dev/null
-    cd $work/train-tree  # (the process alone in the background: none holds this call's output)
+    rm -rf $work/$job-tree $work/$job.rc $work/$job.log
+    [ $job = train ] && rm -rf $work/draft-parts
+    mkdir -p $work/$job-tree/.carry && cp -r python scripts $work/$job-tree/
+    cp -r .carry/gsm8k .carry/humaneval $work/$job-tree/.carry/ 2>/dev/null
+    cd $work/$job-tree  # (the process alone in the background: none holds this call's output)
     SGLANG_AUX_GSM8K_DIR=$PWD/.carry/gsm8k \
-      SGLANG_AUX_HUMANEVAL=$PWD/.carry/humaneval/HumanEval.jsonl.gz setsid nohup bash scripts/device/qwen25_coder.sh train-run $work/train-out \
-      > $work/train.nohup 2>&1 < /dev/null &
+      SGLANG_AUX_HUMANEVAL=$PWD/.carry/humaneval/HumanEval.jsonl.gz setsid nohup \
+      bash scripts/device/qwen25_coder.sh $job-run $work/$job-out \
+      > $work/$job.nohup 2>&1 < /dev/null &
     cd - > /dev/null
-    sleep "${WAIT:-30}"; tail -n 3 $work/train.log $work/train.nohup ;;
+    sleep "${WAIT:-30}"; tail -n 3 $work/$job.log $work/$job.nohup ;;
   train-run)  # (the process `train-start` leaves running)
     trainer; echo $? > $work/train.rc ;;
+  search-run)  # (the process `search-start` leaves running)
+    searcher > $work/search.log 2>&1; echo $? > $work/search.rc ;;
   train-wait)  # until the detached trainer ends or WAIT seconds pass (default 560): its
     # progress; once it has ended, the draft packed and SEND_PARTS of its parts sent, as
     # `train` does (again: the parts left)
@@ -208,17 +227,17 @@ print(d('$DRAFT').parent)")
       echo "trainer exited $(cat $work/train.rc)"; pack_draft
     fi ;;
   search)  # issue 40's recipe search: SEARCH_VARIANTS (NAME=FLAGS ...) of $DRAFT's recipe,
-    # SEARCH_STEPS each, on the samples `gen` wrote (or the carried ones); call again until it
-    # says every variant is measured (the state stays on the machine: calls back to back)
-    variants=()
-    for v in ${SEARCH_VARIANTS:-base= layers3=--num-layers=3 aux6=--num-aux-layers=6 \
-        gamma5=--gamma=5 anchors64=--anchors-per-seq=64 lr1e-3=--lr=1e-3}; do
-      variants+=("--variant=$v")
-    done
-    $py -m sglang_aux.tools.dflash_recipe_search --recipe $DRAFT \
-      --samples-file "$(samples_file)" --root $work/search --steps "${SEARCH_STEPS:-2000}" \
-      --deadline-s "${DEADLINE:-540}" --eval-num-prompts "${SEARCH_PROMPTS:-100}" \
-      "${variants[@]}" 2>&1 | grep -v Warning | grep -E "^\||every variant|stopped|rror" 
+    # SEARCH_STEPS each, on the samples `gen` wrote (or the shipped ones); call again until it
+    # says every variant is measured (the state stays on the machine: calls back to back);
+    # or `search-start` once and `search-wait` until it has: one feature pass a set of layers
+    searcher 2>&1 | grep -v Warning | grep -E "^\||every variant|stopped|rror"
+    cp $work/search/search.json $work/search/search.md "$out/" 2>/dev/null; ls "$out" ;;
+  search-wait)  # until the detached search ends or WAIT seconds pass: its table so far
+    t0=$SECONDS
+    while [ ! -f $work/search.rc ] && [ $((SECONDS - t0)) -lt "${WAIT:-560}" ]; do sleep 1; done
+    grep -v Warning $work/search.log | grep -E "step .*00/|eval:|every variant|stopped|rror" \
+      | tail -20
+    [ -f $work/search.rc ] || echo "still searching"
     cp $work/search/search.json $work/search/search.md "$out/" 2>/dev/null; ls "$out" ;;
   gen)  # the data alone, so the next call (`train`) trains for its whole 10 minutes
     install_wheels  # the prompts' modules import the server's protocol (fastapi)

@@ -14,6 +14,7 @@ import runpy
 import stat
 import subprocess
 import sys
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -133,9 +134,10 @@ if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-q"]))
 
 
-# A stand-in for the device's python3 in qwen25_coder.sh (PY): train_dflash logs two steps a
-# second apart and writes a 20 MiB draft where its recipe's name resolves; pip does nothing;
-# `-c` (the draft's folder) is the real interpreter.
+# A stand-in for the device's python3 in qwen25_coder.sh (PY): train_dflash logs two steps
+# STEP_S apart and writes a 20 MiB draft where its recipe's name resolves; the recipe search
+# writes its table after STEP_S; pip does nothing; `-c` (the draft's folder) is the real
+# interpreter.
 TRAINER = """#!/bin/bash
 case "$1 $2" in
   "-m pip") exit 0 ;;
@@ -147,9 +149,24 @@ case "$1 $2" in
     echo "step 200/200 loss 0.5"
     d=$SGLANG_AUX_CACHE/drafts/$recipe; mkdir -p "$d"; echo '{}' > "$d/config.json"
     echo "# card" > "$d/README.md"; head -c 20971520 /dev/zero > "$d/model.safetensors" ;;
+  "-m sglang_aux.tools.dflash_recipe_search")
+    while [ $# -gt 0 ]; do [ "$1" = --root ] && root=$2; shift; done
+    echo "step 100/200 loss 1.0"; sleep "$STEP_S"; mkdir -p "$root"
+    echo "| base | measured |" > "$root/search.md"; echo '{}' > "$root/search.json"
+    echo "every variant measured" ;;
   *) exec "$REAL_PY" "$@" ;;
 esac
 """
+
+
+def _phase(env: dict, tmp_path: Path, phase: str, wait: int) -> tuple[str, Path]:
+    """A call of qwen25_coder.sh PHASE (WAIT=wait) into a fresh OUT: its output and OUT."""
+    out = tmp_path / f"out-{phase}-{wait}"
+    r = subprocess.run(["bash", "scripts/device/qwen25_coder.sh", phase, str(out)], cwd=REPO,
+                       env={**env, "WAIT": str(wait)}, capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 0, r.stderr
+    return r.stdout, out
 
 
 def test_detached_training_outlives_its_call_and_packs_the_draft(tmp_path):
@@ -166,13 +183,7 @@ def test_detached_training_outlives_its_call_and_packs_the_draft(tmp_path):
            "DRAFT": "qwen2.5-coder-1.5b-instruct-dflash-b16-mix"}
     (tmp_path / "w").mkdir()
 
-    def call(phase: str, wait: int) -> tuple[str, Path]:
-        out = tmp_path / f"out-{phase}-{wait}"
-        r = subprocess.run(["bash", "scripts/device/qwen25_coder.sh", phase, str(out)],
-                           cwd=REPO, env={**env, "WAIT": str(wait)}, capture_output=True,
-                           text=True, timeout=60)
-        assert r.returncode == 0, r.stderr
-        return r.stdout, out
+    call = partial(_phase, env, tmp_path)
 
     started, _ = call("train-start", 2)
     assert "step 100/200" not in started  # the call returned before the trainer's steps
@@ -194,3 +205,22 @@ def test_detached_training_outlives_its_call_and_packs_the_draft(tmp_path):
     draft = tmp_path / "cache/drafts" / env["DRAFT"]
     got = unpacked / env["DRAFT"] / "model.safetensors"
     assert got.read_bytes() == (draft / "model.safetensors").read_bytes()
+
+
+def test_detached_search_outlives_its_call_and_returns_its_table(tmp_path):
+    """`search-start` / `search-wait`: the same for the recipe search, whose table comes back
+    once it has ended."""
+    py = tmp_path / "py"
+    py.write_text(TRAINER)
+    py.chmod(0o755)
+    env = {**os.environ, "PY": str(py), "REAL_PY": sys.executable, "WORK": str(tmp_path),
+           "STEP_S": "8", "DRAFT": "qwen2.5-coder-1.5b-instruct-dflash-b16-mix"}
+
+    call = partial(_phase, env, tmp_path)
+
+    call("search-start", 1)
+    waiting, out = call("search-wait", 1)
+    assert "still searching" in waiting and not (out / "search.md").exists()
+    done, out = call("search-wait", 30)
+    assert "every variant measured" in done and "still" not in done
+    assert (out / "search.md").read_text() == "| base | measured |\n"

@@ -8,7 +8,9 @@ on every kind of prompt, in one table (issue 40 item 3; docs/training.md).
     # the same command again until every variant is measured: each call resumes
 
 Each variant is `train_dflash --recipe R --phase train --resume` with its flags, into
-ROOT/NAME (its checkpoint beside it), then `train_dflash --eval-only`, whose acceptance
+ROOT/NAME (its checkpoint beside it), in one process whose variants share the engine and the
+features of the samples (extracted once for each set of target layers the variants read),
+then `train_dflash --eval-only`, whose acceptance
 profile (`acceptance_profile.json`) gives the accept length per verify step of each kind. A
 call stops before `--deadline-s` (a device call's limit), leaving ROOT/search.json, which the
 next call continues from: a variant cut mid-training resumes its checkpoint, a trained one
@@ -27,6 +29,7 @@ from pathlib import Path
 
 from sglang_aux.srt.configs.acceptance_profile import DRAFT_PROFILE
 from sglang_aux.tools import train_dflash
+from sglang_aux.tools.dflash_training.feature_cache import FeatureCache
 
 STATE = "search.json"
 TABLE = "search.md"
@@ -69,6 +72,7 @@ class Search:
             raise SearchError(f"--samples-file {args.samples_file}: no such file (write it "
                               "with train_dflash --phase data)")
         self.state = self._load()
+        self.features = FeatureCache()
 
     def _load(self) -> dict:
         """The search so far; a file from another search (recipe, samples, steps or a
@@ -102,38 +106,42 @@ class Search:
         a = self.args
         common = ["--recipe", a.recipe] if a.recipe else []
         common += [*shlex.split(a.common), "--out", str(self.root / name)]
-        return train_dflash.main([*common, *flags])
+        return train_dflash.main([*common, *flags], self.features)
 
     def run(self) -> bool:
-        """Train and measure what fits before the deadline; True when every variant is
-        measured."""
+        """Train, then measure, what fits before the deadline; True when every variant is
+        measured. The variants train one after another on the features the first extracted
+        (`FeatureCache`: those of the variants that read other target layers apart), which
+        are freed before the evaluations' engines start."""
         a, start = self.args, time.perf_counter()
         left = (lambda: a.deadline_s - (time.perf_counter() - start)) if a.deadline_s \
             else (lambda: float("inf"))
-        for name, flags in self.variants.items():
-            v = self.state["variants"].setdefault(
-                name, {"flags": flags, "status": "training", "runs": 0, "train_seconds": 0.0})
-            if v["status"] == "measured":
+        variants = {name: self.state["variants"].setdefault(
+            name, {"flags": flags, "status": "training", "runs": 0, "train_seconds": 0.0})
+            for name, flags in self.variants.items()}
+        for name, v in variants.items():
+            if v["status"] != "training":
                 continue
-            if v["status"] == "training":
-                budget = left() - a.eval_reserve_s
-                if budget < MIN_TRAIN_S:
-                    break
-                t0 = time.perf_counter()
-                out = self._train_dflash(
-                    name, "--phase", "train", "--samples-file", str(a.samples_file),
-                    "--resume", "--steps", str(a.steps),
-                    *(["--deadline-s", str(budget)] if a.deadline_s else []),
-                    *shlex.split(flags))
-                v["runs"] += 1
-                v["train_seconds"] = round(v["train_seconds"] + time.perf_counter() - t0, 1)
-                if out is not None:
-                    v["status"] = "trained"
-                self._save()
-                if out is None:  # cut by the deadline: its checkpoint holds it
-                    break
-            if left() < a.eval_reserve_s:
+            budget = left() - a.eval_reserve_s
+            if budget < MIN_TRAIN_S:
                 break
+            t0 = time.perf_counter()
+            out = self._train_dflash(
+                name, "--phase", "train", "--samples-file", str(a.samples_file),
+                "--resume", "--steps", str(a.steps),
+                *(["--deadline-s", str(budget)] if a.deadline_s else []),
+                *shlex.split(v["flags"]))
+            v["runs"] += 1
+            v["train_seconds"] = round(v["train_seconds"] + time.perf_counter() - t0, 1)
+            if out is not None:
+                v["status"] = "trained"
+            self._save()
+            if out is None:  # cut by the deadline: its checkpoint holds it
+                break
+        self.features.clear()
+        for name, v in variants.items():
+            if v["status"] != "trained" or left() < a.eval_reserve_s:
+                continue
             # the variant's flags are training's: its folder holds what the engine reads
             self._train_dflash(name, "--eval-only", "--eval-tasks", *a.eval_tasks,
                                "--eval-num-prompts", str(a.eval_num_prompts))
@@ -144,8 +152,7 @@ class Search:
             v["status"] = "measured"
             self._save()
         self._save()
-        return all(self.state["variants"].get(n, {}).get("status") == "measured"
-                   for n in self.variants)
+        return all(v["status"] == "measured" for v in variants.values())
 
     def table(self) -> str:
         tasks = self.args.eval_tasks

@@ -82,6 +82,7 @@ from sglang_aux.tools.dflash_training.export import (
     set_card_eval,
     write_draft,
 )
+from sglang_aux.tools.dflash_training.feature_cache import FeatureCache, Features
 from sglang_aux.tools.dflash_training.features import extract_aux
 from sglang_aux.tools.dflash_training.prompt_mix import prompt_sets
 from sglang_aux.tools.dflash_training.recipes import RECIPES, SMOKE_DEFAULTS
@@ -433,12 +434,31 @@ def _features(runner, samples: list[Sample], layer_ids: list[int], final_hidden:
     return prefixes, prefix_of, aux
 
 
-def train(args: argparse.Namespace, target: str, started: float) -> Path | None:
+def _feature_key(args: argparse.Namespace, target: str) -> tuple:
+    """What a run's samples and features depend on: the target and its engine, the samples
+    file (and its cut), and the layers the draft reads."""
+    path = Path(args.samples_file)
+    stat = path.stat()
+    cut = None if args.code_tasks or args.chat_instructions else args.num_samples
+    return (target, tuple(sorted(_engine_args(args, args.gen_batch).items())), str(path),
+            stat.st_size, stat.st_mtime_ns, cut, args.num_aux_layers, args.algorithm)
+
+
+def train(args: argparse.Namespace, target: str, started: float,
+          features: FeatureCache | None = None) -> Path | None:
     """Generate or read the samples (`--phase data` stops there), train, write the draft.
     Returns the draft folder, or None when no draft was written (`--phase data`, a
-    `--resume` run that ended before the last step)."""
+    `--resume` run that ended before the last step). With `features`, a read samples file's
+    engine, samples and features are taken from it when an earlier run of this process left
+    the same ones there, and left there for the next."""
     timings, t0 = {}, time.perf_counter()
-    engine = Engine(model_path=target, **_engine_args(args, args.gen_batch))
+    loaded = bool(args.samples_file) and Path(args.samples_file).is_file()
+    key = _feature_key(args, target) if features is not None and loaded else None
+    kept = features.get(key) if key is not None else None
+    if key is not None and kept is None:
+        features.clear()  # another run's: its memory goes before this run's engine comes
+    engine = kept.engine if kept else Engine(model_path=target,
+                                             **_engine_args(args, args.gen_batch))
     runner = engine.worker.model_runner
     mask_name, mask_id = resolve_mask_token(engine.tokenizer, args.mask_token)
     dspark = args.algorithm == "dspark"
@@ -448,8 +468,9 @@ def train(args: argparse.Namespace, target: str, started: float) -> Path | None:
     target_config = json.loads((Path(target) / "config.json").read_text())
     config = (dspark_draft_config(target_config, markov_rank=args.markov_rank, **shape)
               if dspark else draft_config(target_config, **shape))
-    loaded = bool(args.samples_file) and Path(args.samples_file).is_file()
-    if loaded:
+    if kept:
+        samples = kept.samples
+    elif loaded:
         samples = load_samples(args.samples_file)
         if not args.code_tasks and not args.chat_instructions:
             samples = samples[: args.num_samples]
@@ -479,11 +500,17 @@ def train(args: argparse.Namespace, target: str, started: float) -> Path | None:
             logger.info("resumed %s at step %d of %d", checkpoint.path, trainer.num_steps,
                         trainer.total_steps)
     t0 = time.perf_counter()
-    layer_ids = config["dflash_config"]["target_layer_ids"]
-    prefixes, prefix_of, aux = _features(runner, samples, layer_ids, dspark)
-    data = SequenceSet(samples, aux, runner.device, prefixes, prefix_of=prefix_of)
-    del aux, prefixes
-    timings["features"] = time.perf_counter() - t0
+    if kept:
+        data = kept.data
+        timings["features (kept from an earlier run)"] = kept.seconds
+    else:
+        layer_ids = config["dflash_config"]["target_layer_ids"]
+        prefixes, prefix_of, aux = _features(runner, samples, layer_ids, dspark)
+        data = SequenceSet(samples, aux, runner.device, prefixes, prefix_of=prefix_of)
+        del aux, prefixes
+        timings["features"] = time.perf_counter() - t0
+        if key is not None:
+            features.put(Features(key, engine, samples, data, timings["features"]))
     logger.info("%d sequences, %d tokens", len(data), data.num_tokens)
     stats = trainer.fit(data, _train_budget(args, started),
                         checkpoint=partial(checkpoint.save, trainer) if checkpoint else None,
@@ -502,25 +529,26 @@ def train(args: argparse.Namespace, target: str, started: float) -> Path | None:
                 timings=", ".join(f"{k} {v:.0f} s" for k, v in timings.items()),
                 device=_device_name(runner.device), **stats)
     out = write_draft(draft, config, args.out, render_card(Path(args.out).name, info))
-    # Free the data-generation engine and the features before an evaluation engine starts.
-    del engine, runner, data, trainer
+    # Free the data-generation engine and the features before an evaluation engine starts
+    # (unless `features` keeps them for the next run: its caller frees them first).
+    del engine, runner, data, trainer, kept
     gc.collect()
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
     return out
 
 
-def main(argv: list[str] | None = None) -> Path | None:
+def main(argv: list[str] | None = None, features: FeatureCache | None = None) -> Path | None:
     """Parse flags, train (and/or evaluate), return the draft folder: the samples file with
     `--phase data`, None when a `--resume` run ended before the last step. Bad input (a
     missing or corrupt file, an evaluation prompt in the training data, a checkpoint of
-    another run) exits with one line naming the file."""
+    another run) exits with one line naming the file. `features`: see `train`."""
     started = time.perf_counter()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     try:
         args = parse_args(argv)
         target = resolve_model_path(args.target)
-        out = None if args.eval_only else train(args, target, started)
+        out = None if args.eval_only else train(args, target, started, features)
     except BadInputError as e:
         sys.exit(f"train_dflash: error: {e}")
     if args.phase == "data":

@@ -1,13 +1,16 @@
 """The DFlash recipe search (tools/dflash_recipe_search.py) on the CPU with the tiny smoke
 recipe: two variants trained on one samples file and measured on held-out GSM8K prompts into
-one table; a variant cut mid-training resumes its checkpoint in the next call; a finished
-search trains nothing again; bad input (a variant name, two of one name, a missing samples
-file, a state from another search) stops with one line."""
+one table; variants share the features of one set of target layers and train as alone; a
+variant cut mid-training resumes its checkpoint in the next call; a finished search trains
+nothing again; bad input (a variant name, two of one name, a missing samples file, a state
+from another search) stops with one line."""
 
 import json
 import sys
 
 import pytest
+import torch
+from safetensors.torch import load_file
 
 from sglang_aux.test.ci.ci_register import register_cpu_ci
 from sglang_aux.test.gsm8k_data import local_path_or_skip
@@ -64,6 +67,30 @@ def test_two_variants_trained_measured_and_tabled(samples, tmp_path, capsys, mon
     # done: nothing trains or evaluates again
     monkeypatch.setattr(train_dflash, "main", lambda *_a: pytest.fail("ran train_dflash"))
     assert search.main(argv) is True
+
+
+def test_variants_share_the_features_and_train_as_alone(samples, tmp_path, monkeypatch):
+    """One process extracts the samples' features once for the variants that read the same
+    target layers, again for one that reads others (whose features replace them), and a
+    variant trained on kept features gets the weights it gets alone, bitwise."""
+    layers = []
+    real = train_dflash._features
+    monkeypatch.setattr(train_dflash, "_features",
+                        lambda *a: layers.append(list(a[2])) or real(*a))
+    root = tmp_path / "s"
+    assert search.main(_argv(root, samples, "base=", "lr=--lr 3e-3", "aux=--num-aux-layers 1",
+                             "lr2=--lr 2e-3")) is True
+    assert len(layers) == 3 and layers[0] == layers[2] != layers[1]  # base (lr kept), aux, lr2
+    target, path = samples
+    alone = tmp_path / "alone"
+    train_dflash.main(["--smoke", "--target", target, "--out", str(alone), "--phase", "train",
+                       "--samples-file", str(path), "--resume", "--steps", "4",
+                       "--lr", "3e-3"])
+    assert len(layers) == 4
+    kept, own = load_file(root / "lr" / "model.safetensors"), load_file(alone / "model.safetensors")
+    assert kept.keys() == own.keys() and all(torch.equal(kept[k], own[k]) for k in kept)
+    card = (root / "lr" / "README.md").read_text()
+    assert "features (kept from an earlier run)" in card
 
 
 @pytest.mark.parametrize("variants, says", [

@@ -6,6 +6,7 @@ chat_instructions.py  chat requests the target writes from seed topics (self-ins
 data.py       GSM8K k-shot prompts, the target's own continuations, the samples file
 contamination.py  evaluation prompts kept out of the training data
 features.py   the target's aux hidden states per sequence (one EXTEND forward each)
+feature_cache.py  the engine, samples and features kept between a search's variants
 draft_forward.py  the draft's block forward with dense attention (the training path)
 trainer.py    anchors, the position-decayed block loss, the optimization loop
 training_checkpoint.py  the trainer's state and the run's fingerprint (training over runs)
