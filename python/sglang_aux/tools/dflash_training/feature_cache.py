@@ -29,13 +29,9 @@ class Features:
 class FeatureCache:
     def __init__(self) -> None:
         self.entry: Features | None = None
-        self.hits = 0
 
     def get(self, key: tuple) -> Features | None:
-        if self.entry is not None and self.entry.key == key:
-            self.hits += 1
-            return self.entry
-        return None
+        return self.entry if self.entry is not None and self.entry.key == key else None
 
     def put(self, entry: Features) -> None:
         self.entry = entry
