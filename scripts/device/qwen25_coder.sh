@@ -150,6 +150,10 @@ searcher() {  # the recipe search (variants with other target layers last: each 
     --deadline-s "${DEADLINE:-540}" --eval-num-prompts "${SEARCH_PROMPTS:-100}" \
     "${variants[@]}"
 }
+wait_for() {  # until the detached JOB has written its exit status, WAIT seconds at most
+  local t0=$SECONDS
+  while [ ! -f "$work/$1.rc" ] && [ $((SECONDS - t0)) -lt "${WAIT:-560}" ]; do sleep 1; done
+}
 install_wheels() {  # the server's and trainer's dependencies (carry .carry/wheels)
   [ -d .carry/wheels ] && $py -m pip install -q --no-index --no-deps --target /tmp/site \
     .carry/wheels/*.whl
@@ -216,8 +220,7 @@ print(d('$DRAFT').parent)")
   train-wait)  # until the detached trainer ends or WAIT seconds pass (default 560): its
     # progress; once it has ended, the draft packed and SEND_PARTS of its parts sent, as
     # `train` does (again: the parts left)
-    t0=$SECONDS
-    while [ ! -f $work/train.rc ] && [ $((SECONDS - t0)) -lt "${WAIT:-560}" ]; do sleep 1; done
+    wait_for train
     grep -E "generat|budget|sequences|00/|eval|Error|error|Traceback" $work/train.log | tail -30
     if [ ! -f $work/train.rc ]; then
       echo "still training"
@@ -233,8 +236,7 @@ print(d('$DRAFT').parent)")
     searcher 2>&1 | grep -v Warning | grep -E "^\||every variant|stopped|rror"
     cp $work/search/search.json $work/search/search.md "$out/" 2>/dev/null; ls "$out" ;;
   search-wait)  # until the detached search ends or WAIT seconds pass: its table so far
-    t0=$SECONDS
-    while [ ! -f $work/search.rc ] && [ $((SECONDS - t0)) -lt "${WAIT:-560}" ]; do sleep 1; done
+    wait_for search
     grep -v Warning $work/search.log | grep -E "step .*00/|eval:|every variant|stopped|rror" \
       | tail -20
     [ -f $work/search.rc ] || echo "still searching"

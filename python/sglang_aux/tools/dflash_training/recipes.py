@@ -7,13 +7,11 @@ from pathlib import Path
 
 from sglang_aux.tools.dflash_training.code_tasks import TASKS_FILE
 
-DATA_DIR = Path(__file__).resolve().parents[2] / "data"
-
 
 def shipped_samples(recipe: str) -> Path:
     """Where a recipe's generated samples are kept in the package, when they are: its
     training then starts without the target generating them (`--samples-file`'s default)."""
-    return DATA_DIR / f"{recipe}.samples.jsonl.xz"
+    return TASKS_FILE.parent / f"{recipe}.samples.jsonl.xz"  # the package's data folder
 
 
 # Named drafts trained by one command (`--recipe NAME`): the flags that make each, applied as
