@@ -18,14 +18,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 
 import torch
 from bench_cached_prefill import gpu_ms, kernel_table, print_kernel_table  # script folder
 
 from sglang_aux.srt.entrypoints.engine import Engine
 from sglang_aux.srt.forward_state.forward_batch_info import ForwardMode
-from sglang_aux.srt.layers.triton_ops.dispatch import MIXED_ATTENTION_STREAMS_ENV_VAR
 from sglang_aux.srt.managers.schedule_batch import extend_inputs, mixed_inputs
 from sglang_aux.srt.model_executor.runner.forward_layout import ForwardLayout
 
@@ -120,9 +118,6 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--mixed-tokens", type=int, nargs="+", default=None,
                    help="the mixed graphs' arrival token counts (--cuda-graph-tokens-mixed; "
                         "default: the server's, 2x apart)")
-    p.add_argument("--attention-streams", nargs="+", default=["1"], choices=["1", "2"],
-                   help="each engine once per value of SGLANG_AUX_MIXED_ATTENTION_STREAMS (2: "
-                        "the arrivals' attention on a side stream, a candidate)")
     p.add_argument("--device", default="cuda", help="cpu: a smoke run (host-clock ms)")
     p.add_argument("--out", default="benchmark/spec_decode/mixed_step.json")
     a = p.parse_args(argv)
@@ -131,24 +126,21 @@ def main(argv: list[str] | None = None) -> dict:
     if a.verify_width is not None:  # its narrower step and mixed graphs captured beside
         dflash |= {"speculative_verify_mode": "static",
                    "speculative_draft_len_schedule": f"1:{a.verify_width}"}
-    for streams in a.attention_streams:
-        os.environ[MIXED_ATTENTION_STREAMS_ENV_VAR] = streams  # read as the graphs capture
-        for name, extra in (("target", {}), ("dflash", dflash)):
-            engine = Engine(model_path=a.target, load_format="dummy", device=a.device,
-                            dtype="bfloat16" if a.device == "cuda" else "float32",
-                            max_running_requests=a.bs + 4, context_length=2048,
-                            cuda_graph_bs_decode=[1, a.bs], enable_mixed_chunk=True,
-                            cuda_graph_tokens_mixed=a.mixed_tokens,
-                            disable_overlap_schedule=True, **extra)
-            tag = name if len(a.attention_streams) == 1 else f"{name}@{streams}"
-            rows += [r | {"attention_streams": int(streams)} for r in measure(engine, tag, a)]
-            del engine
-            torch.cuda.empty_cache()
+    for name, extra in (("target", {}), ("dflash", dflash)):
+        engine = Engine(model_path=a.target, load_format="dummy", device=a.device,
+                        dtype="bfloat16" if a.device == "cuda" else "float32",
+                        max_running_requests=a.bs + 4, context_length=2048,
+                        cuda_graph_bs_decode=[1, a.bs], enable_mixed_chunk=True,
+                        cuda_graph_tokens_mixed=a.mixed_tokens,
+                        disable_overlap_schedule=True, **extra)
+        rows += measure(engine, name, a)
+        del engine
+        torch.cuda.empty_cache()
     keys = ("step_ms", "prefill_ms", "step_then_prefill_ms", "mixed_replay_ms",
             "mixed_forward_ms")
-    print(f"{'engine':>9} {'arr':>3} {'tokens':>6} " + " ".join(f"{k:>20}" for k in keys))
+    print(f"{'engine':>7} {'arr':>3} {'tokens':>6} " + " ".join(f"{k:>20}" for k in keys))
     for r in rows:
-        print(f"{r['engine']:>9} {r['arrivals']:>3} {r['arrival_tokens']:>6} "
+        print(f"{r['engine']:>7} {r['arrivals']:>3} {r['arrival_tokens']:>6} "
               + " ".join(f"{r[k]:>20.3f}" for k in keys))
     for r in rows:
         if r["arrivals"] == a.widths[0]:

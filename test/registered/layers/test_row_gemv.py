@@ -22,9 +22,8 @@ import torch  # noqa: E402
 from torch.nn import functional as F  # noqa: E402
 
 from sglang_aux.srt.layers.layernorm import RMSNorm  # noqa: E402
-from sglang_aux.srt.layers.triton_ops.dispatch import ROW_GEMV_NARROW_TILE_ENV_VAR  # noqa: E402
 from sglang_aux.srt.layers.triton_ops.row_gemv import (  # noqa: E402
-    NARROW_TILES,
+    NARROW_TILE,
     WIDE_N,
     RowGemvConfig,
     row_gemv,
@@ -70,26 +69,17 @@ def test_table_gives_wide_projections_short_rows():
 
 
 
-@pytest.mark.parametrize("tile", list(NARROW_TILES))
-def test_narrow_tile_switch_picks_the_unfused_narrow_tile(monkeypatch, tile):
-    """`SGLANG_AUX_ROW_GEMV_NARROW_TILE` (a candidate): the narrow unfused projections take
-    that tile, fused and wide ones keep theirs, and the GEMV is right at an o_proj-like K
-    below the candidate's 2048-wide tile and a down-like K over several of them."""
-    monkeypatch.setenv(ROW_GEMV_NARROW_TILE_ENV_VAR, tile)
-    fused, wide = row_gemv_config(1536, fused_norm=True), row_gemv_config(WIDE_N)
-    cfg = row_gemv_config(1536)
-    assert cfg == NARROW_TILES[tile] and f"{cfg.block_n}:{cfg.block_k}:{cfg.num_warps}:" \
-        f"{cfg.num_stages}" == tile
-    monkeypatch.delenv(ROW_GEMV_NARROW_TILE_ENV_VAR)
-    assert (fused, wide) == (row_gemv_config(1536, True), row_gemv_config(WIDE_N))
+def test_narrow_unfused_projections_take_the_wide_k_tile():
+    """o_proj and down (narrow, no fused norm) take the 2,048-wide K tile; the GEMV is right
+    at an o_proj-like K below one tile and a down-like K over several, with a ragged tail."""
+    assert row_gemv_config(1536) == row_gemv_config(WIDE_N - 1) == NARROW_TILE
+    assert NARROW_TILE.block_k == 2048
+    assert NARROW_TILE not in (row_gemv_config(1536, fused_norm=True), row_gemv_config(WIDE_N))
     for n, k in [(16, 1536), (8, 4500)]:
         seed = fresh_seed()
         x, w, b = _inputs(n, k, torch.float32, bias=True)
-        _close(row_gemv(x, w, b, config=cfg), F.linear(x, w, b), torch.float32, seed, tile)
-    monkeypatch.setenv(ROW_GEMV_NARROW_TILE_ENV_VAR, "2:4096:4:1")
-    with pytest.raises(ValueError, match=f"{ROW_GEMV_NARROW_TILE_ENV_VAR}='2:4096:4:1'; "
-                                         "choose from 2:1024:4:1, 4:2048:8:1"):
-        row_gemv_config(1536)
+        _close(row_gemv(x, w, b, config=NARROW_TILE), F.linear(x, w, b), torch.float32, seed,
+               (n, k))
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

@@ -12,7 +12,6 @@ import torch
 from test_scheduler_step_loop_cuda import KINDS, _engine
 
 from sglang_aux.srt.forward_state.forward_batch_info import ForwardMode
-from sglang_aux.srt.layers.triton_ops.dispatch import MIXED_ATTENTION_STREAMS_ENV_VAR
 from sglang_aux.srt.managers.schedule_batch import mixed_inputs, reserve_kv
 from sglang_aux.srt.model_executor.runner.forward_parts import ForwardParts
 from sglang_aux.srt.model_executor.runner.step_prologue import StepPrologue
@@ -123,28 +122,6 @@ def test_mixed_graph_replay_equals_eager_at_every_layout(tmp_path, width):
         out = [_mixed_logits(r, width, step_bs, arrival_lens, seed, graphs)
                for graphs, r in runners.items()]
         torch.testing.assert_close(out[0], out[1], rtol=1e-4, atol=1e-4)
-
-
-@pytest.mark.parametrize("width", [1, 8])
-def test_mixed_attention_on_a_side_stream_changes_no_bit(tmp_path, monkeypatch, width):
-    """`SGLANG_AUX_MIXED_ATTENTION_STREAMS=2` (a candidate): the arrivals' attention forked
-    onto a side stream and joined gives one stream's logits bitwise, replayed at every
-    captured layout and a padded one, and eagerly; the forked graphs capture and replay."""
-    ckpt = tiny_checkpoint("tiny-llama", tmp_path)
-    for graphs in (True, False):
-        runners = {}
-        for streams in ("1", "2"):
-            monkeypatch.setenv(MIXED_ATTENTION_STREAMS_ENV_VAR, streams)
-            runners[streams] = _mixed_runner(ckpt, width, graphs)
-        cases = _mixed_cases(runners["1"]) if graphs else [(2, [9, 40]), (3, [5, 70])]
-        for seed, (step_bs, arrival_lens) in enumerate(cases):
-            out = {}
-            for streams, runner in runners.items():
-                monkeypatch.setenv(MIXED_ATTENTION_STREAMS_ENV_VAR, streams)
-                out[streams] = _mixed_logits(runner, width, step_bs, arrival_lens, seed, graphs)
-            assert torch.equal(out["1"], out["2"]), (graphs, step_bs, arrival_lens)
-        side = runners["2"].attn_backend._side
-        assert side is not None and runners["1"].attn_backend._side is None
 
 
 if __name__ == "__main__":

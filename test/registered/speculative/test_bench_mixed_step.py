@@ -46,18 +46,5 @@ def test_each_engine_and_arrival_count_is_priced(report):
             assert r[key] > 0, key
 
 
-def test_each_attention_streams_value_gets_its_engines(tmp_path, monkeypatch):
-    """`--attention-streams 1 2`: every engine once per value, its rows tagged (on a CPU the
-    side stream is never taken: the rows only show the loop)."""
-    monkeypatch.setenv("SGLANG_AUX_MIXED_ATTENTION_STREAMS", "1")  # restored after: main sets it
-    rows = load_bench(SCRIPT).main([
-        "--device", "cpu", "--target", "tiny-llama", "--draft", "tiny-llama-dflash",
-        "--bs", "2", "--prefix", "40", "--new", str(NEW), "--widths", "1", "--iters", "1",
-        "--kernels", "0", "--vocab", "200", "--verify-width", str(WIDTH), "--mixed-tokens",
-        "12", "--attention-streams", "1", "2", "--out", str(tmp_path / "m.json")])["rows"]
-    assert [(r["engine"], r["attention_streams"]) for r in rows] == [
-        ("target@1", 1), ("dflash@1", 1), ("target@2", 2), ("dflash@2", 2)]
-
-
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-v"]))

@@ -5,7 +5,6 @@ Semantics equal TorchNativeAttnBackend's for every mode; the kernels live in `tr
 
 from __future__ import annotations
 
-from contextlib import nullcontext
 from dataclasses import dataclass
 from itertools import accumulate
 from typing import TYPE_CHECKING
@@ -22,7 +21,6 @@ from sglang_aux.srt.layers.attention.triton_ops.decode_attention import (
 )
 from sglang_aux.srt.layers.attention.triton_ops.extend_attention import extend_attention_fwd
 from sglang_aux.srt.layers.attention.triton_ops.tiling import check_head_dim
-from sglang_aux.srt.layers.triton_ops.dispatch import MIXED_ATTENTION_STREAMS_ENV_VAR, switch
 
 if TYPE_CHECKING:
     from sglang_aux.srt.forward_state.forward_batch_info import ForwardBatch
@@ -121,7 +119,6 @@ class TritonAttnBackend(AttentionBackend):
         self.merge_heads = merge_heads
         self._split_counters = SplitCounters()
         self._extend: ExtendMetadata | None = None
-        self._side: torch.cuda.Stream | None = None
 
     def init_forward_metadata(self, forward_batch: ForwardBatch) -> None:
         self._extend = None
@@ -159,23 +156,19 @@ class TritonAttnBackend(AttentionBackend):
         if mode.is_extend():
             meta = self._extend_metadata(forward_batch)
             # MIXED: the arrivals' rows follow the step rows, which the fixed-layout kernel
-            # reads; each kernel writes its own rows whole, so the two may run side by side.
+            # reads; each kernel writes its own rows whole.
             t = forward_batch.mixed_step_bs * forward_batch.mixed_step_width
-            side = self._side_stream(q) if mode.is_mixed() else None
-            with torch.cuda.stream(side) if side is not None else nullcontext():
-                extend_attention_fwd(q[t:], k_buffer, v_buffer, out[t:], req_to_token,
-                                     meta.req_pool_indices, meta.q_start, meta.prefix_lens,
-                                     meta.extend_lens, meta.max_extend_len, layer.scaling,
-                                     layer.is_causal, layer.sliding_window_size,
-                                     self.num_kv_splits, q_offset=t)
+            extend_attention_fwd(q[t:], k_buffer, v_buffer, out[t:], req_to_token,
+                                 meta.req_pool_indices, meta.q_start, meta.prefix_lens,
+                                 meta.extend_lens, meta.max_extend_len, layer.scaling,
+                                 layer.is_causal, layer.sliding_window_size,
+                                 self.num_kv_splits, q_offset=t)
             if mode.is_mixed():
                 n = forward_batch.mixed_step_bs
                 self._fixed_layout(q[:t], k_buffer, v_buffer, out[:t], req_to_token,
                                    forward_batch.req_pool_indices[:n],
                                    forward_batch.seq_lens[:n], forward_batch.positions[:t],
                                    layer)
-            if side is not None:
-                torch.cuda.current_stream(q.device).wait_stream(side)
         else:
             bs = forward_batch.batch_size
             if q.shape[0] % bs:
@@ -185,19 +178,6 @@ class TritonAttnBackend(AttentionBackend):
             self._fixed_layout(q, k_buffer, v_buffer, out, req_to_token, rows,
                                forward_batch.seq_lens, forward_batch.positions, layer, ragged)
         return out.view(-1, num_heads * head_dim)
-
-    def _side_stream(self, q: torch.Tensor) -> torch.cuda.Stream | None:
-        """With `SGLANG_AUX_MIXED_ATTENTION_STREAMS=2` (a candidate), the stream a MIXED
-        batch's arrivals attend on, forked from the current one (after the K/V store) and
-        joined before the output is read: the extend kernel's few long programs then run
-        beside the step's split launch instead of after it. Captured, the fork and join are
-        graph edges."""
-        if not q.is_cuda or switch(MIXED_ATTENTION_STREAMS_ENV_VAR) != "2":
-            return None
-        if self._side is None or self._side.device != q.device:
-            self._side = torch.cuda.Stream(device=q.device)
-        self._side.wait_stream(torch.cuda.current_stream(q.device))
-        return self._side
 
     def _fixed_layout(self, q, k_buffer, v_buffer, out, req_to_token, req_pool_indices,
                       seq_lens, positions, layer: RadixAttention,

@@ -25,22 +25,12 @@ ENV_VAR = "SGLANG_AUX_FUSED_KERNELS"
 MODES = ("auto", "off", "force")
 # The kernels' environment switches and their values, checked when the server's arguments are
 # (`check_kernel_switches`), so a typo stops the server before the model loads rather than at
-# its first step: PDL (`grid_dependency.py`), the paired row GEMVs (`layers/decode_gemv.py`)
-# and two candidates.
+# its first step: PDL (`grid_dependency.py`) and the paired row GEMVs (`layers/decode_gemv.py`).
 PDL_ENV_VAR = "SGLANG_AUX_PDL"
 PDL_VALUES = ("auto", "0", "1")
 PAIRED_GEMV_ENV_VAR = "SGLANG_AUX_PAIRED_GEMV"
 PAIRED_GEMV_VALUES = ("1", "0")
-# Bench-only candidates until the GPU measures them in the whole step: a MIXED batch's
-# arrivals attend on a side stream beside the step's rows (layers/attention/triton_backend.py),
-MIXED_ATTENTION_STREAMS_ENV_VAR = "SGLANG_AUX_MIXED_ATTENTION_STREAMS"
-MIXED_ATTENTION_STREAMS_VALUES = ("1", "2")
-# and the row GEMV's tile for narrow unfused projections (layers/triton_ops/row_gemv.py)
-ROW_GEMV_NARROW_TILE_ENV_VAR = "SGLANG_AUX_ROW_GEMV_NARROW_TILE"
-ROW_GEMV_NARROW_TILE_VALUES = ("2:1024:4:1", "4:2048:8:1")
-SWITCHES = {ENV_VAR: MODES, PDL_ENV_VAR: PDL_VALUES, PAIRED_GEMV_ENV_VAR: PAIRED_GEMV_VALUES,
-            MIXED_ATTENTION_STREAMS_ENV_VAR: MIXED_ATTENTION_STREAMS_VALUES,
-            ROW_GEMV_NARROW_TILE_ENV_VAR: ROW_GEMV_NARROW_TILE_VALUES}
+SWITCHES = {ENV_VAR: MODES, PDL_ENV_VAR: PDL_VALUES, PAIRED_GEMV_ENV_VAR: PAIRED_GEMV_VALUES}
 # `--decode-gemv-backend`: the dense projections of one-row forwards on cuBLAS (torch) or on the
 # row GEMV kernel (triton; layers/decode_gemv.py), which these rules then gate like any other.
 GEMV_BACKENDS = ("torch", "triton")

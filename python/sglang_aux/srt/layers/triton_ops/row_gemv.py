@@ -27,11 +27,7 @@ import torch
 import triton
 import triton.language as tl
 
-from sglang_aux.srt.layers.triton_ops.dispatch import (
-    GEMV_DTYPES,
-    ROW_GEMV_NARROW_TILE_ENV_VAR,
-    switch,
-)
+from sglang_aux.srt.layers.triton_ops.dispatch import GEMV_DTYPES
 from sglang_aux.srt.layers.triton_ops.grid_dependency import (
     resolve_pdl,
     wait_for_previous_kernel,
@@ -178,12 +174,11 @@ def row_gemv_config(n_out: int, fused_norm: bool = False) -> RowGemvConfig:
         return RowGemvConfig(block_n=4, block_k=512, num_warps=4, num_stages=3)
     if fused_norm:
         return RowGemvConfig(block_n=8, block_k=1024, num_warps=8)
-    return NARROW_TILES[switch(ROW_GEMV_NARROW_TILE_ENV_VAR)]
+    return NARROW_TILE
 
 
-# A narrow unfused projection's tile (o_proj, down), by `SGLANG_AUX_ROW_GEMV_NARROW_TILE`
-# (`block_n:block_k:warps:stages`): the first is the default; the wider K tile, a candidate,
-# requests more of the weight before a dependent launch's wait (H100, PDL: o_proj 2.77 ->
-# 2.54 us, down 11.66 -> 10.28; not yet measured in the whole step).
-NARROW_TILES = {"2:1024:4:1": RowGemvConfig(block_n=2, block_k=1024, num_warps=4),
-                "4:2048:8:1": RowGemvConfig(block_n=4, block_k=2048, num_warps=8)}
+# A narrow unfused projection's tile (o_proj, down): its 2,048-wide K requests more of the
+# weight before a dependent launch's wait. Under PDL on an H100: o_proj 2.77 -> 2.54 us, down
+# 11.66 -> 10.28 us against the 2 x 1,024 tile it replaced, and the bs-1 decode replay 1.526 ->
+# 1.498 ms (docs/kernels.md).
+NARROW_TILE = RowGemvConfig(block_n=4, block_k=2048, num_warps=8)
