@@ -79,6 +79,12 @@ MUTATIONS = [
              "stat.st_size, stat.st_mtime_ns, cut, args.algorithm)",
              (f"{T}/speculative/test_dflash_recipe_search.py::"
               "test_variants_share_the_features_and_train_as_alone",)),
+    Mutation("an engine that reads its samples captures graphs it never replays",
+             "python/sglang_aux/tools/train_dflash.py",
+             "model_path=target, **_engine_args(args, args.gen_batch, graphs=not loaded))",
+             "model_path=target, **_engine_args(args, args.gen_batch, graphs=True))",
+             (f"{T}/speculative/test_train_dflash.py::"
+              "test_only_a_generating_engine_captures_graphs",)),
     Mutation("training step zeroes gradients after the objective",
              "python/sglang_aux/tools/dflash_training/trainer.py",
              "        self.opt.zero_grad(set_to_none=True)\n        with torch.autocast(\"cuda\","

@@ -142,7 +142,7 @@ searcher() {  # the recipe search (variants with other target layers last: each 
   # is one feature pass)
   local variants=() v
   for v in ${SEARCH_VARIANTS:-base= layers3=--num-layers=3 gamma5=--gamma=5 \
-      anchors64=--anchors-per-seq=64 lr1e-3=--lr=1e-3 aux6=--num-aux-layers=6}; do
+      anchors64=--anchors-per-seq=64 lr2e-3=--lr=2e-3 aux6=--num-aux-layers=6}; do
     variants+=("--variant=$v")
   done
   $py -m sglang_aux.tools.dflash_recipe_search --recipe $DRAFT \

@@ -71,8 +71,29 @@ class Search:
         if not Path(args.samples_file).is_file():
             raise SearchError(f"--samples-file {args.samples_file}: no such file (write it "
                               "with train_dflash --phase data)")
+        self._check_distinct()
         self.state = self._load()
         self.features = FeatureCache()
+
+    def _check_distinct(self) -> None:
+        """Each variant's flags parsed as its training run parses them, before any model
+        loads: a bad flag stops here, and two variants that would train the same draft (a flag
+        at its recipe's value) stop with one line naming both."""
+        seen: dict[tuple, str] = {}
+        for name, flags in self.variants.items():
+            args = vars(train_dflash.parse_args(self._argv("VARIANT", *self._train_flags(
+                flags))))
+            key = tuple(sorted((k, repr(v)) for k, v in args.items()
+                               if k not in ("out", "checkpoint", "command", "deadline_s")))
+            if key in seen:
+                raise SearchError(f"--variant {name}={flags!r} trains what --variant "
+                                  f"{seen[key]}={self.variants[seen[key]]!r} trains")
+            seen[key] = name
+
+    def _train_flags(self, flags: str) -> list[str]:
+        a = self.args
+        return ["--phase", "train", "--samples-file", str(a.samples_file), "--resume",
+                "--steps", str(a.steps), *shlex.split(flags)]
 
     def _load(self) -> dict:
         """The search so far; a file from another search (recipe, samples, steps or a
@@ -102,11 +123,13 @@ class Search:
         self.root.mkdir(parents=True, exist_ok=True)
         self.path.write_text(json.dumps(self.state, indent=1))
 
-    def _train_dflash(self, name: str, *flags: str) -> Path | None:
+    def _argv(self, name: str, *flags: str) -> list[str]:
         a = self.args
         common = ["--recipe", a.recipe] if a.recipe else []
-        common += [*shlex.split(a.common), "--out", str(self.root / name)]
-        return train_dflash.main([*common, *flags], self.features)
+        return [*common, *shlex.split(a.common), "--out", str(self.root / name), *flags]
+
+    def _train_dflash(self, name: str, *flags: str) -> Path | None:
+        return train_dflash.main(self._argv(name, *flags), self.features)
 
     def run(self) -> bool:
         """Train, then measure, what fits before the deadline; True when every variant is
@@ -127,10 +150,8 @@ class Search:
                 break
             t0 = time.perf_counter()
             out = self._train_dflash(
-                name, "--phase", "train", "--samples-file", str(a.samples_file),
-                "--resume", "--steps", str(a.steps),
-                *(["--deadline-s", str(budget)] if a.deadline_s else []),
-                *shlex.split(v["flags"]))
+                name, *(["--deadline-s", str(budget)] if a.deadline_s else []),
+                *self._train_flags(v["flags"]))
             v["runs"] += 1
             v["train_seconds"] = round(v["train_seconds"] + time.perf_counter() - t0, 1)
             if out is not None:

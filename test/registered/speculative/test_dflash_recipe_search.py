@@ -2,8 +2,8 @@
 recipe: two variants trained on one samples file and measured on held-out GSM8K prompts into
 one table; variants share the features of one set of target layers and train as alone; a
 variant cut mid-training resumes its checkpoint in the next call; a finished search trains
-nothing again; bad input (a variant name, two of one name, a missing samples file, a state
-from another search) stops with one line."""
+nothing again; bad input (a variant name, two of one name, two that train the same draft, a
+missing samples file, a state from another search) stops with one line."""
 
 import json
 import sys
@@ -98,6 +98,8 @@ def test_variants_share_the_features_and_train_as_alone(samples, tmp_path, monke
     (["noequals"], "expected NAME=FLAGS"),
     (["a=--lr 1", "a=--lr 2"], "--variant names must differ"),
     (["a=--lr '1"], "No closing quotation"),
+    (["base=", "lr=--lr 1e-3"], "--variant lr='--lr 1e-3' trains what --variant base='' "
+                                "trains"),
 ])
 def test_bad_variants_are_one_line(samples, tmp_path, variants, says):
     with pytest.raises(SystemExit) as e:

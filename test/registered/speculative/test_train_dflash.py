@@ -608,6 +608,33 @@ def test_smoke_run_writes_a_draft_the_engine_runs_losslessly(target, tmp_path):
     _assert_lossless(target, out)
 
 
+def test_only_a_generating_engine_captures_graphs(target, tmp_path, monkeypatch):
+    """A run that generates its samples captures graphs for the generation; a run that reads
+    them (its feature pass is eager) and the evaluation after it capture none."""
+    local_path_or_skip("train")
+    local_path_or_skip("test")
+    from sglang_aux.tools.dflash_training import evaluate
+
+    captured: list[tuple[bool, int]] = []
+
+    class SpyEngine(Engine):
+        def __init__(self, **kwargs):
+            super().__init__(**kwargs)
+            runners = self.worker.model_runner.graph_runners
+            captured.append(("speculative_algorithm" in kwargs,
+                             sum(len(g.layouts) for g in runners.values())))
+
+    monkeypatch.setattr(train_dflash, "Engine", SpyEngine)
+    monkeypatch.setattr(evaluate, "Engine", SpyEngine)
+    samples, out = tmp_path / "samples.jsonl.xz", tmp_path / "draft"
+    common = ["--smoke", "--target", target, "--out", str(out), "--num-samples", "2",
+              "--steps", "2", "--samples-file", str(samples)]
+    train_dflash.main(common)
+    assert len(captured) == 1 and not captured[0][0] and captured[0][1] > 0
+    train_dflash.main([*common, "--eval", "--eval-num-prompts", "1"])
+    assert captured[1:] == [(False, 0), (True, 0)]
+
+
 def test_eval_measures_accept_on_each_kind_of_prompt(target, tmp_path, caplog):
     """`--eval-tasks gsm8k humaneval chat`: one engine, an accept length per kind, all on the
     card's held-out line; HumanEval and chat answers run to --code-chat-max-new-tokens."""
