@@ -80,9 +80,11 @@ class Search:
         loads: a bad flag stops here, and two variants that would train the same draft (a flag
         at its recipe's value) stop with one line naming both."""
         seen: dict[tuple, str] = {}
+        self.algorithms: dict[str, str] = {}  # each variant's, which its evaluation runs
         for name, flags in self.variants.items():
             args = vars(train_dflash.parse_args(self._argv("VARIANT", *self._train_flags(
                 flags))))
+            self.algorithms[name] = args["algorithm"]
             key = tuple(sorted((k, repr(v)) for k, v in args.items()
                                if k not in ("out", "checkpoint", "command", "deadline_s")))
             if key in seen:
@@ -163,8 +165,10 @@ class Search:
         for name, v in variants.items():
             if v["status"] != "trained" or left() < a.eval_reserve_s:
                 continue
-            # the variant's flags are training's: its folder holds what the engine reads
-            self._train_dflash(name, "--eval-only", "--eval-tasks", *a.eval_tasks,
+            # the variant's flags are training's: its folder holds what the engine reads, and
+            # its algorithm (a DSpark variant of a DFlash recipe) which worker reads it
+            self._train_dflash(name, "--eval-only", "--algorithm", self.algorithms[name],
+                               "--eval-tasks", *a.eval_tasks,
                                "--eval-num-prompts", str(a.eval_num_prompts))
             profile = json.loads((self.root / name / DRAFT_PROFILE).read_text())
             v["accept_per_step"] = {task: round(accept_per_step(h), 4)

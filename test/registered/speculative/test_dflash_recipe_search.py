@@ -12,6 +12,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from sglang_aux.srt.configs.acceptance_profile import DRAFT_PROFILE
 from sglang_aux.test.ci.ci_register import register_cpu_ci
 from sglang_aux.test.gsm8k_data import local_path_or_skip
 from sglang_aux.test.runtime_utils import tiny_checkpoint
@@ -91,6 +92,22 @@ def test_variants_share_the_features_and_train_as_alone(samples, tmp_path, monke
     assert kept.keys() == own.keys() and all(torch.equal(kept[k], own[k]) for k in kept)
     card = (root / "lr" / "README.md").read_text()
     assert "features (kept from an earlier run)" in card
+
+
+def test_a_dspark_variant_is_trained_and_measured_as_dspark(samples, tmp_path):
+    """DSpark beside DFlash on one recipe's samples (issue 41's comparison): the DSpark
+    variant writes a DSpark draft and its evaluation runs the DSpark worker."""
+    root = tmp_path / "s"
+    assert search.main(_argv(root, samples, "dflash=",
+                             "dspark=--algorithm dspark --block-size 3")) is True
+    state = json.loads((root / search.STATE).read_text())
+    for name, arch in (("dflash", "DFlashDraftModel"), ("dspark", "DSparkDraftModel")):
+        assert json.loads((root / name / "config.json").read_text())["architectures"] == [arch]
+        assert state["variants"][name]["status"] == "measured"
+        assert sum(state["variants"][name]["accept_histogram"]["gsm8k"]) > 0
+    assert "--speculative-algorithm DSPARK" in (root / "dspark" / "README.md").read_text()
+    # measured by the DSpark worker: 3 proposals and the anchor a step (DFlash's block 3: 3)
+    assert json.loads((root / "dspark" / DRAFT_PROFILE).read_text())["verify_width"] == 4
 
 
 @pytest.mark.parametrize("variants, says", [
