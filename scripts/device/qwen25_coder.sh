@@ -114,13 +114,14 @@ draft_dir() {
 # trainer generates them into the file.
 samples=$work/samples-$DRAFT.jsonl
 shipped=python/sglang_aux/data/$DRAFT.samples.jsonl.xz
+carried=${CARRIED_SAMPLES:-.carry/qwen-samples}
 samples_file() {
   if [ ! -f "$samples" ] && [ -f "$shipped" ]; then
     echo "$shipped"; return
   fi
   if [ ! -f "$samples" ] && [[ $DRAFT != *-mix ]] \
-      && ls .carry/qwen-samples/samples.jsonl.xz.part-* > /dev/null 2>&1; then
-    cat .carry/qwen-samples/samples.jsonl.xz.part-* | xz -d > "$samples"
+      && ls "$carried"/samples.jsonl.xz.part-* > /dev/null 2>&1; then
+    cat "$carried"/samples.jsonl.xz.part-* | xz -d > "$samples"
   fi
   echo "$samples"
 }
@@ -202,6 +203,7 @@ print(d('$DRAFT').parent)")
     # scripts, GSM8K and HumanEval, so later calls' trees and carries do not move under it.
     job=${phase%-start}
     install_wheels
+    samples_file > /dev/null  # carried samples unpacked here: the job's tree has no .carry of them
     rm -rf $work/$job-tree $work/$job.rc $work/$job.log
     [ $job = train ] && rm -rf $work/draft-parts
     mkdir -p $work/$job-tree/.carry && cp -r python scripts $work/$job-tree/

@@ -150,7 +150,10 @@ case "$1 $2" in
     d=$SGLANG_AUX_CACHE/drafts/$recipe; mkdir -p "$d"; echo '{}' > "$d/config.json"
     echo "# card" > "$d/README.md"; head -c 20971520 /dev/zero > "$d/model.safetensors" ;;
   "-m sglang_aux.tools.dflash_recipe_search")
-    while [ $# -gt 0 ]; do [ "$1" = --root ] && root=$2; shift; done
+    while [ $# -gt 0 ]; do
+      [ "$1" = --root ] && root=$2; [ "$1" = --samples-file ] && s=$2; shift
+    done
+    [ -f "$s" ] && echo "samples $s"
     echo "step 100/200 loss 1.0"; sleep "$STEP_S"; mkdir -p "$root"
     echo "| base | measured |" > "$root/search.md"; echo '{}' > "$root/search.json"
     echo "every variant measured" ;;
@@ -224,3 +227,26 @@ def test_detached_search_outlives_its_call_and_returns_its_table(tmp_path):
     done, out = call("search-wait", 30)
     assert "every variant measured" in done and "still" not in done
     assert (out / "search.md").read_text() == "| base | measured |\n"
+
+
+def test_a_detached_search_reads_the_carried_samples(tmp_path):
+    """A GSM8K recipe's carried samples (xz parts) are unpacked before the job detaches: the
+    job's copy of the tree holds none of them, and without them it would generate its own."""
+    py = tmp_path / "py"
+    py.write_text(TRAINER)
+    py.chmod(0o755)
+    carried = tmp_path / "carried"
+    carried.mkdir()
+    line = '{"prompt_ids": [1, 2], "output_ids": [3]}\n'
+    subprocess.run(f"printf '%s' '{line}' | xz | split -b 8 - "
+                   f"{carried}/samples.jsonl.xz.part-", shell=True, check=True)
+    env = {**os.environ, "PY": str(py), "REAL_PY": sys.executable, "WORK": str(tmp_path),
+           "STEP_S": "1", "DRAFT": "qwen2.5-coder-1.5b-instruct-dflash-b16",
+           "CARRIED_SAMPLES": os.path.relpath(carried, REPO)}  # relative, as .carry/ is
+    call = partial(_phase, env, tmp_path)
+    call("search-start", 1)
+    done, _ = call("search-wait", 30)
+    assert "every variant measured" in done
+    unpacked = tmp_path / f"samples-{env['DRAFT']}.jsonl"
+    assert unpacked.read_text() == line
+    assert f"samples {unpacked}\n" in (tmp_path / "search.log").read_text()
