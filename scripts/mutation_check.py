@@ -79,6 +79,12 @@ MUTATIONS = [
              "stat.st_size, stat.st_mtime_ns, cut, args.algorithm)",
              (f"{T}/speculative/test_dflash_recipe_search.py::"
               "test_variants_share_the_features_and_train_as_alone",)),
+    Mutation("pinned feature rows ignore the host's margin",
+             "python/sglang_aux/tools/dflash_training/features.py",
+             "if available is not None and available - nbytes < HOST_MARGIN_BYTES:",
+             "if available is not None and available < nbytes:",
+             (f"{T}/speculative/test_train_dflash.py::"
+              "test_rows_past_the_hosts_memory_stop_in_one_line_before_pinning",)),
     Mutation("an engine that reads its samples captures graphs it never replays",
              "python/sglang_aux/tools/train_dflash.py",
              "model_path=target, **_engine_args(args, args.gen_batch, graphs=not loaded))",

@@ -43,6 +43,7 @@ from sglang_aux.test.runtime_utils import (
     tiny_checkpoint,
 )
 from sglang_aux.tools import train_dflash
+from sglang_aux.tools.dflash_training import features
 from sglang_aux.tools.dflash_training.code_tasks import TASKS_FILE
 from sglang_aux.tools.dflash_training.data import (
     BadInputError,
@@ -273,6 +274,25 @@ def test_features_read_the_shared_prefix_from_the_kv_cache(target):
         # fp32 rounding only: matmul blocking differs with the forward's token count
         torch.testing.assert_close(prefix, whole[:skip], rtol=1e-4, atol=1e-4)
         torch.testing.assert_close(own, whole[skip:], rtol=1e-4, atol=1e-4)
+
+
+def test_rows_past_the_hosts_memory_stop_in_one_line_before_pinning(monkeypatch):
+    """Pinned rows that would leave the host less than its margin stop with one line naming
+    the way out (the kernel would kill the process without one); the count of what is pinned
+    is kept."""
+    assert features.host_available_bytes() > 0  # Linux: /proc/meminfo's MemAvailable
+    host = features.HostRows()
+    left = features.HOST_MARGIN_BYTES + features.HOST_CHUNK_BYTES // 2
+    monkeypatch.setattr(features, "host_available_bytes", lambda: left)
+    with pytest.raises(MemoryError, match=r"0\.0 GB pinned, .* GB more would leave less than "
+                                          r"8 GiB: train on fewer samples \(--num-samples\)"):
+        host.copy(torch.zeros(4, 8))
+    big = torch.zeros(features.HOST_CHUNK_BYTES // 4 + 1)  # a copy of its own: over a chunk
+    with pytest.raises(MemoryError, match="need more host memory"):
+        host.copy(big)
+    assert host.pinned == 0 and host.chunk is None
+    host._reserve(1 << 20)  # what fits is counted
+    assert host.pinned == 1 << 20
 
 
 def test_large_drafts_are_written_in_shards_the_loader_reads(target, tmp_path):
