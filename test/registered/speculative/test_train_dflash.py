@@ -285,7 +285,7 @@ def test_rows_past_the_hosts_memory_stop_in_one_line_before_pinning(monkeypatch)
     left = features.HOST_MARGIN_BYTES + features.HOST_CHUNK_BYTES // 2
     monkeypatch.setattr(features, "host_available_bytes", lambda: left)
     with pytest.raises(MemoryError, match=r"0\.0 GB pinned, .* GB more would leave less than "
-                                          r"8 GiB: train on fewer samples \(--num-samples\)"):
+                                          r"2 GiB: train on fewer samples \(--num-samples\)"):
         host.copy(torch.zeros(4, 8))
     big = torch.zeros(features.HOST_CHUNK_BYTES // 4 + 1)  # a copy of its own: over a chunk
     with pytest.raises(MemoryError, match="need more host memory"):
