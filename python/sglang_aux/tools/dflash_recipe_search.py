@@ -71,26 +71,28 @@ class Search:
         if not Path(args.samples_file).is_file():
             raise SearchError(f"--samples-file {args.samples_file}: no such file (write it "
                               "with train_dflash --phase data)")
-        self._check_distinct()
+        self.algorithms = self._check_distinct()  # each variant's, which its evaluation runs
         self.state = self._load()
         self.features = FeatureCache()
 
-    def _check_distinct(self) -> None:
+    def _check_distinct(self) -> dict[str, str]:
         """Each variant's flags parsed as its training run parses them, before any model
         loads: a bad flag stops here, and two variants that would train the same draft (a flag
-        at its recipe's value) stop with one line naming both."""
+        at its recipe's value) stop with one line naming both. Returns each one's
+        algorithm."""
         seen: dict[tuple, str] = {}
-        self.algorithms: dict[str, str] = {}  # each variant's, which its evaluation runs
+        algorithms = {}
         for name, flags in self.variants.items():
             args = vars(train_dflash.parse_args(self._argv("VARIANT", *self._train_flags(
                 flags))))
-            self.algorithms[name] = args["algorithm"]
+            algorithms[name] = args["algorithm"]
             key = tuple(sorted((k, repr(v)) for k, v in args.items()
                                if k not in ("out", "checkpoint", "command", "deadline_s")))
             if key in seen:
                 raise SearchError(f"--variant {name}={flags!r} trains what --variant "
                                   f"{seen[key]}={self.variants[seen[key]]!r} trains")
             seen[key] = name
+        return algorithms
 
     def _train_flags(self, flags: str) -> list[str]:
         a = self.args
