@@ -87,8 +87,8 @@ MUTATIONS = [
               "test_rows_past_the_hosts_memory_stop_in_one_line_before_pinning",)),
     Mutation("an engine that reads its samples captures graphs it never replays",
              "python/sglang_aux/tools/train_dflash.py",
-             "model_path=target, **_engine_args(args, args.gen_batch, graphs=not loaded))",
-             "model_path=target, **_engine_args(args, args.gen_batch, graphs=True))",
+             "**(_feature_engine_args(args) if loaded else _engine_args(args, args.gen_batch)))",
+             "**_engine_args(args, args.gen_batch))",
              (f"{T}/speculative/test_train_dflash.py::"
               "test_only_a_generating_engine_captures_graphs",)),
     Mutation("training step zeroes gradients after the objective",

@@ -83,7 +83,7 @@ from sglang_aux.tools.dflash_training.export import (
     write_draft,
 )
 from sglang_aux.tools.dflash_training.feature_cache import FeatureCache, Features
-from sglang_aux.tools.dflash_training.features import extract_aux
+from sglang_aux.tools.dflash_training.features import MAX_FORWARD_TOKENS, extract_aux
 from sglang_aux.tools.dflash_training.prompt_mix import prompt_sets
 from sglang_aux.tools.dflash_training.recipes import RECIPES, SMOKE_DEFAULTS
 from sglang_aux.tools.dflash_training.trainer import SequenceSet, TrainConfig, Trainer
@@ -288,6 +288,15 @@ def _engine_args(args: argparse.Namespace, batch: int, graphs: bool = True) -> d
                 **({} if graphs else EAGER))
 
 
+def _feature_engine_args(args: argparse.Namespace) -> dict:
+    """The engine of a run that reads its samples: eager, and K/V for what the feature pass
+    holds at once (a shared prefix, one forward's tokens or one longest sample), not for a
+    generating batch: Qwen2.5-1.5B's 256 x 2,048 tokens of it (15 GB) would stay allocated
+    through training, where features could be."""
+    return _engine_args(args, args.gen_batch, graphs=False) | {
+        "max_total_tokens": max(MAX_FORWARD_TOKENS, args.context_length) + args.context_length}
+
+
 def _train_prompts(args: argparse.Namespace) -> list[str]:
     """The training questions' prompts: the train file without its shots and the last
     `--holdout` questions, the first `--num-samples` of them."""
@@ -449,7 +458,7 @@ def _feature_key(args: argparse.Namespace, target: str) -> tuple:
     path = Path(args.samples_file)
     stat = path.stat()
     cut = None if args.code_tasks or args.chat_instructions else args.num_samples
-    return (target, tuple(sorted(_engine_args(args, args.gen_batch, False).items())), str(path),
+    return (target, tuple(sorted(_feature_engine_args(args).items())), str(path),
             stat.st_size, stat.st_mtime_ns, cut, args.num_aux_layers, args.algorithm)
 
 
@@ -467,7 +476,8 @@ def train(args: argparse.Namespace, target: str, started: float,
     if key is not None and kept is None:
         features.clear()  # another run's: its memory goes before this run's engine comes
     engine = kept.engine if kept else Engine(
-        model_path=target, **_engine_args(args, args.gen_batch, graphs=not loaded))
+        model_path=target,
+        **(_feature_engine_args(args) if loaded else _engine_args(args, args.gen_batch)))
     runner = engine.worker.model_runner
     mask_name, mask_id = resolve_mask_token(engine.tokenizer, args.mask_token)
     dspark = args.algorithm == "dspark"

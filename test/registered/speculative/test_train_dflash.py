@@ -630,19 +630,22 @@ def test_smoke_run_writes_a_draft_the_engine_runs_losslessly(target, tmp_path):
 
 def test_only_a_generating_engine_captures_graphs(target, tmp_path, monkeypatch):
     """A run that generates its samples captures graphs for the generation; a run that reads
-    them (its feature pass is eager) and the evaluation after it capture none."""
+    them (its feature pass is eager) and the evaluation after it capture none, and the reading
+    run's K/V holds what the feature pass holds at once, not a generating batch's."""
     local_path_or_skip("train")
     local_path_or_skip("test")
     from sglang_aux.tools.dflash_training import evaluate
 
     captured: list[tuple[bool, int]] = []
+    kv_tokens: list[int] = []
 
     class SpyEngine(Engine):
         def __init__(self, **kwargs):
             super().__init__(**kwargs)
-            runners = self.worker.model_runner.graph_runners
+            runner = self.worker.model_runner
             captured.append(("speculative_algorithm" in kwargs,
-                             sum(len(g.layouts) for g in runners.values())))
+                             sum(len(g.layouts) for g in runner.graph_runners.values())))
+            kv_tokens.append(runner.token_to_kv_pool_allocator.size)
 
     monkeypatch.setattr(train_dflash, "Engine", SpyEngine)
     monkeypatch.setattr(evaluate, "Engine", SpyEngine)
@@ -653,6 +656,9 @@ def test_only_a_generating_engine_captures_graphs(target, tmp_path, monkeypatch)
     assert len(captured) == 1 and not captured[0][0] and captured[0][1] > 0
     train_dflash.main([*common, "--eval", "--eval-num-prompts", "1"])
     assert captured[1:] == [(False, 0), (True, 0)]
+    smoke = train_dflash.SMOKE_DEFAULTS  # context 1,024, a generating batch of 8
+    assert kv_tokens[:2] == [smoke["gen_batch"] * smoke["context_length"],
+                             features.MAX_FORWARD_TOKENS + smoke["context_length"]]
 
 
 def test_eval_measures_accept_on_each_kind_of_prompt(target, tmp_path, caplog):
