@@ -237,11 +237,16 @@ print(d('$DRAFT').parent)")
     # or `search-start` once and `search-wait` until it has: one feature pass a set of layers
     searcher 2>&1 | grep -v Warning | grep -E "^\||every variant|stopped|rror"
     cp $work/search/search.json $work/search/search.md "$out/" 2>/dev/null; ls "$out" ;;
-  search-wait)  # until the detached search ends or WAIT seconds pass: its table so far
+  search-wait)  # until the detached search ends or WAIT seconds pass: its table so far;
+    # once ended, its whole log too (xz: the variants' curves, a --profile-steps table)
     wait_for search
     grep -v Warning $work/search.log | grep -E "step .*00/|eval:|every variant|stopped|rror" \
       | tail -20
-    [ -f $work/search.rc ] || echo "still searching"
+    if [ -f $work/search.rc ]; then
+      grep -v -e Warning -e "aux states for" $work/search.log | xz > "$out/search.log.xz"
+    else
+      echo "still searching"
+    fi
     cp $work/search/search.json $work/search/search.md "$out/" 2>/dev/null; ls "$out" ;;
   gen)  # the data alone, so the next call (`train`) trains for its whole 10 minutes
     install_wheels  # the prompts' modules import the server's protocol (fastapi)

@@ -227,6 +227,9 @@ def test_detached_search_outlives_its_call_and_returns_its_table(tmp_path):
     done, out = call("search-wait", 30)
     assert "every variant measured" in done and "still" not in done
     assert (out / "search.md").read_text() == "| base | measured |\n"
+    log = subprocess.run(["xz", "-dc", str(out / "search.log.xz")], capture_output=True,
+                         text=True, check=True).stdout
+    assert "step 100/200 loss 1.0" in log and "every variant measured" in log
 
 
 def test_a_detached_search_reads_the_carried_samples(tmp_path):
