@@ -11,6 +11,7 @@ import os
 os.environ["TRITON_INTERPRET"] = "1"
 
 import json  # noqa: E402
+import logging  # noqa: E402
 import shutil  # noqa: E402
 import sys  # noqa: E402
 
@@ -258,6 +259,23 @@ def test_dspark_refuses_logprobs(ckpts):
                         return_logprob=True)
     out = engine.generate(SPEC_PROMPTS[0], dict(GREEDY_IGNORE_EOS, max_new_tokens=4))  # serving
     assert out["meta_info"]["completion_tokens"] == 4
+
+
+def test_dflash_serves_a_dspark_draft_with_a_warning(ckpts, target_only, caplog):
+    """A DSpark draft given to DFLASH runs as a DFlash draft (its Markov head unread), still
+    lossless, and the log says so."""
+    with caplog.at_level(logging.WARNING, logger="sglang_aux.srt.speculative.dflash_worker"):
+        engine = Engine(model_path=ckpts["tiny-llama"], speculative_algorithm="DFLASH",
+                        speculative_draft_model_path=ckpts["tiny-llama-dspark"],
+                        **SPEC_ENGINE_KW)
+    assert any("is a DSpark draft" in r.getMessage() and "Markov head" in r.getMessage()
+               for r in caplog.records)
+    outs = engine.generate(SPEC_PROMPTS, STAGGERED)
+    assert [o["output_ids"] for o in outs] == [o["output_ids"] for o in target_only["tiny-llama"]]
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="sglang_aux.srt.speculative.dflash_worker"):
+        _dspark(ckpts)
+    assert not caplog.records  # DSPARK reads the head: nothing to say
 
 
 def test_dspark_start_errors(ckpts, tmp_path):

@@ -36,6 +36,7 @@ their draft context, so a later step speculates again.
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections.abc import Callable
 
 import torch
@@ -73,6 +74,8 @@ from sglang_aux.srt.speculative.draft_proposals import DFlashProposer, Proposals
 from sglang_aux.srt.speculative.step_cost_probe import measure_step_costs
 from sglang_aux.srt.speculative.verify_plan import VerifyPlan
 
+logger = logging.getLogger(__name__)
+
 # (requests, their DRAFT_BLOCK batch, after its forward) -> proposals `[bs, W - 1]`. Sampled
 # requests are verified against the distributions the draft forward left in
 # `Proposals.probs`, so a replacement (tests) serves greedy requests.
@@ -94,6 +97,11 @@ class DFlashWorker(RequestRowStaging):
             raise ValueError(f"the draft's mask_token_id {dc.mask_token_id} is outside the "
                              f"target's vocabulary [0, {vocab})")
         draft_config.hf_config.dflash_config = dc.as_dflash_config()  # the draft reads it whole
+        if type(self) is DFlashWorker and "DSparkDraftModel" in (
+                getattr(draft_config.hf_config, "architectures", None) or ()):
+            logger.warning("%s is a DSpark draft: --speculative-algorithm DFLASH runs its DFlash "
+                           "layers and never reads its Markov head (DSPARK does)",
+                           draft_config.model_path)
         self.verify_width = w = (verify_width or server_args.speculative_verify_width
                                  or dc.draft_block_size)
         # the draft length flags checked against the draft before the models load
