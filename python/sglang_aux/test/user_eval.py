@@ -217,12 +217,10 @@ def main(argv: list[str] | None = None) -> dict:
     for config in args.configs:
         config_runs, texts[config] = evaluate_config(args, config, tasks, problems, labels)
         runs += config_runs
-    same = ({t: texts["target"][t] == texts["dflash"][t] for t in tasks}
-            if set(texts) == set(CONFIGS) else {})
-    result = {"model": args.model_path, "draft": args.draft,
-              "max_new_tokens": args.max_new_tokens, "runs": [asdict(r) for r in runs],
-              "same_outputs": same, "humaneval_verdicts_differ": _differing_verdicts(runs)}
-    (Path(args.out) / "user_eval.json").write_text(json.dumps(result, indent=1))
+        # written after each configuration: a later one that fails keeps the earlier's runs
+        result = _result(args, tasks, runs, texts)
+        (Path(args.out) / "user_eval.json").write_text(json.dumps(result, indent=1))
+    same = result["same_outputs"]
     if same:
         print("DFlash outputs equal target-only's: " +
               ", ".join(f"{t} {'yes' if s else 'NO'}" for t, s in same.items()))
@@ -230,6 +228,15 @@ def main(argv: list[str] | None = None) -> dict:
         print("HumanEval verdicts that differ (target-only, DFlash): " + ", ".join(
             f"{k} ({a}, {b})" for k, (a, b) in result["humaneval_verdicts_differ"].items()))
     return result
+
+
+def _result(args: argparse.Namespace, tasks: dict[str, Task], runs: list[Run],
+            texts: dict[str, dict[str, list[str]]]) -> dict:
+    same = ({t: texts["target"][t] == texts["dflash"][t] for t in tasks}
+            if set(texts) == set(CONFIGS) else {})
+    return {"model": args.model_path, "draft": args.draft,
+            "max_new_tokens": args.max_new_tokens, "runs": [asdict(r) for r in runs],
+            "same_outputs": same, "humaneval_verdicts_differ": _differing_verdicts(runs)}
 
 
 def _differing_verdicts(runs: list[Run]) -> dict[str, tuple[str, str]]:

@@ -87,6 +87,24 @@ def test_target_and_dflash_servers_report_every_task(files, tmp_path):
     assert (out / "server_dflash.log").is_file()
 
 
+def test_a_configuration_that_fails_keeps_the_earlier_ones_runs(files, tmp_path):
+    """The table is written after each configuration: a DFlash server that cannot start (its
+    draft folder is missing) fails the evaluation, and target-only's runs are on disk."""
+    ckpt = pair_checkpoints(tmp_path / "ckpt", {"tiny-llama": "tiny-llama-dflash"})
+    out = tmp_path / "out"
+    with pytest.raises(RuntimeError, match="server did not become healthy"):
+        user_eval.main([
+            "--model-path", ckpt["tiny-llama"], "--draft", str(tmp_path / "no-draft"),
+            "--tasks", "gsm8k", "--parallel", "2", "--max-new-tokens", "4", "--num-gsm8k", "2",
+            "--num-shots", "1", "--gsm8k-data-path", str(files / "test.jsonl"),
+            "--server-flags", "--device cpu --context-length 1024 --max-running-requests 4",
+            "--out", str(out)])
+    kept = json.loads((out / "user_eval.json").read_text())
+    assert [(r["config"], r["task"], r["parallel"]) for r in kept["runs"]] == [
+        ("target", "gsm8k", 2)]
+    assert kept["same_outputs"] == {}
+
+
 def test_verdicts_that_differ_between_target_and_dflash_are_named():
     def run(config, task, verdicts):
         return user_eval.Run(config, task, 32, 2, 1.0, 1.0, 1.0, 2, 0.5, verdicts)
