@@ -140,11 +140,12 @@ pack_draft() {  # the trained draft's card, and its 16 MiB tar parts, SEND_PARTS
   ls -la "$draft"
 }
 searcher() {  # the recipe search (variants with other target layers last: each set of layers
-  # is one feature pass); SEARCH_COMMON: train_dflash flags every variant gets
+  # is one feature pass); SEARCH_VARIANTS: NAME=FLAGS words, a variant's flags joined by commas
+  # (wide=--num-layers=5,--intermediate-size=8960); SEARCH_COMMON: flags every variant gets
   local variants=() v
   for v in ${SEARCH_VARIANTS:-base= layers3=--num-layers=3 gamma5=--gamma=5 \
       anchors64=--anchors-per-seq=64 lr2e-3=--lr=2e-3 aux6=--num-aux-layers=6}; do
-    variants+=("--variant=$v")
+    variants+=("--variant=${v//,/ }")
   done
   $py -m sglang_aux.tools.dflash_recipe_search --recipe $DRAFT \
     --samples-file "$(samples_file)" --root $work/search --steps "${SEARCH_STEPS:-2000}" \

@@ -151,7 +151,8 @@ case "$1 $2" in
     echo "# card" > "$d/README.md"; head -c 20971520 /dev/zero > "$d/model.safetensors" ;;
   "-m sglang_aux.tools.dflash_recipe_search")
     while [ $# -gt 0 ]; do
-      [ "$1" = --root ] && root=$2; [ "$1" = --samples-file ] && s=$2; shift
+      [ "$1" = --root ] && root=$2; [ "$1" = --samples-file ] && s=$2
+      case "$1" in --variant=*) echo "variant [${1#--variant=}]" ;; esac; shift
     done
     [ -f "$s" ] && echo "samples $s"
     echo "step 100/200 loss 1.0"; sleep "$STEP_S"; mkdir -p "$root"
@@ -234,7 +235,8 @@ def test_detached_search_outlives_its_call_and_returns_its_table(tmp_path):
 
 def test_a_detached_search_reads_the_carried_samples(tmp_path):
     """A GSM8K recipe's carried samples (xz parts) are unpacked before the job detaches: the
-    job's copy of the tree holds none of them, and without them it would generate its own."""
+    job's copy of the tree holds none of them, and without them it would generate its own;
+    SEARCH_VARIANTS' commas join one variant's flags."""
     py = tmp_path / "py"
     py.write_text(TRAINER)
     py.chmod(0o755)
@@ -245,11 +247,15 @@ def test_a_detached_search_reads_the_carried_samples(tmp_path):
                    f"{carried}/samples.jsonl.xz.part-", shell=True, check=True)
     env = {**os.environ, "PY": str(py), "REAL_PY": sys.executable, "WORK": str(tmp_path),
            "STEP_S": "1", "DRAFT": "qwen2.5-coder-1.5b-instruct-dflash-b16",
-           "CARRIED_SAMPLES": os.path.relpath(carried, REPO)}  # relative, as .carry/ is
+           "CARRIED_SAMPLES": os.path.relpath(carried, REPO),  # relative, as .carry/ is
+           "SEARCH_VARIANTS": "base= wide=--num-layers=5,--intermediate-size=8960"}
     call = partial(_phase, env, tmp_path)
     call("search-start", 1)
     done, _ = call("search-wait", 30)
     assert "every variant measured" in done
     unpacked = tmp_path / f"samples-{env['DRAFT']}.jsonl"
     assert unpacked.read_text() == line
-    assert f"samples {unpacked}\n" in (tmp_path / "search.log").read_text()
+    log = (tmp_path / "search.log").read_text()
+    assert f"samples {unpacked}\n" in log
+    # a variant's flags joined by commas reach the search as one variant
+    assert "variant [base=]\nvariant [wide=--num-layers=5 --intermediate-size=8960]\n" in log
