@@ -497,7 +497,8 @@ def train(args: argparse.Namespace, target: str, started: float,
         samples = _generate(args, engine, started)
         if args.samples_file:
             save_samples(samples, args.samples_file)
-    timings["load samples" if loaded else "generate"] = time.perf_counter() - t0
+    timings["engine and samples" if loaded else "engine and generation"] = (
+        time.perf_counter() - t0)
     check_no_eval_prompts(samples, engine.tokenizer.decode, _eval_sets(args, samples),
                           args.samples_file or "the generated samples")
     if args.phase == "data":
