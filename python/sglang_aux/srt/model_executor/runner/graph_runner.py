@@ -101,7 +101,11 @@ class GraphRunner:
     def capture(self, added: list[ForwardLayout] | None = None) -> None:
         """Capture every layout, largest first (later graphs reuse its pool blocks); or, once
         captured, the `added` layouts too (a step's narrower widths: the buffers, sized for
-        the first layouts, must hold them)."""
+        the first layouts, must hold them), inside the backend's `capture_session`."""
+        with self.backend.capture_session():
+            self._capture(added)
+
+    def _capture(self, added: list[ForwardLayout] | None) -> None:
         if added is not None:
             b = self.buffers
             too_big = [x for x in added if x.mode != self.mode

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
 from sglang_aux.srt.layers.logits_processor import LogitsProcessorOutput
@@ -30,6 +31,10 @@ class GraphBackend(ABC):
 
     def synchronize(self) -> None:
         """Wait for captured work (a no-op off the GPU)."""
+
+    def capture_session(self) -> AbstractContextManager[None]:
+        """Held around a runner's run of captures (nothing off the GPU)."""
+        return nullcontext()
 
     def warm_and_capture(self, fn: CapturedFn) -> tuple[Any, LogitsProcessorOutput]:
         """`NUM_WARMUPS` eager runs of `fn`, then `capture(fn)`."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+from contextlib import AbstractContextManager
 
 import torch
 
@@ -12,6 +13,7 @@ from sglang_aux.srt.model_executor.runner_backend.base import (
     CapturedFn,
     GraphBackend,
 )
+from sglang_aux.srt.model_executor.runner_utils.frozen_gc import frozen_gc, in_frozen_gc
 from sglang_aux.srt.model_executor.runner_utils.pool import get_global_graph_memory_pool
 
 
@@ -24,8 +26,10 @@ class CudaGraphBackend(GraphBackend):
         graph = torch.cuda.CUDAGraph()
         # A collection during capture may free garbage that holds CUDA state (a pinned
         # readback buffer records an event on the default stream as it goes back to its
-        # allocator), which invalidates the capture: collect first, none while capturing.
-        gc.collect()
+        # allocator), which invalidates the capture: collect first, none while capturing
+        # (inside `capture_session`, which `GraphRunner.capture` holds, that one is done).
+        if not in_frozen_gc():
+            gc.collect()
         torch.cuda.synchronize(self.device)
         pool = get_global_graph_memory_pool(holder=self)
         enabled = gc.isenabled()
@@ -50,6 +54,10 @@ class CudaGraphBackend(GraphBackend):
         torch.cuda.current_stream(self.device).wait_stream(self.stream)
         self.synchronize()
         return self.capture(fn)
+
+    def capture_session(self) -> AbstractContextManager[None]:
+        """The heap frozen (`frozen_gc`): one full collection for the run, not one a graph."""
+        return frozen_gc()
 
     def replay(self, handle: torch.cuda.CUDAGraph) -> None:
         handle.replay()
