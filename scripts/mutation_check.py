@@ -91,6 +91,11 @@ MUTATIONS = [
              "**_engine_args(args, args.gen_batch))",
              (f"{T}/speculative/test_train_dflash.py::"
               "test_only_a_generating_engine_captures_graphs",)),
+    Mutation("a nested frozen-heap block unfreezes the heap as it ends",
+             f"{SRT}/model_executor/runner_utils/frozen_gc.py",
+             "    if _depth:\n        _depth += 1",
+             "    if False:\n        _depth += 1",
+             (f"{T}/model_executor/test_frozen_gc.py",)),
     Mutation("training step zeroes gradients after the objective",
              "python/sglang_aux/tools/dflash_training/trainer.py",
              "        self.opt.zero_grad(set_to_none=True)\n        with torch.autocast(\"cuda\","
