@@ -53,7 +53,7 @@ def one(a: argparse.Namespace) -> dict:
     start = time.perf_counter()
     engine = Engine(model_path=a.preset, load_format="dummy", speculative_algorithm="DFLASH",
                     speculative_draft_model_path=f"{a.preset}-dflash",
-                    speculative_acceptance_profile=None if a.profile == "none" else a.profile,
+                    speculative_acceptance_profile=a.profile,
                     max_running_requests=a.max_running_requests, context_length=2048)
     seconds = time.perf_counter() - start
     t = time.perf_counter()
