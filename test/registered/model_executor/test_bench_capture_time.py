@@ -39,3 +39,9 @@ def test_a_failed_run_names_its_way():
                           "--profile", "none", "--order", "old"], capture_output=True,
                          text=True, env=env, timeout=300)
     assert run.returncode != 0 and "old run failed" in run.stderr
+
+
+if __name__ == "__main__":
+    import pytest
+
+    sys.exit(pytest.main([__file__, "-q"]))

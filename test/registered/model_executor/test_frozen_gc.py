@@ -68,3 +68,9 @@ def test_eager_capture_collects_nothing(tmp_path):
     assert len(runner.step_graphs.layouts) == 5
     assert type(runner.step_graphs.backend).__name__ == "EagerReplayBackend"
     assert starts == []
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(pytest.main([__file__, "-q"]))
