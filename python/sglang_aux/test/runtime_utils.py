@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -47,6 +48,21 @@ def make_runner(model_path: str, *, aux_layer_ids: list[int] | None = None,
     args = ServerArgs(model_path=model_path, **server_args)
     return ModelRunner(ModelConfig.from_pretrained(model_path), args, aux_layer_ids=aux_layer_ids,
                        model=model)
+
+
+@contextmanager
+def full_collections() -> Iterator[list[int]]:
+    """A list that gets one entry per full (generation-2) collection started in the block."""
+    starts: list[int] = []
+
+    def count(phase: str, info: dict) -> None:
+        if phase == "start" and info["generation"] == 2:
+            starts.append(1)
+    gc.callbacks.append(count)
+    try:
+        yield starts
+    finally:
+        gc.callbacks.remove(count)
 
 
 @contextmanager

@@ -12,6 +12,7 @@ from sglang_aux.srt.model_executor.runner.step_prologue import StepPrologue
 from sglang_aux.test.ci.ci_register import register_cuda_ci
 from sglang_aux.test.runtime_utils import (
     eager_forward,
+    full_collections,
     make_runner,
     prefill_random,
     release,
@@ -97,16 +98,8 @@ def test_capture_collects_the_heap_once(tmp_path):
     """A run of captures pays one full collection (`frozen_gc`), not one per graph: a
     server's heap takes ~0.1 s to collect, and a DFlash server captures hundreds of graphs."""
     runner = _runner(tmp_path, "tiny-k3", [1, 3, 5])
-    starts = []
-
-    def cb(phase, info):
-        if phase == "start" and info["generation"] == 2:
-            starts.append(1)
-    gc.callbacks.append(cb)
-    try:
+    with full_collections() as starts:
         _steps(runner)
-    finally:
-        gc.callbacks.remove(cb)
     assert len(runner.step_graphs.graphs) == len(CAPTURE)
     assert len(starts) == 1
     assert gc.isenabled() and gc.get_freeze_count() == 0

@@ -10,29 +10,17 @@ from sglang_aux.srt.model_executor.runner.forward_parts import ForwardParts
 from sglang_aux.srt.model_executor.runner.step_prologue import StepPrologue
 from sglang_aux.srt.model_executor.runner_utils.frozen_gc import frozen_gc, in_frozen_gc
 from sglang_aux.test.ci.ci_register import register_cpu_ci
-from sglang_aux.test.runtime_utils import make_runner, tiny_checkpoint
+from sglang_aux.test.runtime_utils import full_collections, make_runner, tiny_checkpoint
 
 register_cpu_ci(est_time=20, suite="default")
-
-
-def _full_collections():
-    """A list that counts the generation-2 collections started while the callback is set."""
-    starts = []
-
-    def cb(phase, info):
-        if phase == "start" and info["generation"] == 2:
-            starts.append(1)
-    gc.callbacks.append(cb)
-    return starts, lambda: gc.callbacks.remove(cb)
 
 
 @pytest.mark.parametrize("enabled", [True, False])
 def test_frozen_gc_freezes_once_and_restores(enabled):
     (gc.enable if enabled else gc.disable)()
     try:
-        starts, stop = _full_collections()
         before = gc.get_freeze_count()
-        with frozen_gc():
+        with full_collections() as starts, frozen_gc():
             assert in_frozen_gc() and not gc.isenabled()
             frozen = gc.get_freeze_count()
             assert frozen > before
@@ -40,7 +28,6 @@ def test_frozen_gc_freezes_once_and_restores(enabled):
                 assert gc.get_freeze_count() == frozen
             assert in_frozen_gc() and gc.get_freeze_count() == frozen
             assert not gc.isenabled()
-        stop()
         assert len(starts) == 1
         assert not in_frozen_gc() and gc.get_freeze_count() == before
         assert gc.isenabled() == enabled
@@ -59,12 +46,9 @@ def test_eager_capture_collects_nothing(tmp_path):
     CUDA backend's one collection a run: `test_decode_cuda_graph_runner_cuda.py`)."""
     runner = make_runner(tiny_checkpoint("tiny-llama", tmp_path), device="cpu",
                          max_running_requests=8, cuda_graph_bs_decode=[1, 2, 4, 6, 8])
-    starts, stop = _full_collections()
-    try:
+    with full_collections() as starts:
         runner.init_forwards(ForwardParts(ForwardMode.DECODE, 1, StepPrologue(
             block_tokens=lambda bs: torch.zeros(bs, 0, dtype=torch.int64))))
-    finally:
-        stop()
     assert len(runner.step_graphs.layouts) == 5
     assert type(runner.step_graphs.backend).__name__ == "EagerReplayBackend"
     assert starts == []
