@@ -10,7 +10,9 @@ DFlash start-up does (full-width graphs, the step-cost probe, then the derived d
 length schedule's narrower widths). `old` restores the per-graph collection: no frozen heap,
 and `CudaGraphBackend.capture` collecting before each graph. Reported per run: the engine's
 start seconds, every "Captured ..." line's graph count and seconds, the heap's objects and
-what one full collection of it takes.
+what one full collection of it takes. Compare the ways by the engine's start: a capture run's
+logged seconds hold the old way's per-graph collections but not the new way's one collection
+before the run.
 """
 
 from __future__ import annotations
