@@ -17,6 +17,7 @@ register_cpu_ci(est_time=20, suite="default")
 
 @pytest.mark.parametrize("enabled", [True, False])
 def test_frozen_gc_freezes_once_and_restores(enabled):
+    gc.unfreeze()  # a process may start with objects frozen (the H100 run: 375)
     (gc.enable if enabled else gc.disable)()
     try:
         before = gc.get_freeze_count()
@@ -35,7 +36,21 @@ def test_frozen_gc_freezes_once_and_restores(enabled):
         gc.enable()
 
 
+def test_frozen_gc_keeps_what_was_frozen_before():
+    """Objects the caller froze stay frozen after the block (only whole thaws exist)."""
+    gc.freeze()
+    try:
+        before = gc.get_freeze_count()
+        assert before > 0
+        with frozen_gc():
+            assert gc.get_freeze_count() >= before
+        assert gc.get_freeze_count() >= before and gc.isenabled()
+    finally:
+        gc.unfreeze()
+
+
 def test_frozen_gc_restores_after_an_error():
+    gc.unfreeze()
     with pytest.raises(RuntimeError, match="inside"), frozen_gc():
         raise RuntimeError("inside")
     assert not in_frozen_gc() and gc.isenabled() and gc.get_freeze_count() == 0

@@ -16,7 +16,9 @@ def frozen_gc() -> Iterator[None]:
     during a capture may free garbage holding CUDA state and invalidate it; a collection of
     a server's heap costs ~0.1 s, paid before each of hundreds of captures before this. Any
     collection inside the block (ours, or torch's before a capture) scans only what the
-    block made."""
+    block made. Objects frozen before the outermost block (by the hosting process)
+    stay frozen: Python thaws the permanent generation only whole, so then ours stay with
+    them."""
     global _depth
     if _depth:
         _depth += 1
@@ -25,7 +27,7 @@ def frozen_gc() -> Iterator[None]:
         finally:
             _depth -= 1
         return
-    enabled = gc.isenabled()
+    enabled, thaw = gc.isenabled(), gc.get_freeze_count() == 0
     gc.collect()
     gc.freeze()
     gc.disable()
@@ -34,7 +36,8 @@ def frozen_gc() -> Iterator[None]:
         yield
     finally:
         _depth = 0
-        gc.unfreeze()
+        if thaw:
+            gc.unfreeze()
         if enabled:
             gc.enable()
 
