@@ -5,21 +5,22 @@
         --out graph_replay.json
 
 For each preset (random weights, `--load-format dummy`), a target-only engine's DECODE graphs,
-and a DFLASH engine's TARGET_VERIFY graphs and its draft's DRAFT_BLOCK graphs (the block of
-the `<preset>-dflash` draft), are replayed over live-looking inputs: every request row maps
-`--context` tokens to distinct KV slots (the draft's: its own context K/V), so attention reads
-a real context. Replay ms is the median of CUDA-event timings over `--iters`
-replays after warm-up. Kernels per layer: GPU kernels launched by one eager forward of the same
-captured batch (the graph holds the same kernels), divided by the layer count. Bandwidth
-(`step_bandwidth.py`): the bytes a step reads (weights, K/V of the context), their rate at the
-replay time, and its fraction of the device-to-device copy bandwidth measured in the same run;
-with `--kernel-table N` (default 12 on CUDA) each replay's N costliest kernels.
-`--triton-attention-decode-merge in_kernel` measures the one-launch decode attention.
-`--pdl on|off` launches our kernels (row GEMVs, RMSNorm, RoPE + KV store, SiLU-mul) dependent
-or not (programmatic dependent launch: it sets `SGLANG_AUX_PDL` for this process,
-`triton_ops/grid_dependency.py`; `auto`, the default, is the server's: one-token launches where
-the device has it); `--paired-gemv` sets its switch likewise. Run the settings compared
-beside each other in the same call.
+and a DFLASH engine's TARGET_VERIFY graphs and its draft's DRAFT_BLOCK graphs (the block of the
+`<preset>-dflash` draft; `--draft-algorithms dflash dspark` adds a DSPARK engine's, with the
+`<preset>-dspark` draft, whose block graph holds the Markov loop), are replayed over
+live-looking inputs: every request row maps `--context` tokens to distinct KV slots (the
+draft's: its own context K/V), so attention reads a real context. Replay ms is the median of
+CUDA-event timings over `--iters` replays after warm-up. Kernels per layer: GPU kernels
+launched by one eager forward of the same captured batch (the graph holds the same kernels),
+divided by the layer count. Bandwidth (`step_bandwidth.py`): the bytes a step reads (weights,
+K/V of the context), their rate at the replay time, and its fraction of the device-to-device
+copy bandwidth measured in the same run; with `--kernel-table N` (default 12 on CUDA) each
+replay's N costliest kernels. `--triton-attention-decode-merge in_kernel` measures the
+one-launch decode attention. `--pdl on|off` launches our kernels (row GEMVs, RMSNorm, RoPE + KV
+store, SiLU-mul) dependent or not (programmatic dependent launch: it sets `SGLANG_AUX_PDL` for
+this process, `triton_ops/grid_dependency.py`; `auto`, the default, is the server's: one-token
+launches where the device has it); `--paired-gemv` sets its switch likewise. Run the settings
+compared beside each other in the same call.
 """
 
 from __future__ import annotations
@@ -110,13 +111,14 @@ def _kernels(runner, graph_runner, i: int) -> int | None:
     return sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
 
 
-def measure(preset: str, graphs: dict[str, list[int]], args) -> list[dict]:
-    """One engine (target-only for "decode", DFLASH for "verify" and "draft"), each graph
-    kind's sizes replayed."""
+def measure(preset: str, graphs: dict[str, list[int]], args, algorithm: str = "none"
+            ) -> list[dict]:
+    """One engine (target-only for "decode", `algorithm` with the `<preset>-<algorithm>`
+    draft for "verify" and "draft"), each graph kind's sizes replayed."""
     extra = {}
     if "decode" not in graphs:
-        extra = {"speculative_algorithm": "DFLASH",
-                 "speculative_draft_model_path": f"{preset}-dflash"}
+        extra = {"speculative_algorithm": algorithm.upper(),
+                 "speculative_draft_model_path": f"{preset}-{algorithm}"}
     sizes = sorted({bs for s in graphs.values() for bs in s})
     engine = Engine(model_path=preset, load_format="dummy", device=args.device,
                     max_running_requests=max(sizes), cuda_graph_bs_decode=sizes,
@@ -125,7 +127,8 @@ def measure(preset: str, graphs: dict[str, list[int]], args) -> list[dict]:
                     decode_gemv_backend=args.decode_gemv_backend, **extra)
     rows = []
     for graph, graph_sizes in graphs.items():
-        rows += _replay_rows(engine, preset, graph, graph_sizes, args)
+        rows += [{"algorithm": algorithm, **r}
+                 for r in _replay_rows(engine, preset, graph, graph_sizes, args)]
     del engine
     return rows
 
@@ -165,6 +168,10 @@ def main() -> None:
     p.add_argument("--verify-bs", type=int, nargs="*", default=[1, 32])
     p.add_argument("--draft-bs", type=int, nargs="*", default=[],
                    help="the DFLASH engine's draft block graphs at these batch sizes")
+    p.add_argument("--draft-algorithms", nargs="+", default=["dflash"],
+                   choices=["dflash", "dspark"],
+                   help="the speculative engines whose verify and draft graphs are replayed, "
+                        "each with the `<preset>-<algorithm>` draft preset")
     p.add_argument("--context", type=int, default=900)
     p.add_argument("--iters", type=int, default=200)
     p.add_argument("--device", default="auto")
@@ -193,23 +200,26 @@ def main() -> None:
     args.copy_tb_s = copy_bandwidth(device) / 1e12
     print(f"device-to-device copy: {args.copy_tb_s:.2f} TB/s (read + written)")
     rows = []
-    engines = [{"decode": args.decode_bs}, {"verify": args.verify_bs, "draft": args.draft_bs}]
+    engines = [("none", {"decode": args.decode_bs})] + [
+        (algorithm, {"verify": args.verify_bs, "draft": args.draft_bs})
+        for algorithm in args.draft_algorithms]
     for preset in args.presets:
-        for graphs in engines:
+        for algorithm, graphs in engines:
             graphs = {graph: sizes for graph, sizes in graphs.items() if sizes}
             if graphs:
-                rows += measure(preset, graphs, args)
+                rows += measure(preset, graphs, args, algorithm)
     decode_bs1 = {r["preset"]: r["replay_ms"] for r in rows
                   if r["graph"] == "DECODE" and r["bs"] == 1}
-    print(f"{'preset':>15} {'graph':>13} {'bs':>4} {'replay ms':>10} {'kern/layer':>10} "
-          f"{'vs decode bs1':>13} {'MB read':>9} {'floor ms':>9} {'TB/s':>6} {'of copy':>8}")
+    print(f"{'preset':>15} {'engine':>7} {'graph':>13} {'bs':>4} {'replay ms':>10} "
+          f"{'kern/layer':>10} {'vs decode bs1':>13} {'MB read':>9} {'floor ms':>9} "
+          f"{'TB/s':>6} {'of copy':>8}")
     for r in rows:
         kpl = "-" if r["kernels_per_layer"] is None else f"{r['kernels_per_layer']:.1f}"
         ref = decode_bs1.get(r["preset"])
         ratio = f"{r['replay_ms'] / ref:.2f}x" if ref else "-"
         read = (r["weight_bytes"] + r["kv_bytes"]) / 1e6
-        print(f"{r['preset']:>15} {r['graph']:>13} {r['bs']:>4} {r['replay_ms']:>10.3f} "
-              f"{kpl:>10} {ratio:>13} {read:>9.1f} {r['floor_ms']:>9.3f} "
+        print(f"{r['preset']:>15} {r['algorithm']:>7} {r['graph']:>13} {r['bs']:>4} "
+              f"{r['replay_ms']:>10.3f} {kpl:>10} {ratio:>13} {read:>9.1f} {r['floor_ms']:>9.3f} "
               f"{r['achieved_tb_s']:>6.2f} {r['fraction_of_copy']:>7.0%}")
         print_kernel_table(r.get("kernel_table", []), "    ")
     with open(args.out, "w") as f:

@@ -103,5 +103,23 @@ def test_graph_replay_reports_bandwidth(tmp_path, monkeypatch):
         assert r["fraction_of_copy"] == pytest.approx(r["achieved_tb_s"] / r["copy_tb_s"])
 
 
+def test_graph_replay_times_both_drafts(tmp_path, monkeypatch):
+    """`--draft-algorithms dflash dspark`: each engine's verify and draft graphs, the DSPARK
+    one reading its own (bigger: the Markov head) draft."""
+    out = tmp_path / "replay.json"
+    monkeypatch.setattr(sys, "argv", [
+        "bench_graph_replay.py", "--device", "cpu", "--iters", "1", "--presets", "tiny-llama",
+        "--decode-bs", "--verify-bs", "1", "--draft-bs", "1", "--context", "16",
+        "--draft-algorithms", "dflash", "dspark", "--out", str(out)])
+    _script("bench_graph_replay").main()
+    rows = json.loads(out.read_text())["rows"]
+    assert [(r["algorithm"], r["graph"]) for r in rows] == [
+        ("dflash", "TARGET_VERIFY"), ("dflash", "DRAFT_BLOCK"),
+        ("dspark", "TARGET_VERIFY"), ("dspark", "DRAFT_BLOCK")]
+    draft = {r["algorithm"]: r for r in rows if r["graph"] == "DRAFT_BLOCK"}
+    assert draft["dspark"]["weight_bytes"] > draft["dflash"]["weight_bytes"]
+    assert draft["dspark"]["tokens_per_req"] == 3 and draft["dflash"]["tokens_per_req"] == 4
+
+
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-q"]))

@@ -166,12 +166,13 @@ def dflash_draft_preset(target: str, *, num_layers: int, num_aux: int, draft_blo
 
 
 def dspark_draft_preset(target: str, *, num_layers: int, num_aux: int, num_proposals: int,
-                        markov_rank: int) -> dict:
+                        markov_rank: int, intermediate_size: int | None = None) -> dict:
     """A DSpark draft for `target`: the DFlash draft's layers (one draft block row per
     proposal) with a vanilla Markov head of rank `markov_rank` and a confidence head
     that reads it, under SGLang's config keys."""
     return {**dflash_draft_preset(target, num_layers=num_layers, num_aux=num_aux,
-                                  draft_block_size=num_proposals),
+                                  draft_block_size=num_proposals,
+                                  intermediate_size=intermediate_size),
             **dspark_config_keys(markov_rank)}
 
 
@@ -204,3 +205,11 @@ PRESETS["tiny-llama-dspark"] = dspark_draft_preset("tiny-llama", num_layers=1, n
 PRESETS["tiny-qwen3-dspark"] = dspark_draft_preset("tiny-qwen3", num_layers=1, num_aux=2,
                                                    num_proposals=TINY_DSPARK_PROPOSALS,
                                                    markov_rank=TINY_MARKOV_RANK)
+# The DSpark recipes' drafts (tools/dflash_training/recipes.py), random weights: the shaped
+# DFlash drafts' layers with one row per proposal (the same verify width) and a Markov head of
+# the published rank, 256.
+PRESETS["smollm2-shaped-dspark"] = dspark_draft_preset("smollm2-shaped", num_layers=2, num_aux=5,
+                                                       num_proposals=7, markov_rank=256)
+PRESETS["qwen2.5-1.5b-shaped-dspark"] = dspark_draft_preset(
+    "qwen2.5-1.5b-shaped", num_layers=2, num_aux=5, num_proposals=15, markov_rank=256,
+    intermediate_size=2816)
