@@ -20,6 +20,7 @@ import torch
 
 from sglang_aux.srt.forward_state.forward_batch_info import ForwardBatch
 from sglang_aux.srt.layers.logits_processor import LogitsProcessorOutput
+from sglang_aux.srt.layers.triton_ops.dispatch import MARKOV_ARGMAX_ENV_VAR, switch, use_triton
 from sglang_aux.srt.models.dspark import DSparkDraftModel
 from sglang_aux.srt.sampling.sampler import (
     Lane,
@@ -88,6 +89,15 @@ def propose_block(draft: DSparkDraftModel, base_logits: torch.Tensor, anchor_tok
     with_confidence = head is not None and hidden is not None
     confidence = torch.empty((bs, n), dtype=torch.float32, device=base_logits.device) \
         if with_confidence else None
+    if all_greedy and _markov_kernel(base_logits, markov):
+        from sglang_aux.srt.speculative.markov_argmax_kernel import markov_greedy_tokens
+
+        markov_greedy_tokens(base_logits, anchor_tokens, markov.markov_w1.weight,
+                             markov.markov_w2.weight, tokens)
+        if with_confidence:
+            prevs = torch.cat([anchor_tokens[:, None].to(torch.int64), tokens[:, :-1]], dim=1)
+            confidence.copy_(draft.confidence(hidden, prevs))
+        return DSparkProposal(tokens, confidence, None)
     prev = anchor_tokens.to(torch.int64)
     for k in range(n):
         if with_confidence:
@@ -102,6 +112,17 @@ def propose_block(draft: DSparkDraftModel, base_logits: torch.Tensor, anchor_tok
         tokens[:, k] = chosen
         prev = chosen
     return DSparkProposal(tokens, confidence, probs)
+
+
+def _markov_kernel(base_logits: torch.Tensor, markov) -> bool:
+    """Whether the greedy loop runs as `markov_argmax_kernel`'s n + 1 launches: its switch on,
+    a Triton device (or `force`) and a rank its tiles take."""
+    if switch(MARKOV_ARGMAX_ENV_VAR) != "1" or not use_triton(base_logits, False) or \
+            base_logits.stride(-1) != 1:
+        return False
+    from sglang_aux.srt.speculative.markov_argmax_kernel import supports
+
+    return supports(markov.markov_w1.weight.shape[1])
 
 
 @dataclass(frozen=True)

@@ -25,12 +25,18 @@ ENV_VAR = "SGLANG_AUX_FUSED_KERNELS"
 MODES = ("auto", "off", "force")
 # The kernels' environment switches and their values, checked when the server's arguments are
 # (`check_kernel_switches`), so a typo stops the server before the model loads rather than at
-# its first step: PDL (`grid_dependency.py`) and the paired row GEMVs (`layers/decode_gemv.py`).
+# its first step: PDL (`grid_dependency.py`), the paired row GEMVs (`layers/decode_gemv.py`) and
+# DSpark's Markov loop.
 PDL_ENV_VAR = "SGLANG_AUX_PDL"
 PDL_VALUES = ("auto", "0", "1")
 PAIRED_GEMV_ENV_VAR = "SGLANG_AUX_PAIRED_GEMV"
 PAIRED_GEMV_VALUES = ("1", "0")
-SWITCHES = {ENV_VAR: MODES, PDL_ENV_VAR: PDL_VALUES, PAIRED_GEMV_ENV_VAR: PAIRED_GEMV_VALUES}
+# DSpark's greedy Markov loop as n + 1 launches (speculative/markov_argmax_kernel.py): off
+# until a device run shows it beating the torch loop in the draft's block graph.
+MARKOV_ARGMAX_ENV_VAR = "SGLANG_AUX_MARKOV_ARGMAX"
+MARKOV_ARGMAX_VALUES = ("0", "1")
+SWITCHES = {ENV_VAR: MODES, PDL_ENV_VAR: PDL_VALUES, PAIRED_GEMV_ENV_VAR: PAIRED_GEMV_VALUES,
+            MARKOV_ARGMAX_ENV_VAR: MARKOV_ARGMAX_VALUES}
 # `--decode-gemv-backend`: the dense projections of one-row forwards on cuBLAS (torch) or on the
 # row GEMV kernel (triton; layers/decode_gemv.py), which these rules then gate like any other.
 GEMV_BACKENDS = ("torch", "triton")

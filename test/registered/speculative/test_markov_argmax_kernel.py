@@ -1,0 +1,138 @@
+"""DSpark's greedy Markov loop as n + 1 Triton launches (`markov_argmax_kernel`), under the
+Triton interpreter: with fp32 weights its tokens equal the torch loop's exactly (every batch,
+vocabulary and rank shape, chunk edges included); ties go to the smallest index as
+`torch.argmax`'s do; `propose_block` takes it when its switch is on and gives the loop's
+tokens and confidences; bad shapes are refused naming them. (bf16 weights: the interpreter's
+bf16 `tl.dot` is not the GPU's, so `test_markov_argmax_kernel_cuda.py` checks them.)"""
+
+import os
+import sys
+from types import SimpleNamespace
+
+os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported
+
+import pytest
+import torch
+from test_dspark_proposal import inputs, make_draft
+
+from sglang_aux.srt.layers.triton_ops.dispatch import ENV_VAR, MARKOV_ARGMAX_ENV_VAR
+from sglang_aux.srt.speculative import dspark_proposal, markov_argmax_kernel
+from sglang_aux.srt.speculative.dspark_proposal import propose_block
+from sglang_aux.srt.speculative.markov_argmax_kernel import (
+    CHUNK,
+    ROWS,
+    markov_greedy_tokens,
+    supports,
+)
+from sglang_aux.test.ci.ci_register import register_cpu_ci
+
+register_cpu_ci(est_time=30, suite="default")
+
+
+def torch_loop(base, anchor, w1, w2):
+    tokens = torch.empty(base.shape[:2], dtype=torch.int64)
+    prev = anchor
+    for k in range(base.shape[1]):
+        step = base[:, k] + torch.nn.functional.linear(w1[prev], w2).to(base.dtype)
+        prev = step.argmax(-1)
+        tokens[:, k] = prev
+    return tokens
+
+
+def head(vocab, rank, seed=0, dtype=torch.float32):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(vocab, rank, generator=g).to(dtype),
+            (torch.randn(vocab, rank, generator=g) / rank ** 0.5).to(dtype))
+
+
+# (bs, n, vocab, rank): one request; a row block and one more (ROWS + 1); a vocabulary that
+# ends one past a chunk; several rank blocks
+SHAPES = [(1, 2, CHUNK + 1, 32), (5, 3, 300, 16), (ROWS + 1, 4, 1000, 48), (3, 7, 4 * CHUNK, 64)]
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_tokens_equal_the_torch_loop(shape):
+    bs, n, vocab, rank = shape
+    g = torch.Generator().manual_seed(bs)
+    base = 3 * torch.randn(bs, n, vocab, generator=g)
+    w1, w2 = head(vocab, rank, seed=bs)
+    anchor = torch.randint(0, vocab, (bs,), generator=g)
+    out = torch.full((bs, n), -1, dtype=torch.int64)
+    markov_greedy_tokens(base, anchor, w1, w2, out)
+    assert torch.equal(out, torch_loop(base, anchor, w1, w2))
+
+
+def test_ties_go_to_the_smallest_index():
+    """Equal maxima inside a chunk, across chunks and across row blocks: the first wins."""
+    bs, vocab = ROWS + 2, 3 * CHUNK
+    base = torch.zeros(bs, 2, vocab)
+    w1, w2 = torch.ones(vocab, 16), torch.zeros(vocab, 16)  # no bias
+    firsts = [5, CHUNK - 1, CHUNK, 2 * CHUNK + 3] * bs
+    for r in range(bs):
+        first = firsts[r]
+        base[r, :, first] = base[r, :, vocab - 1] = base[r, :, first + 1] = 2.0
+    out = torch.empty(bs, 2, dtype=torch.int64)
+    markov_greedy_tokens(base, torch.zeros(bs, dtype=torch.int64), w1, w2, out)
+    assert out[:, 0].tolist() == out[:, 1].tolist() == firsts[:bs]
+    assert torch.equal(out, torch_loop(base, torch.zeros(bs, dtype=torch.int64), w1, w2))
+
+
+def test_propose_block_takes_it_when_switched_on(monkeypatch):
+    draft = make_draft(2)
+    base, hidden, anchors, positions = inputs(draft, seed=2)
+    with torch.no_grad():
+        loop = propose_block(draft, base, anchors, positions, None, all_greedy=True,
+                             hidden=hidden)
+    calls = []
+
+    def spy(*args):
+        calls.append(args[0].shape)
+        return markov_greedy_tokens(*args)
+
+    monkeypatch.setattr(markov_argmax_kernel, "markov_greedy_tokens", spy)
+    monkeypatch.setenv(ENV_VAR, "force")
+    monkeypatch.setenv(MARKOV_ARGMAX_ENV_VAR, "1")
+    with torch.no_grad():
+        fused = propose_block(draft, base, anchors, positions, None, all_greedy=True,
+                              hidden=hidden)
+        no_conf = propose_block(draft, base, anchors, positions, None, all_greedy=True)
+    assert calls == [base.shape, base.shape]
+    assert torch.equal(fused.tokens, loop.tokens) and torch.equal(no_conf.tokens, loop.tokens)
+    torch.testing.assert_close(fused.confidence, loop.confidence)
+    assert fused.probs is None and no_conf.confidence is None
+    monkeypatch.setenv(MARKOV_ARGMAX_ENV_VAR, "0")  # off: the loop, the kernel not called
+    with torch.no_grad():
+        propose_block(draft, base, anchors, positions, None, all_greedy=True, hidden=hidden)
+    assert len(calls) == 2
+
+
+def test_the_switch_and_the_rank_gate_it(monkeypatch):
+    base = torch.zeros(1, 2, 64)
+    monkeypatch.setenv(ENV_VAR, "force")
+    monkeypatch.setenv(MARKOV_ARGMAX_ENV_VAR, "1")
+    for rank, taken in ((16, True), (48, True), (8, False), (24, False)):
+        markov = SimpleNamespace(markov_w1=torch.nn.Embedding(64, rank))
+        assert supports(rank) == taken == dspark_proposal._markov_kernel(base, markov)
+    monkeypatch.setenv(MARKOV_ARGMAX_ENV_VAR, "2")
+    with pytest.raises(ValueError, match="SGLANG_AUX_MARKOV_ARGMAX='2'; choose from 0, 1"):
+        dspark_proposal._markov_kernel(base, markov)
+
+
+def test_bad_shapes_are_refused():
+    base = torch.zeros(2, 3, 100)
+    w1, w2 = head(100, 16)
+    out = torch.empty(2, 3, dtype=torch.int64)
+    with pytest.raises(ValueError, match=r"markov_w1 \(100, 16\) and markov_w2 \(99, 16\)"):
+        markov_greedy_tokens(base, torch.zeros(2, dtype=torch.int64), w1, w2[:99], out)
+    with pytest.raises(ValueError, match=r"anchor_tokens \(3,\) one token per request"):
+        markov_greedy_tokens(base, torch.zeros(3, dtype=torch.int64), w1, w2, out)
+    with pytest.raises(ValueError, match=r"tokens_out must be int64 \(2, 3\).*torch.int32"):
+        markov_greedy_tokens(base, torch.zeros(2, dtype=torch.int64), w1, w2,
+                             out.to(torch.int32))
+    w1_8, w2_8 = head(100, 8)
+    with pytest.raises(ValueError, match="r a multiple of 16"):
+        markov_greedy_tokens(base, torch.zeros(2, dtype=torch.int64), w1_8, w2_8, out)
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-q"]))
