@@ -9,14 +9,14 @@
 #   bash scripts/device/dspark_candidates.sh "$OUT"
 . scripts/device/timed_steps.sh
 
-step tests 120 python -m pytest -q \
+step tests 90 python -m pytest -q \
   test/registered/speculative/test_markov_argmax_kernel_cuda.py \
   test/registered/model_executor/test_frozen_gc.py
 replay=(--presets smollm2-shaped qwen2.5-1.5b-shaped --decode-bs --draft-bs 1 8 32 --context 900
         --kernel-table 14)
 step loop 150 python "$bench/bench_graph_replay.py" "${replay[@]}" --verify-bs 1 8 32 \
   --draft-algorithms dflash dspark --out "$out/replay_loop.json"
-SGLANG_AUX_MARKOV_ARGMAX=1 step kernel 100 python "$bench/bench_graph_replay.py" \
+SGLANG_AUX_MARKOV_ARGMAX=1 step kernel 90 python "$bench/bench_graph_replay.py" \
   "${replay[@]}" --verify-bs --draft-algorithms dspark --out "$out/replay_kernel.json"
 grep -hE "^ *(smollm2|qwen2\.5-1\.5b)-shaped " "$out/loop.log" "$out/kernel.log"
 cat "$out/status.txt"
