@@ -19,8 +19,11 @@ from sglang_aux.srt.layers.triton_ops.dispatch import ENV_VAR, MARKOV_ARGMAX_ENV
 from sglang_aux.srt.speculative import dspark_proposal, markov_argmax_kernel
 from sglang_aux.srt.speculative.dspark_proposal import propose_block
 from sglang_aux.srt.speculative.markov_argmax_kernel import (
-    CHUNK,
+    MAX_CHUNKS,
+    PARTIALS_BLOCK,
     ROWS,
+    SUB,
+    chunk_rows,
     markov_greedy_tokens,
     supports,
 )
@@ -45,9 +48,18 @@ def head(vocab, rank, seed=0, dtype=torch.float32):
             (torch.randn(vocab, rank, generator=g) / rank ** 0.5).to(dtype))
 
 
+# a vocabulary whose chunks are two tiles, and more of them than one partials block
+TWO_TILES = MAX_CHUNKS * SUB + 1
 # (bs, n, vocab, rank): one request; a row block and one more (ROWS + 1); a vocabulary that
-# ends one past a chunk; several rank blocks
-SHAPES = [(1, 2, CHUNK + 1, 32), (5, 3, 300, 16), (ROWS + 1, 4, 1000, 48), (3, 7, 4 * CHUNK, 64)]
+# ends one past a tile; several rank blocks; chunks of two tiles
+SHAPES = [(1, 2, SUB + 1, 32), (5, 3, 300, 16), (ROWS + 1, 4, 1000, 48), (3, 7, 4 * SUB, 64),
+          (2, 2, TWO_TILES, 16)]
+
+
+def test_the_chunks():
+    assert chunk_rows(SUB + 1) == SUB and chunk_rows(TWO_TILES) == 2 * SUB
+    assert -(-TWO_TILES // chunk_rows(TWO_TILES)) > PARTIALS_BLOCK
+    assert chunk_rows(49_152) == 256 and chunk_rows(151_936) == 640
 
 
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
@@ -63,11 +75,13 @@ def test_tokens_equal_the_torch_loop(shape):
 
 
 def test_ties_go_to_the_smallest_index():
-    """Equal maxima inside a chunk, across chunks and across row blocks: the first wins."""
-    bs, vocab = ROWS + 2, 3 * CHUNK
+    """Equal maxima inside a tile, across a chunk's tiles, across chunks, across partials
+    blocks and across row blocks: the first wins."""
+    bs, vocab = ROWS + 2, TWO_TILES
+    chunk = chunk_rows(vocab)
     base = torch.zeros(bs, 2, vocab)
     w1, w2 = torch.ones(vocab, 16), torch.zeros(vocab, 16)  # no bias
-    firsts = [5, CHUNK - 1, CHUNK, 2 * CHUNK + 3] * bs
+    firsts = [5, SUB - 1, chunk - 1, PARTIALS_BLOCK * chunk - 1, 2 * chunk + 3] * bs
     for r in range(bs):
         first = firsts[r]
         base[r, :, first] = base[r, :, vocab - 1] = base[r, :, first + 1] = 2.0

@@ -1,19 +1,22 @@
 """DSpark's greedy Markov loop (`dspark_proposal.propose_block`) in n + 1 launches instead of
 about five small kernels per proposal.
 
-Launch k (k < n) runs a `[request blocks, vocabulary chunks]` grid. Each program first settles
-its requests' previous token: the anchor at k = 0, else the argmax of launch k - 1, reduced
-from that launch's per-chunk partials (chunk 0's program writes it to the tokens). It then
-computes its chunk of the Markov bias `markov_w1[prev] @ markov_w2[chunk].T` with one `tl.dot`
-per rank block (fp32 accumulation, rounded to the weights' dtype as the torch Linear rounds
-its output), adds the block row's base logits in their dtype, and leaves the chunk's max and
-its first index as partials. Launch n only reduces and writes the last token. A program reads
+Launch k (k < n) runs a `[request blocks, vocabulary chunks]` grid, at most MAX_CHUNKS chunks
+a row. Each program first settles its requests' previous token: the anchor at k = 0, else the
+argmax of launch k - 1, reduced PARTIALS_BLOCK at a time from that launch's per-chunk partials
+(chunk 0's program writes it to the tokens). Then, one SUB-row tile of its chunk at a time, it
+computes the Markov bias `markov_w1[prev] @ markov_w2[tile].T` with one `tl.dot` per rank block
+(fp32 accumulation, rounded to the weights' dtype as the torch Linear rounds its output), adds
+the block row's base logits in their dtype, and keeps a running max and its first index, which
+it leaves as the chunk's partials. Launch n only reduces and writes the last token. A program reads
 its chunk of `markov_w2` once for all its requests (the torch loop's GEMM does the same), so
 the bytes are the loop's; what goes is the launches and the `[bs, V]` round trips between them.
 
 Ties go to the smallest index, as `torch.argmax` returns them; partials alternate between two
-buffers, so no launch writes what it reads. The scratch is allocated per call (inside a
-graph: once, in its pool, at capture).
+buffers, so no launch writes what it reads. (The first version cut Qwen2.5's vocabulary into
+1,187 chunks of 128 and held all of a row's partials in one register tile: on an H100 its
+launches took 146-489 us against the torch loop's 43-70 us a proposal.) The scratch is allocated
+per call (inside a graph: once, in its pool, at capture).
 """
 
 from __future__ import annotations
@@ -25,8 +28,20 @@ import triton.language as tl
 from sglang_aux.srt.layers.attention.triton_ops.tiling import dot_precision
 
 ROWS = 16  # requests per program: tl.dot's smallest tile
-CHUNK = 128  # vocabulary rows per program
+SUB = 128  # vocabulary rows per dot tile; a program's chunk is a few of them
+MAX_CHUNKS = 256  # chunks a row's vocabulary is cut into, at most: programs per request block
 MAX_RANK_BLOCK = 64
+PARTIALS_BLOCK = 64  # partials a program reduces at a time
+
+
+@triton.jit
+def _first_max(vals, idxs, best, best_idx, BIG: tl.constexpr):
+    """The running (max, its first index) per row after one more block `[ROWS, N]` whose
+    indices all exceed those seen before: a tie keeps the earlier index."""
+    top = tl.max(vals, axis=1)
+    at = tl.min(tl.where(vals == top[:, None], idxs, BIG), axis=1)
+    take = top > best
+    return tl.where(take, top, best), tl.where(take, at, best_idx)
 
 
 @triton.jit
@@ -34,45 +49,55 @@ def _markov_argmax_kernel(BASE, stride_bb, stride_bk, W1, W2, ANCHOR, TOKENS, st
                           PMAX, PIDX, bs, vocab, num_chunks, k,
                           RANK: tl.constexpr, R_BLOCK: tl.constexpr, FIRST: tl.constexpr,
                           SWEEP: tl.constexpr, DOT_PRECISION: tl.constexpr, ROWS: tl.constexpr,
-                          CHUNK: tl.constexpr, NC_BLOCK: tl.constexpr):
+                          SUB: tl.constexpr, NSUB: tl.constexpr, P_BLOCK: tl.constexpr):
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     chunk = tl.program_id(1)
     rmask = rows < bs
-    big = 2147483647
+    BIG: tl.constexpr = 2147483647
     if FIRST:
         prev = tl.load(ANCHOR + rows, mask=rmask, other=0).to(tl.int64)
     else:
         src = ((k - 1) % 2) * bs * num_chunks
-        cs = tl.arange(0, NC_BLOCK)
-        offs = src + rows[:, None] * num_chunks + cs[None, :]
-        pmask = rmask[:, None] & (cs[None, :] < num_chunks)
-        pm = tl.load(PMAX + offs, mask=pmask, other=-float("inf"))
-        pi = tl.load(PIDX + offs, mask=pmask, other=big)
-        best = tl.max(pm, axis=1)
-        prev = tl.min(tl.where(pm == best[:, None], pi, big), axis=1).to(tl.int64)
+        best = tl.full((ROWS,), -float("inf"), tl.float32)
+        at = tl.full((ROWS,), BIG, tl.int32)
+        for c0 in range(0, num_chunks, P_BLOCK):
+            cs = c0 + tl.arange(0, P_BLOCK)
+            offs = src + rows[:, None] * num_chunks + cs[None, :]
+            pmask = rmask[:, None] & (cs[None, :] < num_chunks)
+            pm = tl.load(PMAX + offs, mask=pmask, other=-float("inf"))
+            pi = tl.load(PIDX + offs, mask=pmask, other=BIG)
+            best, at = _first_max(pm, pi, best, at, BIG)
+        prev = tl.where(rmask, at, 0).to(tl.int64)
         if chunk == 0:
             tl.store(TOKENS + rows * stride_tb + (k - 1), prev, mask=rmask)
     if SWEEP:
-        cols = chunk * CHUNK + tl.arange(0, CHUNK)
-        cmask = cols < vocab
         rs = tl.arange(0, R_BLOCK)
-        acc = tl.zeros((ROWS, CHUNK), dtype=tl.float32)
-        for r0 in tl.static_range(0, RANK, R_BLOCK):
-            e = tl.load(W1 + prev[:, None] * RANK + r0 + rs[None, :], mask=rmask[:, None],
-                        other=0.0)
-            w = tl.load(W2 + cols[:, None].to(tl.int64) * RANK + r0 + rs[None, :],
-                        mask=cmask[:, None], other=0.0)
-            acc += tl.dot(e, tl.trans(w), input_precision=DOT_PRECISION)
-        bias = acc.to(W2.dtype.element_ty).to(BASE.dtype.element_ty)
-        base = tl.load(BASE + rows[:, None].to(tl.int64) * stride_bb + k * stride_bk
-                       + cols[None, :], mask=rmask[:, None] & cmask[None, :])
-        logits = (base + bias).to(tl.float32)
-        logits = tl.where(cmask[None, :], logits, -float("inf"))
-        top = tl.max(logits, axis=1)
-        idx = tl.min(tl.where(logits == top[:, None], cols[None, :], big), axis=1)
+        best = tl.full((ROWS,), -float("inf"), tl.float32)
+        at = tl.full((ROWS,), BIG, tl.int32)
+        for s in tl.static_range(NSUB):
+            cols = (chunk * NSUB + s) * SUB + tl.arange(0, SUB)
+            cmask = cols < vocab
+            acc = tl.zeros((ROWS, SUB), dtype=tl.float32)
+            for r0 in tl.static_range(0, RANK, R_BLOCK):
+                e = tl.load(W1 + prev[:, None] * RANK + r0 + rs[None, :],
+                            mask=rmask[:, None], other=0.0)
+                w = tl.load(W2 + cols[:, None].to(tl.int64) * RANK + r0 + rs[None, :],
+                            mask=cmask[:, None], other=0.0)
+                acc += tl.dot(e, tl.trans(w), input_precision=DOT_PRECISION)
+            bias = acc.to(W2.dtype.element_ty).to(BASE.dtype.element_ty)
+            base = tl.load(BASE + rows[:, None].to(tl.int64) * stride_bb + k * stride_bk
+                           + cols[None, :], mask=rmask[:, None] & cmask[None, :])
+            logits = tl.where(cmask[None, :], (base + bias).to(tl.float32), -float("inf"))
+            best, at = _first_max(logits, cols[None, :], best, at, BIG)
         dst = (k % 2) * bs * num_chunks + rows * num_chunks + chunk
-        tl.store(PMAX + dst, top, mask=rmask)
-        tl.store(PIDX + dst, idx, mask=rmask)
+        tl.store(PMAX + dst, best, mask=rmask)
+        tl.store(PIDX + dst, at, mask=rmask)
+
+
+def chunk_rows(vocab: int) -> int:
+    """Vocabulary rows a program sweeps: whole dot tiles, so that a row has at most
+    MAX_CHUNKS chunks (SmolLM2's 49,152: 256; Qwen2.5's 151,936: 640)."""
+    return triton.cdiv(triton.cdiv(vocab, MAX_CHUNKS), SUB) * SUB
 
 
 def supports(rank: int) -> bool:
@@ -104,7 +129,8 @@ def markov_greedy_tokens(base_logits: torch.Tensor, anchor_tokens: torch.Tensor,
                          f"{tokens_out.dtype} {tuple(tokens_out.shape)}")
     if bs == 0:
         return
-    num_chunks = triton.cdiv(vocab, CHUNK)
+    chunk = chunk_rows(vocab)
+    num_chunks = triton.cdiv(vocab, chunk)
     pmax = torch.empty((2, bs, num_chunks), dtype=torch.float32, device=base_logits.device)
     pidx = torch.empty((2, bs, num_chunks), dtype=torch.int32, device=base_logits.device)
     r_block = min(MAX_RANK_BLOCK, rank & -rank)  # a power of two that divides the rank
@@ -115,5 +141,5 @@ def markov_greedy_tokens(base_logits: torch.Tensor, anchor_tokens: torch.Tensor,
             base_logits, base_logits.stride(0), base_logits.stride(1), markov_w1, markov_w2,
             anchor_tokens, tokens_out, tokens_out.stride(0), pmax, pidx, bs, vocab,
             num_chunks, k, RANK=rank, R_BLOCK=r_block, FIRST=k == 0, SWEEP=sweep,
-            DOT_PRECISION=dot_precision(markov_w2.dtype), ROWS=ROWS, CHUNK=CHUNK,
-            NC_BLOCK=triton.next_power_of_2(num_chunks), num_warps=4)
+            DOT_PRECISION=dot_precision(markov_w2.dtype), ROWS=ROWS, SUB=SUB,
+            NSUB=chunk // SUB, P_BLOCK=PARTIALS_BLOCK, num_warps=4)
