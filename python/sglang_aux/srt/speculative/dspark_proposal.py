@@ -21,7 +21,7 @@ import torch
 from sglang_aux.srt.forward_state.forward_batch_info import ForwardBatch
 from sglang_aux.srt.layers.logits_processor import LogitsProcessorOutput
 from sglang_aux.srt.layers.triton_ops.dispatch import MARKOV_ARGMAX_ENV_VAR, switch, use_triton
-from sglang_aux.srt.models.dspark import DSparkDraftModel
+from sglang_aux.srt.models.dspark import DSparkDraftModel, DSparkMarkovHead
 from sglang_aux.srt.sampling.sampler import (
     Lane,
     SamplingTensors,
@@ -114,7 +114,7 @@ def propose_block(draft: DSparkDraftModel, base_logits: torch.Tensor, anchor_tok
     return DSparkProposal(tokens, confidence, probs)
 
 
-def _markov_kernel(base_logits: torch.Tensor, markov) -> bool:
+def _markov_kernel(base_logits: torch.Tensor, markov: DSparkMarkovHead) -> bool:
     """Whether the greedy loop runs as `markov_argmax_kernel`'s n + 1 launches: its switch on,
     a Triton device (or `force`) and a rank its tiles take."""
     if switch(MARKOV_ARGMAX_ENV_VAR) != "1" or not use_triton(base_logits, False) or \
