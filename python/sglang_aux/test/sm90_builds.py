@@ -355,6 +355,19 @@ def _sampling_launches(builds: Builds) -> None:
                            per_row, _t(rows, vocab, dtype=torch.float32))
 
 
+def _markov_launches(builds: Builds) -> None:
+    """DSpark's Markov loop kernel (off by default: a candidate) at the DSpark recipes'
+    shapes: SmolLM2's 7 proposals over 49,152 tokens, Qwen2.5's 15 over VOCAB, rank 256."""
+    from sglang_aux.srt.speculative.markov_argmax_kernel import markov_greedy_tokens
+
+    for n, vocab in ((7, 49_152), (15, VOCAB)):
+        w1, w2 = _t(vocab, 256), _t(vocab, 256)
+        for bs in (1, 32):
+            builds.label(f"markov_argmax n={n} vocab={vocab} bs={bs}", candidate=True)
+            markov_greedy_tokens(_t(bs, n, vocab), torch.zeros(bs, dtype=torch.int64), w1, w2,
+                                 torch.empty(bs, n, dtype=torch.int64))
+
+
 def qwen_launches(builds: Builds) -> None:
     """Every Triton launcher of the decode, verify and prefill steps (and the kernel
     candidates) at Qwen2.5-1.5B's shapes, inside `sm90_builds()`."""
@@ -363,6 +376,7 @@ def qwen_launches(builds: Builds) -> None:
     _attention_launches(builds)
     _prefill_launches(builds)
     _sampling_launches(builds)
+    _markov_launches(builds)
 
 
 def main() -> int:

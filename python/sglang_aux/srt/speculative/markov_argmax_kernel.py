@@ -32,10 +32,11 @@ SUB = 128  # vocabulary rows per dot tile; a program's chunk is a few of them
 MAX_CHUNKS = 256  # chunks a row's vocabulary is cut into, at most: programs per request block
 MAX_RANK_BLOCK = 64
 PARTIALS_BLOCK = 64  # partials a program reduces at a time
+BIG = tl.constexpr(2**31 - 1)  # the index no token has (constexpr: kernels read no other globals)
 
 
 @triton.jit
-def _first_max(vals, idxs, best, best_idx, BIG: tl.constexpr):
+def _first_max(vals, idxs, best, best_idx):
     """The running (max, its first index) per row after one more block `[ROWS, N]` whose
     indices all exceed those seen before: a tie keeps the earlier index."""
     top = tl.max(vals, axis=1)
@@ -53,7 +54,6 @@ def _markov_argmax_kernel(BASE, stride_bb, stride_bk, W1, W2, ANCHOR, TOKENS, st
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     chunk = tl.program_id(1)
     rmask = rows < bs
-    BIG: tl.constexpr = 2147483647
     if FIRST:
         prev = tl.load(ANCHOR + rows, mask=rmask, other=0).to(tl.int64)
     else:
@@ -66,7 +66,7 @@ def _markov_argmax_kernel(BASE, stride_bb, stride_bk, W1, W2, ANCHOR, TOKENS, st
             pmask = rmask[:, None] & (cs[None, :] < num_chunks)
             pm = tl.load(PMAX + offs, mask=pmask, other=-float("inf"))
             pi = tl.load(PIDX + offs, mask=pmask, other=BIG)
-            best, at = _first_max(pm, pi, best, at, BIG)
+            best, at = _first_max(pm, pi, best, at)
         prev = tl.where(rmask, at, 0).to(tl.int64)
         if chunk == 0:
             tl.store(TOKENS + rows * stride_tb + (k - 1), prev, mask=rmask)
@@ -88,7 +88,7 @@ def _markov_argmax_kernel(BASE, stride_bb, stride_bk, W1, W2, ANCHOR, TOKENS, st
             base = tl.load(BASE + rows[:, None].to(tl.int64) * stride_bb + k * stride_bk
                            + cols[None, :], mask=rmask[:, None] & cmask[None, :])
             logits = tl.where(cmask[None, :], (base + bias).to(tl.float32), -float("inf"))
-            best, at = _first_max(logits, cols[None, :], best, at, BIG)
+            best, at = _first_max(logits, cols[None, :], best, at)
         dst = (k % 2) * bs * num_chunks + rows * num_chunks + chunk
         tl.store(PMAX + dst, best, mask=rmask)
         tl.store(PIDX + dst, at, mask=rmask)
