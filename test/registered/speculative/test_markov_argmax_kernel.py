@@ -136,8 +136,11 @@ def test_bad_shapes_are_refused():
     base = torch.zeros(2, 3, 100)
     w1, w2 = head(100, 16)
     out = torch.empty(2, 3, dtype=torch.int64)
-    with pytest.raises(ValueError, match=r"markov_w1 \(100, 16\) and markov_w2 \(99, 16\)"):
+    with pytest.raises(ValueError, match=r"markov_w1 torch.float32 \(100, 16\) and markov_w2 "
+                                         r"torch.float32 \(99, 16\)"):
         markov_greedy_tokens(base, torch.zeros(2, dtype=torch.int64), w1, w2[:99], out)
+    with pytest.raises(ValueError, match=r"markov_w2 torch.bfloat16 \(100, 16\).*one dtype"):
+        markov_greedy_tokens(base, torch.zeros(2, dtype=torch.int64), w1, w2.bfloat16(), out)
     with pytest.raises(ValueError, match=r"anchor_tokens \(3,\) one token per request"):
         markov_greedy_tokens(base, torch.zeros(3, dtype=torch.int64), w1, w2, out)
     with pytest.raises(ValueError, match=r"tokens_out must be int64 \(2, 3\).*torch.int32"):

@@ -119,10 +119,11 @@ def markov_greedy_tokens(base_logits: torch.Tensor, anchor_tokens: torch.Tensor,
                          f"{base_logits.stride()}) needs a contiguous last dim and "
                          f"anchor_tokens {tuple(anchor_tokens.shape)} one token per request")
     if markov_w1.shape != markov_w2.shape or markov_w1.shape[0] != vocab or \
-            not (markov_w1.is_contiguous() and markov_w2.is_contiguous()) or not supports(rank):
-        raise ValueError(f"markov_w1 {tuple(markov_w1.shape)} and markov_w2 "
-                         f"{tuple(markov_w2.shape)} must both be contiguous [{vocab}, r] with r "
-                         "a multiple of 16")
+            markov_w1.dtype != markov_w2.dtype or not supports(rank) or \
+            not (markov_w1.is_contiguous() and markov_w2.is_contiguous()):
+        raise ValueError(f"markov_w1 {markov_w1.dtype} {tuple(markov_w1.shape)} and markov_w2 "
+                         f"{markov_w2.dtype} {tuple(markov_w2.shape)} must both be contiguous "
+                         f"[{vocab}, r] of one dtype with r a multiple of 16")
     if tuple(tokens_out.shape) != (bs, n) or tokens_out.dtype != torch.int64 or \
             tokens_out.stride(-1) != 1:
         raise ValueError(f"tokens_out must be int64 {(bs, n)} with a contiguous last dim, got "
