@@ -3,19 +3,19 @@
 # 41 item 4; docs/benchmarks.md section 9i): the Markov loop kernel's CUDA tests and the frozen
 # heap's, then the draft block graphs of DFlash and DSpark at the recipes' shapes (SmolLM2 and
 # Qwen2.5-1.5B, dummy weights) with kernel tables, DSpark's Markov loop as the torch loop
-# (the default) and as the kernel (SGLANG_AUX_MARKOV_ARGMAX=1), each in its own process.
+# (SGLANG_AUX_MARKOV_ARGMAX=0) and as the kernel (=1, the default), each in its own process.
 # Writes JSON and logs under OUT; each step's exit status in OUT/status.txt.
 #
 #   bash scripts/device/dspark_candidates.sh "$OUT"
 . scripts/device/timed_steps.sh
 
-step tests 90 python -m pytest -q \
+step tests 330 python -m pytest -q \
   test/registered/speculative/test_markov_argmax_kernel_cuda.py \
   test/registered/model_executor/test_frozen_gc.py
 replay=(--presets smollm2-shaped qwen2.5-1.5b-shaped --decode-bs --draft-bs 1 8 32 --context 900
         --kernel-table 14)
-step loop 150 python "$bench/bench_graph_replay.py" "${replay[@]}" --verify-bs 1 8 32 \
-  --draft-algorithms dflash dspark --out "$out/replay_loop.json"
+SGLANG_AUX_MARKOV_ARGMAX=0 step loop 150 python "$bench/bench_graph_replay.py" "${replay[@]}" \
+  --verify-bs 1 8 32 --draft-algorithms dflash dspark --out "$out/replay_loop.json"
 SGLANG_AUX_MARKOV_ARGMAX=1 step kernel 90 python "$bench/bench_graph_replay.py" \
   "${replay[@]}" --verify-bs --draft-algorithms dspark --out "$out/replay_kernel.json"
 grep -hE "^ *(smollm2|qwen2\.5-1\.5b)-shaped " "$out/loop.log" "$out/kernel.log"

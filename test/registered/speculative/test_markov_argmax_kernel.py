@@ -128,7 +128,7 @@ def test_the_switch_and_the_rank_gate_it(monkeypatch):
         markov = SimpleNamespace(markov_w1=torch.nn.Embedding(64, rank))
         assert supports(rank) == taken == dspark_proposal._markov_kernel(base, markov)
     monkeypatch.setenv(MARKOV_ARGMAX_ENV_VAR, "2")
-    with pytest.raises(ValueError, match="SGLANG_AUX_MARKOV_ARGMAX='2'; choose from 0, 1"):
+    with pytest.raises(ValueError, match="SGLANG_AUX_MARKOV_ARGMAX='2'; choose from 1, 0"):
         dspark_proposal._markov_kernel(base, markov)
 
 
