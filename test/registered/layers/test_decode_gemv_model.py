@@ -170,7 +170,7 @@ def test_a_decode_layer_hands_its_qkv_kernel_the_weights_read_after_attention(ro
     for plan, layer in zip(plans, layers, strict=True):
         o, gu = layer.self_attn.o_proj.weight, layer.mlp.gate_up_proj.weight
         half = gu.shape[0] // 2
-        assert [(r.start.data_ptr(), r.lines * l2_prefetch.LINE_BYTES) for r in plan.regions] \
+        assert [(r.start.data_ptr(), r.nbytes) for r in plan.regions] \
             == [(o.data_ptr(), o.nbytes), (gu.data_ptr(), gu.nbytes // 2),
                 (gu[half:].data_ptr(), gu.nbytes // 2)]
     monkeypatch.setenv(L2_PREFETCH_ENV_VAR, "0")

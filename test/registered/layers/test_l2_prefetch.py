@@ -11,8 +11,13 @@ import torch
 
 from sglang_aux.srt.layers.decode_gemv import l2_prefetch_plan
 from sglang_aux.srt.layers.triton_ops import l2_prefetch
-from sglang_aux.srt.layers.triton_ops.dispatch import L2_PREFETCH_ENV_VAR, check_kernel_switches
+from sglang_aux.srt.layers.triton_ops.dispatch import (
+    L2_PREFETCH_BULK_ENV_VAR,
+    L2_PREFETCH_ENV_VAR,
+    check_kernel_switches,
+)
 from sglang_aux.srt.layers.triton_ops.l2_prefetch import (
+    BULK_BYTES,
     LINE_BYTES,
     L2Prefetch,
     L2Region,
@@ -35,45 +40,50 @@ def test_a_budget_buys_o_proj_then_both_halves_of_gate_up():
     o, gu = _weights()
     plan = plan_l2_prefetch(16 << 20, o, gu)
     first, gate, up = plan.regions
-    assert first.start is o and first.lines == HIDDEN * ROW // LINE_BYTES  # all of o_proj
-    pair_rows = ((16 << 20) - HIDDEN * ROW) // (2 * ROW)
-    assert gate.lines == up.lines == pair_rows * ROW // LINE_BYTES
+    assert first.start is o and first.nbytes == o.nbytes  # all of o_proj
+    pair_rows = ((16 << 20) - o.nbytes) // (2 * ROW)
+    assert gate.nbytes == up.nbytes == pair_rows * ROW
     assert gate.start.data_ptr() == gu.data_ptr()
     assert up.start.data_ptr() == gu.data_ptr() + INTER * ROW
-    assert plan.lines * LINE_BYTES <= 16 << 20 < (plan.lines + 2 * ROW // LINE_BYTES) * LINE_BYTES
+    assert plan.nbytes <= 16 << 20 < plan.nbytes + 2 * ROW
+    assert plan.unit == LINE_BYTES and plan.requests == plan.nbytes // LINE_BYTES
 
 
 def test_a_small_budget_buys_o_projs_first_rows_and_a_large_one_stops_at_the_weights():
     o, gu = _weights()
     (only,) = plan_l2_prefetch(1 << 20, o, gu).regions
-    assert only.start is o and only.lines == (1 << 20) // ROW * ROW // LINE_BYTES
-    whole = plan_l2_prefetch(1 << 30, o, gu)
-    assert [r.lines * LINE_BYTES for r in whole.regions] == [o.nbytes, gu.nbytes // 2,
-                                                             gu.nbytes // 2]
-    odd = torch.empty(7, 10, dtype=torch.float32)  # a 40-byte row: the last line is partial
-    assert plan_l2_prefetch(1 << 20, odd, torch.empty(4, 10)).regions[0].lines == 3
+    assert only.start is o and only.nbytes == (1 << 20) // ROW * ROW
+    whole = plan_l2_prefetch(1 << 30, o, gu, BULK_BYTES)
+    assert [r.nbytes for r in whole.regions] == [o.nbytes, gu.nbytes // 2, gu.nbytes // 2]
+    # 16 KiB requests: o_proj's 4.5 MiB in 288, each gate | up half's 27.5 MB in 1,680
+    assert whole.requests == 288 + 2 * 1680
 
 
 def test_what_gets_no_plan():
     o, gu = _weights()
     assert plan_l2_prefetch(0, o, gu) is None
-    assert plan_l2_prefetch(LINE_BYTES - 1, o, gu) is None
+    assert plan_l2_prefetch(ROW - 1, o, gu) is None  # under one row of either
     assert plan_l2_prefetch(16 << 20, o.t(), gu) is None  # not contiguous
     assert plan_l2_prefetch(16 << 20, o, gu[1:]) is None  # odd rows: no halves
     assert plan_l2_prefetch(16 << 20, o, gu.float()) is None  # two dtypes
-    assert plan_l2_prefetch(1000, torch.empty(2, 1024, dtype=torch.bfloat16), gu) is None  # < a row
+    odd = torch.empty(4, 9, dtype=torch.bfloat16)  # 18-byte rows: a bulk request needs 16 | n
+    assert plan_l2_prefetch(1 << 20, odd, torch.empty(4, 9, dtype=torch.bfloat16)) is None
 
 
-def test_lines_spread_over_the_programs():
+def test_requests_spread_over_the_programs_one_lane_each():
     o, gu = _weights()
     plan = plan_l2_prefetch(16 << 20, o, gu)
-    args, per_program = plan.launch_args(256)
-    assert per_program & (per_program - 1) == 0 and per_program * 256 >= plan.lines
-    assert per_program // 2 * 256 < plan.lines
-    assert args[1::2] == [r.lines for r in plan.regions]
-    short = L2Prefetch((L2Region(o, 10),))
-    args, per_program = short.launch_args(256)
-    assert args == [o, 10, o, 0, o, 0] and per_program == 1
+    args, share, tile = plan.launch_args(256, 256)
+    assert share * 256 >= plan.requests > (share - 1) * 256 and tile == 512
+    assert args[1::2] == [r.nbytes for r in plan.regions]
+    bulk = plan_l2_prefetch(16 << 20, o, gu, BULK_BYTES)
+    _, share, tile = bulk.launch_args(256, 256)
+    assert share == 4 and tile == 256, "a lane per thread: none repeats another's request"
+    odd = L2Prefetch((L2Region(o, BULK_BYTES + 16),), BULK_BYTES)
+    assert odd.requests == 2, "the last request of a region takes what is left"
+    short = L2Prefetch((L2Region(o, 4096),))
+    args, share, tile = short.launch_args(256, 128)
+    assert args == [o, 4096, o, 0, o, 0] and (share, tile) == (1, 128)
 
 
 def test_regions_are_refused_when_they_cannot_launch():
@@ -81,10 +91,14 @@ def test_regions_are_refused_when_they_cannot_launch():
     with pytest.raises(ValueError, match="takes 1 to 3 regions, got 0"):
         L2Prefetch(())
     with pytest.raises(ValueError, match="takes 1 to 3 regions, got 4"):
-        L2Prefetch((L2Region(o, 1),) * 4)
+        L2Prefetch((L2Region(o, 16),) * 4)
     with pytest.raises(ValueError,
                        match=r"share a dtype, got \['torch.bfloat16', 'torch.float32'\]"):
-        L2Prefetch((L2Region(o, 1), L2Region(gu.float(), 1)))
+        L2Prefetch((L2Region(o, 16), L2Region(gu.float(), 16)))
+    with pytest.raises(ValueError, match=r"positive multiples of 16 bytes, got \[16, 24\]"):
+        L2Prefetch((L2Region(o, 16), L2Region(gu, 24)))
+    with pytest.raises(ValueError, match="unit is 128 or 16384 bytes, got 4096"):
+        L2Prefetch((L2Region(o, 16),), 4096)
 
 
 def test_a_layer_asks_only_with_a_budget_one_row_and_compiled_cuda(monkeypatch):
@@ -97,7 +111,10 @@ def test_a_layer_asks_only_with_a_budget_one_row_and_compiled_cuda(monkeypatch):
     assert l2_prefetch_plan(o, gu, row) is None, "a CPU tensor: no PTX"
     monkeypatch.setattr(l2_prefetch, "can_prefetch", lambda x: True)
     plan = l2_prefetch_plan(o, gu, row)
-    assert plan.regions[0].start is o.weight and plan.lines * LINE_BYTES <= 8 << 20
+    assert plan.regions[0].start is o.weight and plan.nbytes <= 8 << 20
+    assert plan.unit == LINE_BYTES
+    monkeypatch.setenv(L2_PREFETCH_BULK_ENV_VAR, "1")
+    assert l2_prefetch_plan(o, gu, row).unit == BULK_BYTES
     assert l2_prefetch_plan(o, gu, torch.empty(2, HIDDEN)) is None, "two rows: cuBLAS's step"
     monkeypatch.setenv(L2_PREFETCH_ENV_VAR, "5")
     with pytest.raises(ValueError, match=rf"^{L2_PREFETCH_ENV_VAR}='5'; choose from 0, 4, 8, "):

@@ -11,7 +11,7 @@ import torch
 from sglang_aux.srt.layers.rope_scaling import RopeScaling
 from sglang_aux.srt.layers.rotary_embedding import RotaryEmbedding
 from sglang_aux.srt.layers.triton_ops.dispatch import L2_PREFETCH_VALUES
-from sglang_aux.srt.layers.triton_ops.l2_prefetch import plan_l2_prefetch
+from sglang_aux.srt.layers.triton_ops.l2_prefetch import BULK_BYTES, LINE_BYTES, plan_l2_prefetch
 from sglang_aux.srt.layers.triton_ops.paired_row_gemv import row_gemv_rope_store
 from sglang_aux.test.ci.ci_register import register_cuda_ci
 from sglang_aux.test.kernel_checks import REAL_TRITON_ON_CUDA, fresh_seed
@@ -51,16 +51,17 @@ def test_the_prefetch_changes_no_bit():
     args, kw, loc, (o, gu) = _case()
     ref = _run(args, kw, loc, None)
     for mib in map(int, L2_PREFETCH_VALUES[1:]):
-        plan = plan_l2_prefetch(mib << 20, o, gu)
-        got = _run(args, kw, loc, plan)
-        for a, r in zip(got, ref, strict=True):
-            assert torch.equal(a, r), f"seed {seed}, {mib} MiB"
+        for unit in (LINE_BYTES, BULK_BYTES):
+            got = _run(args, kw, loc, plan_l2_prefetch(mib << 20, o, gu, unit))
+            for a, r in zip(got, ref, strict=True):
+                assert torch.equal(a, r), f"seed {seed}, {mib} MiB in {unit}-byte requests"
 
 
-def test_graph_replay_with_the_prefetch_equals_eager():
+@pytest.mark.parametrize("unit", [LINE_BYTES, BULK_BYTES])
+def test_graph_replay_with_the_prefetch_equals_eager(unit):
     fresh_seed()
     args, kw, loc, (o, gu) = _case()
-    plan = plan_l2_prefetch(16 << 20, o, gu)
+    plan = plan_l2_prefetch(16 << 20, o, gu, unit)
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):

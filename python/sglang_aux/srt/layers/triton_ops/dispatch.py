@@ -40,8 +40,11 @@ MARKOV_ARGMAX_VALUES = ("1", "0")
 # (triton_ops/l2_prefetch.py): none until a device run shows a gain.
 L2_PREFETCH_ENV_VAR = "SGLANG_AUX_L2_PREFETCH"
 L2_PREFETCH_VALUES = ("0", "4", "8", "12", "16", "24", "32")
+L2_PREFETCH_BULK_ENV_VAR = "SGLANG_AUX_L2_PREFETCH_BULK"  # 16 KiB requests (sm_90) or lines
+L2_PREFETCH_BULK_VALUES = ("0", "1")
 SWITCHES = {ENV_VAR: MODES, PDL_ENV_VAR: PDL_VALUES, PAIRED_GEMV_ENV_VAR: PAIRED_GEMV_VALUES,
-            MARKOV_ARGMAX_ENV_VAR: MARKOV_ARGMAX_VALUES, L2_PREFETCH_ENV_VAR: L2_PREFETCH_VALUES}
+            MARKOV_ARGMAX_ENV_VAR: MARKOV_ARGMAX_VALUES, L2_PREFETCH_ENV_VAR: L2_PREFETCH_VALUES,
+            L2_PREFETCH_BULK_ENV_VAR: L2_PREFETCH_BULK_VALUES}
 # `--decode-gemv-backend`: the dense projections of one-row forwards on cuBLAS (torch) or on the
 # row GEMV kernel (triton; layers/decode_gemv.py), which these rules then gate like any other.
 GEMV_BACKENDS = ("torch", "triton")

@@ -13,8 +13,10 @@ after it starts while they are in flight. Prefetches change no value: results ar
 same with or without them.
 
 `SGLANG_AUX_L2_PREFETCH` is the budget in MiB (0: none, the default until a device run shows
-a gain); the decoder layer plans what to fetch within it (`plan_l2_prefetch`). Compiled
-Triton on CUDA only: the interpreter and other back ends have no PTX.
+a gain); the decoder layer plans what to fetch within it (`plan_l2_prefetch`), asked line by
+line or, with `SGLANG_AUX_L2_PREFETCH_BULK=1`, 16 KiB a request through sm_90's bulk copy
+unit (fewer requests for the SMs to issue). Compiled Triton on CUDA only: the interpreter and
+other back ends have no PTX.
 """
 
 from __future__ import annotations
@@ -26,25 +28,33 @@ import torch
 import triton
 import triton.language as tl
 
-from sglang_aux.srt.layers.triton_ops.dispatch import L2_PREFETCH_ENV_VAR, switch
+from sglang_aux.srt.layers.triton_ops.dispatch import (
+    L2_PREFETCH_BULK_ENV_VAR,
+    L2_PREFETCH_ENV_VAR,
+    switch,
+)
 
 LINE_BYTES = 128  # an L2 line: what one `prefetch.global.L2` asks for
+BULK_BYTES = 16384  # what one `cp.async.bulk.prefetch.L2` asks for (sm_90's bulk copy unit)
 MAX_REGIONS = 3
 
 
 @dataclass(frozen=True)
 class L2Region:
-    """The first `lines` 128-byte lines from `start`'s first element."""
+    """The first `nbytes` bytes from `start`'s first element (a multiple of 16)."""
 
     start: torch.Tensor
-    lines: int
+    nbytes: int
 
 
 @dataclass(frozen=True)
 class L2Prefetch:
-    """At most `MAX_REGIONS` regions of weights, fetched in order."""
+    """At most `MAX_REGIONS` regions of weights of one dtype, fetched in order, `unit` bytes a
+    request: `LINE_BYTES` (one `prefetch.global.L2` a line, any CUDA device) or `BULK_BYTES`
+    (one `cp.async.bulk.prefetch.L2` a unit, sm_90+)."""
 
     regions: tuple[L2Region, ...]
+    unit: int = LINE_BYTES
 
     def __post_init__(self):
         if not 0 < len(self.regions) <= MAX_REGIONS:
@@ -54,18 +64,30 @@ class L2Prefetch:
         if len(dtypes) != 1:
             raise ValueError(f"the regions of one prefetch share a dtype, got "
                              f"{sorted(map(str, dtypes))}")
+        if self.unit not in (LINE_BYTES, BULK_BYTES):
+            raise ValueError(f"an L2 prefetch's unit is {LINE_BYTES} or {BULK_BYTES} bytes, "
+                             f"got {self.unit}")
+        if any(r.nbytes % 16 or r.nbytes <= 0 for r in self.regions):
+            raise ValueError(f"region sizes must be positive multiples of 16 bytes, got "
+                             f"{[r.nbytes for r in self.regions]}")
 
     @property
-    def lines(self) -> int:
-        return sum(r.lines for r in self.regions)
+    def nbytes(self) -> int:
+        return sum(r.nbytes for r in self.regions)
 
-    def launch_args(self, programs: int) -> tuple[list, int]:
-        """(the kernel's six region arguments, lines a program asks for: a power of 2 so
-        `programs` of them cover every line)."""
+    @property
+    def requests(self) -> int:
+        return sum(triton.cdiv(r.nbytes, self.unit) for r in self.regions)
+
+    def launch_args(self, programs: int, threads: int) -> tuple[list, int, int]:
+        """(the kernel's six region arguments, requests a program issues, the power-of-2
+        tile they are issued from: at least one lane for each of a program's `threads`, so
+        that no lane repeats another's request)."""
         regions = list(self.regions) + [L2Region(self.regions[0].start, 0)] * (
             MAX_REGIONS - len(self.regions))
-        args = [a for r in regions for a in (r.start, r.lines)]
-        return args, triton.next_power_of_2(triton.cdiv(self.lines, programs))
+        args = [a for r in regions for a in (r.start, r.nbytes)]
+        share = triton.cdiv(self.requests, programs)
+        return args, share, triton.next_power_of_2(max(share, threads))
 
 
 def budget_bytes() -> int:
@@ -74,55 +96,69 @@ def budget_bytes() -> int:
     return int(switch(L2_PREFETCH_ENV_VAR)) << 20
 
 
+def request_unit() -> int:
+    """`SGLANG_AUX_L2_PREFETCH_BULK`: 1 asks in bulk units, 0 (the default) line by line."""
+    return BULK_BYTES if switch(L2_PREFETCH_BULK_ENV_VAR) == "1" else LINE_BYTES
+
+
 def can_prefetch(x: torch.Tensor) -> bool:
     """Whether kernels fed with `x` run compiled on an NVIDIA device (PTX)."""
     return (x.is_cuda and torch.version.hip is None
             and os.environ.get("TRITON_INTERPRET") != "1")
 
 
-def _lines(t: torch.Tensor, rows: int) -> int:
-    """Lines holding the first `rows` rows of the contiguous `t` (the last one partial)."""
-    return triton.cdiv(rows * t.stride(0) * t.element_size(), LINE_BYTES)
-
-
-def plan_l2_prefetch(budget: int, first: torch.Tensor, paired: torch.Tensor
-                     ) -> L2Prefetch | None:
+def plan_l2_prefetch(budget: int, first: torch.Tensor, paired: torch.Tensor,
+                     unit: int = LINE_BYTES) -> L2Prefetch | None:
     """What to fetch with `budget` bytes: `first` `[N, K]` from its first row (read first,
     all of it if it fits), then what is left split between the first rows of the two halves
-    of `paired` `[2 I, K]` (gate | up: the paired GEMV's programs read row c with row c + I).
-    None for a budget under one line, weights not contiguous or of another dtype."""
-    if budget < LINE_BYTES or not first.is_contiguous() or not paired.is_contiguous() \
-            or first.dim() != 2 or paired.dim() != 2 or paired.shape[0] % 2 \
-            or first.dtype != paired.dtype:
+    of `paired` `[2 I, K]` (gate | up: the paired GEMV's programs read row c with row c + I);
+    whole rows only. None for a budget under a row, weights not contiguous, of two dtypes or
+    rows not a multiple of 16 bytes."""
+    if not first.is_contiguous() or not paired.is_contiguous() or first.dim() != 2 \
+            or paired.dim() != 2 or paired.shape[0] % 2 or first.dtype != paired.dtype:
         return None
-    row_bytes = first.stride(0) * first.element_size()
-    first_rows = min(first.shape[0], budget // row_bytes)
-    regions = [L2Region(first, _lines(first, first_rows))] if first_rows else []
+    first_row = first.stride(0) * first.element_size()
+    pair_row = paired.stride(0) * paired.element_size()
+    if first_row % 16 or pair_row % 16:
+        return None
+    first_rows = min(first.shape[0], budget // first_row)
+    regions = [L2Region(first, first_rows * first_row)] if first_rows else []
     half = paired.shape[0] // 2
-    left = budget - first_rows * row_bytes
-    pair_rows = min(half, left // (2 * paired.stride(0) * paired.element_size()))
+    pair_rows = min(half, (budget - first_rows * first_row) // (2 * pair_row))
     if pair_rows:
-        lines = _lines(paired, pair_rows)
-        regions += [L2Region(paired, lines), L2Region(paired[half:], lines)]
-    return L2Prefetch(tuple(regions)) if regions else None
+        regions += [L2Region(paired, pair_rows * pair_row),
+                    L2Region(paired[half:], pair_rows * pair_row)]
+    return L2Prefetch(tuple(regions), unit) if regions else None
 
 
 @triton.jit
-def _prefetch_line(ptr):
-    """Ask the L2 for the line holding `ptr` (each element of a tensor of pointers)."""
-    return tl.inline_asm_elementwise("prefetch.global.L2 [$1]; mov.u32 $0, 0;", "=r,l",
-                                     [ptr], dtype=tl.int32, is_pure=False, pack=1)
+def _ask(ptr, size, UNIT: tl.constexpr):
+    """One request of `size` bytes from `ptr` where size > 0 (each element of the tensors)."""
+    if UNIT == 128:
+        asm: tl.constexpr = ("{ .reg .pred p; setp.gt.s32 p, $2, 0; "
+                             "@p prefetch.global.L2 [$1]; mov.u32 $0, 0; }")
+    else:
+        asm: tl.constexpr = ("{ .reg .pred p; setp.gt.s32 p, $2, 0; "
+                             "@p cp.async.bulk.prefetch.L2.global [$1], $2; mov.u32 $0, 0; }")
+    return tl.inline_asm_elementwise(asm, "=r,l,r", [ptr, size], dtype=tl.int32, is_pure=False,
+                                     pack=1)
 
 
 @triton.jit
-def prefetch_l2(P0, n0, P1, n1, P2, n2, pid, LINES: tl.constexpr):
-    """Program `pid`'s share of the regions' lines: `LINES` of them from line `pid * LINES`
-    of the three regions laid end to end (`L2Prefetch.launch_args`)."""
-    LINE_ELEMS: tl.constexpr = 128 // P0.dtype.element_ty.primitive_bitwidth * 8
-    i = (pid * LINES + tl.arange(0, LINES)).to(tl.int64)
+def prefetch_l2(P0, b0, P1, b1, P2, b2, pid, SHARE: tl.constexpr, TILE: tl.constexpr,
+                UNIT: tl.constexpr):
+    """Program `pid`'s share of the regions' requests: `SHARE` of them from request
+    `pid * SHARE` of the three regions (b bytes each) laid end to end, issued from a tile of
+    `TILE` lanes (`L2Prefetch.launch_args`), `UNIT` bytes each (the last of a region what is
+    left)."""
+    ELEMS: tl.constexpr = UNIT * 8 // P0.dtype.element_ty.primitive_bitwidth
+    n0 = tl.cdiv(b0, UNIT)
+    n1 = tl.cdiv(b1, UNIT)
+    j = tl.arange(0, TILE)
+    i = pid.to(tl.int64) * SHARE + j
     in0 = i < n0
     in1 = (i >= n0) & (i < n0 + n1)
-    ptr = tl.where(in0, P0 + i * LINE_ELEMS,
-                   tl.where(in1, P1 + (i - n0) * LINE_ELEMS, P2 + (i - n0 - n1) * LINE_ELEMS))
-    live = i < n0 + n1 + n2
-    _prefetch_line(tl.where(live, ptr, P0))
+    u = tl.where(in0, i, tl.where(in1, i - n0, i - n0 - n1))
+    ptr = tl.where(in0, P0 + u * ELEMS, tl.where(in1, P1 + u * ELEMS, P2 + u * ELEMS))
+    left = tl.where(in0, b0, tl.where(in1, b1, b2)) - u * UNIT
+    _ask(ptr, tl.where(j < SHARE, tl.minimum(left, UNIT), 0).to(tl.int32), UNIT)

@@ -63,16 +63,18 @@ def _pair_tile(X, R, NW, W, B, R_Out, K, stride_w, eps, half,
 def _rope_store_gemv_kernel(X, R, NW, W, B, Q_Out, R_Out, Positions, Cos_Sin, K_Cache,
                             V_Cache, Loc, K, stride_w, stride_cs, stride_kc, stride_kh,
                             stride_vc, stride_vh, eps, num_q_heads, num_kv_heads,
-                            P0, n0, P1, n1, P2, n2,
+                            P0, b0, P1, b1, P2, b2,
                             HAS_NORM: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
                             HAS_BIAS: tl.constexpr, PDL: tl.constexpr, HALF: tl.constexpr,
                             BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, K_PAD: tl.constexpr,
-                            PREFETCH_LINES: tl.constexpr):
+                            PREFETCH: tl.constexpr, PREFETCH_TILE: tl.constexpr,
+                            PREFETCH_UNIT: tl.constexpr):
     head, c, c_mask, x1, x2 = _pair_tile(X, R, NW, W, B, R_Out, K, stride_w, eps, HALF,
                                          HAS_NORM, HAS_RESIDUAL, HAS_BIAS, PDL, BLOCK_N,
                                          BLOCK_K, K_PAD)
-    if PREFETCH_LINES:  # this program's weight reads are done: the next projections' start
-        prefetch_l2(P0, n0, P1, n1, P2, n2, tl.program_id(0), PREFETCH_LINES)
+    if PREFETCH:  # this program's weight reads are done: the next projections' start
+        prefetch_l2(P0, b0, P1, b1, P2, b2, tl.program_id(0), PREFETCH, PREFETCH_TILE,
+                    PREFETCH_UNIT)
     dtype = X.dtype.element_ty
     slot = tl.load(Loc).to(tl.int64)
     if head < num_q_heads + num_kv_heads:
@@ -149,7 +151,8 @@ def row_gemv_rope_store(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tenso
     q = torch.empty((1, num_q_heads * head_dim), dtype=x.dtype, device=x.device)
     stream = _stream(x, residual)
     grid = (num_q_heads + 2 * num_kv_heads) * triton.cdiv(head_dim // 2, cfg.block_n // 2)
-    regions, lines = prefetch.launch_args(grid) if prefetch is not None else ([x, 0] * 3, 0)
+    regions, share, tile = ([x, 0] * 3, 0, 0) if prefetch is None else \
+        prefetch.launch_args(grid, 32 * cfg.num_warps)
     _rope_store_gemv_kernel[(grid,)](
         x, residual if residual is not None else x,
         norm_weight if norm_weight is not None else x, weight,
@@ -159,7 +162,8 @@ def row_gemv_rope_store(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tenso
         num_kv_heads, *regions, HAS_NORM=norm_weight is not None,
         HAS_RESIDUAL=residual is not None, HAS_BIAS=bias is not None, PDL=pdl,
         HALF=head_dim // 2, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
-        K_PAD=triton.next_power_of_2(x.shape[1]), PREFETCH_LINES=lines,
+        K_PAD=triton.next_power_of_2(x.shape[1]), PREFETCH=share, PREFETCH_TILE=tile,
+        PREFETCH_UNIT=prefetch.unit if prefetch is not None else 0,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, launch_pdl=pdl)
     return q, stream
 
