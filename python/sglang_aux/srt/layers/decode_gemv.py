@@ -109,7 +109,7 @@ def l2_prefetch_plan(first: nn.Module, paired: nn.Module, hidden: torch.Tensor
     if not l2_prefetch.can_prefetch(hidden):
         return None
     return l2_prefetch.plan_l2_prefetch(l2_prefetch.budget_bytes(), first.weight,
-                                        paired.weight, l2_prefetch.request_unit())
+                                        paired.weight, l2_prefetch.request_unit(hidden))
 
 
 def norm_qkv_store(norm: RMSNorm, qkv_proj: nn.Module, rotary: RotaryEmbedding,

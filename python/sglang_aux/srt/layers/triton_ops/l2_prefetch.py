@@ -96,9 +96,15 @@ def budget_bytes() -> int:
     return int(switch(L2_PREFETCH_ENV_VAR)) << 20
 
 
-def request_unit() -> int:
-    """`SGLANG_AUX_L2_PREFETCH_BULK`: 1 asks in bulk units, 0 (the default) line by line."""
-    return BULK_BYTES if switch(L2_PREFETCH_BULK_ENV_VAR) == "1" else LINE_BYTES
+def request_unit(x: torch.Tensor) -> int:
+    """`SGLANG_AUX_L2_PREFETCH_BULK`: 1 asks in bulk units (a ValueError on a CUDA device
+    older than sm_90, which has no bulk copy unit), 0 (the default) line by line."""
+    if switch(L2_PREFETCH_BULK_ENV_VAR) == "0":
+        return LINE_BYTES
+    if x.is_cuda and torch.cuda.get_device_capability(x.device) < (9, 0):
+        raise ValueError(f"{L2_PREFETCH_BULK_ENV_VAR}=1 needs a CUDA device of compute "
+                         f"capability >= 9.0, got {torch.cuda.get_device_capability(x.device)}")
+    return BULK_BYTES
 
 
 def can_prefetch(x: torch.Tensor) -> bool:
