@@ -19,9 +19,8 @@ replay's N costliest kernels. `--triton-attention-decode-merge in_kernel` measur
 one-launch decode attention. `--pdl on|off` launches our kernels (row GEMVs, RMSNorm, RoPE + KV
 store, SiLU-mul) dependent or not (programmatic dependent launch: it sets `SGLANG_AUX_PDL` for
 this process, `triton_ops/grid_dependency.py`; `auto`, the default, is the server's: one-token
-launches where the device has it); `--paired-gemv` sets its switch likewise, and
-`--l2-prefetch MIB` the bs-1 decode's L2 prefetch (`triton_ops/l2_prefetch.py`). Run the
-settings compared beside each other in the same call.
+launches where the device has it); `--paired-gemv` sets its switch likewise. Run the settings
+compared beside each other in the same call.
 """
 
 from __future__ import annotations
@@ -39,10 +38,6 @@ from step_bandwidth import copy_bandwidth, kv_bytes, weight_bytes
 from sglang_aux.srt.entrypoints.engine import Engine
 from sglang_aux.srt.layers.triton_ops.dispatch import (
     GEMV_BACKENDS,
-    L2_PREFETCH_BULK_ENV_VAR,
-    L2_PREFETCH_BULK_VALUES,
-    L2_PREFETCH_ENV_VAR,
-    L2_PREFETCH_VALUES,
     PAIRED_GEMV_ENV_VAR,
     PDL_ENV_VAR,
 )
@@ -153,8 +148,6 @@ def _replay_rows(engine: Engine, preset: str, graph: str, sizes: list[int], args
         tb_s = (weights + kv) / (ms / 1e3) / 1e12
         row = {"preset": preset, "graph": gr.mode.name, "bs": bs,
                "decode_gemv_backend": args.decode_gemv_backend, "pdl": args.pdl,
-               "l2_prefetch_mib": int(args.l2_prefetch),
-               "l2_prefetch_bulk": int(args.l2_prefetch_bulk),
                "tokens_per_req": w, "context": args.context,
                "replay_ms": ms, "kernels": kernels, "layers": layers,
                "kernels_per_layer": None if kernels is None else kernels / layers,
@@ -196,20 +189,11 @@ def main() -> None:
     p.add_argument("--paired-gemv", default="on", choices=["on", "off"],
                    help="with the triton backend, qkv + RoPE + K/V store and gate_up + SiLU-mul "
                         "as one kernel each (SGLANG_AUX_PAIRED_GEMV; on, the server's default)")
-    p.add_argument("--l2-prefetch", default=L2_PREFETCH_VALUES[0], choices=L2_PREFETCH_VALUES,
-                   metavar="MIB", help="MiB of o_proj and gate | up a bs-1 decode layer's qkv "
-                   "kernel asks the L2 for (SGLANG_AUX_L2_PREFETCH; 0, the server's default)")
-    p.add_argument("--l2-prefetch-bulk", default=L2_PREFETCH_BULK_VALUES[0],
-                   choices=L2_PREFETCH_BULK_VALUES,
-                   help="1: ask in 16 KiB bulk requests, 0: line by line "
-                        "(SGLANG_AUX_L2_PREFETCH_BULK)")
     p.add_argument("--out", default="benchmark/spec_decode/graph_replay.json")
     args = p.parse_args()
     on_off = {"on": "1", "off": "0", "auto": "auto"}
     for var, value in ((PDL_ENV_VAR, args.pdl), (PAIRED_GEMV_ENV_VAR, args.paired_gemv)):
         os.environ[var] = on_off[value]
-    os.environ[L2_PREFETCH_ENV_VAR] = args.l2_prefetch
-    os.environ[L2_PREFETCH_BULK_ENV_VAR] = args.l2_prefetch_bulk
     device = torch.device("cuda" if args.device == "auto" and torch.cuda.is_available()
                           else "cpu" if args.device == "auto" else args.device)
     if args.kernel_table is None:

@@ -255,20 +255,6 @@ def _gemv_launches(builds: Builds) -> None:
         builds.label(f"paired gate_up+silu pdl={pdl}")
         row_gemv_silu_mul(_t(1, HIDDEN), _t(2 * INTER, HIDDEN), norm_weight=norm, eps=1e-6,
                           residual=_t(1, HIDDEN), pdl=pdl)
-    from sglang_aux.srt.layers.triton_ops.l2_prefetch import (
-        BULK_BYTES,
-        LINE_BYTES,
-        plan_l2_prefetch,
-    )
-
-    for mib, unit in ((4, LINE_BYTES), (16, LINE_BYTES), (16, BULK_BYTES)):
-        builds.label(f"paired qkv+rope+store l2 prefetch {mib} MiB, {unit}-byte requests",
-                     candidate=True)
-        row_gemv_rope_store(_t(1, HIDDEN), _t(QKV, HIDDEN), _t(QKV), positions, cos_sin,
-                            k_cache, v_cache, loc, HEADS, norm_weight=norm, eps=1e-6,
-                            residual=_t(1, HIDDEN), pdl=True,
-                            prefetch=plan_l2_prefetch(mib << 20, _t(HIDDEN, HIDDEN),
-                                                      _t(2 * INTER, HIDDEN), unit))
 
 
 def _elementwise_launches(builds: Builds) -> None:

@@ -19,12 +19,10 @@ import torch  # noqa: E402
 from sglang_aux.srt.entrypoints.engine import Engine  # noqa: E402
 from sglang_aux.srt.forward_state.forward_batch_info import ForwardMode  # noqa: E402
 from sglang_aux.srt.layers.decode_gemv import set_decode_gemv_backend  # noqa: E402
-from sglang_aux.srt.layers.triton_ops import l2_prefetch  # noqa: E402
 from sglang_aux.srt.layers.triton_ops import paired_row_gemv as paired_module  # noqa: E402
 from sglang_aux.srt.layers.triton_ops import row_gemv as row_gemv_module  # noqa: E402
 from sglang_aux.srt.layers.triton_ops.dispatch import (  # noqa: E402
     ENV_VAR,
-    L2_PREFETCH_ENV_VAR,
     PAIRED_GEMV_ENV_VAR,
     PDL_ENV_VAR,
 )
@@ -141,42 +139,6 @@ def test_step_logits_and_aux_equal_the_torch_backend(root, monkeypatch, launches
     assert {r for r, *_ in launches} == ({1} if rows == 1 else set())
     if rows == 1:
         assert {v[1:] for v in launches} == _variants(preset == "tiny-qwen2", True)
-
-
-def test_a_decode_layer_hands_its_qkv_kernel_the_weights_read_after_attention(root,
-                                                                              monkeypatch):
-    """With a budget, each one-token layer's qkv kernel gets o_proj's weight and the first rows
-    of both gate | up halves (all of them, in a tiny model); the interpreter cannot run the
-    PTX, so the spy hands the kernel none and checks the plans."""
-    monkeypatch.setenv(ENV_VAR, "force")
-    monkeypatch.setenv(L2_PREFETCH_ENV_VAR, "4")
-    monkeypatch.setattr(l2_prefetch, "can_prefetch", lambda x: True)
-    plans = []
-    real = paired_module.row_gemv_rope_store
-
-    def spy(*args, prefetch=None, **kw):
-        plans.append(prefetch)
-        return real(*args, **kw)
-
-    monkeypatch.setattr(paired_module, "row_gemv_rope_store", spy)
-    runner = make_runner(_checkpoint(root, "tiny-qwen2"), max_total_tokens=512,
-                         max_running_requests=4, context_length=256,
-                         decode_gemv_backend="triton")
-    reqs = prefill_random(runner, [20], seed=3)
-    plans.clear()  # the prefill's one-token requests, if any
-    eager_forward(runner, fixed_batch(runner, reqs, ForwardMode.DECODE, 1, seed=1))
-    layers = runner.model.model.layers
-    assert len(plans) == len(layers)
-    for plan, layer in zip(plans, layers, strict=True):
-        o, gu = layer.self_attn.o_proj.weight, layer.mlp.gate_up_proj.weight
-        half = gu.shape[0] // 2
-        assert [(r.start.data_ptr(), r.nbytes) for r in plan.regions] \
-            == [(o.data_ptr(), o.nbytes), (gu.data_ptr(), gu.nbytes // 2),
-                (gu[half:].data_ptr(), gu.nbytes // 2)]
-    monkeypatch.setenv(L2_PREFETCH_ENV_VAR, "0")
-    plans.clear()
-    eager_forward(runner, fixed_batch(runner, reqs, ForwardMode.DECODE, 1, seed=1))
-    assert plans == [None] * len(layers)
 
 
 def test_off_by_default_and_validated(root, monkeypatch):

@@ -97,6 +97,8 @@ def test_runner_rebuilt_in_process_captures_again(tmp_path):
 def test_capture_collects_the_heap_once(tmp_path):
     """A run of captures pays one full collection (`frozen_gc`), not one per graph: a
     server's heap takes ~0.1 s to collect, and a DFlash server captures hundreds of graphs."""
+    gc.unfreeze()  # a process may start with objects frozen (the H100's pytest: ~375), and
+    # a block entered so leaves the heap frozen (`frozen_gc`): start from none
     runner = _runner(tmp_path, "tiny-k3", [1, 3, 5])
     with full_collections() as starts:
         _steps(runner)

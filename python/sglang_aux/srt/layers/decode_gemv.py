@@ -14,7 +14,6 @@ Under the row GEMV the two projections that feed an elementwise step pair their 
 runs in the projection's kernel (`triton_ops/paired_row_gemv.py`): qkv with RoPE and the K/V
 store (`norm_qkv_store`), gate | up with the SiLU-mul (`norm_linear` given the act).
 `SGLANG_AUX_PAIRED_GEMV=0` keeps the unpaired launches, for before/after measurements.
-The qkv kernel may also ask the L2 for the weights read after attention (`l2_prefetch_plan`).
 """
 
 from __future__ import annotations
@@ -28,7 +27,6 @@ from sglang_aux.srt.layers.layernorm import RMSNorm, add_norm
 from sglang_aux.srt.layers.triton_ops.dispatch import (
     GEMV_BACKENDS,
     GEMV_DTYPES,
-    L2_PREFETCH_ENV_VAR,
     PAIRED_GEMV_ENV_VAR,
     switch,
     use_triton,
@@ -39,7 +37,6 @@ if TYPE_CHECKING:
     from sglang_aux.srt.layers.activation import SiluAndMul
     from sglang_aux.srt.layers.radix_attention import RadixAttention
     from sglang_aux.srt.layers.rotary_embedding import RotaryEmbedding
-    from sglang_aux.srt.layers.triton_ops.l2_prefetch import L2Prefetch
 
 
 def paired_gemv() -> bool:
@@ -96,33 +93,15 @@ def norm_linear(norm: RMSNorm, linear: nn.Module, hidden: torch.Tensor,
     return (y if act is None else act(y)), stream
 
 
-def l2_prefetch_plan(first: nn.Module, paired: nn.Module, hidden: torch.Tensor
-                     ) -> L2Prefetch | None:
-    """What a one-token layer's qkv kernel asks the L2 for, to be read after its attention
-    (`triton_ops/l2_prefetch.py`): `first`'s weight (o_proj), then the first rows of both
-    halves of `paired`'s (gate | up), within `SGLANG_AUX_L2_PREFETCH` MiB. None with no
-    budget, more than one row, or no compiled CUDA device."""
-    if switch(L2_PREFETCH_ENV_VAR) == "0" or hidden.dim() != 2 or hidden.shape[0] != 1:
-        return None
-    from sglang_aux.srt.layers.triton_ops import l2_prefetch
-
-    if not l2_prefetch.can_prefetch(hidden):
-        return None
-    return l2_prefetch.plan_l2_prefetch(l2_prefetch.budget_bytes(), first.weight,
-                                        paired.weight, l2_prefetch.request_unit(hidden))
-
-
 def norm_qkv_store(norm: RMSNorm, qkv_proj: nn.Module, rotary: RotaryEmbedding,
                    attn: RadixAttention, positions: torch.Tensor, hidden: torch.Tensor,
-                   residual: torch.Tensor | None, forward_batch: ForwardBatch,
-                   prefetch: L2Prefetch | None = None
+                   residual: torch.Tensor | None, forward_batch: ForwardBatch
                    ) -> tuple[torch.Tensor, torch.Tensor] | None:
     """`(q, stream)` of one decode token in one kernel: the norm of the stream, the qkv
     projection, RoPE on q and k at `positions`, k and v written to `attn`'s KV store; as
     `norm_linear` then `rotary.forward_and_store` would give them. None where the paired kernel
     does not apply (more tokens, the torch backend, no KV pool, a cache in another dtype): the
-    caller runs those two steps. No per-head q/k norm: the caller has none (Qwen3 has).
-    `prefetch`: what the kernel then asks the L2 for (`l2_prefetch_plan`)."""
+    caller runs those two steps. No per-head q/k norm: the caller has none (Qwen3 has)."""
     if not use_gemv(qkv_proj, hidden) or not paired_gemv() \
             or (residual is not None and not residual.is_contiguous()):
         return None
@@ -139,4 +118,4 @@ def norm_qkv_store(norm: RMSNorm, qkv_proj: nn.Module, rotary: RotaryEmbedding,
                                rotary.cos_sin_cache, k_cache, v_cache, store.loc,
                                attn.tp_q_head_num,
                                norm_weight=norm.weight, eps=norm.variance_epsilon,
-                               residual=residual, prefetch=prefetch)
+                               residual=residual)

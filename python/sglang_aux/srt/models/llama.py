@@ -34,7 +34,7 @@ from sglang_aux.srt.layers.aux_hidden_states import (
     ProjectedAuxCapture,
     finish_aux_hidden_states,
 )
-from sglang_aux.srt.layers.decode_gemv import l2_prefetch_plan, norm_linear, norm_qkv_store
+from sglang_aux.srt.layers.decode_gemv import norm_linear, norm_qkv_store
 from sglang_aux.srt.layers.layernorm import RMSNorm, add_norm
 from sglang_aux.srt.layers.linear import MergedColumnLinear, RowParallelLinear, column_shards
 from sglang_aux.srt.layers.logits_processor import LogitsProcessor, LogitsProcessorOutput
@@ -128,18 +128,15 @@ class LlamaAttention(nn.Module):
 
     def norm_attend(self, norm: RMSNorm, positions: torch.Tensor, hidden: torch.Tensor,
                     residual: torch.Tensor | None, forward_batch: ForwardBatch,
-                    aux: AuxHiddenStates | None, then: nn.Module | None = None
-                    ) -> tuple[torch.Tensor, torch.Tensor]:
+                    aux: AuxHiddenStates | None) -> tuple[torch.Tensor, torch.Tensor]:
         """`(attention output, stream)` of the stream `hidden + residual` through `norm`;
         `aux` captures the stream. At one decode token on the row GEMV, the norm, qkv, RoPE
         and K/V store are one kernel (`norm_qkv_store`), else the norm and qkv are
-        (`norm_linear`); the one kernel may ask the L2 for `o_proj`'s weight and the start of
-        `then`'s (the gate | up projection after attention: `l2_prefetch_plan`)."""
+        (`norm_linear`)."""
         stored = None
         if self.q_norm is None:
-            prefetch = None if then is None else l2_prefetch_plan(self.o_proj, then, hidden)
             stored = norm_qkv_store(norm, self.qkv_proj, self.rotary_emb, self.attn, positions,
-                                    hidden, residual, forward_batch, prefetch)
+                                    hidden, residual, forward_batch)
         if stored is None:
             qkv, stream = norm_linear(norm, self.qkv_proj, hidden, residual)
         else:
@@ -188,10 +185,9 @@ class LlamaDecoderLayer(nn.Module):
         Each norm also runs with the projection after it (one decode GEMV kernel at one
         token: `LlamaAttention.norm_attend`, `norm_linear`), the MLP's SiLU-mul with its
         gate | up projection."""
-        mlp = self.mlp
         hidden, residual = self.self_attn.norm_attend(self.input_layernorm, positions, hidden,
-                                                      residual, forward_batch, aux,
-                                                      mlp.gate_up_proj)
+                                                      residual, forward_batch, aux)
+        mlp = self.mlp
         act, residual = norm_linear(self.post_attention_layernorm, mlp.gate_up_proj, hidden,
                                     residual, mlp.act_fn)
         return mlp.down_proj(act), residual

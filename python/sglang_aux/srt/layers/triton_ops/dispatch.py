@@ -25,8 +25,8 @@ ENV_VAR = "SGLANG_AUX_FUSED_KERNELS"
 MODES = ("auto", "off", "force")
 # The kernels' environment switches and their values, checked when the server's arguments are
 # (`check_kernel_switches`), so a typo stops the server before the model loads rather than at
-# its first step: PDL (`grid_dependency.py`), the paired row GEMVs (`layers/decode_gemv.py`),
-# DSpark's Markov loop and the L2 prefetch.
+# its first step: PDL (`grid_dependency.py`), the paired row GEMVs (`layers/decode_gemv.py`) and
+# DSpark's Markov loop.
 PDL_ENV_VAR = "SGLANG_AUX_PDL"
 PDL_VALUES = ("auto", "0", "1")
 PAIRED_GEMV_ENV_VAR = "SGLANG_AUX_PAIRED_GEMV"
@@ -36,15 +36,8 @@ PAIRED_GEMV_VALUES = ("1", "0")
 # (docs/benchmarks.md section 9j); "0" keeps the loop.
 MARKOV_ARGMAX_ENV_VAR = "SGLANG_AUX_MARKOV_ARGMAX"
 MARKOV_ARGMAX_VALUES = ("1", "0")
-# MiB of the next projections' weights a bs-1 decode layer's qkv kernel asks the L2 for
-# (triton_ops/l2_prefetch.py): none until a device run shows a gain.
-L2_PREFETCH_ENV_VAR = "SGLANG_AUX_L2_PREFETCH"
-L2_PREFETCH_VALUES = ("0", "4", "8", "12", "16", "24", "32")
-L2_PREFETCH_BULK_ENV_VAR = "SGLANG_AUX_L2_PREFETCH_BULK"  # 16 KiB requests (sm_90) or lines
-L2_PREFETCH_BULK_VALUES = ("0", "1")
 SWITCHES = {ENV_VAR: MODES, PDL_ENV_VAR: PDL_VALUES, PAIRED_GEMV_ENV_VAR: PAIRED_GEMV_VALUES,
-            MARKOV_ARGMAX_ENV_VAR: MARKOV_ARGMAX_VALUES, L2_PREFETCH_ENV_VAR: L2_PREFETCH_VALUES,
-            L2_PREFETCH_BULK_ENV_VAR: L2_PREFETCH_BULK_VALUES}
+            MARKOV_ARGMAX_ENV_VAR: MARKOV_ARGMAX_VALUES}
 # `--decode-gemv-backend`: the dense projections of one-row forwards on cuBLAS (torch) or on the
 # row GEMV kernel (triton; layers/decode_gemv.py), which these rules then gate like any other.
 GEMV_BACKENDS = ("torch", "triton")

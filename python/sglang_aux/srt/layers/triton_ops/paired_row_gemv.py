@@ -26,7 +26,6 @@ import triton
 import triton.language as tl
 
 from sglang_aux.srt.layers.triton_ops.grid_dependency import resolve_pdl
-from sglang_aux.srt.layers.triton_ops.l2_prefetch import L2Prefetch, prefetch_l2
 from sglang_aux.srt.layers.triton_ops.row_gemv import (
     RowGemvConfig,
     check_row_gemv_inputs,
@@ -63,18 +62,12 @@ def _pair_tile(X, R, NW, W, B, R_Out, K, stride_w, eps, half,
 def _rope_store_gemv_kernel(X, R, NW, W, B, Q_Out, R_Out, Positions, Cos_Sin, K_Cache,
                             V_Cache, Loc, K, stride_w, stride_cs, stride_kc, stride_kh,
                             stride_vc, stride_vh, eps, num_q_heads, num_kv_heads,
-                            P0, b0, P1, b1, P2, b2,
                             HAS_NORM: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
                             HAS_BIAS: tl.constexpr, PDL: tl.constexpr, HALF: tl.constexpr,
-                            BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, K_PAD: tl.constexpr,
-                            PREFETCH: tl.constexpr, PREFETCH_TILE: tl.constexpr,
-                            PREFETCH_UNIT: tl.constexpr):
+                            BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, K_PAD: tl.constexpr):
     head, c, c_mask, x1, x2 = _pair_tile(X, R, NW, W, B, R_Out, K, stride_w, eps, HALF,
                                          HAS_NORM, HAS_RESIDUAL, HAS_BIAS, PDL, BLOCK_N,
                                          BLOCK_K, K_PAD)
-    if PREFETCH:  # this program's weight reads are done: the next projections' start
-        prefetch_l2(P0, b0, P1, b1, P2, b2, tl.program_id(0), PREFETCH, PREFETCH_TILE,
-                    PREFETCH_UNIT)
     dtype = X.dtype.element_ty
     slot = tl.load(Loc).to(tl.int64)
     if head < num_q_heads + num_kv_heads:
@@ -124,15 +117,13 @@ def row_gemv_rope_store(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tenso
                         k_cache: torch.Tensor, v_cache: torch.Tensor, loc: torch.Tensor,
                         num_q_heads: int, *, norm_weight: torch.Tensor | None = None,
                         eps: float = 0.0, residual: torch.Tensor | None = None,
-                        config: RowGemvConfig | None = None, pdl: bool | None = None,
-                        prefetch: L2Prefetch | None = None
+                        config: RowGemvConfig | None = None, pdl: bool | None = None
                         ) -> tuple[torch.Tensor, torch.Tensor]:
     """One token's qkv projection `x [1, K] @ weight [(H + 2 * KVH) * D, K]^T` (+ bias; the
     norm and residual as `row_gemv` takes them), q and k rotated at `positions` `[1]` by
     `cos_sin_cache` `[max_pos, D]` (cos | sin), k and v stored in `k_cache` / `v_cache`
     `[slots, KVH, D]` at `loc` `[1]`. Returns `(q [1, H * D], stream)`: the stream as
-    `row_gemv` returns it (x itself without a norm). `prefetch`: weights the programs ask the
-    L2 for once their loads are done (`l2_prefetch.py`; compiled CUDA only)."""
+    `row_gemv` returns it (x itself without a norm)."""
     n, _ = check_row_gemv_inputs(x, weight, bias, norm_weight, residual)
     num_kv_heads, head_dim = k_cache.shape[1], cos_sin_cache.shape[1]
     if n != (num_q_heads + 2 * num_kv_heads) * head_dim:
@@ -151,19 +142,15 @@ def row_gemv_rope_store(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tenso
     q = torch.empty((1, num_q_heads * head_dim), dtype=x.dtype, device=x.device)
     stream = _stream(x, residual)
     grid = (num_q_heads + 2 * num_kv_heads) * triton.cdiv(head_dim // 2, cfg.block_n // 2)
-    regions, share, tile = ([x, 0] * 3, 0, 0) if prefetch is None else \
-        prefetch.launch_args(grid, 32 * cfg.num_warps)
     _rope_store_gemv_kernel[(grid,)](
         x, residual if residual is not None else x,
         norm_weight if norm_weight is not None else x, weight,
         bias if bias is not None else weight, q, stream, positions, cos_sin_cache, k_cache,
         v_cache, loc, x.shape[1], weight.stride(0), cos_sin_cache.stride(0), k_cache.stride(0),
         k_cache.stride(1), v_cache.stride(0), v_cache.stride(1), eps, num_q_heads,
-        num_kv_heads, *regions, HAS_NORM=norm_weight is not None,
-        HAS_RESIDUAL=residual is not None, HAS_BIAS=bias is not None, PDL=pdl,
-        HALF=head_dim // 2, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
-        K_PAD=triton.next_power_of_2(x.shape[1]), PREFETCH=share, PREFETCH_TILE=tile,
-        PREFETCH_UNIT=prefetch.unit if prefetch is not None else 0,
+        num_kv_heads, HAS_NORM=norm_weight is not None, HAS_RESIDUAL=residual is not None,
+        HAS_BIAS=bias is not None, PDL=pdl, HALF=head_dim // 2, BLOCK_N=cfg.block_n,
+        BLOCK_K=cfg.block_k, K_PAD=triton.next_power_of_2(x.shape[1]),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, launch_pdl=pdl)
     return q, stream
 
