@@ -3,7 +3,8 @@
 # 41 item 4; docs/benchmarks.md section 9i): the Markov loop kernel's CUDA tests and the frozen
 # heap's, then the draft block graphs of DFlash and DSpark at the recipes' shapes (SmolLM2 and
 # Qwen2.5-1.5B, dummy weights) with kernel tables, DSpark's Markov loop as the torch loop
-# (SGLANG_AUX_MARKOV_ARGMAX=0) and as the kernel (=1, the default), each in its own process.
+# (SGLANG_AUX_MARKOV_ARGMAX=0) and as the kernel (=1, the default), each in its own process;
+# before them the kernel's candidate tiles (`bench_markov_argmax.py`).
 # Writes JSON and logs under OUT; each step's exit status in OUT/status.txt.
 #
 #   bash scripts/device/dspark_candidates.sh "$OUT"
@@ -12,6 +13,8 @@
 step tests 330 python -m pytest -q \
   test/registered/speculative/test_markov_argmax_kernel_cuda.py \
   test/registered/model_executor/test_frozen_gc.py
+step tiles 240 python "$bench/bench_markov_argmax.py" --bs 1 8 32 64 \
+  --tiles 16:4:0 32:8:0 32:8:1 16:4:1 --out "$out/markov_tiles.json"
 replay=(--presets smollm2-shaped qwen2.5-1.5b-shaped --decode-bs --draft-bs 1 8 32 --context 900
         --kernel-table 14)
 SGLANG_AUX_MARKOV_ARGMAX=0 step loop 150 python "$bench/bench_graph_replay.py" "${replay[@]}" \

@@ -356,16 +356,26 @@ def _sampling_launches(builds: Builds) -> None:
 
 
 def _markov_launches(builds: Builds) -> None:
-    """DSpark's Markov loop kernel (off by default: a candidate) at the DSpark recipes'
-    shapes: SmolLM2's 7 proposals over 49,152 tokens, Qwen2.5's 15 over VOCAB, rank 256."""
-    from sglang_aux.srt.speculative.markov_argmax_kernel import markov_greedy_tokens
+    """DSpark's Markov loop kernel (the default since 2026-12-06) at the DSpark recipes'
+    shapes: SmolLM2's 7 proposals over 49,152 tokens, Qwen2.5's 15 over VOCAB, rank 256, in
+    its tile, and the candidate tiles (32 requests a program, a pipelined loop)."""
+    from sglang_aux.srt.speculative.markov_argmax_kernel import (
+        MAX_ROWS,
+        MarkovTile,
+        markov_greedy_tokens,
+    )
 
     for n, vocab in ((7, 49_152), (15, VOCAB)):
         w1, w2 = _t(vocab, 256), _t(vocab, 256)
         for bs in (1, 32):
-            builds.label(f"markov_argmax n={n} vocab={vocab} bs={bs}", candidate=True)
+            builds.label(f"markov_argmax n={n} vocab={vocab} bs={bs}")
             markov_greedy_tokens(_t(bs, n, vocab), torch.zeros(bs, dtype=torch.int64), w1, w2,
                                  torch.empty(bs, n, dtype=torch.int64))
+        builds.label(f"markov_argmax n={n} vocab={vocab} tiles", candidate=True)
+        for tile in (MarkovTile(pipelined=True), MarkovTile(MAX_ROWS, 8),
+                     MarkovTile(MAX_ROWS, 8, pipelined=True)):
+            markov_greedy_tokens(_t(32, n, vocab), torch.zeros(32, dtype=torch.int64), w1, w2,
+                                 torch.empty(32, n, dtype=torch.int64), tile)
 
 
 def qwen_launches(builds: Builds) -> None:

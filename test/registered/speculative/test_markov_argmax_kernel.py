@@ -20,11 +20,14 @@ from sglang_aux.srt.speculative import dspark_proposal, markov_argmax_kernel
 from sglang_aux.srt.speculative.dspark_proposal import propose_block
 from sglang_aux.srt.speculative.markov_argmax_kernel import (
     MAX_CHUNKS,
+    MAX_ROWS,
     PARTIALS_BLOCK,
     ROWS,
     SUB,
+    MarkovTile,
     chunk_rows,
     markov_greedy_tokens,
+    markov_tile,
     supports,
 )
 from sglang_aux.test.ci.ci_register import register_cpu_ci
@@ -50,14 +53,18 @@ def head(vocab, rank, seed=0, dtype=torch.float32):
 
 # a vocabulary whose chunks are two tiles, and more of them than one partials block
 TWO_TILES = MAX_CHUNKS * SUB + 1
-# (bs, n, vocab, rank): one request; a row block and one more (ROWS + 1); a vocabulary that
-# ends one past a tile; several rank blocks; chunks of two tiles
+# (bs, n, vocab, rank): one request; the larger row block, part full (ROWS + 1); two of them,
+# the second with one request (MAX_ROWS + 1); a vocabulary that ends one past a tile; several
+# rank blocks; chunks of two tiles
 SHAPES = [(1, 2, SUB + 1, 32), (5, 3, 300, 16), (ROWS + 1, 4, 1000, 48), (3, 7, 4 * SUB, 64),
-          (2, 2, TWO_TILES, 16)]
+          (2, 2, TWO_TILES, 16), (MAX_ROWS + 1, 2, 300, 16)]
 
 
-def test_the_chunks():
+def test_the_chunks_and_row_blocks():
     assert chunk_rows(SUB + 1) == SUB and chunk_rows(TWO_TILES) == 2 * SUB
+    assert {markov_tile(b) for b in (1, ROWS, ROWS + 1, 64)} == {MarkovTile(ROWS, 4, False)}
+    with pytest.raises(ValueError, match="takes 16 or 32 rows on 4 or 8 warps"):
+        MarkovTile(rows=64)
     assert -(-TWO_TILES // chunk_rows(TWO_TILES)) > PARTIALS_BLOCK
     assert chunk_rows(49_152) == 256 and chunk_rows(151_936) == 640
 
@@ -74,10 +81,24 @@ def test_tokens_equal_the_torch_loop(shape):
     assert torch.equal(out, torch_loop(base, anchor, w1, w2))
 
 
+@pytest.mark.parametrize("tile", [MarkovTile(), MarkovTile(MAX_ROWS, 8),
+                                  MarkovTile(MAX_ROWS, 8, pipelined=True),
+                                  MarkovTile(pipelined=True)], ids=str)
+def test_every_tile_gives_the_same_tokens(tile):
+    bs, n, vocab, rank = MAX_ROWS + 1, 3, 2 * SUB + 5, 32
+    g = torch.Generator().manual_seed(7)
+    base = 3 * torch.randn(bs, n, vocab, generator=g)
+    w1, w2 = head(vocab, rank, seed=7)
+    anchor = torch.randint(0, vocab, (bs,), generator=g)
+    out = torch.full((bs, n), -1, dtype=torch.int64)
+    markov_greedy_tokens(base, anchor, w1, w2, out, tile)
+    assert torch.equal(out, torch_loop(base, anchor, w1, w2))
+
+
 def test_ties_go_to_the_smallest_index():
     """Equal maxima inside a tile, across a chunk's tiles, across chunks, across partials
     blocks and across row blocks: the first wins."""
-    bs, vocab = ROWS + 2, TWO_TILES
+    bs, vocab = MAX_ROWS + 2, TWO_TILES
     chunk = chunk_rows(vocab)
     base = torch.zeros(bs, 2, vocab)
     w1, w2 = torch.ones(vocab, 16), torch.zeros(vocab, 16)  # no bias

@@ -21,13 +21,18 @@ per call (inside a graph: once, in its pool, at capture).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import triton
 import triton.language as tl
 
 from sglang_aux.srt.layers.attention.triton_ops.tiling import dot_precision
 
-ROWS = 16  # requests per program: tl.dot's smallest tile
+# Requests per program: tl.dot's smallest tile; twice that is a candidate for larger batches,
+# whose row blocks each read all of `markov_w2` (Qwen2.5's 77.8 MB: past the L2) a proposal.
+ROWS = 16
+MAX_ROWS = 32
 SUB = 128  # vocabulary rows per dot tile; a program's chunk is a few of them
 MAX_CHUNKS = 256  # chunks a row's vocabulary is cut into, at most: programs per request block
 MAX_RANK_BLOCK = 64
@@ -50,7 +55,8 @@ def _markov_argmax_kernel(BASE, stride_bb, stride_bk, W1, W2, ANCHOR, TOKENS, st
                           PMAX, PIDX, bs, vocab, num_chunks, k,
                           RANK: tl.constexpr, R_BLOCK: tl.constexpr, FIRST: tl.constexpr,
                           SWEEP: tl.constexpr, DOT_PRECISION: tl.constexpr, ROWS: tl.constexpr,
-                          SUB: tl.constexpr, NSUB: tl.constexpr, P_BLOCK: tl.constexpr):
+                          SUB: tl.constexpr, NSUB: tl.constexpr, P_BLOCK: tl.constexpr,
+                          PIPELINED: tl.constexpr):
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     chunk = tl.program_id(1)
     rmask = rows < bs
@@ -71,27 +77,65 @@ def _markov_argmax_kernel(BASE, stride_bb, stride_bk, W1, W2, ANCHOR, TOKENS, st
         if chunk == 0:
             tl.store(TOKENS + rows * stride_tb + (k - 1), prev, mask=rmask)
     if SWEEP:
-        rs = tl.arange(0, R_BLOCK)
         best = tl.full((ROWS,), -float("inf"), tl.float32)
         at = tl.full((ROWS,), BIG, tl.int32)
-        for s in tl.static_range(NSUB):
-            cols = (chunk * NSUB + s) * SUB + tl.arange(0, SUB)
-            cmask = cols < vocab
-            acc = tl.zeros((ROWS, SUB), dtype=tl.float32)
-            for r0 in tl.static_range(0, RANK, R_BLOCK):
-                e = tl.load(W1 + prev[:, None] * RANK + r0 + rs[None, :],
-                            mask=rmask[:, None], other=0.0)
-                w = tl.load(W2 + cols[:, None].to(tl.int64) * RANK + r0 + rs[None, :],
-                            mask=cmask[:, None], other=0.0)
-                acc += tl.dot(e, tl.trans(w), input_precision=DOT_PRECISION)
-            bias = acc.to(W2.dtype.element_ty).to(BASE.dtype.element_ty)
-            base = tl.load(BASE + rows[:, None].to(tl.int64) * stride_bb + k * stride_bk
-                           + cols[None, :], mask=rmask[:, None] & cmask[None, :])
-            logits = tl.where(cmask[None, :], (base + bias).to(tl.float32), -float("inf"))
-            best, at = _first_max(logits, cols[None, :], best, at)
+        if PIPELINED:  # a loop Triton pipelines: fewer registers, the tiles in shared memory
+            for s in range(NSUB):
+                best, at = _sweep_tile(BASE, stride_bb, stride_bk, W1, W2, rows, rmask, prev,
+                                       (chunk * NSUB + s) * SUB, vocab, k, best, at, RANK,
+                                       R_BLOCK, DOT_PRECISION, ROWS, SUB)
+        else:
+            for s in tl.static_range(NSUB):
+                best, at = _sweep_tile(BASE, stride_bb, stride_bk, W1, W2, rows, rmask, prev,
+                                       (chunk * NSUB + s) * SUB, vocab, k, best, at, RANK,
+                                       R_BLOCK, DOT_PRECISION, ROWS, SUB)
         dst = (k % 2) * bs * num_chunks + rows * num_chunks + chunk
         tl.store(PMAX + dst, best, mask=rmask)
         tl.store(PIDX + dst, at, mask=rmask)
+
+
+@triton.jit
+def _sweep_tile(BASE, stride_bb, stride_bk, W1, W2, rows, rmask, prev, col0, vocab, k, best, at,
+                RANK: tl.constexpr, R_BLOCK: tl.constexpr, DOT_PRECISION: tl.constexpr,
+                ROWS: tl.constexpr, SUB: tl.constexpr):
+    """(best, at) after the SUB vocabulary rows from col0: the bias of each request's previous
+    token over them, plus their base logits."""
+    rs = tl.arange(0, R_BLOCK)
+    cols = col0 + tl.arange(0, SUB)
+    cmask = cols < vocab
+    acc = tl.zeros((ROWS, SUB), dtype=tl.float32)
+    for r0 in tl.static_range(0, RANK, R_BLOCK):
+        e = tl.load(W1 + prev[:, None] * RANK + r0 + rs[None, :], mask=rmask[:, None], other=0.0)
+        w = tl.load(W2 + cols[:, None].to(tl.int64) * RANK + r0 + rs[None, :],
+                    mask=cmask[:, None], other=0.0)
+        acc += tl.dot(e, tl.trans(w), input_precision=DOT_PRECISION)
+    bias = acc.to(W2.dtype.element_ty).to(BASE.dtype.element_ty)
+    base = tl.load(BASE + rows[:, None].to(tl.int64) * stride_bb + k * stride_bk + cols[None, :],
+                   mask=rmask[:, None] & cmask[None, :])
+    logits = tl.where(cmask[None, :], (base + bias).to(tl.float32), -float("inf"))
+    return _first_max(logits, cols[None, :], best, at)
+
+
+@dataclass(frozen=True)
+class MarkovTile:
+    """How the sweeping launches are cut: requests a program takes (ROWS or MAX_ROWS), its
+    warps, and whether the vocabulary loop is one Triton pipelines (`PIPELINED`)."""
+
+    rows: int = ROWS
+    num_warps: int = 4
+    pipelined: bool = False
+
+    def __post_init__(self):
+        if self.rows not in (ROWS, MAX_ROWS) or self.num_warps not in (4, 8):
+            raise ValueError(f"a Markov tile takes {ROWS} or {MAX_ROWS} rows on 4 or 8 warps, "
+                             f"got {self}")
+
+
+def markov_tile(bs: int) -> MarkovTile:
+    """The tile a batch of `bs` requests runs: ROWS a program, as measured on the H100
+    (docs/kernels.md). Two row blocks read `markov_w2` twice a proposal; the MAX_ROWS and
+    pipelined tiles, which would not, are candidates `bench_markov_argmax.py` times."""
+    return MarkovTile()
 
 
 def chunk_rows(vocab: int) -> int:
@@ -107,11 +151,11 @@ def supports(rank: int) -> bool:
 
 def markov_greedy_tokens(base_logits: torch.Tensor, anchor_tokens: torch.Tensor,
                          markov_w1: torch.Tensor, markov_w2: torch.Tensor,
-                         tokens_out: torch.Tensor) -> None:
+                         tokens_out: torch.Tensor, tile: MarkovTile | None = None) -> None:
     """Greedy proposals into tokens_out `[bs, n]` int64: row k's token is the argmax of
     base_logits `[bs, n, V]` (last dim contiguous) row k plus the Markov bias of the token
     before it (`anchor_tokens` `[bs]` for row 0). markov_w1 / markov_w2: `[V, r]`, contiguous,
-    one dtype."""
+    one dtype. `tile`: `markov_tile(bs)` unless a bench compares another."""
     bs, n, vocab = base_logits.shape
     rank = markov_w1.shape[1]
     if base_logits.stride(-1) != 1 or tuple(anchor_tokens.shape) != (bs,):
@@ -135,12 +179,14 @@ def markov_greedy_tokens(base_logits: torch.Tensor, anchor_tokens: torch.Tensor,
     pmax = torch.empty((2, bs, num_chunks), dtype=torch.float32, device=base_logits.device)
     pidx = torch.empty((2, bs, num_chunks), dtype=torch.int32, device=base_logits.device)
     r_block = min(MAX_RANK_BLOCK, rank & -rank)  # a power of two that divides the rank
-    row_blocks = triton.cdiv(bs, ROWS)
+    tile = tile or markov_tile(bs)
+    row_blocks = triton.cdiv(bs, tile.rows)
     for k in range(n + 1):
         sweep = k < n
         _markov_argmax_kernel[(row_blocks, num_chunks if sweep else 1)](
             base_logits, base_logits.stride(0), base_logits.stride(1), markov_w1, markov_w2,
             anchor_tokens, tokens_out, tokens_out.stride(0), pmax, pidx, bs, vocab,
             num_chunks, k, RANK=rank, R_BLOCK=r_block, FIRST=k == 0, SWEEP=sweep,
-            DOT_PRECISION=dot_precision(markov_w2.dtype), ROWS=ROWS, SUB=SUB,
-            NSUB=chunk // SUB, P_BLOCK=PARTIALS_BLOCK, num_warps=4)
+            DOT_PRECISION=dot_precision(markov_w2.dtype), ROWS=tile.rows, SUB=SUB,
+            NSUB=chunk // SUB, P_BLOCK=PARTIALS_BLOCK, PIPELINED=tile.pipelined,
+            num_warps=tile.num_warps)
