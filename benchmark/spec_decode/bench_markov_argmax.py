@@ -8,7 +8,8 @@ default in the same run.
 
 Shapes (`--models`): SmolLM2's 7 proposals over 49,152 tokens and Qwen2.5's 15 over 151,936, a
 rank-256 head, bf16 (fp32 on the CPU, whose interpreter mishandles bf16). A tile is
-ROWS:WARPS:PIPELINED (`MarkovTile`); the first listed is the baseline of the ratio column.
+ROWS:WARPS:PIPELINED[:STAGES[:MAX_REGISTERS]] (`MarkovTile`); the first listed is the
+baseline of the ratio column.
 Each tile's tokens are checked equal to the baseline's on the same inputs before it is timed.
 Time: on CUDA one captured graph of the whole loop replayed `--iters` times (CUDA events,
 median); bytes: `markov_w2` read once per request block and proposal; TB/s against a
@@ -22,6 +23,7 @@ import argparse
 import os
 import sys
 import time
+from functools import partial
 
 import torch
 
@@ -48,8 +50,9 @@ TINY = (3, 1000)
 
 
 def parse_tile(spec: str) -> MarkovTile:
-    rows, warps, pipelined = (int(x) for x in spec.split(":"))
-    return MarkovTile(rows, warps, bool(pipelined))
+    """ROWS:WARPS:PIPELINED[:STAGES[:MAX_REGISTERS]]."""
+    rows, warps, pipelined, *rest = (int(x) for x in spec.split(":"))
+    return MarkovTile(rows, warps, bool(pipelined), *rest)
 
 
 def _inputs(bs: int, n: int, vocab: int, device: torch.device, seed: int):
@@ -90,8 +93,8 @@ def run(args: argparse.Namespace) -> dict:
                 elif not torch.equal(out, ref):
                     raise AssertionError(f"{model} bs {bs}: tile {spec} chose other tokens than "
                                          f"{args.tiles[0]}")
-                ms = _ms(lambda t=tile, o=out: markov_greedy_tokens(base, anchor, w1, w2, o, t),
-                         device, args.iters)
+                ms = _ms(partial(markov_greedy_tokens, base, anchor, w1, w2, out, tile), device,
+                         args.iters)
                 reads = -(-bs // tile.rows) * n * w2.nbytes
                 rows.append({"model": model, "bs": bs, "tile": spec, "ms": ms,
                              "w2_bytes_read": reads, "tb_s": reads / (ms / 1e3) / 1e12})

@@ -62,9 +62,11 @@ SHAPES = [(1, 2, SUB + 1, 32), (5, 3, 300, 16), (ROWS + 1, 4, 1000, 48), (3, 7, 
 
 def test_the_chunks_and_row_blocks():
     assert chunk_rows(SUB + 1) == SUB and chunk_rows(TWO_TILES) == 2 * SUB
-    assert {markov_tile(b) for b in (1, ROWS, ROWS + 1, 64)} == {MarkovTile(ROWS, 4, False)}
-    with pytest.raises(ValueError, match="takes 16 or 32 rows on 4 or 8 warps"):
-        MarkovTile(rows=64)
+    assert [markov_tile(b) for b in (1, ROWS, ROWS + 1, 64)] == \
+        [MarkovTile(ROWS, 4, False)] * 2 + [MarkovTile(MAX_ROWS, 8, True, 3, 128)] * 2
+    for bad in (dict(rows=64), dict(num_warps=2), dict(num_stages=5), dict(max_registers=96)):
+        with pytest.raises(ValueError, match="takes 16 or 32 rows on 4 or 8 warps"):
+            MarkovTile(**bad)
     assert -(-TWO_TILES // chunk_rows(TWO_TILES)) > PARTIALS_BLOCK
     assert chunk_rows(49_152) == 256 and chunk_rows(151_936) == 640
 
@@ -82,8 +84,8 @@ def test_tokens_equal_the_torch_loop(shape):
 
 
 @pytest.mark.parametrize("tile", [MarkovTile(), MarkovTile(MAX_ROWS, 8),
-                                  MarkovTile(MAX_ROWS, 8, pipelined=True),
-                                  MarkovTile(pipelined=True)], ids=str)
+                                  MarkovTile(MAX_ROWS, 8, True, 3, 128),
+                                  MarkovTile(pipelined=True, num_stages=2)], ids=str)
 def test_every_tile_gives_the_same_tokens(tile):
     bs, n, vocab, rank = MAX_ROWS + 1, 3, 2 * SUB + 5, 32
     g = torch.Generator().manual_seed(7)

@@ -119,23 +119,31 @@ def _sweep_tile(BASE, stride_bb, stride_bk, W1, W2, rows, rmask, prev, col0, voc
 @dataclass(frozen=True)
 class MarkovTile:
     """How the sweeping launches are cut: requests a program takes (ROWS or MAX_ROWS), its
-    warps, and whether the vocabulary loop is one Triton pipelines (`PIPELINED`)."""
+    warps, whether the vocabulary loop is one Triton pipelines (`PIPELINED`) and how deep."""
 
     rows: int = ROWS
     num_warps: int = 4
     pipelined: bool = False
+    num_stages: int = 3  # the pipelined loop's depth (Triton's default)
+    # ptxas's register cap (None: its own choice, which gave the 32-row pipelined tile 64
+    # registers and a spill; 128 gives it ~100 and none, offline for sm_90)
+    max_registers: int | None = None
 
     def __post_init__(self):
-        if self.rows not in (ROWS, MAX_ROWS) or self.num_warps not in (4, 8):
+        if self.rows not in (ROWS, MAX_ROWS) or self.num_warps not in (4, 8) \
+                or not 1 <= self.num_stages <= 4 or self.max_registers not in (None, 128, 255):
             raise ValueError(f"a Markov tile takes {ROWS} or {MAX_ROWS} rows on 4 or 8 warps, "
-                             f"got {self}")
+                             f"1 to 4 stages and a register cap of None, 128 or 255, got {self}")
+
+
+WIDE_TILE = MarkovTile(MAX_ROWS, 8, pipelined=True, max_registers=128)
 
 
 def markov_tile(bs: int) -> MarkovTile:
-    """The tile a batch of `bs` requests runs: ROWS a program, as measured on the H100
-    (docs/kernels.md). Two row blocks read `markov_w2` twice a proposal; the MAX_ROWS and
-    pipelined tiles, which would not, are candidates `bench_markov_argmax.py` times."""
-    return MarkovTile()
+    """The tile a batch of `bs` requests runs, as measured on the H100 (`bench_markov_argmax.py`,
+    docs/kernels.md): ROWS a program up to ROWS requests; past that MAX_ROWS a program in a
+    pipelined loop, which reads `markov_w2` once for 32 requests (1.08-1.25x at 32 and 64)."""
+    return MarkovTile() if bs <= ROWS else WIDE_TILE
 
 
 def chunk_rows(vocab: int) -> int:
@@ -189,4 +197,4 @@ def markov_greedy_tokens(base_logits: torch.Tensor, anchor_tokens: torch.Tensor,
             num_chunks, k, RANK=rank, R_BLOCK=r_block, FIRST=k == 0, SWEEP=sweep,
             DOT_PRECISION=dot_precision(markov_w2.dtype), ROWS=tile.rows, SUB=SUB,
             NSUB=chunk // SUB, P_BLOCK=PARTIALS_BLOCK, PIPELINED=tile.pipelined,
-            num_warps=tile.num_warps)
+            num_warps=tile.num_warps, num_stages=tile.num_stages, maxnreg=tile.max_registers)
