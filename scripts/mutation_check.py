@@ -22,7 +22,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 SRT = "python/sglang_aux/srt"
-COPIED = ("python", "test", "pyproject.toml")
+COPIED = ("python", "test", "benchmark", "pyproject.toml")
 T = "test/registered"
 LAW = f"{T}/speculative/test_dflash_info_law.py"
 ENGINE_LAW = f"{T}/speculative/test_acceptance_law.py"
@@ -111,6 +111,21 @@ MUTATIONS = [
              "FIRST=k == 0, SWEEP=sweep,",
              "FIRST=k <= 1, SWEEP=sweep,",
              (f"{T}/speculative/test_markov_argmax_kernel.py",)),
+    Mutation("the Markov kernel drops a batch's last, partial row block",
+             f"{SRT}/speculative/markov_argmax_kernel.py",
+             "    row_blocks = triton.cdiv(bs, tile.rows)",
+             "    row_blocks = max(1, bs // tile.rows)",
+             (f"{T}/speculative/test_markov_argmax_kernel.py",)),
+    Mutation("the Markov kernel's pipelined loop skips its chunk's last tile",
+             f"{SRT}/speculative/markov_argmax_kernel.py",
+             "            for s in range(NSUB):",
+             "            for s in range(NSUB - 1):",
+             (f"{T}/speculative/test_markov_argmax_kernel.py",)),
+    Mutation("the Markov bench counts one w2 read whatever the request blocks",
+             "benchmark/spec_decode/bench_markov_argmax.py",
+             "reads = -(-bs // tile.rows) * n * w2.nbytes",
+             "reads = n * w2.nbytes",
+             (f"{T}/speculative/test_bench_markov_argmax.py",)),
     Mutation("training step zeroes gradients after the objective",
              "python/sglang_aux/tools/dflash_training/trainer.py",
              "        self.opt.zero_grad(set_to_none=True)\n        with torch.autocast(\"cuda\","
