@@ -1,16 +1,17 @@
 """DSpark's greedy Markov loop (`dspark_proposal.propose_block`) in n + 1 launches instead of
 about five small kernels per proposal.
 
-Launch k (k < n) runs a `[request blocks, vocabulary chunks]` grid, at most MAX_CHUNKS chunks
-a row. Each program first settles its requests' previous token: the anchor at k = 0, else the
-argmax of launch k - 1, reduced PARTIALS_BLOCK at a time from that launch's per-chunk partials
-(chunk 0's program writes it to the tokens). Then, one SUB-row tile of its chunk at a time, it
-computes the Markov bias `markov_w1[prev] @ markov_w2[tile].T` with one `tl.dot` per rank block
-(fp32 accumulation, rounded to the weights' dtype as the torch Linear rounds its output), adds
-the block row's base logits in their dtype, and keeps a running max and its first index, which
-it leaves as the chunk's partials. Launch n only reduces and writes the last token. A program reads
-its chunk of `markov_w2` once for all its requests (the torch loop's GEMM does the same), so
-the bytes are the loop's; what goes is the launches and the `[bs, V]` round trips between them.
+Launch k (k < n) runs a `[request blocks, vocabulary chunks]` grid, at most MAX_CHUNKS chunks a
+row; a block is 16 requests, or 32 in a loop Triton pipelines past 16 (`markov_tile`). Each
+program first settles its requests' previous token: the anchor at k = 0, else the argmax of
+launch k - 1, reduced PARTIALS_BLOCK at a time from that launch's per-chunk partials (chunk 0's
+program writes it to the tokens). Then, one SUB-row tile of its chunk at a time, it computes the
+Markov bias `markov_w1[prev] @ markov_w2[tile].T` with one `tl.dot` per rank block (fp32
+accumulation, rounded to the weights' dtype as the torch Linear rounds its output), adds the
+block row's base logits in their dtype, and keeps a running max and its first index, which it
+leaves as the chunk's partials. Launch n only reduces and writes the last token. A program reads
+its chunk of `markov_w2` once for all its requests (the torch loop's GEMM does the same), so the
+bytes are the loop's; what goes is the launches and the `[bs, V]` round trips between them.
 
 Ties go to the smallest index, as `torch.argmax` returns them; partials alternate between two
 buffers, so no launch writes what it reads. (The first version cut Qwen2.5's vocabulary into
@@ -29,8 +30,8 @@ import triton.language as tl
 
 from sglang_aux.srt.layers.attention.triton_ops.tiling import dot_precision
 
-# Requests per program: tl.dot's smallest tile; twice that is a candidate for larger batches,
-# whose row blocks each read all of `markov_w2` (Qwen2.5's 77.8 MB: past the L2) a proposal.
+# Requests per program: tl.dot's smallest tile; twice that for larger batches, whose row blocks
+# would each read all of `markov_w2` (Qwen2.5's 77.8 MB: past the L2) a proposal.
 ROWS = 16
 MAX_ROWS = 32
 SUB = 128  # vocabulary rows per dot tile; a program's chunk is a few of them
@@ -142,7 +143,8 @@ WIDE_TILE = MarkovTile(MAX_ROWS, 8, pipelined=True, max_registers=128)
 def markov_tile(bs: int) -> MarkovTile:
     """The tile a batch of `bs` requests runs, as measured on the H100 (`bench_markov_argmax.py`,
     docs/kernels.md): ROWS a program up to ROWS requests; past that MAX_ROWS a program in a
-    pipelined loop, which reads `markov_w2` once for 32 requests (1.08-1.25x at 32 and 64)."""
+    pipelined loop capped at 128 registers, which reads `markov_w2` once for 32 requests
+    (1.22-1.39x the 16-row tile at 17, 32 and 64 requests on both recipes' shapes)."""
     return MarkovTile() if bs <= ROWS else WIDE_TILE
 
 
