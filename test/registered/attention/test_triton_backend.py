@@ -292,6 +292,34 @@ def test_single_pass_rejects_splits_and_bad_tiles():
                         save_kv_cache=False)
 
 
+@pytest.mark.parametrize("window", MERGE_WINDOWS)
+@pytest.mark.parametrize("num_kv_splits,decode_merge", [(None, "launch"), (MERGE_SPLITS, "launch"),
+                                                        (MERGE_SPLITS, "in_kernel")])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
+@pytest.mark.parametrize("mode,q_len,attn_type", FIXED_MODES, ids=FIXED_IDS)
+def test_early_loads_equal_the_plain_loop(mode, q_len, attn_type, dtype, num_kv_splits,
+                                          decode_merge, window):
+    """The key loop with its gathers issued a step ahead (a bench-only candidate) gives the
+    plain loop's bits: the same tiles, the same arithmetic; a context of one key tile, of
+    one key past it, and spans a split starts mid-tile in; padded rows included."""
+    seed = fresh_seed()
+    heads, kv_heads, head_dim = MERGE_HEAD_CONFIGS[2]
+    req_pool, kv_pool = make_pools(kv_heads, head_dim, dtype)
+    kw = dict(num_kv_splits=num_kv_splits, decode_merge=decode_merge,
+              min_split_keys=MERGE_MIN_KEYS)
+    plain, early = TritonAttnBackend(**kw), TritonAttnBackend(**kw, early_loads=True)
+    lens = [max(n, q_len) for n in MERGE_CONTEXTS]
+    fb = fixed_layout_batch(mode, q_len, req_pool, kv_pool, plain, lens)
+    q, _, _ = random_qkv(fb.num_tokens, heads, kv_heads, head_dim, dtype)
+    layer = RadixAttention(heads, head_dim, 0.3, kv_heads, LAYER_ID, window, attn_type)
+    outs = []
+    for backend in (plain, early):
+        backend.init_forward_metadata(fb)
+        outs.append(backend.forward(q, None, None, layer, fb, save_kv_cache=False))
+    assert outs[0].abs().sum() > 0
+    assert torch.equal(outs[0], outs[1]), f"seed {seed}"
+
+
 @pytest.mark.parametrize("merge", MERGE_MODES)
 def test_decode_kernel_writes_every_row_and_repeats(merge):
     """Straight at the kernel with NaN-poisoned outputs, three times in a row: every row is

@@ -110,7 +110,7 @@ def _decode_attention_kernel(
     NUM_KV_SPLITS: tl.constexpr, MERGE_IN_KERNEL: tl.constexpr, MIN_SPLIT_KEYS: tl.constexpr,
     RAGGED: tl.constexpr, CAUSAL: tl.constexpr, SLIDING_WINDOW_SIZE: tl.constexpr,
     DOT_PRECISION: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
+    BLOCK_N: tl.constexpr, EARLY_LOADS: tl.constexpr,
 ):
     b = tl.program_id(0)
     kv_head = tl.program_id(1) // M_TILES
@@ -156,7 +156,7 @@ def _decode_attention_kernel(
         acc, l_i, m_i = attend_paged_kv(
             q, pos, row_valid, K_Buf, V_Buf, Req_To_Token, req_row, kv_head, kv_start, kv_end,
             sm_scale_log2, stride_kt, stride_kh, stride_vt, stride_vh, stride_req,
-            CAUSAL, SLIDING_WINDOW_SIZE, DOT_PRECISION, HEAD_DIM, BLOCK_M, BLOCK_N)
+            CAUSAL, SLIDING_WINDOW_SIZE, DOT_PRECISION, HEAD_DIM, BLOCK_M, BLOCK_N, EARLY_LOADS)
 
         # Rows that saw no key (an empty split) give 0 and a NO_KEYS log-sum-exp, never NaN.
         has_keys = l_i > 0.0
@@ -233,13 +233,16 @@ def decode_attention_fwd(
     single_pass: SinglePassTile | None = None,
     ragged: RaggedQueries | None = None,
     merge_heads: int = tiling.MERGE_HEADS,
+    early_loads: bool = False,
 ) -> None:
     """Fixed-layout paged attention; `num_kv_splits=None` picks the split from the device;
     `sliding_window_size` keys left of each query are seen (-1: all). `merge="in_kernel"`
     needs `counters` and splits only keys past `min_split_keys` (a multiple of the key tile).
     `single_pass` (a bench-only candidate): no key split at all, at that tile. With `ragged`
     (bs request slots, any number of tokens), `seq_lens` is unused; rows of no request come
-    out 0. `merge_heads`: the heads a merge program combines (`merge_attn_states`)."""
+    out 0. `merge_heads`: the heads a merge program combines (`merge_attn_states`).
+    `early_loads` (a bench-only candidate): the key loop's gathers issued a step ahead
+    (`paged_kv_loop.attend_paged_kv`)."""
     if merge not in MERGE_MODES:
         raise ValueError(f"merge must be one of {MERGE_MODES}, got {merge!r}")
     if single_pass is not None and (merge != "launch" or num_kv_splits not in (None, 1)):
@@ -301,7 +304,7 @@ def decode_attention_fwd(
         MERGE_IN_KERNEL=in_kernel and num_kv_splits > 1,  # one split: the launch kernel
         MIN_SPLIT_KEYS=min_split_keys, RAGGED=ragged is not None, CAUSAL=causal,
         SLIDING_WINDOW_SIZE=sliding_window_size, DOT_PRECISION=tiling.dot_precision(q.dtype),
-        HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n,
+        HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n, EARLY_LOADS=early_loads,
         num_warps=tiling.num_warps(block_m, head_dim) if single_pass is None
         else single_pass.num_warps,
         num_stages=tiling.NUM_STAGES if single_pass is None else single_pass.num_stages,
