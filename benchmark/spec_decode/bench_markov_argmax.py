@@ -10,7 +10,10 @@ Shapes (`--models`): SmolLM2's 7 proposals over 49,152 tokens and Qwen2.5's 15 o
 rank-256 head, bf16 (fp32 on the CPU, whose interpreter mishandles bf16). A tile is
 ROWS:WARPS:PIPELINED[:STAGES[:MAX_REGISTERS]] (`MarkovTile`); the first listed is the
 baseline of the ratio column.
-Each tile's tokens are checked equal to the baseline's on the same inputs before it is timed.
+Each tile's tokens are checked equal to the baseline's on the same inputs before it is timed;
+`--topk K` adds the top-K candidates' kernel (`markov_topk_kernel.py`, the `topk` included in
+its time), whose rows report the share of tokens equal to the exact loop's instead (on random
+weights: a floor, not the real draft's figure).
 Time: on CUDA one captured graph of the whole loop replayed `--iters` times (CUDA events,
 median); bytes: `markov_w2` read once per request block and proposal; TB/s against a
 device-to-device copy measured in the same run. On the CPU, one interpreted call: a smoke of
@@ -42,10 +45,11 @@ from sglang_aux.srt.speculative.markov_argmax_kernel import (  # noqa: E402
     MarkovTile,
     markov_greedy_tokens,
 )
+from sglang_aux.srt.speculative.markov_topk_kernel import markov_topk_tokens  # noqa: E402
 
 MODELS = {"smollm2": (7, 49_152), "qwen2.5": (15, 151_936)}
 RANK = 256
-SMOKE = {"models": ["tiny"], "bs": [1, 17], "iters": 1}
+SMOKE = {"models": ["tiny"], "bs": [1, 17], "iters": 1, "topk": [16]}
 TINY = (3, 1000)
 
 
@@ -98,6 +102,17 @@ def run(args: argparse.Namespace) -> dict:
                 reads = -(-bs // tile.rows) * n * w2.nbytes
                 rows.append({"model": model, "bs": bs, "tile": spec, "ms": ms,
                              "w2_bytes_read": reads, "tb_s": reads / (ms / 1e3) / 1e12})
+            for k in args.topk:
+                out = torch.full((bs, n), -1, dtype=torch.int64, device=device)
+                markov_topk_tokens(base, anchor, w1, w2, out, k)
+                # the share of rows whose token is the exact loop's, on these random weights
+                agree = (out == ref).float().mean().item()
+                ms = _ms(partial(markov_topk_tokens, base, anchor, w1, w2, out, k), device,
+                         args.iters)
+                reads = bs * n * k * RANK * w2.element_size()
+                rows.append({"model": model, "bs": bs, "tile": f"topk@{k}", "ms": ms,
+                             "w2_bytes_read": reads, "tb_s": reads / (ms / 1e3) / 1e12,
+                             "agrees_with_exact": agree})
     base_ms = {(r["model"], r["bs"]): r["ms"] for r in rows if r["tile"] == args.tiles[0]}
     for r in rows:
         r["vs_first"] = base_ms[(r["model"], r["bs"])] / r["ms"]
@@ -120,6 +135,10 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--bs", type=int, nargs="+", default=[1, 8, 32, 64])
     p.add_argument("--tiles", nargs="+", default=["16:4:0", "32:8:0", "32:8:1", "16:4:1"],
                    help="ROWS:WARPS:PIPELINED tiles (MarkovTile), the first the baseline")
+    p.add_argument("--topk", type=int, nargs="*", default=[],
+                   help="also the top-K candidates' kernel at these K (markov_topk_kernel; "
+                        "approximate: its rows report the share of tokens equal to the exact "
+                        "loop's)")
     add_run_flags(p, "benchmark/spec_decode/markov_argmax.json")
     return finish(p.parse_args(argv), SMOKE, run, _table)
 

@@ -367,6 +367,7 @@ def _markov_launches(builds: Builds) -> None:
         MarkovTile,
         markov_greedy_tokens,
     )
+    from sglang_aux.srt.speculative.markov_topk_kernel import _markov_topk_kernel
 
     for n, vocab in ((7, 49_152), (15, VOCAB)):
         w1, w2 = _t(vocab, 256), _t(vocab, 256)
@@ -379,6 +380,12 @@ def _markov_launches(builds: Builds) -> None:
                      MarkovTile(MAX_ROWS, 8, pipelined=True)):
             markov_greedy_tokens(_t(32, n, vocab), torch.zeros(32, dtype=torch.int64), w1, w2,
                                  torch.empty(32, n, dtype=torch.int64), tile)
+        builds.label(f"markov top-k n={n} vocab={vocab}", candidate=True)
+        for k in (64, 256):
+            _markov_topk_kernel[(32,)](_t(32, n, k), torch.zeros(32, n, k, dtype=torch.int64),
+                                       n * k, k, w1, w2, torch.zeros(32, dtype=torch.int64),
+                                       torch.empty(32, n, dtype=torch.int64), n, n, RANK=256,
+                                       R_BLOCK=64, K=k, num_warps=4)
 
 
 def qwen_launches(builds: Builds) -> None:

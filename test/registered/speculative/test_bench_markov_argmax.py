@@ -1,7 +1,8 @@
 """The Markov loop kernel's tile benchmark (benchmark/spec_decode/bench_markov_argmax.py) in its
-CPU smoke mode: every (model, bs) row has every tile, the first the 1.00x baseline; the bytes
-count one `markov_w2` read per request block and proposal (two blocks of 16 at 17 requests, one
-of 32); a tile that chose other tokens than the first stops the run, naming both."""
+CPU smoke mode: every (model, bs) row has every tile and the top-K kernel, the first tile the
+1.00x baseline; the bytes count one `markov_w2` read per request block and proposal (two
+blocks of 16 at 17 requests, one of 32), the top-K kernel's its candidates' rows; a tile that
+chose other tokens than the first stops the run, naming both."""
 
 import os
 
@@ -29,12 +30,15 @@ def test_smoke_run_reports_every_tile(tmp_path, capsys):
     assert json.loads(out.read_text())["rows"] == report["rows"]
     assert "vs first" in capsys.readouterr().out
     rows = {(r["bs"], r["tile"]): r for r in report["rows"]}
-    assert set(rows) == {(bs, t) for bs in bench.SMOKE["bs"] for t in ("16:4:0", "32:8:0")}
+    assert set(rows) == {(bs, t) for bs in bench.SMOKE["bs"]
+                         for t in ("16:4:0", "32:8:0", "topk@16")}
+    assert all(0 <= rows[(bs, "topk@16")]["agrees_with_exact"] <= 1 for bs in bench.SMOKE["bs"])
     n, vocab = bench.TINY
     w2 = vocab * bench.RANK * 4  # fp32 on the CPU
     assert rows[(17, "16:4:0")]["w2_bytes_read"] == 2 * n * w2
     assert rows[(17, "32:8:0")]["w2_bytes_read"] == n * w2
     assert all(r["vs_first"] == 1.0 for (_, t), r in rows.items() if t == "16:4:0")
+    assert rows[(17, "topk@16")]["w2_bytes_read"] == 17 * n * 16 * bench.RANK * 4
 
 
 def test_a_tile_that_chooses_otherwise_stops_the_run(tmp_path, monkeypatch):

@@ -149,10 +149,11 @@ def test_the_switch_and_the_rank_gate_it(monkeypatch):
     monkeypatch.setenv(MARKOV_ARGMAX_ENV_VAR, "1")
     for rank, taken in ((16, True), (48, True), (8, False), (24, False)):
         markov = SimpleNamespace(markov_w1=torch.nn.Embedding(64, rank))
-        assert supports(rank) == taken == dspark_proposal._markov_kernel(base, markov)
+        assert supports(rank) == taken == (dspark_proposal._greedy_kernel(base, markov)
+                                           is not None)
     monkeypatch.setenv(MARKOV_ARGMAX_ENV_VAR, "2")
     with pytest.raises(ValueError, match="SGLANG_AUX_MARKOV_ARGMAX='2'; choose from 1, 0"):
-        dspark_proposal._markov_kernel(base, markov)
+        dspark_proposal._greedy_kernel(base, markov)
 
 
 def test_bad_shapes_are_refused():

@@ -14,13 +14,20 @@ DRAFT lane keyed by (request seed, the proposal's token position).
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
 from sglang_aux.srt.forward_state.forward_batch_info import ForwardBatch
 from sglang_aux.srt.layers.logits_processor import LogitsProcessorOutput
-from sglang_aux.srt.layers.triton_ops.dispatch import MARKOV_ARGMAX_ENV_VAR, switch, use_triton
+from sglang_aux.srt.layers.triton_ops.dispatch import (
+    MARKOV_ARGMAX_ENV_VAR,
+    MARKOV_TOPK_ENV_VAR,
+    switch,
+    use_triton,
+)
 from sglang_aux.srt.models.dspark import DSparkDraftModel, DSparkMarkovHead
 from sglang_aux.srt.sampling.sampler import (
     Lane,
@@ -89,11 +96,10 @@ def propose_block(draft: DSparkDraftModel, base_logits: torch.Tensor, anchor_tok
     with_confidence = head is not None and hidden is not None
     confidence = torch.empty((bs, n), dtype=torch.float32, device=base_logits.device) \
         if with_confidence else None
-    if all_greedy and _markov_kernel(base_logits, markov):
-        from sglang_aux.srt.speculative.markov_argmax_kernel import markov_greedy_tokens
-
-        markov_greedy_tokens(base_logits, anchor_tokens, markov.markov_w1.weight,
-                             markov.markov_w2.weight, tokens)
+    kernel = _greedy_kernel(base_logits, markov) if all_greedy else None
+    if kernel is not None:
+        kernel(base_logits, anchor_tokens, markov.markov_w1.weight, markov.markov_w2.weight,
+               tokens)
         if with_confidence:
             prevs = torch.cat([anchor_tokens[:, None].to(torch.int64), tokens[:, :-1]], dim=1)
             confidence.copy_(draft.confidence(hidden, prevs))
@@ -114,15 +120,27 @@ def propose_block(draft: DSparkDraftModel, base_logits: torch.Tensor, anchor_tok
     return DSparkProposal(tokens, confidence, probs)
 
 
-def _markov_kernel(base_logits: torch.Tensor, markov: DSparkMarkovHead) -> bool:
-    """Whether the greedy loop runs as `markov_argmax_kernel`'s n + 1 launches: its switch on,
-    a Triton device (or `force`) and a rank its tiles take."""
-    if switch(MARKOV_ARGMAX_ENV_VAR) != "1" or not use_triton(base_logits, False) or \
-            base_logits.stride(-1) != 1:
-        return False
-    from sglang_aux.srt.speculative.markov_argmax_kernel import supports
+def _greedy_kernel(base_logits: torch.Tensor, markov: DSparkMarkovHead
+                   ) -> Callable[..., None] | None:
+    """The kernel the greedy loop runs as, or None for the torch loop: on a Triton device (or
+    `force`), the top-K candidates' (`markov_topk_kernel`) where `SGLANG_AUX_MARKOV_TOPK` names
+    a K, else the exact n + 1 launches (`markov_argmax_kernel`) unless
+    `SGLANG_AUX_MARKOV_ARGMAX=0`; each only at shapes its tiles take."""
+    topk, exact = int(switch(MARKOV_TOPK_ENV_VAR)), switch(MARKOV_ARGMAX_ENV_VAR) == "1"
+    if not use_triton(base_logits, False) or base_logits.stride(-1) != 1:
+        return None
+    rank = markov.markov_w1.weight.shape[1]
+    if topk:
+        from sglang_aux.srt.speculative import markov_topk_kernel
 
-    return supports(markov.markov_w1.weight.shape[1])
+        if markov_topk_kernel.supports(rank, base_logits.shape[-1], topk):
+            return functools.partial(markov_topk_kernel.markov_topk_tokens, k=topk)
+    if not exact:
+        return None
+    from sglang_aux.srt.speculative import markov_argmax_kernel
+
+    return markov_argmax_kernel.markov_greedy_tokens if markov_argmax_kernel.supports(rank) \
+        else None
 
 
 @dataclass(frozen=True)
