@@ -249,6 +249,30 @@ def test_early_loads_equal_the_plain_loop(mode, q_len, attn_type, bs, num_kv_spl
     assert torch.equal(got, want), f"seed {seed}"
 
 
+@pytest.mark.parametrize("early_loads", [False, True], ids=["plain", "early"])
+@pytest.mark.parametrize("bs", [1, 32])
+@pytest.mark.parametrize("mode,q_len,attn_type", FIXED_MODES, ids=FIXED_MODE_IDS)
+def test_row_tiles_of_32_match_torch_native(mode, q_len, attn_type, bs, early_loads):
+    """Query row tiles capped at 32 rows (a bench-only candidate), alone and with early loads,
+    in bf16 at Qwen2.5-1.5B's heads: torch_native's result within the bound."""
+    seed = fresh_seed()
+    heads, kv_heads, head_dim = 12, 2, 128
+    num_live = max(bs - 1, 1)
+    lens = random_lens(num_live, q_len)
+    num_slots = sum(lens) + 64
+    req_pool, kv_pool = make_pools(num_slots, kv_heads, head_dim, torch.bfloat16)
+    rows = place_requests(req_pool, num_slots, lens)
+    backend = TritonAttnBackend(early_loads=early_loads, max_block_m=32)
+    fb = make_batch(mode, req_pool, kv_pool, backend,
+                    fixed_layout_tensors(req_pool, rows, lens, q_len, bs - num_live))
+    q, k, v = random_qkv(fb.num_tokens, heads, kv_heads, head_dim, torch.bfloat16)
+    layer = RadixAttention(heads, head_dim, head_dim**-0.5, kv_heads, LAYER_ID, FULL_CONTEXT,
+                           attn_type)
+    backend.init_forward_metadata(fb)
+    out = backend.forward(q, k, v, layer, fb, save_kv_cache=True)
+    assert_close(out, reference(fb, layer, q, k, v), seed, f"{mode.name} rows@32")
+
+
 # None: today's split + merge; a single-pass candidate's tile (block_n, warps, stages;
 # bench-only, docs/kernels.md)
 SINGLE_PASS = [None, (128, 8, 2)]

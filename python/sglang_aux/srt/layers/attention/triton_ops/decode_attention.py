@@ -234,6 +234,7 @@ def decode_attention_fwd(
     ragged: RaggedQueries | None = None,
     merge_heads: int = tiling.MERGE_HEADS,
     early_loads: bool = False,
+    max_block_m: int | None = None,
 ) -> None:
     """Fixed-layout paged attention; `num_kv_splits=None` picks the split from the device;
     `sliding_window_size` keys left of each query are seen (-1: all). `merge="in_kernel"`
@@ -241,8 +242,10 @@ def decode_attention_fwd(
     `single_pass` (a bench-only candidate): no key split at all, at that tile. With `ragged`
     (bs request slots, any number of tokens), `seq_lens` is unused; rows of no request come
     out 0. `merge_heads`: the heads a merge program combines (`merge_attn_states`).
-    `early_loads` (a bench-only candidate): the key loop's gathers issued a step ahead
-    (`paged_kv_loop.attend_paged_kv`)."""
+    `early_loads` and `max_block_m` (bench-only candidates): the key loop's gathers issued a
+    step ahead (`paged_kv_loop.attend_paged_kv`); query row tiles of at most that many rows
+    (a power of two >= 16: a 16-token verify's 96 GQA rows in three tiles of 32, not two of
+    64 with 32 padded)."""
     if merge not in MERGE_MODES:
         raise ValueError(f"merge must be one of {MERGE_MODES}, got {merge!r}")
     if single_pass is not None and (merge != "launch" or num_kv_splits not in (None, 1)):
@@ -256,6 +259,11 @@ def decode_attention_fwd(
         raise ValueError(f"a ragged layout's width must be >= 1, got {q_len}")
     group = num_heads // num_kv_heads
     block_m = tiling.q_block(q_len * group, head_dim)
+    if max_block_m is not None:
+        if max_block_m < tiling.MIN_DOT_ROWS or max_block_m & (max_block_m - 1):
+            raise ValueError(f"max_block_m must be a power of two >= {tiling.MIN_DOT_ROWS}, got "
+                             f"{max_block_m}")
+        block_m = min(block_m, max_block_m)
     block_n = tiling.kv_block(head_dim) if single_pass is None else single_pass.block_n
     m_tiles = triton.cdiv(q_len * group, block_m)
     in_kernel = merge == "in_kernel"
