@@ -8,6 +8,8 @@ import sys
 
 import pytest
 import torch
+from test_markov_argmax_kernel_cuda import SHAPES
+from test_markov_argmax_kernel_cuda import case as exact_case
 
 from sglang_aux.srt.speculative.markov_topk_kernel import markov_topk_tokens
 from sglang_aux.test.ci.ci_register import register_cuda_ci
@@ -16,16 +18,11 @@ from sglang_aux.test.kernel_checks import REAL_TRITON_ON_CUDA
 register_cuda_ci(est_time=30, suite="default")
 
 pytestmark = REAL_TRITON_ON_CUDA
-SHAPES = {"smollm2": (7, 49_152), "qwen2.5": (15, 151_936)}
-RANK = 256
 
 
 def case(bs, n, vocab, dtype, seed=0):
-    g = torch.Generator(device="cuda").manual_seed(seed)
-    base = 4 * torch.randn(bs, n, vocab, device="cuda", generator=g)
-    w1 = torch.randn(vocab, RANK, device="cuda", generator=g).to(dtype)
-    w2 = (torch.randn(vocab, RANK, device="cuda", generator=g) / RANK ** 0.5).to(dtype)
-    anchor = torch.randint(0, vocab, (bs,), device="cuda", generator=g)
+    """The exact kernel's CUDA test's inputs, the base logits in the weights' dtype too."""
+    base, anchor, w1, w2 = exact_case(bs, n, vocab, dtype, seed)
     return base.to(dtype), anchor, w1, w2
 
 

@@ -159,6 +159,14 @@ def supports(rank: int) -> bool:
     return rank >= 16 and rank % 16 == 0
 
 
+def check_tokens_out(tokens_out: torch.Tensor, bs: int, n: int) -> None:
+    """A ValueError unless tokens_out is an int64 `[bs, n]` with a contiguous last dim."""
+    if tuple(tokens_out.shape) != (bs, n) or tokens_out.dtype != torch.int64 or \
+            tokens_out.stride(-1) != 1:
+        raise ValueError(f"tokens_out must be int64 {(bs, n)} with a contiguous last dim, got "
+                         f"{tokens_out.dtype} {tuple(tokens_out.shape)}")
+
+
 def markov_greedy_tokens(base_logits: torch.Tensor, anchor_tokens: torch.Tensor,
                          markov_w1: torch.Tensor, markov_w2: torch.Tensor,
                          tokens_out: torch.Tensor, tile: MarkovTile | None = None) -> None:
@@ -178,10 +186,7 @@ def markov_greedy_tokens(base_logits: torch.Tensor, anchor_tokens: torch.Tensor,
         raise ValueError(f"markov_w1 {markov_w1.dtype} {tuple(markov_w1.shape)} and markov_w2 "
                          f"{markov_w2.dtype} {tuple(markov_w2.shape)} must both be contiguous "
                          f"[{vocab}, r] of one dtype with r a multiple of 16")
-    if tuple(tokens_out.shape) != (bs, n) or tokens_out.dtype != torch.int64 or \
-            tokens_out.stride(-1) != 1:
-        raise ValueError(f"tokens_out must be int64 {(bs, n)} with a contiguous last dim, got "
-                         f"{tokens_out.dtype} {tuple(tokens_out.shape)}")
+    check_tokens_out(tokens_out, bs, n)
     if bs == 0:
         return
     chunk = chunk_rows(vocab)

@@ -21,6 +21,8 @@ import torch
 import triton
 import triton.language as tl
 
+from sglang_aux.srt.speculative.markov_argmax_kernel import check_tokens_out
+
 MAX_RANK_BLOCK = 64  # rank columns a step of the bias sum loads at once, at most
 BIG = tl.constexpr(2**62)  # an id no token has
 
@@ -74,10 +76,7 @@ def markov_topk_tokens(base_logits: torch.Tensor, anchor_tokens: torch.Tensor,
     if not supports(rank, vocab, k):
         raise ValueError(f"{k} candidates over a vocabulary of {vocab} at rank {rank}: k must "
                          f"be a power of two <= the vocabulary, the rank a multiple of 16")
-    if tuple(tokens_out.shape) != (bs, n) or tokens_out.dtype != torch.int64 or \
-            tokens_out.stride(-1) != 1:
-        raise ValueError(f"tokens_out must be int64 {(bs, n)} with a contiguous last dim, got "
-                         f"{tokens_out.dtype} {tuple(tokens_out.shape)}")
+    check_tokens_out(tokens_out, bs, n)
     if bs == 0:
         return
     vals, ids = base_logits.topk(k, dim=-1)  # [bs, n, k] each, contiguous
