@@ -24,6 +24,7 @@ from sglang_aux.srt.speculative.markov_argmax_kernel import (
     PARTIALS_BLOCK,
     ROWS,
     SUB,
+    WIDE_TILE,
     MarkovTile,
     chunk_rows,
     markov_greedy_tokens,
@@ -64,6 +65,8 @@ def test_the_chunks_and_row_blocks():
     assert chunk_rows(SUB + 1) == SUB and chunk_rows(TWO_TILES) == 2 * SUB
     assert [markov_tile(b) for b in (1, ROWS, ROWS + 1, 64)] == \
         [MarkovTile(ROWS, 4, False)] * 2 + [MarkovTile(MAX_ROWS, 8, True, 3, 128)] * 2
+    assert markov_tile(64, torch.float16) == WIDE_TILE
+    assert markov_tile(64, torch.float32) == MarkovTile()  # its stages would not fit an SM
     for bad in (dict(rows=64), dict(num_warps=2), dict(num_stages=5), dict(max_registers=96)):
         with pytest.raises(ValueError, match="takes 16 or 32 rows on 4 or 8 warps"):
             MarkovTile(**bad)
@@ -97,7 +100,8 @@ def test_every_tile_gives_the_same_tokens(tile):
     assert torch.equal(out, torch_loop(base, anchor, w1, w2))
 
 
-def test_ties_go_to_the_smallest_index():
+@pytest.mark.parametrize("tile", [None, WIDE_TILE], ids=str)
+def test_ties_go_to_the_smallest_index(tile):
     """Equal maxima inside a tile, across a chunk's tiles, across chunks, across partials
     blocks and across row blocks: the first wins."""
     bs, vocab = MAX_ROWS + 2, TWO_TILES
@@ -109,7 +113,7 @@ def test_ties_go_to_the_smallest_index():
         first = firsts[r]
         base[r, :, first] = base[r, :, vocab - 1] = base[r, :, first + 1] = 2.0
     out = torch.empty(bs, 2, dtype=torch.int64)
-    markov_greedy_tokens(base, torch.zeros(bs, dtype=torch.int64), w1, w2, out)
+    markov_greedy_tokens(base, torch.zeros(bs, dtype=torch.int64), w1, w2, out, tile)
     assert out[:, 0].tolist() == out[:, 1].tolist() == firsts[:bs]
     assert torch.equal(out, torch_loop(base, torch.zeros(bs, dtype=torch.int64), w1, w2))
 

@@ -140,12 +140,14 @@ class MarkovTile:
 WIDE_TILE = MarkovTile(MAX_ROWS, 8, pipelined=True, max_registers=128)
 
 
-def markov_tile(bs: int) -> MarkovTile:
-    """The tile a batch of `bs` requests runs, as measured on the H100 (`bench_markov_argmax.py`,
-    docs/kernels.md): ROWS a program up to ROWS requests; past that MAX_ROWS a program in a
-    pipelined loop capped at 128 registers, which reads `markov_w2` once for 32 requests
-    (1.22-1.39x the 16-row tile at 17, 32 and 64 requests on both recipes' shapes)."""
-    return MarkovTile() if bs <= ROWS else WIDE_TILE
+def markov_tile(bs: int, dtype: torch.dtype = torch.bfloat16) -> MarkovTile:
+    """The tile a batch of `bs` requests runs with weights of `dtype`, as measured on the H100
+    (`bench_markov_argmax.py`, docs/kernels.md): ROWS a program up to ROWS requests; past that,
+    for 2-byte weights, MAX_ROWS a program in a pipelined loop capped at 128 registers, which
+    reads `markov_w2` once for 32 requests (1.22-1.39x the 16-row tile at 17, 32 and 64
+    requests on both recipes' shapes). fp32 weights keep the ROWS tile: their pipelined stages
+    need 311 KB of shared memory (an SM has 227 KiB; the H100 refused the launch)."""
+    return WIDE_TILE if bs > ROWS and dtype.itemsize == 2 else MarkovTile()
 
 
 def chunk_rows(vocab: int) -> int:
@@ -173,7 +175,7 @@ def markov_greedy_tokens(base_logits: torch.Tensor, anchor_tokens: torch.Tensor,
     """Greedy proposals into tokens_out `[bs, n]` int64: row k's token is the argmax of
     base_logits `[bs, n, V]` (last dim contiguous) row k plus the Markov bias of the token
     before it (`anchor_tokens` `[bs]` for row 0). markov_w1 / markov_w2: `[V, r]`, contiguous,
-    one dtype. `tile`: `markov_tile(bs)` unless a bench compares another."""
+    one dtype. `tile`: `markov_tile(bs, dtype)` unless a bench compares another."""
     bs, n, vocab = base_logits.shape
     rank = markov_w1.shape[1]
     if base_logits.stride(-1) != 1 or tuple(anchor_tokens.shape) != (bs,):
@@ -194,7 +196,7 @@ def markov_greedy_tokens(base_logits: torch.Tensor, anchor_tokens: torch.Tensor,
     pmax = torch.empty((2, bs, num_chunks), dtype=torch.float32, device=base_logits.device)
     pidx = torch.empty((2, bs, num_chunks), dtype=torch.int32, device=base_logits.device)
     r_block = min(MAX_RANK_BLOCK, rank & -rank)  # a power of two that divides the rank
-    tile = tile or markov_tile(bs)
+    tile = tile or markov_tile(bs, markov_w2.dtype)
     row_blocks = triton.cdiv(bs, tile.rows)
     for k in range(n + 1):
         sweep = k < n
