@@ -81,8 +81,7 @@ L2_PASSES = 2
 REL_ERR_BOUND = {torch.float32: 1e-4, torch.bfloat16: 2e-2}
 # the CPU picks one split: force three, so both paths split and merge at the longer context
 SMOKE = dict(bs=[1, 3], contexts=[16, 130], q_lens=[1, 4], min_split_keys=[64],
-             single_pass=["32:4:1"], splits=[2], merge_heads=[1], early_loads=True,
-             max_rows=[16],
+             single_pass=["32:4:1"], splits=[2], merge_heads=[1],
              num_kv_splits=3, max_context=256, calls=1, iters=1)
 
 
@@ -172,13 +171,6 @@ def _paths(args: argparse.Namespace) -> dict[str, TritonAttnBackend]:
     for n in args.splits:
         for h in args.merge_heads:
             paths[f"splits@{n}+merge_heads@{h}"] = TritonAttnBackend(n, merge_heads=h)
-    if args.early_loads:
-        paths["early"] = TritonAttnBackend(args.num_kv_splits, early_loads=True)
-    for m in args.max_rows:
-        paths[f"rows@{m}"] = TritonAttnBackend(args.num_kv_splits, max_block_m=m)
-        if args.early_loads:
-            paths[f"early+rows@{m}"] = TritonAttnBackend(args.num_kv_splits, early_loads=True,
-                                                         max_block_m=m)
     return paths
 
 
@@ -295,12 +287,6 @@ def main(argv: list[str] | None = None) -> dict:
                    help="also the launch path whose merge combines this many heads of a token "
                         "per program (merge_heads@N; today's: tiling.MERGE_HEADS), and with "
                         "each --splits")
-    p.add_argument("--early-loads", action="store_true",
-                   help="also the launch path whose key loop issues its gathers a step ahead "
-                        "(early; TritonAttnBackend(early_loads=True))")
-    p.add_argument("--max-rows", type=int, nargs="*", default=[],
-                   help="also the launch path with query row tiles of at most this many rows "
-                        "(rows@N; with --early-loads, early+rows@N too)")
     p.add_argument("--max-context", type=int, default=32768,
                    help="the request pool's context bound (a runner's; caps in-kernel splits)")
     p.add_argument("--num-kv-splits", type=int, default=None,

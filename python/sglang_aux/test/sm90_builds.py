@@ -305,12 +305,6 @@ def _attention_launches(builds: Builds) -> None:
                     decode_attention_fwd(*args[:-1], False, num_kv_splits=splits)
             builds.label(f"one-head merge bs={bs} q_len={q_len}", candidate=True)
             decode_attention_fwd(*args, num_kv_splits=4, merge_heads=1)
-            builds.label(f"early loads, 32-row tiles bs={bs} q_len={q_len}", candidate=True)
-            for splits in (1, 4, 16):
-                decode_attention_fwd(*args, num_kv_splits=splits, early_loads=True)
-                decode_attention_fwd(*args, num_kv_splits=splits, max_block_m=32)
-                decode_attention_fwd(*args, num_kv_splits=splits, early_loads=True,
-                                     max_block_m=32)
             builds.label(f"single-pass attention bs={bs} q_len={q_len}", candidate=True)
             for block_n, warps, stages in SINGLE_PASS_CANDIDATES:
                 decode_attention_fwd(*args, single_pass=tiling.SinglePassTile(block_n, warps,

@@ -40,9 +40,7 @@ def test_smoke_run_reports_every_row(tmp_path, capsys):
              *(f"splits@{n}" for n in smoke["splits"]),
              *(f"merge_heads@{n}" for n in smoke["merge_heads"]),
              *(f"splits@{n}+merge_heads@{h}" for n in smoke["splits"]
-               for h in smoke["merge_heads"]), "early",
-             *(f"rows@{m}" for m in smoke["max_rows"]),
-             *(f"early+rows@{m}" for m in smoke["max_rows"])}
+               for h in smoke["merge_heads"])}
     seen = {(r["q_len"], r["bs"], r["context"], r["path"]) for r in report["rows"]}
     assert seen == {(q, b, c, p) for q in smoke["q_lens"] for b in smoke["bs"]
                     for c in smoke["contexts"] for p in paths}

@@ -292,54 +292,6 @@ def test_single_pass_rejects_splits_and_bad_tiles():
                         save_kv_cache=False)
 
 
-@pytest.mark.parametrize("window", MERGE_WINDOWS)
-@pytest.mark.parametrize("num_kv_splits,decode_merge", [(None, "launch"), (MERGE_SPLITS, "launch"),
-                                                        (MERGE_SPLITS, "in_kernel")])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
-@pytest.mark.parametrize("mode,q_len,attn_type", FIXED_MODES, ids=FIXED_IDS)
-def test_early_loads_equal_the_plain_loop(mode, q_len, attn_type, dtype, num_kv_splits,
-                                          decode_merge, window):
-    """The key loop with its gathers issued a step ahead (a bench-only candidate) gives the
-    plain loop's bits: the same tiles, the same arithmetic; a context of one key tile, of
-    one key past it, and spans a split starts mid-tile in; padded rows included."""
-    seed = fresh_seed()
-    heads, kv_heads, head_dim = MERGE_HEAD_CONFIGS[2]
-    req_pool, kv_pool = make_pools(kv_heads, head_dim, dtype)
-    kw = dict(num_kv_splits=num_kv_splits, decode_merge=decode_merge,
-              min_split_keys=MERGE_MIN_KEYS)
-    plain, early = TritonAttnBackend(**kw), TritonAttnBackend(**kw, early_loads=True)
-    lens = [max(n, q_len) for n in MERGE_CONTEXTS]
-    fb = fixed_layout_batch(mode, q_len, req_pool, kv_pool, plain, lens)
-    q, _, _ = random_qkv(fb.num_tokens, heads, kv_heads, head_dim, dtype)
-    layer = RadixAttention(heads, head_dim, 0.3, kv_heads, LAYER_ID, window, attn_type)
-    outs = []
-    for backend in (plain, early):
-        backend.init_forward_metadata(fb)
-        outs.append(backend.forward(q, None, None, layer, fb, save_kv_cache=False))
-    assert outs[0].abs().sum() > 0
-    assert torch.equal(outs[0], outs[1]), f"seed {seed}"
-
-
-@pytest.mark.parametrize("window", MERGE_WINDOWS)
-@pytest.mark.parametrize("mode,q_len,attn_type", FIXED_MODES, ids=FIXED_IDS)
-def test_capped_row_tiles_match_torch_native_and_split(mode, q_len, attn_type, window):
-    """Query row tiles capped at 16 rows (a bench-only candidate: a verify's GQA rows in more,
-    unpadded tiles) give torch_native's and the split path's results."""
-    _assert_equal_to_native_and_split(TritonAttnBackend(num_kv_splits=MERGE_SPLITS,
-                                                        max_block_m=16), mode, q_len, attn_type,
-                                      MERGE_HEAD_CONFIGS[2], torch.float32, window)
-
-
-def test_a_row_tile_cap_must_be_a_power_of_two():
-    req_pool, kv_pool = make_pools(2, 32, torch.float32)
-    backend = TritonAttnBackend(max_block_m=24)
-    fb = fixed_layout_batch(ForwardMode.DECODE, 1, req_pool, kv_pool, backend)
-    layer = RadixAttention(4, 32, 1.0, 2, LAYER_ID)
-    with pytest.raises(ValueError, match="max_block_m must be a power of two >= 16, got 24"):
-        backend.forward(torch.randn(fb.num_tokens, 4 * 32), None, None, layer, fb,
-                        save_kv_cache=False)
-
-
 @pytest.mark.parametrize("merge", MERGE_MODES)
 def test_decode_kernel_writes_every_row_and_repeats(merge):
     """Straight at the kernel with NaN-poisoned outputs, three times in a row: every row is

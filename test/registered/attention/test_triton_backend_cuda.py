@@ -223,56 +223,6 @@ def test_fixed_layout_matches_torch_native(mode, q_len, attn_type, heads, kv_hea
     assert_close(out, reference(fb, layer, q, k, v), seed, f"{mode.name} window {window}")
 
 
-QWEN_HEADS = (12, 2, 128)  # Qwen2.5-1.5B: q heads, kv heads, head_dim
-
-
-def _qwen_step(mode, q_len, attn_type, bs, backend):
-    """A bf16 fixed-layout batch at Qwen2.5-1.5B's heads (the last row padding when bs > 1):
-    (fb, q, k, v, layer)."""
-    heads, kv_heads, head_dim = QWEN_HEADS
-    num_live = max(bs - 1, 1)
-    lens = random_lens(num_live, q_len)
-    num_slots = sum(lens) + 64
-    req_pool, kv_pool = make_pools(num_slots, kv_heads, head_dim, torch.bfloat16)
-    rows = place_requests(req_pool, num_slots, lens)
-    fb = make_batch(mode, req_pool, kv_pool, backend,
-                    fixed_layout_tensors(req_pool, rows, lens, q_len, bs - num_live))
-    q, k, v = random_qkv(fb.num_tokens, heads, kv_heads, head_dim, torch.bfloat16)
-    layer = RadixAttention(heads, head_dim, head_dim**-0.5, kv_heads, LAYER_ID, FULL_CONTEXT,
-                           attn_type)
-    return fb, q, k, v, layer
-
-
-@pytest.mark.parametrize("bs,num_kv_splits", [(1, None), (32, None), (7, 1)])
-@pytest.mark.parametrize("mode,q_len,attn_type", FIXED_MODES, ids=FIXED_MODE_IDS)
-def test_early_loads_equal_the_plain_loop(mode, q_len, attn_type, bs, num_kv_splits):
-    """The key loop with its gathers a step ahead (a bench-only candidate) writes the plain
-    loop's bits in bf16 at Qwen2.5-1.5B's heads (12 over 2, head_dim 128)."""
-    seed = fresh_seed()
-    plain = TritonAttnBackend(num_kv_splits=num_kv_splits)
-    early = TritonAttnBackend(num_kv_splits=num_kv_splits, early_loads=True)
-    fb, q, k, v, layer = _qwen_step(mode, q_len, attn_type, bs, plain)
-    plain.init_forward_metadata(fb)
-    want = plain.forward(q, k, v, layer, fb, save_kv_cache=True)
-    early.init_forward_metadata(fb)
-    got = early.forward(q, None, None, layer, fb, save_kv_cache=False)
-    assert torch.equal(got, want), f"seed {seed}"
-
-
-@pytest.mark.parametrize("early_loads", [False, True], ids=["plain", "early"])
-@pytest.mark.parametrize("bs", [1, 32])
-@pytest.mark.parametrize("mode,q_len,attn_type", FIXED_MODES, ids=FIXED_MODE_IDS)
-def test_row_tiles_of_32_match_torch_native(mode, q_len, attn_type, bs, early_loads):
-    """Query row tiles capped at 32 rows (a bench-only candidate), alone and with early loads,
-    in bf16 at Qwen2.5-1.5B's heads: torch_native's result within the bound."""
-    seed = fresh_seed()
-    backend = TritonAttnBackend(early_loads=early_loads, max_block_m=32)
-    fb, q, k, v, layer = _qwen_step(mode, q_len, attn_type, bs, backend)
-    backend.init_forward_metadata(fb)
-    out = backend.forward(q, k, v, layer, fb, save_kv_cache=True)
-    assert_close(out, reference(fb, layer, q, k, v), seed, f"{mode.name} rows@32")
-
-
 # None: today's split + merge; a single-pass candidate's tile (block_n, warps, stages;
 # bench-only, docs/kernels.md)
 SINGLE_PASS = [None, (128, 8, 2)]

@@ -110,7 +110,7 @@ def _decode_attention_kernel(
     NUM_KV_SPLITS: tl.constexpr, MERGE_IN_KERNEL: tl.constexpr, MIN_SPLIT_KEYS: tl.constexpr,
     RAGGED: tl.constexpr, CAUSAL: tl.constexpr, SLIDING_WINDOW_SIZE: tl.constexpr,
     DOT_PRECISION: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr, EARLY_LOADS: tl.constexpr,
+    BLOCK_N: tl.constexpr,
 ):
     b = tl.program_id(0)
     kv_head = tl.program_id(1) // M_TILES
@@ -156,7 +156,7 @@ def _decode_attention_kernel(
         acc, l_i, m_i = attend_paged_kv(
             q, pos, row_valid, K_Buf, V_Buf, Req_To_Token, req_row, kv_head, kv_start, kv_end,
             sm_scale_log2, stride_kt, stride_kh, stride_vt, stride_vh, stride_req,
-            CAUSAL, SLIDING_WINDOW_SIZE, DOT_PRECISION, HEAD_DIM, BLOCK_M, BLOCK_N, EARLY_LOADS)
+            CAUSAL, SLIDING_WINDOW_SIZE, DOT_PRECISION, HEAD_DIM, BLOCK_M, BLOCK_N)
 
         # Rows that saw no key (an empty split) give 0 and a NO_KEYS log-sum-exp, never NaN.
         has_keys = l_i > 0.0
@@ -233,19 +233,13 @@ def decode_attention_fwd(
     single_pass: SinglePassTile | None = None,
     ragged: RaggedQueries | None = None,
     merge_heads: int = tiling.MERGE_HEADS,
-    early_loads: bool = False,
-    max_block_m: int | None = None,
 ) -> None:
     """Fixed-layout paged attention; `num_kv_splits=None` picks the split from the device;
     `sliding_window_size` keys left of each query are seen (-1: all). `merge="in_kernel"`
     needs `counters` and splits only keys past `min_split_keys` (a multiple of the key tile).
     `single_pass` (a bench-only candidate): no key split at all, at that tile. With `ragged`
     (bs request slots, any number of tokens), `seq_lens` is unused; rows of no request come
-    out 0. `merge_heads`: the heads a merge program combines (`merge_attn_states`).
-    `early_loads` and `max_block_m` (bench-only candidates): the key loop's gathers issued a
-    step ahead (`paged_kv_loop.attend_paged_kv`); query row tiles of at most that many rows
-    (a power of two >= 16: a 16-token verify's 96 GQA rows in three tiles of 32, not two of
-    64 with 32 padded)."""
+    out 0. `merge_heads`: the heads a merge program combines (`merge_attn_states`)."""
     if merge not in MERGE_MODES:
         raise ValueError(f"merge must be one of {MERGE_MODES}, got {merge!r}")
     if single_pass is not None and (merge != "launch" or num_kv_splits not in (None, 1)):
@@ -259,11 +253,6 @@ def decode_attention_fwd(
         raise ValueError(f"a ragged layout's width must be >= 1, got {q_len}")
     group = num_heads // num_kv_heads
     block_m = tiling.q_block(q_len * group, head_dim)
-    if max_block_m is not None:
-        if max_block_m < tiling.MIN_DOT_ROWS or max_block_m & (max_block_m - 1):
-            raise ValueError(f"max_block_m must be a power of two >= {tiling.MIN_DOT_ROWS}, got "
-                             f"{max_block_m}")
-        block_m = min(block_m, max_block_m)
     block_n = tiling.kv_block(head_dim) if single_pass is None else single_pass.block_n
     m_tiles = triton.cdiv(q_len * group, block_m)
     in_kernel = merge == "in_kernel"
@@ -312,7 +301,7 @@ def decode_attention_fwd(
         MERGE_IN_KERNEL=in_kernel and num_kv_splits > 1,  # one split: the launch kernel
         MIN_SPLIT_KEYS=min_split_keys, RAGGED=ragged is not None, CAUSAL=causal,
         SLIDING_WINDOW_SIZE=sliding_window_size, DOT_PRECISION=tiling.dot_precision(q.dtype),
-        HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n, EARLY_LOADS=early_loads,
+        HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n,
         num_warps=tiling.num_warps(block_m, head_dim) if single_pass is None
         else single_pass.num_warps,
         num_stages=tiling.NUM_STAGES if single_pass is None else single_pass.num_stages,

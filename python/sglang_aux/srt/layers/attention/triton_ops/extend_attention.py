@@ -89,7 +89,7 @@ def _extend_attention_kernel(
     acc, l_i, m_i = attend_paged_kv(
         q, q_pos, row_valid, K_Buf, V_Buf, Req_To_Token, req_row, kv_head, kv_start, kv_end,
         sm_scale_log2, stride_kt, stride_kh, stride_vt, stride_vh, stride_req,
-        CAUSAL, SLIDING_WINDOW_SIZE, DOT_PRECISION, HEAD_DIM, BLOCK_M, BLOCK_N, False)
+        CAUSAL, SLIDING_WINDOW_SIZE, DOT_PRECISION, HEAD_DIM, BLOCK_M, BLOCK_N)
 
     has_keys = l_i > 0.0
     acc = acc / tl.where(has_keys, l_i, 1.0)[:, None]
