@@ -26,7 +26,9 @@
 # --speculative-verify-mode compact (the draft's probabilities as confidences, SERVER_FLAGS may
 # add --compact-verify-budget-frac F, which static configs refuse); dspark / dspark_compact:
 # DSpark with the draft DSPARK_DRAFT (environment), --speculative-verify-mode static / compact,
-# DSPARK_FLAGS (environment) added, e.g. --speculative-verify-width 8). Every speculative
+# DSPARK_FLAGS (environment) added, e.g. --speculative-verify-width 8); dspark_topk: dspark
+# with its greedy proposals among each row's MARKOV_TOPK (64) largest base logits
+# (SGLANG_AUX_MARKOV_TOPK in that server's environment; batches up to 16). Every speculative
 # config passes its verify mode, so SGLANG_RAGGED_VERIFY_MODE in the environment changes none.
 # Needs the target (a folder, or a built-in name imported on first use) and GSM8K
 # (SGLANG_AUX_GSM8K_DIR).
@@ -38,7 +40,7 @@ profile=$(dirname "$0")/../spec_decode/profiles/qwen2.5-coder-1.5b-dflash-b16_gs
 serve() {  # name, extra flags...
   local name=$1; shift
   # shellcheck disable=SC2086
-  ${PYTHON:-python3} -m sglang_aux.launch_server --model-path "${MODEL:-smollm2-135m-instruct}" \
+  env ${SERVER_ENV:-} ${PYTHON:-python3} -m sglang_aux.launch_server --model-path "${MODEL:-smollm2-135m-instruct}" \
     --port $port --context-length 2048 --max-running-requests "${MAX_RUNNING:-64}" \
     ${SERVER_FLAGS:-} "$@" \
     > "$out/server_$name.log" 2>&1 &
@@ -58,6 +60,7 @@ harness() {  # name, num questions, parallel, more flags...
     | sed "s/^/[$name n=$n p=$p$*] /"
 }
 for cfg in $configs; do
+  SERVER_ENV=
   case $cfg in
     target) flags=(--speculative-algorithm NONE) ;;
     dflash) flags=(--speculative-algorithm DFLASH --speculative-draft-model-path "$draft") ;;
@@ -80,11 +83,12 @@ for cfg in $configs; do
     dflash_compact) flags=(--speculative-algorithm DFLASH --speculative-draft-model-path "$draft") ;;
     dflash_schedule) flags=(--speculative-algorithm DFLASH --speculative-draft-model-path "$draft"
                             --speculative-acceptance-profile "${ACCEPTANCE_PROFILE:-$profile}") ;;
-    dspark|dspark_compact) flags=(--speculative-algorithm DSPARK
+    dspark|dspark_compact|dspark_topk) flags=(--speculative-algorithm DSPARK
                                   --speculative-draft-model-path "${DSPARK_DRAFT:?set DSPARK_DRAFT}"
                                   ${DSPARK_FLAGS:-}) ;;
     *) echo "unknown config $cfg"; continue ;;
   esac
+  [[ $cfg == dspark_topk ]] && SERVER_ENV="SGLANG_AUX_MARKOV_TOPK=${MARKOV_TOPK:-64}"
   mode=static; [[ $cfg == *_compact ]] && mode=compact
   [[ " ${flags[*]} " == *" NONE "* ]] || flags+=(--speculative-verify-mode "$mode")
   serve $cfg "${flags[@]}" || continue
@@ -102,7 +106,7 @@ for cfg in $configs; do
     harness $cfg "$n" "$p"
     curl -s localhost:$port/get_server_info > "$out/server_info_after${p}_$cfg.json"
   done
-  if [[ $cfg =~ ^(target|dflash|dflash_compact|dflash_schedule|dspark|dspark_compact)(_delay|_mixed|_apart)?$ ]]; then
+  if [[ $cfg =~ ^(target|dflash|dflash_compact|dflash_schedule|dspark|dspark_compact|dspark_topk)(_delay|_mixed|_apart)?$ ]]; then
     harness $cfg "${N1:-32}" 1
     harness $cfg "${N8:-64}" 8
   fi

@@ -23,7 +23,11 @@ from sglang_aux.srt.layers.triton_ops.dispatch import (  # noqa: E402
     MARKOV_TOPK_ENV_VAR,
     check_kernel_switches,
 )
-from sglang_aux.srt.speculative import dspark_proposal, markov_topk_kernel  # noqa: E402
+from sglang_aux.srt.speculative import (  # noqa: E402
+    dspark_proposal,
+    markov_argmax_kernel,
+    markov_topk_kernel,
+)
 from sglang_aux.srt.speculative.dspark_proposal import propose_block  # noqa: E402
 from sglang_aux.srt.speculative.markov_topk_kernel import (  # noqa: E402
     markov_topk_tokens,
@@ -116,6 +120,9 @@ def test_the_switch_routes_greedy_proposals(monkeypatch):
     assert calls == [64]
     w1, w2 = draft.markov_head.markov_w1.weight, draft.markov_head.markov_w2.weight
     assert torch.equal(got.tokens, restricted_loop(base, anchors, w1, w2, 64))
+    wide = base[:1].expand(markov_topk_kernel.MAX_REQUESTS + 1, -1, -1)
+    assert dspark_proposal._greedy_kernel(wide, draft.markov_head) is \
+        markov_argmax_kernel.markov_greedy_tokens  # past MAX_REQUESTS: the exact kernel
     monkeypatch.setenv(MARKOV_TOPK_ENV_VAR, "0")
     monkeypatch.setenv(MARKOV_ARGMAX_ENV_VAR, "0")
     assert dspark_proposal._greedy_kernel(base, draft.markov_head) is None

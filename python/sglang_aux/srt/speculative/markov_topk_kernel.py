@@ -24,6 +24,11 @@ import triton.language as tl
 from sglang_aux.srt.speculative.markov_argmax_kernel import check_tokens_out
 
 MAX_RANK_BLOCK = 64  # rank columns a step of the bias sum loads at once, at most
+# Batches this kernel takes when switched on; larger ones keep the exact kernel, whose 32-row
+# tile was as fast past 16 requests (H100, draft block: Qwen2.5 at 32 1.222 ms exact against
+# 1.192 with K = 64; SmolLM2 0.298 against 0.357), the `topk` over all base logits costing
+# most of this path there (docs/benchmarks.md section 9k).
+MAX_REQUESTS = 16
 BIG = tl.constexpr(2**62)  # an id no token has
 
 
