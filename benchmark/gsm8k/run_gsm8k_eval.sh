@@ -27,8 +27,9 @@
 # add --compact-verify-budget-frac F, which static configs refuse); dspark / dspark_compact:
 # DSpark with the draft DSPARK_DRAFT (environment), --speculative-verify-mode static / compact,
 # DSPARK_FLAGS (environment) added, e.g. --speculative-verify-width 8); dspark_topk: dspark
-# with its greedy proposals among each row's MARKOV_TOPK (64) largest base logits
-# (SGLANG_AUX_MARKOV_TOPK in that server's environment; batches up to 16). Every speculative
+# with its greedy proposals scored over each row's MARKOV_TOPK (64) largest base logits where
+# certified (SGLANG_AUX_MARKOV_TOPK in that server's environment; batches up to 16; the same
+# tokens as dspark). Every speculative
 # config passes its verify mode, so SGLANG_RAGGED_VERIFY_MODE in the environment changes none.
 # Needs the target (a folder, or a built-in name imported on first use) and GSM8K
 # (SGLANG_AUX_GSM8K_DIR).

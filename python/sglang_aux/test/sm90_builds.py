@@ -381,8 +381,16 @@ def _markov_launches(builds: Builds) -> None:
         for k in (64, 256):
             _markov_topk_kernel[(32,)](_t(32, n, k), torch.zeros(32, n, k, dtype=torch.int64),
                                        n * k, k, w1, w2, torch.zeros(32, dtype=torch.int64),
-                                       torch.empty(32, n, dtype=torch.int64), n, n, RANK=256,
+                                       torch.empty(32, n, dtype=torch.int64),
+                                       torch.empty(32, n, dtype=torch.int32), n,
+                                       torch.zeros((), dtype=torch.float32),
+                                       torch.zeros(256, dtype=torch.float32), n, RANK=256,
                                        R_BLOCK=64, K=k, num_warps=4)
+        for bs in (1, 16):  # the exact kernel's launches after it, as the switch runs them
+            markov_greedy_tokens(_t(bs, n, vocab), torch.zeros(bs, dtype=torch.int64), w1, w2,
+                                 torch.empty(bs, n, dtype=torch.int64),
+                                 certified=(torch.empty(bs, n, dtype=torch.int64),
+                                            torch.empty(bs, n, dtype=torch.int32)))
 
 
 def qwen_launches(builds: Builds) -> None:

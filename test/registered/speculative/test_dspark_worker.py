@@ -306,6 +306,9 @@ def test_dspark_start_errors(ckpts, tmp_path):
                     speculative_draft_model_path=str(headless),
                     speculative_verify_width=6, **SPEC_ENGINE_KW)
     assert engine.worker.verify_width == 6 == engine.worker.draft_runner.model.num_proposals + 1
+    markov = engine.worker.draft_runner.model.markov_head  # its bounds: taken at load, current
+    assert markov._bounds_of == (markov.markov_w2.weight.data_ptr(),
+                                 markov.markov_w2.weight._version)
     assert engine.worker.target_runner.step_graphs.layouts[0].tokens_per_req == 6
     out = engine.generate(SPEC_PROMPTS[1], dict(GREEDY_IGNORE_EOS, max_new_tokens=8))
     assert out["meta_info"]["spec_accept_histogram"].__len__() == 6

@@ -106,6 +106,8 @@ class ModelRunner:
         self.model = model or get_model(model_config, self.device,
                                         load_format=server_args.load_format,
                                         seed=server_args.random_seed)
+        if hasattr(self.model, "post_load_weights"):  # SGLang's hook: what the weights imply,
+            self.model.post_load_weights()  # taken before any graph captures
         set_decode_gemv_backend(self.model, server_args.decode_gemv_backend)
         if aux_layer_ids:
             self.model.set_dflash_layers_to_capture(list(aux_layer_ids))

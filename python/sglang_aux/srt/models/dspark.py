@@ -32,6 +32,24 @@ MARKOV_WEIGHTS = ("markov_head.markov_w1.weight", "markov_head.markov_w2.weight"
 CONFIDENCE_PREFIX = "confidence_head."
 
 
+BOUND_ROWS = 16384  # rows of markov_w2 a bound pass reads at once (a bounded fp32 copy)
+
+
+def markov_bias_bounds(markov_w2: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Two fp32 bounds of `markov_w2` `[V, r]`: the largest row norm (0-dim) and each rank
+    column's largest magnitude `[r]`. With them every token j's bias after token p,
+    `|w1[p] . w2[j]|`, is at most `|w1[p]|_2` times the first, and at most `sum_c |w1[p, c]|`
+    times the second's c-th: what lets `markov_topk_kernel` certify a proposal without reading
+    the rest of `markov_w2`."""
+    norm = torch.zeros((), dtype=torch.float32, device=markov_w2.device)
+    col = torch.zeros(markov_w2.shape[1], dtype=torch.float32, device=markov_w2.device)
+    for i in range(0, markov_w2.shape[0], BOUND_ROWS):
+        rows = markov_w2[i:i + BOUND_ROWS].float()
+        norm = torch.maximum(norm, rows.norm(dim=1).max())
+        col = torch.maximum(col, rows.abs().amax(dim=0))
+    return norm, col
+
+
 class DSparkMarkovHead(nn.Module):
     """A bigram bias of rank r: `markov_w2(markov_w1[previous token])` `[..., V]`."""
 
@@ -39,6 +57,22 @@ class DSparkMarkovHead(nn.Module):
         super().__init__()
         self.markov_w1 = nn.Embedding(vocab_size, rank)
         self.markov_w2 = nn.Linear(rank, vocab_size, bias=False)
+        self._bounds: tuple[torch.Tensor, torch.Tensor] | None = None
+        self._bounds_of: tuple | None = None  # the weight (pointer, version) they were taken of
+
+    def bias_bounds(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """`markov_bias_bounds` of this head's markov_w2, kept until the weight changes. Taken
+        when the model runner gets the model (`DSparkDraftModel.post_load_weights`): inside a
+        CUDA graph's capture they would be captured too, a full read of markov_w2 every
+        replay, so a stale or missing pair there is an error."""
+        w = self.markov_w2.weight
+        key = (w.data_ptr(), w._version)
+        if self._bounds_of != key:
+            if w.is_cuda and torch.cuda.is_current_stream_capturing():
+                raise RuntimeError("the Markov head's bias bounds are taken before a CUDA graph "
+                                   "captures (DSparkDraftModel.post_load_weights)")
+            self._bounds, self._bounds_of = markov_bias_bounds(w), key
+        return self._bounds
 
     def embed(self, prev_tokens: torch.Tensor) -> torch.Tensor:
         """`[...]` token ids -> `[..., r]`."""
@@ -137,6 +171,11 @@ class DSparkDraftModel(DFlashDraftModel):
                                  f"checkpoint lacks {', '.join(lacking)} (set "
                                  "enable_confidence_head to false to load it without)")
         super().load_weights(weights)
+
+
+    def post_load_weights(self) -> None:
+        """After the weights (checkpoint or dummy): the Markov head's bias bounds."""
+        self.markov_head.bias_bounds()
 
 
 class Qwen3DSparkModel(DSparkDraftModel):

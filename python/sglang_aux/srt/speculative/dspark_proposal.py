@@ -123,10 +123,10 @@ def propose_block(draft: DSparkDraftModel, base_logits: torch.Tensor, anchor_tok
 def _greedy_kernel(base_logits: torch.Tensor, markov: DSparkMarkovHead
                    ) -> Callable[..., None] | None:
     """The kernel the greedy loop runs as, or None for the torch loop: on a Triton device (or
-    `force`), the top-K candidates' (`markov_topk_kernel`) where `SGLANG_AUX_MARKOV_TOPK` names
-    a K and the batch has at most its MAX_REQUESTS, else the exact n + 1 launches
-    (`markov_argmax_kernel`) unless `SGLANG_AUX_MARKOV_ARGMAX=0`; each only at shapes its tiles
-    take."""
+    `force`), the certified top-K candidates' (`markov_topk_kernel`) where
+    `SGLANG_AUX_MARKOV_TOPK` names a K and the batch has at most its MAX_REQUESTS, else the
+    exact n + 1 launches (`markov_argmax_kernel`) unless `SGLANG_AUX_MARKOV_ARGMAX=0`; each
+    only at shapes its tiles take."""
     topk, exact = int(switch(MARKOV_TOPK_ENV_VAR)), switch(MARKOV_ARGMAX_ENV_VAR) == "1"
     if not use_triton(base_logits, False) or base_logits.stride(-1) != 1:
         return None
@@ -136,7 +136,8 @@ def _greedy_kernel(base_logits: torch.Tensor, markov: DSparkMarkovHead
 
         if markov_topk_kernel.supports(rank, base_logits.shape[-1], topk) and \
                 base_logits.shape[0] <= markov_topk_kernel.MAX_REQUESTS:
-            return functools.partial(markov_topk_kernel.markov_topk_tokens, k=topk)
+            return functools.partial(markov_topk_kernel.markov_topk_tokens, k=topk,
+                                     bounds=markov.bias_bounds())
     if not exact:
         return None
     from sglang_aux.srt.speculative import markov_argmax_kernel

@@ -53,46 +53,71 @@ def _first_max(vals, idxs, best, best_idx):
 
 @triton.jit
 def _markov_argmax_kernel(BASE, stride_bb, stride_bk, W1, W2, ANCHOR, TOKENS, stride_tb,
-                          PMAX, PIDX, bs, vocab, num_chunks, k,
+                          PMAX, PIDX, CAND, CERT, DIV, bs, vocab, num_chunks, k,
                           RANK: tl.constexpr, R_BLOCK: tl.constexpr, FIRST: tl.constexpr,
                           SWEEP: tl.constexpr, DOT_PRECISION: tl.constexpr, ROWS: tl.constexpr,
                           SUB: tl.constexpr, NSUB: tl.constexpr, P_BLOCK: tl.constexpr,
-                          PIPELINED: tl.constexpr):
+                          PIPELINED: tl.constexpr, CERTIFIED: tl.constexpr):
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     chunk = tl.program_id(1)
     rmask = rows < bs
+    # CERTIFIED (`markov_topk_kernel`): CAND `[bs, n]` holds the top-K path's tokens, CERT
+    # whether each is certified exact given the token before it; a row is swept from its first
+    # uncertified proposal on, or once a swept token differed from CAND (DIV: 1 from then,
+    # alternating between two buffers like the partials). Others take CAND unswept.
+    div = tl.zeros((ROWS,), tl.int32)
     if FIRST:
         prev = tl.load(ANCHOR + rows, mask=rmask, other=0).to(tl.int64)
     else:
-        src = ((k - 1) % 2) * bs * num_chunks
-        best = tl.full((ROWS,), -float("inf"), tl.float32)
+        swept = rmask
+        if CERTIFIED:
+            div = tl.load(DIV + ((k - 1) % 2) * bs + rows, mask=rmask, other=0)
+            cand = tl.load(CAND + rows * stride_tb + (k - 1), mask=rmask, other=0)
+            swept = rmask & ((tl.load(CERT + rows * stride_tb + (k - 1), mask=rmask, other=1)
+                              == 0) | (div != 0))
         at = tl.full((ROWS,), BIG, tl.int32)
-        for c0 in range(0, num_chunks, P_BLOCK):
-            cs = c0 + tl.arange(0, P_BLOCK)
-            offs = src + rows[:, None] * num_chunks + cs[None, :]
-            pmask = rmask[:, None] & (cs[None, :] < num_chunks)
-            pm = tl.load(PMAX + offs, mask=pmask, other=-float("inf"))
-            pi = tl.load(PIDX + offs, mask=pmask, other=BIG)
-            best, at = _first_max(pm, pi, best, at)
-        prev = tl.where(rmask, at, 0).to(tl.int64)
+        settle = True
+        if CERTIFIED:
+            settle = tl.max(swept.to(tl.int32), axis=0) > 0
+        if settle:
+            src = ((k - 1) % 2) * bs * num_chunks
+            best = tl.full((ROWS,), -float("inf"), tl.float32)
+            for c0 in range(0, num_chunks, P_BLOCK):
+                cs = c0 + tl.arange(0, P_BLOCK)
+                offs = src + rows[:, None] * num_chunks + cs[None, :]
+                pmask = swept[:, None] & (cs[None, :] < num_chunks)
+                pm = tl.load(PMAX + offs, mask=pmask, other=-float("inf"))
+                pi = tl.load(PIDX + offs, mask=pmask, other=BIG)
+                best, at = _first_max(pm, pi, best, at)
+        prev = tl.where(swept, at, 0).to(tl.int64)
+        if CERTIFIED:
+            prev = tl.where(swept, prev, cand)
+            div = tl.where(swept & (prev != cand), 1, div)
         if chunk == 0:
             tl.store(TOKENS + rows * stride_tb + (k - 1), prev, mask=rmask)
+    if CERTIFIED and chunk == 0:
+        tl.store(DIV + (k % 2) * bs + rows, div, mask=rmask)
     if SWEEP:
-        best = tl.full((ROWS,), -float("inf"), tl.float32)
-        at = tl.full((ROWS,), BIG, tl.int32)
-        if PIPELINED:  # a loop Triton pipelines: fewer registers, the tiles in shared memory
-            for s in range(NSUB):
-                best, at = _sweep_tile(BASE, stride_bb, stride_bk, W1, W2, rows, rmask, prev,
-                                       (chunk * NSUB + s) * SUB, vocab, k, best, at, RANK,
-                                       R_BLOCK, DOT_PRECISION, ROWS, SUB)
-        else:
-            for s in tl.static_range(NSUB):
-                best, at = _sweep_tile(BASE, stride_bb, stride_bk, W1, W2, rows, rmask, prev,
-                                       (chunk * NSUB + s) * SUB, vocab, k, best, at, RANK,
-                                       R_BLOCK, DOT_PRECISION, ROWS, SUB)
-        dst = (k % 2) * bs * num_chunks + rows * num_chunks + chunk
-        tl.store(PMAX + dst, best, mask=rmask)
-        tl.store(PIDX + dst, at, mask=rmask)
+        go = True
+        if CERTIFIED:
+            go = tl.max((rmask & ((tl.load(CERT + rows * stride_tb + k, mask=rmask, other=1) == 0)
+                                  | (div != 0))).to(tl.int32), axis=0) > 0
+        if go:
+            best = tl.full((ROWS,), -float("inf"), tl.float32)
+            at = tl.full((ROWS,), BIG, tl.int32)
+            if PIPELINED:  # a loop Triton pipelines: fewer registers, the tiles in shared memory
+                for s in range(NSUB):
+                    best, at = _sweep_tile(BASE, stride_bb, stride_bk, W1, W2, rows, rmask, prev,
+                                           (chunk * NSUB + s) * SUB, vocab, k, best, at, RANK,
+                                           R_BLOCK, DOT_PRECISION, ROWS, SUB)
+            else:
+                for s in tl.static_range(NSUB):
+                    best, at = _sweep_tile(BASE, stride_bb, stride_bk, W1, W2, rows, rmask, prev,
+                                           (chunk * NSUB + s) * SUB, vocab, k, best, at, RANK,
+                                           R_BLOCK, DOT_PRECISION, ROWS, SUB)
+            dst = (k % 2) * bs * num_chunks + rows * num_chunks + chunk
+            tl.store(PMAX + dst, best, mask=rmask)
+            tl.store(PIDX + dst, at, mask=rmask)
 
 
 @triton.jit
@@ -171,11 +196,14 @@ def check_tokens_out(tokens_out: torch.Tensor, bs: int, n: int) -> None:
 
 def markov_greedy_tokens(base_logits: torch.Tensor, anchor_tokens: torch.Tensor,
                          markov_w1: torch.Tensor, markov_w2: torch.Tensor,
-                         tokens_out: torch.Tensor, tile: MarkovTile | None = None) -> None:
+                         tokens_out: torch.Tensor, tile: MarkovTile | None = None,
+                         certified: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
     """Greedy proposals into tokens_out `[bs, n]` int64: row k's token is the argmax of
     base_logits `[bs, n, V]` (last dim contiguous) row k plus the Markov bias of the token
     before it (`anchor_tokens` `[bs]` for row 0). markov_w1 / markov_w2: `[V, r]`, contiguous,
-    one dtype. `tile`: `markov_tile(bs, dtype)` unless a bench compares another."""
+    one dtype. `tile`: `markov_tile(bs, dtype)` unless a bench compares another. `certified`:
+    (candidate tokens, certified flags), both `[bs, n]` with tokens_out's strides, from
+    `markov_topk_kernel`: only the rows and proposals they leave open are swept."""
     bs, n, vocab = base_logits.shape
     rank = markov_w1.shape[1]
     if base_logits.stride(-1) != 1 or tuple(anchor_tokens.shape) != (bs,):
@@ -195,6 +223,15 @@ def markov_greedy_tokens(base_logits: torch.Tensor, anchor_tokens: torch.Tensor,
     num_chunks = triton.cdiv(vocab, chunk)
     pmax = torch.empty((2, bs, num_chunks), dtype=torch.float32, device=base_logits.device)
     pidx = torch.empty((2, bs, num_chunks), dtype=torch.int32, device=base_logits.device)
+    cand, cert = certified if certified is not None else (tokens_out, tokens_out)
+    if certified is not None and (cand.shape != tokens_out.shape or cand.stride() !=
+                                  tokens_out.stride() or cert.shape != tokens_out.shape or
+                                  cert.stride() != tokens_out.stride()):
+        raise ValueError(f"certified tokens {tuple(cand.shape)} {cand.stride()} and flags "
+                         f"{tuple(cert.shape)} {cert.stride()} must be shaped and strided as "
+                         f"tokens_out {tuple(tokens_out.shape)} {tokens_out.stride()}")
+    div = torch.empty((2, bs), dtype=torch.int32, device=base_logits.device) \
+        if certified is not None else pidx
     r_block = min(MAX_RANK_BLOCK, rank & -rank)  # a power of two that divides the rank
     tile = tile or markov_tile(bs, markov_w2.dtype)
     row_blocks = triton.cdiv(bs, tile.rows)
@@ -202,8 +239,9 @@ def markov_greedy_tokens(base_logits: torch.Tensor, anchor_tokens: torch.Tensor,
         sweep = k < n
         _markov_argmax_kernel[(row_blocks, num_chunks if sweep else 1)](
             base_logits, base_logits.stride(0), base_logits.stride(1), markov_w1, markov_w2,
-            anchor_tokens, tokens_out, tokens_out.stride(0), pmax, pidx, bs, vocab,
-            num_chunks, k, RANK=rank, R_BLOCK=r_block, FIRST=k == 0, SWEEP=sweep,
+            anchor_tokens, tokens_out, tokens_out.stride(0), pmax, pidx, cand, cert, div, bs,
+            vocab, num_chunks, k, RANK=rank, R_BLOCK=r_block, FIRST=k == 0, SWEEP=sweep,
             DOT_PRECISION=dot_precision(markov_w2.dtype), ROWS=tile.rows, SUB=SUB,
             NSUB=chunk // SUB, P_BLOCK=PARTIALS_BLOCK, PIPELINED=tile.pipelined,
-            num_warps=tile.num_warps, num_stages=tile.num_stages, maxnreg=tile.max_registers)
+            CERTIFIED=certified is not None, num_warps=tile.num_warps,
+            num_stages=tile.num_stages, maxnreg=tile.max_registers)

@@ -36,9 +36,10 @@ PAIRED_GEMV_VALUES = ("1", "0")
 # (docs/benchmarks.md section 9j); "0" keeps the loop.
 MARKOV_ARGMAX_ENV_VAR = "SGLANG_AUX_MARKOV_ARGMAX"
 MARKOV_ARGMAX_VALUES = ("1", "0")
-# Greedy proposals among each row's K largest base logits (speculative/markov_topk_kernel.py),
-# for batches up to its MAX_REQUESTS: approximate, so off (0) until the real pair's accept
-# lengths show it costs none.
+# Greedy proposals scored over each row's K largest base logits where a bound certifies they
+# hold the winner, the exact kernel's elsewhere (speculative/markov_topk_kernel.py), for batches
+# up to its MAX_REQUESTS: the exact tokens either way, off (0) until a trained head shows how
+# often the bound holds.
 MARKOV_TOPK_ENV_VAR = "SGLANG_AUX_MARKOV_TOPK"
 MARKOV_TOPK_VALUES = ("0", "64", "256")
 SWITCHES = {ENV_VAR: MODES, PDL_ENV_VAR: PDL_VALUES, PAIRED_GEMV_ENV_VAR: PAIRED_GEMV_VALUES,
