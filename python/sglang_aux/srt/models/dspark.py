@@ -172,7 +172,6 @@ class DSparkDraftModel(DFlashDraftModel):
                                  "enable_confidence_head to false to load it without)")
         super().load_weights(weights)
 
-
     def post_load_weights(self) -> None:
         """After the weights (checkpoint or dummy): the Markov head's bias bounds."""
         self.markov_head.bias_bounds()

@@ -224,9 +224,7 @@ def markov_greedy_tokens(base_logits: torch.Tensor, anchor_tokens: torch.Tensor,
     pmax = torch.empty((2, bs, num_chunks), dtype=torch.float32, device=base_logits.device)
     pidx = torch.empty((2, bs, num_chunks), dtype=torch.int32, device=base_logits.device)
     cand, cert = certified if certified is not None else (tokens_out, tokens_out)
-    if certified is not None and (cand.shape != tokens_out.shape or cand.stride() !=
-                                  tokens_out.stride() or cert.shape != tokens_out.shape or
-                                  cert.stride() != tokens_out.stride()):
+    if any(t.shape != tokens_out.shape or t.stride() != tokens_out.stride() for t in (cand, cert)):
         raise ValueError(f"certified tokens {tuple(cand.shape)} {cand.stride()} and flags "
                          f"{tuple(cert.shape)} {cert.stride()} must be shaped and strided as "
                          f"tokens_out {tuple(tokens_out.shape)} {tokens_out.stride()}")
