@@ -186,8 +186,22 @@ def supports(rank: int) -> bool:
     return rank >= 16 and rank % 16 == 0
 
 
-def check_tokens_out(tokens_out: torch.Tensor, bs: int, n: int) -> None:
-    """A ValueError unless tokens_out is an int64 `[bs, n]` with a contiguous last dim."""
+def check_inputs(base_logits: torch.Tensor, anchor_tokens: torch.Tensor, markov_w1: torch.Tensor,
+                 markov_w2: torch.Tensor, tokens_out: torch.Tensor) -> None:
+    """A ValueError naming what a Markov kernel's call gets wrong: base_logits `[bs, n, V]` with a
+    contiguous last dim, one anchor per request, both weights contiguous `[V, r]` of one dtype
+    with r a multiple of 16, tokens_out int64 `[bs, n]` with a contiguous last dim."""
+    bs, n, vocab = base_logits.shape
+    if base_logits.stride(-1) != 1 or tuple(anchor_tokens.shape) != (bs,):
+        raise ValueError(f"base_logits {tuple(base_logits.shape)} (strides "
+                         f"{base_logits.stride()}) needs a contiguous last dim and "
+                         f"anchor_tokens {tuple(anchor_tokens.shape)} one token per request")
+    if markov_w1.shape != markov_w2.shape or markov_w1.shape[0] != vocab or \
+            markov_w1.dtype != markov_w2.dtype or not supports(markov_w1.shape[1]) or \
+            not (markov_w1.is_contiguous() and markov_w2.is_contiguous()):
+        raise ValueError(f"markov_w1 {markov_w1.dtype} {tuple(markov_w1.shape)} and markov_w2 "
+                         f"{markov_w2.dtype} {tuple(markov_w2.shape)} must both be contiguous "
+                         f"[{vocab}, r] of one dtype with r a multiple of 16")
     if tuple(tokens_out.shape) != (bs, n) or tokens_out.dtype != torch.int64 or \
             tokens_out.stride(-1) != 1:
         raise ValueError(f"tokens_out must be int64 {(bs, n)} with a contiguous last dim, got "
@@ -206,17 +220,7 @@ def markov_greedy_tokens(base_logits: torch.Tensor, anchor_tokens: torch.Tensor,
     `markov_topk_kernel`: only the rows and proposals they leave open are swept."""
     bs, n, vocab = base_logits.shape
     rank = markov_w1.shape[1]
-    if base_logits.stride(-1) != 1 or tuple(anchor_tokens.shape) != (bs,):
-        raise ValueError(f"base_logits {tuple(base_logits.shape)} (strides "
-                         f"{base_logits.stride()}) needs a contiguous last dim and "
-                         f"anchor_tokens {tuple(anchor_tokens.shape)} one token per request")
-    if markov_w1.shape != markov_w2.shape or markov_w1.shape[0] != vocab or \
-            markov_w1.dtype != markov_w2.dtype or not supports(rank) or \
-            not (markov_w1.is_contiguous() and markov_w2.is_contiguous()):
-        raise ValueError(f"markov_w1 {markov_w1.dtype} {tuple(markov_w1.shape)} and markov_w2 "
-                         f"{markov_w2.dtype} {tuple(markov_w2.shape)} must both be contiguous "
-                         f"[{vocab}, r] of one dtype with r a multiple of 16")
-    check_tokens_out(tokens_out, bs, n)
+    check_inputs(base_logits, anchor_tokens, markov_w1, markov_w2, tokens_out)
     if bs == 0:
         return
     chunk = chunk_rows(vocab)

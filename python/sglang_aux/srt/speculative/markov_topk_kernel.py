@@ -27,7 +27,7 @@ import triton
 import triton.language as tl
 
 from sglang_aux.srt.speculative.markov_argmax_kernel import (
-    check_tokens_out,
+    check_inputs,
     markov_greedy_tokens,
 )
 
@@ -93,14 +93,7 @@ def markov_topk_tokens(base_logits: torch.Tensor, anchor_tokens: torch.Tensor,
     bs, n, vocab = base_logits.shape
     rank = markov_w1.shape[1]
     norm_max, col_max = bounds
-    if tuple(anchor_tokens.shape) != (bs,) or markov_w1.shape != markov_w2.shape or \
-            markov_w1.shape[0] != vocab or markov_w1.dtype != markov_w2.dtype or \
-            not (markov_w1.is_contiguous() and markov_w2.is_contiguous()):
-        raise ValueError(f"base_logits {tuple(base_logits.shape)}, anchor_tokens "
-                         f"{tuple(anchor_tokens.shape)}, markov_w1 {markov_w1.dtype} "
-                         f"{tuple(markov_w1.shape)} and markov_w2 {markov_w2.dtype} "
-                         f"{tuple(markov_w2.shape)}: the weights must both be contiguous "
-                         f"[{vocab}, r] of one dtype, one anchor per request")
+    check_inputs(base_logits, anchor_tokens, markov_w1, markov_w2, tokens_out)
     if not supports(rank, vocab, k):
         raise ValueError(f"{k} candidates over a vocabulary of {vocab} at rank {rank}: k must "
                          f"be a power of two <= the vocabulary, the rank a multiple of 16")
@@ -109,7 +102,6 @@ def markov_topk_tokens(base_logits: torch.Tensor, anchor_tokens: torch.Tensor,
         raise ValueError(f"bounds must be fp32 () and ({rank},) (markov_bias_bounds), got "
                          f"{norm_max.dtype} {tuple(norm_max.shape)} and {col_max.dtype} "
                          f"{tuple(col_max.shape)}")
-    check_tokens_out(tokens_out, bs, n)
     if bs == 0:
         return
     certified = certified_candidates(base_logits, anchor_tokens, markov_w1, markov_w2, k,
