@@ -6,10 +6,11 @@
 # DRAFT: the draft folder or name; MODEL (environment): the target, default
 # smollm2-135m-instruct (qwen2.5-coder-1.5b-instruct with qwen2.5-coder-1.5b-instruct-dflash-b16);
 # SERVER_FLAGS: more flags for every server; START_TIMEOUT: seconds a server may take to
-# start (120); N1, N8: questions one at a time (32) and at 8
-# concurrent (64); SGLANG_HARNESS=1: SGLang's own harness (run_sglang_harness.sh) too, after
-# ours at 32 concurrent, on the target and dflash servers, and ours again with its prompts
-# (`--shots-from test`: SGLang 0.5.23 takes the shots from the first test questions);
+# start (600: a cold machine's first server imports the GGUF and compiles the kernels); N1,
+# N8: questions one at a time (32) and at 8 concurrent (64); SGLANG_HARNESS=1: SGLang's own
+# harness (run_sglang_harness.sh) too, after ours at 32 concurrent, on the target and dflash
+# servers, and ours again with its prompts (`--shots-from test`: SGLang 0.5.23 takes the shots
+# from the first test questions);
 # HIGH_P: more concurrencies for ours after the 32-concurrent run, e.g. "64 128 256" (the
 # server's --max-running-requests is MAX_RUNNING, default 64: raise it with them).
 # CONFIGS: a space-separated subset of "target dflash dflash_noshare dflash_streamed
@@ -46,8 +47,12 @@ serve() {  # name, extra flags...
     ${SERVER_FLAGS:-} "$@" \
     > "$out/server_$name.log" 2>&1 &
   pid=$!
-  for _ in $(seq $((2 * ${START_TIMEOUT:-120}))); do
-    curl -sf localhost:$port/health > /dev/null && return 0
+  for _ in $(seq $((2 * ${START_TIMEOUT:-600}))); do
+    if curl -sf localhost:$port/health > /dev/null; then
+      # which widths it verifies: a draft without a profile verifies all of them at every size
+      grep -ho "Draft length schedule.*" "$out/server_$name.log" | sed "s/^/[$name] /"
+      return 0
+    fi
     kill -0 $pid 2> /dev/null || break  # it exited: no use waiting
     sleep 0.5
   done
