@@ -7,11 +7,12 @@
 For each preset (random weights, `--load-format dummy`), a target-only engine's DECODE graphs,
 and a DFLASH engine's TARGET_VERIFY graphs and its draft's DRAFT_BLOCK graphs (the block of the
 `<preset>-dflash` draft; `--draft-algorithms dflash dspark` adds a DSPARK engine's, with the
-`<preset>-dspark` draft, whose block graph holds the Markov loop), are replayed over
-live-looking inputs: every request row maps `--context` tokens to distinct KV slots (the
-draft's: its own context K/V), so attention reads a real context. Replay ms is the median of
-CUDA-event timings over `--iters` replays after warm-up. Kernels per layer: GPU kernels
-launched by one eager forward of the same captured batch (the graph holds the same kernels),
+`<preset>-dspark` draft, whose block graph holds the Markov loop; `--draft-vocabs 0 32768`
+adds a DFLASH engine whose draft proposes from the first 32,768 ids, `--speculative-token-map`),
+are replayed over live-looking inputs: every request row maps `--context` tokens to distinct
+KV slots (the draft's: its own context K/V), so attention reads a real context. Replay ms is
+the median of CUDA-event timings over `--iters` replays after warm-up. Kernels per layer: GPU
+kernels launched by one eager forward of the same captured batch (the graph holds the same kernels),
 divided by the layer count. Bandwidth (`step_bandwidth.py`): the bytes a step reads (weights,
 K/V of the context), their rate at the replay time, and its fraction of the device-to-device
 copy bandwidth measured in the same run; with `--kernel-table N` (default 12 on CUDA) each
@@ -29,6 +30,7 @@ import argparse
 import json
 import os
 import statistics
+import tempfile
 import time
 
 import torch
@@ -111,14 +113,20 @@ def _kernels(runner, graph_runner, i: int) -> int | None:
     return sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
 
 
-def measure(preset: str, graphs: dict[str, list[int]], args, algorithm: str = "none"
-            ) -> list[dict]:
+def measure(preset: str, graphs: dict[str, list[int]], args, algorithm: str = "none",
+            draft_vocab: int = 0) -> list[dict]:
     """One engine (target-only for "decode", `algorithm` with the `<preset>-<algorithm>`
-    draft for "verify" and "draft"), each graph kind's sizes replayed."""
+    draft for "verify" and "draft", its draft vocabulary the first `draft_vocab` ids when
+    not 0), each graph kind's sizes replayed."""
     extra = {}
     if "decode" not in graphs:
         extra = {"speculative_algorithm": algorithm.upper(),
                  "speculative_draft_model_path": f"{preset}-{algorithm}"}
+    if draft_vocab:
+        # dummy weights: which ids does not change the cost, only how many
+        path = os.path.join(tempfile.mkdtemp(), "token_map.pt")
+        torch.save(torch.arange(draft_vocab), path)
+        extra["speculative_token_map"] = path
     sizes = sorted({bs for s in graphs.values() for bs in s})
     engine = Engine(model_path=preset, load_format="dummy", device=args.device,
                     max_running_requests=max(sizes), cuda_graph_bs_decode=sizes,
@@ -127,7 +135,7 @@ def measure(preset: str, graphs: dict[str, list[int]], args, algorithm: str = "n
                     decode_gemv_backend=args.decode_gemv_backend, **extra)
     rows = []
     for graph, graph_sizes in graphs.items():
-        rows += [{"algorithm": algorithm, **r}
+        rows += [{"algorithm": algorithm, "draft_vocab": draft_vocab, **r}
                  for r in _replay_rows(engine, preset, graph, graph_sizes, args)]
     del engine
     return rows
@@ -172,6 +180,9 @@ def main() -> None:
                    choices=["dflash", "dspark"],
                    help="the speculative engines whose verify and draft graphs are replayed, "
                         "each with the `<preset>-<algorithm>` draft preset")
+    p.add_argument("--draft-vocabs", type=int, nargs="+", default=[0],
+                   help="DFLASH engines with a draft vocabulary of this many ids "
+                        "(--speculative-token-map; 0: the target's whole vocabulary)")
     p.add_argument("--context", type=int, default=900)
     p.add_argument("--iters", type=int, default=200)
     p.add_argument("--device", default="auto")
@@ -201,17 +212,20 @@ def main() -> None:
     args.copy_tb_s = copy_bandwidth(device) / 1e12
     print(f"device-to-device copy: {args.copy_tb_s:.2f} TB/s (read + written)")
     rows = []
-    engines = [("none", {"decode": args.decode_bs})] + [
-        (algorithm, {"verify": args.verify_bs, "draft": args.draft_bs})
-        for algorithm in args.draft_algorithms]
+    if min(args.draft_vocabs) < 0:
+        p.error(f"--draft-vocabs must be >= 0, got {args.draft_vocabs}")
+    engines = [("none", 0, {"decode": args.decode_bs})] + [
+        (algorithm, vocab, {"verify": args.verify_bs, "draft": args.draft_bs})
+        for algorithm in args.draft_algorithms for vocab in args.draft_vocabs
+        if not (vocab and algorithm == "dspark")]  # DSpark takes no token map yet
     for preset in args.presets:
-        for algorithm, graphs in engines:
+        for algorithm, vocab, graphs in engines:
             graphs = {graph: sizes for graph, sizes in graphs.items() if sizes}
             if graphs:
-                rows += measure(preset, graphs, args, algorithm)
+                rows += measure(preset, graphs, args, algorithm, vocab)
     decode_bs1 = {r["preset"]: r["replay_ms"] for r in rows
                   if r["graph"] == "DECODE" and r["bs"] == 1}
-    print(f"{'preset':>15} {'engine':>7} {'graph':>13} {'bs':>4} {'replay ms':>10} "
+    print(f"{'preset':>15} {'engine':>12} {'graph':>13} {'bs':>4} {'replay ms':>10} "
           f"{'kern/layer':>10} {'vs decode bs1':>13} {'MB read':>9} {'floor ms':>9} "
           f"{'TB/s':>6} {'of copy':>8}")
     for r in rows:
@@ -219,7 +233,8 @@ def main() -> None:
         ref = decode_bs1.get(r["preset"])
         ratio = f"{r['replay_ms'] / ref:.2f}x" if ref else "-"
         read = (r["weight_bytes"] + r["kv_bytes"]) / 1e6
-        print(f"{r['preset']:>15} {r['algorithm']:>7} {r['graph']:>13} {r['bs']:>4} "
+        engine = r["algorithm"] + (f"/{r['draft_vocab']}" if r["draft_vocab"] else "")
+        print(f"{r['preset']:>15} {engine:>12} {r['graph']:>13} {r['bs']:>4} "
               f"{r['replay_ms']:>10.3f} {kpl:>10} {ratio:>13} {read:>9.1f} {r['floor_ms']:>9.3f} "
               f"{r['achieved_tb_s']:>6.2f} {r['fraction_of_copy']:>7.0%}")
         print_kernel_table(r.get("kernel_table", []), "    ")

@@ -1,9 +1,9 @@
 """How much of what the target writes a draft restricted to its H most frequent output tokens
-could still propose (FR-Spec's draft vocabulary; SGLang's `--speculative-token-map` for
-EAGLE): the question to answer before a draft LM head and a DSpark `markov_w2` are cut to H
-rows. On Qwen2.5-1.5B-shaped graphs (H100, docs/benchmarks.md section 9k) the DFlash draft
-block spends 159-291 us of its 0.34-0.62 ms on the full 151,936-row LM head and its argmax,
-and DSpark's Markov loop reads the 77.8 MB `markov_w2` once a proposal.
+could still propose (FR-Spec's draft vocabulary; SGLang's `--speculative-token-map`, built by
+`python -m sglang_aux.tools.build_token_map`): the question to answer before a draft LM head
+is cut to H rows. On Qwen2.5-1.5B-shaped graphs (H100, docs/benchmarks.md section 9k) the
+DFlash draft block spends 159-291 us of its 0.34-0.62 ms on the full 151,936-row LM head and
+its argmax, and DSpark's Markov loop reads the 77.8 MB `markov_w2` once a proposal.
 
     python benchmark/spec_decode/hot_vocab_coverage.py            # the shipped mix samples
     python benchmark/spec_decode/hot_vocab_coverage.py --samples A.jsonl.xz B.jsonl.xz \
@@ -23,19 +23,13 @@ import argparse
 import json
 import random
 import sys
-from collections import Counter
 from pathlib import Path
 
+from sglang_aux.tools.build_token_map import hot_ids
 from sglang_aux.tools.dflash_training.data import Sample, load_samples
 from sglang_aux.tools.dflash_training.recipes import MIX, shipped_samples
 
 DEFAULT_SAMPLES = shipped_samples(MIX)
-
-
-def hot_ids(samples: list[Sample], size: int) -> list[int]:
-    """The `size` ids written most often in the samples' continuations, ties to the smaller."""
-    counts = Counter(t for s in samples for t in s.output_ids)
-    return sorted(counts, key=lambda t: (-counts[t], t))[:size]
 
 
 def coverage(samples: list[Sample], hot: set[int], window: int) -> dict:

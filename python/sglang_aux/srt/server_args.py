@@ -45,6 +45,9 @@ VERIFY_WIDTH_ALIASES = ("--speculative-num-draft-tokens", "--speculative-dflash-
 DSPARK_PROPOSALS_FLAG = "--speculative-dspark-block-size"
 COMPACT_ONLY_FLAGS = ("compact_verify_budget_frac", "compact_verify_max_tokens",
                       "speculative_dspark_align_verify_tokens_to_graph_tier")
+TOKEN_MAP_DSPARK = ("--speculative-token-map with DSPARK is not built yet (its Markov head "
+                    "scores and indexes the whole vocabulary): use it with DFLASH, or run "
+                    "DSPARK without it")
 DRAFT_LEN_FILE_FLAGS = ("speculative_acceptance_profile", "speculative_step_costs")
 # its counts cannot change a schedule whose graphs are captured for it
 STATIC_COSTS_NEED_PROFILE = ("--speculative-step-costs under static verify needs an acceptance "
@@ -148,6 +151,9 @@ class ServerArgs:
     dist_timeout: int | None = None
     speculative_algorithm: str | None = None  # None: DFLASH for the built-in default, else NONE
     speculative_draft_model_path: str | None = None
+    # the draft vocabulary (SGLang's flag; speculative/token_map.py): a torch.save'd list of
+    # the token ids a DFlash draft may propose, its LM head cut to them; None: all
+    speculative_token_map: str | None = None
     # tokens a request carries through one verify step, anchor included: its draft's
     # proposals + 1 (docs/dspark.md); None: the draft config's
     speculative_verify_width: int | None = None
@@ -311,7 +317,8 @@ class ServerArgs:
                 algo.is_dflash_family() and self.speculative_verify_mode == "compact")
         if not algo.is_dflash_family():
             given = self._given("speculative_verify_width", "speculative_verify_mode",
-                                "speculative_draft_len_schedule", *COMPACT_ONLY_FLAGS,
+                                "speculative_draft_len_schedule", "speculative_token_map",
+                                *COMPACT_ONLY_FLAGS,
                                 *DRAFT_LEN_FILE_FLAGS)
             if given:
                 raise ValueError(f"{', '.join(given)} only act with --speculative-algorithm "
@@ -343,6 +350,8 @@ class ServerArgs:
         if self.speculative_verify_width is not None and self.speculative_verify_width < least:
             raise ValueError(f"--speculative-verify-width must be >= {least} with {algo.value} "
                              f"(the anchor and its proposals), got {self.speculative_verify_width}")
+        if algo == SpeculativeAlgorithm.DSPARK and self.speculative_token_map is not None:
+            raise ValueError(TOKEN_MAP_DSPARK)
         if algo == SpeculativeAlgorithm.DSPARK and self.tp_size > 1:
             raise ValueError("DSPARK with --tp-size > 1 is not built yet (its proposal loop and "
                              "compact verify are not run across ranks): use --tp-size 1 or "
@@ -496,6 +505,11 @@ class ServerArgs:
         add("--speculative-draft-model-path", default=None,
             help="the DFlash or DSpark draft: a folder, preset or shipped draft (default: "
                  f"{DEFAULT_DRAFT_MODEL} with the default model, else required)")
+        add("--speculative-token-map", default=None,
+            help="DFLASH: the draft vocabulary, a torch.save'd list of the token ids the draft "
+                 "may propose (its LM head cut to them; SGLang's flag and file; a path that is "
+                 "no file is REPO/FILE on the hub); build one with python -m "
+                 "sglang_aux.tools.build_token_map")
         add("--speculative-verify-width", *VERIFY_WIDTH_ALIASES, type=int, default=None,
             action=_VerifyWidthFlag, dest="speculative_verify_width",
             help="tokens a request carries through one verify step, anchor included: the "

@@ -3,7 +3,8 @@
 Qwen3 and K3-style families, target-only and with their DFlash drafts (greedy DFlash is lossless,
 so it equals target-only), seeded sampling too, the chunk pacer's time-driven schedule
 taken from rank 0 on every rank; `--tp-size 4` replicates the two KV heads;
-each rank holds its share of the heads and the whole-width aux storage."""
+each rank holds its share of the heads and the whole-width aux storage; a draft vocabulary's
+cut head on every rank."""
 
 import sys
 
@@ -115,6 +116,30 @@ def test_tp2_sampled_dflash_equals_tp1(root):
     assert _ids(tp2) == _ids(ref)
     greedy, _ = _generate(GREEDY, **dflash)
     assert _ids(ref) != _ids(greedy)  # the sampling really sampled
+
+
+def test_tp2_draft_vocabulary_equals_tp1(root, tmp_path):
+    """`--speculative-token-map` at TP2: each rank's cut head gathers the map's rows from both
+    vocabulary shards and proposes without a gather; greedy and seeded sampling equal TP1's
+    with the same map, greedy the target's."""
+    import torch
+
+    ids = torch.randperm(320, generator=torch.Generator().manual_seed(1))[:200]
+    torch.save(ids, tmp_path / "map.pt")
+    dflash = {"model_path": tiny_checkpoint("tiny-llama", root), "speculative_algorithm":
+              "DFLASH", "speculative_draft_model_path": tiny_checkpoint("tiny-llama-dflash", root),
+              "speculative_token_map": str(tmp_path / "map.pt")}
+    target, _ = _generate(GREEDY, model_path=dflash["model_path"])
+    for params in (GREEDY, SAMPLED):
+        ref, _ = _generate(params, **dflash)
+        tp2, engine = _generate(params, tp_size=2, **dflash)
+        assert _ids(tp2) == _ids(ref)
+        assert [o["meta_info"]["spec_accept_histogram"] for o in tp2] == \
+            [o["meta_info"]["spec_accept_histogram"] for o in ref]
+    assert _ids(ref) != _ids(target)  # the sampling really sampled
+    greedy, _ = _generate(GREEDY, tp_size=2, **dflash)
+    assert _ids(greedy) == _ids(target)
+    assert engine.worker.draft_runner.model.lm_head_weight.shape[0] == 200
 
 
 def test_tp2_mixed_chunked_prefill_and_logprobs_equal_tp1(root):

@@ -121,5 +121,26 @@ def test_graph_replay_times_both_drafts(tmp_path, monkeypatch):
     assert draft["dspark"]["tokens_per_req"] == 3 and draft["dflash"]["tokens_per_req"] == 4
 
 
+def test_graph_replay_times_a_draft_vocabulary(tmp_path, monkeypatch):
+    """`--draft-vocabs 0 64`: a second DFLASH engine whose draft head is the first 64 ids; its
+    draft graph reads the 64-row head instead of the 320-row one."""
+    out = tmp_path / "replay.json"
+    monkeypatch.setattr(sys, "argv", [
+        "bench_graph_replay.py", "--device", "cpu", "--iters", "1", "--presets", "tiny-llama",
+        "--decode-bs", "--verify-bs", "1", "--draft-bs", "1", "--context", "16",
+        "--draft-vocabs", "0", "64", "--draft-algorithms", "dflash", "dspark", "--out", str(out)])
+    _script("bench_graph_replay").main()
+    rows = json.loads(out.read_text())["rows"]
+    assert [(r["algorithm"], r["draft_vocab"], r["graph"]) for r in rows] == [
+        ("dflash", 0, "TARGET_VERIFY"), ("dflash", 0, "DRAFT_BLOCK"),
+        ("dflash", 64, "TARGET_VERIFY"), ("dflash", 64, "DRAFT_BLOCK"),
+        ("dspark", 0, "TARGET_VERIFY"), ("dspark", 0, "DRAFT_BLOCK")]  # no map for DSpark yet
+    draft = {r["draft_vocab"]: r for r in rows if r["graph"] == "DRAFT_BLOCK"
+             and r["algorithm"] == "dflash"}
+    # tiny-llama's head is its embedding (64 wide, fp32): read whole with the full head; with
+    # the cut one, its 64 rows plus the block's 4 embedding rows
+    assert draft[0]["weight_bytes"] - draft[64]["weight_bytes"] == (320 - 64 - 4) * 64 * 4
+
+
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-q"]))

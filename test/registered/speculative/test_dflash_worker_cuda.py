@@ -1,6 +1,7 @@
 """DFlash with real CUDA graphs on the H200: greedy output equals target-only greedy (at the
 draft's block and at narrower verify widths), and sampled or mixed batches (sampling tails
-inside the graphs) equal the eager path's at every captured size and at padded sizes."""
+inside the graphs) equal the eager path's at every captured size and at padded sizes; so with
+a draft vocabulary."""
 
 import sys
 
@@ -74,6 +75,29 @@ def test_sampled_graphs_equal_eager_at_every_size(tmp_path, mixed):
               f" B, sampling tails {tail['free_memory_drop_bytes']} B in {tail['seconds']} s")
     assert_graphs_equal_eager(graphs, eager, PROMPTS, lambda i: dict(GREEDY) if mixed and i % 2
                               else dict(GREEDY, **SAMPLED[i % 4], seed=i))
+
+
+def test_draft_vocabulary_graphs_equal_eager_and_stay_lossless(tmp_path):
+    """`--speculative-token-map` with real CUDA graphs: the draft's graphs take 200-column
+    logits; sampled and greedy requests equal the eager path's at every captured size and the
+    padded ones, and greedy output stays the target's."""
+    ids = torch.randperm(320, generator=torch.Generator().manual_seed(1))[:200]
+    torch.save(ids, tmp_path / "map.pt")
+    common = dict(device="cuda", dtype="float32", max_total_tokens=8192, max_running_requests=8,
+                  cuda_graph_bs_decode=[1, 2, 4, 8], model_path=tiny_checkpoint("tiny-llama",
+                  tmp_path), speculative_algorithm="DFLASH",
+                  speculative_draft_model_path=tiny_checkpoint("tiny-llama-dflash", tmp_path),
+                  speculative_token_map=str(tmp_path / "map.pt"))
+    graphs, eager = Engine(**common), Engine(**common, disable_decode_cuda_graph=True)
+    draft = graphs.worker.draft_runner.step_graphs
+    assert type(draft.backend).__name__ == "CudaGraphBackend"
+    assert draft.buffers.next_token_logits_buffer.shape[1] == 200
+    assert_graphs_equal_eager(graphs, eager, PROMPTS, lambda i: dict(GREEDY) if i % 2
+                              else dict(GREEDY, **SAMPLED[i % 4], seed=i))
+    target_only = {k: v for k, v in common.items() if not k.startswith("speculative")}
+    ref = Engine(**target_only).generate(PROMPTS, GREEDY)
+    for r, o in zip(ref, graphs.generate(PROMPTS, GREEDY), strict=True):
+        assert o["output_ids"] == r["output_ids"]
 
 
 if __name__ == "__main__":

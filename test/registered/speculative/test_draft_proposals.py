@@ -110,6 +110,41 @@ def test_sampled_drafts_and_their_distributions_line_up(n):
     assert proposals.tokens[:bs].tolist() == [[*range(11, 11 + n), *[-1] * (w - 1 - n)]] * bs
 
 
+def test_a_draft_vocabulary_maps_proposals_and_places_q_at_its_ids():
+    """Over a draft vocabulary (`token_ids`, logits column j is token ids[j]): greedy proposals
+    are ids[argmax]; a sampled request draws from the columns' distribution, maps the draw,
+    and leaves in `q` that distribution at the ids, zero at every other token, summing to 1."""
+    bs, w, vocab, n = 2, 4, 64, 3
+    ids = torch.tensor([40, 3, 17, 60, 9, 22])
+    sampling_rows = SamplingRows(4, vocab, "cpu")
+    sampling_rows.stage(0, SamplingParams(temperature=0.0), seed=1)
+    sampling_rows.stage(1, SamplingParams(temperature=1.0), seed=5)
+    sampling_rows.write([0, 1])
+    proposals = Proposals.create(4, w, vocab, torch.device("cpu"))
+    proposals.probs.fill_(7.0)  # stale values a step must overwrite
+    proposer = DFlashProposer(proposals, sampling_rows, w, with_confidence=True, token_ids=ids)
+    logits = torch.randn(bs, n, len(ids), generator=torch.Generator().manual_seed(3))
+    logits[1, :, 4] += 30.0  # request 1 samples near-certainly column 4: token 9
+    out = LogitsProcessorOutput(next_token_logits=logits.view(bs * n, -1), hidden_states=None)
+    fb = SimpleNamespace(batch_size=bs, req_pool_indices=torch.tensor([0, 1]), logits_per_req=n,
+                         positions=torch.arange(bs * w) + 7)
+    proposer.epilogue(fb, out)
+    assert torch.equal(proposals.tokens[:bs, :n], ids[logits.argmax(-1)])
+    torch.testing.assert_close(proposals.confidence[:bs, :n].double(),
+                               torch.softmax(logits.double(), -1).amax(-1), rtol=1e-6, atol=0)
+    greedy = proposals.tokens[0, :n].clone()
+    proposer.sampling(fb, out)
+    q = proposals.q(bs, n)
+    torch.testing.assert_close(q[1][:, ids].double(), torch.softmax(logits[1].double(), -1),
+                               rtol=1e-5, atol=1e-7)
+    others = torch.ones(vocab, dtype=torch.bool)
+    others[ids] = False
+    assert (q[:, :, others] == 0).all()
+    torch.testing.assert_close(q.sum(-1), torch.ones(bs, n))
+    assert torch.equal(proposals.tokens[0, :n], greedy)  # the greedy request keeps its argmax
+    assert proposals.tokens[1, :n].tolist() == [9] * n
+
+
 def test_unpacked_distributions_are_each_requests_leading_rows():
     """DSpark's `Proposals` (packed off): a step of n reads each request's first n of W - 1
     rows; packed, the leading bs * n rows; more than W - 1 is refused."""

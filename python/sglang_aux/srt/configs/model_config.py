@@ -55,6 +55,12 @@ class ModelConfig:
         )
 
     @property
+    def logits_width(self) -> int:
+        """Columns of the model's logits: its vocabulary, or a draft vocabulary's size
+        (`hot_vocab_size`, SGLang's override for a draft cut by `--speculative-token-map`)."""
+        return getattr(self.hf_config, "hot_vocab_size", None) or self.hf_config.vocab_size
+
+    @property
     def num_layers(self) -> int:
         return self.hf_config.num_hidden_layers
 

@@ -26,12 +26,14 @@ class LogitsProcessor:
     With `forward_batch.next_token_logits_buffer` set (graph capture), the logits are written
     into that buffer, so the graph's output lives in runner-owned storage. Under tensor
     parallelism `lm_head_weight` is this rank's vocabulary rows and the logits are gathered:
-    every rank holds the whole `[rows, vocab]`.
+    every rank holds the whole `[rows, vocab]`; a `replicated` head (the draft vocabulary's
+    cut head, `speculative/token_map.py`) is whole on every rank already.
     """
 
     def __call__(self, hidden: torch.Tensor, lm_head_weight: torch.Tensor,
                  forward_batch: ForwardBatch,
-                 aux_hidden_states: torch.Tensor | None = None) -> LogitsProcessorOutput:
+                 aux_hidden_states: torch.Tensor | None = None,
+                 replicated: bool = False) -> LogitsProcessorOutput:
         rows = hidden
         if forward_batch.logits_rows is not None:
             rows = hidden[forward_batch.logits_rows]
@@ -44,6 +46,7 @@ class LogitsProcessor:
                 ext = torch.tensor(forward_batch.extend_seq_lens_cpu, device=hidden.device)
             # a padded request (0 new tokens) repeats the previous row; its logits are unused
             rows = hidden[(ext.cumsum(0) - 1).clamp_min(0)]
-        logits = lm_head_logits(rows, lm_head_weight, forward_batch.next_token_logits_buffer)
+        logits = lm_head_logits(rows, lm_head_weight, forward_batch.next_token_logits_buffer,
+                                replicated)
         kept = hidden if forward_batch.capture_hidden_mode == CaptureHiddenMode.FULL else None
         return LogitsProcessorOutput(logits, kept, aux_hidden_states)

@@ -59,10 +59,11 @@ class ParallelLMHead(nn.Module):
 
 
 def lm_head_logits(rows: torch.Tensor, weight: torch.Tensor,
-                   out: torch.Tensor | None = None) -> torch.Tensor:
+                   out: torch.Tensor | None = None, replicated: bool = False) -> torch.Tensor:
     """Logits `[N, V]` of hidden rows `[N, H]` against this rank's LM head rows `[V / tp, H]`,
-    gathered over ranks (into `out` when given: a graph's static buffer)."""
-    if get_tensor_model_parallel_world_size() == 1:
+    gathered over ranks (into `out` when given: a graph's static buffer); a `replicated` head
+    (every rank's the whole, as a draft vocabulary's) needs no gather."""
+    if replicated or get_tensor_model_parallel_world_size() == 1:
         return torch.matmul(rows, weight.t(), out=out) if out is not None \
             else torch.matmul(rows, weight.t())
     return tensor_model_parallel_all_gather(torch.matmul(rows, weight.t()), out)

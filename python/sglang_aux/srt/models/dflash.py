@@ -63,16 +63,27 @@ class DFlashDraftModel(nn.Module):
         self.fc_mxfp8: MXFP8Linear | None = None
         # The target's embedding and LM head, borrowed (not parameters of the draft).
         self._target: dict[str, nn.Module | torch.Tensor] = {}
+        self.token_ids: torch.Tensor | None = None  # the draft vocabulary; None: the target's
         # (weights' (data_ptr, version) key, stacked context k/v weight and bias)
         self._context_kv_cache: tuple[tuple, tuple[torch.Tensor, torch.Tensor | None]] | None = None
 
-    def set_target_modules(self, embed_tokens: nn.Embedding, lm_head_weight: torch.Tensor) -> None:
+    def set_target_modules(self, embed_tokens: nn.Embedding, lm_head_weight: torch.Tensor,
+                           token_ids: torch.Tensor | None = None) -> None:
+        """The target's embedding and LM head; with a draft vocabulary (`token_ids` `[H]`,
+        `speculative/token_map.py`) the head is its cut rows `[H, hidden]`, whole on every
+        rank, and logits column j is token `token_ids[j]`."""
         if embed_tokens.embedding_dim != self.config.hidden_size:
             raise ValueError(
                 f"target embedding width {embed_tokens.embedding_dim} != draft hidden size "
                 f"{self.config.hidden_size}"
             )
+        if token_ids is not None and tuple(lm_head_weight.shape) != (
+                token_ids.numel(), self.config.hidden_size):
+            raise ValueError(f"a draft vocabulary of {token_ids.numel()} ids needs its cut head "
+                             f"({token_ids.numel()}, {self.config.hidden_size}), got "
+                             f"{tuple(lm_head_weight.shape)}")
         self._target = {"embed": embed_tokens, "lm_head": lm_head_weight}
+        self.token_ids = token_ids
 
     def _borrowed(self, name: str):
         if name not in self._target:
@@ -85,8 +96,16 @@ class DFlashDraftModel(nn.Module):
 
     @property
     def lm_head_weight(self) -> torch.Tensor:
-        """The target's LM head (borrowed), as a target model answers."""
+        """The target's LM head (borrowed), as a target model answers; with a draft vocabulary,
+        its rows (`token_ids`)."""
         return self._borrowed("lm_head")
+
+    def draft_logits(self, hidden: torch.Tensor, forward_batch: ForwardBatch
+                     ) -> LogitsProcessorOutput:
+        """The LM head over the rows the batch asks for: `[rows, vocab]`, or `[rows, H]` over
+        the draft vocabulary (no gather: its head is whole on every rank)."""
+        return self.logits_processor(hidden, self.lm_head_weight, forward_batch,
+                                     replicated=self.token_ids is not None)
 
     def quantize_fc_mxfp8(self) -> None:
         """Keep `fc` as MXFP8 (weights quantized once, here); every projection then runs the
@@ -216,10 +235,11 @@ class DFlashDraftModel(nn.Module):
     @torch.no_grad()
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 forward_batch: ForwardBatch) -> LogitsProcessorOutput:
-        """Logits `[bs * B, vocab]` for every block position (DRAFT_BLOCK batches)."""
+        """Logits `[bs * B, vocab]` (`[bs * B, H]` over a draft vocabulary) for every block
+        position (DRAFT_BLOCK batches)."""
         hidden = self.block_hidden(self.get_input_embeddings()(input_ids), positions,
                                    forward_batch)
-        return self.logits_processor(hidden, self.lm_head_weight, forward_batch)
+        return self.draft_logits(hidden, forward_batch)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Published drafts name tensors without the `model.` prefix (stripped when present);

@@ -137,7 +137,7 @@ class DSparkDraftModel(DFlashDraftModel):
         hidden state `[bs * num_proposals, H]` kept: the confidence head reads them."""
         hidden = self.block_hidden(self.get_input_embeddings()(input_ids), positions,
                                    forward_batch)
-        out = self.logits_processor(hidden, self.lm_head_weight, forward_batch)
+        out = self.draft_logits(hidden, forward_batch)
         out.hidden_states = hidden
         return out
 

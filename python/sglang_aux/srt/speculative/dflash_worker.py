@@ -72,6 +72,7 @@ from sglang_aux.srt.speculative.draft_context import DraftContext
 from sglang_aux.srt.speculative.draft_len_planner import DraftLenPlanner
 from sglang_aux.srt.speculative.draft_proposals import DFlashProposer, Proposals, Proposer
 from sglang_aux.srt.speculative.step_cost_probe import measure_step_costs
+from sglang_aux.srt.speculative.token_map import hot_head, load_token_map
 from sglang_aux.srt.speculative.verify_plan import VerifyPlan
 
 logger = logging.getLogger(__name__)
@@ -97,6 +98,12 @@ class DFlashWorker(RequestRowStaging):
             raise ValueError(f"the draft's mask_token_id {dc.mask_token_id} is outside the "
                              f"target's vocabulary [0, {vocab})")
         draft_config.hf_config.dflash_config = dc.as_dflash_config()  # the draft reads it whole
+        # the draft vocabulary, read before any model loads; its size is the draft's logits
+        # width (SGLang's `hot_vocab_size` override), which its graphs' buffers take
+        token_ids = None
+        if server_args.speculative_token_map is not None:
+            token_ids = load_token_map(server_args.speculative_token_map, vocab)
+            draft_config.hf_config.hot_vocab_size = token_ids.numel()
         if type(self) is DFlashWorker and "DSparkDraftModel" in (
                 getattr(draft_config.hf_config, "architectures", None) or ()):
             logger.warning("%s is a DSpark draft: --speculative-algorithm DFLASH runs its DFlash "
@@ -117,9 +124,15 @@ class DFlashWorker(RequestRowStaging):
         )
         self.draft_context = DraftContext(self.target_runner, self.draft_runner, server_args)
         self.step_cost_context = server_args.speculative_step_cost_context
+        lm_head = self.target_runner.model.lm_head_weight
+        self.token_ids = None if token_ids is None else token_ids.to(self.target_runner.device)
+        if self.token_ids is not None:
+            lm_head = hot_head(lm_head, self.token_ids, vocab)
+            logger.info("Draft vocabulary: %d of %d tokens (%s), its LM head %.1f MiB",
+                        len(token_ids), vocab, server_args.speculative_token_map,
+                        lm_head.numel() * lm_head.element_size() / 2**20)
         self.draft_runner.model.set_target_modules(
-            self.target_runner.model.get_input_embeddings(), self.target_runner.model.lm_head_weight
-        )
+            self.target_runner.model.get_input_embeddings(), lm_head, self.token_ids)
         self.mask_token_id = dc.mask_token_id
         self.propose: ProposalSource = self._graph_proposals
         # Called after each step's aux rows (or streamed accumulator) are consumed (tests poison
@@ -182,7 +195,8 @@ class DFlashWorker(RequestRowStaging):
     def _proposer(self) -> Proposer:
         """The draft's half of the step: DFlash drafts over the whole verify width."""
         return DFlashProposer(self.proposals, self.sampling_rows, self.verify_width,
-                              with_confidence=self.verify_plan.compact)
+                              with_confidence=self.verify_plan.compact,
+                              token_ids=self.token_ids)
 
     def _init_forwards(self, server_args: ServerArgs) -> None:
         """What the runners' forwards run besides the model, inside their graphs

@@ -92,6 +92,9 @@ class DFlashProposer:
     sampling_rows: SamplingRows
     draft_block_size: int  # the verify width: `[anchor, MASK x (W - 1)]`
     with_confidence: bool  # compact verify ranks the proposals by `max_probability`
+    # the draft vocabulary `[H]` (speculative/token_map.py): logits column j is this token;
+    # None: the target's vocabulary
+    token_ids: torch.Tensor | None = None
 
     @property
     def logits_per_req(self) -> int:
@@ -104,21 +107,32 @@ class DFlashProposer:
         logits are theirs alone (`fb.logits_per_req` = n)."""
         bs, n = fb.batch_size, fb.logits_per_req
         logits = out.next_token_logits.view(bs, n, -1)
-        self.proposals.tokens[:bs, :n].copy_(logits.argmax(-1))
+        best = logits.argmax(-1)
+        self.proposals.tokens[:bs, :n].copy_(best if self.token_ids is None
+                                             else self.token_ids[best])
         broadcast_from_first_rank(self.proposals.tokens[:bs])
         if self.with_confidence:
             max_probability(logits, self.proposals.confidence[:bs, :n])
 
     def sampling(self, fb: ForwardBatch, out: LogitsProcessorOutput) -> None:
         """Sampled requests draw their proposals instead, from the distributions left in
-        `Proposals.q(bs, n)`."""
+        `Proposals.q(bs, n)`. Over a draft vocabulary the draw is over its H columns and `q`
+        holds their probabilities at their tokens, zero elsewhere: the distribution drawn
+        from, whole, for the rejection test."""
         bs, n = fb.batch_size, fb.logits_per_req
         params = self.sampling_rows.gather(fb.req_pool_indices)
         q = self.proposals.q(bs, n)
-        sampling_probs(out.next_token_logits[: bs * n], params.repeat_interleave(n),
-                       out=q.view(bs * n, -1))
+        rows = params.repeat_interleave(n)
+        if self.token_ids is None:
+            probs = sampling_probs(out.next_token_logits[: bs * n], rows, out=q.view(bs * n, -1))
+        else:
+            probs = sampling_probs(out.next_token_logits[: bs * n], rows)
+            q.view(bs * n, -1).zero_().index_copy_(1, self.token_ids, probs)
         positions = fb.positions.view(bs, -1)[:, 1 : 1 + n]
-        drawn = sample_from_probs(q, uniform(params.seed[:, None], positions, Lane.DRAFT))
+        drawn = sample_from_probs(probs.view(bs, n, -1),
+                                  uniform(params.seed[:, None], positions, Lane.DRAFT))
+        if self.token_ids is not None:
+            drawn = self.token_ids[drawn]
         tokens = self.proposals.tokens[:bs, :n]
         tokens.copy_(torch.where(params.is_greedy[:, None], tokens, drawn))
         broadcast_from_first_rank(self.proposals.tokens[:bs])

@@ -50,7 +50,7 @@ class GraphRunner:
         self.buffers = DecodeInputBuffers.create(
             num_values=max(x.num_values for x in layouts),
             num_logits_rows=max(x.num_logits_rows for x in layouts),
-            num_reqs=max(x.num_reqs for x in layouts), vocab_size=cfg.hf_config.vocab_size,
+            num_reqs=max(x.num_reqs for x in layouts), vocab_size=cfg.logits_width,
             dtype=cfg.dtype, device=model_runner.device)
         model_runner.attn_backend.init_cuda_graph_state(
             max(x.num_reqs for x in layouts), max(x.num_tokens for x in layouts))
