@@ -8,7 +8,7 @@ For each preset (random weights, `--load-format dummy`), a target-only engine's 
 and a DFLASH engine's TARGET_VERIFY graphs and its draft's DRAFT_BLOCK graphs (the block of the
 `<preset>-dflash` draft; `--draft-algorithms dflash dspark` adds a DSPARK engine's, with the
 `<preset>-dspark` draft, whose block graph holds the Markov loop; `--draft-vocabs 0 32768`
-adds a DFLASH engine whose draft proposes from the first 32,768 ids, `--speculative-token-map`),
+adds engines whose drafts propose from the first 32,768 ids, `--speculative-token-map`),
 are replayed over live-looking inputs: every request row maps `--context` tokens to distinct
 KV slots (the draft's: its own context K/V), so attention reads a real context. Replay ms is
 the median of CUDA-event timings over `--iters` replays after warm-up. Kernels per layer: GPU
@@ -181,7 +181,7 @@ def main() -> None:
                    help="the speculative engines whose verify and draft graphs are replayed, "
                         "each with the `<preset>-<algorithm>` draft preset")
     p.add_argument("--draft-vocabs", type=int, nargs="+", default=[0],
-                   help="DFLASH engines with a draft vocabulary of this many ids "
+                   help="speculative engines with a draft vocabulary of this many ids "
                         "(--speculative-token-map; 0: the target's whole vocabulary)")
     p.add_argument("--context", type=int, default=900)
     p.add_argument("--iters", type=int, default=200)
@@ -216,8 +216,7 @@ def main() -> None:
         p.error(f"--draft-vocabs must be >= 0, got {args.draft_vocabs}")
     engines = [("none", 0, {"decode": args.decode_bs})] + [
         (algorithm, vocab, {"verify": args.verify_bs, "draft": args.draft_bs})
-        for algorithm in args.draft_algorithms for vocab in args.draft_vocabs
-        if not (vocab and algorithm == "dspark")]  # DSpark takes no token map yet
+        for algorithm in args.draft_algorithms for vocab in args.draft_vocabs]
     for preset in args.presets:
         for algorithm, vocab, graphs in engines:
             graphs = {graph: sizes for graph, sizes in graphs.items() if sizes}

@@ -25,7 +25,8 @@ def _nbytes(t: torch.Tensor) -> int:
 def weight_bytes(model: nn.Module, hf_config, tokens: int) -> int:
     """Weight bytes a forward of `tokens` tokens reads: `tokens` rows of the embedding, the
     whole LM head, each other parameter (MoE experts by the share `tokens` reach). A DFlash
-    draft's embedding and head are the target's, borrowed, not its parameters: counted too."""
+    draft's embedding and head are the target's, borrowed, not its parameters: counted too
+    (over a draft vocabulary, its cut head, and DSpark's markov_w2 rows of it)."""
     embed = model.get_input_embeddings().weight
     head = model.lm_head_weight
     experts = getattr(hf_config, "num_experts", 0) or 0
@@ -46,6 +47,10 @@ def weight_bytes(model: nn.Module, hf_config, tokens: int) -> int:
         total += _nbytes(embed) * min(tokens, embed.shape[0]) / embed.shape[0]
     if id(head) not in owned:
         total += _nbytes(head)
+    markov = getattr(model, "markov_head", None)
+    if markov is not None and markov.proposal_w2 is not markov.markov_w2.weight:
+        # a draft vocabulary: DSpark's proposals read markov_w2's rows of it instead
+        total += _nbytes(markov.proposal_w2) - _nbytes(markov.markov_w2.weight)
     return int(total)
 
 

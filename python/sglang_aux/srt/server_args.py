@@ -45,9 +45,6 @@ VERIFY_WIDTH_ALIASES = ("--speculative-num-draft-tokens", "--speculative-dflash-
 DSPARK_PROPOSALS_FLAG = "--speculative-dspark-block-size"
 COMPACT_ONLY_FLAGS = ("compact_verify_budget_frac", "compact_verify_max_tokens",
                       "speculative_dspark_align_verify_tokens_to_graph_tier")
-TOKEN_MAP_DSPARK = ("--speculative-token-map with DSPARK is not built yet (its Markov head "
-                    "scores and indexes the whole vocabulary): use it with DFLASH, or run "
-                    "DSPARK without it")
 DRAFT_LEN_FILE_FLAGS = ("speculative_acceptance_profile", "speculative_step_costs")
 # its counts cannot change a schedule whose graphs are captured for it
 STATIC_COSTS_NEED_PROFILE = ("--speculative-step-costs under static verify needs an acceptance "
@@ -152,7 +149,8 @@ class ServerArgs:
     speculative_algorithm: str | None = None  # None: DFLASH for the built-in default, else NONE
     speculative_draft_model_path: str | None = None
     # the draft vocabulary (SGLang's flag; speculative/token_map.py): a torch.save'd list of
-    # the token ids a DFlash draft may propose, its LM head cut to them; None: all
+    # the token ids a DFlash or DSpark draft may propose, its LM head (and DSpark's markov_w2)
+    # cut to them; None: all
     speculative_token_map: str | None = None
     # tokens a request carries through one verify step, anchor included: its draft's
     # proposals + 1 (docs/dspark.md); None: the draft config's
@@ -350,8 +348,6 @@ class ServerArgs:
         if self.speculative_verify_width is not None and self.speculative_verify_width < least:
             raise ValueError(f"--speculative-verify-width must be >= {least} with {algo.value} "
                              f"(the anchor and its proposals), got {self.speculative_verify_width}")
-        if algo == SpeculativeAlgorithm.DSPARK and self.speculative_token_map is not None:
-            raise ValueError(TOKEN_MAP_DSPARK)
         if algo == SpeculativeAlgorithm.DSPARK and self.tp_size > 1:
             raise ValueError("DSPARK with --tp-size > 1 is not built yet (its proposal loop and "
                              "compact verify are not run across ranks): use --tp-size 1 or "
@@ -506,10 +502,10 @@ class ServerArgs:
             help="the DFlash or DSpark draft: a folder, preset or shipped draft (default: "
                  f"{DEFAULT_DRAFT_MODEL} with the default model, else required)")
         add("--speculative-token-map", default=None,
-            help="DFLASH: the draft vocabulary, a torch.save'd list of the token ids the draft "
-                 "may propose (its LM head cut to them; SGLang's flag and file; a path that is "
-                 "no file is REPO/FILE on the hub); build one with python -m "
-                 "sglang_aux.tools.build_token_map")
+            help="DFLASH or DSPARK: the draft vocabulary, a torch.save'd list of the token ids "
+                 "the draft may propose (its LM head, and DSpark's markov_w2, cut to them; "
+                 "SGLang's flag and file; a path that is no file is REPO/FILE on the hub); build "
+                 "one with python -m sglang_aux.tools.build_token_map")
         add("--speculative-verify-width", *VERIFY_WIDTH_ALIASES, type=int, default=None,
             action=_VerifyWidthFlag, dest="speculative_verify_width",
             help="tokens a request carries through one verify step, anchor included: the "

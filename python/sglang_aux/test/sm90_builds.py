@@ -377,6 +377,11 @@ def _markov_launches(builds: Builds) -> None:
                      MarkovTile(MAX_ROWS, 8, pipelined=True)):
             markov_greedy_tokens(_t(32, n, vocab), torch.zeros(32, dtype=torch.int64), w1, w2,
                                  torch.empty(32, n, dtype=torch.int64), tile)
+        builds.label(f"markov_argmax n={n} over a draft vocabulary of 32,768", candidate=True)
+        for bs in (1, 32):  # `--speculative-token-map`: markov_w2's rows of the map's ids
+            markov_greedy_tokens(_t(bs, n, 32768), torch.zeros(bs, dtype=torch.int64), w1,
+                                 _t(32768, 256), torch.empty(bs, n, dtype=torch.int64),
+                                 token_ids=torch.zeros(32768, dtype=torch.int64))
         builds.label(f"markov top-k n={n} vocab={vocab}", candidate=True)
         for k in (64, 256):
             _markov_topk_kernel[(32,)](_t(32, n, k), torch.zeros(32, n, k, dtype=torch.int64),

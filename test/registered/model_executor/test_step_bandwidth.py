@@ -122,8 +122,8 @@ def test_graph_replay_times_both_drafts(tmp_path, monkeypatch):
 
 
 def test_graph_replay_times_a_draft_vocabulary(tmp_path, monkeypatch):
-    """`--draft-vocabs 0 64`: a second DFLASH engine whose draft head is the first 64 ids; its
-    draft graph reads the 64-row head instead of the 320-row one."""
+    """`--draft-vocabs 0 64`: engines whose draft head is the first 64 ids; their draft graphs
+    read the 64-row head instead of the 320-row one, DSpark's markov_w2 rows likewise."""
     out = tmp_path / "replay.json"
     monkeypatch.setattr(sys, "argv", [
         "bench_graph_replay.py", "--device", "cpu", "--iters", "1", "--presets", "tiny-llama",
@@ -132,14 +132,16 @@ def test_graph_replay_times_a_draft_vocabulary(tmp_path, monkeypatch):
     _script("bench_graph_replay").main()
     rows = json.loads(out.read_text())["rows"]
     assert [(r["algorithm"], r["draft_vocab"], r["graph"]) for r in rows] == [
-        ("dflash", 0, "TARGET_VERIFY"), ("dflash", 0, "DRAFT_BLOCK"),
-        ("dflash", 64, "TARGET_VERIFY"), ("dflash", 64, "DRAFT_BLOCK"),
-        ("dspark", 0, "TARGET_VERIFY"), ("dspark", 0, "DRAFT_BLOCK")]  # no map for DSpark yet
-    draft = {r["draft_vocab"]: r for r in rows if r["graph"] == "DRAFT_BLOCK"
-             and r["algorithm"] == "dflash"}
+        (a, v, g) for a in ("dflash", "dspark") for v in (0, 64)
+        for g in ("TARGET_VERIFY", "DRAFT_BLOCK")]
+    draft = {(r["algorithm"], r["draft_vocab"]): r for r in rows if r["graph"] == "DRAFT_BLOCK"}
     # tiny-llama's head is its embedding (64 wide, fp32): read whole with the full head; with
-    # the cut one, its 64 rows plus the block's 4 embedding rows
-    assert draft[0]["weight_bytes"] - draft[64]["weight_bytes"] == (320 - 64 - 4) * 64 * 4
+    # the cut one, its 64 rows plus the block's 4 embedding rows (DSpark's block: 3 rows)
+    assert draft["dflash", 0]["weight_bytes"] - draft["dflash", 64]["weight_bytes"] == \
+        (320 - 64 - 4) * 64 * 4
+    # DSpark's Markov loop reads markov_w2's 64 rows (rank 16, fp32) instead of 320
+    assert draft["dspark", 0]["weight_bytes"] - draft["dspark", 64]["weight_bytes"] == \
+        (320 - 64 - 3) * 64 * 4 + (320 - 64) * 16 * 4
 
 
 if __name__ == "__main__":

@@ -1,10 +1,10 @@
 """The draft vocabulary (`--speculative-token-map`, `speculative/token_map.py`) end to end on
-CPU: SGLang's file read and refused where it would be wrong; the cut head is the target's rows,
-also across two gloo ranks (each holds a vocabulary shard); a map of every id in another order
-proposes exactly what no map does (greedy and seeded sampling alike: the same tokens, the same
-accept counts); a map without the tokens the target writes keeps the output the target's and
-accepts less; its DRAFT_BLOCK graphs' logits are H wide at every captured size and a padded
-one; the tool writes a map the flag reads."""
+CPU, for DFlash and DSpark drafts: SGLang's file read and refused where it would be wrong; the
+cut head is the target's rows, also across two gloo ranks (each holds a vocabulary shard); a
+map of every id in another order proposes exactly what no map does (greedy and seeded sampling
+alike: the same tokens, the same accept counts); a map without the tokens the target writes
+keeps the output the target's and accepts nothing; its DRAFT_BLOCK graphs' logits are H wide
+at every captured size and a padded one; the tool writes a map the flag reads."""
 
 import multiprocessing as mp
 import sys
@@ -35,7 +35,7 @@ from sglang_aux.tools.dflash_training.data import Sample, save_samples
 
 register_cpu_ci(est_time=60, suite="default")
 
-PAIR = {"tiny-llama": "tiny-llama-dflash"}
+DRAFTS = {"DFLASH": "tiny-llama-dflash", "DSPARK": "tiny-llama-dspark"}
 VOCAB = 320  # the tiny presets'
 NOT_IDS = "needs a non-empty 1-D list of integer token ids, got"
 SAMPLED = [{"temperature": 0.9, "top_p": 0.9, "max_new_tokens": n, "ignore_eos": True,
@@ -44,12 +44,12 @@ SAMPLED = [{"temperature": 0.9, "top_p": 0.9, "max_new_tokens": n, "ignore_eos":
 
 @pytest.fixture(scope="module")
 def ckpts(tmp_path_factory):
-    return pair_checkpoints(tmp_path_factory.mktemp("ckpt"), PAIR)
+    return pair_checkpoints(tmp_path_factory.mktemp("ckpt"), {}, "tiny-llama", *DRAFTS.values())
 
 
-def _engine(ckpts, token_map: str | None = None, **kw) -> Engine:
-    return Engine(model_path=ckpts["tiny-llama"], speculative_algorithm="DFLASH",
-                  speculative_draft_model_path=ckpts["tiny-llama-dflash"],
+def _engine(ckpts, algorithm: str, token_map: str | None = None, **kw) -> Engine:
+    return Engine(model_path=ckpts["tiny-llama"], speculative_algorithm=algorithm,
+                  speculative_draft_model_path=ckpts[DRAFTS[algorithm]],
                   speculative_token_map=token_map, **{**SPEC_ENGINE_KW, **kw})
 
 
@@ -133,34 +133,38 @@ def test_the_cut_head_gathers_each_ranks_rows_exactly():
         assert torch.equal(got[rank], full[ids]), rank
 
 
+@pytest.mark.parametrize("algorithm", list(DRAFTS))
 @pytest.mark.parametrize("params", [STAGGERED, SAMPLED], ids=["greedy", "sampled"])
-def test_a_map_of_every_id_proposes_what_no_map_does(ckpts, tmp_path, params):
+def test_a_map_of_every_id_proposes_what_no_map_does(ckpts, tmp_path, algorithm, params):
     """Every id, the identity order for seeded sampling (its draw walks the map's columns) and
-    a shuffled order for greedy: the same tokens and accept counts as the full head, at batch
-    sizes 4, 3 (padded to 4), 2 and 1."""
+    a shuffled order for greedy: the same tokens and accept counts as the full head (and, for
+    DSpark, the full Markov head), at batch sizes 4, 3 (padded to 4), 2 and 1."""
     order = torch.arange(VOCAB) if params is SAMPLED \
         else torch.randperm(VOCAB, generator=torch.Generator().manual_seed(0))
-    plain = _engine(ckpts).generate(SPEC_PROMPTS, params)
-    engine = _engine(ckpts, _save(tmp_path / "all.pt", order))
+    plain = _engine(ckpts, algorithm).generate(SPEC_PROMPTS, params)
+    engine = _engine(ckpts, algorithm, _save(tmp_path / "all.pt", order))
     mapped = engine.generate(SPEC_PROMPTS, params)
     assert _meta(mapped) == _meta(plain)
-    draft = engine.worker.draft_runner
-    assert draft.model.lm_head_weight.shape == (VOCAB, draft.model.config.hidden_size)
-    assert torch.equal(draft.model.lm_head_weight,
+    draft = engine.worker.draft_runner.model
+    assert torch.equal(draft.lm_head_weight,
                        engine.worker.target_runner.model.lm_head_weight[order])
+    if algorithm == "DSPARK":
+        markov = draft.markov_head
+        assert torch.equal(markov.proposal_w2, markov.markov_w2.weight[order])
     assert_kv_all_back(engine)
 
 
-def test_a_small_map_stays_lossless_and_its_graphs_are_h_wide(ckpts, tmp_path):
-    """The draft may propose 40 of the 320 ids, none of those the target writes first: the
-    output is still the target's, fewer proposals are accepted, every proposal is in the map,
-    and the draft graphs' logits buffer is 40 wide."""
+@pytest.mark.parametrize("algorithm", list(DRAFTS))
+def test_a_small_map_stays_lossless_and_its_graphs_are_h_wide(ckpts, tmp_path, algorithm):
+    """The draft may propose 40 of the 320 ids, none of those the target writes: the output is
+    still the target's, no proposal is accepted, the last ones are map ids, and the draft
+    graphs' logits buffer is 40 wide."""
     target_only = Engine(model_path=ckpts["tiny-llama"], **SPEC_ENGINE_KW).generate(
         SPEC_PROMPTS, STAGGERED)
     written = {t for o in target_only for t in o["output_ids"]}
     ids = torch.tensor([t for t in range(VOCAB) if t not in written][:40])
     assert len(ids) == 40
-    engine = _engine(ckpts, _save(tmp_path / "small.pt", ids))
+    engine = _engine(ckpts, algorithm, _save(tmp_path / "small.pt", ids))
     engine.worker.proposals.tokens.fill_(-1)
     outs = engine.generate(SPEC_PROMPTS, STAGGERED)
     for ref, out in zip(target_only, outs, strict=True):
@@ -175,14 +179,11 @@ def test_a_small_map_stays_lossless_and_its_graphs_are_h_wide(ckpts, tmp_path):
     assert_kv_all_back(engine)
 
 
-def test_the_flag_is_refused_where_it_cannot_act(tmp_path):
+def test_the_flag_is_refused_without_a_draft(tmp_path):
     path = _save(tmp_path / "m.pt", [1, 2])
     with pytest.raises(ValueError, match=r"--speculative-token-map only act"):
         ServerArgs(model_path="tiny-llama", device="cpu", speculative_algorithm="NONE",
                    speculative_token_map=path)
-    with pytest.raises(ValueError, match=r"--speculative-token-map with DSPARK is not built yet"):
-        ServerArgs(model_path="tiny-llama", device="cpu", speculative_algorithm="DSPARK",
-                   speculative_draft_model_path="x", speculative_token_map=path)
 
 
 def test_the_tool_writes_a_map_the_flag_reads(tmp_path, capsys):

@@ -118,6 +118,36 @@ def test_sampled_equals_the_per_position_reference():
     assert (out.probs[sampled].gather(-1, out.tokens[sampled][..., None]) > 0).all()
 
 
+@pytest.mark.parametrize("greedy", [True, False])
+def test_a_draft_vocabulary_is_the_full_loop_with_the_rest_masked(greedy):
+    """Over a draft vocabulary (sorted ids: the same order as the full rows) the loop scores
+    its H columns alone, markov_w2's rows of them: its tokens, confidences and kept
+    distributions (zero off the map) are the full loop's with every other token's base logit
+    at -inf."""
+    draft = make_draft(2)
+    base, hidden, anchors, positions = inputs(draft, seed=4)
+    ids = torch.randperm(TINY_VOCAB, generator=torch.Generator().manual_seed(5))[:90].sort()[0]
+    params = None if greedy else make_params(SAMPLED, seeds=[21, 22, 23, 24, 25])
+    masked = torch.full_like(base, -float("inf"))
+    masked[..., ids] = base[..., ids]
+    with torch.no_grad():
+        want = propose_block(draft, masked, anchors, positions, params, all_greedy=greedy,
+                             hidden=hidden)
+        draft.set_target_modules(torch.nn.Embedding(TINY_VOCAB, HIDDEN),
+                                 torch.randn(len(ids), HIDDEN), ids)
+        assert torch.equal(draft.markov_head.proposal_w2, draft.markov_head.markov_w2.weight[ids])
+        got = propose_block(draft, base[..., ids].contiguous(), anchors, positions, params,
+                            all_greedy=greedy, hidden=hidden)
+    assert torch.equal(got.tokens, want.tokens) and torch.isin(got.tokens, ids).all()
+    torch.testing.assert_close(got.confidence, want.confidence, rtol=0, atol=0)
+    if not greedy:
+        assert not params.is_greedy.all()
+        torch.testing.assert_close(got.probs, want.probs)
+        off = torch.ones(TINY_VOCAB, dtype=torch.bool)
+        off[ids] = False
+        assert (got.probs[..., off] == 0).all()
+
+
 def test_distributions_go_into_a_given_view():
     """`probs_out` (the worker's `Proposals.q(bs)`, a view that skips each block's first row)
     receives exactly the distributions a fresh tensor would; a wrong one is refused."""
@@ -133,7 +163,7 @@ def test_distributions_go_into_a_given_view():
         assert torch.equal(given.tokens, fresh.tokens)
         assert torch.equal(storage[:, 1:], fresh.probs) and (storage[:, 0] == -1).all()
         with pytest.raises(ValueError, match=rf"probs_out must be float32 \({bs}, {gamma}, "
-                                             rf"{vocab}\) like base_logits, got "
+                                             rf"{vocab}\) \(the vocabulary's\), got "
                                              r"torch.float16 \(5, 2, "):
             propose_block(draft, base, anchors, positions, params, all_greedy=False,
                           probs_out=storage[:, :2].half())

@@ -2,7 +2,8 @@
 equals target-only greedy under static and compact verify (the Markov loop or DFlash's
 confidences captured in the draft graph, the verify graphs per batch size or per token
 bucket), a compact decode step launches without a host sync and queues one readback, and
-sampled batches equal the eager path's at every captured size and at padded ones.
+sampled batches equal the eager path's at every captured size and at padded ones (also over a
+draft vocabulary).
 Self-contained (tiny presets, fp32), well under a minute."""
 
 import sys
@@ -70,6 +71,25 @@ def test_sampled_graphs_equal_eager_at_every_size(tmp_path, mode, algorithm):
     assert len(graphs.worker.draft_runner.step_graphs.sampling_graphs) == 4
     assert_graphs_equal_eager(graphs, eager, PROMPTS,
                               lambda i: dict(GREEDY, **SAMPLED[i % 4], seed=i))
+
+
+def test_a_draft_vocabulary_graphs_equal_eager_and_stay_lossless(tmp_path):
+    """`--speculative-token-map` (200 of 320 ids): the Markov kernel over the map's columns in
+    the draft graph; sampled and greedy requests equal the eager path's at every size, greedy
+    output stays the target's."""
+    ids = torch.randperm(320, generator=torch.Generator().manual_seed(1))[:200]
+    torch.save(ids, tmp_path / "map.pt")
+    kw = {"speculative_token_map": str(tmp_path / "map.pt")}
+    graphs = _dspark(tmp_path, "tiny-llama", "static", **kw)
+    eager = _dspark(tmp_path, "tiny-llama", "static", disable_decode_cuda_graph=True, **kw)
+    assert graphs.worker.draft_runner.step_graphs.buffers.next_token_logits_buffer.shape[1] \
+        == 200
+    assert_graphs_equal_eager(graphs, eager, PROMPTS, lambda i: dict(GREEDY) if i % 2
+                              else dict(GREEDY, **SAMPLED[i % 4], seed=i))
+    ref = Engine(model_path=tiny_checkpoint("tiny-llama", tmp_path), **COMMON).generate(
+        PROMPTS, GREEDY)
+    for r, o in zip(ref, graphs.generate(PROMPTS, GREEDY), strict=True):
+        assert o["output_ids"] == r["output_ids"]
 
 
 if __name__ == "__main__":

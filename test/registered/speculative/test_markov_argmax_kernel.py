@@ -126,9 +126,9 @@ def test_propose_block_takes_it_when_switched_on(monkeypatch):
                              hidden=hidden)
     calls = []
 
-    def spy(*args):
+    def spy(*args, **kwargs):
         calls.append(args[0].shape)
-        return markov_greedy_tokens(*args)
+        return markov_greedy_tokens(*args, **kwargs)
 
     monkeypatch.setattr(markov_argmax_kernel, "markov_greedy_tokens", spy)
     monkeypatch.setenv(ENV_VAR, "force")
@@ -141,10 +141,17 @@ def test_propose_block_takes_it_when_switched_on(monkeypatch):
     assert torch.equal(fused.tokens, loop.tokens) and torch.equal(no_conf.tokens, loop.tokens)
     torch.testing.assert_close(fused.confidence, loop.confidence)
     assert fused.probs is None and no_conf.confidence is None
-    monkeypatch.setenv(MARKOV_ARGMAX_ENV_VAR, "0")  # off: the loop, the kernel not called
+    # over a draft vocabulary: the kernel with its ids, the loop's tokens
+    ids = torch.randperm(base.shape[-1], generator=torch.Generator().manual_seed(3))[:100]
+    draft.set_target_modules(torch.nn.Embedding(base.shape[-1], hidden.shape[-1]),
+                             torch.randn(100, hidden.shape[-1]), ids)
+    hot = base[..., ids].contiguous()
     with torch.no_grad():
-        propose_block(draft, base, anchors, positions, None, all_greedy=True, hidden=hidden)
-    assert len(calls) == 2
+        mapped = propose_block(draft, hot, anchors, positions, None, all_greedy=True)
+        monkeypatch.setenv(MARKOV_ARGMAX_ENV_VAR, "0")  # off: the loop, the kernel not called
+        mapped_loop = propose_block(draft, hot, anchors, positions, None, all_greedy=True)
+    assert calls == [base.shape, base.shape, hot.shape]
+    assert torch.equal(mapped.tokens, mapped_loop.tokens) and torch.isin(mapped.tokens, ids).all()
 
 
 def test_the_switch_and_the_rank_gate_it(monkeypatch):
@@ -158,6 +165,37 @@ def test_the_switch_and_the_rank_gate_it(monkeypatch):
     monkeypatch.setenv(MARKOV_ARGMAX_ENV_VAR, "2")
     with pytest.raises(ValueError, match="SGLANG_AUX_MARKOV_ARGMAX='2'; choose from 1, 0"):
         dspark_proposal._greedy_kernel(base, markov)
+
+
+@pytest.mark.parametrize("tile", [MarkovTile(), WIDE_TILE], ids=str)
+def test_a_draft_vocabulary_is_the_torch_loop_with_the_rest_masked(tile):
+    """`token_ids`: the kernel sweeps the H columns and markov_w2's rows of them, maps each
+    argmax column to its token, which indexes markov_w1 for the next proposal: the torch
+    loop's tokens with every other token's base logit at -inf (ids in shuffled order; more
+    requests than one row block)."""
+    bs, n, vocab, rank = MAX_ROWS + 1, 4, 3 * SUB + 7, 32
+    g = torch.Generator().manual_seed(9)
+    ids = torch.randperm(vocab, generator=g)[:SUB + 33]
+    base = 3 * torch.randn(bs, n, vocab, generator=g)
+    masked = torch.full_like(base, -float("inf"))
+    masked[..., ids] = base[..., ids]
+    w1, w2 = head(vocab, rank, seed=9)
+    anchor = torch.randint(0, vocab, (bs,), generator=g)
+    out = torch.full((bs, n), -1, dtype=torch.int64)
+    markov_greedy_tokens(base[..., ids].contiguous(), anchor, w1, w2[ids].contiguous(), out,
+                         tile, token_ids=ids)
+    assert torch.equal(out, torch_loop(masked, anchor, w1, w2))
+    assert torch.isin(out, ids).all()
+    hot = base[..., ids].contiguous()
+    with pytest.raises(ValueError, match=r"token_ids torch.int32 \(161,\) must be contiguous "
+                                         r"int64 \(161,\)"):
+        markov_greedy_tokens(hot, anchor, w1, w2[ids].contiguous(), out, token_ids=ids.int())
+    with pytest.raises(ValueError, match=r"markov_w2 torch.float32 \(391, 32\) must both .*"
+                                         r"markov_w2: the draft vocabulary's"):
+        markov_greedy_tokens(hot, anchor, w1, w2, out, token_ids=ids)
+    with pytest.raises(ValueError, match="certified top-K candidates do not take a draft"):
+        markov_greedy_tokens(hot, anchor, w1, w2[ids].contiguous(), out,
+                             certified=(out, out), token_ids=ids)
 
 
 def test_bad_shapes_are_refused():

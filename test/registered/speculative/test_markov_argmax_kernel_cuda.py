@@ -3,7 +3,8 @@
 loop with fp32 weights; with bf16 weights each token is the argmax of its row up to the bias's
 rounding (the loop, fed the kernel's previous tokens, scores it within a bf16 step of its own
 choice, and they agree on almost every row); a CUDA graph's replays equal eager calls bit for
-bit, at every batch size and a padded one; no host sync."""
+bit, at every batch size and a padded one; no host sync; over a draft vocabulary, the loop's
+tokens over its columns."""
 
 import sys
 
@@ -61,6 +62,21 @@ def test_bf16_chooses_each_rows_argmax(model):
     # the two biases differ by at most the last bit of a bf16 below 8 (2^-5)
     assert ((best - chosen) <= 2 ** -4).all()
     assert (steps.argmax(-1) == out).float().mean() >= 0.98
+
+
+@pytest.mark.parametrize("bs", [1, 33])
+def test_a_draft_vocabulary_is_the_torch_loop_over_its_columns(bs):
+    """`token_ids` (32,768 of Qwen2.5's ids, shuffled): fp32 tokens are the loop's over the
+    map's columns and markov_w2's rows of them, each argmax mapped to its token, which the
+    next row's bias reads from the whole markov_w1."""
+    n, vocab = SHAPES["qwen2.5"]
+    base, anchor, w1, w2 = case(bs, n, vocab, torch.float32, seed=bs + 5)
+    ids = torch.randperm(vocab, device="cuda")[:32768]
+    hot, w2_hot = base[..., ids].contiguous(), w2[ids].contiguous()
+    out = torch.empty(bs, n, dtype=torch.int64, device="cuda")
+    markov_greedy_tokens(hot, anchor, w1, w2_hot, out, token_ids=ids)
+    steps = loop_steps(hot, anchor, w1, w2_hot, out)
+    assert torch.equal(ids[steps.argmax(-1)], out)
 
 
 @pytest.mark.parametrize("model", SHAPES)

@@ -73,7 +73,8 @@ def propose_block(draft: DSparkDraftModel, base_logits: torch.Tensor, anchor_tok
                   probs_out: torch.Tensor | None = None) -> DSparkProposal:
     """The block's proposals, chosen in order, and each one's acceptance confidence.
 
-    base_logits `[bs, n, V]` (n: proposals per request): the draft's row logits (row k for the
+    base_logits `[bs, n, V]` (n: proposals per request; `[bs, n, H]` over the draft's vocabulary,
+    `draft.token_ids`, column j being token ids[j]): the draft's row logits (row k for the
     token at anchor + k + 1); anchor_tokens `[bs]`; positions `[bs, n]` int64: each proposal's
     token position (the seed counter of its draw); params: per-request sampling parameters
     (None when `all_greedy`, known on the host); hidden `[bs, n, H]`: the rows' final draft
@@ -85,21 +86,22 @@ def propose_block(draft: DSparkDraftModel, base_logits: torch.Tensor, anchor_tok
     if not all_greedy and params is None:
         raise ValueError("sampled proposals need the requests' sampling parameters")
     markov, head = draft.markov_head, draft.confidence_head
-    bs, n, vocab = base_logits.shape
+    ids = draft.token_ids  # a draft vocabulary: base logits column j is token ids[j]
+    bs, n = base_logits.shape[:2]
+    vocab = markov.markov_w1.num_embeddings
     tokens = torch.empty((bs, n), dtype=torch.int64, device=base_logits.device)
     if probs_out is not None and (tuple(probs_out.shape) != (bs, n, vocab)
                                   or probs_out.dtype != torch.float32):
-        raise ValueError(f"probs_out must be float32 {(bs, n, vocab)} like base_logits, "
+        raise ValueError(f"probs_out must be float32 {(bs, n, vocab)} (the vocabulary's), "
                          f"got {probs_out.dtype} {tuple(probs_out.shape)}")
     probs = None if all_greedy else probs_out if probs_out is not None else torch.empty(
         (bs, n, vocab), dtype=torch.float32, device=base_logits.device)
     with_confidence = head is not None and hidden is not None
     confidence = torch.empty((bs, n), dtype=torch.float32, device=base_logits.device) \
         if with_confidence else None
-    kernel = _greedy_kernel(base_logits, markov) if all_greedy else None
+    kernel = _greedy_kernel(base_logits, markov, ids) if all_greedy else None
     if kernel is not None:
-        kernel(base_logits, anchor_tokens, markov.markov_w1.weight, markov.markov_w2.weight,
-               tokens)
+        kernel(base_logits, anchor_tokens, markov.markov_w1.weight, markov.proposal_w2, tokens)
         if with_confidence:
             prevs = torch.cat([anchor_tokens[:, None].to(torch.int64), tokens[:, :-1]], dim=1)
             confidence.copy_(draft.confidence(hidden, prevs))
@@ -108,30 +110,36 @@ def propose_block(draft: DSparkDraftModel, base_logits: torch.Tensor, anchor_tok
     for k in range(n):
         if with_confidence:
             confidence[:, k] = draft.confidence(hidden[:, k], prev)
-        step = base_logits[:, k] + markov.bias(prev).to(base_logits.dtype)  # [bs, V]
+        step = base_logits[:, k] + markov.bias(prev).to(base_logits.dtype)  # [bs, V or H]
         chosen = step.argmax(-1)
         if not all_greedy:
             q = sampling_probs(step, params)
-            probs[:, k] = q
+            if ids is None:
+                probs[:, k] = q
+            else:  # the distribution drawn from, whole: zero off the draft vocabulary
+                probs[:, k] = 0.0
+                probs[:, k].index_copy_(-1, ids, q)
             drawn = sample_from_probs(q, uniform(params.seed, positions[:, k], Lane.DRAFT))
             chosen = torch.where(params.is_greedy, chosen, drawn)
+        if ids is not None:
+            chosen = ids[chosen]
         tokens[:, k] = chosen
         prev = chosen
     return DSparkProposal(tokens, confidence, probs)
 
 
-def _greedy_kernel(base_logits: torch.Tensor, markov: DSparkMarkovHead
-                   ) -> Callable[..., None] | None:
+def _greedy_kernel(base_logits: torch.Tensor, markov: DSparkMarkovHead,
+                   token_ids: torch.Tensor | None = None) -> Callable[..., None] | None:
     """The kernel the greedy loop runs as, or None for the torch loop: on a Triton device (or
     `force`), the certified top-K candidates' (`markov_topk_kernel`) where
     `SGLANG_AUX_MARKOV_TOPK` names a K and the batch has at most its MAX_REQUESTS, else the
     exact n + 1 launches (`markov_argmax_kernel`) unless `SGLANG_AUX_MARKOV_ARGMAX=0`; each
-    only at shapes its tiles take."""
+    only at shapes its tiles take. Over a draft vocabulary (`token_ids`) only the exact one."""
     topk, exact = int(switch(MARKOV_TOPK_ENV_VAR)), switch(MARKOV_ARGMAX_ENV_VAR) == "1"
     if not use_triton(base_logits, False) or base_logits.stride(-1) != 1:
         return None
     rank = markov.markov_w1.weight.shape[1]
-    if topk:
+    if topk and token_ids is None:
         from sglang_aux.srt.speculative import markov_topk_kernel
 
         if markov_topk_kernel.supports(rank, base_logits.shape[-1], topk) and \
@@ -142,8 +150,10 @@ def _greedy_kernel(base_logits: torch.Tensor, markov: DSparkMarkovHead
         return None
     from sglang_aux.srt.speculative import markov_argmax_kernel
 
-    return markov_argmax_kernel.markov_greedy_tokens if markov_argmax_kernel.supports(rank) \
-        else None
+    if not markov_argmax_kernel.supports(rank):
+        return None
+    return markov_argmax_kernel.markov_greedy_tokens if token_ids is None else \
+        functools.partial(markov_argmax_kernel.markov_greedy_tokens, token_ids=token_ids)
 
 
 @dataclass(frozen=True)

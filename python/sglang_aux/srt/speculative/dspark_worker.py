@@ -19,7 +19,7 @@ import torch
 
 from sglang_aux.srt.configs.dspark_config import DSparkConfig
 from sglang_aux.srt.configs.model_config import ModelConfig
-from sglang_aux.srt.server_args import TOKEN_MAP_DSPARK, ServerArgs
+from sglang_aux.srt.server_args import ServerArgs
 from sglang_aux.srt.speculative.dflash_worker import DFlashWorker
 from sglang_aux.srt.speculative.draft_proposals import Proposals, Proposer
 from sglang_aux.srt.speculative.dspark_proposal import DSparkProposer
@@ -49,7 +49,5 @@ class DSparkWorker(DFlashWorker):
         return Proposals.create(rows, self.verify_width, vocab, device, packed=False)
 
     def _proposer(self) -> Proposer:
-        if self.token_ids is not None:
-            raise ValueError(TOKEN_MAP_DSPARK)
         return DSparkProposer(self.draft_runner.model, self.proposals, self.sampling_rows,
                               with_confidence=self.verify_plan.compact)

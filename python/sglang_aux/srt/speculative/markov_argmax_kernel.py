@@ -53,11 +53,12 @@ def _first_max(vals, idxs, best, best_idx):
 
 @triton.jit
 def _markov_argmax_kernel(BASE, stride_bb, stride_bk, W1, W2, ANCHOR, TOKENS, stride_tb,
-                          PMAX, PIDX, CAND, CERT, DIV, bs, vocab, num_chunks, k,
+                          PMAX, PIDX, CAND, CERT, DIV, IDS, bs, vocab, num_chunks, k,
                           RANK: tl.constexpr, R_BLOCK: tl.constexpr, FIRST: tl.constexpr,
                           SWEEP: tl.constexpr, DOT_PRECISION: tl.constexpr, ROWS: tl.constexpr,
                           SUB: tl.constexpr, NSUB: tl.constexpr, P_BLOCK: tl.constexpr,
-                          PIPELINED: tl.constexpr, CERTIFIED: tl.constexpr):
+                          PIPELINED: tl.constexpr, CERTIFIED: tl.constexpr,
+                          MAPPED: tl.constexpr):
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     chunk = tl.program_id(1)
     rmask = rows < bs
@@ -90,6 +91,8 @@ def _markov_argmax_kernel(BASE, stride_bb, stride_bk, W1, W2, ANCHOR, TOKENS, st
                 pi = tl.load(PIDX + offs, mask=pmask, other=BIG)
                 best, at = _first_max(pm, pi, best, at)
         prev = tl.where(swept, at, 0).to(tl.int64)
+        if MAPPED:  # a draft vocabulary: column `at` is token IDS[at], which indexes W1
+            prev = tl.load(IDS + prev, mask=rmask, other=0)
         if CERTIFIED:
             prev = tl.where(swept, prev, cand)
             div = tl.where(swept & (prev != cand), 1, div)
@@ -187,21 +190,33 @@ def supports(rank: int) -> bool:
 
 
 def check_inputs(base_logits: torch.Tensor, anchor_tokens: torch.Tensor, markov_w1: torch.Tensor,
-                 markov_w2: torch.Tensor, tokens_out: torch.Tensor) -> None:
+                 markov_w2: torch.Tensor, tokens_out: torch.Tensor,
+                 token_ids: torch.Tensor | None = None) -> None:
     """A ValueError naming what a Markov kernel's call gets wrong: base_logits `[bs, n, V]` with a
     contiguous last dim, one anchor per request, both weights contiguous `[V, r]` of one dtype
-    with r a multiple of 16, tokens_out int64 `[bs, n]` with a contiguous last dim."""
+    with r a multiple of 16, tokens_out int64 `[bs, n]` with a contiguous last dim. Over a draft
+    vocabulary (`token_ids` `[H]` int64, contiguous) the base logits and markov_w2 have its H
+    columns and rows, markov_w1 every token's."""
     bs, n, vocab = base_logits.shape
     if base_logits.stride(-1) != 1 or tuple(anchor_tokens.shape) != (bs,):
         raise ValueError(f"base_logits {tuple(base_logits.shape)} (strides "
                          f"{base_logits.stride()}) needs a contiguous last dim and "
                          f"anchor_tokens {tuple(anchor_tokens.shape)} one token per request")
-    if markov_w1.shape != markov_w2.shape or markov_w1.shape[0] != vocab or \
-            markov_w1.dtype != markov_w2.dtype or not supports(markov_w1.shape[1]) or \
+    if token_ids is not None and (tuple(token_ids.shape) != (vocab,) or
+                                  token_ids.dtype != torch.int64 or
+                                  not token_ids.is_contiguous()):
+        raise ValueError(f"token_ids {token_ids.dtype} {tuple(token_ids.shape)} must be "
+                         f"contiguous int64 ({vocab},), one per base_logits column")
+    w1_rows = markov_w1.shape[0] if token_ids is not None else vocab
+    if markov_w1.shape[1:] != markov_w2.shape[1:] or markov_w2.shape[0] != vocab or \
+            markov_w1.shape[0] != w1_rows or markov_w1.dtype != markov_w2.dtype or \
+            not supports(markov_w1.shape[1]) or \
             not (markov_w1.is_contiguous() and markov_w2.is_contiguous()):
         raise ValueError(f"markov_w1 {markov_w1.dtype} {tuple(markov_w1.shape)} and markov_w2 "
                          f"{markov_w2.dtype} {tuple(markov_w2.shape)} must both be contiguous "
-                         f"[{vocab}, r] of one dtype with r a multiple of 16")
+                         f"[{vocab}, r] of one dtype with r a multiple of 16"
+                         + (" (markov_w1: every token's rows, markov_w2: the draft "
+                            "vocabulary's)" if token_ids is not None else ""))
     if tuple(tokens_out.shape) != (bs, n) or tokens_out.dtype != torch.int64 or \
             tokens_out.stride(-1) != 1:
         raise ValueError(f"tokens_out must be int64 {(bs, n)} with a contiguous last dim, got "
@@ -211,16 +226,21 @@ def check_inputs(base_logits: torch.Tensor, anchor_tokens: torch.Tensor, markov_
 def markov_greedy_tokens(base_logits: torch.Tensor, anchor_tokens: torch.Tensor,
                          markov_w1: torch.Tensor, markov_w2: torch.Tensor,
                          tokens_out: torch.Tensor, tile: MarkovTile | None = None,
-                         certified: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
+                         certified: tuple[torch.Tensor, torch.Tensor] | None = None,
+                         token_ids: torch.Tensor | None = None) -> None:
     """Greedy proposals into tokens_out `[bs, n]` int64: row k's token is the argmax of
     base_logits `[bs, n, V]` (last dim contiguous) row k plus the Markov bias of the token
     before it (`anchor_tokens` `[bs]` for row 0). markov_w1 / markov_w2: `[V, r]`, contiguous,
     one dtype. `tile`: `markov_tile(bs, dtype)` unless a bench compares another. `certified`:
     (candidate tokens, certified flags), both `[bs, n]` with tokens_out's strides, from
-    `markov_topk_kernel`: only the rows and proposals they leave open are swept."""
+    `markov_topk_kernel`: only the rows and proposals they leave open are swept. `token_ids`:
+    a draft vocabulary `[H]` (`speculative/token_map.py`): base_logits and markov_w2 are its H
+    columns and rows, the argmax column j is token `token_ids[j]` (markov_w1 stays `[V, r]`)."""
     bs, n, vocab = base_logits.shape
     rank = markov_w1.shape[1]
-    check_inputs(base_logits, anchor_tokens, markov_w1, markov_w2, tokens_out)
+    check_inputs(base_logits, anchor_tokens, markov_w1, markov_w2, tokens_out, token_ids)
+    if certified is not None and token_ids is not None:
+        raise ValueError("the certified top-K candidates do not take a draft vocabulary")
     if bs == 0:
         return
     chunk = chunk_rows(vocab)
@@ -241,9 +261,11 @@ def markov_greedy_tokens(base_logits: torch.Tensor, anchor_tokens: torch.Tensor,
         sweep = k < n
         _markov_argmax_kernel[(row_blocks, num_chunks if sweep else 1)](
             base_logits, base_logits.stride(0), base_logits.stride(1), markov_w1, markov_w2,
-            anchor_tokens, tokens_out, tokens_out.stride(0), pmax, pidx, cand, cert, div, bs,
+            anchor_tokens, tokens_out, tokens_out.stride(0), pmax, pidx, cand, cert, div,
+            token_ids if token_ids is not None else anchor_tokens, bs,
             vocab, num_chunks, k, RANK=rank, R_BLOCK=r_block, FIRST=k == 0, SWEEP=sweep,
             DOT_PRECISION=dot_precision(markov_w2.dtype), ROWS=tile.rows, SUB=SUB,
             NSUB=chunk // SUB, P_BLOCK=PARTIALS_BLOCK, PIPELINED=tile.pipelined,
-            CERTIFIED=certified is not None, num_warps=tile.num_warps,
+            CERTIFIED=certified is not None, MAPPED=token_ids is not None,
+            num_warps=tile.num_warps,
             num_stages=tile.num_stages, maxnreg=tile.max_registers)
