@@ -30,7 +30,8 @@
 # DSPARK_FLAGS (environment) added, e.g. --speculative-verify-width 8); dspark_topk: dspark
 # with its greedy proposals scored over each row's MARKOV_TOPK (64) largest base logits where
 # certified (SGLANG_AUX_MARKOV_TOPK in that server's environment; batches up to 16; the same
-# tokens as dspark). Every speculative
+# tokens as dspark); dflash_vocab / dspark_vocab: dflash / dspark with the draft vocabulary
+# TOKEN_MAP (environment; --speculative-token-map). Every speculative
 # config passes its verify mode, so SGLANG_RAGGED_VERIFY_MODE in the environment changes none.
 # Needs the target (a folder, or a built-in name imported on first use) and GSM8K
 # (SGLANG_AUX_GSM8K_DIR).
@@ -92,6 +93,11 @@ for cfg in $configs; do
     dspark|dspark_compact|dspark_topk) flags=(--speculative-algorithm DSPARK
                                   --speculative-draft-model-path "${DSPARK_DRAFT:?set DSPARK_DRAFT}"
                                   ${DSPARK_FLAGS:-}) ;;
+    dflash_vocab) flags=(--speculative-algorithm DFLASH --speculative-draft-model-path "$draft"
+                         --speculative-token-map "${TOKEN_MAP:?set TOKEN_MAP}") ;;
+    dspark_vocab) flags=(--speculative-algorithm DSPARK
+                         --speculative-draft-model-path "${DSPARK_DRAFT:?set DSPARK_DRAFT}"
+                         --speculative-token-map "${TOKEN_MAP:?set TOKEN_MAP}" ${DSPARK_FLAGS:-}) ;;
     *) echo "unknown config $cfg"; continue ;;
   esac
   [[ $cfg == dspark_topk ]] && SERVER_ENV="SGLANG_AUX_MARKOV_TOPK=${MARKOV_TOPK:-64}"
@@ -112,7 +118,7 @@ for cfg in $configs; do
     harness $cfg "$n" "$p"
     curl -s localhost:$port/get_server_info > "$out/server_info_after${p}_$cfg.json"
   done
-  if [[ $cfg =~ ^(target|dflash|dflash_compact|dflash_schedule|dspark|dspark_compact|dspark_topk)(_delay|_mixed|_apart)?$ ]]; then
+  if [[ $cfg =~ ^(target|dflash|dflash_compact|dflash_schedule|dspark|dspark_compact|dspark_topk|dflash_vocab|dspark_vocab)(_delay|_mixed|_apart)?$ ]]; then
     harness $cfg "${N1:-32}" 1
     harness $cfg "${N8:-64}" 8
   fi

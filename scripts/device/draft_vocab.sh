@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The draft vocabulary on the GPU in one device call (<= 10 minutes), from the repository root
-# (issues 39 and 41; `--speculative-token-map`, docs/benchmarks.md section 9m): the draft block
+# (issues 39 and 41; `--speculative-token-map`, docs/benchmarks.md section 10): the draft block
 # graphs at the recipes' shapes (SmolLM2 and Qwen2.5-1.5B, dummy weights) with the whole
 # vocabulary and with the first 32,768 ids, for DFlash's draft and DSpark's (its exact Markov
 # kernel over markov_w2's 32,768 rows), kernel tables; then the draft vocabulary's CUDA tests

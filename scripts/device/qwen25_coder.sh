@@ -288,10 +288,16 @@ print(d('$DRAFT').parent)")
     install_wheels
     draft_dir > /dev/null || exit 1  # the draft is trained on this machine
     send_parts 3
+    if [[ ${EVAL_CONFIGS:-} == *_vocab* ]] && [ -z "${TOKEN_MAP:-}" ]; then
+      # the draft vocabulary: the 32,768 ids the target writes most in the shipped mix
+      # samples, its two end tokens kept
+      export TOKEN_MAP=$work/token_map.pt
+      $py -m sglang_aux.tools.build_token_map --keep 151643 151645 --out "$TOKEN_MAP"
+    fi
     harness() {
       MODEL=$MODEL bash benchmark/gsm8k/run_gsm8k_eval.sh $DRAFT "$ev" \
         "${NUM_QUESTIONS:-1319}" "$1" 2>&1 \
-        | grep -E "Accuracy|Invalid|throughput|Accept|Errors|did not|Error|Latency"
+        | grep -E "Accuracy|Invalid|throughput|Accept|Errors|did not|Error|Latency|schedule"
       pack
     }
     if [ $phase = eval ]; then
