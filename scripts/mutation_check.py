@@ -492,6 +492,36 @@ MUTATIONS = [
              "size = pacer.chunk_tokens(size)", "pacer.chunk_tokens(size)",
              (f"{T}/managers/test_scheduler_chunked_prefill.py"
               "::test_paced_chunks_interleave_decode_steps_and_equal_unchunked",)),
+    # the draft vocabulary (--speculative-token-map)
+    Mutation("draft vocabulary: greedy proposals are map columns, not tokens",
+             f"{SRT}/speculative/draft_proposals.py",
+             "best if self.token_ids is None\n", "best if True\n",
+             (f"{T}/speculative/test_draft_proposals.py"
+              "::test_a_draft_vocabulary_maps_proposals_and_places_q_at_its_ids",)),
+    Mutation("draft vocabulary: q keeps stale mass off the map",
+             f"{SRT}/speculative/draft_proposals.py",
+             "q.view(bs * n, -1).zero_().index_copy_(", "q.view(bs * n, -1).index_copy_(",
+             (f"{T}/speculative/test_draft_proposals.py"
+              "::test_a_draft_vocabulary_maps_proposals_and_places_q_at_its_ids",)),
+    Mutation("draft vocabulary: repeated ids accepted",
+             f"{SRT}/speculative/token_map.py",
+             "if unique.numel() != ids.numel():", "if False:",
+             (f"{T}/speculative/test_dflash_token_map.py",)),
+    Mutation("draft vocabulary: the cut head is not summed over ranks",
+             f"{SRT}/speculative/token_map.py",
+             "return tensor_model_parallel_all_reduce(rows)", "return rows",
+             (f"{T}/speculative/test_dflash_token_map.py"
+              "::test_the_cut_head_gathers_each_ranks_rows_exactly",)),
+    Mutation("draft vocabulary: DSpark's loop feeds the column, not the token, to markov_w1",
+             f"{SRT}/speculative/dspark_proposal.py",
+             "        if ids is not None:\n            chosen = ids[chosen]\n", "",
+             (f"{T}/speculative/test_dspark_proposal.py",)),
+    Mutation("draft vocabulary: the Markov kernel leaves argmax columns unmapped",
+             f"{SRT}/speculative/markov_argmax_kernel.py",
+             "            prev = tl.load(IDS + prev, mask=rmask, other=0)\n",
+             "            prev = prev\n",
+             (f"{T}/speculative/test_markov_argmax_kernel.py"
+              "::test_a_draft_vocabulary_is_the_torch_loop_with_the_rest_masked",)),
 ]
 
 
