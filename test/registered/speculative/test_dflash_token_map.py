@@ -18,7 +18,7 @@ from sglang_aux.srt.distributed.parallel_state import (
 )
 from sglang_aux.srt.entrypoints.engine import Engine
 from sglang_aux.srt.server_args import ServerArgs
-from sglang_aux.srt.speculative.token_map import hot_head, load_token_map
+from sglang_aux.srt.speculative.token_map import cut_lm_head, load_token_map
 from sglang_aux.test.ci.ci_register import register_cpu_ci
 from sglang_aux.test.runtime_utils import (
     CAPTURED_BS,
@@ -99,10 +99,10 @@ def test_a_missing_or_foreign_file_is_refused(tmp_path, monkeypatch):
 def test_the_cut_head_is_the_target_rows_on_one_rank():
     head = torch.randn(VOCAB, 16, dtype=torch.bfloat16)
     ids = torch.tensor([300, 2, 17])
-    assert torch.equal(hot_head(head, ids, VOCAB), head[ids])
+    assert torch.equal(cut_lm_head(head, ids, VOCAB), head[ids])
     with pytest.raises(ValueError, match=r"LM head shard \(319, 16\) does not hold this rank's "
                                          r"vocabulary rows \[0, 320\)"):
-        hot_head(head[1:], ids, VOCAB)
+        cut_lm_head(head[1:], ids, VOCAB)
 
 
 def _rank(rank: int, port: int, full: torch.Tensor, ids: torch.Tensor, out) -> None:
@@ -110,7 +110,7 @@ def _rank(rank: int, port: int, full: torch.Tensor, ids: torch.Tensor, out) -> N
                                  dist_init_addr=f"127.0.0.1:{port}", timeout_s=60)
     try:
         shard = full[rank * VOCAB // 2:(rank + 1) * VOCAB // 2]
-        out.put((rank, hot_head(shard, ids, VOCAB)))
+        out.put((rank, cut_lm_head(shard, ids, VOCAB)))
     finally:
         destroy_distributed_environment()
 

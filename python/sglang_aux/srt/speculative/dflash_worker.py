@@ -72,7 +72,7 @@ from sglang_aux.srt.speculative.draft_context import DraftContext
 from sglang_aux.srt.speculative.draft_len_planner import DraftLenPlanner
 from sglang_aux.srt.speculative.draft_proposals import DFlashProposer, Proposals, Proposer
 from sglang_aux.srt.speculative.step_cost_probe import measure_step_costs
-from sglang_aux.srt.speculative.token_map import hot_head, load_token_map
+from sglang_aux.srt.speculative.token_map import cut_lm_head, load_token_map
 from sglang_aux.srt.speculative.verify_plan import VerifyPlan
 
 logger = logging.getLogger(__name__)
@@ -127,7 +127,7 @@ class DFlashWorker(RequestRowStaging):
         lm_head = self.target_runner.model.lm_head_weight
         self.token_ids = None if token_ids is None else token_ids.to(self.target_runner.device)
         if self.token_ids is not None:
-            lm_head = hot_head(lm_head, self.token_ids, vocab)
+            lm_head = cut_lm_head(lm_head, self.token_ids, vocab)
             logger.info("Draft vocabulary: %d of %d tokens (%s), its LM head %.1f MiB",
                         len(token_ids), vocab, server_args.speculative_token_map,
                         lm_head.numel() * lm_head.element_size() / 2**20)

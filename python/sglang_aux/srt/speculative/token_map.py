@@ -69,7 +69,7 @@ def load_token_map(path: str, vocab_size: int) -> torch.Tensor:
     return ids
 
 
-def hot_head(lm_head_shard: torch.Tensor, ids: torch.Tensor, vocab_size: int) -> torch.Tensor:
+def cut_lm_head(lm_head_shard: torch.Tensor, ids: torch.Tensor, vocab_size: int) -> torch.Tensor:
     """`lm_head[ids]` `[H, hidden]` on every rank, from each rank's vocabulary shard `[V / tp,
     hidden]`: each rank fills the rows it holds and the zeros elsewhere sum away exactly. The
     cut head is replicated, so its logits need no gather."""
