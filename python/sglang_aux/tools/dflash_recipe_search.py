@@ -149,7 +149,10 @@ class Search:
         for name, v in variants.items():
             if v["status"] != "training":
                 continue
-            budget = left() - a.eval_reserve_s
+            # the evaluations of this variant and of those trained but not yet measured: a
+            # detached search that ends at its deadline leaves none of them unmeasured
+            waiting = sum(w["status"] == "trained" for w in variants.values())
+            budget = left() - a.eval_reserve_s * (1 + waiting)
             if budget < MIN_TRAIN_S:
                 break
             t0 = time.perf_counter()
@@ -214,8 +217,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="train_dflash flags every variant gets (e.g. --smoke, --target)")
     p.add_argument("--deadline-s", type=float, default=None,
                    help="stop before this many seconds (a device call's limit)")
-    p.add_argument("--eval-reserve-s", type=float, default=90.0,
-                   help="seconds kept for one variant's evaluation")
+    p.add_argument("--eval-reserve-s", type=float, default=120.0,
+                   help="seconds kept for each trained variant's evaluation (Qwen2.5-Coder's "
+                        "three tasks took about 105 s on an H100)")
     p.add_argument("--eval-tasks", nargs="+", choices=train_dflash.EVAL_TASKS,
                    default=list(train_dflash.EVAL_TASKS))
     p.add_argument("--eval-num-prompts", type=int, default=100)

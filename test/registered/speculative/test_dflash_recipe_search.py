@@ -110,6 +110,25 @@ def test_a_dspark_variant_is_trained_and_measured_as_dspark(samples, tmp_path):
     assert json.loads((root / "dspark" / DRAFT_PROFILE).read_text())["verify_width"] == 4
 
 
+def test_each_training_leaves_time_for_every_waiting_evaluation(samples, tmp_path, monkeypatch):
+    """Under a deadline the second variant's training keeps two evaluations' reserve (its own
+    and the first's, trained but not yet measured), so both are measured before it: on the
+    2026-12-06 H100 run one reserve let the second training eat the first's evaluation time."""
+    budgets = []
+    real = search.Search._train_dflash
+
+    def recording(self, name, *flags):
+        if "--eval-only" not in flags:
+            budgets.append(float(flags[flags.index("--deadline-s") + 1]))
+        return real(self, name, *flags)
+
+    monkeypatch.setattr(search.Search, "_train_dflash", recording)
+    argv = _argv(tmp_path / "s", samples, "a=", "b=--lr 3e-3")
+    assert search.main([*argv, "--deadline-s", "3000", "--eval-reserve-s", "1000"]) is True
+    assert len(budgets) == 2
+    assert 1900 < budgets[0] <= 2000 and budgets[1] <= budgets[0] - 1000 < 1000 + 5
+
+
 @pytest.mark.parametrize("variants, says", [
     (["bad name="], "expected NAME=FLAGS"),
     (["noequals"], "expected NAME=FLAGS"),
