@@ -492,6 +492,12 @@ MUTATIONS = [
              "size = pacer.chunk_tokens(size)", "pacer.chunk_tokens(size)",
              (f"{T}/managers/test_scheduler_chunked_prefill.py"
               "::test_paced_chunks_interleave_decode_steps_and_equal_unchunked",)),
+    Mutation("recipe search: a training keeps one evaluation's reserve, whatever waits",
+             "python/sglang_aux/tools/dflash_recipe_search.py",
+             "budget = left() - a.eval_reserve_s * (1 + waiting)",
+             "budget = left() - a.eval_reserve_s",
+             (f"{T}/speculative/test_dflash_recipe_search.py"
+              "::test_each_training_leaves_time_for_every_waiting_evaluation",)),
     # the draft vocabulary (--speculative-token-map)
     Mutation("draft vocabulary: greedy proposals are map columns, not tokens",
              f"{SRT}/speculative/draft_proposals.py",
