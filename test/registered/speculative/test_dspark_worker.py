@@ -57,6 +57,16 @@ def target_only(ckpts):
             for t in PAIRS}
 
 
+@pytest.fixture(scope="module")
+def flat_costs(tmp_path_factory):
+    """Step costs under which drafting pays at every batch size, so compact verify's schedule
+    drafts at each of them whatever this CPU's timings (once, beside another test process, no
+    draft graph of 4 ran; the costs timed at start-up are the one input that varies)."""
+    path = tmp_path_factory.mktemp("costs") / "costs.json"
+    path.write_text(json.dumps({"draft_ms": {"8": 0.1}, "verify_ms": {"64": 1.0}}))
+    return str(path)
+
+
 def _dspark(ckpts, target="tiny-llama", mode="static", **kw) -> Engine:
     return engine_in_verify_mode(mode, model_path=ckpts[target], speculative_algorithm="DSPARK",
                                  speculative_draft_model_path=ckpts[PAIRS[target]],
@@ -66,8 +76,10 @@ def _dspark(ckpts, target="tiny-llama", mode="static", **kw) -> Engine:
 @pytest.mark.parametrize("target", list(PAIRS))
 @pytest.mark.parametrize("mode", ["static", "compact"])
 @pytest.mark.parametrize("overlap", [False, True])
-def test_greedy_dspark_equals_target_only(ckpts, target_only, target, mode, overlap):
-    engine = _dspark(ckpts, target, mode, disable_overlap_schedule=not overlap)
+def test_greedy_dspark_equals_target_only(ckpts, target_only, flat_costs, target, mode,
+                                          overlap):
+    costs = {"speculative_step_costs": flat_costs} if mode == "compact" else {}
+    engine = _dspark(ckpts, target, mode, disable_overlap_schedule=not overlap, **costs)
     worker = engine.worker
     drafts, verifies = (record_graph_forwards(worker.draft_runner),
                         record_graph_forwards(worker.target_runner))
