@@ -25,6 +25,10 @@
 #                                                   # packed (WAIT s a call), again for parts;
 #                                                   # search-start, search-wait: the same for
 #                                                   # `search`
+#   bash scripts/device/qwen25_coder.sh search-parts OUT  # the ended search's drafts: the
+#                                                   # rest of their 16 MiB parts (search-wait
+#                                                   # sends the first); search-in carries them
+#                                                   # back in a later session
 #   bash scripts/device/qwen25_coder.sh search OUT  # the recipe search (issue 40): variants of
 #                                                   # the recipe, SEARCH_STEPS each, measured
 #                                                   # on code, chat and GSM8K; again until done
@@ -162,14 +166,45 @@ install_wheels() {  # the server's and trainer's dependencies (carry .carry/whee
 }
 # A call returns at most about 64 MiB: the draft's 16 MiB parts come back over the calls,
 # three in `train`, the rest in `eval` and `eval2` (`cat draft.tar.part-* | tar x`).
-send_parts() {
-  local n=$1 p
-  for p in $work/draft-parts/draft.tar.part-*; do
+send_parts() {  # N [FOLDER]: N of FOLDER's parts (default the draft's) moved into OUT
+  local n=$1 dir=${2:-$work/draft-parts} p
+  for p in "$dir"/*.tar.part-*; do
     [ -f "$p" ] && [ "$n" -gt 0 ] || continue
     mv "$p" "$out/"; n=$((n - 1))
   done
 }
+# The recipe search's drafts come back the same way once it has ended (a later session carries
+# them in with `search-in` instead of training them again): each variant's folder in 16 MiB
+# parts, VARIANT.tar.part-*, with search-parts.txt naming them all (sent with the first).
+pack_search() {
+  local d name
+  [ -d $work/search-parts ] && return 0
+  mkdir -p $work/search-parts
+  for d in $work/search/*/; do
+    [ -d "$d" ] || continue
+    name=$(basename "$d")
+    tar cf - -C $work/search "$name" | split -b 16M - "$work/search-parts/$name.tar.part-"
+  done
+  (cd $work/search-parts && ls) > $work/search-parts.txt
+  mv $work/search-parts.txt $work/search-parts/ && cp $work/search-parts/search-parts.txt "$out/"
+}
 case $phase in
+  search-parts)  # more of the ended search's draft parts (SEND_PARTS a call)
+    send_parts "${SEND_PARTS:-6}" $work/search-parts; ls "$out" ;;
+  search-in)  # the search's drafts of an earlier session, carried in as they came back
+    # (.carry/search-parts/N: search-parts.txt and the parts, a few a call): the call that
+    # brings the last part unpacks every variant where the search left it ($work/search)
+    mkdir -p $work/search-in && cp "${SEARCH_PARTS_DIR:-.carry/search-parts}"/*/* $work/search-in/
+    if [ -f $work/search-in/search-parts.txt ] && (cd $work/search-in &&
+        xargs ls < search-parts.txt > /dev/null 2>&1); then
+      mkdir -p $work/search
+      for v in $(sed -n 's/\.tar\.part-aa$//p' $work/search-in/search-parts.txt); do
+        cat $work/search-in/"$v".tar.part-* | tar x -C $work/search
+      done
+      ls $work/search
+    else
+      echo "parts so far: $(ls $work/search-in | wc -l)"
+    fi ;;
   draft-in)  # a draft trained in an earlier session, carried back in its 16 MiB tar parts
     # (.carry/qwen-draft-parts/1, then /2: three parts a call beside the lite tree); the
     # call that brings the last part unpacks it where its name resolves
@@ -245,6 +280,7 @@ print(d('$DRAFT').parent)")
       | tail -20
     if [ -f $work/search.rc ]; then
       grep -v -e Warning -e "aux states for" $work/search.log | xz > "$out/search.log.xz"
+      pack_search; send_parts "${SEND_PARTS:-3}" $work/search-parts
     else
       echo "still searching"
     fi

@@ -11,6 +11,7 @@ import argparse
 import os
 import re
 import runpy
+import shutil
 import stat
 import subprocess
 import sys
@@ -155,8 +156,10 @@ case "$1 $2" in
       case "$1" in --variant=*) echo "variant [${1#--variant=}]" ;; esac; shift
     done
     [ -f "$s" ] && echo "samples $s"
-    echo "step 100/200 loss 1.0"; sleep "$STEP_S"; mkdir -p "$root"
+    echo "step 100/200 loss 1.0"; sleep "$STEP_S"; mkdir -p "$root/base" "$root/wide"
     echo "| base | measured |" > "$root/search.md"; echo '{}' > "$root/search.json"
+    head -c 20971520 /dev/urandom > "$root/base/model.safetensors"
+    echo '{}' > "$root/wide/config.json"; echo ckpt > "$root/base.checkpoint.pt"
     echo "every variant measured" ;;
   *) exec "$REAL_PY" "$@" ;;
 esac
@@ -231,6 +234,41 @@ def test_detached_search_outlives_its_call_and_returns_its_table(tmp_path):
     log = subprocess.run(["xz", "-dc", str(out / "search.log.xz")], capture_output=True,
                          text=True, check=True).stdout
     assert "step 100/200 loss 1.0" in log and "every variant measured" in log
+
+
+def test_the_searchs_drafts_come_back_and_are_carried_in(tmp_path):
+    """Once the search has ended, `search-wait` sends its drafts' part list and SEND_PARTS of
+    their 16 MiB parts, `search-parts` the rest (not the resume checkpoints); carried back in
+    over two calls (`search-in`), the last one unpacks every variant where the search left it,
+    byte for byte."""
+    py = tmp_path / "py"
+    py.write_text(TRAINER)
+    py.chmod(0o755)
+    work = tmp_path / "w"
+    work.mkdir()
+    env = {**os.environ, "PY": str(py), "REAL_PY": sys.executable, "WORK": str(work),
+           "STEP_S": "1", "SEND_PARTS": "1", "DRAFT": "qwen2.5-coder-1.5b-instruct-dflash-b16-mix"}
+    call = partial(_phase, env, tmp_path)
+    call("search-start", 1)
+    _, first = call("search-wait", 30)
+    names = (first / "search-parts.txt").read_text().split()
+    assert names == ["base.tar.part-aa", "base.tar.part-ab", "wide.tar.part-aa"]
+    assert sorted(p.name for p in first.glob("*.tar.part-*")) == ["base.tar.part-aa"]
+    _, rest = _phase({**env, "SEND_PARTS": "6"}, tmp_path, "search-parts", 1)
+    assert sorted(p.name for p in rest.glob("*.tar.part-*")) == names[1:]
+    original = (work / "search/base/model.safetensors").read_bytes()
+    shutil.rmtree(work / "search")
+    carried = tmp_path / "carried"
+    for i, (src, files) in enumerate(((first, ["search-parts.txt", names[0]]),
+                                      (rest, names[1:]))):
+        (carried / str(i)).mkdir(parents=True)
+        for f in files:
+            shutil.copy(src / f, carried / str(i) / f)
+        said, _ = _phase({**env, "SEARCH_PARTS_DIR": str(carried)}, tmp_path, "search-in", i)
+        if i == 0:
+            assert "parts so far: 2" in said and not (work / "search").exists()
+    assert (work / "search/base/model.safetensors").read_bytes() == original
+    assert (work / "search/wide/config.json").read_text() == "{}\n"
 
 
 def test_a_detached_search_reads_the_carried_samples(tmp_path):
