@@ -125,14 +125,14 @@ class DFlashWorker(RequestRowStaging):
         self.draft_context = DraftContext(self.target_runner, self.draft_runner, server_args)
         self.step_cost_context = server_args.speculative_step_cost_context
         lm_head = self.target_runner.model.lm_head_weight
-        self.token_ids = None if token_ids is None else token_ids.to(self.target_runner.device)
-        if self.token_ids is not None:
-            lm_head = cut_lm_head(lm_head, self.token_ids, vocab)
+        if token_ids is not None:  # the draft model keeps them (`token_ids`)
+            token_ids = token_ids.to(self.target_runner.device)
+            lm_head = cut_lm_head(lm_head, token_ids, vocab)
             logger.info("Draft vocabulary: %d of %d tokens (%s), its LM head %.1f MiB",
                         len(token_ids), vocab, server_args.speculative_token_map,
                         lm_head.numel() * lm_head.element_size() / 2**20)
         self.draft_runner.model.set_target_modules(
-            self.target_runner.model.get_input_embeddings(), lm_head, self.token_ids)
+            self.target_runner.model.get_input_embeddings(), lm_head, token_ids)
         self.mask_token_id = dc.mask_token_id
         self.propose: ProposalSource = self._graph_proposals
         # Called after each step's aux rows (or streamed accumulator) are consumed (tests poison
@@ -196,7 +196,7 @@ class DFlashWorker(RequestRowStaging):
         """The draft's half of the step: DFlash drafts over the whole verify width."""
         return DFlashProposer(self.proposals, self.sampling_rows, self.verify_width,
                               with_confidence=self.verify_plan.compact,
-                              token_ids=self.token_ids)
+                              token_ids=self.draft_runner.model.token_ids)
 
     def _init_forwards(self, server_args: ServerArgs) -> None:
         """What the runners' forwards run besides the model, inside their graphs
