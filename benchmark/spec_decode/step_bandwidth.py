@@ -47,10 +47,6 @@ def weight_bytes(model: nn.Module, hf_config, tokens: int) -> int:
         total += _nbytes(embed) * min(tokens, embed.shape[0]) / embed.shape[0]
     if id(head) not in owned:
         total += _nbytes(head)
-    markov = getattr(model, "markov_head", None)
-    if markov is not None and markov.proposal_w2 is not markov.markov_w2.weight:
-        # a draft vocabulary: DSpark's proposals read markov_w2's rows of it instead
-        total += _nbytes(markov.proposal_w2) - _nbytes(markov.markov_w2.weight)
     return int(total)
 
 

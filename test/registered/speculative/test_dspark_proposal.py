@@ -4,7 +4,9 @@ head changes proposals; with a zero Markov head it is DFlash's proposal rule (ar
 block rows, or DFlash's draft sampling on the DRAFT lane); a request's draws do not depend
 on its batch; shapes are checked."""
 
+import gc
 import sys
+import weakref
 from types import SimpleNamespace
 
 import pytest
@@ -133,9 +135,15 @@ def test_a_draft_vocabulary_is_the_full_loop_with_the_rest_masked(greedy):
     with torch.no_grad():
         want = propose_block(draft, masked, anchors, positions, params, all_greedy=greedy,
                              hidden=hidden)
+        full = weakref.ref(draft.markov_head.markov_w2.weight)
+        rows = full()[ids].clone()
         draft.set_target_modules(torch.nn.Embedding(TINY_VOCAB, HIDDEN),
                                  torch.randn(len(ids), HIDDEN), ids)
-        assert torch.equal(draft.markov_head.proposal_w2, draft.markov_head.markov_w2.weight[ids])
+        gc.collect()
+        assert full() is None, "the full markov_w2 stays resident under a draft vocabulary"
+        assert torch.equal(draft.markov_head.markov_w2.weight, rows)
+        with pytest.raises(RuntimeError, match="already restricted to a draft vocabulary of 90"):
+            draft.markov_head.restrict(ids)
         got = propose_block(draft, base[..., ids].contiguous(), anchors, positions, params,
                             all_greedy=greedy, hidden=hidden)
     assert torch.equal(got.tokens, want.tokens) and torch.isin(got.tokens, ids).all()

@@ -22,7 +22,6 @@ from types import SimpleNamespace
 
 import torch
 from torch import nn
-from torch.nn import functional as F
 
 from sglang_aux.srt.configs.dspark_config import DSparkConfig, dspark_field
 from sglang_aux.srt.forward_state.forward_batch_info import ForwardBatch
@@ -53,8 +52,8 @@ def markov_bias_bounds(markov_w2: torch.Tensor) -> tuple[torch.Tensor, torch.Ten
 
 class DSparkMarkovHead(nn.Module):
     """A bigram bias of rank r: `markov_w2(markov_w1[previous token])` `[..., V]`; over a draft
-    vocabulary (`restrict`), `[..., H]`: markov_w2's rows of its tokens (the previous token is
-    still any token)."""
+    vocabulary (`restrict`), `[..., H]`: markov_w2 keeps its tokens' rows alone (the previous
+    token is still any token)."""
 
     def __init__(self, vocab_size: int, rank: int):
         super().__init__()
@@ -62,18 +61,20 @@ class DSparkMarkovHead(nn.Module):
         self.markov_w2 = nn.Linear(rank, vocab_size, bias=False)
         self._bounds: tuple[torch.Tensor, torch.Tensor] | None = None
         self._bounds_of: tuple | None = None  # the weight (pointer, version) they were taken of
-        self._w2_rows: torch.Tensor | None = None  # markov_w2's rows of the draft vocabulary
+        self.restricted = False  # markov_w2 holds the draft vocabulary's rows alone
 
     def restrict(self, token_ids: torch.Tensor) -> None:
-        """Score only these tokens from now on: a copy of their markov_w2 rows `[H, r]`, which
-        the proposals read instead of all V (Qwen2.5's 77.8 MB a proposal)."""
-        self._w2_rows = self.markov_w2.weight.detach()[token_ids.to(
-            self.markov_w2.weight.device)].contiguous()
-
-    @property
-    def proposal_w2(self) -> torch.Tensor:
-        """The rows of markov_w2 the proposals score: the draft vocabulary's, or all."""
-        return self.markov_w2.weight if self._w2_rows is None else self._w2_rows
+        """Score only these tokens from now on: markov_w2 becomes their rows `[H, r]`, which
+        the proposals read instead of all V (Qwen2.5's 77.8 MB a proposal); the full weight is
+        let go, so it neither stays resident nor can be restricted twice."""
+        w = self.markov_w2.weight
+        if self.restricted:
+            raise RuntimeError("the Markov head is already restricted to a draft vocabulary "
+                               f"of {w.shape[0]} tokens; restrict it once, after loading")
+        rows = w.detach()[token_ids.to(w.device)].contiguous()
+        self.markov_w2.weight = nn.Parameter(rows, requires_grad=w.requires_grad)
+        self.markov_w2.out_features = rows.shape[0]
+        self.restricted = True
 
     def bias_bounds(self) -> tuple[torch.Tensor, torch.Tensor]:
         """`markov_bias_bounds` of this head's markov_w2, kept until the weight changes. Taken
@@ -95,9 +96,7 @@ class DSparkMarkovHead(nn.Module):
 
     def bias(self, prev_tokens: torch.Tensor) -> torch.Tensor:
         """`[...]` token ids -> `[..., V]` logit bias (`[..., H]` over a draft vocabulary)."""
-        if self._w2_rows is None:
-            return self.markov_w2(self.markov_w1(prev_tokens))
-        return F.linear(self.markov_w1(prev_tokens), self._w2_rows)
+        return self.markov_w2(self.markov_w1(prev_tokens))
 
 
 class DSparkConfidenceHead(nn.Module):

@@ -101,7 +101,7 @@ def propose_block(draft: DSparkDraftModel, base_logits: torch.Tensor, anchor_tok
         if with_confidence else None
     kernel = _greedy_kernel(base_logits, markov, ids) if all_greedy else None
     if kernel is not None:
-        kernel(base_logits, anchor_tokens, markov.markov_w1.weight, markov.proposal_w2, tokens)
+        kernel(base_logits, anchor_tokens, markov.markov_w1.weight, markov.markov_w2.weight, tokens)
         if with_confidence:
             prevs = torch.cat([anchor_tokens[:, None].to(torch.int64), tokens[:, :-1]], dim=1)
             confidence.copy_(draft.confidence(hidden, prevs))
