@@ -206,9 +206,10 @@ case $phase in
       echo "parts so far: $(ls $work/search-in | wc -l)"
     fi ;;
   draft-in)  # a draft trained in an earlier session, carried back in its 16 MiB tar parts
-    # (.carry/qwen-draft-parts/1, then /2: three parts a call beside the lite tree); the
-    # call that brings the last part unpacks it where its name resolves
-    mkdir -p $work/draft-in && cp .carry/qwen-draft-parts/*/draft.tar.part-* $work/draft-in/
+    # (.carry/qwen-draft-parts/..., e.g. mix/1 then mix/2: three parts a call beside the lite
+    # tree); the call that brings the last part unpacks it where its name resolves
+    mkdir -p $work/draft-in
+    find .carry/qwen-draft-parts -name 'draft.tar.part-*' -exec cp {} $work/draft-in/ \;
     if [ "$(ls $work/draft-in | wc -l)" -ge "${DRAFT_PARTS:-6}" ]; then
       dest=$($py -c "from sglang_aux.srt.model_loader.builtin import trained_draft_dir as d; \
 print(d('$DRAFT').parent)")
