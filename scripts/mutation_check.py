@@ -528,6 +528,25 @@ MUTATIONS = [
              "            prev = prev\n",
              (f"{T}/speculative/test_markov_argmax_kernel.py"
               "::test_a_draft_vocabulary_is_the_torch_loop_with_the_rest_masked",)),
+    Mutation("draft vocabulary: the Markov head keeps the full markov_w2 beside its rows",
+             f"{SRT}/models/dspark.py",
+             "        self.markov_w2.weight = nn.Parameter(rows, requires_grad=w.requires_grad)\n",
+             "        self.markov_w2.weight = nn.Parameter(rows, requires_grad=w.requires_grad)\n"
+             "        self._full_w2 = w\n",
+             (f"{T}/speculative/test_dspark_proposal.py"
+              "::test_a_draft_vocabulary_is_the_full_loop_with_the_rest_masked",)),
+    Mutation("draft vocabulary: the trained draft's map leaves the target's end tokens out",
+             "python/sglang_aux/tools/train_dflash.py",
+             "    ids = token_map(samples, size, sorted(eos_ids))\n",
+             "    ids = token_map(samples, size, [])\n",
+             (f"{T}/speculative/test_train_dflash.py"
+              "::test_smoke_run_writes_a_draft_the_engine_runs_losslessly",)),
+    Mutation("draft vocabulary: a built-in draft's name is sent to the hub",
+             f"{SRT}/speculative/token_map.py",
+             "    if repo in SHIPPED_DRAFTS or repo in TRAINED_DRAFTS:\n",
+             "    if False:\n",
+             (f"{T}/speculative/test_dflash_token_map.py"
+              "::test_a_built_in_drafts_map_is_named_by_the_draft",)),
 ]
 
 

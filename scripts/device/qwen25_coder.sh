@@ -326,10 +326,11 @@ print(d('$DRAFT').parent)")
     draft_dir > /dev/null || exit 1  # the draft is trained on this machine
     send_parts 3
     if [[ ${EVAL_CONFIGS:-} == *_vocab* ]] && [ -z "${TOKEN_MAP:-}" ]; then
-      # the draft vocabulary: the 32,768 ids the target writes most in the shipped mix
-      # samples, its two end tokens kept
-      export TOKEN_MAP=$work/token_map.pt
-      $py -m sglang_aux.tools.build_token_map --keep 151643 151645 --out "$TOKEN_MAP"
+      # the draft vocabulary: the one train_dflash wrote beside the draft, else the 32,768 ids
+      # the target writes most in the shipped mix samples, its two end tokens kept
+      export TOKEN_MAP=$(draft_dir)/freq_32768.pt
+      [ -f "$TOKEN_MAP" ] || { TOKEN_MAP=$work/token_map.pt; $py -m \
+        sglang_aux.tools.build_token_map --keep 151643 151645 --out "$TOKEN_MAP"; }
     fi
     harness() {
       MODEL=$MODEL bash benchmark/gsm8k/run_gsm8k_eval.sh $DRAFT "$ev" \

@@ -22,7 +22,7 @@ from pathlib import Path
 from sglang_aux.tools.dflash_training.data import Sample, load_samples
 from sglang_aux.tools.dflash_training.recipes import MIX, shipped_samples
 
-DEFAULT_SIZE = 32768
+DEFAULT_TOKEN_MAP_SIZE = 32768
 
 
 def hot_ids(samples: list[Sample], size: int) -> list[int]:
@@ -41,12 +41,21 @@ def token_map(samples: list[Sample], size: int, keep: list[int]) -> list[int]:
         : size - len(keep)]
 
 
+def coverage(samples: list[Sample], ids: list[int]) -> tuple[float, int]:
+    """The share of the tokens the samples' continuations write that are among `ids`, and
+    how many they write."""
+    inside = set(ids)
+    written = sum(len(s.output_ids) for s in samples)
+    share = sum(t in inside for s in samples for t in s.output_ids) / max(written, 1)
+    return share, written
+
+
 def main(argv: list[str] | None = None) -> list[int]:
     import torch
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--samples", nargs="+", type=Path, default=[shipped_samples(MIX)])
-    p.add_argument("--size", type=int, default=DEFAULT_SIZE, help="ids in the map")
+    p.add_argument("--size", type=int, default=DEFAULT_TOKEN_MAP_SIZE, help="ids in the map")
     p.add_argument("--keep", type=int, nargs="*", default=[],
                    help="ids always in the map (end-of-turn, stop tokens)")
     p.add_argument("--out", type=Path, required=True)
@@ -59,9 +68,7 @@ def main(argv: list[str] | None = None) -> list[int]:
     except ValueError as e:
         p.error(str(e))
     torch.save(torch.tensor(ids, dtype=torch.int64), args.out)
-    written = sum(len(s.output_ids) for s in samples)
-    inside = set(ids)
-    share = sum(t in inside for s in samples for t in s.output_ids) / max(written, 1)
+    share, written = coverage(samples, ids)
     print(f"{args.out}: {len(ids)} ids, {share:.2%} of the {written} tokens the samples' "
           f"continuations write")
     return ids

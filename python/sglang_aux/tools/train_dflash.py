@@ -58,6 +58,7 @@ from sglang_aux.test.few_shot_gsm8k import STOP as GSM8K_STOP
 from sglang_aux.test.gsm8k_data import gsm8k_path
 from sglang_aux.test.humaneval import STOP as HUMANEVAL_STOP
 from sglang_aux.test.humaneval import humaneval_path, read_problems
+from sglang_aux.tools.build_token_map import DEFAULT_TOKEN_MAP_SIZE, coverage, token_map
 from sglang_aux.tools.dflash_training.code_tasks import CodeTask, code_tasks, load_tasks
 from sglang_aux.tools.dflash_training.contamination import check_no_eval_prompts
 from sglang_aux.tools.dflash_training.data import (
@@ -80,6 +81,7 @@ from sglang_aux.tools.dflash_training.export import (
     new_draft,
     render_card,
     set_card_eval,
+    token_map_file,
     write_draft,
 )
 from sglang_aux.tools.dflash_training.feature_cache import FeatureCache, Features
@@ -195,6 +197,10 @@ def make_parser() -> argparse.ArgumentParser:
              "draft is written once every step is done")
     add("--checkpoint", default=None,
         help=f"the training checkpoint with --resume (default: --out + {CHECKPOINT_SUFFIX})")
+    add("--token-map-size", type=int, default=DEFAULT_TOKEN_MAP_SIZE,
+        help="write the draft vocabulary beside the draft (SGLang's --speculative-token-map "
+             "file, freq_<N>.pt): the N ids the samples' continuations write most; 0: none "
+             "(none either for a target vocabulary of N or fewer)")
     add("--checkpoint-every", type=int, default=DEFAULT_CHECKPOINT_EVERY,
         help="with --resume, also write the checkpoint every this many steps (0: at the end "
              "of a run only)")
@@ -548,7 +554,9 @@ def train(args: argparse.Namespace, target: str, started: float,
                 lr=cfg.lr, gamma=cfg.gamma, seed=cfg.seed, command=args.command,
                 timings=", ".join(f"{k} {v:.0f} s" for k, v in timings.items()),
                 device=_device_name(runner.device), **stats)
-    out = write_draft(draft, config, args.out, render_card(Path(args.out).name, info))
+    vocab = _draft_vocabulary(args, config, samples, engine.eos_token_ids, info)
+    out = write_draft(draft, config, args.out, render_card(Path(args.out).name, info),
+                      token_map=vocab)
     # Free the data-generation engine and the features before an evaluation engine starts
     # (unless `features` keeps them for the next run: its caller frees them first).
     del engine, runner, data, trainer, kept
@@ -556,6 +564,25 @@ def train(args: argparse.Namespace, target: str, started: float,
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
     return out
+
+
+def _draft_vocabulary(args, config: dict, samples: list, eos_ids: frozenset[int],
+                      info: dict) -> tuple[int, list[int]] | None:
+    """The draft vocabulary shipped beside the draft (`--token-map-size` ids the samples'
+    continuations write most, the target's end tokens kept), with its line on the card; none
+    when the target's vocabulary is no larger."""
+    size = args.token_map_size
+    if not size or config["vocab_size"] <= size:
+        return None
+    ids = token_map(samples, size, sorted(eos_ids))
+    share, _ = coverage(samples, ids)
+    name = token_map_file(size)
+    info["token_map_line"] = (
+        f"\nDraft vocabulary: `{name}`, the {len(ids):,} token ids these continuations write "
+        f"most (the target's end tokens kept), {share:.2%} of their tokens. "
+        f"`--speculative-token-map <this folder>/{name}` (a built-in draft also "
+        f"`<its name>/{name}`) cuts the draft's LM head to them.\n")
+    return size, ids
 
 
 def main(argv: list[str] | None = None, features: FeatureCache | None = None) -> Path | None:

@@ -7,6 +7,7 @@ keeps the output the target's and accepts nothing; its DRAFT_BLOCK graphs' logit
 at every captured size and a padded one; the tool writes a map the flag reads."""
 
 import multiprocessing as mp
+import re
 import sys
 
 import pytest
@@ -17,6 +18,8 @@ from sglang_aux.srt.distributed.parallel_state import (
     init_distributed_environment,
 )
 from sglang_aux.srt.entrypoints.engine import Engine
+from sglang_aux.srt.model_loader.builtin import trained_draft_dir
+from sglang_aux.srt.model_loader.model_cache import CACHE_ENV
 from sglang_aux.srt.server_args import ServerArgs
 from sglang_aux.srt.speculative.token_map import cut_lm_head, load_token_map
 from sglang_aux.test.ci.ci_register import register_cpu_ci
@@ -94,6 +97,25 @@ def test_a_missing_or_foreign_file_is_refused(tmp_path, monkeypatch):
     with pytest.raises(ValueError, match=r"ids\.txt: not a tensor or list of token ids saved "
                                          r"with torch\.save"):
         load_token_map(str(text), VOCAB)
+
+
+def test_a_built_in_drafts_map_is_named_by_the_draft(tmp_path, monkeypatch):
+    """`NAME/freq_32768.pt` reads the file beside the built-in draft NAME (where train_dflash
+    writes it), before any hub: a draft without the file, or not trained here, is named."""
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path))
+    monkeypatch.setitem(sys.modules, "huggingface_hub", None)
+    name = "qwen2.5-coder-1.5b-instruct-dflash-b16-mix"
+    with pytest.raises(FileNotFoundError, match=rf"draft '{re.escape(name)}' is not trained on "
+                                                "this machine"):
+        load_token_map(f"{name}/freq_32768.pt", VOCAB)
+    folder = trained_draft_dir(name)
+    folder.mkdir(parents=True)
+    (folder / "config.json").write_text("{}")
+    with pytest.raises(FileNotFoundError, match=rf"the draft '{re.escape(name)}' \({folder}\) "
+                                                r"has no freq_32768\.pt"):
+        load_token_map(f"{name}/freq_32768.pt", VOCAB)
+    _save(folder / "freq_32768.pt", torch.tensor([5, 1, 300]))
+    assert load_token_map(f"{name}/freq_32768.pt", VOCAB).tolist() == [5, 1, 300]
 
 
 def test_the_cut_head_is_the_target_rows_on_one_rank():

@@ -31,6 +31,7 @@ from sglang_aux.srt.models.weight_utils import (
     safetensors_weights_iterator,
 )
 from sglang_aux.srt.server_args import ServerArgs
+from sglang_aux.srt.speculative.token_map import load_token_map
 from sglang_aux.test.ci.ci_register import register_cpu_ci
 from sglang_aux.test.few_shot_gsm8k import build_prompt, read_jsonl
 from sglang_aux.test.gsm8k_data import local_path_or_skip
@@ -43,6 +44,7 @@ from sglang_aux.test.runtime_utils import (
     tiny_checkpoint,
 )
 from sglang_aux.tools import train_dflash
+from sglang_aux.tools.build_token_map import coverage, hot_ids
 from sglang_aux.tools.dflash_training import features
 from sglang_aux.tools.dflash_training.code_tasks import TASKS_FILE
 from sglang_aux.tools.dflash_training.data import (
@@ -614,7 +616,7 @@ def test_smoke_run_writes_a_draft_the_engine_runs_losslessly(target, tmp_path):
     samples_file = tmp_path / "samples.jsonl.xz"
     train_dflash.main(["--smoke", "--target", target, "--out", str(out), "--num-samples", "4",
                        "--steps", "8", "--eval", "--sampled-passes", "1",
-                       "--samples-file", str(samples_file)])
+                       "--samples-file", str(samples_file), "--token-map-size", "64"])
     written = load_samples(samples_file)
     assert len(written) == 8  # greedy, then one sampled pass over the same prompts
     assert [s.prompt_ids for s in written[:4]] == [s.prompt_ids for s in written[4:]]
@@ -625,7 +627,16 @@ def test_smoke_run_writes_a_draft_the_engine_runs_losslessly(target, tmp_path):
     card = (out / "README.md").read_text()
     assert "4 greedy, 4 sampled at temperature 0.7" in card
     assert "--smoke" in card and "Held-out accept length: not measured" not in card
+    # the draft vocabulary beside it: the 64 ids its continuations write most, the end token
+    # kept whether or not they write it, and the draft still lossless under it
+    ids = load_token_map(str(out / "freq_64.pt"), PRESETS["tiny-llama"]["vocab_size"])
+    eos = PRESETS["tiny-llama"]["eos_token_id"]
+    assert len(ids) == 64 and ids[0] == eos
+    assert ids[1:].tolist() == [t for t in hot_ids(written, 65) if t != eos][:63]
+    share, _ = coverage(written, ids.tolist())
+    assert "Draft vocabulary: `freq_64.pt`, the 64 token ids" in card and f"{share:.2%}" in card
     _assert_lossless(target, out)
+    _assert_lossless(target, out, speculative_token_map=str(out / "freq_64.pt"))
 
 
 def test_only_a_generating_engine_captures_graphs(target, tmp_path, monkeypatch):
@@ -716,14 +727,15 @@ def test_eval_measures_accept_on_each_kind_of_prompt(target, tmp_path, caplog):
         engine.shutdown()
 
 
-def _assert_lossless(target: str, draft: Path) -> None:
+def _assert_lossless(target: str, draft: Path, **spec_kw) -> None:
     """Greedy DFlash with the draft at `draft` gives the target-only tokens."""
     common = dict(device="cpu", max_total_tokens=4096, max_running_requests=4)
     prompts = ["Question: Tom has 3 apples.", "12 + 30 =", "The quick brown"]
     params = {"temperature": 0, "max_new_tokens": 16, "ignore_eos": True}
     ref = Engine(model_path=target, **common).generate(prompts, params)
     spec = Engine(model_path=target, speculative_algorithm="DFLASH",
-                  speculative_draft_model_path=str(draft), **common).generate(prompts, params)
+                  speculative_draft_model_path=str(draft), **common, **spec_kw).generate(
+        prompts, params)
     for r, s in zip(ref, spec, strict=True):
         assert s["output_ids"] == r["output_ids"]
         assert s["meta_info"]["spec_verify_ct"] > 0
@@ -743,6 +755,9 @@ def test_qwen2_target_with_block_16(tmp_path):
     assert config["dflash_config"]["target_layer_ids"] == [0, 1, 2]
     assert config["rope_parameters"] == json.loads(
         (Path(target) / "config.json").read_text())["rope_parameters"]
+    # a vocabulary of 32,768 ids or fewer has no draft vocabulary to ship
+    assert config["vocab_size"] <= 32768 and not list(out.glob("freq_*.pt"))
+    assert "Draft vocabulary" not in (out / "README.md").read_text()
     _assert_lossless(target, out)
 
 

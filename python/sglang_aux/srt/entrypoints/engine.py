@@ -57,6 +57,7 @@ class Engine:
             eos_ids = set(eos if isinstance(eos, list) else [eos]) - {None}
             if self.tokenizer.eos_token_id is not None:
                 eos_ids.add(self.tokenizer.eos_token_id)
+            self.eos_token_ids = frozenset(eos_ids)
             graph_limits = self.worker.model_runner.prefill_graph_limits()
             self.scheduler = Scheduler(
                 self.worker, self.tokenizer,

@@ -9,24 +9,34 @@ vocabulary row (zero elsewhere), so the rejection test and its residual stay exa
 
 The file is SGLang's: a tensor or list of ids saved with `torch.save`, loaded with
 `weights_only`; a path that is not a file is `REPO/FILE` on the Hugging Face hub, as SGLang
-reads it (fetched when `huggingface_hub` is installed).
+reads it (fetched when `huggingface_hub` is installed), or `NAME/FILE` for a built-in draft
+NAME (`train_dflash` writes `freq_32768.pt` beside a draft of a larger vocabulary).
 """
 
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import torch
 
 from sglang_aux.srt.distributed.communication_op import tensor_model_parallel_all_reduce
 from sglang_aux.srt.layers.vocab_parallel_embedding import vocab_range
+from sglang_aux.srt.model_loader.builtin import SHIPPED_DRAFTS, TRAINED_DRAFTS, resolve_model_path
 
 
 def resolve_token_map_path(path: str) -> str:
-    """A local file as given; else SGLang's hub form `REPO/FILE`, downloaded."""
+    """A local file as given; `NAME/FILE` in the folder of the built-in draft NAME; else
+    SGLang's hub form `REPO/FILE`, downloaded."""
     if os.path.isfile(path):
         return path
     repo, name = os.path.dirname(path), os.path.basename(path)
+    if repo in SHIPPED_DRAFTS or repo in TRAINED_DRAFTS:
+        file = Path(resolve_model_path(repo)) / name  # an untrained draft: its own message
+        if not file.is_file():
+            raise FileNotFoundError(f"--speculative-token-map {path}: the draft {repo!r} "
+                                    f"({file.parent}) has no {name}")
+        return str(file)
     try:
         from huggingface_hub import hf_hub_download
     except ImportError:

@@ -1,6 +1,7 @@
 """A fresh DFlash (or DSpark) draft for a target, and the HF-format folder a trained one is
 shipped as: config.json (with `dflash_config`; DSpark's head keys beside it),
-model.safetensors, README.md."""
+model.safetensors, README.md, and for a large vocabulary its draft vocabulary
+(`freq_<H>.pt`, SGLang's `--speculative-token-map` file, as FR-Spec drafts ship it)."""
 
 from __future__ import annotations
 
@@ -73,12 +74,19 @@ def new_draft(config: dict, device: torch.device, seed: int) -> DFlashDraftModel
     return draft.to(device)
 
 
+def token_map_file(size: int) -> str:
+    """The draft vocabulary's file name in a draft folder (SGLang's FR-Spec drafts' name)."""
+    return f"freq_{size}.pt"
+
+
 def write_draft(draft: DFlashDraftModel, config: dict, out: str | Path, card: str,
-                max_shard_bytes: int = MAX_SHARD_BYTES) -> Path:
+                max_shard_bytes: int = MAX_SHARD_BYTES,
+                token_map: tuple[int, list[int]] | None = None) -> Path:
     """Write the folder whole (`model_cache.write_folder`; a draft already there is replaced);
     weights in the config's `torch_dtype`, sharded as transformers shards a large checkpoint
     (`model-0000i-of-0000n.safetensors` of at most `max_shard_bytes` each, plus
-    `model.safetensors.index.json`) when they do not fit one file."""
+    `model.safetensors.index.json`) when they do not fit one file; `token_map` (size, ids):
+    the draft vocabulary, saved as `token_map_file(size)`."""
     out = Path(out)
     if out.exists() and any(out.iterdir()):
         if not (out / "config.json").is_file():
@@ -104,6 +112,9 @@ def write_draft(draft: DFlashDraftModel, config: dict, out: str | Path, card: st
             (tmp / SHARD_INDEX).write_text(json.dumps(index, indent=2) + "\n")
         (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
         (tmp / "README.md").write_text(card)
+        if token_map is not None:
+            size, ids = token_map
+            torch.save(torch.tensor(ids, dtype=torch.int64), tmp / token_map_file(size))
 
     return write_folder(out, write, keep_existing=False)
 
@@ -155,7 +166,7 @@ training accept length {info['accept']:.3f}.
 
 Use: `--model-path {info['target']} --speculative-algorithm {kind.upper()} \
 --speculative-draft-model-path <this folder>` (a shipped draft also by its name).
-
+{info.get('token_map_line', '')}
 Made with:
 
 ```bash
