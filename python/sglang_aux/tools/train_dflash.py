@@ -201,6 +201,10 @@ def make_parser() -> argparse.ArgumentParser:
         help="write the draft vocabulary beside the draft (SGLang's --speculative-token-map "
              "file, freq_<N>.pt): the N ids the samples' continuations write most; 0: none "
              "(none either for a target vocabulary of N or fewer)")
+    add("--train-over-token-map", action="store_true",
+        help="DFlash: the loss reads only the draft vocabulary's rows of the LM head (its "
+             "logits and softmax V / N times smaller); the draft's config then names the map, "
+             "which the server reads with it")
     add("--checkpoint-every", type=int, default=DEFAULT_CHECKPOINT_EVERY,
         help="with --resume, also write the checkpoint every this many steps (0: at the end "
              "of a run only)")
@@ -249,6 +253,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         parser.error(f"--max-run-steps must be >= 1, got {args.max_run_steps}")
     if args.markov_rank < 1:
         parser.error(f"--markov-rank must be >= 1, got {args.markov_rank}")
+    if args.token_map_size < 0:
+        parser.error(f"--token-map-size must be >= 0, got {args.token_map_size}")
+    if args.train_over_token_map and (args.algorithm != "dflash" or not args.token_map_size):
+        parser.error("--train-over-token-map trains a DFlash draft over its --token-map-size "
+                     "ids (not 0); DSpark's objective reads the whole distribution")
     if (args.eval or args.eval_only) and args.eval_data_path is None and not args.holdout:
         args.eval_data_path = str(gsm8k_path("test"))
     if args.out is None and args.recipe and args.phase != "data":
@@ -476,6 +485,10 @@ def train(args: argparse.Namespace, target: str, started: float,
     engine, samples and features are taken from it when an earlier run of this process left
     the same ones there, and left there for the next."""
     timings, t0 = {}, time.perf_counter()
+    target_config = json.loads((Path(target) / "config.json").read_text())
+    if args.train_over_token_map and target_config["vocab_size"] <= args.token_map_size:
+        raise BadInputError(f"--train-over-token-map: the target's {target_config['vocab_size']}"
+                            f" ids need no draft vocabulary of {args.token_map_size}")
     loaded = bool(args.samples_file) and Path(args.samples_file).is_file()
     key = _feature_key(args, target) if features is not None and loaded else None
     kept = features.get(key) if key is not None else None
@@ -490,7 +503,6 @@ def train(args: argparse.Namespace, target: str, started: float,
     shape = dict(num_layers=args.num_layers, num_aux_layers=args.num_aux_layers,
                  block_size=args.block_size, mask_token_id=mask_id,
                  intermediate_size=args.intermediate_size)
-    target_config = json.loads((Path(target) / "config.json").read_text())
     config = (dspark_draft_config(target_config, markov_rank=args.markov_rank, **shape)
               if dspark else draft_config(target_config, **shape))
     if kept:
@@ -510,12 +522,19 @@ def train(args: argparse.Namespace, target: str, started: float,
     if args.phase == "data":
         return None
     runner.model.requires_grad_(False)
+    vocab = _draft_vocabulary(args, config, samples, engine.eos_token_ids)
+    if args.train_over_token_map:
+        config["dflash_config"]["token_map"] = token_map_file(vocab[0])
     cfg = TrainConfig(steps=args.steps, batch_size=args.batch_size, lr=args.lr,
                       anchors_per_seq=args.anchors_per_seq, gamma=args.gamma, seed=args.seed,
                       log_every=args.log_every, profile_steps=args.profile_steps)
     draft = new_draft(config, runner.device, args.seed)
-    trainer = (DSparkTrainer if dspark else Trainer)(
-        draft, runner.model.get_input_embeddings(), runner.model.lm_head_weight, mask_id, cfg)
+    trainer = (DSparkTrainer(draft, runner.model.get_input_embeddings(),
+                             runner.model.lm_head_weight, mask_id, cfg) if dspark
+               else Trainer(draft, runner.model.get_input_embeddings(),
+                            runner.model.lm_head_weight, mask_id, cfg,
+                            token_ids=torch.tensor(vocab[1]) if args.train_over_token_map
+                            else None))
     target_name = Path(args.target).name if Path(args.target).is_dir() else args.target
     checkpoint = None
     if args.resume:  # before the features: a checkpoint of another run stops at once
@@ -554,7 +573,8 @@ def train(args: argparse.Namespace, target: str, started: float,
                 lr=cfg.lr, gamma=cfg.gamma, seed=cfg.seed, command=args.command,
                 timings=", ".join(f"{k} {v:.0f} s" for k, v in timings.items()),
                 device=_device_name(runner.device), **stats)
-    vocab = _draft_vocabulary(args, config, samples, engine.eos_token_ids, info)
+    if vocab is not None:
+        info["token_map_line"] = _token_map_line(args, vocab, samples)
     out = write_draft(draft, config, args.out, render_card(Path(args.out).name, info),
                       token_map=vocab)
     # Free the data-generation engine and the features before an evaluation engine starts
@@ -566,23 +586,31 @@ def train(args: argparse.Namespace, target: str, started: float,
     return out
 
 
-def _draft_vocabulary(args, config: dict, samples: list, eos_ids: frozenset[int],
-                      info: dict) -> tuple[int, list[int]] | None:
-    """The draft vocabulary shipped beside the draft (`--token-map-size` ids the samples'
-    continuations write most, the target's end tokens kept), with its line on the card; none
-    when the target's vocabulary is no larger."""
+def _draft_vocabulary(args, config: dict, samples: list, eos_ids: frozenset[int]
+                      ) -> tuple[int, list[int]] | None:
+    """The draft vocabulary shipped beside the draft: (`--token-map-size`, the ids the samples'
+    continuations write most, the target's end tokens first); none when the target's
+    vocabulary is no larger."""
     size = args.token_map_size
     if not size or config["vocab_size"] <= size:
         return None
-    ids = token_map(samples, size, sorted(eos_ids))
+    return size, token_map(samples, size, sorted(eos_ids))
+
+
+def _token_map_line(args, vocab: tuple[int, list[int]], samples: list) -> str:
+    """The card's line on the draft vocabulary."""
+    size, ids = vocab
     share, _ = coverage(samples, ids)
     name = token_map_file(size)
-    info["token_map_line"] = (
-        f"\nDraft vocabulary: `{name}`, the {len(ids):,} token ids these continuations write "
-        f"most (the target's end tokens kept), {share:.2%} of their tokens. "
-        f"`--speculative-token-map <this folder>/{name}` (a built-in draft also "
-        f"`<its name>/{name}`) cuts the draft's LM head to them.\n")
-    return size, ids
+    if args.train_over_token_map:
+        use = ("The draft was trained over it (`--train-over-token-map`) and its config names "
+               "it, so a server reads it with the draft; `--speculative-token-map` another "
+               "file overrides it.")
+    else:
+        use = (f"`--speculative-token-map <this folder>/{name}` (a built-in draft also "
+               f"`<its name>/{name}`) cuts the draft's LM head to them.")
+    return (f"\nDraft vocabulary: `{name}`, the {len(ids):,} token ids these continuations "
+            f"write most (the target's end tokens kept), {share:.2%} of their tokens. {use}\n")
 
 
 def main(argv: list[str] | None = None, features: FeatureCache | None = None) -> Path | None:

@@ -75,6 +75,7 @@ from sglang_aux.tools.dflash_training.trainer import (
     TrainConfig,
     Trainer,
     block_labels,
+    offset_weights,
     sample_anchors,
 )
 
@@ -183,6 +184,51 @@ def test_loss_decreases_on_a_fixed_batch(target):
     anchors = sample_anchors(batch, 8, torch.Generator().manual_seed(0))
     losses = [trainer.step(batch, anchors)["loss"] for _ in range(40)]
     assert losses[-1] < 0.3 * losses[0], losses
+
+
+def _vocab_objective(target, token_ids):
+    """The objective (loss, stats) of one batch with the whole LM head and over `token_ids`,
+    on the same draft, with the draft's hidden rows and the true labels."""
+    tr, _, draft, reqs, aux = _setup(target, num_layers=1)
+    samples = [Sample(r.origin_input_ids[:10], r.origin_input_ids[10:]) for r in reqs]
+    batch = SequenceSet(samples, list(aux), torch.device("cpu")).batch([0, 1])
+    anchors = sample_anchors(batch, 6, torch.Generator().manual_seed(3))
+    args = (draft, tr.model.get_input_embeddings(), tr.model.lm_head_weight, MASK_TOKEN_ID,
+            TrainConfig())
+    with torch.no_grad():
+        whole = Trainer(*args).objective(batch, anchors)
+        cut = Trainer(*args, token_ids=token_ids).objective(batch, anchors)
+        hidden = draft_block_hidden(draft, tr.model.get_input_embeddings(), batch.aux,
+                                    batch.ids, anchors, MASK_TOKEN_ID)
+    return whole, cut, hidden, tr.model.lm_head_weight, block_labels(batch, anchors, BLOCK)
+
+
+def test_a_vocabulary_of_every_id_trains_as_the_whole_head(target):
+    """Every id in order: the same loss, accuracies and accept length, bitwise."""
+    (loss, stats), (cut_loss, cut_stats), *_ = _vocab_objective(target, torch.arange(320))
+    assert torch.equal(cut_loss, loss)
+    for k in stats:
+        assert torch.equal(cut_stats[k], stats[k]), k
+
+
+def test_a_small_vocabulary_trains_its_rows_and_counts_the_rest_wrong(target):
+    """Half the ids, shuffled: the loss is the cross-entropy over those columns alone of the
+    labels inside them (weighted as the whole head's), and a label outside is never right."""
+    ids = torch.randperm(320, generator=torch.Generator().manual_seed(1))[:160]
+    _, (loss, stats), hidden, head, labels = _vocab_objective(target, ids)
+    inside = torch.isin(labels, ids)
+    assert inside.any() and ((labels != IGNORE) & ~inside).any()  # both kinds occur
+    rows = torch.full((320,), -1)
+    rows[ids] = torch.arange(160)
+    logits = hidden @ head[ids].t()
+    w = offset_weights(BLOCK, TrainConfig().gamma, torch.device("cpu")) * inside
+    ce = torch.nn.functional.cross_entropy(logits[inside], rows[labels[inside]],
+                                           reduction="none")
+    torch.testing.assert_close(loss, (ce * w[inside]).sum() / w.sum())
+    correct = (logits.argmax(-1) == rows[labels.clamp(min=0)]) & inside
+    valid = (labels != IGNORE).flatten(0, 1)
+    want_acc = correct.flatten(0, 1).sum(0) / valid.sum(0).clamp(min=1)
+    torch.testing.assert_close(stats["acc"], want_acc[1:])
 
 
 def test_sliced_block_loss_equals_the_whole_batch_loss(target):
@@ -637,6 +683,40 @@ def test_smoke_run_writes_a_draft_the_engine_runs_losslessly(target, tmp_path):
     assert "Draft vocabulary: `freq_64.pt`, the 64 token ids" in card and f"{share:.2%}" in card
     _assert_lossless(target, out)
     _assert_lossless(target, out, speculative_token_map=str(out / "freq_64.pt"))
+
+
+def test_a_draft_trained_over_its_vocabulary_is_served_with_it(target, tmp_path, capsys):
+    """`--train-over-token-map`: the config names the map, a server reads it with the draft
+    (its LM head cut to the 64 rows) unless --speculative-token-map names another, and the
+    draft stays lossless; bad combinations stop before any model loads."""
+    local_path_or_skip("train")
+    out = tmp_path / "draft"
+    common = ["--smoke", "--target", target, "--num-samples", "4", "--steps", "4"]
+    train_dflash.main([*common, "--out", str(out), "--token-map-size", "64",
+                       "--train-over-token-map"])
+    config = json.loads((out / "config.json").read_text())
+    assert config["dflash_config"]["token_map"] == "freq_64.pt"
+    assert "The draft was trained over it" in (out / "README.md").read_text()
+    kw = dict(model_path=target, speculative_algorithm="DFLASH",
+              speculative_draft_model_path=str(out), device="cpu", max_total_tokens=2048,
+              max_running_requests=2)
+    engine = Engine(**kw)
+    draft = engine.worker.draft_runner.model
+    assert torch.equal(draft.lm_head_weight,
+                       engine.worker.target_runner.model.lm_head_weight[
+                           torch.load(out / "freq_64.pt")])
+    other = tmp_path / "other.pt"
+    torch.save(torch.arange(100), other)
+    assert Engine(**kw, speculative_token_map=str(other)).worker.draft_runner.model \
+        .lm_head_weight.shape[0] == 100
+    _assert_lossless(target, out)
+    with pytest.raises(SystemExit):
+        train_dflash.main([*common, "--out", str(tmp_path / "d"), "--algorithm", "dspark",
+                           "--train-over-token-map"])
+    assert "DSpark's objective reads the whole distribution" in capsys.readouterr().err
+    with pytest.raises(SystemExit, match=r"the target's 320 ids need no draft vocabulary of "
+                                         r"32768"):
+        train_dflash.main([*common, "--out", str(tmp_path / "e"), "--train-over-token-map"])
 
 
 def test_only_a_generating_engine_captures_graphs(target, tmp_path, monkeypatch):

@@ -62,6 +62,9 @@ class DFlashConfig:
     draft_block_size: int  # checkpoint key `block_size`
     mask_token_id: int
     target_hidden_size: int
+    # a draft trained over a draft vocabulary: its file in the draft's folder (`train_dflash
+    # --train-over-token-map`), read with the draft unless --speculative-token-map names another
+    token_map: str | None = None
 
     @classmethod
     def from_hf_config(cls, config: SimpleNamespace, *, num_target_layers: int | None = None,
@@ -97,6 +100,7 @@ class DFlashConfig:
             mask_token_id=_mask_token_id(config, token_to_id),
             target_hidden_size=int(dflash_field(config, "target_hidden_size")
                                    or config.hidden_size),
+            token_map=dflash_field(config, "token_map"),
         )
 
     def as_dflash_config(self) -> dict:

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 from collections.abc import Callable
 
 import torch
@@ -101,8 +102,10 @@ class DFlashWorker(RequestRowStaging):
         # the draft vocabulary, read before any model loads; its size is the draft's logits
         # width (SGLang's `hot_vocab_size` override), which its graphs' buffers take
         token_ids = None
-        if server_args.speculative_token_map is not None:
-            token_ids = load_token_map(server_args.speculative_token_map, vocab)
+        map_path = server_args.speculative_token_map or (
+            dc.token_map and os.path.join(draft_config.model_path, dc.token_map))
+        if map_path:
+            token_ids = load_token_map(map_path, vocab)
             draft_config.hf_config.hot_vocab_size = token_ids.numel()
         if type(self) is DFlashWorker and "DSparkDraftModel" in (
                 getattr(draft_config.hf_config, "architectures", None) or ()):
@@ -129,7 +132,7 @@ class DFlashWorker(RequestRowStaging):
             token_ids = token_ids.to(self.target_runner.device)
             lm_head = cut_lm_head(lm_head, token_ids, vocab)
             logger.info("Draft vocabulary: %d of %d tokens (%s), its LM head %.1f MiB",
-                        len(token_ids), vocab, server_args.speculative_token_map,
+                        len(token_ids), vocab, map_path,
                         lm_head.numel() * lm_head.element_size() / 2**20)
         self.draft_runner.model.set_target_modules(
             self.target_runner.model.get_input_embeddings(), lm_head, token_ids)

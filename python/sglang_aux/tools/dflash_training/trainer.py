@@ -30,6 +30,7 @@ from sglang_aux.tools.dflash_training.sliced_loss import SLICE_ROWS, loss_in_sli
 logger = logging.getLogger(__name__)
 
 IGNORE = -100  # label of positions past a sequence's end and of offset 0 (the anchor)
+OFF_VOCAB = -1  # label of a token the draft vocabulary leaves out: never trained, never right
 
 
 @dataclass(frozen=True)
@@ -139,23 +140,34 @@ def offset_weights(block_size: int, gamma: float, device: torch.device) -> torch
     return w
 
 
+def vocab_labels(labels: torch.Tensor, label_rows: torch.Tensor) -> torch.Tensor:
+    """Token labels as rows of an LM head cut to a draft vocabulary (`label_rows` `[V]`: each
+    token's row, OFF_VOCAB for the tokens left out); IGNORE stays."""
+    return torch.where(labels == IGNORE, IGNORE, label_rows[labels.clamp(min=0)])
+
+
 def block_loss(hidden: torch.Tensor, lm_head: torch.Tensor, labels: torch.Tensor,
                weights: torch.Tensor, slice_rows: int = SLICE_ROWS) -> tuple[torch.Tensor, dict]:
     """Weighted cross-entropy over valid block offsets of the draft's hidden states
     `[N, A, B, H]` through the (frozen) LM head, `slice_rows` logit rows at a time
     (`loss_in_slices`), plus per-offset accuracy and the accept length greedy verification
-    would give (1 + the run of correct offsets from 1). Stats stay on the device."""
+    would give (1 + the run of correct offsets from 1). Stats stay on the device. Over a
+    draft vocabulary (`vocab_labels`) an OFF_VOCAB offset is left out of the loss and counts
+    as wrong, as the draft can never propose it."""
     b = labels.shape[-1]
     valid = labels != IGNORE
-    w = weights * valid
+    trained = labels >= 0
+    w = weights * trained
     den = w.sum()
 
     def one_slice(h: torch.Tensor, lab: torch.Tensor, wt: torch.Tensor):
         logits = h @ lm_head.t().to(h.dtype)
-        ce = F.cross_entropy(logits.flatten(0, 1).float(), lab.flatten(), ignore_index=IGNORE,
+        hit = lab >= 0
+        ce = F.cross_entropy(logits.flatten(0, 1).float(),
+                             torch.where(hit, lab, IGNORE).flatten(), ignore_index=IGNORE,
                              reduction="none").view(lab.shape)
         with torch.no_grad():
-            correct = (logits.argmax(-1) == lab) & (lab != IGNORE)
+            correct = (logits.argmax(-1) == lab) & hit
         return (ce * wt).sum() / den, {"correct": correct}
 
     loss, parts = loss_in_slices(one_slice, [hidden.flatten(0, 1)],
@@ -186,11 +198,20 @@ def _lr_factor(step: int, total: int, warmup: int) -> float:
 
 class Trainer:
     """AdamW on the draft's parameters (the target's embedding and LM head stay frozen), bf16
-    autocast on CUDA and plain fp32 elsewhere."""
+    autocast on CUDA and plain fp32 elsewhere. With `token_ids` (a draft vocabulary, as it
+    will be served under `--speculative-token-map`) the loss reads the LM head's rows of
+    those tokens alone: its logits and softmax shrink by V / H."""
 
     def __init__(self, draft: DFlashDraftModel, embed: nn.Embedding, lm_head: torch.Tensor,
-                 mask_token_id: int, cfg: TrainConfig):
+                 mask_token_id: int, cfg: TrainConfig, token_ids: torch.Tensor | None = None):
         self.draft, self.embed, self.lm_head = draft, embed, lm_head.detach()
+        self.label_rows = None  # each token's row of the cut LM head, OFF_VOCAB if left out
+        if token_ids is not None:
+            token_ids = token_ids.to(self.lm_head.device)
+            self.lm_head = self.lm_head[token_ids].contiguous()
+            self.label_rows = torch.full((lm_head.shape[0],), OFF_VOCAB, dtype=torch.int64,
+                                         device=token_ids.device)
+            self.label_rows[token_ids] = torch.arange(len(token_ids), device=token_ids.device)
         self.mask_token_id, self.cfg = mask_token_id, cfg
         self.device = draft.fc.weight.device
         params = [p for p in draft.parameters() if p.requires_grad]
@@ -214,6 +235,8 @@ class Trainer:
         hidden = draft_block_hidden(self.draft, self.embed, batch.aux, batch.ids, anchors,
                                     self.mask_token_id)
         labels = block_labels(batch, anchors, self.draft.dflash_config.draft_block_size)
+        if self.label_rows is not None:
+            labels = vocab_labels(labels, self.label_rows)
         return block_loss(hidden, self.lm_head, labels, self.weights, self.slice_rows)
 
     def step(self, batch: Batch, anchors: torch.Tensor) -> dict:
