@@ -547,6 +547,18 @@ MUTATIONS = [
              "    if False:\n",
              (f"{T}/speculative/test_dflash_token_map.py"
               "::test_a_built_in_drafts_map_is_named_by_the_draft",)),
+    Mutation("draft vocabulary: a label the map leaves out is trained toward a row of the cut head",
+             "python/sglang_aux/tools/dflash_training/trainer.py",
+             "    trained = labels >= 0\n",
+             "    trained = labels != IGNORE\n",
+             (f"{T}/speculative/test_train_dflash.py"
+              "::test_a_small_vocabulary_trains_its_rows_and_counts_the_rest_wrong",)),
+    Mutation("draft vocabulary: the server ignores the map a draft was trained over",
+             f"{SRT}/speculative/dflash_worker.py",
+             "        map_path = server_args.speculative_token_map or (\n",
+             "        map_path = server_args.speculative_token_map or None and (\n",
+             (f"{T}/speculative/test_train_dflash.py"
+              "::test_a_draft_trained_over_its_vocabulary_is_served_with_it",)),
 ]
 
 
