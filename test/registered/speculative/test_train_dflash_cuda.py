@@ -1,0 +1,49 @@
+"""Training over the draft vocabulary on CUDA (bf16 autocast, the loss over the LM head's
+rows of the map): a tiny draft trained with `--train-over-token-map` on the GPU is served
+with its map from the config, with CUDA graphs, and greedy DFlash gives the target-only
+tokens."""
+
+import json
+import sys
+
+import pytest
+import torch
+
+from sglang_aux.srt.entrypoints.engine import Engine
+from sglang_aux.test.ci.ci_register import register_cuda_ci
+from sglang_aux.test.gsm8k_data import local_path_or_skip
+from sglang_aux.test.runtime_utils import tiny_checkpoint
+from sglang_aux.tools import train_dflash
+
+register_cuda_ci(est_time=90, suite="default")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_a_draft_trained_over_its_map_on_cuda_is_served_losslessly_with_graphs(tmp_path):
+    local_path_or_skip("train")
+    target = tiny_checkpoint("tiny-llama", tmp_path / "ckpt")
+    out = tmp_path / "draft"
+    train_dflash.main(["--smoke", "--target", target, "--out", str(out), "--device", "cuda",
+                       "--num-samples", "8", "--steps", "30", "--token-map-size", "96",
+                       "--train-over-token-map"])
+    config = json.loads((out / "config.json").read_text())
+    assert config["dflash_config"]["token_map"] == "freq_96.pt"
+    common = dict(model_path=target, device="cuda", max_total_tokens=4096,
+                  max_running_requests=4)
+    prompts = ["Question: Tom has 3 apples.", "12 + 30 =", "The quick brown"]
+    params = {"temperature": 0, "max_new_tokens": 24, "ignore_eos": True}
+    ref = Engine(**common).generate(prompts, params)
+    engine = Engine(**common, speculative_algorithm="DFLASH",
+                    speculative_draft_model_path=str(out))
+    ids = torch.load(out / "freq_96.pt")  # the samples may write fewer distinct ids
+    assert 0 < len(ids) <= 96
+    assert engine.worker.draft_runner.model.lm_head_weight.shape[0] == len(ids)
+    spec = engine.generate(prompts, params)
+    for r, s in zip(ref, spec, strict=True):
+        assert s["output_ids"] == r["output_ids"]
+        assert s["meta_info"]["spec_verify_ct"] > 0
+    assert engine.worker.target_runner.forwards_info()["TARGET_VERIFY"]["graph"] > 0
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-v"]))
