@@ -28,7 +28,7 @@ REPO = Path(__file__).resolve().parents[2]
 DEVICE = REPO / "scripts/device"
 RUN = ["kernel_candidates.sh", "verify_candidates.sh", "flashinfer_candidates.sh",
        "fusion_candidates.sh", "draft_len_candidates.sh", "arrival_candidates.sh",
-       "chunked_prefill.sh", "dspark_candidates.sh", "draft_vocab.sh"]
+       "chunked_prefill.sh", "dspark_candidates.sh", "draft_vocab.sh", "blas_rows.sh"]
 RECORDER = """#!/bin/sh
 printf '%s\\0' "$@" >> "$RECORD"
 printf '\\n' >> "$RECORD"
