@@ -537,8 +537,8 @@ MUTATIONS = [
               "::test_a_draft_vocabulary_is_the_full_loop_with_the_rest_masked",)),
     Mutation("draft vocabulary: the trained draft's map leaves the target's end tokens out",
              "python/sglang_aux/tools/train_dflash.py",
-             "    ids = token_map(samples, size, sorted(eos_ids))\n",
-             "    ids = token_map(samples, size, [])\n",
+             "    return size, token_map(samples, size, sorted(eos_ids))\n",
+             "    return size, token_map(samples, size, [])\n",
              (f"{T}/speculative/test_train_dflash.py"
               "::test_smoke_run_writes_a_draft_the_engine_runs_losslessly",)),
     Mutation("draft vocabulary: a built-in draft's name is sent to the hub",
