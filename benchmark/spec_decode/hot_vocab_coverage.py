@@ -25,6 +25,7 @@ import random
 import sys
 from pathlib import Path
 
+from sglang_aux.tools.build_token_map import coverage as token_coverage
 from sglang_aux.tools.build_token_map import hot_ids
 from sglang_aux.tools.dflash_training.data import Sample, load_samples
 from sglang_aux.tools.dflash_training.recipes import MIX, shipped_samples
@@ -33,19 +34,19 @@ DEFAULT_SAMPLES = shipped_samples(MIX)
 
 
 def coverage(samples: list[Sample], hot: set[int], window: int) -> dict:
-    """Token share in `hot`, whole windows' share, and the mean in-set run a window starts with,
-    over windows of `window` tokens at every `window`-th position of each continuation."""
-    tokens = inside = windows = whole = run_sum = 0
+    """Token share in `hot` (`build_token_map.coverage`), whole windows' share, and the mean
+    in-set run a window starts with, over windows of `window` tokens at every `window`-th
+    position of each continuation."""
+    share, tokens = token_coverage(samples, hot)
+    windows = whole = run_sum = 0
     for s in samples:
         out = s.output_ids
-        tokens += len(out)
-        inside += sum(t in hot for t in out)
         for i in range(0, len(out) - window + 1, window):
             run = next((j for j, t in enumerate(out[i:i + window]) if t not in hot), window)
             windows += 1
             whole += run == window
             run_sum += run
-    return {"tokens": tokens, "token_coverage": inside / max(tokens, 1), "windows": windows,
+    return {"tokens": tokens, "token_coverage": share, "windows": windows,
             "whole_windows": whole / max(windows, 1), "mean_run": run_sum / max(windows, 1)}
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections import Counter
+from collections.abc import Iterable
 from pathlib import Path
 
 from sglang_aux.tools.dflash_training.data import Sample, load_samples
@@ -41,7 +42,7 @@ def token_map(samples: list[Sample], size: int, keep: list[int]) -> list[int]:
         : size - len(keep)]
 
 
-def coverage(samples: list[Sample], ids: list[int]) -> tuple[float, int]:
+def coverage(samples: list[Sample], ids: Iterable[int]) -> tuple[float, int]:
     """The share of the tokens the samples' continuations write that are among `ids`, and
     how many they write."""
     inside = set(ids)
