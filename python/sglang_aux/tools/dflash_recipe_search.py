@@ -29,7 +29,10 @@ from pathlib import Path
 
 from sglang_aux.srt.configs.acceptance_profile import DRAFT_PROFILE
 from sglang_aux.tools import train_dflash
+from sglang_aux.tools.dflash_training import train_args
+from sglang_aux.tools.dflash_training.evaluate import EVAL_TASKS
 from sglang_aux.tools.dflash_training.feature_cache import FeatureCache
+from sglang_aux.tools.dflash_training.recipes import RECIPES
 
 STATE = "search.json"
 TABLE = "search.md"
@@ -83,7 +86,7 @@ class Search:
         seen: dict[tuple, str] = {}
         algorithms = {}
         for name, flags in self.variants.items():
-            args = vars(train_dflash.parse_args(self._argv("VARIANT", *self._train_flags(
+            args = vars(train_args.parse_args(self._argv("VARIANT", *self._train_flags(
                 flags))))
             algorithms[name] = args["algorithm"]
             key = tuple(sorted((k, repr(v)) for k, v in args.items()
@@ -205,7 +208,7 @@ class Search:
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--recipe", default=None, choices=sorted(train_dflash.RECIPES),
+    p.add_argument("--recipe", default=None, choices=sorted(RECIPES),
                    help="the recipe every variant starts from")
     p.add_argument("--samples-file", required=True,
                    help="the samples every variant trains on (train_dflash --phase data)")
@@ -220,8 +223,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--eval-reserve-s", type=float, default=120.0,
                    help="seconds kept for each trained variant's evaluation (Qwen2.5-Coder's "
                         "three tasks took about 105 s on an H100)")
-    p.add_argument("--eval-tasks", nargs="+", choices=train_dflash.EVAL_TASKS,
-                   default=list(train_dflash.EVAL_TASKS))
+    p.add_argument("--eval-tasks", nargs="+", choices=EVAL_TASKS,
+                   default=list(EVAL_TASKS))
     p.add_argument("--eval-num-prompts", type=int, default=100)
     args = p.parse_args(argv)
     if args.steps < 1:

@@ -75,8 +75,8 @@ def test_variants_share_the_features_and_train_as_alone(samples, tmp_path, monke
     target layers, again for one that reads others (whose features replace them), and a
     variant trained on kept features gets the weights it gets alone, bitwise."""
     layers = []
-    real = train_dflash._features
-    monkeypatch.setattr(train_dflash, "_features",
+    real = train_dflash.extract_by_source
+    monkeypatch.setattr(train_dflash, "extract_by_source",
                         lambda *a: layers.append(list(a[2])) or real(*a))
     root = tmp_path / "s"
     assert search.main(_argv(root, samples, "base=", "lr=--lr 3e-3", "aux=--num-aux-layers 1",

@@ -45,7 +45,7 @@ from sglang_aux.test.runtime_utils import (
 )
 from sglang_aux.tools import train_dflash
 from sglang_aux.tools.build_token_map import coverage, hot_ids
-from sglang_aux.tools.dflash_training import features
+from sglang_aux.tools.dflash_training import features, run_prompts, train_args
 from sglang_aux.tools.dflash_training.code_tasks import TASKS_FILE
 from sglang_aux.tools.dflash_training.data import (
     BadInputError,
@@ -65,7 +65,7 @@ from sglang_aux.tools.dflash_training.export import (
     write_draft,
 )
 from sglang_aux.tools.dflash_training.features import extract_aux
-from sglang_aux.tools.dflash_training.recipes import MIX, RECIPES, shipped_samples
+from sglang_aux.tools.dflash_training.recipes import MIX, RECIPES, SMOKE_DEFAULTS, shipped_samples
 from sglang_aux.tools.dflash_training.trainer import (
     BUDGET_PROBE_STEPS,
     BUDGET_WARMUP_STEPS,
@@ -384,20 +384,20 @@ def test_recipe_sets_defaults_and_resolves_its_draft(tmp_path, monkeypatch):
     for recipe in RECIPES:  # every recipe's draft is served by its name once trained
         with pytest.raises(FileNotFoundError, match=f"train_dflash --recipe {recipe}"):
             builtin.resolve_model_path(recipe)
-    args = train_dflash.parse_args(["--recipe", name, "--steps", "7"])
+    args = train_args.parse_args(["--recipe", name, "--steps", "7"])
     assert (args.target, args.block_size, args.num_layers, args.num_aux_layers,
             args.intermediate_size, args.holdout, args.sampled_passes, args.steps) == (
         "qwen2.5-coder-1.5b-instruct", 16, 2, 5, 2816, 200, 5, 7)
     assert (args.code_tasks, args.chat_instructions) == (0, 0)  # GSM8K only
-    assert train_dflash.parse_args(["--recipe", name]).steps == 6_120
+    assert train_args.parse_args(["--recipe", name]).steps == 6_120
     # the candidate mix: GSM8K, code and chat prompts, the same draft otherwise
-    mix = train_dflash.parse_args(["--recipe", f"{name}-mix"])
+    mix = train_args.parse_args(["--recipe", f"{name}-mix"])
     assert (mix.num_samples, mix.code_tasks, mix.chat_instructions, mix.sampled_passes) == (
         3_000, 3_000, 2_000, 3)
     assert (mix.block_size, mix.num_layers, mix.steps) == (16, 2, 6_120)
     assert mix.code_tasks_file == str(TASKS_FILE)  # the shipped tasks, the same everywhere
     assert mix.samples_file == str(shipped_samples(MIX))  # generated once, trained from here
-    assert train_dflash.parse_args(["--recipe", name]).samples_file is None
+    assert train_args.parse_args(["--recipe", name]).samples_file is None
     assert args.out == str(tmp_path / "drafts" / name)
     (tmp_path / "drafts" / name).mkdir(parents=True)
     (tmp_path / "drafts" / name / "config.json").write_text("{}")
@@ -408,18 +408,18 @@ def test_a_bad_code_tasks_file_stops_before_any_model_loads(tmp_path):
     bad = tmp_path / "tasks.jsonl"
     bad.write_text("not json\n")
     with pytest.raises(BadInputError, match=r"tasks.jsonl:1: not a code task"):
-        train_dflash.parse_args(["--smoke", "--out", "d", "--code-tasks", "2",
+        train_args.parse_args(["--smoke", "--out", "d", "--code-tasks", "2",
                                  "--code-tasks-file", str(bad)])
     with pytest.raises(BadInputError, match="3000 code tasks, --code-tasks asks for 3001"):
-        train_dflash.parse_args(["--smoke", "--out", "d", "--code-tasks", "3001",
+        train_args.parse_args(["--smoke", "--out", "d", "--code-tasks", "3001",
                                  "--code-tasks-file", str(TASKS_FILE)])
     with pytest.raises(BadInputError, match=r"missing.jsonl: no such file \(--code-tasks-file"):
-        train_dflash.parse_args(["--smoke", "--out", "d", "--code-tasks-file",
+        train_args.parse_args(["--smoke", "--out", "d", "--code-tasks-file",
                                  str(tmp_path / "missing.jsonl")])
 
 
 def test_deadline_leaves_training_what_the_rest_did_not_use():
-    args = train_dflash.parse_args(["--smoke", "--out", "d", "--deadline-s", "100"])
+    args = train_args.parse_args(["--smoke", "--out", "d", "--deadline-s", "100"])
     started = time.perf_counter() - 30  # generation and features took 30 s
     left = 100 - 30 - train_dflash.DEADLINE_RESERVE_S
     assert train_dflash._train_budget(args, started) == pytest.approx(left, abs=1)
@@ -435,12 +435,12 @@ def test_holdout_keeps_the_last_train_questions_for_evaluation(tmp_path):
     data = tmp_path / "train.jsonl"
     rows = [{"question": f"q{i}?", "answer": f"a {i}\n#### {i}"} for i in range(12)]
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    args = train_dflash.parse_args(["--smoke", "--data-path", str(data), "--eval-data-path",
+    args = train_args.parse_args(["--smoke", "--data-path", str(data), "--eval-data-path",
                                     str(data), "--num-shots", "2", "--holdout", "3",
                                     "--num-samples", "100", "--eval-num-prompts", "10",
                                     "--out", str(tmp_path / "d")])
-    train_q = [p.rsplit("Question: ", 1)[1] for p in train_dflash._train_prompts(args)]
-    eval_q = [p.rsplit("Question: ", 1)[1] for p in train_dflash._eval_prompts(args)[0]]
+    train_q = [p.rsplit("Question: ", 1)[1] for p in run_prompts.train_prompts(args)]
+    eval_q = [p.rsplit("Question: ", 1)[1] for p in run_prompts.gsm8k_eval_prompts(args)[0]]
     assert [q.split("?")[0] for q in train_q] == [f"q{i}" for i in range(2, 9)]
     assert [q.split("?")[0] for q in eval_q] == ["q9", "q10", "q11"]
 
@@ -494,7 +494,7 @@ def test_the_mix_recipes_shipped_samples():
     path = shipped_samples(MIX)
     assert path.stat().st_size < 10_000_000  # the repository keeps it
     samples = load_samples(path)
-    recipe = train_dflash.parse_args(["--recipe", MIX])
+    recipe = train_args.parse_args(["--recipe", MIX])
     counts = Counter((s.source, s.temperature) for s in samples)
     per_source = {"gsm8k": recipe.num_samples, "code": recipe.code_tasks,
                   "chat": recipe.chat_instructions}
@@ -747,7 +747,7 @@ def test_only_a_generating_engine_captures_graphs(target, tmp_path, monkeypatch)
     assert len(captured) == 1 and not captured[0][0] and captured[0][1] > 0
     train_dflash.main([*common, "--eval", "--eval-num-prompts", "1"])
     assert captured[1:] == [(False, 0), (True, 0)]
-    smoke = train_dflash.SMOKE_DEFAULTS  # context 1,024, a generating batch of 8
+    smoke = SMOKE_DEFAULTS  # context 1,024, a generating batch of 8
     assert kv_tokens[:2] == [smoke["gen_batch"] * smoke["context_length"],
                              features.MAX_FORWARD_TOKENS + smoke["context_length"]]
 
@@ -843,16 +843,16 @@ def test_qwen2_target_with_block_16(tmp_path):
 
 def test_mask_token_choice(target):
     tok = Engine(model_path=target, device="cpu", max_total_tokens=1024).tokenizer
-    assert train_dflash.resolve_mask_token(tok, None) == ("<|mask|>", MASK_TOKEN_ID)
-    assert train_dflash.resolve_mask_token(tok, "7")[1] == 7
+    assert train_args.resolve_mask_token(tok, None) == ("<|mask|>", MASK_TOKEN_ID)
+    assert train_args.resolve_mask_token(tok, "7")[1] == 7
     with pytest.raises(ValueError, match="single-token"):
-        train_dflash.resolve_mask_token(tok, "two tokens")
+        train_args.resolve_mask_token(tok, "two tokens")
     # a vocabulary without <|mask|> (Qwen2.5's) falls back to its fill-in-the-middle padding
     alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
     qwen_like = tokenizers.Tokenizer(models.BPE({c: i for i, c in enumerate(alphabet)}, []))
     qwen_like.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     qwen_like.add_special_tokens(["<|endoftext|>", "<|fim_pad|>"])
-    assert train_dflash.resolve_mask_token(Tokenizer(qwen_like, {}), None) == ("<|fim_pad|>", 257)
+    assert train_args.resolve_mask_token(Tokenizer(qwen_like, {}), None) == ("<|fim_pad|>", 257)
 
 
 if __name__ == "__main__":

@@ -29,7 +29,7 @@ from sglang_aux.test.ci.ci_register import register_cpu_ci
 from sglang_aux.test.gsm8k_data import local_path_or_skip
 from sglang_aux.test.runtime_utils import make_runner, prefill, tiny_checkpoint
 from sglang_aux.tools import train_dflash
-from sglang_aux.tools.dflash_training import dspark_objective
+from sglang_aux.tools.dflash_training import dspark_objective, train_args
 from sglang_aux.tools.dflash_training.data import Sample, common_prefix_len
 from sglang_aux.tools.dflash_training.dspark_objective import (
     DSparkLossWeights,
@@ -258,7 +258,7 @@ def test_rows_without_final_hidden_are_refused(target):
 
 
 def test_dspark_defaults():
-    args = train_dflash.parse_args(["--algorithm", "dspark", "--block-size", "7"])
+    args = train_args.parse_args(["--algorithm", "dspark", "--block-size", "7"])
     assert args.out.endswith("smollm2-135m-instruct-dspark-b7")
     assert args.markov_rank == 256
 
@@ -268,8 +268,8 @@ def test_recipe_is_the_dflash_recipe_as_dspark(tmp_path, monkeypatch):
     name = "qwen2.5-coder-1.5b-instruct-dspark-b15"
     with pytest.raises(FileNotFoundError, match=f"train_dflash --recipe {name}"):
         builtin.resolve_model_path(name)
-    dspark = train_dflash.parse_args(["--recipe", name])
-    dflash = train_dflash.parse_args(["--recipe", "qwen2.5-coder-1.5b-instruct-dflash-b16"])
+    dspark = train_args.parse_args(["--recipe", name])
+    dflash = train_args.parse_args(["--recipe", "qwen2.5-coder-1.5b-instruct-dflash-b16"])
     differ = {k for k in vars(dspark) if getattr(dspark, k) != getattr(dflash, k)}
     assert differ == {"algorithm", "block_size", "recipe", "out", "command"}
     assert (dspark.algorithm, dspark.block_size) == ("dspark", 15)
@@ -283,7 +283,7 @@ def test_smollm2_recipe_matches_its_shipped_dflash_draft(tmp_path, monkeypatch):
     name = "smollm2-135m-instruct-dspark-b7"
     with pytest.raises(FileNotFoundError, match=f"train_dflash --recipe {name}"):
         builtin.resolve_model_path(name)
-    args = train_dflash.parse_args(["--recipe", name])
+    args = train_args.parse_args(["--recipe", name])
     shipped = json.loads((Path(builtin.resolve_model_path("smollm2-135m-instruct-dflash-b8"))
                           / "config.json").read_text())
     card = (Path(builtin.resolve_model_path("smollm2-135m-instruct-dflash-b8"))

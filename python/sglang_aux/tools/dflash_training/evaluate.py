@@ -11,6 +11,8 @@ import torch
 
 from sglang_aux.srt.entrypoints.engine import Engine
 
+EVAL_TASKS = ("gsm8k", "humaneval", "chat")  # the prompt kinds `--eval` measures accept on
+
 
 @dataclass(frozen=True)
 class EvalSet:

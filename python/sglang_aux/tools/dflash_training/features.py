@@ -19,7 +19,7 @@ from sglang_aux.srt.managers.schedule_batch import (
 )
 from sglang_aux.srt.model_executor.model_runner import ModelRunner
 from sglang_aux.srt.sampling.sampling_params import SamplingParams
-from sglang_aux.tools.dflash_training.data import Sample
+from sglang_aux.tools.dflash_training.data import Sample, by_source, common_prefix_len
 
 logger = logging.getLogger(__name__)
 
@@ -192,3 +192,19 @@ def extract_aux(runner: ModelRunner, samples: list[Sample], layer_ids: list[int]
         logger.info("aux states of %d/%d sequences in host memory (%.1f GB)", spilled, len(out),
                     sum(a.nbytes for a in out if a.device != prefix.device) / 1e9)
     return prefix, out
+
+
+def extract_by_source(runner: ModelRunner, samples: list[Sample], layer_ids: list[int],
+                      final_hidden: bool
+                      ) -> tuple[list[torch.Tensor], list[int], list[torch.Tensor]]:
+    """Each source's shared prefix rows (kept once), which prefix each sample starts with,
+    and each sample's own rows, in file order."""
+    prefixes, prefix_of, aux = [], [0] * len(samples), [None] * len(samples)
+    for index in by_source(samples).values():
+        group = [samples[i] for i in index]
+        prefix, rows = extract_aux(runner, group, layer_ids, skip=common_prefix_len(group),
+                                   final_hidden=final_hidden)
+        for i, r in zip(index, rows, strict=True):
+            aux[i], prefix_of[i] = r, len(prefixes)
+        prefixes.append(prefix)
+    return prefixes, prefix_of, aux
