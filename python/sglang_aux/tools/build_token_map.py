@@ -21,9 +21,8 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from sglang_aux.tools.dflash_training.data import Sample, load_samples
+from sglang_aux.tools.dflash_training.export import DEFAULT_TOKEN_MAP_SIZE
 from sglang_aux.tools.dflash_training.recipes import MIX, shipped_samples
-
-DEFAULT_TOKEN_MAP_SIZE = 32768
 
 
 def hot_ids(samples: list[Sample], size: int) -> list[int]:

@@ -74,6 +74,9 @@ def new_draft(config: dict, device: torch.device, seed: int) -> DFlashDraftModel
     return draft.to(device)
 
 
+DEFAULT_TOKEN_MAP_SIZE = 32768  # ids in the draft vocabulary a draft ships (`--token-map-size`)
+
+
 def token_map_file(size: int) -> str:
     """The draft vocabulary's file name in a draft folder (SGLang's FR-Spec drafts' name)."""
     return f"freq_{size}.pt"

@@ -12,9 +12,9 @@ from pathlib import Path
 from sglang_aux.srt.model_loader.builtin import DRAFTS_DIR, trained_draft_dir
 from sglang_aux.srt.model_loader.tokenizer import Tokenizer
 from sglang_aux.test.gsm8k_data import gsm8k_path
-from sglang_aux.tools.build_token_map import DEFAULT_TOKEN_MAP_SIZE
 from sglang_aux.tools.dflash_training.data import BadInputError
 from sglang_aux.tools.dflash_training.evaluate import EVAL_TASKS
+from sglang_aux.tools.dflash_training.export import DEFAULT_TOKEN_MAP_SIZE
 from sglang_aux.tools.dflash_training.recipes import RECIPES, SMOKE_DEFAULTS
 from sglang_aux.tools.dflash_training.run_prompts import run_code_tasks
 from sglang_aux.tools.dflash_training.trainer import TrainConfig
