@@ -124,6 +124,24 @@ def test_the_offline_builds_cover_the_tiles_the_scripts_time(tmp_path):
         ":".join(map(str, tile)) for tile in sm90_builds.SINGLE_PASS_CANDIDATES]
 
 
+def test_the_training_step_profile_runs_each_variant_with_flags_train_dflash_takes(tmp_path):
+    """train_step.sh: one profiled run of the mix recipe on the shaped preset a variant, each
+    with flags the trainer's parser accepts and the variant's own ones."""
+    from sglang_aux.srt.configs.presets import PRESETS
+    from sglang_aux.tools.dflash_training import train_args
+
+    calls = _record("train_step.sh", tmp_path)
+    runs = {c[c.index("--out") + 1].rsplit("/", 1)[1]: c[2:] for c in calls
+            if c[:2] == ["-m", "sglang_aux.tools.train_dflash"]}
+    assert list(runs) == ["base", "vocab", "wide5"], calls
+    for name, argv in runs.items():
+        args = train_args.make_parser().parse_args(argv)
+        assert args.target in PRESETS and args.recipe and args.profile_steps > 0, name
+        assert int(args.mask_token) < PRESETS[args.target]["vocab_size"]
+    assert "--train-over-token-map" in runs["vocab"]
+    assert train_args.make_parser().parse_args(runs["wide5"]).num_layers == 5
+
+
 def test_a_removed_flag_is_caught():
     bench = REPO / "benchmark/spec_decode/bench_graph_replay.py"
     assert _parses(bench, ["--draft-bs", "1", "32"]).draft_bs == [1, 32]

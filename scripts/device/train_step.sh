@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Where a training step of the Qwen2.5-Coder mix draft spends its time, with no staging (issue
+# 40; docs/training.md "Where a training step goes"): the mix recipe's trainer on the shaped
+# Qwen2.5-1.5B preset (its config, random weights: a step's cost does not depend on the
+# values) over every SAMPLE_EVERY-th of the shipped mix samples, one run per variant below,
+# each profiled over 20 steps (`--profile-steps`: wall time, the device's busy time, the ops).
+# From the repository root, carry .carry/wheels and .carry/humaneval (the contamination check
+# reads HumanEval's prompts):
+#
+#   bash scripts/device/train_step.sh "$OUT"       # about 4 minutes on an H100
+. scripts/device/timed_steps.sh
+export PYTHONPATH=$PYTHONPATH:/tmp/site
+export SGLANG_AUX_HUMANEVAL=${SGLANG_AUX_HUMANEVAL:-$PWD/.carry/humaneval/HumanEval.jsonl.gz}
+[ -d .carry/wheels ] && python -m pip install -q --no-index --no-deps --target /tmp/site \
+  .carry/wheels/*.whl
+recipe=qwen2.5-coder-1.5b-instruct-dflash-b16-mix
+samples=/tmp/train-step-samples.jsonl.xz
+python - "python/sglang_aux/data/$recipe.samples.jsonl.xz" "$samples" "${SAMPLE_EVERY:-8}" <<'EOF'
+import lzma, sys
+lines = lzma.open(sys.argv[1], "rt").read().splitlines()[:: int(sys.argv[3])]
+with lzma.open(sys.argv[2], "wt") as f:
+    f.write("\n".join(lines) + "\n")
+print(f"{len(lines)} samples")
+EOF
+# NAME=FLAGS (a variant's flags joined by commas), as qwen25_coder.sh's search takes them
+for v in ${VARIANTS:-base= vocab=--train-over-token-map wide5=--num-layers=5,--intermediate-size=8960}; do
+  name=${v%%=*}
+  flags=${v#*=}
+  step "$name" 300 python -m sglang_aux.tools.train_dflash --recipe $recipe \
+    --target qwen2.5-1.5b-shaped --mask-token 151662 --phase train --samples-file "$samples" \
+    --out "/tmp/train-step/$name" --steps "${STEPS:-100}" --log-every 20 --profile-steps 20 \
+    ${flags//,/ }
+done
+cat "$out/status.txt"
