@@ -3,14 +3,19 @@
 # 40; docs/training.md "Where a training step goes"): the mix recipe's trainer on the shaped
 # Qwen2.5-1.5B preset (its config, random weights: a step's cost does not depend on the
 # values) over every SAMPLE_EVERY-th of the shipped mix samples, one run per variant below,
-# each profiled over 20 steps (`--profile-steps`: wall time, the device's busy time, the ops).
-# From the repository root, carry .carry/wheels and .carry/humaneval (the contamination check
-# reads HumanEval's prompts):
+# each profiled over 20 steps (`--profile-steps`: wall time, the device's busy time, the ops)
+# and timed unprofiled (the log lines' seconds every 20 steps: the profiler slows the host).
+# `bucket256` pads a batch's context to a multiple of 256 rows: on an H100 (sixteenth session)
+# the host spent 90% of a profiled step inside cuDNN's attention calls, whose shapes change
+# with every batch.
+# From the repository root, carry .carry/wheels, .carry/gsm8k and .carry/humaneval (the
+# contamination check reads GSM8K's test and HumanEval's prompts):
 #
 #   bash scripts/device/train_step.sh "$OUT"       # about 4 minutes on an H100
 . scripts/device/timed_steps.sh
 export PYTHONPATH=$PYTHONPATH:/tmp/site
 export SGLANG_AUX_HUMANEVAL=${SGLANG_AUX_HUMANEVAL:-$PWD/.carry/humaneval/HumanEval.jsonl.gz}
+export SGLANG_AUX_GSM8K_DIR=${SGLANG_AUX_GSM8K_DIR:-$PWD/.carry/gsm8k}
 [ -d .carry/wheels ] && python -m pip install -q --no-index --no-deps --target /tmp/site \
   .carry/wheels/*.whl
 recipe=qwen2.5-coder-1.5b-instruct-dflash-b16-mix
@@ -23,7 +28,8 @@ with lzma.open(sys.argv[2], "wt") as f:
 print(f"{len(lines)} samples")
 EOF
 # NAME=FLAGS (a variant's flags joined by commas), as qwen25_coder.sh's search takes them
-for v in ${VARIANTS:-base= vocab=--train-over-token-map wide5=--num-layers=5,--intermediate-size=8960}; do
+for v in ${VARIANTS:-base= bucket256=--context-bucket=256 vocab=--train-over-token-map \
+    wide5=--num-layers=5,--intermediate-size=8960}; do
   name=${v%%=*}
   flags=${v#*=}
   step "$name" 300 python -m sglang_aux.tools.train_dflash --recipe $recipe \

@@ -75,6 +75,7 @@ from sglang_aux.tools.dflash_training.trainer import (
     TrainConfig,
     Trainer,
     block_labels,
+    device_busy_us,
     offset_weights,
     sample_anchors,
 )
@@ -184,6 +185,34 @@ def test_loss_decreases_on_a_fixed_batch(target):
     anchors = sample_anchors(batch, 8, torch.Generator().manual_seed(0))
     losses = [trainer.step(batch, anchors)["loss"] for _ in range(40)]
     assert losses[-1] < 0.3 * losses[0], losses
+
+
+def test_a_context_bucket_pads_the_batch_and_trains_the_same(target):
+    """`context_bucket` rounds a batch's padded length up to its multiple; the rows it adds
+    are never attended, so the objective and every gradient match the unpadded batch's."""
+    tr, _, draft, reqs, aux = _setup(target, num_layers=1)
+    samples = [Sample(r.origin_input_ids[:10], r.origin_input_ids[10:]) for r in reqs]
+    data = SequenceSet(samples, list(aux), torch.device("cpu"))
+    tight, bucketed = data.batch([1, 0]), data.batch([1, 0], bucket=16)
+    assert tight.ids.shape[1] == max(SEQ_LENS) and bucketed.ids.shape[1] == 64
+    assert bucketed.aux.shape[:2] == bucketed.ids.shape
+    assert torch.equal(bucketed.ids[:, :57], tight.ids) and not bucketed.ids[:, 57:].any()
+    assert torch.equal(bucketed.lens, tight.lens)
+    anchors = sample_anchors(tight, 6, torch.Generator().manual_seed(3))
+    trainer = Trainer(draft, tr.model.get_input_embeddings(), tr.model.lm_head_weight,
+                      MASK_TOKEN_ID, TrainConfig())
+    grads = []
+    for batch in (tight, bucketed):
+        draft.zero_grad(set_to_none=True)
+        loss, stats = trainer.objective(batch, anchors)
+        loss.backward()
+        grads.append([p.grad.clone() for p in draft.parameters() if p.grad is not None])
+        grads[-1].insert(0, loss.detach())
+    assert len(grads[0]) == len(grads[1]) > 1
+    for a, b in zip(*grads, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)  # the sums' order only
+    with pytest.raises(ValueError, match="context_bucket must be >= 0, got -8"):
+        TrainConfig(context_bucket=-8)
 
 
 def _vocab_objective(target, token_ids):
@@ -613,6 +642,27 @@ def test_profile_logs_where_a_step_goes(target, caplog, steps):
     assert "Self CPU" in lines[0] and "aten::mm" in lines[0]
     with pytest.raises(ValueError, match="profile_steps must be >= 0, got -1"):
         TrainConfig(profile_steps=-1)
+
+
+def test_device_busy_counts_each_kernel_once():
+    """An op's self device time repeats its kernels' (the H100's first profile read 120.8 ms
+    busy where its table's total was 59.5): only the kernels' own events count, and neither
+    a CPU op nor a user annotation on the device adds to them."""
+    from types import SimpleNamespace
+
+    from torch.autograd import DeviceType
+
+    def event(device, us, annotation=False):
+        return SimpleNamespace(device_type=device, self_device_time_total=us,
+                               is_user_annotation=annotation)
+
+    events = [event(DeviceType.CPU, 300.0), event(DeviceType.CUDA, 200.0),
+              event(DeviceType.CUDA, 100.0), event(DeviceType.CUDA, 50.0, annotation=True),
+              event(DeviceType.CPU, 0.0)]
+    assert device_busy_us(events) == 300.0
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        torch.ones(64, 64) @ torch.ones(64, 64)
+    assert device_busy_us(prof.key_averages()) == 0.0  # a CPU run launches no kernel
 
 
 def _timed_trainer(target: str, monkeypatch, slow_steps: int, slow_s: float, fast_s: float

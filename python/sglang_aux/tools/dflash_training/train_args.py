@@ -100,6 +100,9 @@ def make_parser() -> argparse.ArgumentParser:
     add("--anchors-per-seq", type=int, default=TrainConfig.anchors_per_seq)
     add("--lr", type=float, default=TrainConfig.lr)
     add("--gamma", type=float, default=TrainConfig.gamma, help="loss decay over offsets")
+    add("--context-bucket", type=int, default=TrainConfig.context_bucket,
+        help="pad each batch's context to a multiple of this many rows (0: to its longest "
+             "sequence), so the draft's attention sees few distinct shapes")
     add("--seed", type=int, default=TrainConfig.seed)
     add("--log-every", type=int, default=TrainConfig.log_every)
     add("--profile-steps", type=int, default=0,
@@ -175,6 +178,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         parser.error(f"--max-run-steps must be >= 1, got {args.max_run_steps}")
     if args.markov_rank < 1:
         parser.error(f"--markov-rank must be >= 1, got {args.markov_rank}")
+    if args.context_bucket < 0:
+        parser.error(f"--context-bucket must be >= 0, got {args.context_bucket}")
     if args.token_map_size < 0:
         parser.error(f"--token-map-size must be >= 0, got {args.token_map_size}")
     if args.train_over_token_map and (args.algorithm != "dflash" or not args.token_map_size):

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.autograd import DeviceType
 from torch.nn.utils.rnn import pad_sequence
 
 from sglang_aux.srt.model_executor.runner_utils.host_transfer import tensor_to_device
@@ -46,6 +47,9 @@ class TrainConfig:
     seed: int = 0
     log_every: int = 50
     profile_steps: int = 0  # steps profiled after the warm-up ones (0: none), table logged
+    # a batch's padded length rounded up to a multiple of this (0: the longest sequence's), so
+    # the draft's attention sees few distinct shapes (cuDNN builds a graph for each new one)
+    context_bucket: int = 0
 
     def __post_init__(self) -> None:
         for name in ("steps", "batch_size", "anchors_per_seq", "log_every"):
@@ -53,6 +57,8 @@ class TrainConfig:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.profile_steps < 0:
             raise ValueError(f"profile_steps must be >= 0, got {self.profile_steps}")
+        if self.context_bucket < 0:
+            raise ValueError(f"context_bucket must be >= 0, got {self.context_bucket}")
 
 
 @dataclass
@@ -104,12 +110,19 @@ class SequenceSet:
     def __len__(self) -> int:
         return len(self.ids)
 
-    def batch(self, index: list[int]) -> Batch:
+    def batch(self, index: list[int], bucket: int = 0) -> Batch:
+        """These sequences, zero-padded to the longest one's length, rounded up to a multiple
+        of `bucket` when it is set (the rows past a sequence's end are never attended)."""
         dev = self.prefixes[0].device
         aux = [torch.cat([self.prefixes[self.prefix_of[i]], tensor_to_device(self.aux[i], dev)])
                for i in index]
-        return Batch(pad_sequence(aux, batch_first=True),
-                     pad_sequence([self.ids[i] for i in index], batch_first=True),
+        ids = [self.ids[i] for i in index]
+        if bucket:
+            longest = max(len(x) for x in ids)
+            pad = -longest % bucket
+            aux[0] = F.pad(aux[0], (0, 0, 0, longest + pad - len(aux[0])))
+            ids[0] = F.pad(ids[0], (0, longest + pad - len(ids[0])))
+        return Batch(pad_sequence(aux, batch_first=True), pad_sequence(ids, batch_first=True),
                      tensor_to_device(self.prompt_lens[index], dev),
                      tensor_to_device(self.lens[index], dev))
 
@@ -298,7 +311,7 @@ class Trainer:
                 break
             profile.before(ran)
             index = torch.randint(len(data), (self.cfg.batch_size,), generator=self.generator)
-            batch = data.batch(index.tolist())
+            batch = data.batch(index.tolist(), self.cfg.context_bucket)
             window.append(self.step(batch, sample_anchors(batch, self.cfg.anchors_per_seq,
                                                           self.generator)))
             ran += 1
@@ -390,13 +403,20 @@ class StepProfile:
         wall = (time.perf_counter() - self.started) / self.num_steps
         self.prof.__exit__(None, None, None)
         events = self.prof.key_averages()
-        busy = sum(e.self_device_time_total for e in events) / 1e3 / self.num_steps if cuda \
-            else float("nan")
+        busy = device_busy_us(events) / 1e3 / self.num_steps if cuda else float("nan")
         logger.info("profile of %d steps: %.1f ms a step, the device busy %.1f ms of it\n%s",
                     self.num_steps, wall * 1e3, busy, events.table(
                         sort_by="self_cuda_time_total" if cuda else "self_cpu_time_total",
                         row_limit=30))
         self.prof = None
+
+
+def device_busy_us(events) -> float:
+    """Microseconds the device spent in kernels, from profiler events: each kernel counted
+    once, by its own device event (an op's self device time repeats its kernels', so summing
+    every event counts a kernel twice)."""
+    return sum(e.self_device_time_total for e in events
+               if e.device_type != DeviceType.CPU and not e.is_user_annotation)
 
 
 def _mean_stats(window: list[dict]) -> dict:
