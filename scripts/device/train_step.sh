@@ -7,11 +7,11 @@
 # and timed unprofiled (the log lines' seconds every 20 steps: the profiler slows the host).
 # `bucket256` pads a batch's context to a multiple of 256 rows: on an H100 (sixteenth session)
 # the host spent 90% of a profiled step inside cuDNN's attention calls, whose shapes change
-# with every batch.
+# with every batch; `efficient` runs that attention on torch's memory-efficient kernels.
 # From the repository root, carry .carry/wheels, .carry/gsm8k and .carry/humaneval (the
 # contamination check reads GSM8K's test and HumanEval's prompts):
 #
-#   bash scripts/device/train_step.sh "$OUT"       # about 4 minutes on an H100
+#   bash scripts/device/train_step.sh "$OUT"       # about 5 minutes on an H100
 . scripts/device/timed_steps.sh
 export PYTHONPATH=$PYTHONPATH:/tmp/site
 export SGLANG_AUX_HUMANEVAL=${SGLANG_AUX_HUMANEVAL:-$PWD/.carry/humaneval/HumanEval.jsonl.gz}
@@ -28,8 +28,8 @@ with lzma.open(sys.argv[2], "wt") as f:
 print(f"{len(lines)} samples")
 EOF
 # NAME=FLAGS (a variant's flags joined by commas), as qwen25_coder.sh's search takes them
-for v in ${VARIANTS:-base= bucket256=--context-bucket=256 vocab=--train-over-token-map \
-    wide5=--num-layers=5,--intermediate-size=8960}; do
+for v in ${VARIANTS:-base= bucket256=--context-bucket=256 efficient=--sdpa-backend=efficient \
+    vocab=--train-over-token-map wide5=--num-layers=5,--intermediate-size=8960}; do
   name=${v%%=*}
   flags=${v#*=}
   step "$name" 300 python -m sglang_aux.tools.train_dflash --recipe $recipe \

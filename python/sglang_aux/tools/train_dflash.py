@@ -213,7 +213,7 @@ def train(args: argparse.Namespace, target: str, started: float,
     cfg = TrainConfig(steps=args.steps, batch_size=args.batch_size, lr=args.lr,
                       anchors_per_seq=args.anchors_per_seq, gamma=args.gamma, seed=args.seed,
                       log_every=args.log_every, profile_steps=args.profile_steps,
-                      context_bucket=args.context_bucket)
+                      context_bucket=args.context_bucket, sdpa_backend=args.sdpa_backend)
     draft = new_draft(config, runner.device, args.seed)
     trainer = (DSparkTrainer(draft, runner.model.get_input_embeddings(),
                              runner.model.lm_head_weight, mask_id, cfg) if dspark

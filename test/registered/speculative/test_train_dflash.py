@@ -215,6 +215,27 @@ def test_a_context_bucket_pads_the_batch_and_trains_the_same(target):
         TrainConfig(context_bucket=-8)
 
 
+def test_the_sdpa_backend_choice_trains_the_same_and_a_bad_one_is_named(target):
+    """`sdpa_backend` picks the draft attention's kernels for a step (forward and backward);
+    torch's math kernels give the objective torch's own choice gives."""
+    tr, _, draft, reqs, aux = _setup(target, num_layers=1)
+    samples = [Sample(r.origin_input_ids[:10], r.origin_input_ids[10:]) for r in reqs]
+    batch = SequenceSet(samples, list(aux), torch.device("cpu")).batch([0, 1])
+    anchors = sample_anchors(batch, 6, torch.Generator().manual_seed(3))
+    losses, start = [], {k: v.clone() for k, v in draft.state_dict().items()}
+    for backend in ("auto", "math"):
+        draft.load_state_dict(start)
+        trainer = Trainer(draft, tr.model.get_input_embeddings(), tr.model.lm_head_weight,
+                          MASK_TOKEN_ID, TrainConfig(sdpa_backend=backend))
+        losses.append([float(trainer.step(batch, anchors)["loss"]) for _ in range(2)])
+    torch.testing.assert_close(losses[0], losses[1], rtol=1e-5, atol=1e-6)
+    with pytest.raises(RuntimeError, match="No viable backend"):  # the choice is applied:
+        Trainer(draft, tr.model.get_input_embeddings(), tr.model.lm_head_weight,  # CUDA only
+                MASK_TOKEN_ID, TrainConfig(sdpa_backend="efficient")).step(batch, anchors)
+    with pytest.raises(ValueError, match="sdpa_backend must be one of auto, cudnn, "):
+        TrainConfig(sdpa_backend="fast")
+
+
 def _vocab_objective(target, token_ids):
     """The objective (loss, stats) of one batch with the whole LM head and over `token_ids`,
     on the same draft, with the draft's hidden rows and the true labels."""

@@ -17,7 +17,7 @@ from sglang_aux.tools.dflash_training.evaluate import EVAL_TASKS
 from sglang_aux.tools.dflash_training.export import DEFAULT_TOKEN_MAP_SIZE
 from sglang_aux.tools.dflash_training.recipes import RECIPES, SMOKE_DEFAULTS
 from sglang_aux.tools.dflash_training.run_prompts import run_code_tasks
-from sglang_aux.tools.dflash_training.trainer import TrainConfig
+from sglang_aux.tools.dflash_training.trainer import SDPA_BACKENDS, TrainConfig
 from sglang_aux.tools.dflash_training.training_checkpoint import CHECKPOINT_SUFFIX
 
 # Mask token: the first of these the tokenizer keeps whole. The tiny presets have `<|mask|>`;
@@ -100,6 +100,8 @@ def make_parser() -> argparse.ArgumentParser:
     add("--anchors-per-seq", type=int, default=TrainConfig.anchors_per_seq)
     add("--lr", type=float, default=TrainConfig.lr)
     add("--gamma", type=float, default=TrainConfig.gamma, help="loss decay over offsets")
+    add("--sdpa-backend", choices=list(SDPA_BACKENDS), default=TrainConfig.sdpa_backend,
+        help="the draft attention's kernels in training (auto: torch's choice)")
     add("--context-bucket", type=int, default=TrainConfig.context_bucket,
         help="pad each batch's context to a multiple of this many rows (0: to its longest "
              "sequence), so the draft's attention sees few distinct shapes")

@@ -13,12 +13,14 @@ import logging
 import math
 import time
 from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.autograd import DeviceType
+from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.nn.utils.rnn import pad_sequence
 
 from sglang_aux.srt.model_executor.runner_utils.host_transfer import tensor_to_device
@@ -32,6 +34,11 @@ logger = logging.getLogger(__name__)
 
 IGNORE = -100  # label of positions past a sequence's end and of offset 0 (the anchor)
 OFF_VOCAB = -1  # label of a token the draft vocabulary leaves out: never trained, never right
+
+
+SDPA_BACKENDS = {"auto": None, "cudnn": SDPBackend.CUDNN_ATTENTION,
+                 "efficient": SDPBackend.EFFICIENT_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION,
+                 "math": SDPBackend.MATH}
 
 
 @dataclass(frozen=True)
@@ -50,6 +57,9 @@ class TrainConfig:
     # a batch's padded length rounded up to a multiple of this (0: the longest sequence's), so
     # the draft's attention sees few distinct shapes (cuDNN builds a graph for each new one)
     context_bucket: int = 0
+    # the draft attention's SDPA kernels (SDPA_BACKENDS): "auto" lets torch choose (cuDNN's
+    # on an H100, where the host spent most of a profiled step inside its calls)
+    sdpa_backend: str = "auto"
 
     def __post_init__(self) -> None:
         for name in ("steps", "batch_size", "anchors_per_seq", "log_every"):
@@ -59,6 +69,9 @@ class TrainConfig:
             raise ValueError(f"profile_steps must be >= 0, got {self.profile_steps}")
         if self.context_bucket < 0:
             raise ValueError(f"context_bucket must be >= 0, got {self.context_bucket}")
+        if self.sdpa_backend not in SDPA_BACKENDS:
+            raise ValueError(f"sdpa_backend must be one of {', '.join(SDPA_BACKENDS)}, got "
+                             f"{self.sdpa_backend!r}")
 
 
 @dataclass
@@ -258,7 +271,9 @@ class Trainer:
         self.draft.train()
         # before the objective: its sliced loss hands some parameters their gradient inside it
         self.opt.zero_grad(set_to_none=True)
-        with torch.autocast("cuda", torch.bfloat16, enabled=self.device.type == "cuda"):
+        backend = SDPA_BACKENDS[self.cfg.sdpa_backend]
+        with torch.autocast("cuda", torch.bfloat16, enabled=self.device.type == "cuda"), \
+                (sdpa_kernel(backend) if backend is not None else nullcontext()):
             loss, stats = self.objective(batch, anchors)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(self.draft.parameters(), self.cfg.grad_clip)
