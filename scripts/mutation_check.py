@@ -559,6 +559,24 @@ MUTATIONS = [
              "        map_path = server_args.speculative_token_map or None and (\n",
              (f"{T}/speculative/test_train_dflash.py"
               "::test_a_draft_trained_over_its_vocabulary_is_served_with_it",)),
+    # the training step's profile and its candidates (sixteenth session)
+    Mutation("training profile: an op's device time counted beside its kernels'",
+             "python/sglang_aux/tools/dflash_training/trainer.py",
+             "               if e.device_type != DeviceType.CPU and not e.is_user_annotation)",
+             "               if not e.is_user_annotation)",
+             (f"{T}/speculative/test_train_dflash.py::test_device_busy_counts_each_kernel_once",)),
+    Mutation("training: the context bucket pads nothing",
+             "python/sglang_aux/tools/dflash_training/trainer.py",
+             "            pad = -longest % bucket\n",
+             "            pad = 0\n",
+             (f"{T}/speculative/test_train_dflash.py"
+              "::test_a_context_bucket_pads_the_batch_and_trains_the_same",)),
+    Mutation("training: the SDPA backend choice is ignored",
+             "python/sglang_aux/tools/dflash_training/trainer.py",
+             "        backend = SDPA_BACKENDS[self.cfg.sdpa_backend]\n",
+             "        backend = None\n",
+             (f"{T}/speculative/test_train_dflash.py"
+              "::test_the_sdpa_backend_choice_trains_the_same_and_a_bad_one_is_named",)),
 ]
 
 
