@@ -123,6 +123,13 @@ def _setup(target_path: str, num_layers: int = 2):
     return tr, dr, draft, reqs, out.aux_hidden_states.split(SEQ_LENS)
 
 
+def _sequence_set(reqs, aux) -> SequenceSet:
+    """The prefilled requests as training sequences on the CPU: 10 prompt tokens each, the rest
+    their continuation."""
+    samples = [Sample(r.origin_input_ids[:10], r.origin_input_ids[10:]) for r in reqs]
+    return SequenceSet(samples, list(aux), torch.device("cpu"))
+
+
 def test_training_forward_equals_paged_inference(target):
     tr, dr, draft, reqs, aux = _setup(target)
     for r, a in zip(reqs, aux, strict=True):  # every token's draft context K/V, as the worker
@@ -177,8 +184,7 @@ def test_anchors_and_labels():
 
 def test_loss_decreases_on_a_fixed_batch(target):
     tr, _, draft, reqs, aux = _setup(target, num_layers=1)
-    samples = [Sample(r.origin_input_ids[:10], r.origin_input_ids[10:]) for r in reqs]
-    data = SequenceSet(samples, list(aux), torch.device("cpu"))
+    data = _sequence_set(reqs, aux)
     trainer = Trainer(draft, tr.model.get_input_embeddings(), tr.model.lm_head_weight,
                       MASK_TOKEN_ID, TrainConfig(steps=40, lr=3e-3, warmup_frac=0.0))
     batch = data.batch([0, 1])
@@ -191,8 +197,7 @@ def test_a_context_bucket_pads_the_batch_and_trains_the_same(target):
     """`context_bucket` rounds a batch's padded length up to its multiple; the rows it adds
     are never attended, so the objective and every gradient match the unpadded batch's."""
     tr, _, draft, reqs, aux = _setup(target, num_layers=1)
-    samples = [Sample(r.origin_input_ids[:10], r.origin_input_ids[10:]) for r in reqs]
-    data = SequenceSet(samples, list(aux), torch.device("cpu"))
+    data = _sequence_set(reqs, aux)
     tight, bucketed = data.batch([1, 0]), data.batch([1, 0], bucket=16)
     assert tight.ids.shape[1] == max(SEQ_LENS) and bucketed.ids.shape[1] == 64
     assert bucketed.aux.shape[:2] == bucketed.ids.shape
@@ -219,8 +224,7 @@ def test_the_sdpa_backend_choice_trains_the_same_and_a_bad_one_is_named(target):
     """`sdpa_backend` picks the draft attention's kernels for a step (forward and backward);
     torch's math kernels give the objective torch's own choice gives."""
     tr, _, draft, reqs, aux = _setup(target, num_layers=1)
-    samples = [Sample(r.origin_input_ids[:10], r.origin_input_ids[10:]) for r in reqs]
-    batch = SequenceSet(samples, list(aux), torch.device("cpu")).batch([0, 1])
+    batch = _sequence_set(reqs, aux).batch([0, 1])
     anchors = sample_anchors(batch, 6, torch.Generator().manual_seed(3))
     losses, start = [], {k: v.clone() for k, v in draft.state_dict().items()}
     for backend in ("auto", "math"):
@@ -240,8 +244,7 @@ def _vocab_objective(target, token_ids):
     """The objective (loss, stats) of one batch with the whole LM head and over `token_ids`,
     on the same draft, with the draft's hidden rows and the true labels."""
     tr, _, draft, reqs, aux = _setup(target, num_layers=1)
-    samples = [Sample(r.origin_input_ids[:10], r.origin_input_ids[10:]) for r in reqs]
-    batch = SequenceSet(samples, list(aux), torch.device("cpu")).batch([0, 1])
+    batch = _sequence_set(reqs, aux).batch([0, 1])
     anchors = sample_anchors(batch, 6, torch.Generator().manual_seed(3))
     args = (draft, tr.model.get_input_embeddings(), tr.model.lm_head_weight, MASK_TOKEN_ID,
             TrainConfig())
@@ -286,8 +289,7 @@ def test_sliced_block_loss_equals_the_whole_batch_loss(target):
     of one slice holding the whole batch; each hidden row's gradient is its slice's own, so
     the draft's gradients agree to fp32 rounding of the sums over rows."""
     tr, _, draft, reqs, aux = _setup(target, num_layers=1)
-    samples = [Sample(r.origin_input_ids[:10], r.origin_input_ids[10:]) for r in reqs]
-    data = SequenceSet(samples, list(aux), torch.device("cpu"))
+    data = _sequence_set(reqs, aux)
     trainer = Trainer(draft, tr.model.get_input_embeddings(), tr.model.lm_head_weight,
                       MASK_TOKEN_ID, TrainConfig())
     batch = data.batch([0, 1])
@@ -634,8 +636,7 @@ def test_sampled_continuations_are_seeded(target):
 
 def test_time_budget_shortens_the_schedule(target):
     tr, _, draft, reqs, aux = _setup(target, num_layers=1)
-    samples = [Sample(r.origin_input_ids[:10], r.origin_input_ids[10:]) for r in reqs]
-    data = SequenceSet(samples, list(aux), torch.device("cpu"))
+    data = _sequence_set(reqs, aux)
     trainer = Trainer(draft, tr.model.get_input_embeddings(), tr.model.lm_head_weight,
                       MASK_TOKEN_ID, TrainConfig(steps=10_000, batch_size=2, anchors_per_seq=2))
     stats = trainer.fit(data, time_budget_s=0.0)  # only the timed probe steps fit
@@ -649,8 +650,7 @@ def test_profile_logs_where_a_step_goes(target, caplog, steps):
     log line gives the wall time a step took and the ops by self time; a run that ends
     inside the profiled steps still logs them."""
     tr, _, draft, reqs, aux = _setup(target, num_layers=1)
-    samples = [Sample(r.origin_input_ids[:10], r.origin_input_ids[10:]) for r in reqs]
-    data = SequenceSet(samples, list(aux), torch.device("cpu"))
+    data = _sequence_set(reqs, aux)
     trainer = Trainer(draft, tr.model.get_input_embeddings(), tr.model.lm_head_weight,
                       MASK_TOKEN_ID, TrainConfig(steps=steps, batch_size=2, anchors_per_seq=2,
                                                  profile_steps=4))
@@ -691,8 +691,7 @@ def _timed_trainer(target: str, monkeypatch, slow_steps: int, slow_s: float, fas
     """A trainer whose steps only sleep (and count): the first `slow_steps` for `slow_s`, the
     rest `fast_s`; and data for it."""
     tr, _, draft, reqs, aux = _setup(target, num_layers=1)
-    samples = [Sample(r.origin_input_ids[:10], r.origin_input_ids[10:]) for r in reqs]
-    data = SequenceSet(samples, list(aux), torch.device("cpu"))
+    data = _sequence_set(reqs, aux)
     trainer = Trainer(draft, tr.model.get_input_embeddings(), tr.model.lm_head_weight,
                       MASK_TOKEN_ID, TrainConfig(steps=100_000, batch_size=2, anchors_per_seq=2))
     calls = []
