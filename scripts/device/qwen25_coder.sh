@@ -90,7 +90,8 @@
 # run beside the training), SAMPLED_PASSES, GEN_BUDGET (gen), NUM_QUESTIONS
 # (eval, eval2), EVAL_CONFIGS (eval: default "target dflash"), SGLANG_HARNESS= (eval: ours
 # only), HELDOUT=1 (eval: the held-out accept too), LOSSLESS=0 (eval: not the lossless test), EXTRA_TESTS (eval: more test files),
-# DRAFT_PARTS (draft-in: how many parts make the draft, default 6), SEND_PARTS (train: the
+# SEARCH_STATE (search, search-start: an earlier session's search.json, carried, continued on
+# a machine with no search yet), DRAFT_PARTS (draft-in: how many parts make the draft, default 6), SEND_PARTS (train: the
 # draft's parts it sends back, default 3), TRAIN_FLAGS (train: more
 # train_dflash flags, e.g. '--eval --profile-steps 20'). Issue 30's Qwen comparison, Qwen staged and the samples
 # carried: DRAFT=qwen2.5-coder-1.5b-instruct-dspark-b15 TRAIN_FLAGS='--eval --profile-steps 20' DEADLINE=500 ... train
@@ -155,6 +156,12 @@ searcher() {  # the recipe search (variants with other target layers last: each 
     --samples-file "$(samples_file)" --root $work/search --steps "${SEARCH_STEPS:-2000}" \
     --deadline-s "${DEADLINE:-540}" --eval-num-prompts "${SEARCH_PROMPTS:-100}" \
     --common "${SEARCH_COMMON:-}" "${variants[@]}"
+}
+seed_search() {  # SEARCH_STATE: an earlier session's search.json (carried), continued here
+  # when this machine has no search yet: its measured variants are kept, the rest train again
+  if [ -n "${SEARCH_STATE:-}" ] && [ ! -f $work/search/search.json ]; then
+    mkdir -p $work/search && cp "$SEARCH_STATE" $work/search/search.json
+  fi
 }
 wait_for() {  # until the detached JOB has written its exit status, WAIT seconds at most
   local t0=$SECONDS
@@ -240,6 +247,7 @@ print(d('$DRAFT').parent)")
     # scripts, GSM8K and HumanEval, so later calls' trees and carries do not move under it.
     job=${phase%-start}
     install_wheels
+    [ $job = search ] && seed_search
     samples_file > /dev/null  # carried samples unpacked here: the job's tree has no .carry of them
     rm -rf $work/$job-tree $work/$job.rc $work/$job.log
     [ $job = train ] && rm -rf $work/draft-parts
@@ -272,6 +280,7 @@ print(d('$DRAFT').parent)")
     # SEARCH_STEPS each, on the samples `gen` wrote (or the shipped ones); call again until it
     # says every variant is measured (the state stays on the machine: calls back to back);
     # or `search-start` once and `search-wait` until it has: one feature pass a set of layers
+    seed_search
     searcher 2>&1 | grep -v Warning | grep -E "^\||every variant|stopped|rror"
     cp $work/search/search.json $work/search/search.md "$out/" 2>/dev/null; ls "$out" ;;
   search-wait)  # until the detached search ends or WAIT seconds pass: its table so far;

@@ -176,6 +176,8 @@ case "$1 $2" in
       case "$1" in --variant=*) echo "variant [${1#--variant=}]" ;; esac; shift
     done
     [ -f "$s" ] && echo "samples $s"
+    [ -f "$root/search.json" ] && echo "state $(cat "$root/search.json")" \
+      && cp "$root/search.json" "$root/seen.json"
     echo "step 100/200 loss 1.0"; sleep "$STEP_S"; mkdir -p "$root/base" "$root/wide"
     echo "| base | measured |" > "$root/search.md"; echo '{}' > "$root/search.json"
     head -c 20971520 /dev/urandom > "$root/base/model.safetensors"
@@ -289,6 +291,29 @@ def test_the_searchs_drafts_come_back_and_are_carried_in(tmp_path):
             assert "parts so far: 2" in said and not (work / "search").exists()
     assert (work / "search/base/model.safetensors").read_bytes() == original
     assert (work / "search/wide/config.json").read_text() == "{}\n"
+
+
+def test_a_carried_search_state_is_continued_not_overwritten(tmp_path):
+    """SEARCH_STATE (an earlier session's search.json, carried) seeds a machine that has no
+    search yet, for `search-start` and for `search`; a search already on the machine is kept."""
+    py = tmp_path / "py"
+    py.write_text(TRAINER)
+    py.chmod(0o755)
+    state = tmp_path / "carried-search.json"
+    state.write_text('{"carried": 1}')
+    env = {**os.environ, "PY": str(py), "REAL_PY": sys.executable, "WORK": str(tmp_path / "w"),
+           "STEP_S": "1", "DRAFT": "qwen2.5-coder-1.5b-instruct-dflash-b16-mix",
+           "SEARCH_STATE": os.path.relpath(state, REPO)}  # relative, as .carry/ is
+    (tmp_path / "w").mkdir()
+    call = partial(_phase, env, tmp_path)
+    call("search-start", 1)
+    call("search-wait", 30)
+    assert 'state {"carried": 1}' in (tmp_path / "w/search.log").read_text()
+    call("search", 1)  # the machine's own state ('{}', the search above wrote it) goes on
+    assert (tmp_path / "w/search/seen.json").read_text() == "{}\n"
+    (tmp_path / "w2").mkdir()
+    _phase({**env, "WORK": str(tmp_path / "w2")}, tmp_path, "search", 2)
+    assert (tmp_path / "w2/search/seen.json").read_text() == '{"carried": 1}'
 
 
 def test_a_detached_search_reads_the_carried_samples(tmp_path):

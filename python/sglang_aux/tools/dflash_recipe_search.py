@@ -14,7 +14,9 @@ then `train_dflash --eval-only`, whose acceptance
 profile (`acceptance_profile.json`) gives the accept length per verify step of each kind. A
 call stops before `--deadline-s` (a device call's limit), leaving ROOT/search.json, which the
 next call continues from: a variant cut mid-training resumes its checkpoint, a trained one
-is measured, a measured one is kept. The table: ROOT/search.md, and printed.
+is measured, a measured one is kept. The state alone carried to a fresh ROOT (a later device
+session) keeps the measured variants and trains again those whose checkpoint or draft stayed
+behind. The table: ROOT/search.md, and printed.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from sglang_aux.tools.dflash_training import train_args
 from sglang_aux.tools.dflash_training.evaluate import EVAL_TASKS
 from sglang_aux.tools.dflash_training.feature_cache import FeatureCache
 from sglang_aux.tools.dflash_training.recipes import RECIPES
+from sglang_aux.tools.dflash_training.training_checkpoint import CHECKPOINT_SUFFIX
 
 STATE = "search.json"
 TABLE = "search.md"
@@ -124,7 +127,21 @@ class Search:
                 raise
             raise SearchError(f"{self.path}: not a search state ({type(e).__name__}: {e})"
                               ) from None
+        self._restart_lost(state)
         return state
+
+    def _restart_lost(self, state: dict) -> None:
+        """A state carried to another machine (a later device session) keeps what it measured;
+        a variant whose checkpoint or trained draft stayed behind trains again from step 0."""
+        for name, v in state["variants"].items():
+            out = self.root / name
+            lost = (v["status"] == "trained" and not out.is_dir()) or (
+                v["status"] == "training" and v["runs"] > 0
+                and not Path(f"{out}{CHECKPOINT_SUFFIX}").is_file())
+            if lost:
+                print(f"search: {name}: its {'draft' if v['status'] == 'trained' else 'checkpoint'}"
+                      f" is not under {self.root}: trained again from step 0", flush=True)
+                v.update(status="training", runs=0, train_seconds=0.0)
 
     def _save(self) -> None:
         self.root.mkdir(parents=True, exist_ok=True)

@@ -70,6 +70,38 @@ def test_two_variants_trained_measured_and_tabled(samples, tmp_path, capsys, mon
     assert search.main(argv) is True
 
 
+def test_a_carried_state_keeps_what_it_measured_and_trains_again_what_stayed(
+        samples, tmp_path, capsys):
+    """search.json alone carried to a fresh root (a later device session): the measured variant
+    is kept as it was; the one whose checkpoint stayed behind trains again from step 0, and so
+    does one whose trained draft stayed behind."""
+    first, later = tmp_path / "first", tmp_path / "later"
+    argv = _argv(first, samples, "base=", "cut=--num-layers 2 --max-run-steps 2")
+    assert search.main(argv) is False
+    later.mkdir()
+    state = json.loads((first / search.STATE).read_text())
+    (later / search.STATE).write_text(json.dumps(state))
+    moved = [a if a != str(first) else str(later) for a in argv]
+    assert search.main(moved) is False  # cut: 2 of 4 steps again, from step 0
+    out = capsys.readouterr().out
+    assert "search: cut: its checkpoint is not under" in out and "base:" not in out
+    again = json.loads((later / search.STATE).read_text())
+    assert again["variants"]["base"] == state["variants"]["base"]  # kept, not trained again
+    assert not (later / "base").exists()
+    assert again["variants"]["cut"]["runs"] == 1  # counted from 0, not the first root's 1 + 1
+    # a trained draft left behind is trained again too (status back to training, runs 0)
+    state["variants"]["cut"]["status"] = "trained"
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / search.STATE).write_text(json.dumps(state))
+    loaded = search.Search(search.parse_args(
+        [a if a != str(first) else str(elsewhere) for a in argv]))
+    cut = loaded.state["variants"]["cut"]
+    assert (cut["status"], cut["runs"], cut["train_seconds"]) == ("training", 0, 0.0)
+    assert "search: cut: its draft is not under" in capsys.readouterr().out
+    assert loaded.state["variants"]["base"]["status"] == "measured"
+
+
 def test_variants_share_the_features_and_train_as_alone(samples, tmp_path, monkeypatch):
     """One process extracts the samples' features once for the variants that read the same
     target layers, again for one that reads others (whose features replace them), and a
