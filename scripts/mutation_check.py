@@ -498,6 +498,12 @@ MUTATIONS = [
              "budget = left() - a.eval_reserve_s",
              (f"{T}/speculative/test_dflash_recipe_search.py"
               "::test_each_training_leaves_time_for_every_waiting_evaluation",)),
+    Mutation("recipe search: a carried state's lost checkpoint keeps its run count",
+             "python/sglang_aux/tools/dflash_recipe_search.py",
+             "v.update(status=\"training\", runs=0, train_seconds=0.0)",
+             "v.update(status=\"training\")",
+             (f"{T}/speculative/test_dflash_recipe_search.py"
+              "::test_a_carried_state_keeps_what_it_measured_and_trains_again_what_stayed",)),
     # the draft vocabulary (--speculative-token-map)
     Mutation("draft vocabulary: greedy proposals are map columns, not tokens",
              f"{SRT}/speculative/draft_proposals.py",
