@@ -504,6 +504,17 @@ MUTATIONS = [
              "v.update(status=\"training\")",
              (f"{T}/speculative/test_dflash_recipe_search.py"
               "::test_a_carried_state_keeps_what_it_measured_and_trains_again_what_stayed",)),
+    Mutation("--init-from: the folder's weights are read but not loaded",
+             "python/sglang_aux/tools/dflash_training/warm_start.py",
+             "draft.load_weights(safetensors_weights_iterator(folder))",
+             "list(safetensors_weights_iterator(folder))",
+             (f"{T}/speculative/test_training_checkpoint.py"
+              "::test_init_from_starts_from_a_written_drafts_weights",)),
+    Mutation("--init-from: a resumed run's fingerprint ignores the weights it started from",
+             "python/sglang_aux/tools/train_dflash.py",
+             "init=warm.digest if warm else None))", "init=None))",
+             (f"{T}/speculative/test_training_checkpoint.py"
+              "::test_init_from_starts_from_a_written_drafts_weights",)),
     # the draft vocabulary (--speculative-token-map)
     Mutation("draft vocabulary: greedy proposals are map columns, not tokens",
              f"{SRT}/speculative/draft_proposals.py",

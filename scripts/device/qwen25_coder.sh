@@ -90,6 +90,7 @@
 # run beside the training), SAMPLED_PASSES, GEN_BUDGET (gen), NUM_QUESTIONS
 # (eval, eval2), EVAL_CONFIGS (eval: default "target dflash"), SGLANG_HARNESS= (eval: ours
 # only), HELDOUT=1 (eval: the held-out accept too), LOSSLESS=0 (eval: not the lossless test), EXTRA_TESTS (eval: more test files),
+# WARM_START=1 (train, train-start: from the weights of the draft `draft-in` brought),
 # SEARCH_STATE (search, search-start: an earlier session's search.json, carried, continued on
 # a machine with no search yet), DRAFT_PARTS (draft-in: how many parts make the draft, default 6), SEND_PARTS (train: the
 # draft's parts it sends back, default 3), TRAIN_FLAGS (train: more
@@ -130,9 +131,16 @@ samples_file() {
   fi
   echo "$samples"
 }
-trainer() {  # the recipe's training on samples_file's continuations, its log in $work/train.log
+trainer() {  # the recipe's training on samples_file's continuations, its log in $work/train.log;
+  # WARM_START=1: from the weights of the draft on this machine (`draft-in` carried it from an
+  # earlier session), copied aside first since the training writes its draft where it lies
+  local warm=()
+  if [ -n "${WARM_START:-}" ]; then
+    rm -rf $work/warm-start && cp -r "$(draft_dir)" $work/warm-start || return 1
+    warm=(--init-from $work/warm-start)
+  fi
   $py -m sglang_aux.tools.train_dflash --recipe $DRAFT ${DEADLINE:+--deadline-s $DEADLINE} \
-    --samples-file "$(samples_file)" ${TRAIN_FLAGS:-} 2>&1 | grep -v Warning \
+    --samples-file "$(samples_file)" "${warm[@]}" ${TRAIN_FLAGS:-} 2>&1 | grep -v Warning \
     | grep -v "aux states for" > $work/train.log
 }
 pack_draft() {  # the trained draft's card, and its 16 MiB tar parts, SEND_PARTS sent now

@@ -164,7 +164,8 @@ case "$1 $2" in
   "-m pip") exit 0 ;;
   "-m sglang_aux.tools.train_dflash")
     while [ $# -gt 0 ]; do
-      [ "$1" = --recipe ] && recipe=$2; [ "$1" = --samples-file ] && s=$2; shift
+      [ "$1" = --recipe ] && recipe=$2; [ "$1" = --samples-file ] && s=$2
+      [ "$1" = --init-from ] && echo "init from $2: $(cat "$2/README.md")"; shift
     done
     echo "reading $s"; sleep 1; echo "step 100/200 loss 1.0"; sleep "$STEP_S"
     echo "step 200/200 loss 0.5"
@@ -234,6 +235,26 @@ def test_detached_training_outlives_its_call_and_packs_the_draft(tmp_path):
     draft = tmp_path / "cache/drafts" / env["DRAFT"]
     got = unpacked / env["DRAFT"] / "model.safetensors"
     assert got.read_bytes() == (draft / "model.safetensors").read_bytes()
+
+
+def test_a_warm_start_trains_from_the_carried_draft(tmp_path):
+    """WARM_START=1: `train` starts from the draft on the machine (`draft-in` put it where its
+    name resolves), copied aside before the training writes its own there."""
+    py = tmp_path / "py"
+    py.write_text(TRAINER)
+    py.chmod(0o755)
+    env = {**os.environ, "PY": str(py), "REAL_PY": sys.executable, "WORK": str(tmp_path / "w"),
+           "SGLANG_AUX_CACHE": str(tmp_path / "cache"), "STEP_S": "0", "SEND_PARTS": "0",
+           "DRAFT": "qwen2.5-coder-1.5b-instruct-dflash-b16-mix", "CUDA_TESTS": "0"}
+    (tmp_path / "w").mkdir()
+    _phase(env, tmp_path, "train", 1)  # a first session's draft
+    assert "init from" not in (tmp_path / "w/train.log").read_text()
+    draft = tmp_path / "cache/drafts" / env["DRAFT"]
+    (draft / "README.md").write_text("# the first session's card\n")
+    _phase({**env, "WARM_START": "1"}, tmp_path, "train", 2)
+    log = (tmp_path / "w/train.log").read_text()
+    assert f"init from {tmp_path}/w/warm-start: # the first session's card" in log
+    assert (draft / "README.md").read_text() == "# card\n"  # the new training's, written over
 
 
 def test_detached_search_outlives_its_call_and_returns_its_table(tmp_path):

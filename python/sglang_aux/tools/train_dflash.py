@@ -83,6 +83,7 @@ from sglang_aux.tools.dflash_training.training_checkpoint import (
     TrainingCheckpoint,
     run_fingerprint,
 )
+from sglang_aux.tools.dflash_training.warm_start import init_from
 
 logger = logging.getLogger("train_dflash")
 
@@ -215,6 +216,7 @@ def train(args: argparse.Namespace, target: str, started: float,
                       log_every=args.log_every, profile_steps=args.profile_steps,
                       context_bucket=args.context_bucket, sdpa_backend=args.sdpa_backend)
     draft = new_draft(config, runner.device, args.seed)
+    warm = init_from(draft, config, args.init_from) if args.init_from else None
     trainer = (DSparkTrainer(draft, runner.model.get_input_embeddings(),
                              runner.model.lm_head_weight, mask_id, cfg) if dspark
                else Trainer(draft, runner.model.get_input_embeddings(),
@@ -226,7 +228,8 @@ def train(args: argparse.Namespace, target: str, started: float,
     if args.resume:  # before the features: a checkpoint of another run stops at once
         checkpoint = TrainingCheckpoint(Path(args.checkpoint), run_fingerprint(
             recipe=args.recipe, algorithm=args.algorithm, target=target_name,
-            draft_config=config, cfg=cfg, samples=samples))
+            draft_config=config, cfg=cfg, samples=samples,
+            init=warm.digest if warm else None))
         if checkpoint.load(trainer):
             logger.info("resumed %s at step %d of %d", checkpoint.path, trainer.num_steps,
                         trainer.total_steps)
@@ -259,6 +262,8 @@ def train(args: argparse.Namespace, target: str, started: float,
                 lr=cfg.lr, gamma=cfg.gamma, seed=cfg.seed, command=args.command,
                 timings=", ".join(f"{k} {v:.0f} s" for k, v in timings.items()),
                 device=_device_name(runner.device), **stats)
+    if warm is not None:
+        info["init_line"] = warm.card_line(args.init_from)
     if vocab is not None:
         info["token_map_line"] = _token_map_line(args, vocab, samples)
     out = write_draft(draft, config, args.out, render_card(Path(args.out).name, info),

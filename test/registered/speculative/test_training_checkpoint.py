@@ -144,5 +144,51 @@ def test_resume_over_runs_of_the_smoke_recipe(tmp_path):
     assert "7 steps" in (out / "README.md").read_text()
 
 
+def test_init_from_starts_from_a_written_drafts_weights(tmp_path):
+    """`train_dflash --init-from DIR` (a draft trained on over device sessions): with a zero
+    learning rate the written draft is the folder's weights exactly, where a fresh start is
+    not; its card names where it started; a resumed run started from other weights, a folder
+    of another draft shape or no draft at all stops in one line naming the file."""
+    local_path_or_skip("train")
+    local_path_or_skip("test")
+    target = str(tiny_checkpoint("tiny-llama", tmp_path / "ckpt"))
+    samples = tmp_path / "samples.jsonl.xz"
+    common = ["--smoke", "--target", target, "--num-samples", "4", "--samples-file",
+              str(samples)]
+    assert train_dflash.main([*common, "--phase", "data"]) == samples
+    first = train_dflash.main([*common, "--phase", "train", "--steps", "6",
+                               "--out", str(tmp_path / "first")])
+    still = [*common, "--phase", "train", "--steps", "2", "--lr", "0"]
+    went_on = train_dflash.main([*still, "--init-from", str(first),
+                                 "--out", str(tmp_path / "went_on")])
+    fresh = train_dflash.main([*still, "--out", str(tmp_path / "fresh")])
+    a, b = load_file(first / "model.safetensors"), load_file(went_on / "model.safetensors")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    c = load_file(fresh / "model.safetensors")
+    assert not all(torch.equal(a[k], c[k]) for k in a)
+    card = (went_on / "README.md").read_text()
+    assert f"Started from the weights of `{first}` (sha256 " in card
+    assert "Their training: 6 steps x 4 sequences x 4 blocks, AdamW lr 0.001" in card
+    assert "- Training: 2 steps" in card
+    # a checkpoint of a run started from other weights (here: from none) is another run's
+    resumed = [*still, "--out", str(tmp_path / "r"), "--resume"]
+    assert train_dflash.main([*resumed, "--max-run-steps", "1"]) is None
+    with pytest.raises(SystemExit, match=r"^train_dflash: error: .*r.checkpoint.pt: a "
+                       r"checkpoint of another run \(init: None in the checkpoint, '"):
+        train_dflash.main([*resumed, "--init-from", str(first)])
+    with pytest.raises(SystemExit, match=rf"^train_dflash: error: --init-from "
+                       rf"{first}/config.json: num_hidden_layers is 1, this training's draft "
+                       r"has 2$"):
+        train_dflash.main([*still, "--num-layers", "2", "--init-from", str(first),
+                           "--out", str(tmp_path / "x")])
+    with pytest.raises(SystemExit, match=rf"^train_dflash: error: --init-from {tmp_path}: no "
+                       r"config.json \(not a draft folder\)$"):
+        train_dflash.main([*still, "--init-from", str(tmp_path), "--out", str(tmp_path / "y")])
+    (first / "model.safetensors").unlink()
+    with pytest.raises(SystemExit, match=rf"^train_dflash: error: --init-from {first}: no "
+                       r"\*.safetensors file"):
+        train_dflash.main([*still, "--init-from", str(first), "--out", str(tmp_path / "z")])
+
+
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-q"]))

@@ -162,6 +162,7 @@ fc {len(dc['target_layer_ids'])} x {dc['target_hidden_size']} \
 of {info['data']}; {info['num_tokens']} tokens.
 - Training: {info['steps']} steps x {info['batch_size']} sequences x {info['anchors']} blocks, \
 AdamW lr {info['lr']} (warm-up + cosine), loss decay gamma {info['gamma']}, seed {info['seed']}.
+{info.get('init_line', '')}\
 - Final loss {info['loss']:.4f}; accuracy per offset 1..{len(info['acc'])}: {acc}; \
 training accept length {info['accept']:.3f}.
 {heads}{EVAL_LINE} {info.get('eval', 'not measured')}

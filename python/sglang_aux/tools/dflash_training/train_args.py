@@ -122,6 +122,10 @@ def make_parser() -> argparse.ArgumentParser:
         help="one run of several: continue --checkpoint when it exists; the deadline (or "
              "--max-run-steps) ends this run where it falls and writes the checkpoint; the "
              "draft is written once every step is done")
+    add("--init-from", default=None, metavar="DIR",
+        help="a written draft folder whose weights training starts from (a draft trained on "
+             "over device sessions); its config must be this training's; unlike --resume the "
+             "optimizer and the learning-rate schedule start anew")
     add("--checkpoint", default=None,
         help=f"the training checkpoint with --resume (default: --out + {CHECKPOINT_SUFFIX})")
     add("--token-map-size", type=int, default=DEFAULT_TOKEN_MAP_SIZE,

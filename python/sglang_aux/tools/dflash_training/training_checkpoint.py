@@ -34,10 +34,11 @@ def data_digest(samples: list[Sample]) -> str:
 
 
 def run_fingerprint(*, recipe: str | None, algorithm: str, target: str, draft_config: dict,
-                    cfg: TrainConfig, samples: list[Sample]) -> dict:
+                    cfg: TrainConfig, samples: list[Sample], init: str | None = None) -> dict:
+    """`init`: the sha256 of the weights training started from (`--init-from`), if any."""
     train = {k: v for k, v in asdict(cfg).items() if k not in RUN_ONLY_FIELDS}
     return dict(recipe=recipe, algorithm=algorithm, target=target, draft=draft_config,
-                train=train, num_samples=len(samples), data=data_digest(samples))
+                train=train, num_samples=len(samples), data=data_digest(samples), init=init)
 
 
 @dataclass(frozen=True)
