@@ -515,6 +515,11 @@ MUTATIONS = [
              "init=warm.digest if warm else None))", "init=None))",
              (f"{T}/speculative/test_training_checkpoint.py"
               "::test_init_from_starts_from_a_written_drafts_weights",)),
+    Mutation("training attention: grouped K/V heads go to the memory-efficient kernel as they are",
+             "python/sglang_aux/tools/dflash_training/draft_forward.py",
+             "        if not gqa:  #", "        if False:  #",
+             (f"{T}/speculative/test_train_dflash.py"
+              "::test_the_sdpa_backend_choice_trains_the_same_and_a_bad_one_is_named",)),
     # the draft vocabulary (--speculative-token-map)
     Mutation("draft vocabulary: greedy proposals are map columns, not tokens",
              f"{SRT}/speculative/draft_proposals.py",

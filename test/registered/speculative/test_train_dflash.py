@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import tokenizers
 import torch
+import torch.nn.functional as F
 from tokenizers import models, pre_tokenizers
 
 from sglang_aux.srt.configs.acceptance_profile import DRAFT_PROFILE
@@ -45,7 +46,7 @@ from sglang_aux.test.runtime_utils import (
 )
 from sglang_aux.tools import train_dflash
 from sglang_aux.tools.build_token_map import coverage, hot_ids
-from sglang_aux.tools.dflash_training import features, run_prompts, train_args
+from sglang_aux.tools.dflash_training import draft_forward, features, run_prompts, train_args
 from sglang_aux.tools.dflash_training.code_tasks import TASKS_FILE
 from sglang_aux.tools.dflash_training.data import (
     BadInputError,
@@ -220,7 +221,7 @@ def test_a_context_bucket_pads_the_batch_and_trains_the_same(target):
         TrainConfig(context_bucket=-8)
 
 
-def test_the_sdpa_backend_choice_trains_the_same_and_a_bad_one_is_named(target):
+def test_the_sdpa_backend_choice_trains_the_same_and_a_bad_one_is_named(target, monkeypatch):
     """`sdpa_backend` picks the draft attention's kernels for a step (forward and backward);
     torch's math kernels give the objective torch's own choice gives."""
     tr, _, draft, reqs, aux = _setup(target, num_layers=1)
@@ -233,6 +234,23 @@ def test_the_sdpa_backend_choice_trains_the_same_and_a_bad_one_is_named(target):
                           MASK_TOKEN_ID, TrainConfig(sdpa_backend=backend))
         losses.append([float(trainer.step(batch, anchors)["loss"]) for _ in range(2)])
     torch.testing.assert_close(losses[0], losses[1], rtol=1e-5, atol=1e-6)
+    # where no enabled kernel takes grouped K/V heads (the memory-efficient one alone), each
+    # query head gets its own copy of its group's K/V: the same objective
+    draft.load_state_dict(start)
+    trainer = Trainer(draft, tr.model.get_input_embeddings(), tr.model.lm_head_weight,
+                      MASK_TOKEN_ID, TrainConfig())
+    grouped = trainer.objective(batch, anchors)[0]
+    monkeypatch.setattr(draft_forward, "_grouped_kv_kernel_enabled", lambda: False)
+    seen = []
+    real = F.scaled_dot_product_attention
+    monkeypatch.setattr(F, "scaled_dot_product_attention",
+                        lambda q, k, *a, **kw: seen.append((k.shape[1], kw["enable_gqa"]))
+                        or real(q, k, *a, **kw))
+    torch.testing.assert_close(trainer.objective(batch, anchors)[0], grouped, rtol=1e-5,
+                               atol=1e-6)
+    heads = PRESETS["tiny-llama"]["num_attention_heads"]
+    assert seen and all(s == (heads, False) for s in seen)
+    monkeypatch.undo()
     with pytest.raises(RuntimeError, match="No viable backend"):  # the choice is applied:
         Trainer(draft, tr.model.get_input_embeddings(), tr.model.lm_head_weight,  # CUDA only
                 MASK_TOKEN_ID, TrainConfig(sdpa_backend="efficient")).step(batch, anchors)

@@ -1,9 +1,10 @@
 """Training over the draft vocabulary on CUDA (bf16 autocast, the loss over the LM head's
 rows of the map): a tiny draft trained with `--train-over-token-map` on the GPU is served
 with its map from the config, with CUDA graphs, and greedy DFlash gives the target-only
-tokens."""
+tokens; every `--sdpa-backend` trains on CUDA."""
 
 import json
+import re
 import sys
 
 import pytest
@@ -43,6 +44,24 @@ def test_a_draft_trained_over_its_map_on_cuda_is_served_losslessly_with_graphs(t
         assert s["output_ids"] == r["output_ids"]
         assert s["meta_info"]["spec_verify_ct"] > 0
     assert engine.worker.target_runner.forwards_info()["TARGET_VERIFY"]["graph"] > 0
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_each_sdpa_backend_trains_on_cuda(tmp_path):
+    """`--sdpa-backend efficient` runs (its kernel takes no grouped K/V heads: they are
+    repeated for it) and trains as torch's own choice does, on the default context bucket."""
+    local_path_or_skip("train")
+    target = tiny_checkpoint("tiny-llama", tmp_path / "ckpt")
+    losses = {}
+    for backend in ("auto", "efficient", "math"):
+        out = tmp_path / backend
+        train_dflash.main(["--smoke", "--target", target, "--out", str(out), "--device",
+                           "cuda", "--num-samples", "8", "--steps", "12",
+                           "--sdpa-backend", backend])
+        card = (out / "README.md").read_text()
+        losses[backend] = float(re.search(r"Final loss ([0-9.]+)", card).group(1))
+    assert losses["efficient"] == pytest.approx(losses["auto"], rel=0.05)
+    assert losses["math"] == pytest.approx(losses["auto"], rel=0.05)
 
 
 if __name__ == "__main__":

@@ -41,11 +41,22 @@ class DenseBlockAttention:
         keys = torch.cat([ctx_k, k.view(n, num_q, *ctx_k.shape[2:]).to(ctx_k.dtype)], dim=1)
         vals = torch.cat([ctx_v, v.view(n, num_q, *ctx_v.shape[2:]).to(ctx_v.dtype)], dim=1)
         q = q.view(n, num_q, layer.tp_q_head_num, layer.head_dim)
+        gqa = _grouped_kv_kernel_enabled()
+        if not gqa:  # one K/V head per query head, as the memory-efficient kernel reads them
+            keys, vals = (x.repeat_interleave(layer.tp_q_head_num // x.shape[2], dim=2)
+                          for x in (keys, vals))
         out = F.scaled_dot_product_attention(
             q.transpose(1, 2), keys.to(q.dtype).transpose(1, 2), vals.to(q.dtype).transpose(1, 2),
-            attn_mask=self.mask[:, None], scale=layer.scaling, enable_gqa=True,
+            attn_mask=self.mask[:, None], scale=layer.scaling, enable_gqa=gqa,
         )  # [N, H, Q, D]
         return out.transpose(1, 2).reshape(n * num_q, -1)
+
+
+def _grouped_kv_kernel_enabled() -> bool:
+    """Whether an enabled SDPA kernel takes grouped K/V heads (`enable_gqa`): the
+    memory-efficient one, alone under `sdpa_kernel` (`--sdpa-backend efficient`), does not."""
+    b = torch.backends.cuda
+    return b.flash_sdp_enabled() or b.cudnn_sdp_enabled() or b.math_sdp_enabled()
 
 
 def context_kv(draft: DFlashDraftModel, aux: torch.Tensor

@@ -104,7 +104,8 @@ def make_parser() -> argparse.ArgumentParser:
         help="the draft attention's kernels in training (auto: torch's choice)")
     add("--context-bucket", type=int, default=TrainConfig.context_bucket,
         help="pad each batch's context to a multiple of this many rows (0: to its longest "
-             "sequence), so the draft's attention sees few distinct shapes")
+             "sequence), so the draft's attention sees few distinct shapes (cuDNN builds a "
+             "graph for each; default 256)")
     add("--seed", type=int, default=TrainConfig.seed)
     add("--log-every", type=int, default=TrainConfig.log_every)
     add("--profile-steps", type=int, default=0,

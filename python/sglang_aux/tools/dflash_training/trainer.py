@@ -55,10 +55,11 @@ class TrainConfig:
     log_every: int = 50
     profile_steps: int = 0  # steps profiled after the warm-up ones (0: none), table logged
     # a batch's padded length rounded up to a multiple of this (0: the longest sequence's), so
-    # the draft's attention sees few distinct shapes (cuDNN builds a graph for each new one)
-    context_bucket: int = 0
+    # the draft's attention sees few distinct shapes: cuDNN builds a graph for each new one,
+    # and with 0 a mix step on the H200 took 278 ms profiled against 56 (docs/training.md)
+    context_bucket: int = 256
     # the draft attention's SDPA kernels (SDPA_BACKENDS): "auto" lets torch choose (cuDNN's
-    # on an H100, where the host spent most of a profiled step inside its calls)
+    # on an H100 and the H200)
     sdpa_backend: str = "auto"
 
     def __post_init__(self) -> None:
