@@ -5,13 +5,13 @@
 # values) over every SAMPLE_EVERY-th of the shipped mix samples, one run per variant below,
 # each profiled over 20 steps (`--profile-steps`: wall time, the device's busy time, the ops)
 # and timed unprofiled (the log lines' seconds every 20 steps: the profiler slows the host).
-# `bucket256` pads a batch's context to a multiple of 256 rows: on an H100 (sixteenth session)
-# the host spent 90% of a profiled step inside cuDNN's attention calls, whose shapes change
-# with every batch; `efficient` runs that attention on torch's memory-efficient kernels.
+# `unbucketed` pads each batch to its longest sequence, as the trainer did before the context
+# bucket (256 rows, the default since the H200 timed it: docs/benchmarks.md section 9o);
+# `efficient` runs the draft's attention on torch's memory-efficient kernels.
 # From the repository root, carry .carry/wheels, .carry/gsm8k and .carry/humaneval (the
 # contamination check reads GSM8K's test and HumanEval's prompts):
 #
-#   bash scripts/device/train_step.sh "$OUT"       # about 5 minutes on an H100
+#   bash scripts/device/train_step.sh "$OUT"       # about 5 minutes on an H100 or the H200
 . scripts/device/timed_steps.sh
 export PYTHONPATH=$PYTHONPATH:/tmp/site
 export SGLANG_AUX_HUMANEVAL=${SGLANG_AUX_HUMANEVAL:-$PWD/.carry/humaneval/HumanEval.jsonl.gz}
@@ -28,7 +28,7 @@ with lzma.open(sys.argv[2], "wt") as f:
 print(f"{len(lines)} samples")
 EOF
 # NAME=FLAGS (a variant's flags joined by commas), as qwen25_coder.sh's search takes them
-for v in ${VARIANTS:-base= bucket256=--context-bucket=256 efficient=--sdpa-backend=efficient \
+for v in ${VARIANTS:-base= unbucketed=--context-bucket=0 efficient=--sdpa-backend=efficient \
     vocab=--train-over-token-map wide5=--num-layers=5,--intermediate-size=8960}; do
   name=${v%%=*}
   flags=${v#*=}
