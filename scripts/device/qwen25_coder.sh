@@ -83,6 +83,7 @@
 # its logs in OUT/cuda.tgz; `eval`/`eval2` pack everything they measured into OUT/eval.tgz /
 # eval2.tgz after every stage, most important first, so a call cut at its limit still returns
 # what ran.
+# (scripts/device/prepare_carry.sh makes .carry/gsm8k, .carry/humaneval and .carry/wheels.)
 # Needs GSM8K in $SGLANG_AUX_GSM8K_DIR (default: the carried .carry/gsm8k) and, for eval, the
 # server wheels (carry .carry/wheels: scripts/device/fetch_server_wheels.sh), and for SGLang's
 # harness its client (carry .carry/sglang-client: scripts/device/fetch_sglang_client.sh).

@@ -21,6 +21,8 @@ from pathlib import Path
 import pytest
 
 from sglang_aux.test.ci.ci_register import register_cpu_ci
+from sglang_aux.test.gsm8k_data import local_path_or_skip
+from sglang_aux.test.humaneval import read_problems
 
 register_cpu_ci(est_time=60, suite="default")
 
@@ -143,6 +145,32 @@ def test_the_training_step_profile_runs_each_variant_with_flags_train_dflash_tak
     assert train_args.make_parser().parse_args(runs["base"]).context_bucket == 256
     assert train_args.make_parser().parse_args(runs["unbucketed"]).context_bucket == 0
     assert train_args.make_parser().parse_args(runs["efficient"]).sdpa_backend == "efficient"
+
+
+def test_prepare_carry_makes_the_carried_data_folders(tmp_path):
+    """`prepare_carry.sh` on a fresh checkout: GSM8K's two files and HumanEval's problems in
+    .carry/ (wheels apart: PyPI), a folder already there kept; without GSM8K, one line."""
+    local_path_or_skip("train")
+    local_path_or_skip("test")
+    repo = tmp_path / "repo"
+    (repo / "scripts/device").mkdir(parents=True)
+    shutil.copy(REPO / "scripts/device/prepare_carry.sh", repo / "scripts/device/")
+    gsm8k = local_path_or_skip("train").parent
+    env = {**os.environ, "NO_WHEELS": "1", "SGLANG_AUX_GSM8K_DIR": str(gsm8k)}
+    run = partial(subprocess.run, ["bash", "scripts/device/prepare_carry.sh"], cwd=repo,
+                  capture_output=True, text=True, timeout=60)
+    r = run(env=env)
+    assert r.returncode == 0, r.stderr
+    for f in ("train.jsonl", "test.jsonl"):
+        assert (repo / ".carry/gsm8k" / f).read_bytes() == (gsm8k / f).read_bytes()
+    assert len(read_problems(repo / ".carry/humaneval/HumanEval.jsonl.gz")) == 164
+    (repo / ".carry/gsm8k/test.jsonl").write_text("kept\n")
+    assert run(env=env).returncode == 0
+    assert (repo / ".carry/gsm8k/test.jsonl").read_text() == "kept\n"
+    shutil.rmtree(repo / ".carry/gsm8k")
+    r = run(env={**env, "SGLANG_AUX_GSM8K_DIR": str(tmp_path / "none")})
+    assert r.returncode == 1
+    assert r.stderr == f"no {tmp_path / 'none'}/train.jsonl: set SGLANG_AUX_GSM8K_DIR\n"
 
 
 def test_a_removed_flag_is_caught():
