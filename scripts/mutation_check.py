@@ -520,6 +520,12 @@ MUTATIONS = [
              "        if not gqa:  #", "        if False:  #",
              (f"{T}/speculative/test_train_dflash.py"
               "::test_the_sdpa_backend_choice_trains_the_same_and_a_bad_one_is_named",)),
+    Mutation("--fill-budget: the budget still stops at --steps",
+             "python/sglang_aux/tools/dflash_training/trainer.py",
+             "fits if self.cfg.fill_budget else min(self.cfg.steps, fits)",
+             "min(self.cfg.steps, fits)",
+             (f"{T}/speculative/test_train_dflash.py"
+              "::test_fill_budget_trains_past_steps_while_the_time_holds",)),
     # the draft vocabulary (--speculative-token-map)
     Mutation("draft vocabulary: greedy proposals are map columns, not tokens",
              f"{SRT}/speculative/draft_proposals.py",

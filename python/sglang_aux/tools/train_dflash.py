@@ -214,7 +214,8 @@ def train(args: argparse.Namespace, target: str, started: float,
     cfg = TrainConfig(steps=args.steps, batch_size=args.batch_size, lr=args.lr,
                       anchors_per_seq=args.anchors_per_seq, gamma=args.gamma, seed=args.seed,
                       log_every=args.log_every, profile_steps=args.profile_steps,
-                      context_bucket=args.context_bucket, sdpa_backend=args.sdpa_backend)
+                      context_bucket=args.context_bucket, sdpa_backend=args.sdpa_backend,
+                      fill_budget=args.fill_budget)
     draft = new_draft(config, runner.device, args.seed)
     warm = init_from(draft, config, args.init_from) if args.init_from else None
     trainer = (DSparkTrainer(draft, runner.model.get_input_embeddings(),

@@ -704,14 +704,15 @@ def test_device_busy_counts_each_kernel_once():
     assert device_busy_us(prof.key_averages()) == 0.0  # a CPU run launches no kernel
 
 
-def _timed_trainer(target: str, monkeypatch, slow_steps: int, slow_s: float, fast_s: float
-                   ) -> tuple[Trainer, SequenceSet]:
+def _timed_trainer(target: str, monkeypatch, slow_steps: int, slow_s: float, fast_s: float,
+                   **cfg) -> tuple[Trainer, SequenceSet]:
     """A trainer whose steps only sleep (and count): the first `slow_steps` for `slow_s`, the
-    rest `fast_s`; and data for it."""
+    rest `fast_s`; and data for it. `cfg`: TrainConfig fields over 100,000 steps."""
     tr, _, draft, reqs, aux = _setup(target, num_layers=1)
     data = _sequence_set(reqs, aux)
     trainer = Trainer(draft, tr.model.get_input_embeddings(), tr.model.lm_head_weight,
-                      MASK_TOKEN_ID, TrainConfig(steps=100_000, batch_size=2, anchors_per_seq=2))
+                      MASK_TOKEN_ID, TrainConfig(**{"steps": 100_000, "batch_size": 2,
+                                                    "anchors_per_seq": 2, **cfg}))
     calls = []
 
     def timed_step(batch, anchors):
@@ -741,6 +742,31 @@ def test_time_budget_repaces_when_the_steps_speed_up(target, monkeypatch):
     stats = trainer.fit(data, time_budget_s=3.0)
     assert stats["steps"] > 4 * 100, stats["steps"]
     assert time.perf_counter() - start < 3.0 + 1.0  # and it still ends near the budget
+
+
+@pytest.mark.parametrize("fill", [False, True])
+def test_fill_budget_trains_past_steps_while_the_time_holds(target, monkeypatch, fill):
+    """`fill_budget`: 1 ms steps in a 1 s budget run some 900 steps where `steps` says 50;
+    without it the budget only ever shortens the schedule."""
+    trainer, data = _timed_trainer(target, monkeypatch, 0, 0.0, 0.001, steps=50,
+                                   fill_budget=fill)
+    start = time.perf_counter()
+    stats = trainer.fit(data, time_budget_s=1.0)
+    if fill:
+        assert stats["steps"] > 300, stats["steps"]
+        assert time.perf_counter() - start < 1.0 + 0.5
+    else:
+        assert stats["steps"] == 50
+
+
+def test_fill_budget_needs_a_time_budget_and_no_resume(capsys):
+    for argv in (["--fill-budget"], ["--fill-budget", "--deadline-s", "60", "--resume"]):
+        with pytest.raises(SystemExit):
+            train_args.parse_args(argv)
+        assert "--fill-budget needs --deadline-s or --train-budget-s, and no --resume" in (
+            capsys.readouterr().err)
+    args = train_args.parse_args(["--fill-budget", "--train-budget-s", "60"])
+    assert args.fill_budget and args.train_budget_s == 60
 
 
 def test_smoke_run_writes_a_draft_the_engine_runs_losslessly(target, tmp_path):

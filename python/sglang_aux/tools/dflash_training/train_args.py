@@ -106,6 +106,9 @@ def make_parser() -> argparse.ArgumentParser:
         help="pad each batch's context to a multiple of this many rows (0: to its longest "
              "sequence), so the draft's attention sees few distinct shapes (cuDNN builds a "
              "graph for each; default 256)")
+    add("--fill-budget", action="store_true",
+        help="with --deadline-s or --train-budget-s: train as many steps as the time holds, "
+             "more than --steps too (the cosine schedule ends at the last one)")
     add("--seed", type=int, default=TrainConfig.seed)
     add("--log-every", type=int, default=TrainConfig.log_every)
     add("--profile-steps", type=int, default=0,
@@ -185,6 +188,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         parser.error(f"--max-run-steps must be >= 1, got {args.max_run_steps}")
     if args.markov_rank < 1:
         parser.error(f"--markov-rank must be >= 1, got {args.markov_rank}")
+    if args.fill_budget and (args.resume or (args.deadline_s is None
+                                             and args.train_budget_s is None)):
+        parser.error("--fill-budget needs --deadline-s or --train-budget-s, and no --resume "
+                     "(a run of several keeps its --steps)")
     if args.context_bucket < 0:
         parser.error(f"--context-bucket must be >= 0, got {args.context_bucket}")
     if args.token_map_size < 0:

@@ -61,6 +61,9 @@ class TrainConfig:
     # the draft attention's SDPA kernels (SDPA_BACKENDS): "auto" lets torch choose (cuDNN's
     # on an H100 and the H200)
     sdpa_backend: str = "auto"
+    # with a time budget (and no checkpoint), the steps are what the budget holds, more than
+    # `steps` too: a device session's minutes all train
+    fill_budget: bool = False
 
     def __post_init__(self) -> None:
         for name in ("steps", "batch_size", "anchors_per_seq", "log_every"):
@@ -356,14 +359,15 @@ class Trainer:
                        time_budget_s: float) -> None:
         """After `ran` steps of a run started at `start`, at the probe step, every
         BUDGET_REPACE_EVERY steps and at the planned last one: the number of steps set to
-        what the budget holds at the pace of the steps since `paced_from`."""
+        what the budget holds at the pace of the steps since `paced_from` (at most
+        `cfg.steps` unless `cfg.fill_budget`)."""
         if ran < BUDGET_PROBE_STEPS or not (ran == BUDGET_PROBE_STEPS or ran % BUDGET_REPACE_EVERY
                                             == 0 or ran == self.total_steps):
             return
         now = time.perf_counter()
         pace = (now - paced_from) / (ran - BUDGET_WARMUP_STEPS)
         fits = ran + int((time_budget_s - (now - start)) / pace)
-        self.total_steps = max(ran, min(self.cfg.steps, fits))
+        self.total_steps = max(ran, fits if self.cfg.fill_budget else min(self.cfg.steps, fits))
         self.warmup = min(self.warmup, max(1, int(self.total_steps * self.cfg.warmup_frac)))
         if ran == BUDGET_PROBE_STEPS:
             logger.info("time budget %.0f s: %d steps", time_budget_s, self.total_steps)
