@@ -16,6 +16,7 @@ from pathlib import Path
 
 import torch
 
+from sglang_aux.tools.dflash_training.config_diff import first_difference
 from sglang_aux.tools.dflash_training.data import BadInputError, Sample
 from sglang_aux.tools.dflash_training.trainer import TrainConfig, Trainer
 
@@ -68,21 +69,10 @@ class TrainingCheckpoint:
             first = str(e).splitlines()[0] if str(e) else ""
             raise BadInputError(f"{self.path}: not a training checkpoint "
                                 f"({type(e).__name__}: {first})") from e
-        if (diff := _first_difference(fingerprint, self.fingerprint)) is not None:
-            raise BadInputError(f"{self.path}: a checkpoint of another run ({diff}); "
-                                "give another --checkpoint, or train without --resume")
+        if (diff := first_difference(fingerprint, self.fingerprint)) is not None:
+            key, then, now = diff
+            raise BadInputError(f"{self.path}: a checkpoint of another run ({key}: {then!r} in "
+                                f"the checkpoint, {now!r} now); give another --checkpoint, or "
+                                "train without --resume")
         trainer.load_state_dict(state)
         return True
-
-
-def _first_difference(saved: dict, current: dict, prefix: str = "") -> str | None:
-    """`field: X in the checkpoint, Y now` for the first field (sorted, nested ones dotted)
-    whose values differ; None when none does."""
-    for key in sorted(saved.keys() | current.keys()):
-        a, b = saved.get(key), current.get(key)
-        if isinstance(a, dict) and isinstance(b, dict):
-            if (diff := _first_difference(a, b, f"{prefix}{key}.")) is not None:
-                return diff
-        elif a != b:
-            return f"{prefix}{key}: {a!r} in the checkpoint, {b!r} now"
-    return None

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from sglang_aux.srt.models.dflash import DFlashDraftModel
 from sglang_aux.srt.models.weight_utils import safetensors_weights_iterator
+from sglang_aux.tools.dflash_training.config_diff import first_difference
 from sglang_aux.tools.dflash_training.data import BadInputError
 
 
@@ -40,20 +41,6 @@ def _card_training(folder: Path) -> str | None:
     return " ".join(m.group(1).split()) if m else None
 
 
-def _first_difference(theirs, ours, path: str = "") -> str | None:
-    """The first key (dotted) where two configs differ, or None."""
-    if isinstance(theirs, dict) and isinstance(ours, dict):
-        for key in sorted(set(theirs) | set(ours)):
-            where = f"{path}.{key}" if path else key
-            if key not in theirs or key not in ours:
-                return where
-            found = _first_difference(theirs[key], ours[key], where)
-            if found is not None:
-                return found
-        return None
-    return None if theirs == ours else path
-
-
 def weights_digest(folder: Path) -> str:
     """sha256 over the folder's safetensors files, in name order."""
     h = hashlib.sha256()
@@ -78,17 +65,10 @@ def init_from(draft: DFlashDraftModel, config: dict, folder: str | Path) -> Warm
     except ValueError as e:
         raise BadInputError(f"--init-from {path}: not JSON ({e})") from None
     ours = json.loads(json.dumps(config))  # as written: tuples become lists
-    key = _first_difference(theirs, ours)
-    if key is not None:
-        def at(cfg: dict):
-            for part in key.split("."):
-                if not isinstance(cfg, dict) or part not in cfg:
-                    return "absent"
-                cfg = cfg[part]
-            return repr(cfg)
-
-        raise BadInputError(f"--init-from {path}: {key} is {at(theirs)}, this training's "
-                            f"draft has {at(ours)}")
+    if (diff := first_difference(theirs, ours)) is not None:
+        key, a, b = diff
+        raise BadInputError(f"--init-from {path}: {key} is {a!r}, this training's draft has "
+                            f"{b!r}")
     try:
         draft.load_weights(safetensors_weights_iterator(folder))
     except (ValueError, FileNotFoundError) as e:
