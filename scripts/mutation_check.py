@@ -526,6 +526,12 @@ MUTATIONS = [
              "min(self.cfg.steps, fits)",
              (f"{T}/speculative/test_train_dflash.py"
               "::test_fill_budget_trains_past_steps_while_the_time_holds",)),
+    Mutation("--device-reserve-gb never reaches the feature rows",
+             "python/sglang_aux/tools/dflash_training/features.py",
+             "final_hidden=final_hidden, reserve_bytes=reserve_bytes)",
+             "final_hidden=final_hidden)",
+             (f"{T}/speculative/test_train_dflash.py"
+              "::test_the_device_reserve_reaches_the_feature_rows",)),
     # the draft vocabulary (--speculative-token-map)
     Mutation("draft vocabulary: greedy proposals are map columns, not tokens",
              f"{SRT}/speculative/draft_proposals.py",

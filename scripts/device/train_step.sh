@@ -5,9 +5,12 @@
 # values) over every SAMPLE_EVERY-th of the shipped mix samples, one run per variant below,
 # each profiled over 20 steps (`--profile-steps`: wall time, the device's busy time, the ops)
 # and timed unprofiled (the log lines' seconds every 20 steps: the profiler slows the host).
-# `unbucketed` pads each batch to its longest sequence, as the trainer did before the context
-# bucket (256 rows, the default since the H200 timed it: docs/benchmarks.md section 9o);
-# `efficient` runs the draft's attention on torch's memory-efficient kernels.
+# `hostrows` keeps every sample's rows in pinned host memory (a device reserve past any GPU's
+# memory), as most of the whole mix's rows wait there, so each batch copies its rows in;
+# `hoststream` copies them on a stream of their own, beside the step before (`--batch-stream`);
+# `efficient` runs the draft's attention on torch's memory-efficient kernels; `unbucketed`
+# (VARIANTS) pads each batch to its longest sequence, as the trainer did before the context
+# bucket (256 rows, the default since the H200 timed it: docs/benchmarks.md section 9o).
 # From the repository root, carry .carry/wheels, .carry/gsm8k and .carry/humaneval (the
 # contamination check reads GSM8K's test and HumanEval's prompts):
 #
@@ -28,7 +31,8 @@ with lzma.open(sys.argv[2], "wt") as f:
 print(f"{len(lines)} samples")
 EOF
 # NAME=FLAGS (a variant's flags joined by commas), as qwen25_coder.sh's search takes them
-for v in ${VARIANTS:-base= unbucketed=--context-bucket=0 efficient=--sdpa-backend=efficient \
+for v in ${VARIANTS:-base= hostrows=--device-reserve-gb=100000 \
+    hoststream=--device-reserve-gb=100000,--batch-stream efficient=--sdpa-backend=efficient \
     vocab=--train-over-token-map wide5=--num-layers=5,--intermediate-size=8960}; do
   name=${v%%=*}
   flags=${v#*=}

@@ -135,7 +135,7 @@ def test_the_training_step_profile_runs_each_variant_with_flags_train_dflash_tak
     calls = _record("train_step.sh", tmp_path)
     runs = {c[c.index("--out") + 1].rsplit("/", 1)[1]: c[2:] for c in calls
             if c[:2] == ["-m", "sglang_aux.tools.train_dflash"]}
-    assert list(runs) == ["base", "unbucketed", "efficient", "vocab", "wide5"], calls
+    assert list(runs) == ["base", "hostrows", "hoststream", "efficient", "vocab", "wide5"], calls
     for name, argv in runs.items():
         args = train_args.make_parser().parse_args(argv)
         assert args.target in PRESETS and args.recipe and args.profile_steps > 0, name
@@ -143,7 +143,9 @@ def test_the_training_step_profile_runs_each_variant_with_flags_train_dflash_tak
     assert "--train-over-token-map" in runs["vocab"]
     assert train_args.make_parser().parse_args(runs["wide5"]).num_layers == 5
     assert train_args.make_parser().parse_args(runs["base"]).context_bucket == 256
-    assert train_args.make_parser().parse_args(runs["unbucketed"]).context_bucket == 0
+    host = train_args.make_parser().parse_args(runs["hoststream"])
+    assert host.device_reserve_gb == 100000 and host.batch_stream
+    assert not train_args.make_parser().parse_args(runs["hostrows"]).batch_stream
     assert train_args.make_parser().parse_args(runs["efficient"]).sdpa_backend == "efficient"
 
 

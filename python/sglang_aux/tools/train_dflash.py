@@ -154,12 +154,13 @@ def _train_budget(args: argparse.Namespace, started: float) -> float | None:
 
 def _feature_key(args: argparse.Namespace, target: str) -> tuple:
     """What a run's samples and features depend on: the target and its engine, the samples
-    file (and its cut), and the layers the draft reads."""
+    file (and its cut), the layers the draft reads and where their rows are kept."""
     path = Path(args.samples_file)
     stat = path.stat()
     cut = None if args.code_tasks or args.chat_instructions else args.num_samples
     return (target, tuple(sorted(_feature_engine_args(args).items())), str(path),
-            stat.st_size, stat.st_mtime_ns, cut, args.num_aux_layers, args.algorithm)
+            stat.st_size, stat.st_mtime_ns, cut, args.num_aux_layers, args.algorithm,
+            args.device_reserve_gb)
 
 
 def train(args: argparse.Namespace, target: str, started: float,
@@ -215,7 +216,7 @@ def train(args: argparse.Namespace, target: str, started: float,
                       anchors_per_seq=args.anchors_per_seq, gamma=args.gamma, seed=args.seed,
                       log_every=args.log_every, profile_steps=args.profile_steps,
                       context_bucket=args.context_bucket, sdpa_backend=args.sdpa_backend,
-                      fill_budget=args.fill_budget)
+                      fill_budget=args.fill_budget, batch_stream=args.batch_stream)
     draft = new_draft(config, runner.device, args.seed)
     warm = init_from(draft, config, args.init_from) if args.init_from else None
     trainer = (DSparkTrainer(draft, runner.model.get_input_embeddings(),
@@ -240,8 +241,10 @@ def train(args: argparse.Namespace, target: str, started: float,
         timings["features (kept from an earlier run)"] = kept.seconds
     else:
         layer_ids = config["dflash_config"]["target_layer_ids"]
-        prefixes, prefix_of, aux = extract_by_source(runner, samples, layer_ids, dspark)
-        data = SequenceSet(samples, aux, runner.device, prefixes, prefix_of=prefix_of)
+        reserve = int(args.device_reserve_gb * (1 << 30))
+        prefixes, prefix_of, aux = extract_by_source(runner, samples, layer_ids, dspark,
+                                                     reserve_bytes=reserve)
+        data = SequenceSet(samples, aux, runner.device, prefixes, reserve, prefix_of=prefix_of)
         del aux, prefixes
         timings["features"] = time.perf_counter() - t0
         if key is not None:

@@ -109,7 +109,7 @@ def test_variants_share_the_features_and_train_as_alone(samples, tmp_path, monke
     layers = []
     real = train_dflash.extract_by_source
     monkeypatch.setattr(train_dflash, "extract_by_source",
-                        lambda *a: layers.append(list(a[2])) or real(*a))
+                        lambda *a, **kw: layers.append(list(a[2])) or real(*a, **kw))
     root = tmp_path / "s"
     assert search.main(_argv(root, samples, "base=", "lr=--lr 3e-3", "aux=--num-aux-layers 1",
                              "lr2=--lr 2e-3")) is True

@@ -413,6 +413,25 @@ def test_rows_past_the_hosts_memory_stop_in_one_line_before_pinning(monkeypatch)
     assert host.pinned == 1 << 20
 
 
+def test_the_device_reserve_reaches_the_feature_rows(target, tmp_path, monkeypatch, capsys):
+    """`--device-reserve-gb`: what the samples' rows leave free on the device (a larger value
+    keeps more of them in pinned host memory, to time their copies); negative is refused."""
+    local_path_or_skip("train")
+    seen = []
+
+    def spy(device, nbytes, reserve_bytes):
+        seen.append(reserve_bytes)
+        return True
+
+    monkeypatch.setattr(features, "has_room", spy)
+    train_dflash.main(["--smoke", "--target", target, "--out", str(tmp_path / "d"),
+                       "--num-samples", "4", "--steps", "2", "--device-reserve-gb", "1.5"])
+    assert seen and set(seen) == {3 << 29}
+    with pytest.raises(SystemExit):
+        train_args.parse_args(["--device-reserve-gb", "-1"])
+    assert "--device-reserve-gb must be >= 0, got -1.0" in capsys.readouterr().err
+
+
 def test_large_drafts_are_written_in_shards_the_loader_reads(target, tmp_path):
     """A draft over the shard limit is written as transformers shards a checkpoint (numbered
     files plus an index naming every tensor's file) and loads back equal; rewriting the

@@ -1,14 +1,17 @@
 """Training over the draft vocabulary on CUDA (bf16 autocast, the loss over the LM head's
 rows of the map): a tiny draft trained with `--train-over-token-map` on the GPU is served
 with its map from the config, with CUDA graphs, and greedy DFlash gives the target-only
-tokens; every `--sdpa-backend` trains on CUDA."""
+tokens; every `--sdpa-backend` trains on CUDA; host rows copied in on a stream of their own
+train the same draft."""
 
 import json
+import logging
 import re
 import sys
 
 import pytest
 import torch
+from safetensors.torch import load_file
 
 from sglang_aux.srt.entrypoints.engine import Engine
 from sglang_aux.test.ci.ci_register import register_cuda_ci
@@ -62,6 +65,29 @@ def test_each_sdpa_backend_trains_on_cuda(tmp_path):
         losses[backend] = float(re.search(r"Final loss ([0-9.]+)", card).group(1))
     assert losses["efficient"] == pytest.approx(losses["auto"], rel=0.05)
     assert losses["math"] == pytest.approx(losses["auto"], rel=0.05)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_host_rows_copied_on_their_own_stream_train_the_same_draft(tmp_path, caplog):
+    """`--device-reserve-gb` larger than the device keeps every sample's rows in pinned host
+    memory; `--batch-stream` copies a batch's rows in on a stream of their own: the same
+    draft, bitwise, as the copies in line with the steps."""
+    local_path_or_skip("train")
+    target = tiny_checkpoint("tiny-llama", tmp_path / "ckpt")
+    samples = tmp_path / "samples.jsonl"
+    common = ["--smoke", "--target", target, "--device", "cuda", "--num-samples", "8",
+              "--samples-file", str(samples)]
+    train_dflash.main([*common, "--phase", "data"])
+    # the math kernels: deterministic backward, so two runs can be compared bit for bit
+    common += ["--phase", "train", "--steps", "12", "--device-reserve-gb", "100000",
+               "--sdpa-backend", "math"]
+    with caplog.at_level(logging.INFO):
+        train_dflash.main([*common, "--out", str(tmp_path / "inline")])
+    assert re.search(r"aux states of (\d+)/\1 sequences in host memory", caplog.text)
+    train_dflash.main([*common, "--out", str(tmp_path / "stream"), "--batch-stream"])
+    a = load_file(tmp_path / "inline/model.safetensors")
+    b = load_file(tmp_path / "stream/model.safetensors")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
 if __name__ == "__main__":

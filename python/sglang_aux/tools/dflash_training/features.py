@@ -195,15 +195,15 @@ def extract_aux(runner: ModelRunner, samples: list[Sample], layer_ids: list[int]
 
 
 def extract_by_source(runner: ModelRunner, samples: list[Sample], layer_ids: list[int],
-                      final_hidden: bool
+                      final_hidden: bool, reserve_bytes: int = TRAIN_RESERVE_BYTES
                       ) -> tuple[list[torch.Tensor], list[int], list[torch.Tensor]]:
     """Each source's shared prefix rows (kept once), which prefix each sample starts with,
-    and each sample's own rows, in file order."""
+    and each sample's own rows, in file order (`extract_aux`'s `reserve_bytes`)."""
     prefixes, prefix_of, aux = [], [0] * len(samples), [None] * len(samples)
     for index in by_source(samples).values():
         group = [samples[i] for i in index]
         prefix, rows = extract_aux(runner, group, layer_ids, skip=common_prefix_len(group),
-                                   final_hidden=final_hidden)
+                                   final_hidden=final_hidden, reserve_bytes=reserve_bytes)
         for i, r in zip(index, rows, strict=True):
             aux[i], prefix_of[i] = r, len(prefixes)
         prefixes.append(prefix)

@@ -15,6 +15,7 @@ from sglang_aux.test.gsm8k_data import gsm8k_path
 from sglang_aux.tools.dflash_training.data import BadInputError
 from sglang_aux.tools.dflash_training.evaluate import EVAL_TASKS
 from sglang_aux.tools.dflash_training.export import DEFAULT_TOKEN_MAP_SIZE
+from sglang_aux.tools.dflash_training.features import TRAIN_RESERVE_BYTES
 from sglang_aux.tools.dflash_training.recipes import RECIPES, SMOKE_DEFAULTS
 from sglang_aux.tools.dflash_training.run_prompts import run_code_tasks
 from sglang_aux.tools.dflash_training.trainer import SDPA_BACKENDS, TrainConfig
@@ -109,6 +110,13 @@ def make_parser() -> argparse.ArgumentParser:
     add("--fill-budget", action="store_true",
         help="with --deadline-s or --train-budget-s: train as many steps as the time holds, "
              "more than --steps too (the cosine schedule ends at the last one)")
+    add("--batch-stream", action="store_true",
+        help="CUDA: copy a batch's host rows in on a stream of their own, beside the step "
+             "before (a candidate, off until timed)")
+    add("--device-reserve-gb", type=float, default=TRAIN_RESERVE_BYTES / (1 << 30),
+        help="device memory (GiB) the samples' feature rows leave free; the rest of the rows "
+             "wait in pinned host memory (a larger value keeps more there, to time their "
+             "copies)")
     add("--seed", type=int, default=TrainConfig.seed)
     add("--log-every", type=int, default=TrainConfig.log_every)
     add("--profile-steps", type=int, default=0,
@@ -192,6 +200,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                                              and args.train_budget_s is None)):
         parser.error("--fill-budget needs --deadline-s or --train-budget-s, and no --resume "
                      "(a run of several keeps its --steps)")
+    if args.device_reserve_gb < 0:
+        parser.error(f"--device-reserve-gb must be >= 0, got {args.device_reserve_gb}")
     if args.context_bucket < 0:
         parser.error(f"--context-bucket must be >= 0, got {args.context_bucket}")
     if args.token_map_size < 0:

@@ -64,6 +64,9 @@ class TrainConfig:
     # with a time budget (and no checkpoint), the steps are what the budget holds, more than
     # `steps` too: a device session's minutes all train
     fill_budget: bool = False
+    # CUDA: a batch's host rows are copied in on a stream of their own, beside the step
+    # before, instead of in line with the steps (a candidate, off until it is timed)
+    batch_stream: bool = False
 
     def __post_init__(self) -> None:
         for name in ("steps", "batch_size", "anchors_per_seq", "log_every"):
@@ -127,9 +130,23 @@ class SequenceSet:
     def __len__(self) -> int:
         return len(self.ids)
 
-    def batch(self, index: list[int], bucket: int = 0) -> Batch:
+    def batch(self, index: list[int], bucket: int = 0,
+              stream: torch.cuda.Stream | None = None) -> Batch:
         """These sequences, zero-padded to the longest one's length, rounded up to a multiple
-        of `bucket` when it is set (the rows past a sequence's end are never attended)."""
+        of `bucket` when it is set (the rows past a sequence's end are never attended). With
+        a CUDA `stream`, the host rows' copies and the padding run there, beside what the
+        current stream still computes, and the current stream waits for them."""
+        if stream is None:
+            return self._batch(index, bucket)
+        current = torch.cuda.current_stream(stream.device)
+        with torch.cuda.stream(stream):
+            batch = self._batch(index, bucket)
+        current.wait_stream(stream)
+        for t in vars(batch).values():  # made on `stream`, freed after `current` reads them
+            t.record_stream(current)
+        return batch
+
+    def _batch(self, index: list[int], bucket: int) -> Batch:
         dev = self.prefixes[0].device
         aux = [torch.cat([self.prefixes[self.prefix_of[i]], tensor_to_device(self.aux[i], dev)])
                for i in index]
@@ -322,6 +339,8 @@ class Trainer:
         start, window, first = time.perf_counter(), [], self.num_steps
         paced_from = start  # set again after the warm-up steps
         profile = StepProfile(self.cfg.profile_steps, self.device)
+        copies = (torch.cuda.Stream(self.device)
+                  if self.cfg.batch_stream and self.device.type == "cuda" else None)
         saved_at = None
         while self.num_steps < self.total_steps:
             ran = self.num_steps - first
@@ -330,7 +349,7 @@ class Trainer:
                 break
             profile.before(ran)
             index = torch.randint(len(data), (self.cfg.batch_size,), generator=self.generator)
-            batch = data.batch(index.tolist(), self.cfg.context_bucket)
+            batch = data.batch(index.tolist(), self.cfg.context_bucket, copies)
             window.append(self.step(batch, sample_anchors(batch, self.cfg.anchors_per_seq,
                                                           self.generator)))
             ran += 1
