@@ -184,6 +184,10 @@ def test_init_from_starts_from_a_written_drafts_weights(tmp_path):
     with pytest.raises(SystemExit, match=rf"^train_dflash: error: --init-from {tmp_path}: no "
                        r"config.json \(not a draft folder\)$"):
         train_dflash.main([*still, "--init-from", str(tmp_path), "--out", str(tmp_path / "y")])
+    (first / "model.safetensors").write_bytes(b"not safetensors" * 4)
+    with pytest.raises(SystemExit, match=rf"^train_dflash: error: --init-from {first}: Error "
+                       r"while deserializing header"):
+        train_dflash.main([*still, "--init-from", str(first), "--out", str(tmp_path / "w")])
     (first / "model.safetensors").unlink()
     with pytest.raises(SystemExit, match=rf"^train_dflash: error: --init-from {first}: no "
                        r"\*.safetensors file"):

@@ -12,6 +12,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from safetensors import SafetensorError
+
 from sglang_aux.srt.models.dflash import DFlashDraftModel
 from sglang_aux.srt.models.weight_utils import safetensors_weights_iterator
 from sglang_aux.tools.dflash_training.config_diff import first_difference
@@ -71,6 +73,6 @@ def init_from(draft: DFlashDraftModel, config: dict, folder: str | Path) -> Warm
                             f"{b!r}")
     try:
         draft.load_weights(safetensors_weights_iterator(folder))
-    except (ValueError, FileNotFoundError) as e:
+    except (ValueError, FileNotFoundError, SafetensorError) as e:
         raise BadInputError(f"--init-from {folder}: {e}") from None
     return WarmStart(weights_digest(folder), _card_training(folder))
