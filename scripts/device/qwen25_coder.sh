@@ -93,7 +93,8 @@
 # only), HELDOUT=1 (eval: the held-out accept too), LOSSLESS=0 (eval: not the lossless test), EXTRA_TESTS (eval: more test files),
 # WARM_START=1 (train, train-start: from the weights of the draft `draft-in` brought),
 # SEARCH_STATE (search, search-start: an earlier session's search.json, carried, continued on
-# a machine with no search yet), DRAFT_PARTS (draft-in: how many parts make the draft, default 6), SEND_PARTS (train: the
+# a machine with no search yet), DRAFT_PARTS (draft-in: how many parts make the draft,
+# default 6), SEND_PARTS (train: the
 # draft's parts it sends back, default 3), TRAIN_FLAGS (train: more
 # train_dflash flags, e.g. '--eval --profile-steps 20'). Issue 30's Qwen comparison, Qwen staged and the samples
 # carried: DRAFT=qwen2.5-coder-1.5b-instruct-dspark-b15 TRAIN_FLAGS='--eval --profile-steps 20' DEADLINE=500 ... train

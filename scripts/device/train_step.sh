@@ -14,7 +14,7 @@
 # From the repository root, carry .carry/wheels, .carry/gsm8k and .carry/humaneval (the
 # contamination check reads GSM8K's test and HumanEval's prompts):
 #
-#   bash scripts/device/train_step.sh "$OUT"       # about 5 minutes on an H100 or the H200
+#   bash scripts/device/train_step.sh "$OUT"       # about 6 minutes on an H100 or the H200
 . scripts/device/timed_steps.sh
 export PYTHONPATH=$PYTHONPATH:/tmp/site
 export SGLANG_AUX_HUMANEVAL=${SGLANG_AUX_HUMANEVAL:-$PWD/.carry/humaneval/HumanEval.jsonl.gz}

@@ -35,7 +35,7 @@ from sglang_aux.tools.dflash_training import train_args
 from sglang_aux.tools.dflash_training.evaluate import EVAL_TASKS
 from sglang_aux.tools.dflash_training.feature_cache import FeatureCache
 from sglang_aux.tools.dflash_training.recipes import RECIPES
-from sglang_aux.tools.dflash_training.training_checkpoint import CHECKPOINT_SUFFIX
+from sglang_aux.tools.dflash_training.training_checkpoint import default_checkpoint
 
 STATE = "search.json"
 TABLE = "search.md"
@@ -137,7 +137,7 @@ class Search:
             out = self.root / name
             lost = (v["status"] == "trained" and not out.is_dir()) or (
                 v["status"] == "training" and v["runs"] > 0
-                and not Path(f"{out}{CHECKPOINT_SUFFIX}").is_file())
+                and not default_checkpoint(out).is_file())
             if lost:
                 print(f"search: {name}: its {'draft' if v['status'] == 'trained' else 'checkpoint'}"
                       f" is not under {self.root}: trained again from step 0", flush=True)

@@ -19,7 +19,10 @@ from sglang_aux.tools.dflash_training.features import TRAIN_RESERVE_BYTES
 from sglang_aux.tools.dflash_training.recipes import RECIPES, SMOKE_DEFAULTS
 from sglang_aux.tools.dflash_training.run_prompts import run_code_tasks
 from sglang_aux.tools.dflash_training.trainer import SDPA_BACKENDS, TrainConfig
-from sglang_aux.tools.dflash_training.training_checkpoint import CHECKPOINT_SUFFIX
+from sglang_aux.tools.dflash_training.training_checkpoint import (
+    CHECKPOINT_SUFFIX,
+    default_checkpoint,
+)
 
 # Mask token: the first of these the tokenizer keeps whole. The tiny presets have `<|mask|>`;
 # SmolLM2 has none, so an unused control token of its vocab stands in: `<empty_output>` (id 16,
@@ -218,7 +221,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
             parser.error("--out is required for this target")
         args.out = str(DRAFTS_DIR / f"{args.target}-{args.algorithm}-b{args.block_size}")
     if args.resume and args.checkpoint is None:
-        args.checkpoint = args.out + CHECKPOINT_SUFFIX
+        args.checkpoint = str(default_checkpoint(args.out))
     args.command = "python -m sglang_aux.tools.train_dflash " + shlex.join(
         sys.argv[1:] if argv is None else argv)
     return args

@@ -21,6 +21,11 @@ from sglang_aux.tools.dflash_training.data import BadInputError, Sample
 from sglang_aux.tools.dflash_training.trainer import TrainConfig, Trainer
 
 CHECKPOINT_SUFFIX = ".checkpoint.pt"  # beside the draft folder: `<out>.checkpoint.pt`
+
+
+def default_checkpoint(out: str | Path) -> Path:
+    """Where a `--resume` run into the draft folder `out` keeps its checkpoint by default."""
+    return Path(f"{out}{CHECKPOINT_SUFFIX}")
 # TrainConfig fields a later run may change: they shape its log, not its weights
 RUN_ONLY_FIELDS = ("log_every", "profile_steps")
 
