@@ -5,16 +5,18 @@
 # values) over every SAMPLE_EVERY-th of the shipped mix samples, one run per variant below,
 # each profiled over 20 steps (`--profile-steps`: wall time, the device's busy time, the ops)
 # and timed unprofiled (the log lines' seconds every 20 steps: the profiler slows the host).
+# `base` is the recipe (over its draft vocabulary); `fullvocab` trains over the whole one;
 # `hostrows` keeps every sample's rows in pinned host memory (a device reserve past any GPU's
-# memory), as most of the whole mix's rows wait there, so each batch copies its rows in;
-# `hoststream` copies them on a stream of their own, beside the step before (`--batch-stream`);
-# `efficient` runs the draft's attention on torch's memory-efficient kernels; `unbucketed`
-# (VARIANTS) pads each batch to its longest sequence, as the trainer did before the context
-# bucket (256 rows, the default since the H200 timed it: docs/benchmarks.md section 9o).
+# memory), as most of the whole mix's rows wait there, so each batch copies its rows in on a
+# stream of their own (`--batch-stream`, the default since an H100 timed it: docs/benchmarks.md
+# section 9p); `hostinline` copies them in line with the steps; `wide5` is five wide draft
+# layers. Others through VARIANTS, e.g. `efficient=--sdpa-backend=efficient` (torch's
+# memory-efficient attention) or `unbucketed=--context-bucket=0` (each batch padded to its
+# longest sequence, as before the context bucket: section 9o).
 # From the repository root, carry .carry/wheels, .carry/gsm8k and .carry/humaneval (the
 # contamination check reads GSM8K's test and HumanEval's prompts):
 #
-#   bash scripts/device/train_step.sh "$OUT"       # about 6 minutes on an H100 or the H200
+#   bash scripts/device/train_step.sh "$OUT"       # about 5 minutes on an H100 or the H200
 . scripts/device/timed_steps.sh
 export PYTHONPATH=$PYTHONPATH:/tmp/site
 export SGLANG_AUX_HUMANEVAL=${SGLANG_AUX_HUMANEVAL:-$PWD/.carry/humaneval/HumanEval.jsonl.gz}
@@ -31,9 +33,9 @@ with lzma.open(sys.argv[2], "wt") as f:
 print(f"{len(lines)} samples")
 EOF
 # NAME=FLAGS (a variant's flags joined by commas), as qwen25_coder.sh's search takes them
-for v in ${VARIANTS:-base= hostrows=--device-reserve-gb=100000 \
-    hoststream=--device-reserve-gb=100000,--batch-stream efficient=--sdpa-backend=efficient \
-    vocab=--train-over-token-map wide5=--num-layers=5,--intermediate-size=8960}; do
+for v in ${VARIANTS:-base= fullvocab=--no-train-over-token-map \
+    hostrows=--device-reserve-gb=100000 hostinline=--device-reserve-gb=100000,--no-batch-stream \
+    wide5=--num-layers=5,--intermediate-size=8960}; do
   name=${v%%=*}
   flags=${v#*=}
   step "$name" 300 python -m sglang_aux.tools.train_dflash --recipe $recipe \

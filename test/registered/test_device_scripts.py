@@ -131,22 +131,25 @@ def test_the_training_step_profile_runs_each_variant_with_flags_train_dflash_tak
     with flags the trainer's parser accepts and the variant's own ones."""
     from sglang_aux.srt.configs.presets import PRESETS
     from sglang_aux.tools.dflash_training import train_args
+    from sglang_aux.tools.dflash_training.recipes import MIX, shipped_samples
 
     calls = _record("train_step.sh", tmp_path)
     runs = {c[c.index("--out") + 1].rsplit("/", 1)[1]: c[2:] for c in calls
             if c[:2] == ["-m", "sglang_aux.tools.train_dflash"]}
-    assert list(runs) == ["base", "hostrows", "hoststream", "efficient", "vocab", "wide5"], calls
+    assert list(runs) == ["base", "fullvocab", "hostrows", "hostinline", "wide5"], calls
+    parsed = {}
     for name, argv in runs.items():
-        args = train_args.make_parser().parse_args(argv)
+        i = argv.index("--samples-file") + 1  # (the script's cut of the shipped samples)
+        argv[i] = str(shipped_samples(MIX))
+        parsed[name] = args = train_args.parse_args(argv)  # with the recipe's defaults
         assert args.target in PRESETS and args.recipe and args.profile_steps > 0, name
         assert int(args.mask_token) < PRESETS[args.target]["vocab_size"]
-    assert "--train-over-token-map" in runs["vocab"]
-    assert train_args.make_parser().parse_args(runs["wide5"]).num_layers == 5
-    assert train_args.make_parser().parse_args(runs["base"]).context_bucket == 256
-    host = train_args.make_parser().parse_args(runs["hoststream"])
-    assert host.device_reserve_gb == 100000 and host.batch_stream
-    assert not train_args.make_parser().parse_args(runs["hostrows"]).batch_stream
-    assert train_args.make_parser().parse_args(runs["efficient"]).sdpa_backend == "efficient"
+    assert parsed["base"].train_over_token_map and parsed["base"].batch_stream
+    assert not parsed["fullvocab"].train_over_token_map
+    assert parsed["wide5"].num_layers == 5 and parsed["base"].context_bucket == 256
+    assert parsed["hostrows"].device_reserve_gb == 100000 and parsed["hostrows"].batch_stream
+    assert parsed["hostinline"].device_reserve_gb == 100000
+    assert not parsed["hostinline"].batch_stream
 
 
 def test_prepare_carry_makes_the_carried_data_folders(tmp_path):

@@ -32,6 +32,7 @@ from pathlib import Path
 from sglang_aux.srt.configs.acceptance_profile import DRAFT_PROFILE
 from sglang_aux.tools import train_dflash
 from sglang_aux.tools.dflash_training import train_args
+from sglang_aux.tools.dflash_training.config_diff import first_difference
 from sglang_aux.tools.dflash_training.evaluate import EVAL_TASKS
 from sglang_aux.tools.dflash_training.feature_cache import FeatureCache
 from sglang_aux.tools.dflash_training.recipes import RECIPES
@@ -107,17 +108,27 @@ class Search:
 
     def _load(self) -> dict:
         """The search so far; a file from another search (recipe, samples, steps or a
-        variant's flags differ) stops with one line naming it."""
-        want = {"recipe": self.args.recipe, "samples_file": str(self.args.samples_file),
-                "steps": self.args.steps, "common": self.args.common}
+        variant's flags differ, or the recipe's defaults changed since: its `base=` would
+        not be the draft measured) stops with one line naming it."""
+        defaults = json.loads(json.dumps(RECIPES.get(self.args.recipe)))
+        want = {"recipe": self.args.recipe, "recipe_defaults": defaults,
+                "samples_file": str(self.args.samples_file), "steps": self.args.steps,
+                "common": self.args.common}
         if not self.path.is_file():
             return {**want, "variants": {}}
         try:
             state = json.loads(self.path.read_text())
             for key, value in want.items():
-                if state[key] != value:
-                    raise SearchError(f"{self.path}: a search with {key} {state[key]!r}, "
-                                      f"not {value!r}: use another --root")
+                found = state.get(key) if key == "recipe_defaults" else state[key]
+                if found == value:
+                    continue
+                if key == "recipe_defaults" and found is None:
+                    raise SearchError(f"{self.path}: a search from before the recipe's "
+                                      "defaults were recorded: use another --root")
+                if key == "recipe_defaults":  # the first default that moved, named
+                    key, found, value = first_difference({key: found}, {key: value})
+                raise SearchError(f"{self.path}: a search with {key} {found!r}, not "
+                                  f"{value!r}: use another --root")
             for name, v in state["variants"].items():
                 if name in self.variants and v["flags"] != self.variants[name]:
                     raise SearchError(f"{self.path}: variant {name} was {v['flags']!r}, not "

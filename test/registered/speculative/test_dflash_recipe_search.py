@@ -3,7 +3,8 @@ recipe: two variants trained on one samples file and measured on held-out GSM8K 
 one table; variants share the features of one set of target layers and train as alone; a
 variant cut mid-training resumes its checkpoint in the next call; a finished search trains
 nothing again; bad input (a variant name, two of one name, two that train the same draft, a
-missing samples file, a state from another search) stops with one line."""
+missing samples file, a state from another search or from a recipe whose defaults moved)
+stops with one line."""
 
 import json
 import sys
@@ -186,6 +187,21 @@ def test_missing_samples_and_another_searchs_state_are_one_line(samples, tmp_pat
     with pytest.raises(SystemExit) as e:
         search.main(_argv(tmp_path, samples, "a="))
     assert f"{tmp_path / search.STATE}: a search with steps 99, not 4" in str(e.value)
+    # a recipe whose defaults moved since (the mix took --train-over-token-map): its base=
+    # would not be the draft measured
+    from sglang_aux.tools.dflash_training.recipes import MIX, RECIPES
+    before = {**json.loads(json.dumps(RECIPES[MIX])), "train_over_token_map": False}
+    state = {"recipe": MIX, "samples_file": str(samples[1]), "steps": 4,
+             "common": f"--smoke --target {target}", "variants": {}}
+    argv = [*_argv(tmp_path, samples, "a="), "--recipe", MIX]
+    for recorded, says in ((before, "a search with recipe_defaults.train_over_token_map "
+                                    "False, not True"),
+                           (None, "a search from before the recipe's defaults were recorded")):
+        (tmp_path / search.STATE).write_text(json.dumps(
+            {**state, **({"recipe_defaults": recorded} if recorded else {})}))
+        with pytest.raises(SystemExit) as e:
+            search.main(argv)
+        assert says in str(e.value) and "\n" not in str(e.value), str(e.value)
     (tmp_path / search.STATE).write_text("{oops")
     with pytest.raises(SystemExit) as e:
         search.main(_argv(tmp_path, samples, "a="))

@@ -487,6 +487,14 @@ def test_recipe_sets_defaults_and_resolves_its_draft(tmp_path, monkeypatch):
     assert mix.code_tasks_file == str(TASKS_FILE)  # the shipped tasks, the same everywhere
     assert mix.samples_file == str(shipped_samples(MIX))  # generated once, trained from here
     assert train_args.parse_args(["--recipe", name]).samples_file is None
+    # the mix trains over its draft vocabulary, a flag turns it off; a DSpark run of it must
+    assert mix.train_over_token_map and not args.train_over_token_map
+    assert not train_args.parse_args(["--recipe", MIX, "--no-train-over-token-map"]
+                                     ).train_over_token_map
+    with pytest.raises(SystemExit):
+        train_args.parse_args(["--recipe", MIX, "--algorithm", "dspark"])
+    assert train_args.parse_args(["--recipe", MIX, "--algorithm", "dspark",
+                                  "--no-train-over-token-map"]).algorithm == "dspark"
     assert args.out == str(tmp_path / "drafts" / name)
     (tmp_path / "drafts" / name).mkdir(parents=True)
     (tmp_path / "drafts" / name / "config.json").write_text("{}")

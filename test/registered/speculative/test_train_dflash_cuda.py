@@ -70,8 +70,8 @@ def test_each_sdpa_backend_trains_on_cuda(tmp_path):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_host_rows_copied_on_their_own_stream_train_the_same_draft(tmp_path, caplog):
     """`--device-reserve-gb` larger than the device keeps every sample's rows in pinned host
-    memory; `--batch-stream` copies a batch's rows in on a stream of their own: the same
-    draft, bitwise, as the copies in line with the steps."""
+    memory; `--batch-stream` (the default) copies a batch's rows in on a stream of their own:
+    the same draft, bitwise, as the copies in line with the steps (`--no-batch-stream`)."""
     local_path_or_skip("train")
     target = tiny_checkpoint("tiny-llama", tmp_path / "ckpt")
     samples = tmp_path / "samples.jsonl"
@@ -82,9 +82,9 @@ def test_host_rows_copied_on_their_own_stream_train_the_same_draft(tmp_path, cap
     common += ["--phase", "train", "--steps", "12", "--device-reserve-gb", "100000",
                "--sdpa-backend", "math"]
     with caplog.at_level(logging.INFO):
-        train_dflash.main([*common, "--out", str(tmp_path / "inline")])
+        train_dflash.main([*common, "--out", str(tmp_path / "inline"), "--no-batch-stream"])
     assert re.search(r"aux states of (\d+)/\1 sequences in host memory", caplog.text)
-    train_dflash.main([*common, "--out", str(tmp_path / "stream"), "--batch-stream"])
+    train_dflash.main([*common, "--out", str(tmp_path / "stream")])
     a = load_file(tmp_path / "inline/model.safetensors")
     b = load_file(tmp_path / "stream/model.safetensors")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)

@@ -113,9 +113,10 @@ def make_parser() -> argparse.ArgumentParser:
     add("--fill-budget", action="store_true",
         help="with --deadline-s or --train-budget-s: train as many steps as the time holds, "
              "more than --steps too (the cosine schedule ends at the last one)")
-    add("--batch-stream", action="store_true",
+    add("--batch-stream", action=argparse.BooleanOptionalAction,
+        default=TrainConfig.batch_stream,
         help="CUDA: copy a batch's host rows in on a stream of their own, beside the step "
-             "before (a candidate, off until timed)")
+             "before (default; --no-batch-stream: in line with the steps)")
     add("--device-reserve-gb", type=float, default=TRAIN_RESERVE_BYTES / (1 << 30),
         help="device memory (GiB) the samples' feature rows leave free; the rest of the rows "
              "wait in pinned host memory (a larger value keeps more there, to time their "
@@ -147,10 +148,10 @@ def make_parser() -> argparse.ArgumentParser:
         help="write the draft vocabulary beside the draft (SGLang's --speculative-token-map "
              "file, freq_<N>.pt): the N ids the samples' continuations write most; 0: none "
              "(none either for a target vocabulary of N or fewer)")
-    add("--train-over-token-map", action="store_true",
+    add("--train-over-token-map", action=argparse.BooleanOptionalAction, default=False,
         help="DFlash: the loss reads only the draft vocabulary's rows of the LM head (its "
              "logits and softmax V / N times smaller); the draft's config then names the map, "
-             "which the server reads with it")
+             "which the server reads with it (the mix recipe's default)")
     add("--checkpoint-every", type=int, default=DEFAULT_CHECKPOINT_EVERY,
         help="with --resume, also write the checkpoint every this many steps (0: at the end "
              "of a run only)")
@@ -211,7 +212,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         parser.error(f"--token-map-size must be >= 0, got {args.token_map_size}")
     if args.train_over_token_map and (args.algorithm != "dflash" or not args.token_map_size):
         parser.error("--train-over-token-map trains a DFlash draft over its --token-map-size "
-                     "ids (not 0); DSpark's objective reads the whole distribution")
+                     "ids (not 0); DSpark's objective reads the whole distribution "
+                     "(--no-train-over-token-map turns a recipe's off)")
     if (args.eval or args.eval_only) and args.eval_data_path is None and not args.holdout:
         args.eval_data_path = str(gsm8k_path("test"))
     if args.out is None and args.recipe and args.phase != "data":
