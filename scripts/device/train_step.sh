@@ -9,10 +9,12 @@
 # `hostrows` keeps every sample's rows in pinned host memory (a device reserve past any GPU's
 # memory), as most of the whole mix's rows wait there, so each batch copies its rows in on a
 # stream of their own (`--batch-stream`, the default since an H100 timed it: docs/benchmarks.md
-# section 9p); `hostinline` copies them in line with the steps; `wide5` is five wide draft
-# layers. Others through VARIANTS, e.g. `efficient=--sdpa-backend=efficient` (torch's
-# memory-efficient attention) or `unbucketed=--context-bucket=0` (each batch padded to its
-# longest sequence, as before the context bucket: section 9o).
+# section 9p); `compile` runs the draft's forward and the loss through torch.compile; `wide5`
+# is five wide draft layers. Others through VARIANTS, e.g.
+# `hostinline=--device-reserve-gb=100000,--no-batch-stream` (host rows copied in line),
+# `efficient=--sdpa-backend=efficient` (torch's memory-efficient attention) or
+# `unbucketed=--context-bucket=0` (each batch padded to its longest sequence, as before the
+# context bucket: section 9o).
 # From the repository root, carry .carry/wheels, .carry/gsm8k and .carry/humaneval (the
 # contamination check reads GSM8K's test and HumanEval's prompts):
 #
@@ -33,9 +35,8 @@ with lzma.open(sys.argv[2], "wt") as f:
 print(f"{len(lines)} samples")
 EOF
 # NAME=FLAGS (a variant's flags joined by commas), as qwen25_coder.sh's search takes them
-for v in ${VARIANTS:-base= fullvocab=--no-train-over-token-map \
-    hostrows=--device-reserve-gb=100000 hostinline=--device-reserve-gb=100000,--no-batch-stream \
-    wide5=--num-layers=5,--intermediate-size=8960}; do
+for v in ${VARIANTS:-base= compile=--compile fullvocab=--no-train-over-token-map \
+    hostrows=--device-reserve-gb=100000 wide5=--num-layers=5,--intermediate-size=8960}; do
   name=${v%%=*}
   flags=${v#*=}
   step "$name" 300 python -m sglang_aux.tools.train_dflash --recipe $recipe \

@@ -136,7 +136,7 @@ def test_the_training_step_profile_runs_each_variant_with_flags_train_dflash_tak
     calls = _record("train_step.sh", tmp_path)
     runs = {c[c.index("--out") + 1].rsplit("/", 1)[1]: c[2:] for c in calls
             if c[:2] == ["-m", "sglang_aux.tools.train_dflash"]}
-    assert list(runs) == ["base", "fullvocab", "hostrows", "hostinline", "wide5"], calls
+    assert list(runs) == ["base", "compile", "fullvocab", "hostrows", "wide5"], calls
     parsed = {}
     for name, argv in runs.items():
         i = argv.index("--samples-file") + 1  # (the script's cut of the shipped samples)
@@ -148,8 +148,7 @@ def test_the_training_step_profile_runs_each_variant_with_flags_train_dflash_tak
     assert not parsed["fullvocab"].train_over_token_map
     assert parsed["wide5"].num_layers == 5 and parsed["base"].context_bucket == 256
     assert parsed["hostrows"].device_reserve_gb == 100000 and parsed["hostrows"].batch_stream
-    assert parsed["hostinline"].device_reserve_gb == 100000
-    assert not parsed["hostinline"].batch_stream
+    assert parsed["compile"].compile and not parsed["base"].compile
 
 
 def test_prepare_carry_makes_the_carried_data_folders(tmp_path):

@@ -216,7 +216,8 @@ def train(args: argparse.Namespace, target: str, started: float,
                       anchors_per_seq=args.anchors_per_seq, gamma=args.gamma, seed=args.seed,
                       log_every=args.log_every, profile_steps=args.profile_steps,
                       context_bucket=args.context_bucket, sdpa_backend=args.sdpa_backend,
-                      fill_budget=args.fill_budget, batch_stream=args.batch_stream)
+                      fill_budget=args.fill_budget, batch_stream=args.batch_stream,
+                      compile=args.compile)
     draft = new_draft(config, runner.device, args.seed)
     warm = init_from(draft, config, args.init_from) if args.init_from else None
     trainer = (DSparkTrainer(draft, runner.model.get_input_embeddings(),

@@ -46,7 +46,8 @@ from sglang_aux.test.runtime_utils import (
 )
 from sglang_aux.tools import train_dflash
 from sglang_aux.tools.build_token_map import coverage, hot_ids
-from sglang_aux.tools.dflash_training import draft_forward, features, run_prompts, train_args
+from sglang_aux.tools.dflash_training import features, run_prompts, train_args
+from sglang_aux.tools.dflash_training import trainer as trainer_module
 from sglang_aux.tools.dflash_training.code_tasks import TASKS_FILE
 from sglang_aux.tools.dflash_training.data import (
     BadInputError,
@@ -240,7 +241,7 @@ def test_the_sdpa_backend_choice_trains_the_same_and_a_bad_one_is_named(target, 
     trainer = Trainer(draft, tr.model.get_input_embeddings(), tr.model.lm_head_weight,
                       MASK_TOKEN_ID, TrainConfig())
     grouped = trainer.objective(batch, anchors)[0]
-    monkeypatch.setattr(draft_forward, "_grouped_kv_kernel_enabled", lambda: False)
+    monkeypatch.setattr(trainer_module, "grouped_kv_kernel_enabled", lambda: False)
     seen = []
     real = F.scaled_dot_product_attention
     monkeypatch.setattr(F, "scaled_dot_product_attention",
@@ -256,6 +257,31 @@ def test_the_sdpa_backend_choice_trains_the_same_and_a_bad_one_is_named(target, 
                 MASK_TOKEN_ID, TrainConfig(sdpa_backend="efficient")).step(batch, anchors)
     with pytest.raises(ValueError, match="sdpa_backend must be one of auto, cudnn, "):
         TrainConfig(sdpa_backend="fast")
+
+
+def test_a_compiled_step_trains_as_the_eager_one(target):
+    """`TrainConfig(compile=True)`: the draft's forward and the loss's slices through
+    torch.compile (Inductor on the CPU) train the weights the eager step trains, to float
+    rounding, over steps at two context lengths (a new bucket compiles again, not fails)."""
+    tr, _, draft, reqs, aux = _setup(target, num_layers=1)
+    data = _sequence_set(reqs, aux)
+    start = {k: v.clone() for k, v in draft.state_dict().items()}
+    trained, losses = {}, {}
+    for compiled in (False, True):
+        draft.load_state_dict(start)
+        trainer = Trainer(draft, tr.model.get_input_embeddings(), tr.model.lm_head_weight,
+                          MASK_TOKEN_ID, TrainConfig(compile=compiled))
+        assert (trainer.block_hidden is draft_block_hidden) is not compiled
+        losses[compiled] = []
+        for i, bucket in enumerate((0, 0, 256)):
+            batch = data.batch([i % 2, 1 - i % 2], bucket)
+            anchors = sample_anchors(batch, 6, torch.Generator().manual_seed(i))
+            losses[compiled].append(float(trainer.step(batch, anchors)["loss"]))
+        trained[compiled] = {k: v.clone() for k, v in draft.state_dict().items()}
+    torch.testing.assert_close(losses[True], losses[False], rtol=1e-5, atol=0)
+    assert any(not torch.equal(trained[False][k], start[k]) for k in start)  # it trained
+    for k in start:
+        torch.testing.assert_close(trained[True][k], trained[False][k], rtol=1e-4, atol=1e-6)
 
 
 def _vocab_objective(target, token_ids):

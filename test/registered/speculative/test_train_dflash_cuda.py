@@ -2,7 +2,7 @@
 rows of the map): a tiny draft trained with `--train-over-token-map` on the GPU is served
 with its map from the config, with CUDA graphs, and greedy DFlash gives the target-only
 tokens; every `--sdpa-backend` trains on CUDA; host rows copied in on a stream of their own
-train the same draft."""
+train the same draft; a compiled step trains as the eager one."""
 
 import json
 import logging
@@ -19,7 +19,7 @@ from sglang_aux.test.gsm8k_data import local_path_or_skip
 from sglang_aux.test.runtime_utils import tiny_checkpoint
 from sglang_aux.tools import train_dflash
 
-register_cuda_ci(est_time=90, suite="default")
+register_cuda_ci(est_time=150, suite="default")
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
@@ -88,6 +88,22 @@ def test_host_rows_copied_on_their_own_stream_train_the_same_draft(tmp_path, cap
     a = load_file(tmp_path / "inline/model.safetensors")
     b = load_file(tmp_path / "stream/model.safetensors")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_a_compiled_step_trains_as_the_eager_one_on_cuda(tmp_path):
+    """`--compile`: the draft's forward and the loss's slices through torch.compile on the
+    GPU (bf16 autocast, the default context bucket) train as the eager step does."""
+    local_path_or_skip("train")
+    target = tiny_checkpoint("tiny-llama", tmp_path / "ckpt")
+    losses = {}
+    for flag in ("--no-compile", "--compile"):
+        out = tmp_path / flag
+        train_dflash.main(["--smoke", "--target", target, "--out", str(out), "--device",
+                           "cuda", "--num-samples", "8", "--steps", "12", flag])
+        card = (out / "README.md").read_text()
+        losses[flag] = float(re.search(r"Final loss ([0-9.]+)", card).group(1))
+    assert losses["--compile"] == pytest.approx(losses["--no-compile"], rel=0.02)
 
 
 if __name__ == "__main__":

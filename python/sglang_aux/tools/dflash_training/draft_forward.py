@@ -26,10 +26,12 @@ class DenseBlockAttention:
     says which context and block keys every query sees.
     """
 
-    def __init__(self, ctx_kv: list[tuple[torch.Tensor, torch.Tensor]], mask: torch.Tensor):
+    def __init__(self, ctx_kv: list[tuple[torch.Tensor, torch.Tensor]], mask: torch.Tensor,
+                 grouped_kv: bool):
         self.ctx_kv = ctx_kv
         self.mask = mask
         self.attn_backend = self
+        self.gqa = grouped_kv
 
     def forward(self, q, k, v, layer, forward_batch, save_kv_cache: bool = True) -> torch.Tensor:
         del forward_batch, save_kv_cache  # nothing is cached in training
@@ -41,7 +43,7 @@ class DenseBlockAttention:
         keys = torch.cat([ctx_k, k.view(n, num_q, *ctx_k.shape[2:]).to(ctx_k.dtype)], dim=1)
         vals = torch.cat([ctx_v, v.view(n, num_q, *ctx_v.shape[2:]).to(ctx_v.dtype)], dim=1)
         q = q.view(n, num_q, layer.tp_q_head_num, layer.head_dim)
-        gqa = _grouped_kv_kernel_enabled()
+        gqa = self.gqa
         if not gqa:  # one K/V head per query head, as the memory-efficient kernel reads them
             keys, vals = (x.repeat_interleave(layer.tp_q_head_num // x.shape[2], dim=2)
                           for x in (keys, vals))
@@ -52,7 +54,7 @@ class DenseBlockAttention:
         return out.transpose(1, 2).reshape(n * num_q, -1)
 
 
-def _grouped_kv_kernel_enabled() -> bool:
+def grouped_kv_kernel_enabled() -> bool:
     """Whether an enabled SDPA kernel takes grouped K/V heads (`enable_gqa`): the
     memory-efficient one, alone under `sdpa_kernel` (`--sdpa-backend efficient`), does not."""
     b = torch.backends.cuda
@@ -95,18 +97,23 @@ def block_inputs(input_ids: torch.Tensor, anchors: torch.Tensor, block_size: int
 
 
 def draft_block_hidden(draft: DFlashDraftModel, embed: nn.Embedding, aux: torch.Tensor,
-                       input_ids: torch.Tensor, anchors: torch.Tensor, mask_token_id: int
-                       ) -> torch.Tensor:
+                       input_ids: torch.Tensor, anchors: torch.Tensor, mask_token_id: int,
+                       grouped_kv: bool | None = None) -> torch.Tensor:
     """Final draft hidden states `[N, A, B, H]` of every block position.
 
     aux `[N, T, K * H_t]` and input_ids `[N, T]` are padded sequences; anchors `[N, A]` are
     positions with `1 <= anchor < T`. Rows past a sequence's end are never read, because no
-    query sees a context position at or after its anchor.
+    query sees a context position at or after its anchor. `grouped_kv`: whether the enabled
+    SDPA kernels take grouped K/V heads (None: asked here; a compiled caller passes it, as
+    the question cannot be traced).
     """
     b = draft.dflash_config.draft_block_size
     n, t = input_ids.shape
     ids, positions = block_inputs(input_ids, anchors, b, mask_token_id)
-    backend = DenseBlockAttention(context_kv(draft, aux), block_mask(anchors, t, b))
+    if grouped_kv is None:
+        grouped_kv = grouped_kv_kernel_enabled()
+    backend = DenseBlockAttention(context_kv(draft, aux), block_mask(anchors, t, b),
+                                  grouped_kv)
     # The residual stream in the draft's parameter dtype (fp32 master weights in training).
     x = embed(ids.flatten()).to(draft.fc.weight.dtype)
     return draft.block_hidden(x, positions.flatten(), backend).view(n, anchors.shape[1], b, -1)

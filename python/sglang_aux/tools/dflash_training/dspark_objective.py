@@ -35,7 +35,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from sglang_aux.srt.models.dspark import DSparkDraftModel
-from sglang_aux.tools.dflash_training.draft_forward import draft_block_hidden
+from sglang_aux.tools.dflash_training.draft_forward import grouped_kv_kernel_enabled
 from sglang_aux.tools.dflash_training.sliced_loss import loss_in_slices
 from sglang_aux.tools.dflash_training.trainer import IGNORE, Batch, TrainConfig, Trainer
 
@@ -137,8 +137,8 @@ class DSparkTrainer(Trainer):
                              f"states ({width}) and the final hidden state "
                              f"({self.lm_head.shape[1]}): extract_aux(..., final_hidden=True)")
         aux, final = batch.aux[..., :width], batch.aux[..., width:]
-        hidden = draft_block_hidden(draft, self.embed, aux, batch.ids, anchors,
-                                    self.mask_token_id)  # [N, A, G, H]
+        hidden = self.block_hidden(draft, self.embed, aux, batch.ids, anchors,
+                                   self.mask_token_id, grouped_kv_kernel_enabled())  # [N, A, G, H]
         labels, prev = dspark_labels(batch, anchors, num_proposals)
         markov = draft.markov_head
         embed = markov.embed(prev)  # [N, A, G, r]

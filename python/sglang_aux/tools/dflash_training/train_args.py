@@ -117,6 +117,9 @@ def make_parser() -> argparse.ArgumentParser:
         default=TrainConfig.batch_stream,
         help="CUDA: copy a batch's host rows in on a stream of their own, beside the step "
              "before (default; --no-batch-stream: in line with the steps)")
+    add("--compile", action=argparse.BooleanOptionalAction, default=TrainConfig.compile,
+        help="run the draft's forward and the loss's slices through torch.compile (its "
+             "first steps compile; a candidate, off until timed)")
     add("--device-reserve-gb", type=float, default=TRAIN_RESERVE_BYTES / (1 << 30),
         help="device memory (GiB) the samples' feature rows leave free; the rest of the rows "
              "wait in pinned host memory (a larger value keeps more there, to time their "

@@ -26,7 +26,10 @@ from torch.nn.utils.rnn import pad_sequence
 from sglang_aux.srt.model_executor.runner_utils.host_transfer import tensor_to_device
 from sglang_aux.srt.models.dflash import DFlashDraftModel
 from sglang_aux.tools.dflash_training.data import Sample
-from sglang_aux.tools.dflash_training.draft_forward import draft_block_hidden
+from sglang_aux.tools.dflash_training.draft_forward import (
+    draft_block_hidden,
+    grouped_kv_kernel_enabled,
+)
 from sglang_aux.tools.dflash_training.features import TRAIN_RESERVE_BYTES, has_room
 from sglang_aux.tools.dflash_training.sliced_loss import SLICE_ROWS, loss_in_slices
 
@@ -68,6 +71,8 @@ class TrainConfig:
     # before, instead of in line with the steps: 60.4 against 63.5 ms a step on an H100
     # with every row in pinned host memory, as most of the whole mix's are (docs/training.md)
     batch_stream: bool = True
+    # the draft's forward and the loss through torch.compile (a candidate, off until timed)
+    compile: bool = False
 
     def __post_init__(self) -> None:
         for name in ("steps", "batch_size", "anchors_per_seq", "log_every"):
@@ -194,8 +199,24 @@ def vocab_labels(labels: torch.Tensor, label_rows: torch.Tensor) -> torch.Tensor
     return torch.where(labels == IGNORE, IGNORE, label_rows[labels.clamp(min=0)])
 
 
+def slice_cross_entropy(h: torch.Tensor, lm_head: torch.Tensor, labels: torch.Tensor,
+                        weights: torch.Tensor, den: torch.Tensor
+                        ) -> tuple[torch.Tensor, torch.Tensor]:
+    """One slice of `block_loss`: hidden rows `[S, B, H]` through the LM head, their fp32
+    cross-entropy weighted and divided by `den`, and which offsets the argmax gets right."""
+    logits = h @ lm_head.t().to(h.dtype)
+    hit = labels >= 0
+    ce = F.cross_entropy(logits.flatten(0, 1).float(),
+                         torch.where(hit, labels, IGNORE).flatten(), ignore_index=IGNORE,
+                         reduction="none").view(labels.shape)
+    with torch.no_grad():
+        correct = (logits.argmax(-1) == labels) & hit
+    return (ce * weights).sum() / den, correct
+
+
 def block_loss(hidden: torch.Tensor, lm_head: torch.Tensor, labels: torch.Tensor,
-               weights: torch.Tensor, slice_rows: int = SLICE_ROWS) -> tuple[torch.Tensor, dict]:
+               weights: torch.Tensor, slice_rows: int = SLICE_ROWS,
+               slice_loss: Callable = slice_cross_entropy) -> tuple[torch.Tensor, dict]:
     """Weighted cross-entropy over valid block offsets of the draft's hidden states
     `[N, A, B, H]` through the (frozen) LM head, `slice_rows` logit rows at a time
     (`loss_in_slices`), plus per-offset accuracy and the accept length greedy verification
@@ -209,14 +230,8 @@ def block_loss(hidden: torch.Tensor, lm_head: torch.Tensor, labels: torch.Tensor
     den = w.sum()
 
     def one_slice(h: torch.Tensor, lab: torch.Tensor, wt: torch.Tensor):
-        logits = h @ lm_head.t().to(h.dtype)
-        hit = lab >= 0
-        ce = F.cross_entropy(logits.flatten(0, 1).float(),
-                             torch.where(hit, lab, IGNORE).flatten(), ignore_index=IGNORE,
-                             reduction="none").view(lab.shape)
-        with torch.no_grad():
-            correct = (logits.argmax(-1) == lab) & hit
-        return (ce * wt).sum() / den, {"correct": correct}
+        loss, correct = slice_loss(h, lm_head, lab, wt, den)
+        return loss, {"correct": correct}
 
     loss, parts = loss_in_slices(one_slice, [hidden.flatten(0, 1)],
                                  [labels.flatten(0, 1), w.flatten(0, 1)],
@@ -236,6 +251,12 @@ def block_loss(hidden: torch.Tensor, lm_head: torch.Tensor, labels: torch.Tensor
 BUDGET_WARMUP_STEPS = 5
 BUDGET_PROBE_STEPS = 20
 BUDGET_REPACE_EVERY = 100
+
+
+def _compiled(fn: Callable, compile: bool) -> Callable:
+    """`fn` through torch.compile (shapes marked dynamic where they change: a batch's context
+    bucket, a slice's blocks), or as it is."""
+    return torch.compile(fn, dynamic=None) if compile else fn
 
 
 def _lr_factor(step: int, total: int, warmup: int) -> float:
@@ -273,6 +294,10 @@ class Trainer:
         self.num_steps = 0
         self.weights = offset_weights(draft.dflash_config.draft_block_size, cfg.gamma, self.device)
         self.slice_rows = SLICE_ROWS  # logit rows the loss holds at a time
+        # `cfg.compile`: the draft's forward and the loss's slices through torch.compile, so
+        # the norms', RoPE's and the fp32 cross-entropy's elementwise work fuses
+        self.block_hidden = _compiled(draft_block_hidden, cfg.compile)
+        self.slice_loss = _compiled(slice_cross_entropy, cfg.compile)
         # every batch's sequences and anchors are drawn from it: its state is the data order
         self.generator = torch.Generator().manual_seed(cfg.seed)
         self.train_seconds = 0.0  # over every run of a resumed training
@@ -280,12 +305,13 @@ class Trainer:
 
     def objective(self, batch: Batch, anchors: torch.Tensor) -> tuple[torch.Tensor, dict]:
         """The DFlash block loss of these blocks and its stats."""
-        hidden = draft_block_hidden(self.draft, self.embed, batch.aux, batch.ids, anchors,
-                                    self.mask_token_id)
+        hidden = self.block_hidden(self.draft, self.embed, batch.aux, batch.ids, anchors,
+                                   self.mask_token_id, grouped_kv_kernel_enabled())
         labels = block_labels(batch, anchors, self.draft.dflash_config.draft_block_size)
         if self.label_rows is not None:
             labels = vocab_labels(labels, self.label_rows)
-        return block_loss(hidden, self.lm_head, labels, self.weights, self.slice_rows)
+        return block_loss(hidden, self.lm_head, labels, self.weights, self.slice_rows,
+                          self.slice_loss)
 
     def step(self, batch: Batch, anchors: torch.Tensor) -> dict:
         """One optimizer step on these blocks; returns the step's loss and accuracy as device

@@ -26,8 +26,9 @@ CHECKPOINT_SUFFIX = ".checkpoint.pt"  # beside the draft folder: `<out>.checkpoi
 def default_checkpoint(out: str | Path) -> Path:
     """Where a `--resume` run into the draft folder `out` keeps its checkpoint by default."""
     return Path(f"{out}{CHECKPOINT_SUFFIX}")
-# TrainConfig fields a later run may change: they shape its log, not its weights
-RUN_ONLY_FIELDS = ("log_every", "profile_steps")
+# TrainConfig fields a later run may change: they shape its log or its pace, not what it trains
+# (the rows' stream changes no bit; a compiled step computes the same objective, rounded apart)
+RUN_ONLY_FIELDS = ("log_every", "profile_steps", "batch_stream", "compile")
 
 
 def data_digest(samples: list[Sample]) -> str:
