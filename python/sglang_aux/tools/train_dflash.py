@@ -217,7 +217,8 @@ def train(args: argparse.Namespace, target: str, started: float,
                       log_every=args.log_every, profile_steps=args.profile_steps,
                       context_bucket=args.context_bucket, sdpa_backend=args.sdpa_backend,
                       fill_budget=args.fill_budget, batch_stream=args.batch_stream,
-                      compile=args.compile)
+                      compile=args.compile, val_samples=args.val_samples,
+                      val_every=args.val_every)
     draft = new_draft(config, runner.device, args.seed)
     warm = init_from(draft, config, args.init_from) if args.init_from else None
     trainer = (DSparkTrainer(draft, runner.model.get_input_embeddings(),
@@ -271,6 +272,8 @@ def train(args: argparse.Namespace, target: str, started: float,
         info["init_line"] = warm.card_line(args.init_from)
     if vocab is not None:
         info["token_map_line"] = _token_map_line(args, vocab, samples)
+    if trainer.val_curve:
+        info["val_line"] = _val_line(cfg.val_samples, trainer.val_curve)
     out = write_draft(draft, config, args.out, render_card(Path(args.out).name, info),
                       token_map=vocab)
     # Free the data-generation engine and the features before an evaluation engine starts
@@ -280,6 +283,13 @@ def train(args: argparse.Namespace, target: str, started: float,
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
     return out
+
+
+def _val_line(num: int, curve: list[dict]) -> str:
+    """The card's line on the held-out sequences' objective during training."""
+    points = ", ".join(f"{p['accept']:.3f} ({p['loss']:.3f}) at {p['step']}" for p in curve)
+    return (f"- Held out of training: {num} of the sequences, their training accept length "
+            f"(loss) over the run, the same anchors each time: {points}.\n")
 
 
 def _draft_vocabulary(args, config: dict, samples: list, eos_ids: frozenset[int]

@@ -78,6 +78,7 @@ from sglang_aux.tools.dflash_training.trainer import (
     Trainer,
     block_labels,
     device_busy_us,
+    held_out_index,
     offset_weights,
     sample_anchors,
 )
@@ -515,6 +516,7 @@ def test_recipe_sets_defaults_and_resolves_its_draft(tmp_path, monkeypatch):
     assert train_args.parse_args(["--recipe", name]).samples_file is None
     # the mix trains over its draft vocabulary, a flag turns it off; a DSpark run of it must
     assert mix.train_over_token_map and not args.train_over_token_map
+    assert (mix.val_samples, args.val_samples) == (320, 0)  # its curve says when it overfits
     assert not train_args.parse_args(["--recipe", MIX, "--no-train-over-token-map"]
                                      ).train_over_token_map
     with pytest.raises(SystemExit):
@@ -820,6 +822,60 @@ def test_fill_budget_needs_a_time_budget_and_no_resume(capsys):
             capsys.readouterr().err)
     args = train_args.parse_args(["--fill-budget", "--train-budget-s", "60"])
     assert args.fill_budget and args.train_budget_s == 60
+
+
+def test_held_out_sequences_are_never_trained_and_measured_as_it_trains(target, monkeypatch):
+    """`val_samples`: the seed's own choice of sequences is never drawn for a step; their
+    objective (the same anchors each time) is measured every `val_every` steps and at the end,
+    and a checkpoint carries the curve. With none held out, the data order is the one before
+    held-out sequences existed (every index drawn straight from the generator)."""
+    assert held_out_index(10, 3, 0) == held_out_index(10, 3, 0) != held_out_index(10, 3, 1)
+    assert len(set(held_out_index(10, 3, 0))) == 3 and held_out_index(10, 0, 0) == []
+    with pytest.raises(ValueError, match="val_samples 2 leaves none of the 2 sequences"):
+        held_out_index(2, 2, 0)
+    tr, _, draft, reqs, aux = _setup(target, num_layers=1)
+    data = _sequence_set(reqs, aux)
+    start = {k: v.clone() for k, v in draft.state_dict().items()}
+    drawn, real = [], SequenceSet.batch
+    monkeypatch.setattr(SequenceSet, "batch", lambda self, index, *a: drawn.append(
+        list(index)) or real(self, index, *a))
+    args = (draft, tr.model.get_input_embeddings(), tr.model.lm_head_weight, MASK_TOKEN_ID)
+    trainer = Trainer(*args, TrainConfig(steps=7, batch_size=2, anchors_per_seq=4, log_every=7,
+                                         val_samples=1, val_every=3))
+    trainer.fit(data)
+    (held,) = held_out_index(len(data), 1, 0)
+    steps = [d for d in drawn if d != [held]]
+    assert len(steps) == 7 and all(held not in d for d in steps)
+    assert [p["step"] for p in trainer.val_curve] == [3, 6, 7]
+    assert all(p["accept"] >= 1 and p["loss"] > 0 for p in trainer.val_curve)
+    assert trainer.val_curve[0]["loss"] != trainer.val_curve[-1]["loss"]  # it trained
+    again = trainer.validate(data, [held])  # the same anchors: the same figures
+    assert (again["loss"], again["accept"]) == (trainer.val_curve[-2]["loss"],
+                                                trainer.val_curve[-2]["accept"])
+    resumed = Trainer(*args, TrainConfig(val_samples=1))
+    resumed.load_state_dict(trainer.state_dict())
+    assert resumed.val_curve == trainer.val_curve
+    # none held out: every index as the generator draws it, as before
+    draft.load_state_dict(start)
+    drawn.clear()
+    Trainer(*args, TrainConfig(steps=3, batch_size=2, anchors_per_seq=4)).fit(data)
+    fitted, g, expected = list(drawn), torch.Generator().manual_seed(0), []
+    for _ in range(3):
+        expected.append(torch.randint(len(data), (2,), generator=g).tolist())
+        sample_anchors(data.batch(expected[-1]), 4, g)
+    assert fitted == expected
+
+
+def test_smoke_run_holds_sequences_out_and_cards_their_curve(target, tmp_path):
+    local_path_or_skip("train")
+    out = tmp_path / "draft"
+    train_dflash.main(["--smoke", "--target", target, "--out", str(out), "--num-samples", "6",
+                       "--steps", "8", "--val-samples", "2", "--val-every", "4"])
+    card = (out / "README.md").read_text()
+    line = next(x for x in card.splitlines() if x.startswith("- Held out of training: 2 "))
+    assert line.count(" at ") == 2 and line.endswith(" at 8."), line
+    with pytest.raises(SystemExit):
+        train_args.parse_args(["--smoke", "--val-every", "0"])
 
 
 def test_smoke_run_writes_a_draft_the_engine_runs_losslessly(target, tmp_path):

@@ -165,7 +165,7 @@ AdamW lr {info['lr']} (warm-up + cosine), loss decay gamma {info['gamma']}, seed
 {info.get('init_line', '')}\
 - Final loss {info['loss']:.4f}; accuracy per offset 1..{len(info['acc'])}: {acc}; \
 training accept length {info['accept']:.3f}.
-{heads}{EVAL_LINE} {info.get('eval', 'not measured')}
+{info.get('val_line', '')}{heads}{EVAL_LINE} {info.get('eval', 'not measured')}
 - Time: {info['timings']} on {info['device']}.
 
 Use: `--model-path {info['target']} --speculative-algorithm {kind.upper()} \

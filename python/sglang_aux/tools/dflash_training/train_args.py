@@ -120,6 +120,11 @@ def make_parser() -> argparse.ArgumentParser:
     add("--compile", action=argparse.BooleanOptionalAction, default=TrainConfig.compile,
         help="run the draft's forward and the loss's slices through torch.compile (its "
              "first steps compile; a candidate, off until timed)")
+    add("--val-samples", type=int, default=TrainConfig.val_samples,
+        help="hold this many of the sequences out of training and log their objective every "
+             "--val-every steps and at the end (its curve on the card): whether more steps "
+             "over the same data still generalize (the mix recipe: 320)")
+    add("--val-every", type=int, default=TrainConfig.val_every)
     add("--device-reserve-gb", type=float, default=TRAIN_RESERVE_BYTES / (1 << 30),
         help="device memory (GiB) the samples' feature rows leave free; the rest of the rows "
              "wait in pinned host memory (a larger value keeps more there, to time their "
@@ -207,6 +212,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                                              and args.train_budget_s is None)):
         parser.error("--fill-budget needs --deadline-s or --train-budget-s, and no --resume "
                      "(a run of several keeps its --steps)")
+    if args.val_samples < 0 or args.val_every < 1:
+        parser.error(f"--val-samples must be >= 0 and --val-every >= 1, got "
+                     f"{args.val_samples} and {args.val_every}")
     if args.device_reserve_gb < 0:
         parser.error(f"--device-reserve-gb must be >= 0, got {args.device_reserve_gb}")
     if args.context_bucket < 0:

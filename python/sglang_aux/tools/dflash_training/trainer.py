@@ -13,7 +13,7 @@ import logging
 import math
 import time
 from collections.abc import Callable
-from contextlib import nullcontext
+from contextlib import ExitStack
 from dataclasses import dataclass
 
 import torch
@@ -73,13 +73,20 @@ class TrainConfig:
     batch_stream: bool = True
     # the draft's forward and the loss through torch.compile (a candidate, off until timed)
     compile: bool = False
+    # sequences held out of training (drawn once from the seed), their objective measured
+    # every `val_every` steps and at the end: whether more steps over the same data still
+    # generalize
+    val_samples: int = 0
+    val_every: int = 1000
 
     def __post_init__(self) -> None:
-        for name in ("steps", "batch_size", "anchors_per_seq", "log_every"):
+        for name in ("steps", "batch_size", "anchors_per_seq", "log_every", "val_every"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.profile_steps < 0:
             raise ValueError(f"profile_steps must be >= 0, got {self.profile_steps}")
+        if self.val_samples < 0:
+            raise ValueError(f"val_samples must be >= 0, got {self.val_samples}")
         if self.context_bucket < 0:
             raise ValueError(f"context_bucket must be >= 0, got {self.context_bucket}")
         if self.sdpa_backend not in SDPA_BACKENDS:
@@ -302,6 +309,7 @@ class Trainer:
         self.generator = torch.Generator().manual_seed(cfg.seed)
         self.train_seconds = 0.0  # over every run of a resumed training
         self.stats: dict = {}  # the last log window's averages
+        self.val_curve: list[dict] = []  # {"step", "loss", "accept"} of each validation
 
     def objective(self, batch: Batch, anchors: torch.Tensor) -> tuple[torch.Tensor, dict]:
         """The DFlash block loss of these blocks and its stats."""
@@ -319,9 +327,7 @@ class Trainer:
         self.draft.train()
         # before the objective: its sliced loss hands some parameters their gradient inside it
         self.opt.zero_grad(set_to_none=True)
-        backend = SDPA_BACKENDS[self.cfg.sdpa_backend]
-        with torch.autocast("cuda", torch.bfloat16, enabled=self.device.type == "cuda"), \
-                (sdpa_kernel(backend) if backend is not None else nullcontext()):
+        with self._kernels():
             loss, stats = self.objective(batch, anchors)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(self.draft.parameters(), self.cfg.grad_clip)
@@ -330,6 +336,41 @@ class Trainer:
         self.opt.step()
         self.num_steps += 1
         return stats
+
+    def _kernels(self) -> ExitStack:
+        """bf16 autocast on CUDA and the configured attention kernels, for a forward."""
+        stack = ExitStack()
+        stack.enter_context(torch.autocast("cuda", torch.bfloat16,
+                                           enabled=self.device.type == "cuda"))
+        backend = SDPA_BACKENDS[self.cfg.sdpa_backend]
+        if backend is not None:
+            stack.enter_context(sdpa_kernel(backend))
+        return stack
+
+    @torch.no_grad()
+    def validate(self, data: SequenceSet, index: list[int]) -> dict:
+        """The objective over sequences `index` (held out of training), in batches of the
+        training's size with the same anchors every time (a generator of their own): the
+        loss and the training accept length, averaged over the sequences, appended to
+        `val_curve` and logged."""
+        anchors_from = torch.Generator().manual_seed(self.cfg.seed + 1)
+        self.draft.eval()
+        loss = accept = 0.0
+        for s in range(0, len(index), self.cfg.batch_size):
+            part = index[s:s + self.cfg.batch_size]
+            batch = data.batch(part, self.cfg.context_bucket)
+            anchors = sample_anchors(batch, self.cfg.anchors_per_seq, anchors_from)
+            with self._kernels():
+                batch_loss, stats = self.objective(batch, anchors)
+            loss += float(batch_loss) * len(part)
+            accept += float(stats["accept"]) * len(part)
+        self.draft.train()
+        point = {"step": self.num_steps, "loss": round(loss / len(index), 4),
+                 "accept": round(accept / len(index), 4)}
+        self.val_curve.append(point)
+        logger.info("held out (%d sequences) at step %d: loss %.4f accept %.3f", len(index),
+                    point["step"], point["loss"], point["accept"])
+        return point
 
     @property
     def lr(self) -> float:
@@ -343,7 +384,8 @@ class Trainer:
         return {"draft": self.draft.state_dict(), "optimizer": self.opt.state_dict(),
                 "num_steps": self.num_steps, "total_steps": self.total_steps,
                 "warmup": self.warmup, "generator": self.generator.get_state(),
-                "train_seconds": self.train_seconds, "stats": self.stats}
+                "train_seconds": self.train_seconds, "stats": self.stats,
+                "val_curve": self.val_curve}
 
     def load_state_dict(self, state: dict) -> None:
         self.draft.load_state_dict(state["draft"])
@@ -352,6 +394,7 @@ class Trainer:
         self.warmup, self.train_seconds = state["warmup"], state["train_seconds"]
         self.generator.set_state(state["generator"])
         self.stats = state["stats"]
+        self.val_curve = state.get("val_curve", [])  # (checkpoints written before it)
 
     def fit(self, data: SequenceSet, time_budget_s: float | None = None, *,
             checkpoint: Callable[[], None] | None = None, checkpoint_every: int = 0,
@@ -364,6 +407,8 @@ class Trainer:
         the end. Returns the stats averaged over the last `log_every` steps, the steps done in
         every run so far, whether training is done and the seconds it took in every run."""
         start, window, first = time.perf_counter(), [], self.num_steps
+        held_out = held_out_index(len(data), self.cfg.val_samples, self.cfg.seed)
+        pool = torch.tensor(sorted(set(range(len(data))) - set(held_out)), dtype=torch.long)
         paced_from = start  # set again after the warm-up steps
         profile = StepProfile(self.cfg.profile_steps, self.device)
         copies = (torch.cuda.Stream(self.device)
@@ -375,7 +420,8 @@ class Trainer:
                                                     time_budget_s, max_run_steps):
                 break
             profile.before(ran)
-            index = torch.randint(len(data), (self.cfg.batch_size,), generator=self.generator)
+            index = pool[torch.randint(len(pool), (self.cfg.batch_size,),
+                                       generator=self.generator)]
             batch = data.batch(index.tolist(), self.cfg.context_bucket, copies)
             window.append(self.step(batch, sample_anchors(batch, self.cfg.anchors_per_seq,
                                                           self.generator)))
@@ -392,6 +438,9 @@ class Trainer:
             if self.num_steps % self.cfg.log_every == 0 or self.num_steps == self.total_steps:
                 self._log(window, start)
                 window = []
+            if held_out and (self.num_steps % self.cfg.val_every == 0
+                             or self.num_steps == self.total_steps):
+                self.validate(data, held_out)
         if window:  # the run ended between log lines
             self._log(window, start)
         self.train_seconds += time.perf_counter() - start
@@ -426,6 +475,18 @@ class Trainer:
                     self.num_steps, self.total_steps, self.stats["loss"], self.stats["accept"],
                     extra, self.lr, " ".join(f"{a:.2f}" for a in self.stats["acc"]),
                     time.perf_counter() - start)
+
+
+def held_out_index(num_sequences: int, val_samples: int, seed: int) -> list[int]:
+    """The `val_samples` sequences of `num_sequences` that training never draws, sorted:
+    a permutation of the seed's own (the same in every run of a resumed training)."""
+    if val_samples >= num_sequences:
+        raise ValueError(f"val_samples {val_samples} leaves none of the {num_sequences} "
+                         "sequences to train on")
+    if not val_samples:
+        return []
+    order = torch.randperm(num_sequences, generator=torch.Generator().manual_seed(seed + 2))
+    return sorted(order[:val_samples].tolist())
 
 
 def _run_ends(ran: int, elapsed: float, time_budget_s: float | None,
