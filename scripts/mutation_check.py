@@ -611,6 +611,35 @@ MUTATIONS = [
              "        backend = None\n",
              (f"{T}/speculative/test_train_dflash.py"
               "::test_the_sdpa_backend_choice_trains_the_same_and_a_bad_one_is_named",)),
+    Mutation("training: held-out sequences are drawn for steps",
+             "python/sglang_aux/tools/dflash_training/trainer.py",
+             "pool = torch.tensor(sorted(set(range(len(data))) - set(held_out)), dtype=torch.long)",
+             "pool = torch.arange(len(data))",
+             (f"{T}/speculative/test_train_dflash.py"
+              "::test_held_out_sequences_are_never_trained_and_measured_as_it_trains",)),
+    Mutation("training: each validation draws its anchors from the training's generator",
+             "python/sglang_aux/tools/dflash_training/trainer.py",
+             "anchors_from = torch.Generator().manual_seed(self.cfg.seed + 1)",
+             "anchors_from = self.generator",
+             (f"{T}/speculative/test_train_dflash.py"
+              "::test_held_out_sequences_are_never_trained_and_measured_as_it_trains",)),
+    Mutation("training: the card leaves the held-out curve out",
+             "python/sglang_aux/tools/dflash_training/export.py",
+             "{info.get('val_line', '')}{heads}", "{heads}",
+             (f"{T}/speculative/test_train_dflash.py"
+              "::test_smoke_run_holds_sequences_out_and_cards_their_curve",)),
+    Mutation("training: --compile leaves the draft's forward eager",
+             "python/sglang_aux/tools/dflash_training/trainer.py",
+             "self.block_hidden = _compiled(draft_block_hidden, cfg.compile)",
+             "self.block_hidden = draft_block_hidden",
+             (f"{T}/speculative/test_train_dflash.py"
+              "::test_a_compiled_step_trains_as_the_eager_one",)),
+    Mutation("recipe search: a recipe whose defaults moved is searched on",
+             "python/sglang_aux/tools/dflash_recipe_search.py",
+             'found = state.get(key) if key == "recipe_defaults" else state[key]',
+             'found = value if key == "recipe_defaults" else state[key]',
+             (f"{T}/speculative/test_dflash_recipe_search.py"
+              "::test_missing_samples_and_another_searchs_state_are_one_line",)),
 ]
 
 
