@@ -75,8 +75,8 @@ MUTATIONS = [
     # a recipe search's variants share the features of one set of target layers
     Mutation("the kept features ignore which target layers a variant reads",
              "python/sglang_aux/tools/train_dflash.py",
-             "stat.st_size, stat.st_mtime_ns, cut, args.num_aux_layers, args.algorithm)",
-             "stat.st_size, stat.st_mtime_ns, cut, args.algorithm)",
+             "stat.st_size, stat.st_mtime_ns, cut, args.num_aux_layers, args.algorithm,",
+             "stat.st_size, stat.st_mtime_ns, cut, args.algorithm,",
              (f"{T}/speculative/test_dflash_recipe_search.py::"
               "test_variants_share_the_features_and_train_as_alone",)),
     Mutation("pinned feature rows ignore the host's margin",
@@ -148,11 +148,10 @@ MUTATIONS = [
              (f"{T}/speculative/test_bench_markov_argmax.py",)),
     Mutation("training step zeroes gradients after the objective",
              "python/sglang_aux/tools/dflash_training/trainer.py",
-             "        self.opt.zero_grad(set_to_none=True)\n        with torch.autocast(\"cuda\","
-             " torch.bfloat16, enabled=self.device.type == \"cuda\"):\n"
+             "        self.opt.zero_grad(set_to_none=True)\n        with self._kernels():\n"
              "            loss, stats = self.objective(batch, anchors)\n        loss.backward()",
-             "        with torch.autocast(\"cuda\", torch.bfloat16, enabled=self.device.type =="
-             " \"cuda\"):\n            loss, stats = self.objective(batch, anchors)\n"
+             "        with self._kernels():\n"
+             "            loss, stats = self.objective(batch, anchors)\n"
              "        self.opt.zero_grad(set_to_none=True)\n        loss.backward()",
              (f"{T}/speculative/test_train_dspark.py::"
               "test_a_step_updates_the_markov_head_inside_the_sliced_loss",)),
@@ -582,7 +581,7 @@ MUTATIONS = [
              (f"{T}/speculative/test_dflash_token_map.py"
               "::test_a_built_in_drafts_map_is_named_by_the_draft",)),
     Mutation("draft vocabulary: a label the map leaves out is trained toward a row of the cut head",
-             "python/sglang_aux/tools/dflash_training/trainer.py",
+             "python/sglang_aux/tools/dflash_training/block_objective.py",
              "    trained = labels >= 0\n",
              "    trained = labels != IGNORE\n",
              (f"{T}/speculative/test_train_dflash.py"
@@ -595,12 +594,12 @@ MUTATIONS = [
               "::test_a_draft_trained_over_its_vocabulary_is_served_with_it",)),
     # the training step's profile and its candidates (sixteenth session)
     Mutation("training profile: an op's device time counted beside its kernels'",
-             "python/sglang_aux/tools/dflash_training/trainer.py",
+             "python/sglang_aux/tools/dflash_training/step_profile.py",
              "               if e.device_type != DeviceType.CPU and not e.is_user_annotation)",
              "               if not e.is_user_annotation)",
              (f"{T}/speculative/test_train_dflash.py::test_device_busy_counts_each_kernel_once",)),
     Mutation("training: the context bucket pads nothing",
-             "python/sglang_aux/tools/dflash_training/trainer.py",
+             "python/sglang_aux/tools/dflash_training/sequence_set.py",
              "            pad = -longest % bucket\n",
              "            pad = 0\n",
              (f"{T}/speculative/test_train_dflash.py"

@@ -77,8 +77,9 @@ from sglang_aux.tools.dflash_training.run_prompts import (
     evaluation_prompts_by_file,
     generate_run_samples,
 )
+from sglang_aux.tools.dflash_training.sequence_set import SequenceSet
 from sglang_aux.tools.dflash_training.train_args import parse_args, resolve_mask_token
-from sglang_aux.tools.dflash_training.trainer import SequenceSet, TrainConfig, Trainer
+from sglang_aux.tools.dflash_training.trainer import TrainConfig, Trainer
 from sglang_aux.tools.dflash_training.training_checkpoint import (
     TrainingCheckpoint,
     run_fingerprint,

@@ -15,12 +15,8 @@ from sglang_aux.tools.dflash_training.data import Sample, common_prefix_len
 from sglang_aux.tools.dflash_training.dspark_objective import DSparkTrainer
 from sglang_aux.tools.dflash_training.export import draft_config, dspark_draft_config, new_draft
 from sglang_aux.tools.dflash_training.features import extract_aux
-from sglang_aux.tools.dflash_training.trainer import (
-    SequenceSet,
-    TrainConfig,
-    Trainer,
-    sample_anchors,
-)
+from sglang_aux.tools.dflash_training.sequence_set import SequenceSet, sample_anchors
+from sglang_aux.tools.dflash_training.trainer import TrainConfig, Trainer
 
 register_cuda_ci(est_time=20, suite="default")
 

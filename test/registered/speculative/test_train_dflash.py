@@ -48,6 +48,7 @@ from sglang_aux.tools import train_dflash
 from sglang_aux.tools.build_token_map import coverage, hot_ids
 from sglang_aux.tools.dflash_training import features, run_prompts, train_args
 from sglang_aux.tools.dflash_training import trainer as trainer_module
+from sglang_aux.tools.dflash_training.block_objective import IGNORE, block_labels, offset_weights
 from sglang_aux.tools.dflash_training.code_tasks import TASKS_FILE
 from sglang_aux.tools.dflash_training.data import (
     BadInputError,
@@ -68,19 +69,14 @@ from sglang_aux.tools.dflash_training.export import (
 )
 from sglang_aux.tools.dflash_training.features import extract_aux
 from sglang_aux.tools.dflash_training.recipes import MIX, RECIPES, SMOKE_DEFAULTS, shipped_samples
+from sglang_aux.tools.dflash_training.sequence_set import Batch, SequenceSet, sample_anchors
+from sglang_aux.tools.dflash_training.step_profile import device_busy_us
 from sglang_aux.tools.dflash_training.trainer import (
     BUDGET_PROBE_STEPS,
     BUDGET_WARMUP_STEPS,
-    IGNORE,
-    Batch,
-    SequenceSet,
     TrainConfig,
     Trainer,
-    block_labels,
-    device_busy_us,
     held_out_index,
-    offset_weights,
-    sample_anchors,
 )
 
 register_cpu_ci(est_time=30, suite="default")
@@ -727,7 +723,7 @@ def test_profile_logs_where_a_step_goes(target, caplog, steps):
     trainer = Trainer(draft, tr.model.get_input_embeddings(), tr.model.lm_head_weight,
                       MASK_TOKEN_ID, TrainConfig(steps=steps, batch_size=2, anchors_per_seq=2,
                                                  profile_steps=4))
-    with caplog.at_level(logging.INFO, logger="sglang_aux.tools.dflash_training.trainer"):
+    with caplog.at_level(logging.INFO, logger="sglang_aux.tools.dflash_training.step_profile"):
         trainer.fit(data)
     lines = [r.getMessage() for r in caplog.records if "profile of" in r.getMessage()]
     assert len(lines) == 1

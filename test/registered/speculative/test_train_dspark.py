@@ -30,6 +30,7 @@ from sglang_aux.test.gsm8k_data import local_path_or_skip
 from sglang_aux.test.runtime_utils import make_runner, prefill, tiny_checkpoint
 from sglang_aux.tools import train_dflash
 from sglang_aux.tools.dflash_training import dspark_objective, train_args
+from sglang_aux.tools.dflash_training.block_objective import IGNORE
 from sglang_aux.tools.dflash_training.data import Sample, common_prefix_len
 from sglang_aux.tools.dflash_training.dspark_objective import (
     DSparkLossWeights,
@@ -41,13 +42,8 @@ from sglang_aux.tools.dflash_training.dspark_objective import (
 )
 from sglang_aux.tools.dflash_training.export import dspark_draft_config, new_draft
 from sglang_aux.tools.dflash_training.features import extract_aux
-from sglang_aux.tools.dflash_training.trainer import (
-    IGNORE,
-    Batch,
-    SequenceSet,
-    TrainConfig,
-    sample_anchors,
-)
+from sglang_aux.tools.dflash_training.sequence_set import Batch, SequenceSet, sample_anchors
+from sglang_aux.tools.dflash_training.trainer import TrainConfig
 
 register_cpu_ci(est_time=30, suite="default")
 

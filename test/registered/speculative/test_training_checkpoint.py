@@ -19,7 +19,8 @@ from sglang_aux.test.runtime_utils import tiny_checkpoint
 from sglang_aux.tools import train_dflash
 from sglang_aux.tools.dflash_training.data import BadInputError, Sample
 from sglang_aux.tools.dflash_training.export import draft_config, new_draft
-from sglang_aux.tools.dflash_training.trainer import SequenceSet, TrainConfig, Trainer
+from sglang_aux.tools.dflash_training.sequence_set import SequenceSet
+from sglang_aux.tools.dflash_training.trainer import TrainConfig, Trainer
 from sglang_aux.tools.dflash_training.training_checkpoint import (
     TrainingCheckpoint,
     run_fingerprint,

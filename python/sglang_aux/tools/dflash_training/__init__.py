@@ -8,7 +8,10 @@ contamination.py  evaluation prompts kept out of the training data
 features.py   the target's aux hidden states per sequence (one EXTEND forward each)
 feature_cache.py  the engine, samples and features kept between a search's variants
 draft_forward.py  the draft's block forward with dense attention (the training path)
-trainer.py    anchors, the position-decayed block loss, the optimization loop
+sequence_set.py  the sequences on the device, their batches and random block anchors
+block_objective.py  the position-decayed block loss over the LM head (DFlash)
+trainer.py    the optimization loop: schedule, time budget, held-out sequences
+step_profile.py  where a training step's time goes (--profile-steps)
 training_checkpoint.py  the trainer's state and the run's fingerprint (training over runs)
 dspark_objective.py  DSpark's loss (CE + L1 to the target + confidence) on the same loop
 export.py     the HF-format draft folder and its README card

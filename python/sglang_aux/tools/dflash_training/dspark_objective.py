@@ -35,9 +35,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from sglang_aux.srt.models.dspark import DSparkDraftModel
+from sglang_aux.tools.dflash_training.block_objective import IGNORE
 from sglang_aux.tools.dflash_training.draft_forward import grouped_kv_kernel_enabled
+from sglang_aux.tools.dflash_training.sequence_set import Batch
 from sglang_aux.tools.dflash_training.sliced_loss import loss_in_slices
-from sglang_aux.tools.dflash_training.trainer import IGNORE, Batch, TrainConfig, Trainer
+from sglang_aux.tools.dflash_training.trainer import TrainConfig, Trainer
 
 
 @dataclass(frozen=True)

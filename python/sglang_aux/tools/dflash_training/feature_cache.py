@@ -14,7 +14,7 @@ import torch
 
 from sglang_aux.srt.entrypoints.engine import Engine
 from sglang_aux.tools.dflash_training.data import Sample
-from sglang_aux.tools.dflash_training.trainer import SequenceSet
+from sglang_aux.tools.dflash_training.sequence_set import SequenceSet
 
 
 @dataclass

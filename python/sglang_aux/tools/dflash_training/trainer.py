@@ -1,11 +1,6 @@
-"""The DFlash block objective and its optimization loop.
-
-A training example is a block at a random anchor inside the target's continuation: the
-context is the aux rows of every token before the anchor, the block `[anchor, MASK x (B-1)]`
-sits at positions anchor..anchor+B-1, and offset j is trained to predict the true token at
-anchor + j (j = 1..B-1) with cross-entropy weighted `exp(-(j - 1) / gamma)`: early offsets
-matter most, since a draft token only counts when every one before it was accepted.
-"""
+"""The DFlash draft's optimization loop: AdamW over random blocks of the training sequences
+(`sequence_set.py`) on the block objective (`block_objective.py`), paced to a time budget,
+resumable, with sequences held out and measured as it trains."""
 
 from __future__ import annotations
 
@@ -17,27 +12,27 @@ from contextlib import ExitStack
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import nn
-from torch.autograd import DeviceType
 from torch.nn.attention import SDPBackend, sdpa_kernel
-from torch.nn.utils.rnn import pad_sequence
 
-from sglang_aux.srt.model_executor.runner_utils.host_transfer import tensor_to_device
 from sglang_aux.srt.models.dflash import DFlashDraftModel
-from sglang_aux.tools.dflash_training.data import Sample
+from sglang_aux.tools.dflash_training.block_objective import (
+    OFF_VOCAB,
+    block_labels,
+    block_loss,
+    offset_weights,
+    slice_cross_entropy,
+    vocab_labels,
+)
 from sglang_aux.tools.dflash_training.draft_forward import (
     draft_block_hidden,
     grouped_kv_kernel_enabled,
 )
-from sglang_aux.tools.dflash_training.features import TRAIN_RESERVE_BYTES, has_room
-from sglang_aux.tools.dflash_training.sliced_loss import SLICE_ROWS, loss_in_slices
+from sglang_aux.tools.dflash_training.sequence_set import Batch, SequenceSet, sample_anchors
+from sglang_aux.tools.dflash_training.sliced_loss import SLICE_ROWS
+from sglang_aux.tools.dflash_training.step_profile import StepProfile
 
 logger = logging.getLogger(__name__)
-
-IGNORE = -100  # label of positions past a sequence's end and of offset 0 (the anchor)
-OFF_VOCAB = -1  # label of a token the draft vocabulary leaves out: never trained, never right
-
 
 SDPA_BACKENDS = {"auto": None, "cudnn": SDPBackend.CUDNN_ATTENTION,
                  "efficient": SDPBackend.EFFICIENT_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION,
@@ -92,162 +87,6 @@ class TrainConfig:
         if self.sdpa_backend not in SDPA_BACKENDS:
             raise ValueError(f"sdpa_backend must be one of {', '.join(SDPA_BACKENDS)}, got "
                              f"{self.sdpa_backend!r}")
-
-
-@dataclass
-class Batch:
-    aux: torch.Tensor  # [N, T, K * H_target], zero-padded
-    ids: torch.Tensor  # [N, T]
-    prompt_lens: torch.Tensor  # [N]
-    lens: torch.Tensor  # [N]
-
-
-class SequenceSet:
-    """Training sequences on one device: token ids, aux rows and where the continuation
-    starts. Sequences with fewer than two continuation tokens teach nothing and are dropped.
-
-    Every sequence starts with the same `prefix_aux` rows `[P, K * H]` (the k-shot prefix,
-    kept once); `aux[i]` holds sample i's rows from position P on. With several prefixes
-    (a list: one per source of prompts), sample i starts with `prefix_aux[prefix_of[i]]`.
-    Host rows move to the device while it keeps `reserve_bytes` free; the rest stay on the
-    host and are copied in with their batch."""
-
-    def __init__(self, samples: list[Sample], aux: list[torch.Tensor], device: torch.device,
-                 prefix_aux: torch.Tensor | list[torch.Tensor] | None = None,
-                 reserve_bytes: int = TRAIN_RESERVE_BYTES, *,
-                 prefix_of: list[int] | None = None):
-        keep = [i for i, s in enumerate(samples) if len(s.output_ids) >= 2]
-        if not keep:
-            raise ValueError(f"none of {len(samples)} samples has two continuation tokens")
-        width = aux[0].shape[-1]
-        prefixes = prefix_aux if isinstance(prefix_aux, list) else [
-            prefix_aux if prefix_aux is not None else aux[0].new_zeros((0, width))]
-        self.prefixes = [p.to(device) for p in prefixes]
-        prefix_of = [0] * len(samples) if prefix_of is None else prefix_of
-        for i in keep:
-            p = len(self.prefixes[prefix_of[i]])
-            if len(aux[i]) + p != len(samples[i].ids) or len(samples[i].prompt_ids) < p:
-                raise ValueError(f"sample {i}: {len(samples[i].ids)} tokens (prompt "
-                                 f"{len(samples[i].prompt_ids)}), but {p} shared and "
-                                 f"{len(aux[i])} own aux rows")
-        self.prefix_of = [prefix_of[i] for i in keep]
-        self.ids = [torch.tensor(samples[i].ids, device=device) for i in keep]
-        self.aux = [aux[i] if aux[i].device == device
-                    or not has_room(device, aux[i].nbytes, reserve_bytes)
-                    else aux[i].to(device) for i in keep]
-        # lengths stay on the host: a batch gathers them there and sends them without a sync
-        self.prompt_lens = torch.tensor([len(samples[i].prompt_ids) for i in keep])
-        self.lens = torch.tensor([len(samples[i].ids) for i in keep])
-        self.num_tokens = int(self.lens.sum())
-
-    def __len__(self) -> int:
-        return len(self.ids)
-
-    def batch(self, index: list[int], bucket: int = 0,
-              stream: torch.cuda.Stream | None = None) -> Batch:
-        """These sequences, zero-padded to the longest one's length, rounded up to a multiple
-        of `bucket` when it is set (the rows past a sequence's end are never attended). With
-        a CUDA `stream`, the host rows' copies and the padding run there, beside what the
-        current stream still computes, and the current stream waits for them."""
-        if stream is None:
-            return self._batch(index, bucket)
-        current = torch.cuda.current_stream(stream.device)
-        with torch.cuda.stream(stream):
-            batch = self._batch(index, bucket)
-        current.wait_stream(stream)
-        for t in vars(batch).values():  # made on `stream`, freed after `current` reads them
-            t.record_stream(current)
-        return batch
-
-    def _batch(self, index: list[int], bucket: int) -> Batch:
-        dev = self.prefixes[0].device
-        aux = [torch.cat([self.prefixes[self.prefix_of[i]], tensor_to_device(self.aux[i], dev)])
-               for i in index]
-        ids = [self.ids[i] for i in index]
-        if bucket:
-            longest = max(len(x) for x in ids)
-            pad = -longest % bucket
-            aux[0] = F.pad(aux[0], (0, 0, 0, longest + pad - len(aux[0])))
-            ids[0] = F.pad(ids[0], (0, longest + pad - len(ids[0])))
-        return Batch(pad_sequence(aux, batch_first=True), pad_sequence(ids, batch_first=True),
-                     tensor_to_device(self.prompt_lens[index], dev),
-                     tensor_to_device(self.lens[index], dev))
-
-
-def sample_anchors(batch: Batch, num: int, generator: torch.Generator) -> torch.Tensor:
-    """`[N, num]` anchors uniform over each continuation's positions that have a next token:
-    `prompt_len <= anchor <= len - 2` (the first anchor is the first generated token, whose
-    context is the whole prompt, as after a prefill)."""
-    u = tensor_to_device(torch.rand(len(batch.lens), num, generator=generator), batch.lens.device)
-    span = (batch.lens - 1 - batch.prompt_lens)[:, None]
-    return batch.prompt_lens[:, None] + (u * span).long().clamp(max=span - 1)
-
-
-def block_labels(batch: Batch, anchors: torch.Tensor, block_size: int) -> torch.Tensor:
-    """`[N, A, B]`: the true token at anchor + j for j >= 1, IGNORE past the end and at j = 0."""
-    pos = anchors[:, :, None] + torch.arange(block_size, device=anchors.device)
-    valid = pos < batch.lens[:, None, None]
-    labels = batch.ids.gather(1, pos.clamp(max=batch.ids.shape[1] - 1).flatten(1))
-    labels = torch.where(valid, labels.view(pos.shape), IGNORE)
-    labels[:, :, 0] = IGNORE
-    return labels
-
-
-def offset_weights(block_size: int, gamma: float, device: torch.device) -> torch.Tensor:
-    j = torch.arange(block_size, device=device, dtype=torch.float32)
-    w = torch.exp(-(j - 1) / gamma)
-    w[0] = 0.0
-    return w
-
-
-def vocab_labels(labels: torch.Tensor, label_rows: torch.Tensor) -> torch.Tensor:
-    """Token labels as rows of an LM head cut to a draft vocabulary (`label_rows` `[V]`: each
-    token's row, OFF_VOCAB for the tokens left out); IGNORE stays."""
-    return torch.where(labels == IGNORE, IGNORE, label_rows[labels.clamp(min=0)])
-
-
-def slice_cross_entropy(h: torch.Tensor, lm_head: torch.Tensor, labels: torch.Tensor,
-                        weights: torch.Tensor, den: torch.Tensor
-                        ) -> tuple[torch.Tensor, torch.Tensor]:
-    """One slice of `block_loss`: hidden rows `[S, B, H]` through the LM head, their fp32
-    cross-entropy weighted and divided by `den`, and which offsets the argmax gets right."""
-    logits = h @ lm_head.t().to(h.dtype)
-    hit = labels >= 0
-    ce = F.cross_entropy(logits.flatten(0, 1).float(),
-                         torch.where(hit, labels, IGNORE).flatten(), ignore_index=IGNORE,
-                         reduction="none").view(labels.shape)
-    with torch.no_grad():
-        correct = (logits.argmax(-1) == labels) & hit
-    return (ce * weights).sum() / den, correct
-
-
-def block_loss(hidden: torch.Tensor, lm_head: torch.Tensor, labels: torch.Tensor,
-               weights: torch.Tensor, slice_rows: int = SLICE_ROWS,
-               slice_loss: Callable = slice_cross_entropy) -> tuple[torch.Tensor, dict]:
-    """Weighted cross-entropy over valid block offsets of the draft's hidden states
-    `[N, A, B, H]` through the (frozen) LM head, `slice_rows` logit rows at a time
-    (`loss_in_slices`), plus per-offset accuracy and the accept length greedy verification
-    would give (1 + the run of correct offsets from 1). Stats stay on the device. Over a
-    draft vocabulary (`vocab_labels`) an OFF_VOCAB offset is left out of the loss and counts
-    as wrong, as the draft can never propose it."""
-    b = labels.shape[-1]
-    valid = labels != IGNORE
-    trained = labels >= 0
-    w = weights * trained
-    den = w.sum()
-
-    def one_slice(h: torch.Tensor, lab: torch.Tensor, wt: torch.Tensor):
-        loss, correct = slice_loss(h, lm_head, lab, wt, den)
-        return loss, {"correct": correct}
-
-    loss, parts = loss_in_slices(one_slice, [hidden.flatten(0, 1)],
-                                 [labels.flatten(0, 1), w.flatten(0, 1)],
-                                 max(1, slice_rows // b))
-    with torch.no_grad():
-        correct = parts["correct"]
-        acc = correct.sum(0) / valid.flatten(0, 1).sum(0).clamp(min=1)
-        accept = 1 + correct[:, 1:].int().cumprod(-1).sum(-1).float().mean()
-    return loss, {"loss": loss.detach(), "acc": acc[1:], "accept": accept}
 
 
 # A time budget sets the number of steps at BUDGET_PROBE_STEPS, from the pace of the steps
@@ -410,7 +249,7 @@ class Trainer:
         held_out = held_out_index(len(data), self.cfg.val_samples, self.cfg.seed)
         pool = torch.tensor(sorted(set(range(len(data))) - set(held_out)), dtype=torch.long)
         paced_from = start  # set again after the warm-up steps
-        profile = StepProfile(self.cfg.profile_steps, self.device)
+        profile = StepProfile(self.cfg.profile_steps, self.device, BUDGET_WARMUP_STEPS)
         copies = (torch.cuda.Stream(self.device)
                   if self.cfg.batch_stream and self.device.type == "cuda" else None)
         saved_at = None
@@ -496,54 +335,6 @@ def _run_ends(ran: int, elapsed: float, time_budget_s: float | None,
     if ran == max_run_steps:
         return True
     return time_budget_s is not None and elapsed + (elapsed / ran if ran else 0.0) > time_budget_s
-
-
-class StepProfile:
-    """torch.profiler over `num_steps` training steps from `BUDGET_WARMUP_STEPS` on: when
-    they end, logs the wall time a step took, the device's busy time within it (the sum of
-    its kernels') and the ops that took the most self time, device first."""
-
-    def __init__(self, num_steps: int, device: torch.device):
-        self.first, self.last = BUDGET_WARMUP_STEPS, BUDGET_WARMUP_STEPS + num_steps
-        self.num_steps, self.device = num_steps, device
-        self.prof: torch.profiler.profile | None = None
-        self.started = 0.0
-
-    def before(self, step: int) -> None:
-        if self.num_steps and step == self.first:
-            activities = [torch.profiler.ProfilerActivity.CPU]
-            if self.device.type == "cuda":
-                activities.append(torch.profiler.ProfilerActivity.CUDA)
-                torch.cuda.synchronize(self.device)
-            self.prof = torch.profiler.profile(activities=activities)
-            self.prof.__enter__()
-            self.started = time.perf_counter()
-
-    def after(self, step: int, total: int) -> None:
-        """After `step` of `total` (a run shorter than the profile ends it early)."""
-        if self.prof is None or step < min(self.last, total):
-            return
-        self.num_steps = step - self.first
-        cuda = self.device.type == "cuda"
-        if cuda:
-            torch.cuda.synchronize(self.device)
-        wall = (time.perf_counter() - self.started) / self.num_steps
-        self.prof.__exit__(None, None, None)
-        events = self.prof.key_averages()
-        busy = device_busy_us(events) / 1e3 / self.num_steps if cuda else float("nan")
-        logger.info("profile of %d steps: %.1f ms a step, the device busy %.1f ms of it\n%s",
-                    self.num_steps, wall * 1e3, busy, events.table(
-                        sort_by="self_cuda_time_total" if cuda else "self_cpu_time_total",
-                        row_limit=30))
-        self.prof = None
-
-
-def device_busy_us(events) -> float:
-    """Microseconds the device spent in kernels, from profiler events: each kernel counted
-    once, by its own device event (an op's self device time repeats its kernels', so summing
-    every event counts a kernel twice)."""
-    return sum(e.self_device_time_total for e in events
-               if e.device_type != DeviceType.CPU and not e.is_user_annotation)
 
 
 def _mean_stats(window: list[dict]) -> dict:

@@ -1,0 +1,104 @@
+"""A training run's sequences on the device and the batches drawn from them: token ids, the
+target's aux rows (on the device while it has room, the rest in pinned host memory, copied in
+with their batch) and each batch's random block anchors."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch.nn.utils.rnn import pad_sequence
+
+from sglang_aux.srt.model_executor.runner_utils.host_transfer import tensor_to_device
+from sglang_aux.tools.dflash_training.data import Sample
+from sglang_aux.tools.dflash_training.features import TRAIN_RESERVE_BYTES, has_room
+
+
+@dataclass
+class Batch:
+    aux: torch.Tensor  # [N, T, K * H_target], zero-padded
+    ids: torch.Tensor  # [N, T]
+    prompt_lens: torch.Tensor  # [N]
+    lens: torch.Tensor  # [N]
+
+
+class SequenceSet:
+    """Training sequences on one device: token ids, aux rows and where the continuation
+    starts. Sequences with fewer than two continuation tokens teach nothing and are dropped.
+
+    Every sequence starts with the same `prefix_aux` rows `[P, K * H]` (the k-shot prefix,
+    kept once); `aux[i]` holds sample i's rows from position P on. With several prefixes
+    (a list: one per source of prompts), sample i starts with `prefix_aux[prefix_of[i]]`.
+    Host rows move to the device while it keeps `reserve_bytes` free; the rest stay on the
+    host and are copied in with their batch."""
+
+    def __init__(self, samples: list[Sample], aux: list[torch.Tensor], device: torch.device,
+                 prefix_aux: torch.Tensor | list[torch.Tensor] | None = None,
+                 reserve_bytes: int = TRAIN_RESERVE_BYTES, *,
+                 prefix_of: list[int] | None = None):
+        keep = [i for i, s in enumerate(samples) if len(s.output_ids) >= 2]
+        if not keep:
+            raise ValueError(f"none of {len(samples)} samples has two continuation tokens")
+        width = aux[0].shape[-1]
+        prefixes = prefix_aux if isinstance(prefix_aux, list) else [
+            prefix_aux if prefix_aux is not None else aux[0].new_zeros((0, width))]
+        self.prefixes = [p.to(device) for p in prefixes]
+        prefix_of = [0] * len(samples) if prefix_of is None else prefix_of
+        for i in keep:
+            p = len(self.prefixes[prefix_of[i]])
+            if len(aux[i]) + p != len(samples[i].ids) or len(samples[i].prompt_ids) < p:
+                raise ValueError(f"sample {i}: {len(samples[i].ids)} tokens (prompt "
+                                 f"{len(samples[i].prompt_ids)}), but {p} shared and "
+                                 f"{len(aux[i])} own aux rows")
+        self.prefix_of = [prefix_of[i] for i in keep]
+        self.ids = [torch.tensor(samples[i].ids, device=device) for i in keep]
+        self.aux = [aux[i] if aux[i].device == device
+                    or not has_room(device, aux[i].nbytes, reserve_bytes)
+                    else aux[i].to(device) for i in keep]
+        # lengths stay on the host: a batch gathers them there and sends them without a sync
+        self.prompt_lens = torch.tensor([len(samples[i].prompt_ids) for i in keep])
+        self.lens = torch.tensor([len(samples[i].ids) for i in keep])
+        self.num_tokens = int(self.lens.sum())
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def batch(self, index: list[int], bucket: int = 0,
+              stream: torch.cuda.Stream | None = None) -> Batch:
+        """These sequences, zero-padded to the longest one's length, rounded up to a multiple
+        of `bucket` when it is set (the rows past a sequence's end are never attended). With
+        a CUDA `stream`, the host rows' copies and the padding run there, beside what the
+        current stream still computes, and the current stream waits for them."""
+        if stream is None:
+            return self._batch(index, bucket)
+        current = torch.cuda.current_stream(stream.device)
+        with torch.cuda.stream(stream):
+            batch = self._batch(index, bucket)
+        current.wait_stream(stream)
+        for t in vars(batch).values():  # made on `stream`, freed after `current` reads them
+            t.record_stream(current)
+        return batch
+
+    def _batch(self, index: list[int], bucket: int) -> Batch:
+        dev = self.prefixes[0].device
+        aux = [torch.cat([self.prefixes[self.prefix_of[i]], tensor_to_device(self.aux[i], dev)])
+               for i in index]
+        ids = [self.ids[i] for i in index]
+        if bucket:
+            longest = max(len(x) for x in ids)
+            pad = -longest % bucket
+            aux[0] = F.pad(aux[0], (0, 0, 0, longest + pad - len(aux[0])))
+            ids[0] = F.pad(ids[0], (0, longest + pad - len(ids[0])))
+        return Batch(pad_sequence(aux, batch_first=True), pad_sequence(ids, batch_first=True),
+                     tensor_to_device(self.prompt_lens[index], dev),
+                     tensor_to_device(self.lens[index], dev))
+
+
+def sample_anchors(batch: Batch, num: int, generator: torch.Generator) -> torch.Tensor:
+    """`[N, num]` anchors uniform over each continuation's positions that have a next token:
+    `prompt_len <= anchor <= len - 2` (the first anchor is the first generated token, whose
+    context is the whole prompt, as after a prefill)."""
+    u = tensor_to_device(torch.rand(len(batch.lens), num, generator=generator), batch.lens.device)
+    span = (batch.lens - 1 - batch.prompt_lens)[:, None]
+    return batch.prompt_lens[:, None] + (u * span).long().clamp(max=span - 1)
