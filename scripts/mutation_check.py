@@ -633,6 +633,11 @@ MUTATIONS = [
              "self.block_hidden = draft_block_hidden",
              (f"{T}/speculative/test_train_dflash.py"
               "::test_a_compiled_step_trains_as_the_eager_one",)),
+    Mutation("training: the held-out validation runs the compiled functions too",
+             "python/sglang_aux/tools/dflash_training/trainer.py",
+             "(compiled if torch.is_grad_enabled() else fn)(*args)", "compiled(*args)",
+             (f"{T}/speculative/test_train_dflash.py"
+              "::test_validation_runs_eagerly_beside_compiled_steps",)),
     Mutation("recipe search: a recipe whose defaults moved is searched on",
              "python/sglang_aux/tools/dflash_recipe_search.py",
              'found = state.get(key) if key == "recipe_defaults" else state[key]',

@@ -281,6 +281,22 @@ def test_a_compiled_step_trains_as_the_eager_one(target):
         torch.testing.assert_close(trained[True][k], trained[False][k], rtol=1e-4, atol=1e-6)
 
 
+def test_validation_runs_eagerly_beside_compiled_steps(target, monkeypatch):
+    """With `compile`, the steps run the compiled functions and the held-out validation (no
+    autograd, a few batches now and then) the eager ones: no second compile for it."""
+    tr, _, draft, reqs, aux = _setup(target, num_layers=1)
+    data = _sequence_set(reqs, aux)
+    calls = []
+    monkeypatch.setattr(torch, "compile", lambda fn, **kw: lambda *a: calls.append(
+        fn.__name__) or fn(*a))
+    trainer = Trainer(draft, tr.model.get_input_embeddings(), tr.model.lm_head_weight,
+                      MASK_TOKEN_ID, TrainConfig(steps=1, batch_size=1, anchors_per_seq=4,
+                                                 val_samples=1, compile=True))
+    trainer.fit(data)
+    assert calls == ["draft_block_hidden", "slice_cross_entropy"]  # the step's alone
+    assert [p["step"] for p in trainer.val_curve] == [1]
+
+
 def _vocab_objective(target, token_ids):
     """The objective (loss, stats) of one batch with the whole LM head and over `token_ids`,
     on the same draft, with the draft's hidden rows and the true labels."""

@@ -100,9 +100,14 @@ BUDGET_REPACE_EVERY = 100
 
 
 def _compiled(fn: Callable, compile: bool) -> Callable:
-    """`fn` through torch.compile (shapes marked dynamic where they change: a batch's context
-    bucket, a slice's blocks), or as it is."""
-    return torch.compile(fn, dynamic=None) if compile else fn
+    """`fn` through torch.compile for the training steps (shapes marked dynamic where they
+    change: a batch's context bucket), or as it is. Without autograd (the held-out
+    sequences' validation, a few batches now and then) `fn` runs eagerly: compiling it
+    again for them would cost more than it saves and upset the step's pacing."""
+    if not compile:
+        return fn
+    compiled = torch.compile(fn, dynamic=None)
+    return lambda *args: (compiled if torch.is_grad_enabled() else fn)(*args)
 
 
 def _lr_factor(step: int, total: int, warmup: int) -> float:
