@@ -888,6 +888,10 @@ def test_smoke_run_holds_sequences_out_and_cards_their_curve(target, tmp_path):
     assert line.count(" at ") == 2 and line.endswith(" at 8."), line
     with pytest.raises(SystemExit):
         train_args.parse_args(["--smoke", "--val-every", "0"])
+    # more held out than there are sequences: one line before the features are extracted
+    with pytest.raises(SystemExit, match=r"--val-samples 99 leaves none of the \d+ trainable"):
+        train_dflash.main(["--smoke", "--target", target, "--out", str(tmp_path / "x"),
+                           "--num-samples", "6", "--val-samples", "99"])
 
 
 def test_smoke_run_writes_a_draft_the_engine_runs_losslessly(target, tmp_path):
