@@ -638,6 +638,12 @@ MUTATIONS = [
              "(compiled if torch.is_grad_enabled() else fn)(*args)", "compiled(*args)",
              (f"{T}/speculative/test_train_dflash.py"
               "::test_validation_runs_eagerly_beside_compiled_steps",)),
+    Mutation("recipe search: a variant's pace counts its whole training call",
+             "python/sglang_aux/tools/dflash_recipe_search.py",
+             'v["step_ms"] = round(1e3 * record["train_seconds"] / record["steps"], 1)',
+             'v["step_ms"] = round(1e3 * v["train_seconds"] / record["steps"], 1)',
+             (f"{T}/speculative/test_dflash_recipe_search.py"
+              "::test_two_variants_trained_measured_and_tabled",)),
     Mutation("recipe search: a recipe whose defaults moved is searched on",
              "python/sglang_aux/tools/dflash_recipe_search.py",
              'found = state.get(key) if key == "recipe_defaults" else state[key]',

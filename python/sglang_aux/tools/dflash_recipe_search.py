@@ -34,6 +34,7 @@ from sglang_aux.tools import train_dflash
 from sglang_aux.tools.dflash_training import train_args
 from sglang_aux.tools.dflash_training.config_diff import first_difference
 from sglang_aux.tools.dflash_training.evaluate import EVAL_TASKS
+from sglang_aux.tools.dflash_training.export import TRAINING_RECORD
 from sglang_aux.tools.dflash_training.feature_cache import FeatureCache
 from sglang_aux.tools.dflash_training.recipes import RECIPES
 from sglang_aux.tools.dflash_training.training_checkpoint import default_checkpoint
@@ -194,6 +195,8 @@ class Search:
             v["train_seconds"] = round(v["train_seconds"] + time.perf_counter() - t0, 1)
             if out is not None:
                 v["status"] = "trained"
+                record = json.loads((out / TRAINING_RECORD).read_text())
+                v["step_ms"] = round(1e3 * record["train_seconds"] / record["steps"], 1)
             self._save()
             if out is None:  # cut by the deadline: its checkpoint holds it
                 break
@@ -220,17 +223,19 @@ class Search:
         lines = [f"Recipe search: `{self.args.recipe}`, {self.args.steps} steps each on "
                  f"`{Path(self.args.samples_file).name}`; held-out accept length per verify "
                  "step (accepted proposals + 1), greedy.", "",
-                 "| variant | flags | status | runs | train s | "
+                 "| variant | flags | status | runs | train s | ms a step | "
                  + " | ".join(tasks) + " |",
-                 "|---|---|---|---:|---:|" + "---:|" * len(tasks)]
+                 "|---|---|---|---:|---:|---:|" + "---:|" * len(tasks)]
         for name in self.variants:
             v = self.state["variants"].get(name, {"flags": self.variants[name],
                                                   "status": "not started", "runs": 0,
                                                   "train_seconds": 0.0})
             accept = v.get("accept_per_step", {})
             cells = [f"{accept[t]:.3f}" if t in accept else "-" for t in tasks]
+            step = f"{v['step_ms']:.1f}" if "step_ms" in v else "-"
             lines.append(f"| {name} | `{v['flags'] or '(recipe)'}` | {v['status']} | "
-                         f"{v['runs']} | {v['train_seconds']:.0f} | " + " | ".join(cells) + " |")
+                         f"{v['runs']} | {v['train_seconds']:.0f} | {step} | "
+                         + " | ".join(cells) + " |")
         return "\n".join(lines) + "\n"
 
 

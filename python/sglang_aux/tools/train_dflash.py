@@ -62,6 +62,7 @@ from sglang_aux.tools.dflash_training.data import (
 from sglang_aux.tools.dflash_training.dspark_objective import DSparkTrainer
 from sglang_aux.tools.dflash_training.evaluate import measure_accept_lengths
 from sglang_aux.tools.dflash_training.export import (
+    TRAINING_RECORD,
     draft_config,
     dspark_draft_config,
     new_draft,
@@ -282,6 +283,11 @@ def train(args: argparse.Namespace, target: str, started: float,
         info["val_line"] = _val_line(cfg.val_samples, trainer.val_curve)
     out = write_draft(draft, config, args.out, render_card(Path(args.out).name, info),
                       token_map=vocab)
+    (out / TRAINING_RECORD).write_text(json.dumps(
+        {"steps": stats["steps"], "train_seconds": round(stats["train_seconds"], 2),
+         "timings": {k: round(v, 2) for k, v in timings.items()},
+         "loss": stats["loss"], "accept": stats["accept"], "val_curve": trainer.val_curve},
+        indent=1) + "\n")
     # Free the data-generation engine and the features before an evaluation engine starts
     # (unless `features` keeps them for the next run: its caller frees them first).
     del engine, runner, data, trainer, kept

@@ -19,6 +19,7 @@ from sglang_aux.test.gsm8k_data import local_path_or_skip
 from sglang_aux.test.runtime_utils import tiny_checkpoint
 from sglang_aux.tools import dflash_recipe_search as search
 from sglang_aux.tools import train_dflash
+from sglang_aux.tools.dflash_training.export import TRAINING_RECORD
 
 register_cpu_ci(est_time=40, suite="default")
 
@@ -62,7 +63,15 @@ def test_two_variants_trained_measured_and_tabled(samples, tmp_path, capsys, mon
     layers = [json.loads((root / n / "config.json").read_text())["num_hidden_layers"]
               for n in ("base", "cut")]
     assert layers == [1, 2]  # the smoke recipe's one layer, and the variant's two
+    # each variant's own steps' pace (its training record: the seconds of the steps alone,
+    # over both runs of `cut`, none of the engine's or the features')
+    for name, v in (("base", base), ("cut", cut)):
+        record = json.loads((root / name / TRAINING_RECORD).read_text())
+        assert record["steps"] == 4 and 0 < record["train_seconds"] < v["train_seconds"]
+        assert v["step_ms"] == round(1e3 * record["train_seconds"] / 4, 1)
     table = (root / search.TABLE).read_text()
+    assert "| variant | flags | status | runs | train s | ms a step | gsm8k |" in table
+    assert f" | {base['step_ms']:.1f} | {base['accept_per_step']['gsm8k']:.3f} |" in table
     assert "| base | `(recipe)` | measured | 1 |" in table
     assert "| cut | `--num-layers 2 --max-run-steps 2` | measured | 2 |" in table
     assert "every variant measured" in capsys.readouterr().out

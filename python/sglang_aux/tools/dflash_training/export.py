@@ -31,6 +31,9 @@ EVAL_LINE = "- Held-out accept length:"
 # the repository's 50 MB file limit, with margin)
 MAX_SHARD_BYTES = 45_000_000
 SHARD_INDEX = "model.safetensors.index.json"
+# beside the card, what it says for a program: steps, seconds (the steps' own and each
+# phase's), the final stats and the held-out curve
+TRAINING_RECORD = "training.json"
 
 
 def draft_config(target: dict, *, num_layers: int, num_aux_layers: int, block_size: int,
