@@ -18,7 +18,7 @@
 # From the repository root, carry .carry/wheels, .carry/gsm8k and .carry/humaneval (the
 # contamination check reads GSM8K's test and HumanEval's prompts):
 #
-#   bash scripts/device/train_step.sh "$OUT"       # about 5 minutes on an H100 or the H200
+#   bash scripts/device/train_step.sh "$OUT"   # about 5 minutes on an H100 or the H200; OUT/table.md
 . scripts/device/timed_steps.sh
 export PYTHONPATH=$PYTHONPATH:/tmp/site
 export SGLANG_AUX_HUMANEVAL=${SGLANG_AUX_HUMANEVAL:-$PWD/.carry/humaneval/HumanEval.jsonl.gz}
@@ -45,3 +45,6 @@ for v in ${VARIANTS:-base= compile=--compile fullvocab=--no-train-over-token-map
     ${flags//,/ }
 done
 cat "$out/status.txt"
+# the table: each variant's profiled step and the pace of its steps from 40 on, against base's
+python benchmark/training/train_step_table.py "$out" $([ -f "$out/base.log" ] && echo --base=base) \
+  | tee "$out/table.md"

@@ -149,6 +149,8 @@ def test_the_training_step_profile_runs_each_variant_with_flags_train_dflash_tak
     assert parsed["wide5"].num_layers == 5 and parsed["base"].context_bucket == 256
     assert parsed["hostrows"].device_reserve_gb == 100000 and parsed["hostrows"].batch_stream
     assert parsed["compile"].compile and not parsed["base"].compile
+    (table,) = [c for c in calls if c[0].endswith("train_step_table.py")]
+    assert table[1] == str(tmp_path / "out")  # (no base.log under the recorder: no --base)
 
 
 def test_prepare_carry_makes_the_carried_data_folders(tmp_path):

@@ -63,7 +63,7 @@ class TrainConfig:
     # `steps` too: a device session's minutes all train
     fill_budget: bool = False
     # CUDA: a batch's host rows are copied in on a stream of their own, beside the step
-    # before, instead of in line with the steps: 60.4 against 63.5 ms a step on an H100
+    # before, instead of in line with the steps: 60.5 against 63.4 ms a step on an H100
     # with every row in pinned host memory, as most of the whole mix's are (docs/training.md)
     batch_stream: bool = True
     # the draft's forward and the loss through torch.compile (a candidate, off until timed)
