@@ -210,7 +210,7 @@ def train(args: argparse.Namespace, target: str, started: float,
                           args.samples_file or "the generated samples")
     if args.phase == "data":
         return None
-    trainable = sum(len(x.output_ids) >= 2 for x in samples)  # what the SequenceSet keeps
+    trainable = len(SequenceSet.trainable(samples))
     if args.val_samples >= trainable:
         raise BadInputError(f"--val-samples {args.val_samples} leaves none of the {trainable} "
                             f"trainable sequences of {args.samples_file or 'the samples'} "

@@ -37,7 +37,7 @@ class SequenceSet:
                  prefix_aux: torch.Tensor | list[torch.Tensor] | None = None,
                  reserve_bytes: int = TRAIN_RESERVE_BYTES, *,
                  prefix_of: list[int] | None = None):
-        keep = [i for i, s in enumerate(samples) if len(s.output_ids) >= 2]
+        keep = self.trainable(samples)
         if not keep:
             raise ValueError(f"none of {len(samples)} samples has two continuation tokens")
         width = aux[0].shape[-1]
@@ -60,6 +60,11 @@ class SequenceSet:
         self.prompt_lens = torch.tensor([len(samples[i].prompt_ids) for i in keep])
         self.lens = torch.tensor([len(samples[i].ids) for i in keep])
         self.num_tokens = int(self.lens.sum())
+
+    @staticmethod
+    def trainable(samples: list[Sample]) -> list[int]:
+        """The samples a set keeps: those of two continuation tokens or more."""
+        return [i for i, s in enumerate(samples) if len(s.output_ids) >= 2]
 
     def __len__(self) -> int:
         return len(self.ids)
