@@ -644,6 +644,16 @@ MUTATIONS = [
              'v["step_ms"] = round(1e3 * v["train_seconds"] / record["steps"], 1)',
              (f"{T}/speculative/test_dflash_recipe_search.py"
               "::test_two_variants_trained_measured_and_tabled",)),
+    Mutation("training: a packed context pass still projects the padding",
+             "python/sglang_aux/tools/dflash_training/trainer.py",
+             "return batch.rows if self.cfg.pack_context else None", "return None",
+             (f"{T}/speculative/test_train_dflash.py"
+              "::test_a_packed_context_pass_skips_the_padding_and_trains_the_same",)),
+    Mutation("training: a batch's own rows miss its last sequence",
+             "python/sglang_aux/tools/dflash_training/sequence_set.py",
+             "for i, n in enumerate(lens.tolist())", "for i, n in enumerate(lens.tolist()[:-1])",
+             (f"{T}/speculative/test_train_dflash.py"
+              "::test_a_packed_context_pass_skips_the_padding_and_trains_the_same",)),
     Mutation("recipe search: a recipe whose defaults moved is searched on",
              "python/sglang_aux/tools/dflash_recipe_search.py",
              'found = state.get(key) if key == "recipe_defaults" else state[key]',

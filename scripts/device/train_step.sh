@@ -5,16 +5,14 @@
 # values) over every SAMPLE_EVERY-th of the shipped mix samples, one run per variant below,
 # each profiled over 20 steps (`--profile-steps`: wall time, the device's busy time, the ops)
 # and timed unprofiled (the log lines' seconds every 20 steps: the profiler slows the host).
-# `base` is the recipe (over its draft vocabulary); `fullvocab` trains over the whole one;
-# `hostrows` keeps every sample's rows in pinned host memory (a device reserve past any GPU's
-# memory), as most of the whole mix's rows wait there, so each batch copies its rows in on a
-# stream of their own (`--batch-stream`, the default since an H100 timed it: docs/benchmarks.md
-# section 9p); `compile` runs the draft's forward and the loss through torch.compile; `wide5`
-# is five wide draft layers. Others through VARIANTS, e.g.
-# `hostinline=--device-reserve-gb=100000,--no-batch-stream` (host rows copied in line),
-# `efficient=--sdpa-backend=efficient` (torch's memory-efficient attention) or
-# `unbucketed=--context-bucket=0` (each batch padded to its longest sequence, as before the
-# context bucket: section 9o).
+# `base` is the recipe (over its draft vocabulary, host rows copied on their own stream);
+# `compile` runs the draft's forward and the loss through torch.compile; `packed` projects
+# only the sequences' own context rows, not the batch's padding (`--pack-context`); `both`
+# does both. Others through VARIANTS (NAME=FLAGS, a variant's flags joined by commas), e.g.
+# `fullvocab=--no-train-over-token-map`, `hostrows=--device-reserve-gb=100000` (every row in
+# pinned host memory, as most of the whole mix's are; with `,--no-batch-stream` copied in
+# line), `wide5=--num-layers=5,--intermediate-size=8960`, `efficient=--sdpa-backend=efficient`
+# or `unbucketed=--context-bucket=0` (docs/benchmarks.md sections 9o and 9p timed those).
 # From the repository root, carry .carry/wheels, .carry/gsm8k and .carry/humaneval (the
 # contamination check reads GSM8K's test and HumanEval's prompts):
 #
@@ -35,8 +33,8 @@ with lzma.open(sys.argv[2], "wt") as f:
 print(f"{len(lines)} samples")
 EOF
 # NAME=FLAGS (a variant's flags joined by commas), as qwen25_coder.sh's search takes them
-for v in ${VARIANTS:-base= compile=--compile fullvocab=--no-train-over-token-map \
-    hostrows=--device-reserve-gb=100000 wide5=--num-layers=5,--intermediate-size=8960}; do
+for v in ${VARIANTS:-base= compile=--compile packed=--pack-context \
+    both=--compile,--pack-context}; do
   name=${v%%=*}
   flags=${v#*=}
   step "$name" 300 python -m sglang_aux.tools.train_dflash --recipe $recipe \

@@ -136,7 +136,7 @@ def test_the_training_step_profile_runs_each_variant_with_flags_train_dflash_tak
     calls = _record("train_step.sh", tmp_path)
     runs = {c[c.index("--out") + 1].rsplit("/", 1)[1]: c[2:] for c in calls
             if c[:2] == ["-m", "sglang_aux.tools.train_dflash"]}
-    assert list(runs) == ["base", "compile", "fullvocab", "hostrows", "wide5"], calls
+    assert list(runs) == ["base", "compile", "packed", "both"], calls
     parsed = {}
     for name, argv in runs.items():
         i = argv.index("--samples-file") + 1  # (the script's cut of the shipped samples)
@@ -145,10 +145,9 @@ def test_the_training_step_profile_runs_each_variant_with_flags_train_dflash_tak
         assert args.target in PRESETS and args.recipe and args.profile_steps > 0, name
         assert int(args.mask_token) < PRESETS[args.target]["vocab_size"]
     assert parsed["base"].train_over_token_map and parsed["base"].batch_stream
-    assert not parsed["fullvocab"].train_over_token_map
-    assert parsed["wide5"].num_layers == 5 and parsed["base"].context_bucket == 256
-    assert parsed["hostrows"].device_reserve_gb == 100000 and parsed["hostrows"].batch_stream
-    assert parsed["compile"].compile and not parsed["base"].compile
+    assert parsed["base"].context_bucket == 256
+    assert [(p.compile, p.pack_context) for p in parsed.values()] == [
+        (False, False), (True, False), (False, True), (True, True)]
     (table,) = [c for c in calls if c[0].endswith("train_step_table.py")]
     assert table[1] == str(tmp_path / "out")  # (no base.log under the recorder: no --base)
 

@@ -224,7 +224,8 @@ def train(args: argparse.Namespace, target: str, started: float,
                       log_every=args.log_every, profile_steps=args.profile_steps,
                       context_bucket=args.context_bucket, sdpa_backend=args.sdpa_backend,
                       fill_budget=args.fill_budget, batch_stream=args.batch_stream,
-                      compile=args.compile, val_samples=args.val_samples,
+                      compile=args.compile, pack_context=args.pack_context,
+                      val_samples=args.val_samples,
                       val_every=args.val_every)
     draft = new_draft(config, runner.device, args.seed)
     warm = init_from(draft, config, args.init_from) if args.init_from else None

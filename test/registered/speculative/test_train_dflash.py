@@ -219,6 +219,39 @@ def test_a_context_bucket_pads_the_batch_and_trains_the_same(target):
         TrainConfig(context_bucket=-8)
 
 
+def test_a_packed_context_pass_skips_the_padding_and_trains_the_same(target, monkeypatch):
+    """`pack_context`: a batch's `rows` index exactly its sequences' own rows (the padding's
+    aux rows are zeros), and projecting those alone gives the objective and every gradient of
+    the whole padded pass, bucketed (most rows padding) or not; DSpark's objective reads it
+    too (its own test file)."""
+    tr, _, draft, reqs, aux = _setup(target, num_layers=2)
+    data = _sequence_set(reqs, aux)
+    projected, real = [], draft.project_context
+    monkeypatch.setattr(draft, "project_context", lambda x: projected.append(len(x)) or real(x))
+    for bucket in (0, 256):
+        batch = data.batch([1, 0], bucket)
+        n, t = batch.ids.shape
+        own = torch.arange(t)[None, :] < batch.lens[:, None]
+        assert torch.equal(batch.rows, own.flatten().nonzero().flatten())
+        assert not batch.aux.flatten(0, 1)[~own.flatten()].any()  # the padding: zeros
+        anchors = sample_anchors(batch, 6, torch.Generator().manual_seed(3))
+        results, projected[:] = [], []
+        for pack in (False, True):
+            trainer = Trainer(draft, tr.model.get_input_embeddings(),
+                              tr.model.lm_head_weight, MASK_TOKEN_ID,
+                              TrainConfig(pack_context=pack))
+            assert (trainer.context_rows(batch) is batch.rows) is pack
+            draft.zero_grad(set_to_none=True)
+            loss, _ = trainer.objective(batch, anchors)
+            loss.backward()
+            results.append([loss.detach()] + [p.grad.clone() for p in draft.parameters()
+                                              if p.grad is not None])
+        assert projected == [n * t, int(batch.lens.sum())]  # the padding skipped
+        assert len(results[0]) == len(results[1]) > 2
+        for a, b in zip(*results, strict=True):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
 def test_the_sdpa_backend_choice_trains_the_same_and_a_bad_one_is_named(target, monkeypatch):
     """`sdpa_backend` picks the draft attention's kernels for a step (forward and backward);
     torch's math kernels give the objective torch's own choice gives."""
@@ -259,26 +292,30 @@ def test_the_sdpa_backend_choice_trains_the_same_and_a_bad_one_is_named(target, 
 def test_a_compiled_step_trains_as_the_eager_one(target):
     """`TrainConfig(compile=True)`: the draft's forward and the loss's slices through
     torch.compile (Inductor on the CPU) train the weights the eager step trains, to float
-    rounding, over steps at two context lengths (a new bucket compiles again, not fails)."""
+    rounding, over steps at two context lengths and two counts of own rows (a new shape
+    compiles again, not fails), with the whole context pass and with a packed one."""
     tr, _, draft, reqs, aux = _setup(target, num_layers=1)
     data = _sequence_set(reqs, aux)
     start = {k: v.clone() for k, v in draft.state_dict().items()}
     trained, losses = {}, {}
-    for compiled in (False, True):
+    for compiled, packed in ((False, False), (True, False), (True, True)):
         draft.load_state_dict(start)
         trainer = Trainer(draft, tr.model.get_input_embeddings(), tr.model.lm_head_weight,
-                          MASK_TOKEN_ID, TrainConfig(compile=compiled))
+                          MASK_TOKEN_ID, TrainConfig(compile=compiled, pack_context=packed))
         assert (trainer.block_hidden is draft_block_hidden) is not compiled
-        losses[compiled] = []
-        for i, bucket in enumerate((0, 0, 256)):
-            batch = data.batch([i % 2, 1 - i % 2], bucket)
+        losses[compiled, packed] = []
+        for i, (index, bucket) in enumerate((([0, 1], 0), ([1, 0], 0), ([0, 0], 256))):
+            batch = data.batch(index, bucket)
             anchors = sample_anchors(batch, 6, torch.Generator().manual_seed(i))
-            losses[compiled].append(float(trainer.step(batch, anchors)["loss"]))
-        trained[compiled] = {k: v.clone() for k, v in draft.state_dict().items()}
-    torch.testing.assert_close(losses[True], losses[False], rtol=1e-5, atol=0)
-    assert any(not torch.equal(trained[False][k], start[k]) for k in start)  # it trained
-    for k in start:
-        torch.testing.assert_close(trained[True][k], trained[False][k], rtol=1e-4, atol=1e-6)
+            losses[compiled, packed].append(float(trainer.step(batch, anchors)["loss"]))
+        trained[compiled, packed] = {k: v.clone() for k, v in draft.state_dict().items()}
+    eager = (False, False)
+    assert any(not torch.equal(trained[eager][k], start[k]) for k in start)  # it trained
+    for variant in ((True, False), (True, True)):
+        torch.testing.assert_close(losses[variant], losses[eager], rtol=1e-5, atol=0)
+        for k in start:
+            torch.testing.assert_close(trained[variant][k], trained[eager][k], rtol=1e-4,
+                                       atol=1e-6)
 
 
 def test_validation_runs_eagerly_beside_compiled_steps(target, monkeypatch):

@@ -2,7 +2,7 @@
 rows of the map): a tiny draft trained with `--train-over-token-map` on the GPU is served
 with its map from the config, with CUDA graphs, and greedy DFlash gives the target-only
 tokens; every `--sdpa-backend` trains on CUDA; host rows copied in on a stream of their own
-train the same draft; a compiled step trains as the eager one."""
+train the same draft; compiled and packed steps train as the eager one."""
 
 import json
 import logging
@@ -91,19 +91,21 @@ def test_host_rows_copied_on_their_own_stream_train_the_same_draft(tmp_path, cap
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_a_compiled_step_trains_as_the_eager_one_on_cuda(tmp_path):
-    """`--compile`: the draft's forward and the loss's slices through torch.compile on the
-    GPU (bf16 autocast, the default context bucket) train as the eager step does."""
+def test_compiled_and_packed_steps_train_as_the_eager_one_on_cuda(tmp_path):
+    """`--compile` (the draft's forward and the loss's slices through torch.compile) and
+    `--pack-context` (the context pass over the sequences' own rows alone) on the GPU (bf16
+    autocast, the default context bucket), alone and together, train as the eager step."""
     local_path_or_skip("train")
     target = tiny_checkpoint("tiny-llama", tmp_path / "ckpt")
     losses = {}
-    for flag in ("--no-compile", "--compile"):
-        out = tmp_path / flag
+    for flags in ((), ("--compile",), ("--pack-context",), ("--compile", "--pack-context")):
+        out = tmp_path / ("-".join(flags) or "eager")
         train_dflash.main(["--smoke", "--target", target, "--out", str(out), "--device",
-                           "cuda", "--num-samples", "8", "--steps", "12", flag])
+                           "cuda", "--num-samples", "8", "--steps", "12", *flags])
         card = (out / "README.md").read_text()
-        losses[flag] = float(re.search(r"Final loss ([0-9.]+)", card).group(1))
-    assert losses["--compile"] == pytest.approx(losses["--no-compile"], rel=0.02)
+        losses[flags] = float(re.search(r"Final loss ([0-9.]+)", card).group(1))
+    for flags, loss in losses.items():
+        assert loss == pytest.approx(losses[()], rel=0.02), flags
 
 
 if __name__ == "__main__":

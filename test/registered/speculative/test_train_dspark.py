@@ -5,6 +5,7 @@ final hidden states kept beside the aux rows give its own logits, the target dis
 each row is matched to, overfitting a fixed batch, and a smoke run of the whole tool whose
 draft loads as a DSparkDraftModel."""
 
+import dataclasses
 import json
 import math
 import sys
@@ -229,6 +230,25 @@ def test_sliced_loss_equals_the_whole_batch_loss(target):
     assert set(g_sliced) == set(g_whole) and "markov_head.markov_w2.weight" in g_whole
     for n in g_whole:
         torch.testing.assert_close(g_sliced[n], g_whole[n], rtol=1e-5, atol=1e-6, msg=n)
+
+
+def test_a_packed_context_pass_gives_the_same_objective(target):
+    """`pack_context` on DSpark's objective (its rows hold the final hidden state beside the
+    aux states): the padding's context rows skipped, the same loss and gradients."""
+    _, data, trainer = _trainer(target)
+    batch = data.batch([0, 1, 2], bucket=64)
+    assert len(batch.rows) < batch.ids.numel()  # the bucket padded
+    anchors = sample_anchors(batch, 3, torch.Generator().manual_seed(4))
+    results = []
+    for pack in (False, True):
+        trainer.cfg = dataclasses.replace(trainer.cfg, pack_context=pack)
+        trainer.opt.zero_grad(set_to_none=True)
+        loss, _ = trainer.objective(batch, anchors)
+        loss.backward()
+        results.append([loss.detach()] + [p.grad.clone() for p in trainer.draft.parameters()
+                                          if p.grad is not None])
+    for a, b in zip(*results, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
 
 
 def test_a_step_updates_the_markov_head_inside_the_sliced_loss(target):

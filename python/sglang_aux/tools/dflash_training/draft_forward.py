@@ -61,15 +61,22 @@ def grouped_kv_kernel_enabled() -> bool:
     return b.flash_sdp_enabled() or b.cudnn_sdp_enabled() or b.math_sdp_enabled()
 
 
-def context_kv(draft: DFlashDraftModel, aux: torch.Tensor
+def context_kv(draft: DFlashDraftModel, aux: torch.Tensor, rows: torch.Tensor | None = None
                ) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """Per draft layer, the context `(k, v)` `[N, T, KVH, D]` of aux rows `[N, T, K * H_t]` at
-    positions 0..T-1 (fc -> hidden_norm -> k/v proj, k_norm, RoPE on k)."""
+    positions 0..T-1 (fc -> hidden_norm -> k/v proj, k_norm, RoPE on k). With `rows` (the
+    flat indices of the sequences' own rows, `Batch.rows`) only those are projected and the
+    padding's K/V are zeros: no query sees them, so the block outputs are the same."""
     n, t = aux.shape[:2]
-    ctx = draft.project_context(aux.flatten(0, 1))  # [N * T, H]
     positions = torch.arange(t, device=aux.device).repeat(n)
-    return [(k.view(n, t, *k.shape[1:]), v.view(n, t, *v.shape[1:]))
-            for k, v in draft.context_kv(ctx, positions)]
+    if rows is None:
+        kv = draft.context_kv(draft.project_context(aux.flatten(0, 1)), positions)
+    else:
+        own = draft.context_kv(draft.project_context(aux.flatten(0, 1).index_select(0, rows)),
+                               positions.index_select(0, rows))
+        kv = [tuple(x.new_zeros(n * t, *x.shape[1:]).index_copy(0, rows, x) for x in pair)
+              for pair in own]
+    return [(k.view(n, t, *k.shape[1:]), v.view(n, t, *v.shape[1:])) for k, v in kv]
 
 
 def block_mask(anchors: torch.Tensor, context_len: int, block_size: int) -> torch.Tensor:
@@ -98,22 +105,24 @@ def block_inputs(input_ids: torch.Tensor, anchors: torch.Tensor, block_size: int
 
 def draft_block_hidden(draft: DFlashDraftModel, embed: nn.Embedding, aux: torch.Tensor,
                        input_ids: torch.Tensor, anchors: torch.Tensor, mask_token_id: int,
-                       grouped_kv: bool | None = None) -> torch.Tensor:
+                       grouped_kv: bool | None = None, context_rows: torch.Tensor | None = None
+                       ) -> torch.Tensor:
     """Final draft hidden states `[N, A, B, H]` of every block position.
 
     aux `[N, T, K * H_t]` and input_ids `[N, T]` are padded sequences; anchors `[N, A]` are
     positions with `1 <= anchor < T`. Rows past a sequence's end are never read, because no
     query sees a context position at or after its anchor. `grouped_kv`: whether the enabled
     SDPA kernels take grouped K/V heads (None: asked here; a compiled caller passes it, as
-    the question cannot be traced).
+    the question cannot be traced). `context_rows`: project only these context rows
+    (`context_kv`).
     """
     b = draft.dflash_config.draft_block_size
     n, t = input_ids.shape
     ids, positions = block_inputs(input_ids, anchors, b, mask_token_id)
     if grouped_kv is None:
         grouped_kv = grouped_kv_kernel_enabled()
-    backend = DenseBlockAttention(context_kv(draft, aux), block_mask(anchors, t, b),
-                                  grouped_kv)
+    backend = DenseBlockAttention(context_kv(draft, aux, context_rows),
+                                  block_mask(anchors, t, b), grouped_kv)
     # The residual stream in the draft's parameter dtype (fp32 master weights in training).
     x = embed(ids.flatten()).to(draft.fc.weight.dtype)
     return draft.block_hidden(x, positions.flatten(), backend).view(n, anchors.shape[1], b, -1)

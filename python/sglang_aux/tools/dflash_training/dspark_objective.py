@@ -140,7 +140,8 @@ class DSparkTrainer(Trainer):
                              f"({self.lm_head.shape[1]}): extract_aux(..., final_hidden=True)")
         aux, final = batch.aux[..., :width], batch.aux[..., width:]
         hidden = self.block_hidden(draft, self.embed, aux, batch.ids, anchors,
-                                   self.mask_token_id, grouped_kv_kernel_enabled())  # [N, A, G, H]
+                                   self.mask_token_id, grouped_kv_kernel_enabled(),
+                                   self.context_rows(batch))  # [N, A, G, H]
         labels, prev = dspark_labels(batch, anchors, num_proposals)
         markov = draft.markov_head
         embed = markov.embed(prev)  # [N, A, G, r]

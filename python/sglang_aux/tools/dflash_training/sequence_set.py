@@ -21,6 +21,9 @@ class Batch:
     ids: torch.Tensor  # [N, T]
     prompt_lens: torch.Tensor  # [N]
     lens: torch.Tensor  # [N]
+    # [R]: the flat indices (into N * T) of every sequence's own rows, made on the host, so a
+    # packed context pass (`--pack-context`) skips the padding without a sync
+    rows: torch.Tensor | None = None
 
 
 class SequenceSet:
@@ -82,7 +85,8 @@ class SequenceSet:
             batch = self._batch(index, bucket)
         current.wait_stream(stream)
         for t in vars(batch).values():  # made on `stream`, freed after `current` reads them
-            t.record_stream(current)
+            if t is not None:
+                t.record_stream(current)
         return batch
 
     def _batch(self, index: list[int], bucket: int) -> Batch:
@@ -90,14 +94,16 @@ class SequenceSet:
         aux = [torch.cat([self.prefixes[self.prefix_of[i]], tensor_to_device(self.aux[i], dev)])
                for i in index]
         ids = [self.ids[i] for i in index]
-        if bucket:
-            longest = max(len(x) for x in ids)
-            pad = -longest % bucket
-            aux[0] = F.pad(aux[0], (0, 0, 0, longest + pad - len(aux[0])))
-            ids[0] = F.pad(ids[0], (0, longest + pad - len(ids[0])))
+        longest = max(len(x) for x in ids)
+        width = longest + (-longest % bucket if bucket else 0)
+        if width > longest:
+            aux[0] = F.pad(aux[0], (0, 0, 0, width - len(aux[0])))
+            ids[0] = F.pad(ids[0], (0, width - len(ids[0])))
+        lens = self.lens[index]
+        rows = torch.cat([torch.arange(n) + i * width for i, n in enumerate(lens.tolist())])
         return Batch(pad_sequence(aux, batch_first=True), pad_sequence(ids, batch_first=True),
-                     tensor_to_device(self.prompt_lens[index], dev),
-                     tensor_to_device(self.lens[index], dev))
+                     tensor_to_device(self.prompt_lens[index], dev), tensor_to_device(lens, dev),
+                     tensor_to_device(rows, dev))
 
 
 def sample_anchors(batch: Batch, num: int, generator: torch.Generator) -> torch.Tensor:

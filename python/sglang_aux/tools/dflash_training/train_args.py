@@ -120,6 +120,10 @@ def make_parser() -> argparse.ArgumentParser:
     add("--compile", action=argparse.BooleanOptionalAction, default=TrainConfig.compile,
         help="run the draft's forward and the loss's slices through torch.compile (its "
              "first steps compile; a candidate, off until timed)")
+    add("--pack-context", action=argparse.BooleanOptionalAction,
+        default=TrainConfig.pack_context,
+        help="project only the sequences' own context rows, not a batch's padding (the same "
+             "objective; a candidate, off until timed)")
     add("--val-samples", type=int, default=TrainConfig.val_samples,
         help="hold this many of the sequences out of training and log their objective every "
              "--val-every steps and at the end (its curve on the card): whether more steps "

@@ -68,6 +68,9 @@ class TrainConfig:
     batch_stream: bool = True
     # the draft's forward and the loss through torch.compile (a candidate, off until timed)
     compile: bool = False
+    # project only the sequences' own context rows, not a batch's padding (47.5% of a mix
+    # batch's rows with the 256-row bucket; a candidate, off until timed)
+    pack_context: bool = False
     # sequences held out of training (drawn once from the seed), their objective measured
     # every `val_every` steps and at the end: whether more steps over the same data still
     # generalize
@@ -158,12 +161,18 @@ class Trainer:
     def objective(self, batch: Batch, anchors: torch.Tensor) -> tuple[torch.Tensor, dict]:
         """The DFlash block loss of these blocks and its stats."""
         hidden = self.block_hidden(self.draft, self.embed, batch.aux, batch.ids, anchors,
-                                   self.mask_token_id, grouped_kv_kernel_enabled())
+                                   self.mask_token_id, grouped_kv_kernel_enabled(),
+                                   self.context_rows(batch))
         labels = block_labels(batch, anchors, self.draft.dflash_config.draft_block_size)
         if self.label_rows is not None:
             labels = vocab_labels(labels, self.label_rows)
         return block_loss(hidden, self.lm_head, labels, self.weights, self.slice_rows,
                           self.slice_loss)
+
+    def context_rows(self, batch: Batch) -> torch.Tensor | None:
+        """The rows the draft's context pass projects: the sequences' own with
+        `cfg.pack_context`, else all (None)."""
+        return batch.rows if self.cfg.pack_context else None
 
     def step(self, batch: Batch, anchors: torch.Tensor) -> dict:
         """One optimizer step on these blocks; returns the step's loss and accuracy as device

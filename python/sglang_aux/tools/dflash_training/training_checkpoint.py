@@ -27,8 +27,10 @@ def default_checkpoint(out: str | Path) -> Path:
     """Where a `--resume` run into the draft folder `out` keeps its checkpoint by default."""
     return Path(f"{out}{CHECKPOINT_SUFFIX}")
 # TrainConfig fields a later run may change: they shape its log or its pace, not what it trains
-# (the rows' stream changes no bit; a compiled step computes the same objective, rounded apart)
-RUN_ONLY_FIELDS = ("log_every", "profile_steps", "batch_stream", "compile", "val_every")
+# (the rows' stream changes no bit; a compiled or packed step computes the same objective,
+# rounded apart)
+RUN_ONLY_FIELDS = ("log_every", "profile_steps", "batch_stream", "compile", "pack_context",
+                   "val_every")
 
 
 def data_digest(samples: list[Sample]) -> str:
