@@ -600,8 +600,8 @@ MUTATIONS = [
              (f"{T}/speculative/test_train_dflash.py::test_device_busy_counts_each_kernel_once",)),
     Mutation("training: the context bucket pads nothing",
              "python/sglang_aux/tools/dflash_training/sequence_set.py",
-             "            pad = -longest % bucket\n",
-             "            pad = 0\n",
+             "width = longest + (-longest % bucket if bucket else 0)",
+             "width = longest",
              (f"{T}/speculative/test_train_dflash.py"
               "::test_a_context_bucket_pads_the_batch_and_trains_the_same",)),
     Mutation("training: the SDPA backend choice is ignored",

@@ -121,15 +121,8 @@ class Search:
             state = json.loads(self.path.read_text())
             for key, value in want.items():
                 found = state.get(key) if key == "recipe_defaults" else state[key]
-                if found == value:
-                    continue
-                if key == "recipe_defaults" and found is None:
-                    raise SearchError(f"{self.path}: a search from before the recipe's "
-                                      "defaults were recorded: use another --root")
-                if key == "recipe_defaults":  # the first default that moved, named
-                    key, found, value = first_difference({key: found}, {key: value})
-                raise SearchError(f"{self.path}: a search with {key} {found!r}, not "
-                                  f"{value!r}: use another --root")
+                if found != value:
+                    raise SearchError(self._another_search(key, found, value))
             for name, v in state["variants"].items():
                 if name in self.variants and v["flags"] != self.variants[name]:
                     raise SearchError(f"{self.path}: variant {name} was {v['flags']!r}, not "
@@ -141,6 +134,16 @@ class Search:
                               ) from None
         self._restart_lost(state)
         return state
+
+    def _another_search(self, key: str, found, value) -> str:
+        """The line a state of another search is refused with: the key that differs (the
+        first recipe default that moved, for the defaults), its value there and here."""
+        if key == "recipe_defaults":
+            if found is None:
+                return (f"{self.path}: a search from before the recipe's defaults were "
+                        "recorded: use another --root")
+            key, found, value = first_difference({key: found}, {key: value})
+        return f"{self.path}: a search with {key} {found!r}, not {value!r}: use another --root"
 
     def _restart_lost(self, state: dict) -> None:
         """A state carried to another machine (a later device session) keeps what it measured;
