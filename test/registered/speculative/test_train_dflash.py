@@ -79,7 +79,7 @@ from sglang_aux.tools.dflash_training.trainer import (
     held_out_index,
 )
 
-register_cpu_ci(est_time=30, suite="default")
+register_cpu_ci(est_time=90, suite="default")
 
 
 def draft_block_logits(draft, embed, lm_head: torch.Tensor, aux: torch.Tensor,
