@@ -113,17 +113,16 @@ def make_parser() -> argparse.ArgumentParser:
     add("--fill-budget", action="store_true",
         help="with --deadline-s or --train-budget-s: train as many steps as the time holds, "
              "more than --steps too (the cosine schedule ends at the last one)")
-    add("--batch-stream", action=argparse.BooleanOptionalAction,
-        default=TrainConfig.batch_stream,
-        help="CUDA: copy a batch's host rows in on a stream of their own, beside the step "
-             "before (default; --no-batch-stream: in line with the steps)")
-    add("--compile", action=argparse.BooleanOptionalAction, default=TrainConfig.compile,
-        help="run the draft's forward and the loss's slices through torch.compile (its "
-             "first steps compile; a candidate, off until timed)")
-    add("--pack-context", action=argparse.BooleanOptionalAction,
-        default=TrainConfig.pack_context,
-        help="project only the sequences' own context rows, not a batch's padding (the same "
-             "objective; a candidate, off until timed)")
+    def switch(flag: str, help: str) -> None:  # --x / --no-x, defaulting to TrainConfig's
+        add(flag, action=argparse.BooleanOptionalAction, help=help,
+            default=getattr(TrainConfig, flag.removeprefix("--").replace("-", "_")))
+
+    switch("--batch-stream", "CUDA: copy a batch's host rows in on a stream of their own, "
+           "beside the step before (default; --no-batch-stream: in line with the steps)")
+    switch("--compile", "run the draft's forward and the loss's slices through torch.compile "
+           "(its first steps compile; a candidate, off until timed)")
+    switch("--pack-context", "project only the sequences' own context rows, not a batch's "
+           "padding (the same objective; a candidate, off until timed)")
     add("--val-samples", type=int, default=TrainConfig.val_samples,
         help="hold this many of the sequences out of training and log their objective every "
              "--val-every steps and at the end (its curve on the card): whether more steps "
