@@ -629,10 +629,16 @@ MUTATIONS = [
               "::test_smoke_run_holds_sequences_out_and_cards_their_curve",)),
     Mutation("training: --compile leaves the draft's forward eager",
              "python/sglang_aux/tools/dflash_training/trainer.py",
-             "self.block_hidden = _compiled(draft_block_hidden, cfg.compile)",
+             "self.block_hidden = _compiled(draft_block_hidden, cfg.compiles_on(self.device))",
              "self.block_hidden = draft_block_hidden",
              (f"{T}/speculative/test_train_dflash.py"
               "::test_a_compiled_step_trains_as_the_eager_one",)),
+    Mutation("training: the default leaves CUDA steps eager",
+             "python/sglang_aux/tools/dflash_training/trainer.py",
+             'return device.type == "cuda" if self.compile is None else self.compile',
+             "return bool(self.compile)",
+             (f"{T}/speculative/test_train_dflash.py"
+              "::test_steps_compile_by_default_on_cuda_alone",)),
     Mutation("training: the held-out validation runs the compiled functions too",
              "python/sglang_aux/tools/dflash_training/trainer.py",
              "(compiled if torch.is_grad_enabled() else fn)(*args)", "compiled(*args)",

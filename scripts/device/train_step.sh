@@ -5,10 +5,10 @@
 # values) over every SAMPLE_EVERY-th of the shipped mix samples, one run per variant below,
 # each profiled over 20 steps (`--profile-steps`: wall time, the device's busy time, the ops)
 # and timed unprofiled (the log lines' seconds every 20 steps: the profiler slows the host).
-# `base` is the recipe (over its draft vocabulary, host rows copied on their own stream);
-# `compile` runs the draft's forward and the loss through torch.compile; `packed` projects
-# only the sequences' own context rows, not the batch's padding (`--pack-context`); `both`
-# does both. Others through VARIANTS (NAME=FLAGS, a variant's flags joined by commas), e.g.
+# `base` is the recipe (over its draft vocabulary, host rows copied on their own stream,
+# compiled: the default on CUDA); `eager` runs it without torch.compile (`--no-compile`);
+# `packed` projects only the sequences' own context rows, not the batch's padding
+# (`--pack-context`). Others through VARIANTS (NAME=FLAGS, a variant's flags joined by commas), e.g.
 # `fullvocab=--no-train-over-token-map`, `hostrows=--device-reserve-gb=100000` (every row in
 # pinned host memory, as most of the whole mix's are; with `,--no-batch-stream` copied in
 # line), `wide5=--num-layers=5,--intermediate-size=8960`, `efficient=--sdpa-backend=efficient`
@@ -33,8 +33,7 @@ with lzma.open(sys.argv[2], "wt") as f:
 print(f"{len(lines)} samples")
 EOF
 # NAME=FLAGS (a variant's flags joined by commas), as qwen25_coder.sh's search takes them
-for v in ${VARIANTS:-base= compile=--compile packed=--pack-context \
-    both=--compile,--pack-context}; do
+for v in ${VARIANTS:-base= eager=--no-compile packed=--pack-context}; do
   name=${v%%=*}
   flags=${v#*=}
   step "$name" 300 python -m sglang_aux.tools.train_dflash --recipe $recipe \

@@ -289,6 +289,19 @@ def test_the_sdpa_backend_choice_trains_the_same_and_a_bad_one_is_named(target, 
         TrainConfig(sdpa_backend="fast")
 
 
+def test_steps_compile_by_default_on_cuda_alone():
+    """TrainConfig's `compile` None (the default, `--compile`/`--no-compile` unset) compiles
+    on CUDA (1.9x the eager steps a second on an H100) and not on the CPU; either flag
+    decides on both."""
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    assert TrainConfig().compiles_on(cuda) and not TrainConfig().compiles_on(cpu)
+    argv = ["--smoke", "--out", "draft"]
+    assert train_args.parse_args(argv).compile is None
+    for flag, want in (("--compile", True), ("--no-compile", False)):
+        cfg = TrainConfig(compile=train_args.parse_args([*argv, flag]).compile)
+        assert cfg.compiles_on(cuda) is want and cfg.compiles_on(cpu) is want, flag
+
+
 def test_a_compiled_step_trains_as_the_eager_one(target):
     """`TrainConfig(compile=True)`: the draft's forward and the loss's slices through
     torch.compile (Inductor on the CPU) train the weights the eager step trains, to float

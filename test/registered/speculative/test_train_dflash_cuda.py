@@ -2,7 +2,8 @@
 rows of the map): a tiny draft trained with `--train-over-token-map` on the GPU is served
 with its map from the config, with CUDA graphs, and greedy DFlash gives the target-only
 tokens; every `--sdpa-backend` trains on CUDA; host rows copied in on a stream of their own
-train the same draft; compiled and packed steps train as the eager one."""
+train the same draft; compiled (the default on CUDA) and packed steps train as the eager
+one, DFlash's and DSpark's."""
 
 import json
 import logging
@@ -19,7 +20,7 @@ from sglang_aux.test.gsm8k_data import local_path_or_skip
 from sglang_aux.test.runtime_utils import tiny_checkpoint
 from sglang_aux.tools import train_dflash
 
-register_cuda_ci(est_time=150, suite="default")
+register_cuda_ci(est_time=180, suite="default")
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
@@ -91,21 +92,26 @@ def test_host_rows_copied_on_their_own_stream_train_the_same_draft(tmp_path, cap
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_compiled_and_packed_steps_train_as_the_eager_one_on_cuda(tmp_path):
-    """`--compile` (the draft's forward and the loss's slices through torch.compile) and
-    `--pack-context` (the context pass over the sequences' own rows alone) on the GPU (bf16
-    autocast, the default context bucket), alone and together, train as the eager step."""
+@pytest.mark.parametrize("algorithm", ["dflash", "dspark"])
+def test_compiled_and_packed_steps_train_as_the_eager_one_on_cuda(tmp_path, algorithm):
+    """The default step on CUDA (the draft's forward and the loss's slices through
+    torch.compile), `--pack-context` (the context pass over the sequences' own rows alone)
+    and both train as the eager step (`--no-compile`; bf16 autocast, the default context
+    bucket), for a DFlash draft and for a DSpark one (its own loss, the compiled forward)."""
     local_path_or_skip("train")
     target = tiny_checkpoint("tiny-llama", tmp_path / "ckpt")
+    extra = ["--algorithm", "dspark", "--block-size", "4"] if algorithm == "dspark" else []
     losses = {}
-    for flags in ((), ("--compile",), ("--pack-context",), ("--compile", "--pack-context")):
-        out = tmp_path / ("-".join(flags) or "eager")
+    for flags in (("--no-compile",), (), ("--no-compile", "--pack-context"),
+                  ("--pack-context",)):
+        out = tmp_path / ("-".join(flags) or "default")
         train_dflash.main(["--smoke", "--target", target, "--out", str(out), "--device",
-                           "cuda", "--num-samples", "8", "--steps", "12", *flags])
+                           "cuda", "--num-samples", "8", "--steps", "12", *extra, *flags])
         card = (out / "README.md").read_text()
         losses[flags] = float(re.search(r"Final loss ([0-9.]+)", card).group(1))
+    eager = losses[("--no-compile",)]
     for flags, loss in losses.items():
-        assert loss == pytest.approx(losses[()], rel=0.02), flags
+        assert loss == pytest.approx(eager, rel=0.02), flags
 
 
 if __name__ == "__main__":

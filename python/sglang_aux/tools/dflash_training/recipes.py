@@ -30,7 +30,8 @@ RECIPES: dict[str, dict] = {
 # Trained over its draft vocabulary: the search measured the same held-out accept as the full
 # vocabulary's at 2,000 steps (GSM8K 2.786 against 2.791) at 1.75x the steps a second. 1% of
 # its sequences are held out, their objective logged as it trains: trained for many epochs
-# of the same 32,000 (a session's run is some 27,000 steps), the curve says when it overfits.
+# of the same 32,000 (a session's run is 27,000 steps eager, about twice that compiled),
+# the curve says when it overfits.
 MIX = "qwen2.5-coder-1.5b-instruct-dflash-b16-mix"
 RECIPES[MIX] = dict(
     RECIPES["qwen2.5-coder-1.5b-instruct-dflash-b16"], sampled_passes=3, num_samples=3_000,

@@ -120,7 +120,8 @@ def make_parser() -> argparse.ArgumentParser:
     switch("--batch-stream", "CUDA: copy a batch's host rows in on a stream of their own, "
            "beside the step before (default; --no-batch-stream: in line with the steps)")
     switch("--compile", "run the draft's forward and the loss's slices through torch.compile "
-           "(its first steps compile; a candidate, off until timed)")
+           "(its first steps compile; default: on CUDA, 1.9x the eager steps a second on an "
+           "H100; --no-compile: eager)")
     switch("--pack-context", "project only the sequences' own context rows, not a batch's "
            "padding (the same objective; a candidate, off until timed)")
     add("--val-samples", type=int, default=TrainConfig.val_samples,
