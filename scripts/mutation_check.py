@@ -639,6 +639,22 @@ MUTATIONS = [
              "return bool(self.compile)",
              (f"{T}/speculative/test_train_dflash.py"
               "::test_steps_compile_by_default_on_cuda_alone",)),
+    Mutation("training: a better validation keeps no copy of the draft",
+             "python/sglang_aux/tools/dflash_training/trainer.py",
+             'if self.best is None or _better(point, self.best["point"]):',
+             "if self.best is None:",
+             (f"{T}/speculative/test_train_dflash.py"
+              "::test_a_finished_training_keeps_its_best_validations_draft",)),
+    Mutation("training: a finished training leaves the last step's draft under keep_best",
+             "python/sglang_aux/tools/dflash_training/trainer.py",
+             'self.draft.load_state_dict(self.best["draft"])', "pass",
+             (f"{T}/speculative/test_train_dflash.py"
+              "::test_a_finished_training_keeps_its_best_validations_draft",)),
+    Mutation("training: a checkpoint forgets the best validation's draft",
+             "python/sglang_aux/tools/dflash_training/trainer.py",
+             '"val_curve": self.val_curve, "best": self.best}', '"val_curve": self.val_curve}',
+             (f"{T}/speculative/test_train_dflash.py"
+              "::test_a_finished_training_keeps_its_best_validations_draft",)),
     Mutation("training: the held-out validation runs the compiled functions too",
              "python/sglang_aux/tools/dflash_training/trainer.py",
              "(compiled if torch.is_grad_enabled() else fn)(*args)", "compiled(*args)",

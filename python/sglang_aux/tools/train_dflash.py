@@ -225,8 +225,8 @@ def train(args: argparse.Namespace, target: str, started: float,
                       context_bucket=args.context_bucket, sdpa_backend=args.sdpa_backend,
                       fill_budget=args.fill_budget, batch_stream=args.batch_stream,
                       compile=args.compile, pack_context=args.pack_context,
-                      val_samples=args.val_samples,
-                      val_every=args.val_every)
+                      val_samples=args.val_samples, val_every=args.val_every,
+                      keep_best=args.keep_best)
     draft = new_draft(config, runner.device, args.seed)
     warm = init_from(draft, config, args.init_from) if args.init_from else None
     trainer = (DSparkTrainer(draft, runner.model.get_input_embeddings(),
@@ -281,13 +281,14 @@ def train(args: argparse.Namespace, target: str, started: float,
     if vocab is not None:
         info["token_map_line"] = _token_map_line(args, vocab, samples)
     if trainer.val_curve:
-        info["val_line"] = _val_line(cfg.val_samples, trainer.val_curve)
+        info["val_line"] = _val_line(cfg.val_samples, trainer.val_curve, trainer.kept_point())
     out = write_draft(draft, config, args.out, render_card(Path(args.out).name, info),
                       token_map=vocab)
     (out / TRAINING_RECORD).write_text(json.dumps(
         {"steps": stats["steps"], "train_seconds": round(stats["train_seconds"], 2),
          "timings": {k: round(v, 2) for k, v in timings.items()},
-         "loss": stats["loss"], "accept": stats["accept"], "val_curve": trainer.val_curve},
+         "loss": stats["loss"], "accept": stats["accept"], "val_curve": trainer.val_curve,
+         "kept_step": (trainer.kept_point() or {"step": stats["steps"]})["step"]},
         indent=1) + "\n")
     # Free the data-generation engine and the features before an evaluation engine starts
     # (unless `features` keeps them for the next run: its caller frees them first).
@@ -298,11 +299,15 @@ def train(args: argparse.Namespace, target: str, started: float,
     return out
 
 
-def _val_line(num: int, curve: list[dict]) -> str:
-    """The card's line on the held-out sequences' objective during training."""
+def _val_line(num: int, curve: list[dict], kept: dict | None) -> str:
+    """The card's line on the held-out sequences' objective during training, and which
+    step's draft was written when the best validation's is kept."""
     points = ", ".join(f"{p['accept']:.3f} ({p['loss']:.3f}) at {p['step']}" for p in curve)
-    return (f"- Held out of training: {num} of the sequences, their training accept length "
-            f"(loss) over the run, the same anchors each time: {points}.\n")
+    line = (f"- Held out of training: {num} of the sequences, their training accept length "
+            f"(loss) over the run, the same anchors each time: {points}.")
+    if kept is not None:
+        line += f" The weights written are step {kept['step']}'s, the best of the curve."
+    return line + "\n"
 
 
 def _draft_vocabulary(args, config: dict, samples: list, eos_ids: frozenset[int]

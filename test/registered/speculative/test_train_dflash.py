@@ -63,6 +63,7 @@ from sglang_aux.tools.dflash_training.draft_forward import draft_block_hidden
 from sglang_aux.tools.dflash_training.export import (
     EVAL_LINE,
     SHARD_INDEX,
+    TRAINING_RECORD,
     draft_config,
     new_draft,
     write_draft,
@@ -345,6 +346,49 @@ def test_validation_runs_eagerly_beside_compiled_steps(target, monkeypatch):
     trainer.fit(data)
     assert calls == ["draft_block_hidden", "slice_cross_entropy"]  # the step's alone
     assert [p["step"] for p in trainer.val_curve] == [1]
+
+
+def test_a_finished_training_keeps_its_best_validations_draft(target):
+    """`keep_best`: each validation that beats the best so far (held-out accept, then loss)
+    keeps a copy of the weights, a checkpoint carries it to the next run, and a finished
+    training whose last validation is worse leaves the best one's draft, bit for bit; without
+    `keep_best`, the last step's. Three runs of two steps, validated at their ends: weights
+    scaled up before the first and the third stand in for steps that made the draft worse
+    (confidently wrong: a far higher held-out loss), so the second run's is the best."""
+    tr, _, draft, reqs, aux = _setup(target, num_layers=1)
+    data = _sequence_set(reqs, aux)
+    embed, head = tr.model.get_input_embeddings(), tr.model.lm_head_weight
+    good = {k: v.clone() for k, v in draft.state_dict().items()}
+
+    def worse() -> None:
+        draft.load_state_dict({k: v * 50 for k, v in draft.state_dict().items()})
+
+    for keep in (True, False):
+        cfg = TrainConfig(steps=6, batch_size=1, anchors_per_seq=4, val_samples=1,
+                          val_every=2, keep_best=keep)
+        trainer, state = Trainer(draft, embed, head, MASK_TOKEN_ID, cfg), {}
+        draft.load_state_dict(good)
+        worse()
+        for run in range(2):
+            if run:
+                draft.load_state_dict(good)
+            trainer.fit(data, max_run_steps=2,
+                        checkpoint=lambda t=trainer, s=state: s.update(t.state_dict()))
+        at_four = {k: v.clone() for k, v in draft.state_dict().items()}
+        resumed = Trainer(draft, embed, head, MASK_TOKEN_ID, cfg)
+        resumed.load_state_dict(state)  # the run's state at step 4, the best's copy with it
+        worse()
+        assert resumed.fit(data)["done"]
+        two, four, six = resumed.val_curve
+        assert [p["step"] for p in (two, four, six)] == [2, 4, 6]
+        assert four["loss"] < min(two["loss"], six["loss"])
+        kept = draft.state_dict()
+        if keep:
+            assert resumed.kept_point() == four
+            assert all(torch.equal(kept[k], at_four[k]) for k in at_four)
+        else:
+            assert resumed.kept_point() is None
+            assert not all(torch.equal(kept[k], at_four[k]) for k in at_four)
 
 
 def _vocab_objective(target, token_ids):
@@ -936,6 +980,15 @@ def test_smoke_run_holds_sequences_out_and_cards_their_curve(target, tmp_path):
     card = (out / "README.md").read_text()
     line = next(x for x in card.splitlines() if x.startswith("- Held out of training: 2 "))
     assert line.count(" at ") == 2 and line.endswith(" at 8."), line
+    assert json.loads((out / TRAINING_RECORD).read_text())["kept_step"] == 8
+    # --keep-best: the card and the record name the validation whose weights were written
+    train_dflash.main(["--smoke", "--target", target, "--out", str(out), "--num-samples", "6",
+                       "--steps", "8", "--val-samples", "2", "--val-every", "4", "--keep-best"])
+    line = next(x for x in (out / "README.md").read_text().splitlines()
+                if x.startswith("- Held out of training: 2 "))
+    kept = json.loads((out / TRAINING_RECORD).read_text())["kept_step"]
+    assert kept in (4, 8) and line.endswith(
+        f" at 8. The weights written are step {kept}'s, the best of the curve."), line
     with pytest.raises(SystemExit):
         train_args.parse_args(["--smoke", "--val-every", "0"])
     # more held out than there are sequences: one line before the features are extracted

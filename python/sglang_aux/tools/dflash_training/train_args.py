@@ -129,6 +129,9 @@ def make_parser() -> argparse.ArgumentParser:
              "--val-every steps and at the end (its curve on the card): whether more steps "
              "over the same data still generalize (the mix recipe: 320)")
     add("--val-every", type=int, default=TrainConfig.val_every)
+    switch("--keep-best", "with --val-samples: write the draft of the best validation "
+           "(held-out accept length, then loss), not the last step's when it is worse (the "
+           "mix recipe's default)")
     add("--device-reserve-gb", type=float, default=TRAIN_RESERVE_BYTES / (1 << 30),
         help="device memory (GiB) the samples' feature rows leave free; the rest of the rows "
              "wait in pinned host memory (a larger value keeps more there, to time their "

@@ -77,6 +77,10 @@ class TrainConfig:
     # generalize
     val_samples: int = 0
     val_every: int = 1000
+    # with sequences held out: the draft a finished training leaves is the one of its best
+    # validation (held-out accept length, then loss), not the last step's when that one is
+    # worse: many passes over the same data may learn its samples
+    keep_best: bool = False
 
     def __post_init__(self) -> None:
         for name in ("steps", "batch_size", "anchors_per_seq", "log_every", "val_every"):
@@ -162,6 +166,8 @@ class Trainer:
         self.train_seconds = 0.0  # over every run of a resumed training
         self.stats: dict = {}  # the last log window's averages
         self.val_curve: list[dict] = []  # {"step", "loss", "accept"} of each validation
+        # the best validation's point and the draft's weights then ({"point", "draft"})
+        self.best: dict | None = None
 
     def objective(self, batch: Batch, anchors: torch.Tensor) -> tuple[torch.Tensor, dict]:
         """The DFlash block loss of these blocks and its stats."""
@@ -228,7 +234,15 @@ class Trainer:
         self.val_curve.append(point)
         logger.info("held out (%d sequences) at step %d: loss %.4f accept %.3f", len(index),
                     point["step"], point["loss"], point["accept"])
+        if self.best is None or _better(point, self.best["point"]):
+            self.best = {"point": point, "draft": {k: v.detach().clone() for k, v in
+                                                   self.draft.state_dict().items()}}
         return point
+
+    def kept_point(self) -> dict | None:
+        """The validation whose draft a finished training leaves (`keep_best`): the best one,
+        or None without sequences held out or when `keep_best` is off."""
+        return self.best["point"] if self.cfg.keep_best and self.best else None
 
     @property
     def lr(self) -> float:
@@ -243,7 +257,7 @@ class Trainer:
                 "num_steps": self.num_steps, "total_steps": self.total_steps,
                 "warmup": self.warmup, "generator": self.generator.get_state(),
                 "train_seconds": self.train_seconds, "stats": self.stats,
-                "val_curve": self.val_curve}
+                "val_curve": self.val_curve, "best": self.best}
 
     def load_state_dict(self, state: dict) -> None:
         self.draft.load_state_dict(state["draft"])
@@ -253,6 +267,7 @@ class Trainer:
         self.generator.set_state(state["generator"])
         self.stats = state["stats"]
         self.val_curve = state.get("val_curve", [])  # (checkpoints written before it)
+        self.best = state.get("best")
 
     def fit(self, data: SequenceSet, time_budget_s: float | None = None, *,
             checkpoint: Callable[[], None] | None = None, checkpoint_every: int = 0,
@@ -303,7 +318,13 @@ class Trainer:
             self._log(window, start)
         self.train_seconds += time.perf_counter() - start
         if checkpoint is not None and saved_at != self.num_steps:
-            checkpoint()
+            checkpoint()  # (the last step's weights: the optimizer's moments are theirs)
+        kept = self.kept_point()
+        if self.num_steps >= self.total_steps and kept and kept["step"] != self.num_steps:
+            self.draft.load_state_dict(self.best["draft"])
+            logger.info("kept the draft of step %d: held-out accept %.3f against the last "
+                        "step's %.3f", kept["step"], kept["accept"],
+                        self.val_curve[-1]["accept"])
         self.draft.eval()
         return {**self.stats, "steps": self.num_steps,
                 "done": self.num_steps >= self.total_steps, "train_seconds": self.train_seconds}
@@ -333,6 +354,11 @@ class Trainer:
                     self.num_steps, self.total_steps, self.stats["loss"], self.stats["accept"],
                     extra, self.lr, " ".join(f"{a:.2f}" for a in self.stats["acc"]),
                     time.perf_counter() - start)
+
+
+def _better(point: dict, than: dict) -> bool:
+    """A validation beats another on held-out accept length, then on loss."""
+    return (point["accept"], -point["loss"]) > (than["accept"], -than["loss"])
 
 
 def held_out_index(num_sequences: int, val_samples: int, seed: int) -> list[int]:

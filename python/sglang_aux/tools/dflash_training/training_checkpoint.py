@@ -28,9 +28,9 @@ def default_checkpoint(out: str | Path) -> Path:
     return Path(f"{out}{CHECKPOINT_SUFFIX}")
 # TrainConfig fields a later run may change: they shape its log or its pace, not what it trains
 # (the rows' stream changes no bit; a compiled or packed step computes the same objective,
-# rounded apart)
+# rounded apart; which validation's draft is written is chosen at the end)
 RUN_ONLY_FIELDS = ("log_every", "profile_steps", "batch_stream", "compile", "pack_context",
-                   "val_every")
+                   "val_every", "keep_best")
 
 
 def data_digest(samples: list[Sample]) -> str:
