@@ -123,7 +123,8 @@ def make_parser() -> argparse.ArgumentParser:
            "(its first steps compile; default: on CUDA, 1.9x the eager steps a second on an "
            "H100; --no-compile: eager)")
     switch("--pack-context", "project only the sequences' own context rows, not a batch's "
-           "padding (the same objective; a candidate, off until timed)")
+           "padding (the same objective; off: timed, it is not faster than the compiled "
+           "step)")
     add("--val-samples", type=int, default=TrainConfig.val_samples,
         help="hold this many of the sequences out of training and log their objective every "
              "--val-every steps and at the end (its curve on the card): whether more steps "
