@@ -78,9 +78,9 @@ from sglang_aux.tools.dflash_training.run_prompts import (
     evaluation_prompts_by_file,
     generate_run_samples,
 )
-from sglang_aux.tools.dflash_training.sequence_set import SequenceSet
+from sglang_aux.tools.dflash_training.sequence_set import SequenceSet, prompt_groups
 from sglang_aux.tools.dflash_training.train_args import parse_args, resolve_mask_token
-from sglang_aux.tools.dflash_training.trainer import TrainConfig, Trainer
+from sglang_aux.tools.dflash_training.trainer import TrainConfig, Trainer, held_out_index
 from sglang_aux.tools.dflash_training.training_checkpoint import (
     TrainingCheckpoint,
     run_fingerprint,
@@ -210,11 +210,13 @@ def train(args: argparse.Namespace, target: str, started: float,
                           args.samples_file or "the generated samples")
     if args.phase == "data":
         return None
-    trainable = len(SequenceSet.trainable(samples))
-    if args.val_samples >= trainable:
-        raise BadInputError(f"--val-samples {args.val_samples} leaves none of the {trainable} "
-                            f"trainable sequences of {args.samples_file or 'the samples'} "
-                            "to train on")
+    trainable = [samples[i] for i in SequenceSet.trainable(samples)]
+    try:
+        held_out_index(prompt_groups(trainable), args.val_samples, args.seed)
+    except ValueError:
+        raise BadInputError(f"--val-samples {args.val_samples} leaves none of the "
+                            f"{len(trainable)} trainable sequences of "
+                            f"{args.samples_file or 'the samples'} to train on") from None
     runner.model.requires_grad_(False)
     vocab = _draft_vocabulary(args, config, samples, engine.eos_token_ids)
     if args.train_over_token_map:

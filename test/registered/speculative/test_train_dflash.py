@@ -70,7 +70,12 @@ from sglang_aux.tools.dflash_training.export import (
 )
 from sglang_aux.tools.dflash_training.features import extract_aux
 from sglang_aux.tools.dflash_training.recipes import MIX, RECIPES, SMOKE_DEFAULTS, shipped_samples
-from sglang_aux.tools.dflash_training.sequence_set import Batch, SequenceSet, sample_anchors
+from sglang_aux.tools.dflash_training.sequence_set import (
+    Batch,
+    SequenceSet,
+    prompt_groups,
+    sample_anchors,
+)
 from sglang_aux.tools.dflash_training.step_profile import device_busy_us
 from sglang_aux.tools.dflash_training.trainer import (
     BUDGET_PROBE_STEPS,
@@ -930,17 +935,47 @@ def test_fill_budget_needs_a_time_budget_and_no_resume(capsys):
     assert args.fill_budget and args.train_budget_s == 60
 
 
+def test_held_out_prompts_are_whole():
+    """`held_out_index` holds whole prompts out: every continuation of a held-out prompt (the
+    greedy one and the sampled ones), none trained on, until `val_samples` sequences; with one
+    sequence a prompt, the seed's own `val_samples` of them."""
+    singles = list(range(10))
+    assert held_out_index(singles, 3, 0) == held_out_index(singles, 3, 0) != held_out_index(
+        singles, 3, 1)
+    assert len(set(held_out_index(singles, 3, 0))) == 3 and held_out_index(singles, 0, 0) == []
+    with pytest.raises(ValueError, match="val_samples 2 leaves none of the 2 sequences"):
+        held_out_index([0, 1], 2, 0)
+    with pytest.raises(ValueError, match="val_samples 1 leaves none of the 2 sequences"):
+        held_out_index([0, 0], 1, 0)  # one prompt: holding it out holds out both
+    samples = _samples_of_repeated_prompts()
+    prompts, groups = [s.prompt_ids for s in samples], prompt_groups(samples)
+    assert groups == [0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3, 4, 4, 4, 4]
+    data = SequenceSet(samples, [torch.zeros(len(s.ids), 4) for s in samples],
+                       torch.device("cpu"))
+    assert data.prompt_groups == groups  # what training holds out by
+    for seed in range(5):
+        held = held_out_index(groups, 5, seed)
+        assert len(held) == 8  # two whole prompts: 5 sequences need a second one
+        assert {tuple(prompts[i]) for i in held} == {
+            tuple(p) for i, p in enumerate(prompts) if groups[i] in {groups[j] for j in held}}
+        trained = set(range(len(groups))) - set(held)
+        assert not {groups[i] for i in held} & {groups[i] for i in trained}
+
+
+def _samples_of_repeated_prompts() -> list[Sample]:
+    """Five prompts, four continuations each (greedy and three sampled), in the order the
+    generation writes them: every prompt's together."""
+    return [Sample([7, p, p + 1], [p + k, p + k + 1, 3]) for p in range(5) for k in range(4)]
+
+
 def test_held_out_sequences_are_never_trained_and_measured_as_it_trains(target, monkeypatch):
     """`val_samples`: the seed's own choice of sequences is never drawn for a step; their
     objective (the same anchors each time) is measured every `val_every` steps and at the end,
     and a checkpoint carries the curve. With none held out, the data order is the one before
     held-out sequences existed (every index drawn straight from the generator)."""
-    assert held_out_index(10, 3, 0) == held_out_index(10, 3, 0) != held_out_index(10, 3, 1)
-    assert len(set(held_out_index(10, 3, 0))) == 3 and held_out_index(10, 0, 0) == []
-    with pytest.raises(ValueError, match="val_samples 2 leaves none of the 2 sequences"):
-        held_out_index(2, 2, 0)
     tr, _, draft, reqs, aux = _setup(target, num_layers=1)
     data = _sequence_set(reqs, aux)
+    assert sorted(set(data.prompt_groups)) == list(range(len(data)))  # a prompt each
     start = {k: v.clone() for k, v in draft.state_dict().items()}
     drawn, real = [], SequenceSet.batch
     monkeypatch.setattr(SequenceSet, "batch", lambda self, index, *a: drawn.append(
@@ -949,7 +984,7 @@ def test_held_out_sequences_are_never_trained_and_measured_as_it_trains(target, 
     trainer = Trainer(*args, TrainConfig(steps=7, batch_size=2, anchors_per_seq=4, log_every=7,
                                          val_samples=1, val_every=3))
     trainer.fit(data)
-    (held,) = held_out_index(len(data), 1, 0)
+    (held,) = held_out_index(data.prompt_groups, 1, 0)
     steps = [d for d in drawn if d != [held]]
     assert len(steps) == 7 and all(held not in d for d in steps)
     assert [p["step"] for p in trainer.val_curve] == [3, 6, 7]

@@ -55,6 +55,7 @@ class SequenceSet:
                                  f"{len(samples[i].prompt_ids)}), but {p} shared and "
                                  f"{len(aux[i])} own aux rows")
         self.prefix_of = [prefix_of[i] for i in keep]
+        self.prompt_groups = prompt_groups([samples[i] for i in keep])
         self.ids = [torch.tensor(samples[i].ids, device=device) for i in keep]
         self.aux = [aux[i] if aux[i].device == device
                     or not has_room(device, aux[i].nbytes, reserve_bytes)
@@ -113,3 +114,11 @@ def sample_anchors(batch: Batch, num: int, generator: torch.Generator) -> torch.
     u = tensor_to_device(torch.rand(len(batch.lens), num, generator=generator), batch.lens.device)
     span = (batch.lens - 1 - batch.prompt_lens)[:, None]
     return batch.prompt_lens[:, None] + (u * span).long().clamp(max=span - 1)
+
+
+def prompt_groups(samples: list[Sample]) -> list[int]:
+    """Each sample's prompt as a number, the same for samples of the same prompt (a greedy
+    continuation and the sampled ones), numbered in order of first appearance."""
+    seen: dict[tuple[int, ...], int] = {}
+    return [seen.setdefault(tuple(s.prompt_ids), len(seen)) for s in samples]
+

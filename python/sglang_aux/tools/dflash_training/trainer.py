@@ -280,7 +280,7 @@ class Trainer:
         the end. Returns the stats averaged over the last `log_every` steps, the steps done in
         every run so far, whether training is done and the seconds it took in every run."""
         start, window, first = time.perf_counter(), [], self.num_steps
-        held_out = held_out_index(len(data), self.cfg.val_samples, self.cfg.seed)
+        held_out = held_out_index(data.prompt_groups, self.cfg.val_samples, self.cfg.seed)
         pool = torch.tensor(sorted(set(range(len(data))) - set(held_out)), dtype=torch.long)
         paced_from = start  # set again after the warm-up steps
         profile = StepProfile(self.cfg.profile_steps, self.device, BUDGET_WARMUP_STEPS)
@@ -361,16 +361,27 @@ def _better(point: dict, than: dict) -> bool:
     return (point["accept"], -point["loss"]) > (than["accept"], -than["loss"])
 
 
-def held_out_index(num_sequences: int, val_samples: int, seed: int) -> list[int]:
-    """The `val_samples` sequences of `num_sequences` that training never draws, sorted:
-    a permutation of the seed's own (the same in every run of a resumed training)."""
-    if val_samples >= num_sequences:
-        raise ValueError(f"val_samples {val_samples} leaves none of the {num_sequences} "
-                         "sequences to train on")
+def held_out_index(groups: list[int], val_samples: int, seed: int) -> list[int]:
+    """The sequences training never draws, sorted: whole prompts (`groups`: each sequence's
+    prompt, `prompt_groups`), so that no continuation of a held-out prompt is trained on,
+    taken in the order of a permutation of the seed's own until they hold `val_samples`
+    sequences (the same in every run of a resumed training)."""
     if not val_samples:
         return []
-    order = torch.randperm(num_sequences, generator=torch.Generator().manual_seed(seed + 2))
-    return sorted(order[:val_samples].tolist())
+    members: dict[int, list[int]] = {}
+    for i, g in enumerate(groups):
+        members.setdefault(g, []).append(i)
+    keys = sorted(members)
+    order = torch.randperm(len(keys), generator=torch.Generator().manual_seed(seed + 2))
+    held: list[int] = []
+    for g in order.tolist():
+        if len(held) >= val_samples:
+            break
+        held += members[keys[g]]
+    if len(held) >= len(groups):
+        raise ValueError(f"val_samples {val_samples} leaves none of the {len(groups)} "
+                         "sequences to train on")
+    return sorted(held)
 
 
 def _run_ends(ran: int, elapsed: float, time_budget_s: float | None,
