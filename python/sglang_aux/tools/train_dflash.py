@@ -283,7 +283,7 @@ def train(args: argparse.Namespace, target: str, started: float,
     if vocab is not None:
         info["token_map_line"] = _token_map_line(args, vocab, samples)
     if trainer.val_curve:
-        info["val_line"] = _val_line(cfg.val_samples, trainer.val_curve, trainer.kept_point())
+        info["val_line"] = _val_line(trainer.held_out, trainer.val_curve, trainer.kept_point())
     out = write_draft(draft, config, args.out, render_card(Path(args.out).name, info),
                       token_map=vocab)
     (out / TRAINING_RECORD).write_text(json.dumps(
@@ -301,12 +301,14 @@ def train(args: argparse.Namespace, target: str, started: float,
     return out
 
 
-def _val_line(num: int, curve: list[dict], kept: dict | None) -> str:
-    """The card's line on the held-out sequences' objective during training, and which
-    step's draft was written when the best validation's is kept."""
+def _val_line(held_out: tuple[int, int], curve: list[dict], kept: dict | None) -> str:
+    """The card's line on the held-out sequences' objective during training (`held_out`:
+    how many sequences, of how many prompts), and which step's draft was written when the
+    best validation's is kept."""
     points = ", ".join(f"{p['accept']:.3f} ({p['loss']:.3f}) at {p['step']}" for p in curve)
-    line = (f"- Held out of training: {num} of the sequences, their training accept length "
-            f"(loss) over the run, the same anchors each time: {points}.")
+    line = (f"- Held out of training: {held_out[0]} of the sequences (every continuation of "
+            f"{held_out[1]} prompts), their training accept length (loss) over the run, the "
+            f"same anchors each time: {points}.")
     if kept is not None:
         line += f" The weights written are step {kept['step']}'s, the best of the curve."
     return line + "\n"

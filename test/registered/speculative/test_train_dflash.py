@@ -1015,6 +1015,7 @@ def test_smoke_run_holds_sequences_out_and_cards_their_curve(target, tmp_path):
     card = (out / "README.md").read_text()
     line = next(x for x in card.splitlines() if x.startswith("- Held out of training: 2 "))
     assert line.count(" at ") == 2 and line.endswith(" at 8."), line
+    assert "2 of the sequences (every continuation of 2 prompts)" in line
     assert json.loads((out / TRAINING_RECORD).read_text())["kept_step"] == 8
     # --keep-best: the card and the record name the validation whose weights were written
     train_dflash.main(["--smoke", "--target", target, "--out", str(out), "--num-samples", "6",
