@@ -639,6 +639,11 @@ MUTATIONS = [
              "return bool(self.compile)",
              (f"{T}/speculative/test_train_dflash.py"
               "::test_steps_compile_by_default_on_cuda_alone",)),
+    Mutation("training: the LM head cast to the draft rows' dtype at every loss slice",
+             "python/sglang_aux/tools/dflash_training/block_objective.py",
+             "        return h @ lm_head.t()\n", "        return h @ lm_head.t().to(h.dtype)\n",
+             (f"{T}/speculative/test_train_dflash.py"
+              "::test_the_lm_head_is_read_as_it_is_under_autocast",)),
     Mutation("training: a held-out prompt's other continuations are trained on",
              "python/sglang_aux/tools/dflash_training/trainer.py",
              "held += members[keys[g]]", "held += members[keys[g]][:1]",

@@ -48,7 +48,13 @@ from sglang_aux.tools import train_dflash
 from sglang_aux.tools.build_token_map import coverage, hot_ids
 from sglang_aux.tools.dflash_training import features, run_prompts, train_args
 from sglang_aux.tools.dflash_training import trainer as trainer_module
-from sglang_aux.tools.dflash_training.block_objective import IGNORE, block_labels, offset_weights
+from sglang_aux.tools.dflash_training.block_objective import (
+    IGNORE,
+    block_labels,
+    head_logits,
+    offset_weights,
+    slice_cross_entropy,
+)
 from sglang_aux.tools.dflash_training.code_tasks import TASKS_FILE
 from sglang_aux.tools.dflash_training.data import (
     BadInputError,
@@ -438,6 +444,45 @@ def test_a_small_vocabulary_trains_its_rows_and_counts_the_rest_wrong(target):
     valid = (labels != IGNORE).flatten(0, 1)
     want_acc = correct.flatten(0, 1).sum(0) / valid.sum(0).clamp(min=1)
     torch.testing.assert_close(stats["acc"], want_acc[1:])
+
+
+def test_the_lm_head_is_read_as_it_is_under_autocast():
+    """`head_logits`: under autocast, the draft's fp32 rows through a bf16 head give the
+    product the old cast of the head to fp32 gave, bit for bit, and no op writes a tensor of
+    the head's size (no copy of it a slice); without autocast, the head in the rows' dtype;
+    traced (`--compile`), the loss slice is one graph either way."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    g = torch.Generator().manual_seed(0)
+    head = torch.randn(320, 64, generator=g).to(torch.bfloat16)
+
+    class Writes(TorchDispatchMode):  # the size of every new tensor an op writes
+        def __init__(self):
+            super().__init__()
+            self.sizes = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            self.sizes += [t.numel() for t in torch.utils._pytree.tree_leaves(out)
+                           if isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr()
+                           != head.untyped_storage().data_ptr()]  # (views of the head: none)
+            return out
+
+    h = torch.randn(2, 8, 64, generator=g)
+    with torch.autocast("cpu", torch.bfloat16):
+        before = h @ head.t().to(h.dtype)
+        with Writes() as writes:
+            logits = head_logits(h, head)
+    assert logits.dtype == before.dtype == torch.bfloat16 and torch.equal(logits, before)
+    assert head.numel() not in writes.sizes, writes.sizes
+    assert torch.equal(head_logits(h, head), h @ head.t().float())  # no autocast: fp32
+    # the question asked inside a traced loss slice breaks no graph, autocast on or off
+    labels, weights = torch.randint(0, 320, (2, 8), generator=g), torch.ones(2, 8)
+    for on in (False, True):
+        with torch.autocast("cpu", torch.bfloat16, enabled=on):
+            explained = torch._dynamo.explain(slice_cross_entropy)(
+                h, head, labels, weights, torch.tensor(16.0))
+        assert (explained.graph_count, explained.graph_break_count) == (1, 0), on
 
 
 def test_sliced_block_loss_equals_the_whole_batch_loss(target):

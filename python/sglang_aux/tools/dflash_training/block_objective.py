@@ -44,12 +44,23 @@ def vocab_labels(labels: torch.Tensor, label_rows: torch.Tensor) -> torch.Tensor
     return torch.where(labels == IGNORE, IGNORE, label_rows[labels.clamp(min=0)])
 
 
+def head_logits(h: torch.Tensor, lm_head: torch.Tensor) -> torch.Tensor:
+    """`h @ lm_head.t()`, the frozen LM head read as it is. Under autocast the product runs in
+    its dtype whatever the operands', so the head is not cast to `h`'s dtype first: the
+    draft's fp32 rows and a bf16 head made a cast of the whole head to fp32 and one back at
+    every loss slice (four a mix step; the compiled step's 5% in a materialized copy), for
+    the same product, bit for bit. Without autocast, the head in `h`'s dtype."""
+    if torch.is_autocast_enabled(h.device.type):
+        return h @ lm_head.t()
+    return h @ lm_head.t().to(h.dtype)
+
+
 def slice_cross_entropy(h: torch.Tensor, lm_head: torch.Tensor, labels: torch.Tensor,
                         weights: torch.Tensor, den: torch.Tensor
                         ) -> tuple[torch.Tensor, torch.Tensor]:
     """One slice of `block_loss`: hidden rows `[S, B, H]` through the LM head, their fp32
     cross-entropy weighted and divided by `den`, and which offsets the argmax gets right."""
-    logits = h @ lm_head.t().to(h.dtype)
+    logits = head_logits(h, lm_head)
     hit = labels >= 0
     ce = F.cross_entropy(logits.flatten(0, 1).float(),
                          torch.where(hit, labels, IGNORE).flatten(), ignore_index=IGNORE,

@@ -35,7 +35,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from sglang_aux.srt.models.dspark import DSparkDraftModel
-from sglang_aux.tools.dflash_training.block_objective import IGNORE
+from sglang_aux.tools.dflash_training.block_objective import IGNORE, head_logits
 from sglang_aux.tools.dflash_training.draft_forward import grouped_kv_kernel_enabled
 from sglang_aux.tools.dflash_training.sequence_set import Batch
 from sglang_aux.tools.dflash_training.sliced_loss import loss_in_slices
@@ -154,10 +154,10 @@ class DSparkTrainer(Trainer):
 
         def one_slice(h: torch.Tensor, e: torch.Tensor, lab: torch.Tensor, wt: torch.Tensor,
                       fin: torch.Tensor):
-            logits = h @ lm_head.t().to(h.dtype)
+            logits = head_logits(h, lm_head)
             logits = logits + markov.markov_w2(e).to(logits.dtype)
             with torch.no_grad():
-                target_logits = fin @ lm_head.t().to(fin.dtype)
+                target_logits = head_logits(fin, lm_head)
             terms, correct, accept = row_terms(logits, target_logits, lab, wt, mix)
             return terms / den, {"correct": correct, "accept": accept}
 
