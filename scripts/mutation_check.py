@@ -639,6 +639,10 @@ MUTATIONS = [
              "return bool(self.compile)",
              (f"{T}/speculative/test_train_dflash.py"
               "::test_steps_compile_by_default_on_cuda_alone",)),
+    Mutation("training: --fused-adam steps AdamW with its foreach kernels",
+             "python/sglang_aux/tools/dflash_training/trainer.py",
+             '**({"fused": True} if cfg.fused_adam else {})', "**{}",
+             (f"{T}/speculative/test_train_dflash.py::test_fused_adamw_trains_as_the_foreach_one",)),
     Mutation("training: the LM head cast to the draft rows' dtype at every loss slice",
              "python/sglang_aux/tools/dflash_training/block_objective.py",
              "        return h @ lm_head.t()\n", "        return h @ lm_head.t().to(h.dtype)\n",

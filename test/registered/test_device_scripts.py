@@ -136,7 +136,7 @@ def test_the_training_step_profile_runs_each_variant_with_flags_train_dflash_tak
     calls = _record("train_step.sh", tmp_path)
     runs = {c[c.index("--out") + 1].rsplit("/", 1)[1]: c[2:] for c in calls
             if c[:2] == ["-m", "sglang_aux.tools.train_dflash"]}
-    assert list(runs) == ["base", "eager", "packed"], calls
+    assert list(runs) == ["base", "eager", "packed", "fused"], calls
     parsed = {}
     for name, argv in runs.items():
         i = argv.index("--samples-file") + 1  # (the script's cut of the shipped samples)
@@ -147,8 +147,8 @@ def test_the_training_step_profile_runs_each_variant_with_flags_train_dflash_tak
     assert parsed["base"].train_over_token_map and parsed["base"].batch_stream
     assert parsed["base"].context_bucket == 256
     # (compile None: the trainer's default, compiled on CUDA)
-    assert [(p.compile, p.pack_context) for p in parsed.values()] == [
-        (None, False), (False, False), (None, True)]
+    assert [(p.compile, p.pack_context, p.fused_adam) for p in parsed.values()] == [
+        (None, False, False), (False, False, False), (None, True, False), (None, False, True)]
     (table,) = [c for c in calls if c[0].endswith("train_step_table.py")]
     assert table[1] == str(tmp_path / "out")  # (no base.log under the recorder: no --base)
 

@@ -228,7 +228,7 @@ def train(args: argparse.Namespace, target: str, started: float,
                       fill_budget=args.fill_budget, batch_stream=args.batch_stream,
                       compile=args.compile, pack_context=args.pack_context,
                       val_samples=args.val_samples, val_every=args.val_every,
-                      keep_best=args.keep_best)
+                      keep_best=args.keep_best, fused_adam=args.fused_adam)
     draft = new_draft(config, runner.device, args.seed)
     warm = init_from(draft, config, args.init_from) if args.init_from else None
     trainer = (DSparkTrainer(draft, runner.model.get_input_embeddings(),

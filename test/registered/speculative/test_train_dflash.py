@@ -359,6 +359,34 @@ def test_validation_runs_eagerly_beside_compiled_steps(target, monkeypatch):
     assert [p["step"] for p in trainer.val_curve] == [1]
 
 
+def test_fused_adamw_trains_as_the_foreach_one(target):
+    """`fused_adam`: AdamW's fused kernels step the draft as its foreach ones do, to float
+    rounding, and a checkpoint of either resumes under the other (the same state)."""
+    tr, _, draft, reqs, aux = _setup(target, num_layers=1)
+    data = _sequence_set(reqs, aux)
+    embed, head = tr.model.get_input_embeddings(), tr.model.lm_head_weight
+    start = {k: v.clone() for k, v in draft.state_dict().items()}
+    trained = {}
+    for fused, resumed_fused in ((False, False), (True, True), (False, True)):
+        draft.load_state_dict(start)
+        cfg = dict(steps=6, batch_size=2, anchors_per_seq=4)
+        first = Trainer(draft, embed, head, MASK_TOKEN_ID, TrainConfig(**cfg, fused_adam=fused))
+        assert first.opt.defaults["fused"] is (True if fused else None)
+        state = {}
+        first.fit(data, checkpoint=lambda t=first, s=state: s.update(t.state_dict()),
+                  max_run_steps=3)
+        second = Trainer(draft, embed, head, MASK_TOKEN_ID,
+                         TrainConfig(**cfg, fused_adam=resumed_fused))
+        second.load_state_dict(state)
+        assert second.fit(data)["done"] and second.num_steps == 6
+        trained[fused, resumed_fused] = {k: v.clone() for k, v in draft.state_dict().items()}
+    assert any(not torch.equal(trained[False, False][k], start[k]) for k in start)  # trained
+    for runs in ((True, True), (False, True)):  # fused throughout; foreach, then fused
+        for k in start:
+            torch.testing.assert_close(trained[runs][k], trained[False, False][k], rtol=1e-5,
+                                       atol=1e-6)
+
+
 def test_a_finished_training_keeps_its_best_validations_draft(target):
     """`keep_best`: each validation that beats the best so far (held-out accept, then loss)
     keeps a copy of the weights, a checkpoint carries it to the next run, and a finished

@@ -125,6 +125,8 @@ def make_parser() -> argparse.ArgumentParser:
     switch("--pack-context", "project only the sequences' own context rows, not a batch's "
            "padding (the same objective; off: timed, it is not faster than the compiled "
            "step)")
+    switch("--fused-adam", "AdamW's fused kernels instead of its foreach ones (a candidate, "
+           "off until timed)")
     add("--val-samples", type=int, default=TrainConfig.val_samples,
         help="hold this many of the sequences out of training and log their objective every "
              "--val-every steps and at the end (its curve on the card): whether more steps "

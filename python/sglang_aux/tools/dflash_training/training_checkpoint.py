@@ -28,9 +28,10 @@ def default_checkpoint(out: str | Path) -> Path:
     return Path(f"{out}{CHECKPOINT_SUFFIX}")
 # TrainConfig fields a later run may change: they shape its log or its pace, not what it trains
 # (the rows' stream changes no bit; a compiled or packed step computes the same objective,
-# rounded apart; which validation's draft is written is chosen at the end)
+# rounded apart, as fused AdamW does with the same state; which validation's draft is
+# written is chosen at the end)
 RUN_ONLY_FIELDS = ("log_every", "profile_steps", "batch_stream", "compile", "pack_context",
-                   "val_every", "keep_best")
+                   "val_every", "keep_best", "fused_adam")
 
 
 def data_digest(samples: list[Sample]) -> str:
