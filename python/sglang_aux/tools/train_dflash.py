@@ -283,7 +283,7 @@ def train(args: argparse.Namespace, target: str, started: float,
     if vocab is not None:
         info["token_map_line"] = _token_map_line(args, vocab, samples)
     if trainer.val_curve:
-        info["val_line"] = _val_line(trainer.held_out, trainer.val_curve, trainer.kept_point())
+        info["val_line"] = _val_line(trainer.held_out_size, trainer.val_curve, trainer.kept_point())
     out = write_draft(draft, config, args.out, render_card(Path(args.out).name, info),
                       token_map=vocab)
     (out / TRAINING_RECORD).write_text(json.dumps(

@@ -172,7 +172,7 @@ class Trainer:
         self.val_curve: list[dict] = []  # {"step", "loss", "accept"} of each validation
         # the best validation's point and the draft's weights then ({"point", "draft"})
         self.best: dict | None = None
-        self.held_out = (0, 0)  # (sequences, prompts) held out of the last fit
+        self.held_out_size = (0, 0)  # (sequences, prompts) held out of the last fit
 
     def objective(self, batch: Batch, anchors: torch.Tensor) -> tuple[torch.Tensor, dict]:
         """The DFlash block loss of these blocks and its stats."""
@@ -286,7 +286,7 @@ class Trainer:
         every run so far, whether training is done and the seconds it took in every run."""
         start, window, first = time.perf_counter(), [], self.num_steps
         held_out = held_out_index(data.prompt_groups, self.cfg.val_samples, self.cfg.seed)
-        self.held_out = (len(held_out), len({data.prompt_groups[i] for i in held_out}))
+        self.held_out_size = (len(held_out), len({data.prompt_groups[i] for i in held_out}))
         pool = torch.tensor(sorted(set(range(len(data))) - set(held_out)), dtype=torch.long)
         paced_from = start  # set again after the warm-up steps
         profile = StepProfile(self.cfg.profile_steps, self.device, BUDGET_WARMUP_STEPS)
