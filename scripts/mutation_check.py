@@ -659,8 +659,8 @@ MUTATIONS = [
              (f"{T}/speculative/test_train_dflash.py::test_held_out_prompts_are_whole",)),
     Mutation("training: a better validation keeps no copy of the draft",
              "python/sglang_aux/tools/dflash_training/trainer.py",
-             'if self.best is None or _better(point, self.best["point"]):',
-             "if self.best is None:",
+             'if self.cfg.keep_best and (self.best is None or _better(point, self.best["point"])):',
+             "if self.cfg.keep_best and self.best is None:",
              (f"{T}/speculative/test_train_dflash.py"
               "::test_a_finished_training_keeps_its_best_validations_draft",)),
     Mutation("training: a finished training leaves the last step's draft under keep_best",

@@ -170,7 +170,8 @@ class Trainer:
         self.train_seconds = 0.0  # over every run of a resumed training
         self.stats: dict = {}  # the last log window's averages
         self.val_curve: list[dict] = []  # {"step", "loss", "accept"} of each validation
-        # the best validation's point and the draft's weights then ({"point", "draft"})
+        # `keep_best`: the best validation's point and the draft's weights then
+        # ({"point", "draft"}); copied only under it
         self.best: dict | None = None
         self.held_out_size = (0, 0)  # (sequences, prompts) held out of the last fit
 
@@ -239,14 +240,15 @@ class Trainer:
         self.val_curve.append(point)
         logger.info("held out (%d sequences) at step %d: loss %.4f accept %.3f", len(index),
                     point["step"], point["loss"], point["accept"])
-        if self.best is None or _better(point, self.best["point"]):
+        if self.cfg.keep_best and (self.best is None or _better(point, self.best["point"])):
             self.best = {"point": point, "draft": {k: v.detach().clone() for k, v in
                                                    self.draft.state_dict().items()}}
         return point
 
     def kept_point(self) -> dict | None:
         """The validation whose draft a finished training leaves (`keep_best`): the best one,
-        or None without sequences held out or when `keep_best` is off."""
+        or None without sequences held out or when `keep_best` is off (since a run began
+        under it, when a resumed training turned it on)."""
         return self.best["point"] if self.cfg.keep_best and self.best else None
 
     @property
