@@ -97,7 +97,8 @@ def test_compiled_and_packed_steps_train_as_the_eager_one_on_cuda(tmp_path, algo
     """The default step on CUDA (the draft's forward and the loss's slices through
     torch.compile), `--pack-context` (the context pass over the sequences' own rows alone)
     and both train as the eager step (`--no-compile`; bf16 autocast, the default context
-    bucket), for a DFlash draft and for a DSpark one (its own loss, the compiled forward)."""
+    bucket), for a DFlash draft and for a DSpark one (its forward and its own loss's
+    slices compiled)."""
     local_path_or_skip("train")
     target = tiny_checkpoint("tiny-llama", tmp_path / "ckpt")
     extra = ["--algorithm", "dspark", "--block-size", "4"] if algorithm == "dspark" else []

@@ -138,7 +138,7 @@ def test_final_hidden_columns_give_the_targets_logits(target):
                                    out.next_token_logits[0], rtol=1e-4, atol=1e-4)
 
 
-def _trainer(target_path: str, steps: int = 40):
+def _trainer(target_path: str, steps: int = 40, **cfg):
     config = dspark_draft_config(PRESETS["tiny-llama"], markov_rank=8, num_layers=1,
                                  num_aux_layers=2, block_size=GAMMA, mask_token_id=MASK_TOKEN_ID)
     layer_ids = config["dflash_config"]["target_layer_ids"]
@@ -150,7 +150,8 @@ def _trainer(target_path: str, steps: int = 40):
     init_random_weights(draft, seed=1)
     data = SequenceSet(samples, rows, torch.device("cpu"), prefix)
     trainer = DSparkTrainer(draft, tr.model.get_input_embeddings(), tr.model.lm_head_weight,
-                            MASK_TOKEN_ID, TrainConfig(steps=steps, lr=3e-3, warmup_frac=0.0))
+                            MASK_TOKEN_ID,
+                            TrainConfig(steps=steps, lr=3e-3, warmup_frac=0.0, **cfg))
     return tr, data, trainer
 
 
@@ -230,6 +231,39 @@ def test_sliced_loss_equals_the_whole_batch_loss(target):
     assert set(g_sliced) == set(g_whole) and "markov_head.markov_w2.weight" in g_whole
     for n in g_whole:
         torch.testing.assert_close(g_sliced[n], g_whole[n], rtol=1e-5, atol=1e-6, msg=n)
+
+
+def test_a_compiled_objective_gives_the_eager_ones_loss_and_gradients(target):
+    """`TrainConfig(compile=True)`: DSpark's loss slices (`slice_terms`: the LM head, the
+    Markov bias, both softmaxes and their L1 distance) run through torch.compile beside the
+    draft's forward and give the eager objective's loss, stats and every parameter's gradient
+    to float rounding, over batches whose last slice is smaller and of another length (a new
+    shape compiles again, not fails). (Weights after AdamW steps are no test: it scales a
+    near-zero gradient's rounding up to the learning rate.)"""
+    results = {}
+    for compiled in (False, True):
+        _, data, trainer = _trainer(target, compile=compiled)
+        assert (trainer.slice_terms is dspark_objective.slice_terms) is not compiled
+        trainer.slice_rows = 2 * GAMMA  # two blocks a slice: 9 blocks, 6, 4 (odd last slices)
+        results[compiled] = []
+        for i, (index, per_seq) in enumerate((([0, 1, 2], 3), ([2, 0], 3), ([1, 2], 2))):
+            batch = data.batch(index)
+            anchors = sample_anchors(batch, per_seq, torch.Generator().manual_seed(i))
+            trainer.opt.zero_grad(set_to_none=True)
+            with trainer._kernels():
+                loss, stats = trainer.objective(batch, anchors)
+            loss.backward()
+            results[compiled].append((loss.detach(), stats, {
+                n: p.grad.clone() for n, p in trainer.draft.named_parameters()
+                if p.grad is not None}))
+    for (loss, stats, grads), (eager_loss, eager_stats, eager_grads) in zip(
+            results[True], results[False], strict=True):
+        torch.testing.assert_close(loss, eager_loss, rtol=1e-5, atol=0)
+        for k, v in eager_stats.items():
+            torch.testing.assert_close(stats[k], v, rtol=1e-5, atol=1e-6, equal_nan=True)
+        assert set(grads) == set(eager_grads) and "markov_head.markov_w2.weight" in grads
+        for n, g in eager_grads.items():
+            torch.testing.assert_close(grads[n], g, rtol=1e-4, atol=1e-6, msg=n)
 
 
 def test_a_packed_context_pass_gives_the_same_objective(target):

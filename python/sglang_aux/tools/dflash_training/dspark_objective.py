@@ -90,6 +90,22 @@ def row_terms(logits: torch.Tensor, target_logits: torch.Tensor, labels: torch.T
     return terms, correct, accept
 
 
+def slice_terms(h: torch.Tensor, e: torch.Tensor, labels: torch.Tensor, w: torch.Tensor,
+                final: torch.Tensor, lm_head: torch.Tensor, markov_w2: nn.Module,
+                den: torch.Tensor, mix: DSparkLossWeights
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One slice of blocks: the draft rows `h` through the LM head, corrected by the Markov
+    head of their previous tokens' embeddings `e`, against `labels` and the target's
+    distribution from its final hidden states `final`; `row_terms` normalized by `den`.
+    (Its own function, so a compiled step fuses the two softmaxes and the L1 distance.)"""
+    logits = head_logits(h, lm_head)
+    logits = logits + markov_w2(e).to(logits.dtype)
+    with torch.no_grad():
+        target_logits = head_logits(final, lm_head)
+    terms, correct, accept = row_terms(logits, target_logits, labels, w, mix)
+    return terms / den, correct, accept
+
+
 def finish_loss(loss: torch.Tensor, correct: torch.Tensor, accept: torch.Tensor,
                 confidence_logits: torch.Tensor | None, labels: torch.Tensor,
                 weights: torch.Tensor, mix: DSparkLossWeights) -> tuple[torch.Tensor, dict]:
@@ -130,6 +146,7 @@ class DSparkTrainer(Trainer):
         super().__init__(draft, embed, lm_head, mask_token_id, cfg)
         self.mix = mix
         self.weights = row_weights(draft.num_proposals, cfg.gamma, self.device)
+        self.slice_terms = self.step_function(slice_terms)
 
     def objective(self, batch: Batch, anchors: torch.Tensor) -> tuple[torch.Tensor, dict]:
         draft, num_proposals = self.draft, self.draft.num_proposals
@@ -150,16 +167,12 @@ class DSparkTrainer(Trainer):
         final_rows = final.gather(1, at.flatten(1)[..., None].expand(-1, -1, final.shape[-1]))
         w = self.weights * (labels != IGNORE)
         den = w.sum()
-        lm_head, mix = self.lm_head, self.mix
 
         def one_slice(h: torch.Tensor, e: torch.Tensor, lab: torch.Tensor, wt: torch.Tensor,
                       fin: torch.Tensor):
-            logits = head_logits(h, lm_head)
-            logits = logits + markov.markov_w2(e).to(logits.dtype)
-            with torch.no_grad():
-                target_logits = head_logits(fin, lm_head)
-            terms, correct, accept = row_terms(logits, target_logits, lab, wt, mix)
-            return terms / den, {"correct": correct, "accept": accept}
+            loss, correct, accept = self.slice_terms(h, e, lab, wt, fin, self.lm_head,
+                                                     markov.markov_w2, den, self.mix)
+            return loss, {"correct": correct, "accept": accept}
 
         n, a = labels.shape[:2]
         loss, parts = loss_in_slices(
@@ -173,4 +186,4 @@ class DSparkTrainer(Trainer):
             prev_embed = embed if draft.dspark_config.confidence_with_markov else None
             with torch.autocast(self.device.type, enabled=False):  # the head is fp32
                 confidence = draft.confidence_head.raw(hidden.float(), prev_embed)
-        return finish_loss(loss, correct, accept, confidence, labels, self.weights, mix)
+        return finish_loss(loss, correct, accept, confidence, labels, self.weights, self.mix)

@@ -163,8 +163,8 @@ class Trainer:
         self.slice_rows = SLICE_ROWS  # logit rows the loss holds at a time
         # `cfg.compile`: the draft's forward and the loss's slices through torch.compile, so
         # the norms', RoPE's and the fp32 cross-entropy's elementwise work fuses
-        self.block_hidden = _compiled(draft_block_hidden, cfg.compiles_on(self.device))
-        self.slice_loss = _compiled(slice_cross_entropy, cfg.compiles_on(self.device))
+        self.block_hidden = self.step_function(draft_block_hidden)
+        self.slice_loss = self.step_function(slice_cross_entropy)
         # every batch's sequences and anchors are drawn from it: its state is the data order
         self.generator = torch.Generator().manual_seed(cfg.seed)
         self.train_seconds = 0.0  # over every run of a resumed training
@@ -174,6 +174,10 @@ class Trainer:
         # ({"point", "draft"}); copied only under it
         self.best: dict | None = None
         self.held_out_size = (0, 0)  # (sequences, prompts) held out of the last fit
+
+    def step_function(self, fn: Callable) -> Callable:
+        """`fn` as the training steps call it: through torch.compile under `cfg.compile`."""
+        return _compiled(fn, self.cfg.compiles_on(self.device))
 
     def objective(self, batch: Batch, anchors: torch.Tensor) -> tuple[torch.Tensor, dict]:
         """The DFlash block loss of these blocks and its stats."""
