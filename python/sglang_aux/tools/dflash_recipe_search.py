@@ -29,6 +29,8 @@ import sys
 import time
 from pathlib import Path
 
+import torch
+
 from sglang_aux.srt.configs.acceptance_profile import DRAFT_PROFILE
 from sglang_aux.tools import train_dflash
 from sglang_aux.tools.dflash_training import train_args
@@ -43,6 +45,11 @@ STATE = "search.json"
 TABLE = "search.md"
 NAME = re.compile(r"[A-Za-z0-9_.-]+")
 MIN_TRAIN_S = 30.0  # a training run shorter than this is not worth starting
+# Dynamo keeps a compiled step function's graphs per function (8 by default), and each
+# variant of another draft shape compiles its own (one or two: the context bucket's dimension
+# goes dynamic once): past the limit a later variant's steps would run eagerly, at half the
+# pace (compiled is the default on CUDA), so the search allows this many per variant.
+COMPILES_PER_VARIANT = 4
 
 
 class SearchError(ValueError):
@@ -176,6 +183,9 @@ class Search:
         (`FeatureCache`: those of the variants that read other target layers apart), which
         are freed before the evaluations' engines start."""
         a, start = self.args, time.perf_counter()
+        dynamo = torch._dynamo.config
+        dynamo.recompile_limit = max(dynamo.recompile_limit,
+                                     COMPILES_PER_VARIANT * len(self.variants))
         left = (lambda: a.deadline_s - (time.perf_counter() - start)) if a.deadline_s \
             else (lambda: float("inf"))
         variants = {name: self.state["variants"].setdefault(

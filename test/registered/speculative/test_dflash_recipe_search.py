@@ -152,6 +152,19 @@ def test_a_dspark_variant_is_trained_and_measured_as_dspark(samples, tmp_path):
     assert json.loads((root / "dspark" / DRAFT_PROFILE).read_text())["verify_width"] == 4
 
 
+def test_every_variant_may_compile_its_steps(samples, tmp_path, monkeypatch):
+    """The search raises Dynamo's per-function graph limit to COMPILES_PER_VARIANT a variant
+    before training: a search of more draft shapes than the default 8 graphs would otherwise
+    train its later variants eagerly (at half the pace, compiled on CUDA)."""
+    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 8)
+    seen = []
+    monkeypatch.setattr(search.Search, "_train_dflash", lambda self, name, *flags: seen.append(
+        torch._dynamo.config.recompile_limit))
+    variants = [f"layers{n}=--num-layers {n}" for n in range(1, 4)]
+    search.main(_argv(tmp_path / "s", samples, *variants))  # the stand-in's None: cut there
+    assert seen == [3 * search.COMPILES_PER_VARIANT] and 3 * search.COMPILES_PER_VARIANT > 8
+
+
 def test_each_training_leaves_time_for_every_waiting_evaluation(samples, tmp_path, monkeypatch):
     """Under a deadline the second variant's training keeps two evaluations' reserve (its own
     and the first's, trained but not yet measured), so both are measured before it: on the
