@@ -575,6 +575,32 @@ def test_each_source_keeps_its_own_prefix_once(target):
     assert torch.equal(a.aux, b.aux) and torch.equal(a.ids, b.ids)
 
 
+def test_a_batch_is_its_sequences_rows_zero_padded(target):
+    """`SequenceSet.batch` (one cat into the padded layout): each sequence's prefix and own
+    rows and its ids, zero-padded to the longest one rounded up to the bucket, bit for bit
+    as pad_sequence lays them out; a sequence drawn twice appears twice."""
+    _, _, _, reqs, aux = _setup(target, num_layers=1)
+    prefixes = [aux[0][:10], aux[1][:6]]
+    of = [i % 2 for i in range(len(reqs))]
+    own = [a[len(prefixes[of[i]]):] for i, a in enumerate(aux)]
+    samples = [Sample(r.origin_input_ids[:12], r.origin_input_ids[12:]) for r in reqs]
+    data = SequenceSet(samples, own, torch.device("cpu"), prefix_aux=prefixes, prefix_of=of)
+    pad = torch.nn.utils.rnn.pad_sequence
+    for index, bucket in (([1, 0], 0), ([0, 1, 0], 16), ([1], 256)):
+        batch = data.batch(index, bucket)
+        longest = max(SEQ_LENS[i] for i in index)
+        width = -(-longest // bucket) * bucket if bucket else longest
+        rows = pad([torch.cat([prefixes[of[i]], own[i]]) for i in index], batch_first=True)
+        ids = pad([torch.tensor(reqs[i].origin_input_ids) for i in index], batch_first=True)
+        assert batch.aux.shape == (len(index), width, aux[0].shape[-1])
+        assert torch.equal(batch.aux[:, :longest], rows) and not batch.aux[:, longest:].any()
+        assert torch.equal(batch.ids[:, :longest], ids) and not batch.ids[:, longest:].any()
+        assert batch.lens.tolist() == [SEQ_LENS[i] for i in index]
+        assert batch.prompt_lens.tolist() == [12] * len(index)
+        assert batch.rows.tolist() == [j * width + t for j, i in enumerate(index)
+                                       for t in range(SEQ_LENS[i])]
+
+
 def test_features_read_the_shared_prefix_from_the_kv_cache(target):
     """extract_aux runs the shared prefix once and every later sequence over it as a cached
     prefix: the rows equal one whole forward per sequence (fp32), and every slot and request

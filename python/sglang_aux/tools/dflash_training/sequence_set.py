@@ -7,8 +7,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
-from torch.nn.utils.rnn import pad_sequence
 
 from sglang_aux.srt.model_executor.runner_utils.host_transfer import tensor_to_device
 from sglang_aux.tools.dflash_training.data import Sample
@@ -91,18 +89,25 @@ class SequenceSet:
         return batch
 
     def _batch(self, index: list[int], bucket: int) -> Batch:
+        # Each tensor is one cat into its padded layout (prefix, own rows, padding, next
+        # sequence...): one batched copy kernel where a cat and a padding copy a sequence took
+        # two (70 small copies a step of 32 sequences, 7% of a compiled step's device time).
         dev = self.prefixes[0].device
-        aux = [torch.cat([self.prefixes[self.prefix_of[i]], tensor_to_device(self.aux[i], dev)])
-               for i in index]
-        ids = [self.ids[i] for i in index]
-        longest = max(len(x) for x in ids)
-        width = longest + (-longest % bucket if bucket else 0)
-        if width > longest:
-            aux[0] = F.pad(aux[0], (0, 0, 0, width - len(aux[0])))
-            ids[0] = F.pad(ids[0], (0, width - len(ids[0])))
         lens = self.lens[index]
-        rows = torch.cat([torch.arange(n) + i * width for i, n in enumerate(lens.tolist())])
-        return Batch(pad_sequence(aux, batch_first=True), pad_sequence(ids, batch_first=True),
+        longest = int(lens.max())
+        width = longest + (-longest % bucket if bucket else 0)
+        pads = [width - n for n in lens.tolist()]
+        first = self.aux[index[0]]
+        zero_rows = torch.zeros((max(pads), first.shape[-1]), dtype=first.dtype, device=dev)
+        zero_ids = self.ids[index[0]].new_zeros(max(pads))
+        aux, ids = [], []
+        for i, pad in zip(index, pads, strict=True):
+            aux += [self.prefixes[self.prefix_of[i]], tensor_to_device(self.aux[i], dev),
+                    zero_rows[:pad]]
+            ids += [self.ids[i], zero_ids[:pad]]
+        n = len(index)
+        rows = torch.cat([torch.arange(k) + i * width for i, k in enumerate(lens.tolist())])
+        return Batch(torch.cat(aux).view(n, width, -1), torch.cat(ids).view(n, width),
                      tensor_to_device(self.prompt_lens[index], dev), tensor_to_device(lens, dev),
                      tensor_to_device(rows, dev))
 
