@@ -231,12 +231,12 @@ def train(args: argparse.Namespace, target: str, started: float,
                       keep_best=args.keep_best, fused_adam=args.fused_adam)
     draft = new_draft(config, runner.device, args.seed)
     warm = init_from(draft, config, args.init_from) if args.init_from else None
+    token_ids = torch.tensor(vocab[1]) if args.train_over_token_map else None
     trainer = (DSparkTrainer(draft, runner.model.get_input_embeddings(),
-                             runner.model.lm_head_weight, mask_id, cfg) if dspark
-               else Trainer(draft, runner.model.get_input_embeddings(),
-                            runner.model.lm_head_weight, mask_id, cfg,
-                            token_ids=torch.tensor(vocab[1]) if args.train_over_token_map
-                            else None))
+                             runner.model.lm_head_weight, mask_id, cfg, token_ids=token_ids)
+               if dspark else Trainer(draft, runner.model.get_input_embeddings(),
+                                      runner.model.lm_head_weight, mask_id, cfg,
+                                      token_ids=token_ids))
     target_name = Path(args.target).name if Path(args.target).is_dir() else args.target
     checkpoint = None
     if args.resume:  # before the features: a checkpoint of another run stops at once

@@ -724,15 +724,13 @@ def test_recipe_sets_defaults_and_resolves_its_draft(tmp_path, monkeypatch):
     assert mix.code_tasks_file == str(TASKS_FILE)  # the shipped tasks, the same everywhere
     assert mix.samples_file == str(shipped_samples(MIX))  # generated once, trained from here
     assert train_args.parse_args(["--recipe", name]).samples_file is None
-    # the mix trains over its draft vocabulary, a flag turns it off; a DSpark run of it must
+    # the mix trains over its draft vocabulary (DSpark too), a flag turns it off
     assert mix.train_over_token_map and not args.train_over_token_map
     assert (mix.val_samples, args.val_samples) == (320, 0)  # its curve says when it overfits
     assert not train_args.parse_args(["--recipe", MIX, "--no-train-over-token-map"]
                                      ).train_over_token_map
-    with pytest.raises(SystemExit):
-        train_args.parse_args(["--recipe", MIX, "--algorithm", "dspark"])
-    assert train_args.parse_args(["--recipe", MIX, "--algorithm", "dspark",
-                                  "--no-train-over-token-map"]).algorithm == "dspark"
+    assert train_args.parse_args(["--recipe", MIX, "--algorithm", "dspark"]
+                                 ).train_over_token_map
     assert args.out == str(tmp_path / "drafts" / name)
     (tmp_path / "drafts" / name).mkdir(parents=True)
     (tmp_path / "drafts" / name / "config.json").write_text("{}")
@@ -1188,9 +1186,9 @@ def test_a_draft_trained_over_its_vocabulary_is_served_with_it(target, tmp_path,
         .lm_head_weight.shape[0] == 100
     _assert_lossless(target, out)
     with pytest.raises(SystemExit):
-        train_dflash.main([*common, "--out", str(tmp_path / "d"), "--algorithm", "dspark",
+        train_dflash.main([*common, "--out", str(tmp_path / "d"), "--token-map-size", "0",
                            "--train-over-token-map"])
-    assert "DSpark's objective reads the whole distribution" in capsys.readouterr().err
+    assert "trains the draft over its --token-map-size ids (not 0" in capsys.readouterr().err
     with pytest.raises(SystemExit, match=r"the target's 320 ids need no draft vocabulary of "
                                          r"32768"):
         train_dflash.main([*common, "--out", str(tmp_path / "e"), "--train-over-token-map"])
@@ -1284,13 +1282,14 @@ def test_eval_measures_accept_on_each_kind_of_prompt(target, tmp_path, caplog):
         engine.shutdown()
 
 
-def _assert_lossless(target: str, draft: Path, **spec_kw) -> None:
-    """Greedy DFlash with the draft at `draft` gives the target-only tokens."""
+def _assert_lossless(target: str, draft: Path, algorithm: str = "DFLASH", **spec_kw) -> None:
+    """Greedy DFlash (or `algorithm`) with the draft at `draft` gives the target-only
+    tokens."""
     common = dict(device="cpu", max_total_tokens=4096, max_running_requests=4)
     prompts = ["Question: Tom has 3 apples.", "12 + 30 =", "The quick brown"]
     params = {"temperature": 0, "max_new_tokens": 16, "ignore_eos": True}
     ref = Engine(model_path=target, **common).generate(prompts, params)
-    spec = Engine(model_path=target, speculative_algorithm="DFLASH",
+    spec = Engine(model_path=target, speculative_algorithm=algorithm,
                   speculative_draft_model_path=str(draft), **common, **spec_kw).generate(
         prompts, params)
     for r, s in zip(ref, spec, strict=True):

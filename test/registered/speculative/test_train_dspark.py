@@ -13,10 +13,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_train_dflash import draft_block_logits
+from test_train_dflash import _assert_lossless, draft_block_logits
 
 from sglang_aux.srt.configs.model_config import ModelConfig
 from sglang_aux.srt.configs.presets import MASK_TOKEN_ID, PRESETS
+from sglang_aux.srt.entrypoints.engine import Engine
 from sglang_aux.srt.managers.schedule_batch import release_kv
 from sglang_aux.srt.model_loader import builtin
 from sglang_aux.srt.model_loader.loader import get_model
@@ -31,7 +32,7 @@ from sglang_aux.test.gsm8k_data import local_path_or_skip
 from sglang_aux.test.runtime_utils import make_runner, prefill, tiny_checkpoint
 from sglang_aux.tools import train_dflash
 from sglang_aux.tools.dflash_training import dspark_objective, train_args
-from sglang_aux.tools.dflash_training.block_objective import IGNORE
+from sglang_aux.tools.dflash_training.block_objective import IGNORE, OFF_VOCAB
 from sglang_aux.tools.dflash_training.data import Sample, common_prefix_len
 from sglang_aux.tools.dflash_training.dspark_objective import (
     DSparkLossWeights,
@@ -43,6 +44,7 @@ from sglang_aux.tools.dflash_training.dspark_objective import (
 )
 from sglang_aux.tools.dflash_training.export import dspark_draft_config, new_draft
 from sglang_aux.tools.dflash_training.features import extract_aux
+from sglang_aux.tools.dflash_training.recipes import MIX
 from sglang_aux.tools.dflash_training.sequence_set import Batch, SequenceSet, sample_anchors
 from sglang_aux.tools.dflash_training.trainer import TrainConfig
 
@@ -105,6 +107,77 @@ def test_loss_on_known_distributions():
     torch.testing.assert_close(loss_one, 0.1 * ce[0] + 0.9 * l1[0] + bce[0])
 
 
+def test_row_terms_over_a_draft_vocabulary_are_the_whole_ones_with_no_mass_off_it():
+    """Over a draft vocabulary the L1 distance is the whole vocabulary's with the draft's
+    probability zero off the map (its logits there -inf): the map's rows plus the target's
+    mass off it; so are the acceptance and, for labels on the map, the cross-entropy and
+    which rows are right. A label off the map has no cross-entropy and is never right."""
+    g = torch.Generator().manual_seed(0)
+    vocab, ids = 12, torch.tensor([7, 2, 9, 0, 4])
+    logits = torch.randn(2, 3, vocab, generator=g)
+    target = torch.randn(2, 3, vocab, generator=g) * 2
+    labels = ids[torch.randint(len(ids), (2, 3), generator=g)]
+    labels[1, 2] = IGNORE
+    w, mix = torch.rand(2, 3, generator=g), DSparkLossWeights()
+    masked = torch.full_like(logits, float("-inf"))
+    masked[..., ids] = logits[..., ids]
+    rows = torch.full((vocab,), OFF_VOCAB)
+    rows[ids] = torch.arange(len(ids))
+    cut = torch.where(labels == IGNORE, IGNORE, rows[labels.clamp(min=0)])
+    whole = row_terms(masked, target, labels, w, mix)
+    over_map = row_terms(logits[..., ids], target, cut, w, mix, ids)
+    for a, b in zip(over_map, whole, strict=True):
+        torch.testing.assert_close(a, b)
+    p_target = target.softmax(-1)
+    off = 1 - p_target[..., ids].sum(-1)
+    assert (off > 0.05).all() and (over_map[2] < 1 - 0.5 * off + 1e-6).all()
+    # a data token the map leaves out: the distance stays, the cross-entropy goes
+    ce = torch.nn.functional.cross_entropy(logits[0, 0, ids][None], cut[0, 0][None])
+    cut[0, 0] = OFF_VOCAB
+    terms, correct, accept = row_terms(logits[..., ids], target, cut, w, mix, ids)
+    assert not correct[0, 0] and torch.equal(accept, over_map[2])
+    torch.testing.assert_close(terms, over_map[0] - mix.cross_entropy * w[0, 0] * ce)
+
+
+def test_a_trainer_over_every_id_gives_the_whole_vocabularys_objective(target):
+    """A DSpark trainer over a draft vocabulary of every id, shuffled, gives the whole
+    vocabulary's loss, stats and gradients (the same sums in another order), and trains the
+    Markov head's rows of the map alone when the map is smaller."""
+    _, data, trainer = _trainer(target)
+    batch = data.batch([0, 1, 2])
+    anchors = sample_anchors(batch, 3, torch.Generator().manual_seed(4))
+    vocab = trainer.target_head.shape[0]
+    start = {k: v.detach().clone() for k, v in trainer.draft.state_dict().items()}
+    results = []
+    for token_ids in (None, torch.randperm(vocab, generator=torch.Generator().manual_seed(1))):
+        trainer.draft.load_state_dict(start)
+        mapped = DSparkTrainer(trainer.draft, trainer.embed, trainer.target_head,
+                               MASK_TOKEN_ID, trainer.cfg, token_ids=token_ids)
+        mapped.slice_rows = 2 * GAMMA
+        mapped.opt.zero_grad(set_to_none=True)
+        loss, stats = mapped.objective(batch, anchors)
+        loss.backward()
+        results.append((loss.detach(), stats, {n: p.grad.clone() for n, p in
+                                               trainer.draft.named_parameters()
+                                               if p.grad is not None}))
+    (loss, stats, grads), (m_loss, m_stats, m_grads) = results
+    torch.testing.assert_close(m_loss, loss, rtol=1e-5, atol=1e-6)
+    for k, v in stats.items():
+        torch.testing.assert_close(m_stats[k], v, rtol=1e-5, atol=1e-6, equal_nan=True)
+    assert set(m_grads) == set(grads)
+    for n, g in grads.items():
+        torch.testing.assert_close(m_grads[n], g, rtol=1e-4, atol=1e-6, msg=n)
+    ids = torch.tensor([5, 1, 17, 3])
+    mapped = DSparkTrainer(trainer.draft, trainer.embed, trainer.target_head, MASK_TOKEN_ID,
+                           trainer.cfg, token_ids=ids)
+    mapped.opt.zero_grad(set_to_none=True)
+    mapped.objective(batch, anchors)[0].backward()
+    w2 = trainer.draft.markov_head.markov_w2.weight.grad
+    off = torch.ones(vocab, dtype=torch.bool)
+    off[ids] = False
+    assert w2[ids].abs().sum() > 0 and not w2[off].any()
+
+
 def _rows(target_path: str, layer_ids: list[int], seed: int = 3):
     tr = make_runner(target_path, aux_layer_ids=layer_ids, max_total_tokens=2048,
                      max_running_requests=4)
@@ -162,9 +235,9 @@ def test_rows_are_matched_to_the_targets_distribution_at_their_position(target, 
     tr, data, trainer = _trainer(target)
     parts = []
 
-    def spy(logits, target_logits, labels, w, mix):
+    def spy(logits, target_logits, labels, w, mix, token_ids):
         parts.append((logits, target_logits, labels))
-        return row_terms(logits, target_logits, labels, w, mix)
+        return row_terms(logits, target_logits, labels, w, mix, token_ids)
 
     monkeypatch.setattr(dspark_objective, "row_terms", spy)
     trainer.slice_rows = GAMMA  # one block a slice: the rows below come from 4 slices
@@ -326,6 +399,18 @@ def test_recipe_is_the_dflash_recipe_as_dspark(tmp_path, monkeypatch):
     assert dspark.out == str(tmp_path / "drafts" / name)
 
 
+def test_the_mix_recipe_as_dspark_trains_over_the_mix_vocabulary():
+    """`qwen2.5-coder-1.5b-instruct-dspark-b15-mix`: the DFlash mix recipe's samples, draft
+    vocabulary, held-out prompts and schedule, as DSpark verifying the same 16 tokens."""
+    dflash = vars(train_args.parse_args(["--recipe", MIX, "--out", "d"]))
+    dspark = vars(train_args.parse_args(["--recipe", f"{MIX.removesuffix('dflash-b16-mix')}"
+                                         "dspark-b15-mix", "--out", "d"]))
+    differ = {k for k in dflash if dflash[k] != dspark[k]}
+    assert differ == {"recipe", "command", "algorithm", "block_size"}, differ
+    assert (dspark["algorithm"], dspark["block_size"] + 1) == ("dspark", dflash["block_size"])
+    assert dspark["train_over_token_map"] and dspark["keep_best"] and dspark["val_samples"]
+
+
 def test_smollm2_recipe_matches_its_shipped_dflash_draft(tmp_path, monkeypatch):
     """The SmolLM2 DSpark recipe trains on the shipped DFlash draft's data and shape: the same
     questions and passes, layers, target layers and verified tokens per request."""
@@ -373,6 +458,35 @@ def test_smoke_run_writes_a_draft_that_loads_as_dspark(target, tmp_path):
     assert "--speculative-algorithm DSPARK" in card
     assert "Held-out accept length: not measured" not in card
     assert "held-out GSM8K prompts" in card
+
+
+def test_a_draft_trained_over_its_vocabulary_is_served_with_it(target, tmp_path):
+    """`--algorithm dspark --train-over-token-map`: the config names the map, the DSpark
+    server reads it (the LM head and `markov_w2` cut to its 64 rows) and stays lossless; the
+    Markov rows off the map stay the initial ones but for the weight decay."""
+    local_path_or_skip("train")
+    out, first = tmp_path / "draft", tmp_path / "first"
+    common = ["--smoke", "--algorithm", "dspark", "--target", target, "--num-samples", "4",
+              "--block-size", str(GAMMA), "--token-map-size", "64", "--train-over-token-map"]
+    train_dflash.main([*common, "--out", str(out), "--steps", "6"])
+    train_dflash.main([*common, "--out", str(first), "--steps", "1", "--lr", "1e-12"])
+    config = json.loads((out / "config.json").read_text())
+    assert config["dflash_config"]["token_map"] == "freq_64.pt"
+    assert "The draft was trained over it" in (out / "README.md").read_text()
+    ids = torch.load(out / "freq_64.pt")
+    w2 = dict(safetensors_weights_iterator(out))["markov_head.markov_w2.weight"]
+    init = dict(safetensors_weights_iterator(first))["markov_head.markov_w2.weight"]
+    off = torch.ones(len(w2), dtype=torch.bool)
+    off[ids] = False
+    # off the map only AdamW's weight decay moves them
+    torch.testing.assert_close(w2[off], init[off], rtol=1e-3, atol=0)
+    assert not torch.allclose(w2[ids], init[ids], rtol=1e-3, atol=0)
+    draft = Engine(model_path=target, speculative_algorithm="DSPARK",
+                   speculative_draft_model_path=str(out), device="cpu", max_total_tokens=2048,
+                   max_running_requests=2).worker.draft_runner.model
+    assert draft.markov_head.restricted
+    assert torch.equal(draft.markov_head.markov_w2.weight, w2[ids])
+    _assert_lossless(target, out, algorithm="DSPARK")
 
 
 if __name__ == "__main__":

@@ -35,7 +35,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from sglang_aux.srt.models.dspark import DSparkDraftModel
-from sglang_aux.tools.dflash_training.block_objective import IGNORE, head_logits
+from sglang_aux.tools.dflash_training.block_objective import IGNORE, head_logits, vocab_labels
 from sglang_aux.tools.dflash_training.draft_forward import grouped_kv_kernel_enabled
 from sglang_aux.tools.dflash_training.sequence_set import Batch
 from sglang_aux.tools.dflash_training.sliced_loss import loss_in_slices
@@ -71,38 +71,57 @@ def row_weights(num_proposals: int, decay: float, device: torch.device) -> torch
 
 
 def row_terms(logits: torch.Tensor, target_logits: torch.Tensor, labels: torch.Tensor,
-              w: torch.Tensor, mix: DSparkLossWeights
+              w: torch.Tensor, mix: DSparkLossWeights, token_ids: torch.Tensor | None = None
               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Rows `[..., V]` of Markov-corrected draft logits against their data labels and the
     target's logits, with weights `w` (zero on ignored rows): the weighted sum of the
     cross-entropy and distribution-matching terms (not normalized), whether the argmax is the
-    label, and the acceptance probability `1 - TV` (detached)."""
-    ce = F.cross_entropy(logits.flatten(0, -2).float(), labels.flatten(), ignore_index=IGNORE,
-                         reduction="none").view(labels.shape)
+    label, and the acceptance probability `1 - TV` (detached).
+
+    Over a draft vocabulary (`token_ids` `[M]`: the draft's logits `[..., M]` are those
+    tokens', its labels their rows or OFF_VOCAB) the draft puts no mass off it, so the L1
+    distance to the target's whole distribution is the rows' distance plus the target's mass
+    off the map, and `1 - TV` is again the probability rejection sampling accepts what the
+    draft proposes as it is served; an OFF_VOCAB label has no cross-entropy and is never
+    right."""
+    ce_labels = torch.where(labels >= 0, labels, IGNORE)
+    ce = F.cross_entropy(logits.flatten(0, -2).float(), ce_labels.flatten(),
+                         ignore_index=IGNORE, reduction="none").view(labels.shape)
     p_draft = torch.softmax(logits.float(), -1)
     with torch.no_grad():
         p_target = torch.softmax(target_logits.float(), -1)
+        off_map = None
+        if token_ids is not None:
+            p_target = p_target[..., token_ids]
+            off_map = (1 - p_target.sum(-1)).clamp(min=0.0)
     l1 = (p_draft - p_target).abs().sum(-1)
+    if off_map is not None:
+        l1 = l1 + off_map
     with torch.no_grad():
         accept = (1 - 0.5 * l1).clamp(0.0, 1.0)
-        correct = (logits.argmax(-1) == labels) & (labels != IGNORE)
+        correct = (logits.argmax(-1) == labels) & (labels >= 0)
     terms = mix.cross_entropy * (ce * w).sum() + mix.distribution * (l1 * w).sum()
     return terms, correct, accept
 
 
 def slice_terms(h: torch.Tensor, e: torch.Tensor, labels: torch.Tensor, w: torch.Tensor,
-                final: torch.Tensor, lm_head: torch.Tensor, markov_w2: nn.Module,
-                den: torch.Tensor, mix: DSparkLossWeights
+                final: torch.Tensor, lm_head: torch.Tensor, markov_w2: nn.Linear,
+                den: torch.Tensor, mix: DSparkLossWeights, target_head: torch.Tensor,
+                token_ids: torch.Tensor | None
                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """One slice of blocks: the draft rows `h` through the LM head, corrected by the Markov
-    head of their previous tokens' embeddings `e`, against `labels` and the target's
-    distribution from its final hidden states `final`; `row_terms` normalized by `den`.
-    (Its own function, so a compiled step fuses the two softmaxes and the L1 distance.)"""
+    """One slice of blocks: the draft rows `h` through the LM head `lm_head`, corrected by the
+    Markov head of their previous tokens' embeddings `e`, against `labels` and the target's
+    distribution from its final hidden states `final` through its whole head `target_head`;
+    `row_terms` normalized by `den`. Over a draft vocabulary `token_ids`, `lm_head` is its
+    rows and markov_w2 is read at them alone (its other rows get no gradient). (Its own
+    function, so a compiled step fuses the two softmaxes and the L1 distance.)"""
     logits = head_logits(h, lm_head)
-    logits = logits + markov_w2(e).to(logits.dtype)
+    bias = markov_w2(e) if token_ids is None else F.linear(
+        e, markov_w2.weight.index_select(0, token_ids))
+    logits = logits + bias.to(logits.dtype)
     with torch.no_grad():
-        target_logits = head_logits(final, lm_head)
-    terms, correct, accept = row_terms(logits, target_logits, labels, w, mix)
+        target_logits = head_logits(final, target_head)
+    terms, correct, accept = row_terms(logits, target_logits, labels, w, mix, token_ids)
     return terms / den, correct, accept
 
 
@@ -138,12 +157,18 @@ def finish_loss(loss: torch.Tensor, correct: torch.Tensor, accept: torch.Tensor,
 
 class DSparkTrainer(Trainer):
     """The DFlash trainer's loop and schedule on DSpark's objective. Batches carry every
-    token's row as `[K * H aux | H final]` (`extract_aux(..., final_hidden=True)`)."""
+    token's row as `[K * H aux | H final]` (`extract_aux(..., final_hidden=True)`). With
+    `token_ids` (a draft vocabulary, as it will be served) the draft's logits are those
+    tokens' alone, base and Markov bias (`row_terms`); the target's distribution stays
+    whole."""
 
     def __init__(self, draft: DSparkDraftModel, embed: nn.Embedding, lm_head: torch.Tensor,
                  mask_token_id: int, cfg: TrainConfig,
-                 mix: DSparkLossWeights = DSparkLossWeights()):
-        super().__init__(draft, embed, lm_head, mask_token_id, cfg)
+                 mix: DSparkLossWeights = DSparkLossWeights(),
+                 token_ids: torch.Tensor | None = None):
+        super().__init__(draft, embed, lm_head, mask_token_id, cfg, token_ids)
+        self.target_head = lm_head.detach()
+        self.token_ids = None if token_ids is None else token_ids.to(self.lm_head.device)
         self.mix = mix
         self.weights = row_weights(draft.num_proposals, cfg.gamma, self.device)
         self.slice_terms = self.step_function(slice_terms)
@@ -151,15 +176,17 @@ class DSparkTrainer(Trainer):
     def objective(self, batch: Batch, anchors: torch.Tensor) -> tuple[torch.Tensor, dict]:
         draft, num_proposals = self.draft, self.draft.num_proposals
         width = draft.fc.in_features
-        if batch.aux.shape[-1] != width + self.lm_head.shape[1]:
+        if batch.aux.shape[-1] != width + self.target_head.shape[1]:
             raise ValueError(f"DSpark training rows {tuple(batch.aux.shape)} must hold the aux "
                              f"states ({width}) and the final hidden state "
-                             f"({self.lm_head.shape[1]}): extract_aux(..., final_hidden=True)")
+                             f"({self.target_head.shape[1]}): extract_aux(..., final_hidden=True)")
         aux, final = batch.aux[..., :width], batch.aux[..., width:]
         hidden = self.block_hidden(draft, self.embed, aux, batch.ids, anchors,
                                    self.mask_token_id, grouped_kv_kernel_enabled(),
                                    self.context_rows(batch))  # [N, A, G, H]
         labels, prev = dspark_labels(batch, anchors, num_proposals)
+        if self.label_rows is not None:
+            labels = vocab_labels(labels, self.label_rows)
         markov = draft.markov_head
         embed = markov.embed(prev)  # [N, A, G, r]
         at = (anchors[:, :, None] + torch.arange(num_proposals, device=anchors.device)).clamp(
@@ -171,7 +198,8 @@ class DSparkTrainer(Trainer):
         def one_slice(h: torch.Tensor, e: torch.Tensor, lab: torch.Tensor, wt: torch.Tensor,
                       fin: torch.Tensor):
             loss, correct, accept = self.slice_terms(h, e, lab, wt, fin, self.lm_head,
-                                                     markov.markov_w2, den, self.mix)
+                                                     markov.markov_w2, den, self.mix,
+                                                     self.target_head, self.token_ids)
             return loss, {"correct": correct, "accept": accept}
 
         n, a = labels.shape[:2]

@@ -42,6 +42,11 @@ RECIPES[MIX] = dict(
 # tokens per request as the block-16 DFlash draft
 RECIPES["qwen2.5-coder-1.5b-instruct-dspark-b15"] = dict(
     RECIPES["qwen2.5-coder-1.5b-instruct-dflash-b16"], algorithm="dspark", block_size=15)
+# DSpark beside the mix recipe (issue 41's comparison on what users send): its samples, draft
+# vocabulary (the Markov head's rows and the base logits cut to it, as it is served), held-out
+# prompts and schedule
+RECIPES["qwen2.5-coder-1.5b-instruct-dspark-b15-mix"] = dict(
+    RECIPES[MIX], algorithm="dspark", block_size=15)
 # SmolLM2's DSpark draft on its shipped DFlash draft's data and schedule (greedy + 2 sampled
 # passes, 4,500 steps, 2 layers, K = 5, loss decay 4); gamma 7 verifies the same 8 tokens per
 # request as the block-8 DFlash draft. Not shipped: its Markov head alone (rank 256 over a

@@ -167,9 +167,10 @@ def make_parser() -> argparse.ArgumentParser:
              "file, freq_<N>.pt): the N ids the samples' continuations write most; 0: none "
              "(none either for a target vocabulary of N or fewer)")
     add("--train-over-token-map", action=argparse.BooleanOptionalAction, default=False,
-        help="DFlash: the loss reads only the draft vocabulary's rows of the LM head (its "
-             "logits and softmax V / N times smaller); the draft's config then names the map, "
-             "which the server reads with it (the mix recipe's default)")
+        help="the loss reads only the draft vocabulary's rows of the LM head (its logits "
+             "and softmax V / N times smaller; DSpark's Markov head too, the target's "
+             "distribution staying whole); the draft's config then names the map, which the "
+             "server reads with it (the mix recipes' default)")
     add("--checkpoint-every", type=int, default=DEFAULT_CHECKPOINT_EVERY,
         help="with --resume, also write the checkpoint every this many steps (0: at the end "
              "of a run only)")
@@ -231,10 +232,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         parser.error(f"--context-bucket must be >= 0, got {args.context_bucket}")
     if args.token_map_size < 0:
         parser.error(f"--token-map-size must be >= 0, got {args.token_map_size}")
-    if args.train_over_token_map and (args.algorithm != "dflash" or not args.token_map_size):
-        parser.error("--train-over-token-map trains a DFlash draft over its --token-map-size "
-                     "ids (not 0); DSpark's objective reads the whole distribution "
-                     "(--no-train-over-token-map turns a recipe's off)")
+    if args.train_over_token_map and not args.token_map_size:
+        parser.error("--train-over-token-map trains the draft over its --token-map-size ids "
+                     "(not 0; --no-train-over-token-map turns a recipe's off)")
     if (args.eval or args.eval_only) and args.eval_data_path is None and not args.holdout:
         args.eval_data_path = str(gsm8k_path("test"))
     if args.out is None and args.recipe and args.phase != "data":
