@@ -700,6 +700,36 @@ MUTATIONS = [
              'found = value if key == "recipe_defaults" else state[key]',
              (f"{T}/speculative/test_dflash_recipe_search.py"
               "::test_missing_samples_and_another_searchs_state_are_one_line",)),
+    Mutation("training: a batch's padding lies before its sequence's rows",
+             "python/sglang_aux/tools/dflash_training/sequence_set.py",
+             "aux += [self.prefixes[self.prefix_of[i]], tensor_to_device(self.aux[i], dev),\n"
+             "                    zero_rows[:pad]]",
+             "aux += [zero_rows[:pad], self.prefixes[self.prefix_of[i]],\n"
+             "                    tensor_to_device(self.aux[i], dev)]",
+             (f"{T}/speculative/test_train_dflash.py"
+              "::test_a_batch_is_its_sequences_rows_zero_padded",)),
+    Mutation("recipe search: Dynamo's graph limit stays at its default",
+             "python/sglang_aux/tools/dflash_recipe_search.py",
+             "COMPILES_PER_VARIANT * len(self.variants))", "0)",
+             (f"{T}/speculative/test_dflash_recipe_search.py"
+              "::test_every_variant_may_compile_its_steps",)),
+    Mutation("DSpark training: the loss slices stay eager under compile",
+             "python/sglang_aux/tools/dflash_training/dspark_objective.py",
+             "self.slice_terms = self.step_function(slice_terms)",
+             "self.slice_terms = slice_terms",
+             (f"{T}/speculative/test_train_dspark.py"
+              "::test_a_compiled_objective_gives_the_eager_ones_loss_and_gradients",)),
+    Mutation("DSpark over a draft vocabulary: the target's mass off the map is no distance",
+             "python/sglang_aux/tools/dflash_training/dspark_objective.py",
+             "        l1 = l1 + off_map\n", "        l1 = l1\n",
+             (f"{T}/speculative/test_train_dspark.py"
+              "::test_row_terms_over_a_draft_vocabulary_are_the_whole_ones_with_no_mass_off_it",)),
+    Mutation("DSpark over a draft vocabulary: labels stay token ids, not the map's rows",
+             "python/sglang_aux/tools/dflash_training/dspark_objective.py",
+             "            labels = vocab_labels(labels, self.label_rows)\n",
+             "            labels = labels\n",
+             (f"{T}/speculative/test_train_dspark.py"
+              "::test_a_trainer_over_every_id_gives_the_whole_vocabularys_objective",)),
 ]
 
 

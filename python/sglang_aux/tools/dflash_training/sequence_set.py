@@ -106,7 +106,7 @@ class SequenceSet:
                     zero_rows[:pad]]
             ids += [self.ids[i], zero_ids[:pad]]
         n = len(index)
-        rows = torch.cat([torch.arange(k) + i * width for i, k in enumerate(lens.tolist())])
+        rows = torch.cat([torch.arange(n) + i * width for i, n in enumerate(lens.tolist())])
         return Batch(torch.cat(aux).view(n, width, -1), torch.cat(ids).view(n, width),
                      tensor_to_device(self.prompt_lens[index], dev), tensor_to_device(lens, dev),
                      tensor_to_device(rows, dev))
