@@ -724,6 +724,11 @@ MUTATIONS = [
              "        l1 = l1 + off_map\n", "        l1 = l1\n",
              (f"{T}/speculative/test_train_dspark.py"
               "::test_row_terms_over_a_draft_vocabulary_are_the_whole_ones_with_no_mass_off_it",)),
+    Mutation("training: a length group is drawn as often as any other, whatever its size",
+             "python/sglang_aux/tools/dflash_training/sequence_set.py",
+             "torch.multinomial(self.sizes, 1,", "torch.multinomial(self.sizes.sign(), 1,",
+             (f"{T}/speculative/test_train_dflash.py"
+              "::test_batches_drawn_by_length_group_keep_every_sequence_equally_likely",)),
     Mutation("DSpark over a draft vocabulary: labels stay token ids, not the map's rows",
              "python/sglang_aux/tools/dflash_training/dspark_objective.py",
              "            labels = vocab_labels(labels, self.label_rows)\n",

@@ -8,7 +8,9 @@
 # `base` is the recipe (over its draft vocabulary, host rows copied on their own stream,
 # compiled: the default on CUDA); `eager` runs it without torch.compile (`--no-compile`);
 # `packed` projects only the sequences' own context rows, not the batch's padding
-# (`--pack-context`); `fused` steps AdamW with its fused kernels (`--fused-adam`). Others through VARIANTS (NAME=FLAGS, a variant's flags joined by commas), e.g.
+# (`--pack-context`); `fused` steps AdamW with its fused kernels (`--fused-adam`). Others
+# through VARIANTS (NAME=FLAGS, a variant's flags joined by commas), e.g.
+# `grouped=--group-by-length` (each batch from one length group: less padding),
 # `fullvocab=--no-train-over-token-map`, `hostrows=--device-reserve-gb=100000` (every row in
 # pinned host memory, as most of the whole mix's are; with `,--no-batch-stream` copied in
 # line), `wide5=--num-layers=5,--intermediate-size=8960`, `efficient=--sdpa-backend=efficient`

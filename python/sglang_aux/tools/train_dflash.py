@@ -228,7 +228,8 @@ def train(args: argparse.Namespace, target: str, started: float,
                       fill_budget=args.fill_budget, batch_stream=args.batch_stream,
                       compile=args.compile, pack_context=args.pack_context,
                       val_samples=args.val_samples, val_every=args.val_every,
-                      keep_best=args.keep_best, fused_adam=args.fused_adam)
+                      keep_best=args.keep_best, fused_adam=args.fused_adam,
+                      group_by_length=args.group_by_length)
     draft = new_draft(config, runner.device, args.seed)
     warm = init_from(draft, config, args.init_from) if args.init_from else None
     token_ids = torch.tensor(vocab[1]) if args.train_over_token_map else None

@@ -78,6 +78,7 @@ from sglang_aux.tools.dflash_training.features import extract_aux
 from sglang_aux.tools.dflash_training.recipes import MIX, RECIPES, SMOKE_DEFAULTS, shipped_samples
 from sglang_aux.tools.dflash_training.sequence_set import (
     Batch,
+    BatchDraws,
     SequenceSet,
     prompt_groups,
     sample_anchors,
@@ -599,6 +600,36 @@ def test_a_batch_is_its_sequences_rows_zero_padded(target):
         assert batch.prompt_lens.tolist() == [12] * len(index)
         assert batch.rows.tolist() == [j * width + t for j, i in enumerate(index)
                                        for t in range(SEQ_LENS[i])]
+
+
+def test_batches_drawn_by_length_group_keep_every_sequence_equally_likely():
+    """`BatchDraws`: without groups, a batch is `pool[randint]` as it always was (the data
+    order of runs before it); with `group_rows`, every batch's sequences share one length
+    group, each sequence of the pool is drawn as often as any other, and a batch pads to its
+    own group's length (the rows the grouped batches pad to: fewer by the share the mix's
+    lengths predict)."""
+    lens = torch.tensor([10, 30, 12, 31, 11, 60, 29, 9, 58, 13])
+    pool = torch.tensor([0, 1, 2, 3, 5, 6, 7, 8, 9])  # 4 held out
+    plain = BatchDraws(lens, pool, 4)
+    g, h = torch.Generator().manual_seed(3), torch.Generator().manual_seed(3)
+    for _ in range(5):
+        assert plain.draw(g) == pool[torch.randint(len(pool), (4,), generator=h)].tolist()
+    grouped = BatchDraws(lens, pool, 4, group_rows=16)
+    assert sorted(len(x) for x in grouped.groups) == [2, 3, 4]  # 49-64, 17-32, <=16 rows
+    counts, padded, drawn = Counter(), 0, 0
+    for _ in range(6000):
+        index = grouped.draw(g)
+        assert len({(int(lens[i]) + 15) // 16 for i in index}) == 1, index
+        counts.update(index)
+        padded += len(index) * -(-int(lens[index].max()) // 16) * 16
+        drawn += len(index)
+    assert set(counts) == set(pool.tolist())
+    assert max(counts.values()) / min(counts.values()) < 1.15, counts  # 1/9 each
+    plain_padded = 0
+    for _ in range(6000):
+        index = plain.draw(g)
+        plain_padded += len(index) * -(-int(lens[index].max()) // 16) * 16
+    assert padded < 0.7 * plain_padded
 
 
 def test_features_read_the_shared_prefix_from_the_kv_cache(target):

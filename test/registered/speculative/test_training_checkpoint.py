@@ -39,7 +39,7 @@ def _samples() -> list[Sample]:
             for p, n in [(6, 12), (9, 7), (4, 15)]]
 
 
-def _trainer(samples: list[Sample]) -> tuple[Trainer, SequenceSet]:
+def _trainer(samples: list[Sample], cfg: TrainConfig = CFG) -> tuple[Trainer, SequenceSet]:
     """A fresh tiny draft's trainer (the same every call) and random aux rows as its data."""
     config = draft_config(PRESETS["tiny-llama"], num_layers=1, num_aux_layers=2, block_size=4,
                           mask_token_id=MASK_TOKEN_ID)
@@ -49,7 +49,7 @@ def _trainer(samples: list[Sample]) -> tuple[Trainer, SequenceSet]:
     with torch.no_grad():
         embed.weight.copy_(torch.randn(embed.weight.shape, generator=g))
     trainer = Trainer(new_draft(config, torch.device("cpu"), seed=0), embed,
-                      torch.randn(embed.weight.shape, generator=g), MASK_TOKEN_ID, CFG)
+                      torch.randn(embed.weight.shape, generator=g), MASK_TOKEN_ID, cfg)
     return trainer, SequenceSet(samples, aux, torch.device("cpu"))
 
 
@@ -61,21 +61,25 @@ def _checkpoint(path: Path, samples: list[Sample], cfg: TrainConfig = CFG) -> Tr
                                                     cfg=cfg, samples=samples))
 
 
-@pytest.mark.parametrize("first_run", [1, 4, 8])
-def test_two_runs_give_the_weights_of_one(tmp_path, first_run):
-    samples = _samples()
-    whole, data = _trainer(samples)
-    done = whole.fit(data)
-    assert done["steps"] == CFG.steps and done["done"]
+# batches drawn from length groups (16 and 24 rows: two groups of the three sequences)
+GROUPED = replace(CFG, context_bucket=8, group_by_length=True)
 
-    ckpt = _checkpoint(tmp_path / "run.pt", samples)
-    first, data = _trainer(samples)
+
+@pytest.mark.parametrize("first_run,cfg", [(1, CFG), (4, CFG), (8, CFG), (4, GROUPED)])
+def test_two_runs_give_the_weights_of_one(tmp_path, first_run, cfg):
+    samples = _samples()
+    whole, data = _trainer(samples, cfg)
+    done = whole.fit(data)
+    assert done["steps"] == cfg.steps and done["done"]
+
+    ckpt = _checkpoint(tmp_path / "run.pt", samples, cfg)
+    first, data = _trainer(samples, cfg)
     stopped = first.fit(data, checkpoint=lambda: ckpt.save(first), max_run_steps=first_run)
     assert (stopped["steps"], stopped["done"]) == (first_run, False)
-    second, data = _trainer(samples)  # a new process: fresh draft, optimizer and generator
+    second, data = _trainer(samples, cfg)  # a new process: fresh draft, optimizer and generator
     assert ckpt.load(second) and second.num_steps == first_run
     rest = second.fit(data, checkpoint=lambda: ckpt.save(second))
-    assert (rest["steps"], rest["done"]) == (CFG.steps, True)
+    assert (rest["steps"], rest["done"]) == (cfg.steps, True)
     assert rest["train_seconds"] > stopped["train_seconds"]
     for (name, a), b in zip(whole.draft.state_dict().items(),
                             second.draft.state_dict().values(), strict=True):

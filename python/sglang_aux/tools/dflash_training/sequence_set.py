@@ -112,6 +112,33 @@ class SequenceSet:
                      tensor_to_device(rows, dev))
 
 
+class BatchDraws:
+    """Which sequences each training batch holds: `batch_size` of `pool` drawn uniformly with
+    replacement. With `group_rows`, from one length group at a time (sequences whose length
+    rounds up to the same multiple of it: on the mix, GSM8K's long k-shot sequences apart
+    from the short code and chat ones), the group drawn in proportion to its size, so each
+    sequence is still drawn with probability 1 / len(pool) while a batch pads to its own
+    group's length: on the mix's samples 79% of a 256-row bucketed batch's rows are the
+    sequences' own against 52% drawn from all (the context pass, its K/V and the attention's
+    keys shrink with them). Batches then hold one kind of prompt at a time."""
+
+    def __init__(self, lens: torch.Tensor, pool: torch.Tensor, batch_size: int,
+                 group_rows: int = 0):
+        self.pool, self.batch_size = pool, batch_size
+        self.groups: list[torch.Tensor] = []
+        if group_rows:
+            keys = (lens[pool] + group_rows - 1) // group_rows
+            self.groups = [pool[keys == k] for k in keys.unique().tolist()]
+            self.sizes = torch.tensor([len(g) for g in self.groups], dtype=torch.float64)
+
+    def draw(self, generator: torch.Generator) -> list[int]:
+        members = self.pool
+        if self.groups:
+            members = self.groups[int(torch.multinomial(self.sizes, 1, generator=generator))]
+        return members[torch.randint(len(members), (self.batch_size,),
+                                     generator=generator)].tolist()
+
+
 def sample_anchors(batch: Batch, num: int, generator: torch.Generator) -> torch.Tensor:
     """`[N, num]` anchors uniform over each continuation's positions that have a next token:
     `prompt_len <= anchor <= len - 2` (the first anchor is the first generated token, whose

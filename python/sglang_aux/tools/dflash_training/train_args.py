@@ -127,6 +127,9 @@ def make_parser() -> argparse.ArgumentParser:
            "step)")
     switch("--fused-adam", "AdamW's fused kernels instead of its foreach ones (a candidate, "
            "off until timed)")
+    switch("--group-by-length", "draw each batch from one length group (the context bucket's "
+           "multiples), each sequence still equally likely: less padding, one kind of prompt "
+           "a batch (a candidate, off until timed and searched)")
     add("--val-samples", type=int, default=TrainConfig.val_samples,
         help="hold this many of the sequences out of training and log their objective every "
              "--val-every steps and at the end (its curve on the card): whether more steps "

@@ -28,7 +28,12 @@ from sglang_aux.tools.dflash_training.draft_forward import (
     draft_block_hidden,
     grouped_kv_kernel_enabled,
 )
-from sglang_aux.tools.dflash_training.sequence_set import Batch, SequenceSet, sample_anchors
+from sglang_aux.tools.dflash_training.sequence_set import (
+    Batch,
+    BatchDraws,
+    SequenceSet,
+    sample_anchors,
+)
 from sglang_aux.tools.dflash_training.sliced_loss import SLICE_ROWS
 from sglang_aux.tools.dflash_training.step_profile import StepProfile
 
@@ -77,6 +82,10 @@ class TrainConfig:
     # generalize
     val_samples: int = 0
     val_every: int = 1000
+    # each batch drawn from one length group (`BatchDraws`): a candidate, off until timed and
+    # searched (a mix batch's own rows 79% of its padded ones against 52%, but one kind of
+    # prompt a batch)
+    group_by_length: bool = False
     # AdamW's fused kernels instead of its foreach ones (a candidate, off until timed: the
     # optimizer was 9% of the compiled mix step's device time on the H200)
     fused_adam: bool = False
@@ -110,6 +119,7 @@ class TrainConfig:
 # far: early steps can be several times slower than the steady ones (seen on the H200: 0.4 s
 # against 0.07 s).
 BUDGET_WARMUP_STEPS = 5
+GROUP_ROWS = 256  # the length groups' rows under `group_by_length` with no context bucket
 BUDGET_PROBE_STEPS = 20
 BUDGET_REPACE_EVERY = 100
 
@@ -294,6 +304,9 @@ class Trainer:
         held_out = held_out_index(data.prompt_groups, self.cfg.val_samples, self.cfg.seed)
         self.held_out_size = (len(held_out), len({data.prompt_groups[i] for i in held_out}))
         pool = torch.tensor(sorted(set(range(len(data))) - set(held_out)), dtype=torch.long)
+        draws = BatchDraws(data.lens, pool, self.cfg.batch_size,
+                           (self.cfg.context_bucket or GROUP_ROWS) if self.cfg.group_by_length
+                           else 0)
         paced_from = start  # set again after the warm-up steps
         profile = StepProfile(self.cfg.profile_steps, self.device, BUDGET_WARMUP_STEPS)
         copies = (torch.cuda.Stream(self.device)
@@ -305,9 +318,7 @@ class Trainer:
                                                     time_budget_s, max_run_steps):
                 break
             profile.before(ran)
-            index = pool[torch.randint(len(pool), (self.cfg.batch_size,),
-                                       generator=self.generator)]
-            batch = data.batch(index.tolist(), self.cfg.context_bucket, copies)
+            batch = data.batch(draws.draw(self.generator), self.cfg.context_bucket, copies)
             window.append(self.step(batch, sample_anchors(batch, self.cfg.anchors_per_seq,
                                                           self.generator)))
             ran += 1
