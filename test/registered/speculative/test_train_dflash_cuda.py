@@ -92,16 +92,18 @@ def test_host_rows_copied_on_their_own_stream_train_the_same_draft(tmp_path, cap
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.parametrize("algorithm", ["dflash", "dspark"])
+@pytest.mark.parametrize("algorithm", ["dflash", "dspark", "dspark_vocab"])
 def test_compiled_and_packed_steps_train_as_the_eager_one_on_cuda(tmp_path, algorithm):
     """The default step on CUDA (the draft's forward and the loss's slices through
     torch.compile), `--pack-context` (the context pass over the sequences' own rows alone)
     and both train as the eager step (`--no-compile`; bf16 autocast, the default context
     bucket), for a DFlash draft and for a DSpark one (its forward and its own loss's
-    slices compiled)."""
+    slices compiled), the latter over a draft vocabulary too."""
     local_path_or_skip("train")
     target = tiny_checkpoint("tiny-llama", tmp_path / "ckpt")
-    extra = ["--algorithm", "dspark", "--block-size", "4"] if algorithm == "dspark" else []
+    extra = ["--algorithm", "dspark", "--block-size", "4"] if "dspark" in algorithm else []
+    if algorithm == "dspark_vocab":  # over a draft vocabulary: the Markov rows gathered
+        extra += ["--token-map-size", "64", "--train-over-token-map"]
     losses = {}
     for flags in (("--no-compile",), (), ("--no-compile", "--pack-context"),
                   ("--pack-context",)):
