@@ -46,8 +46,8 @@ class _Parsed(Exception):
     pass
 
 
-def _record(script: str, tmp_path: Path) -> list[list[str]]:
-    """The argument lists `python` got while `script` ran."""
+def _record(script: str, tmp_path: Path, **env_vars: str) -> list[list[str]]:
+    """The argument lists `python` got while `script` ran (with `env_vars` set)."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir(exist_ok=True)
     for name, text in (("python", RECORDER), ("python3", RECORDER), ("bash", BASH)):
@@ -55,7 +55,8 @@ def _record(script: str, tmp_path: Path) -> list[list[str]]:
         shim.write_text(text)
         shim.chmod(shim.stat().st_mode | stat.S_IEXEC)
     record = tmp_path / f"{script}.args"
-    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "RECORD": str(record)}
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "RECORD": str(record),
+           **env_vars}
     subprocess.run(["/bin/bash", str(DEVICE / script), str(tmp_path / "out")], cwd=REPO, env=env,
                    check=True, capture_output=True, timeout=120)
     return [[a for a in line.split("\0") if a] for line in record.read_text().splitlines()]
@@ -151,6 +152,37 @@ def test_the_training_step_profile_runs_each_variant_with_flags_train_dflash_tak
         (None, False, False), (False, False, False), (None, True, False), (None, False, True)]
     (table,) = [c for c in calls if c[0].endswith("train_step_table.py")]
     assert table[1] == str(tmp_path / "out")  # (no base.log under the recorder: no --base)
+
+
+def test_the_documented_training_step_variants_parse(tmp_path):
+    """Every `VARIANTS='...'` the plans give train_step.sh (docs/benchmarks.md section 10,
+    docs/dspark.md) runs each variant with flags the trainer's parser accepts, each variant
+    a distinct training: a typo there would cost a device call."""
+    from sglang_aux.tools.dflash_training import train_args
+    from sglang_aux.tools.dflash_training.recipes import MIX, shipped_samples
+
+    plans = {}
+    for doc in ("docs/benchmarks.md", "docs/dspark.md"):
+        section = (REPO / doc).read_text()
+        if doc.endswith("benchmarks.md"):
+            section = section[section.index("## 10. Not measured yet"):]
+        plans[doc] = re.findall(r"(?<!SEARCH_)VARIANTS='([^']+)'", section)
+    assert plans["docs/benchmarks.md"] and plans["docs/dspark.md"], plans
+    for doc, found in plans.items():
+        for variants in found:
+            calls = _record("train_step.sh", tmp_path, VARIANTS=variants)
+            runs = {c[c.index("--out") + 1].rsplit("/", 1)[1]: c[2:] for c in calls
+                    if c[:2] == ["-m", "sglang_aux.tools.train_dflash"]}
+            assert list(runs) == [v.split("=", 1)[0] for v in variants.split()], (doc, calls)
+            seen = {}
+            for name, argv in runs.items():
+                argv[argv.index("--samples-file") + 1] = str(shipped_samples(MIX))
+                args = vars(train_args.parse_args(argv))
+                key = tuple(sorted((k, repr(v)) for k, v in args.items()
+                                   if k not in ("out", "command")))
+                assert key not in seen, f"{doc}: {name} trains what {seen.get(key)} trains"
+                seen[key] = name
+            (tmp_path / "train_step.sh.args").unlink()
 
 
 def test_prepare_carry_makes_the_carried_data_folders(tmp_path):
