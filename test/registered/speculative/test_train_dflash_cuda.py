@@ -3,7 +3,7 @@ rows of the map): a tiny draft trained with `--train-over-token-map` on the GPU 
 with its map from the config, with CUDA graphs, and greedy DFlash gives the target-only
 tokens; every `--sdpa-backend` trains on CUDA; host rows copied in on a stream of their own
 train the same draft; compiled (the default on CUDA) and packed steps train as the eager
-one, DFlash's and DSpark's."""
+one, DFlash's and DSpark's; the step profile says the steps' peak memory."""
 
 import json
 import logging
@@ -89,6 +89,21 @@ def test_host_rows_copied_on_their_own_stream_train_the_same_draft(tmp_path, cap
     a = load_file(tmp_path / "inline/model.safetensors")
     b = load_file(tmp_path / "stream/model.safetensors")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_the_step_profile_says_the_steps_peak_memory(tmp_path, caplog):
+    """`--profile-steps` on CUDA logs the most device memory the profiled steps held above
+    what was allocated when they began (the activations, the loss's slice, the batch): more
+    than nothing, less than the device."""
+    local_path_or_skip("train")
+    target = tiny_checkpoint("tiny-llama", tmp_path / "ckpt")
+    with caplog.at_level(logging.INFO):
+        train_dflash.main(["--smoke", "--target", target, "--out", str(tmp_path / "d"),
+                           "--device", "cuda", "--num-samples", "8", "--steps", "12",
+                           "--profile-steps", "4"])
+    peak = float(re.search(r"([0-9.]+) GiB at most above the steps' start", caplog.text)[1])
+    assert 0 < peak < torch.cuda.get_device_properties(0).total_memory / 2**30
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
