@@ -629,7 +629,7 @@ MUTATIONS = [
               "::test_smoke_run_holds_sequences_out_and_cards_their_curve",)),
     Mutation("training: --compile leaves the draft's forward eager",
              "python/sglang_aux/tools/dflash_training/trainer.py",
-             "self.block_hidden = _compiled(draft_block_hidden, cfg.compiles_on(self.device))",
+             "self.block_hidden = self.step_function(draft_block_hidden)",
              "self.block_hidden = draft_block_hidden",
              (f"{T}/speculative/test_train_dflash.py"
               "::test_a_compiled_step_trains_as_the_eager_one",)),
