@@ -50,13 +50,20 @@ def servers(tmp_path_factory, device):
               draft, "--speculative-dspark-block-size", str(NUM_PROPOSALS),
               "--speculative-num-draft-tokens", str(NUM_PROPOSALS + 1)]
     logs = tmp_path_factory.mktemp("log")
+    # On the CPU, step costs under which drafting pays at every batch size: compact verify's
+    # schedule is otherwise derived from timings taken at start-up, which a loaded machine
+    # can skew into plain steps (a CI run once drafted no batch of 4 that way); the GPU's
+    # CUDA-event timings derive it as served.
+    flat = logs / "flat_costs.json"
+    flat.write_text(json.dumps({"draft_ms": {"8": 0.1}, "verify_ms": {"64": 1.0}}))
+    costs = ["--speculative-step-costs", str(flat)] if device == "cpu" else []
     with pytest.MonkeyPatch.context() as mp:
         mp.delenv(RAGGED_VERIFY_MODE_ENV, raising=False)
         with launched_server(dspark, logs / "static.log") as static:
             # compact from SGLang's variable, the flag's default
             mp.setenv(RAGGED_VERIFY_MODE_ENV, "compact")
-            with launched_server([*dspark, "--speculative-dspark-align-verify-tokens-to-graph-"
-                                  "tier"], logs / "compact.log") as compact, \
+            with launched_server([*dspark, *costs, "--speculative-dspark-align-verify-tokens-"
+                                  "to-graph-tier"], logs / "compact.log") as compact, \
                     launched_server([*common, "--speculative-algorithm", "NONE"],
                                     logs / "target.log") as target_url:
                 yield {"static": static, "compact": compact, "target": target_url}
