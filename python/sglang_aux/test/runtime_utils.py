@@ -264,6 +264,16 @@ def assert_graphs_equal_eager(graphs: Engine, eager: Engine, prompts: list[str],
     assert rejected > 0, "no draft was rejected: the rejection path went untested"
 
 
+def flat_step_costs(folder: Path) -> str:
+    """A `--speculative-step-costs` file under which drafting pays at every batch size, so
+    compact verify's derived schedule drafts at each of them whatever this machine's timings
+    (derived from timings taken at start-up on a loaded CI machine, it once verified a batch
+    of four plainly). The path, as the flag takes it."""
+    path = Path(folder) / "flat_step_costs.json"
+    path.write_text('{"draft_ms": {"8": 0.1}, "verify_ms": {"64": 1.0}}')
+    return str(path)
+
+
 def engine_in_verify_mode(mode: str, **kw) -> Engine:
     """An Engine started with `--speculative-verify-mode mode`."""
     from sglang_aux.srt.entrypoints.engine import Engine

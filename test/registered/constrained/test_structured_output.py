@@ -17,7 +17,7 @@ from sglang_aux.srt.model_loader.tokenizer import Tokenizer
 from sglang_aux.srt.sampling.sampling_params import SamplingParams
 from sglang_aux.test.ci.ci_register import register_cpu_ci
 from sglang_aux.test.grammar_cases import EBNF, GRAMMARS, REGEX, SCHEMA, check_output
-from sglang_aux.test.runtime_utils import assert_kv_all_back, tiny_checkpoint
+from sglang_aux.test.runtime_utils import assert_kv_all_back, flat_step_costs, tiny_checkpoint
 
 register_cpu_ci(est_time=60, suite="default")
 
@@ -174,7 +174,8 @@ def test_dspark_greedy_with_a_grammar_equals_target_only(engines, ckpts, tmp_pat
                     speculative_algorithm="DSPARK", speculative_verify_mode=mode,
                     speculative_draft_model_path=tiny_checkpoint("tiny-llama-dspark", tmp_path),
                     disable_overlap_schedule=True, constrained_json_disable_any_whitespace=True,
-                    **COMMON)
+                    **({"speculative_step_costs": flat_step_costs(tmp_path)} if mode == "compact"
+                       else {}), **COMMON)
     params = _batch({"temperature": 0})
     ref = engines["target", False].generate(PROMPTS[: len(params)], params)
     outs = dspark.generate(PROMPTS[: len(params)], params)

@@ -21,7 +21,7 @@ from sglang_aux.srt.server_args import RAGGED_VERIFY_MODE_ENV
 from sglang_aux.test import few_shot_gsm8k as gsm8k
 from sglang_aux.test.ci.ci_register import register_cpu_ci
 from sglang_aux.test.gsm8k_data import local_path_or_skip
-from sglang_aux.test.runtime_utils import assert_spec_counts, tiny_checkpoint
+from sglang_aux.test.runtime_utils import assert_spec_counts, flat_step_costs, tiny_checkpoint
 from sglang_aux.test.server_utils import launched_server
 
 register_cpu_ci(est_time=90, suite="default")
@@ -50,13 +50,9 @@ def servers(tmp_path_factory, device):
               draft, "--speculative-dspark-block-size", str(NUM_PROPOSALS),
               "--speculative-num-draft-tokens", str(NUM_PROPOSALS + 1)]
     logs = tmp_path_factory.mktemp("log")
-    # On the CPU, step costs under which drafting pays at every batch size: compact verify's
-    # schedule is otherwise derived from timings taken at start-up, which a loaded machine
-    # can skew into plain steps (a CI run once drafted no batch of 4 that way); the GPU's
-    # CUDA-event timings derive it as served.
-    flat = logs / "flat_costs.json"
-    flat.write_text(json.dumps({"draft_ms": {"8": 0.1}, "verify_ms": {"64": 1.0}}))
-    costs = ["--speculative-step-costs", str(flat)] if device == "cpu" else []
+    # on the CPU the compact schedule drafts at every batch size whatever the timings; the
+    # GPU's CUDA-event timings derive it as served
+    costs = ["--speculative-step-costs", flat_step_costs(logs)] if device == "cpu" else []
     with pytest.MonkeyPatch.context() as mp:
         mp.delenv(RAGGED_VERIFY_MODE_ENV, raising=False)
         with launched_server(dspark, logs / "static.log") as static:

@@ -35,6 +35,7 @@ from sglang_aux.test.runtime_utils import (
     assert_kv_all_back,
     assert_spec_counts,
     engine_in_verify_mode,
+    flat_step_costs,
     pair_checkpoints,
     record_graph_forwards,
     record_verdict_rows,
@@ -59,12 +60,7 @@ def target_only(ckpts):
 
 @pytest.fixture(scope="module")
 def flat_costs(tmp_path_factory):
-    """Step costs under which drafting pays at every batch size, so compact verify's schedule
-    drafts at each of them whatever this CPU's timings (once, beside another test process, no
-    draft graph of 4 ran; the costs timed at start-up are the one input that varies)."""
-    path = tmp_path_factory.mktemp("costs") / "costs.json"
-    path.write_text(json.dumps({"draft_ms": {"8": 0.1}, "verify_ms": {"64": 1.0}}))
-    return str(path)
+    return flat_step_costs(tmp_path_factory.mktemp("costs"))
 
 
 def _dspark(ckpts, target="tiny-llama", mode="static", **kw) -> Engine:
