@@ -105,9 +105,9 @@ class SequenceSet:
             aux += [self.prefixes[self.prefix_of[i]], tensor_to_device(self.aux[i], dev),
                     zero_rows[:pad]]
             ids += [self.ids[i], zero_ids[:pad]]
-        n = len(index)
         rows = torch.cat([torch.arange(n) + i * width for i, n in enumerate(lens.tolist())])
-        return Batch(torch.cat(aux).view(n, width, -1), torch.cat(ids).view(n, width),
+        return Batch(torch.cat(aux).view(len(index), width, -1),
+                     torch.cat(ids).view(len(index), width),
                      tensor_to_device(self.prompt_lens[index], dev), tensor_to_device(lens, dev),
                      tensor_to_device(rows, dev))
 
