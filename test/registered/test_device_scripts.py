@@ -127,21 +127,29 @@ def test_the_offline_builds_cover_the_tiles_the_scripts_time(tmp_path):
         ":".join(map(str, tile)) for tile in sm90_builds.SINGLE_PASS_CANDIDATES]
 
 
+def _train_step_runs(tmp_path: Path, **env_vars: str) -> tuple[list[list[str]], dict]:
+    """train_step.sh's recorded calls, and each variant's train_dflash arguments by name, its
+    samples file (the script's cut of the shipped ones) the shipped mix samples."""
+    from sglang_aux.tools.dflash_training.recipes import MIX, shipped_samples
+
+    calls = _record("train_step.sh", tmp_path, **env_vars)
+    runs = {c[c.index("--out") + 1].rsplit("/", 1)[1]: c[2:] for c in calls
+            if c[:2] == ["-m", "sglang_aux.tools.train_dflash"]}
+    for argv in runs.values():
+        argv[argv.index("--samples-file") + 1] = str(shipped_samples(MIX))
+    return calls, runs
+
+
 def test_the_training_step_profile_runs_each_variant_with_flags_train_dflash_takes(tmp_path):
     """train_step.sh: one profiled run of the mix recipe on the shaped preset a variant, each
     with flags the trainer's parser accepts and the variant's own ones."""
     from sglang_aux.srt.configs.presets import PRESETS
     from sglang_aux.tools.dflash_training import train_args
-    from sglang_aux.tools.dflash_training.recipes import MIX, shipped_samples
 
-    calls = _record("train_step.sh", tmp_path)
-    runs = {c[c.index("--out") + 1].rsplit("/", 1)[1]: c[2:] for c in calls
-            if c[:2] == ["-m", "sglang_aux.tools.train_dflash"]}
+    calls, runs = _train_step_runs(tmp_path)
     assert list(runs) == ["base", "eager", "packed", "fused"], calls
     parsed = {}
     for name, argv in runs.items():
-        i = argv.index("--samples-file") + 1  # (the script's cut of the shipped samples)
-        argv[i] = str(shipped_samples(MIX))
         parsed[name] = args = train_args.parse_args(argv)  # with the recipe's defaults
         assert args.target in PRESETS and args.recipe and args.profile_steps > 0, name
         assert int(args.mask_token) < PRESETS[args.target]["vocab_size"]
@@ -159,7 +167,6 @@ def test_the_documented_training_step_variants_parse(tmp_path):
     docs/dspark.md) runs each variant with flags the trainer's parser accepts, each variant
     a distinct training: a typo there would cost a device call."""
     from sglang_aux.tools.dflash_training import train_args
-    from sglang_aux.tools.dflash_training.recipes import MIX, shipped_samples
 
     plans = {}
     for doc in ("docs/benchmarks.md", "docs/dspark.md"):
@@ -170,13 +177,10 @@ def test_the_documented_training_step_variants_parse(tmp_path):
     assert plans["docs/benchmarks.md"] and plans["docs/dspark.md"], plans
     for doc, found in plans.items():
         for variants in found:
-            calls = _record("train_step.sh", tmp_path, VARIANTS=variants)
-            runs = {c[c.index("--out") + 1].rsplit("/", 1)[1]: c[2:] for c in calls
-                    if c[:2] == ["-m", "sglang_aux.tools.train_dflash"]}
+            calls, runs = _train_step_runs(tmp_path, VARIANTS=variants)
             assert list(runs) == [v.split("=", 1)[0] for v in variants.split()], (doc, calls)
             seen = {}
             for name, argv in runs.items():
-                argv[argv.index("--samples-file") + 1] = str(shipped_samples(MIX))
                 args = vars(train_args.parse_args(argv))
                 key = tuple(sorted((k, repr(v)) for k, v in args.items()
                                    if k not in ("out", "command")))
