@@ -182,10 +182,14 @@ class Search:
         measured. The variants train one after another on the features the first extracted
         (`FeatureCache`: those of the variants that read other target layers apart), which
         are freed before the evaluations' engines start."""
+        limit = max(torch._dynamo.config.recompile_limit,
+                    COMPILES_PER_VARIANT * len(self.variants))
+        # patched for the search alone, the caller's limit back after it
+        with torch._dynamo.config.patch(recompile_limit=limit):
+            return self._run()
+
+    def _run(self) -> bool:
         a, start = self.args, time.perf_counter()
-        dynamo = torch._dynamo.config
-        dynamo.recompile_limit = max(dynamo.recompile_limit,
-                                     COMPILES_PER_VARIANT * len(self.variants))
         left = (lambda: a.deadline_s - (time.perf_counter() - start)) if a.deadline_s \
             else (lambda: float("inf"))
         variants = {name: self.state["variants"].setdefault(

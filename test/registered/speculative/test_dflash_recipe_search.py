@@ -156,12 +156,15 @@ def test_every_variant_may_compile_its_steps(samples, tmp_path, monkeypatch):
     """The search raises Dynamo's per-function graph limit to COMPILES_PER_VARIANT a variant
     before training: a search of more draft shapes than the default 8 graphs would otherwise
     train its later variants eagerly (at half the pace, compiled on CUDA)."""
-    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 8)
     seen = []
     monkeypatch.setattr(search.Search, "_train_dflash", lambda self, name, *flags: seen.append(
         torch._dynamo.config.recompile_limit))
     variants = [f"layers{n}=--num-layers {n}" for n in range(1, 4)]
-    search.main(_argv(tmp_path / "s", samples, *variants))  # the stand-in's None: cut there
+    # the config module's own patch: pytest 9.2's monkeypatch undo deletes the config
+    # attribute, which torch then hides from every later reader in the process
+    with torch._dynamo.config.patch(recompile_limit=8):
+        search.main(_argv(tmp_path / "s", samples, *variants))  # the stand-in's None: cut there
+        assert torch._dynamo.config.recompile_limit == 8  # the search's raise ends with it
     assert seen == [3 * search.COMPILES_PER_VARIANT] and 3 * search.COMPILES_PER_VARIANT > 8
 
 
