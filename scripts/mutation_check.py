@@ -527,8 +527,8 @@ MUTATIONS = [
               "::test_fill_budget_trains_past_steps_while_the_time_holds",)),
     Mutation("--device-reserve-gb never reaches the feature rows",
              "python/sglang_aux/tools/dflash_training/features.py",
-             "final_hidden=final_hidden, reserve_bytes=reserve_bytes)",
-             "final_hidden=final_hidden)",
+             "final_hidden=final_hidden, reserve_bytes=reserve_bytes,",
+             "final_hidden=final_hidden,",
              (f"{T}/speculative/test_train_dflash.py"
               "::test_the_device_reserve_reaches_the_feature_rows",)),
     # the draft vocabulary (--speculative-token-map)
@@ -644,7 +644,7 @@ MUTATIONS = [
              '**({"fused": True} if cfg.fused_adam else {})', "**{}",
              (f"{T}/speculative/test_train_dflash.py::test_fused_adamw_trains_as_the_foreach_one",)),
     Mutation("training: the LM head cast to the draft rows' dtype at every loss slice",
-             "python/sglang_aux/tools/dflash_training/block_objective.py",
+             "python/sglang_aux/tools/dflash_training/target_head.py",
              "        return h @ lm_head.t()\n", "        return h @ lm_head.t().to(h.dtype)\n",
              (f"{T}/speculative/test_train_dflash.py"
               "::test_the_lm_head_is_read_as_it_is_under_autocast",)),
@@ -735,6 +735,21 @@ MUTATIONS = [
              "            labels = labels\n",
              (f"{T}/speculative/test_train_dspark.py"
               "::test_a_trainer_over_every_id_gives_the_whole_vocabularys_objective",)),
+    Mutation("DSpark's kept logsumexp unread: the map's target logits softmaxed among "
+             "themselves (no mass off the map)",
+             "python/sglang_aux/tools/dflash_training/dspark_objective.py",
+             "torch.exp((target_logits.float() - target_lse[..., None]).clamp(max=0))",
+             "torch.softmax(target_logits.float(), -1)",
+             (f"{T}/speculative/test_train_dspark.py"
+              "::test_row_terms_from_the_logsumexp_are_those_of_the_whole_softmax",
+              f"{T}/speculative/test_train_dspark.py"
+              "::test_a_trainer_reading_the_logsumexp_gives_the_same_objective")),
+    Mutation("the target's logsumexp of a forward's first chunk of rows alone",
+             "python/sglang_aux/tools/dflash_training/target_head.py",
+             "for c in final.split(LOGSUMEXP_CHUNK_ROWS)]",
+             "for c in final.split(LOGSUMEXP_CHUNK_ROWS)[:1]]",
+             (f"{T}/speculative/test_train_dspark.py"
+              "::test_logsumexp_columns_hold_the_targets_whole_vocabulary_logsumexp",)),
 ]
 
 

@@ -1,8 +1,10 @@
 """The table of a `scripts/device/train_step.sh` run: for each variant's log (OUT/NAME.log), the
 profiled step (wall and device busy, and the most device memory its steps held above their
-start: what `--device-reserve-gb` must leave them) and the pace of its unprofiled steps from
-the log lines' timestamps, over every window between two logged steps from `--from-step` on
-and over them all. The variants are compared in one call, so on one machine.
+start: what `--device-reserve-gb` must leave them), the feature pass's seconds (what a
+variant that moves work into it, `--target-logsumexp`, pays there) and the pace of its
+unprofiled steps from the log lines' timestamps, over every window between two logged steps
+from `--from-step` on and over them all. The variants are compared in one call, so on one
+machine.
 
     python benchmark/training/train_step_table.py OUT [--from-step 40] [--base base]
 
@@ -20,20 +22,24 @@ from pathlib import Path
 STEP = re.compile(r"^(\S+ \S+) \S+ step (\d+)/(\d+) ")
 PROFILE = re.compile(r"profile of \d+ steps: ([0-9.]+) ms a step, the device busy ([0-9.]+) ms"
                      r"(?: of it, ([0-9.]+) GiB at most above)?")
+FEATURES = re.compile(r" sequences, \d+ tokens; features ([0-9.]+) s")
 STAMP = "%Y-%m-%d %H:%M:%S,%f"
 
 
 def read_log(path: Path) -> dict:
     """{"steps": [(step, seconds since the epoch)], "profile": (wall ms, busy ms, the steps'
-    peak GiB above their start or None: logs before it) or None}."""
-    steps, profile = [], None
+    peak GiB above their start or None: logs before it) or None, "features": the feature
+    pass's seconds or None (logs before it)}."""
+    steps, profile, features = [], None, None
     for line in path.read_text(errors="replace").splitlines():
         if m := STEP.match(line):
             steps.append((int(m.group(2)), datetime.strptime(m.group(1), STAMP).timestamp()))
         elif m := PROFILE.search(line):
             profile = (float(m.group(1)), float(m.group(2)),
                        None if m.group(3) is None else float(m.group(3)))
-    return {"steps": steps, "profile": profile}
+        elif m := FEATURES.search(line):
+            features = float(m.group(1))
+    return {"steps": steps, "profile": profile, "features": features}
 
 
 def pace(steps: list[tuple[int, float]], from_step: int) -> tuple[list[float], float | None]:
@@ -56,14 +62,16 @@ def table(out: Path, from_step: int, base: str | None) -> str:
         raise SystemExit(f"train_step_table: error: --base {base}: no paced log of that name "
                          f"in {out} (have {', '.join(logs)})")
     lines = [f"| variant | profiled: wall / device busy (ms) | windows from step {from_step} "
-             f"(ms a step) | ms a step | step peak (GiB) |" + (f" vs {base} |" if base else ""),
-             "|---|---:|---|---:|---:|" + ("---:|" if base else "")]
+             f"(ms a step) | ms a step | step peak (GiB) | features (s) |"
+             + (f" vs {base} |" if base else ""),
+             "|---|---:|---|---:|---:|---:|" + ("---:|" if base else "")]
     for name, log in logs.items():
         windows, whole = paces[name]
         prof = "{:.1f} / {:.1f}".format(*log["profile"][:2]) if log["profile"] else "-"
         peak = log["profile"][2] if log["profile"] else None
         cells = [name, prof, " ".join(f"{w:.1f}" for w in windows) or "-",
-                 f"{whole:.1f}" if whole else "-", "-" if peak is None else f"{peak:.2f}"]
+                 f"{whole:.1f}" if whole else "-", "-" if peak is None else f"{peak:.2f}",
+                 "-" if log["features"] is None else f"{log['features']:.1f}"]
         if base:
             cells.append(f"{paces[base][1] / whole:.3f}x" if whole else "-")
         lines.append("| " + " | ".join(cells) + " |")

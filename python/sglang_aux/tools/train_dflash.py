@@ -156,13 +156,14 @@ def _train_budget(args: argparse.Namespace, started: float) -> float | None:
 
 def _feature_key(args: argparse.Namespace, target: str) -> tuple:
     """What a run's samples and features depend on: the target and its engine, the samples
-    file (and its cut), the layers the draft reads and where their rows are kept."""
+    file (and its cut), the layers the draft reads, what its rows hold (DSpark's final hidden
+    state, the target's logsumexp) and where they are kept."""
     path = Path(args.samples_file)
     stat = path.stat()
     cut = None if args.code_tasks or args.chat_instructions else args.num_samples
     return (target, tuple(sorted(_feature_engine_args(args).items())), str(path),
             stat.st_size, stat.st_mtime_ns, cut, args.num_aux_layers, args.algorithm,
-            args.device_reserve_gb)
+            args.target_logsumexp, args.device_reserve_gb)
 
 
 def train(args: argparse.Namespace, target: str, started: float,
@@ -234,7 +235,8 @@ def train(args: argparse.Namespace, target: str, started: float,
     warm = init_from(draft, config, args.init_from) if args.init_from else None
     token_ids = torch.tensor(vocab[1]) if args.train_over_token_map else None
     trainer = (DSparkTrainer(draft, runner.model.get_input_embeddings(),
-                             runner.model.lm_head_weight, mask_id, cfg, token_ids=token_ids)
+                             runner.model.lm_head_weight, mask_id, cfg, token_ids=token_ids,
+                             target_logsumexp=args.target_logsumexp)
                if dspark else Trainer(draft, runner.model.get_input_embeddings(),
                                       runner.model.lm_head_weight, mask_id, cfg,
                                       token_ids=token_ids))
@@ -255,14 +257,17 @@ def train(args: argparse.Namespace, target: str, started: float,
     else:
         layer_ids = config["dflash_config"]["target_layer_ids"]
         reserve = int(args.device_reserve_gb * (1 << 30))
-        prefixes, prefix_of, aux = extract_by_source(runner, samples, layer_ids, dspark,
-                                                     reserve_bytes=reserve)
+        prefixes, prefix_of, aux = extract_by_source(
+            runner, samples, layer_ids, dspark, reserve_bytes=reserve,
+            logsumexp_head=runner.model.lm_head_weight if args.target_logsumexp else None)
         data = SequenceSet(samples, aux, runner.device, prefixes, reserve, prefix_of=prefix_of)
         del aux, prefixes
         timings["features"] = time.perf_counter() - t0
         if key is not None:
             features.put(Features(key, engine, samples, data, timings["features"]))
-    logger.info("%d sequences, %d tokens", len(data), data.num_tokens)
+    logger.info("%d sequences, %d tokens; features %.1f s%s", len(data), data.num_tokens,
+                timings.get("features", kept.seconds if kept else 0.0),
+                " (kept from an earlier run)" if kept else "")
     stats = trainer.fit(data, _train_budget(args, started),
                         checkpoint=partial(checkpoint.save, trainer) if checkpoint else None,
                         checkpoint_every=args.checkpoint_every,

@@ -51,7 +51,6 @@ from sglang_aux.tools.dflash_training import trainer as trainer_module
 from sglang_aux.tools.dflash_training.block_objective import (
     IGNORE,
     block_labels,
-    head_logits,
     offset_weights,
     slice_cross_entropy,
 )
@@ -84,6 +83,7 @@ from sglang_aux.tools.dflash_training.sequence_set import (
     sample_anchors,
 )
 from sglang_aux.tools.dflash_training.step_profile import device_busy_us
+from sglang_aux.tools.dflash_training.target_head import head_logits
 from sglang_aux.tools.dflash_training.trainer import (
     BUDGET_PROBE_STEPS,
     BUDGET_WARMUP_STEPS,

@@ -3,7 +3,8 @@ rows of the map): a tiny draft trained with `--train-over-token-map` on the GPU 
 with its map from the config, with CUDA graphs, and greedy DFlash gives the target-only
 tokens; every `--sdpa-backend` trains on CUDA; host rows copied in on a stream of their own
 train the same draft; compiled (the default on CUDA) and packed steps train as the eager
-one, DFlash's and DSpark's; the step profile says the steps' peak memory."""
+one, DFlash's and DSpark's; DSpark's kept logsumexp gives the whole softmax's step; the
+step profile says the steps' peak memory."""
 
 import json
 import logging
@@ -19,6 +20,7 @@ from sglang_aux.test.ci.ci_register import register_cuda_ci
 from sglang_aux.test.gsm8k_data import local_path_or_skip
 from sglang_aux.test.runtime_utils import tiny_checkpoint
 from sglang_aux.tools import train_dflash
+from sglang_aux.tools.dflash_training.export import TRAINING_RECORD
 
 register_cuda_ci(est_time=180, suite="default")
 
@@ -107,18 +109,21 @@ def test_the_step_profile_says_the_steps_peak_memory(tmp_path, caplog):
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.parametrize("algorithm", ["dflash", "dspark", "dspark_vocab"])
+@pytest.mark.parametrize("algorithm", ["dflash", "dspark", "dspark_vocab", "dspark_lse"])
 def test_compiled_and_packed_steps_train_as_the_eager_one_on_cuda(tmp_path, algorithm):
     """The default step on CUDA (the draft's forward and the loss's slices through
     torch.compile), `--pack-context` (the context pass over the sequences' own rows alone)
     and both train as the eager step (`--no-compile`; bf16 autocast, the default context
     bucket), for a DFlash draft and for a DSpark one (its forward and its own loss's
-    slices compiled), the latter over a draft vocabulary too."""
+    slices compiled), the latter over a draft vocabulary too, and there with the target's
+    kept logsumexp (`--target-logsumexp`: bf16 rows carry its float in two columns)."""
     local_path_or_skip("train")
     target = tiny_checkpoint("tiny-llama", tmp_path / "ckpt")
     extra = ["--algorithm", "dspark", "--block-size", "4"] if "dspark" in algorithm else []
-    if algorithm == "dspark_vocab":  # over a draft vocabulary: the Markov rows gathered
+    if algorithm in ("dspark_vocab", "dspark_lse"):  # the Markov rows gathered
         extra += ["--token-map-size", "64", "--train-over-token-map"]
+    if algorithm == "dspark_lse":
+        extra += ["--target-logsumexp"]
     losses = {}
     for flags in (("--no-compile",), (), ("--no-compile", "--pack-context"),
                   ("--pack-context",)):
@@ -130,6 +135,25 @@ def test_compiled_and_packed_steps_train_as_the_eager_one_on_cuda(tmp_path, algo
     eager = losses[("--no-compile",)]
     for flags, loss in losses.items():
         assert loss == pytest.approx(eager, rel=0.02), flags
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_the_kept_logsumexp_gives_the_whole_softmaxs_first_step_on_cuda(tmp_path):
+    """`--target-logsumexp` on CUDA (bf16 rows, the compiled step): the first step's loss and
+    accept are the whole softmax's (the same batch and draft; bf16 logits, hence 1e-3)."""
+    local_path_or_skip("train")
+    target = tiny_checkpoint("tiny-llama", tmp_path / "ckpt")
+    records = []
+    for flags in ([], ["--target-logsumexp"]):
+        out = tmp_path / f"draft{len(flags)}"
+        train_dflash.main(["--smoke", "--target", target, "--out", str(out), "--device",
+                           "cuda", "--num-samples", "8", "--algorithm", "dspark",
+                           "--block-size", "4", "--token-map-size", "64",
+                           "--train-over-token-map", "--steps", "1", "--lr", "1e-12",
+                           "--log-every", "1", *flags])
+        records.append(json.loads((out / TRAINING_RECORD).read_text()))
+    assert records[1]["loss"] == pytest.approx(records[0]["loss"], rel=1e-3)
+    assert records[1]["accept"] == pytest.approx(records[0]["accept"], abs=0.05)
 
 
 if __name__ == "__main__":

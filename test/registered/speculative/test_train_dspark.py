@@ -42,10 +42,21 @@ from sglang_aux.tools.dflash_training.dspark_objective import (
     row_terms,
     row_weights,
 )
-from sglang_aux.tools.dflash_training.export import dspark_draft_config, new_draft
+from sglang_aux.tools.dflash_training.export import (
+    TRAINING_RECORD,
+    dspark_draft_config,
+    new_draft,
+)
 from sglang_aux.tools.dflash_training.features import extract_aux
 from sglang_aux.tools.dflash_training.recipes import MIX
 from sglang_aux.tools.dflash_training.sequence_set import Batch, SequenceSet, sample_anchors
+from sglang_aux.tools.dflash_training.target_head import (
+    LOGSUMEXP_CHUNK_ROWS,
+    logsumexp_columns,
+    logsumexp_columns_count,
+    read_logsumexp,
+    target_logsumexp,
+)
 from sglang_aux.tools.dflash_training.trainer import TrainConfig
 
 register_cpu_ci(est_time=30, suite="default")
@@ -139,6 +150,26 @@ def test_row_terms_over_a_draft_vocabulary_are_the_whole_ones_with_no_mass_off_i
     torch.testing.assert_close(terms, over_map[0] - mix.cross_entropy * w[0, 0] * ce)
 
 
+def _objective_and_grads(trainer: DSparkTrainer, batch: Batch, anchors: torch.Tensor):
+    """The objective's loss and stats on a batch, and every parameter's gradient."""
+    trainer.opt.zero_grad(set_to_none=True)
+    loss, stats = trainer.objective(batch, anchors)
+    loss.backward()
+    return loss.detach(), stats, {n: p.grad.clone() for n, p in
+                                  trainer.draft.named_parameters() if p.grad is not None}
+
+
+def _assert_same_objective(expected, got, rtol: float = 1e-5):
+    """Two `_objective_and_grads` results equal to float rounding (sums in another order)."""
+    (loss, stats, grads), (g_loss, g_stats, g_grads) = expected, got
+    torch.testing.assert_close(g_loss, loss, rtol=rtol, atol=1e-6)
+    for k, v in stats.items():
+        torch.testing.assert_close(g_stats[k], v, rtol=1e-5, atol=1e-6, equal_nan=True)
+    assert set(g_grads) == set(grads)
+    for n, g in grads.items():
+        torch.testing.assert_close(g_grads[n], g, rtol=1e-4, atol=1e-6, msg=n)
+
+
 def test_a_trainer_over_every_id_gives_the_whole_vocabularys_objective(target):
     """A DSpark trainer over a draft vocabulary of every id, shuffled, gives the whole
     vocabulary's loss, stats and gradients (the same sums in another order), and trains the
@@ -154,19 +185,8 @@ def test_a_trainer_over_every_id_gives_the_whole_vocabularys_objective(target):
         mapped = DSparkTrainer(trainer.draft, trainer.embed, trainer.target_head,
                                MASK_TOKEN_ID, trainer.cfg, token_ids=token_ids)
         mapped.slice_rows = 2 * GAMMA
-        mapped.opt.zero_grad(set_to_none=True)
-        loss, stats = mapped.objective(batch, anchors)
-        loss.backward()
-        results.append((loss.detach(), stats, {n: p.grad.clone() for n, p in
-                                               trainer.draft.named_parameters()
-                                               if p.grad is not None}))
-    (loss, stats, grads), (m_loss, m_stats, m_grads) = results
-    torch.testing.assert_close(m_loss, loss, rtol=1e-5, atol=1e-6)
-    for k, v in stats.items():
-        torch.testing.assert_close(m_stats[k], v, rtol=1e-5, atol=1e-6, equal_nan=True)
-    assert set(m_grads) == set(grads)
-    for n, g in grads.items():
-        torch.testing.assert_close(m_grads[n], g, rtol=1e-4, atol=1e-6, msg=n)
+        results.append(_objective_and_grads(mapped, batch, anchors))
+    _assert_same_objective(*results)
     ids = torch.tensor([5, 1, 17, 3])
     mapped = DSparkTrainer(trainer.draft, trainer.embed, trainer.target_head, MASK_TOKEN_ID,
                            trainer.cfg, token_ids=ids)
@@ -211,21 +231,99 @@ def test_final_hidden_columns_give_the_targets_logits(target):
                                    out.next_token_logits[0], rtol=1e-4, atol=1e-4)
 
 
-def _trainer(target_path: str, steps: int = 40, **cfg):
+def _trainer(target_path: str, steps: int = 40, token_ids: torch.Tensor | None = None,
+             target_logsumexp: bool = False, **cfg):
     config = dspark_draft_config(PRESETS["tiny-llama"], markov_rank=8, num_layers=1,
                                  num_aux_layers=2, block_size=GAMMA, mask_token_id=MASK_TOKEN_ID)
     layer_ids = config["dflash_config"]["target_layer_ids"]
     tr, samples = _rows(target_path, layer_ids)
-    prefix, rows = extract_aux(tr, samples, layer_ids, skip=common_prefix_len(samples),
-                               final_hidden=True)
+    prefix, rows = extract_aux(
+        tr, samples, layer_ids, skip=common_prefix_len(samples), final_hidden=True,
+        logsumexp_head=tr.model.lm_head_weight if target_logsumexp else None)
     draft = new_draft(config, torch.device("cpu"), seed=0)
     assert isinstance(draft, DSparkDraftModel)
     init_random_weights(draft, seed=1)
     data = SequenceSet(samples, rows, torch.device("cpu"), prefix)
     trainer = DSparkTrainer(draft, tr.model.get_input_embeddings(), tr.model.lm_head_weight,
                             MASK_TOKEN_ID,
-                            TrainConfig(steps=steps, lr=3e-3, warmup_frac=0.0, **cfg))
+                            TrainConfig(steps=steps, lr=3e-3, warmup_frac=0.0, **cfg),
+                            token_ids=token_ids, target_logsumexp=target_logsumexp)
     return tr, data, trainer
+
+
+def test_logsumexp_columns_hold_the_targets_whole_vocabulary_logsumexp(target):
+    """extract_aux(..., logsumexp_head=) ends every row with the logsumexp of its final
+    hidden state's logits over the whole vocabulary, as float bytes in the rows' dtype (the
+    bf16 rows' two columns give the fp32 back bit for bit); the columns before are
+    final_hidden's."""
+    config = dspark_draft_config(PRESETS["tiny-llama"], markov_rank=8, num_layers=1,
+                                 num_aux_layers=2, block_size=GAMMA, mask_token_id=MASK_TOKEN_ID)
+    layer_ids = config["dflash_config"]["target_layer_ids"]
+    tr, samples = _rows(target, layer_ids)
+    skip = common_prefix_len(samples)
+    head = tr.model.lm_head_weight
+    prefix, rows = extract_aux(tr, samples, layer_ids, skip=skip, final_hidden=True)
+    prefix_l, rows_l = extract_aux(tr, samples, layer_ids, skip=skip, final_hidden=True,
+                                   logsumexp_head=head)
+    width = prefix.shape[-1]
+    assert prefix_l.shape[-1] == width + logsumexp_columns_count(prefix.dtype)
+    for plain, kept in zip([prefix, *rows], [prefix_l, *rows_l], strict=True):
+        torch.testing.assert_close(kept[:, :width], plain)
+        final = kept[:, width - HIDDEN:width]
+        expected = torch.logsumexp((final @ head.t()).float(), -1)
+        torch.testing.assert_close(read_logsumexp(kept[:, width:]), expected)
+    lse = torch.randn(7, dtype=torch.float32) * 30
+    for dtype, cols in ((torch.bfloat16, 2), (torch.float16, 2), (torch.float32, 1)):
+        packed = logsumexp_columns(lse, dtype)
+        assert packed.shape == (7, cols) and packed.dtype == dtype
+        moved = torch.cat([torch.zeros(7, 3, dtype=dtype), packed], -1)[:, 3:]
+        assert torch.equal(read_logsumexp(moved), lse)
+    many = torch.randn(LOGSUMEXP_CHUNK_ROWS + 5, HIDDEN)  # more rows than a chunk
+    torch.testing.assert_close(target_logsumexp(many, head),
+                               torch.logsumexp(many @ head.t(), -1))
+
+
+def test_row_terms_from_the_logsumexp_are_those_of_the_whole_softmax():
+    """`row_terms` with the target's logsumexp and its logits at the draft vocabulary's ids
+    alone gives what the whole vocabulary's logits give over that vocabulary."""
+    g = torch.Generator().manual_seed(2)
+    vocab, ids = 12, torch.tensor([7, 2, 9, 0, 4])
+    logits = torch.randn(2, 3, len(ids), generator=g)
+    target = torch.randn(2, 3, vocab, generator=g) * 2
+    labels = torch.randint(len(ids), (2, 3), generator=g)
+    labels[1, 2] = IGNORE
+    w, mix = torch.rand(2, 3, generator=g), DSparkLossWeights()
+    whole = row_terms(logits, target, labels, w, mix, ids)
+    lse = torch.logsumexp(target, -1)
+    from_lse = row_terms(logits, target[..., ids], labels, w, mix, target_lse=lse)
+    for a, b in zip(from_lse, whole, strict=True):
+        torch.testing.assert_close(a, b)
+    assert whole[2].min() < 0.9  # the distances are not all zero
+
+
+def test_a_trainer_reading_the_logsumexp_gives_the_same_objective(target):
+    """`target_logsumexp`: the objective over a draft vocabulary, the target's logits taken at
+    its ids alone beside the kept logsumexp, gives the loss, stats and gradients of the same
+    trainer computing the target's whole softmax (float rounding), over a batch with padding
+    and odd slices; without a draft vocabulary it is refused."""
+    vocab = PRESETS["tiny-llama"]["vocab_size"]
+    ids = torch.randperm(vocab, generator=torch.Generator().manual_seed(3))[: vocab // 3]
+    results = []
+    for keep in (False, True):
+        _, data, trainer = _trainer(target, token_ids=ids, target_logsumexp=keep)
+        assert trainer.target_head.shape[0] == (len(ids) if keep else vocab)
+        trainer.slice_rows = 2 * GAMMA
+        batch = data.batch([0, 1, 2], bucket=16)
+        anchors = sample_anchors(batch, 3, torch.Generator().manual_seed(4))
+        results.append(_objective_and_grads(trainer, batch, anchors))
+    _assert_same_objective(*results)
+    assert "markov_head.markov_w2.weight" in results[0][2]
+    with pytest.raises(ValueError, match="pass token_ids"):
+        DSparkTrainer(trainer.draft, trainer.embed, trainer.lm_head, MASK_TOKEN_ID,
+                      trainer.cfg, target_logsumexp=True)
+    batch.aux = batch.aux[..., :-1]
+    with pytest.raises(ValueError, match=r"and the target's logsumexp \(1\)"):
+        _trainer(target, token_ids=ids, target_logsumexp=True)[2].objective(batch, anchors)
 
 
 def test_rows_are_matched_to_the_targets_distribution_at_their_position(target, monkeypatch):
@@ -235,9 +333,9 @@ def test_rows_are_matched_to_the_targets_distribution_at_their_position(target, 
     tr, data, trainer = _trainer(target)
     parts = []
 
-    def spy(logits, target_logits, labels, w, mix, token_ids):
+    def spy(logits, target_logits, labels, w, mix, *rest):
         parts.append((logits, target_logits, labels))
-        return row_terms(logits, target_logits, labels, w, mix, token_ids)
+        return row_terms(logits, target_logits, labels, w, mix, *rest)
 
     monkeypatch.setattr(dspark_objective, "row_terms", spy)
     trainer.slice_rows = GAMMA  # one block a slice: the rows below come from 4 slices
@@ -486,6 +584,29 @@ def test_a_draft_trained_over_its_vocabulary_is_served_with_it(target, tmp_path)
     assert draft.markov_head.restricted
     assert torch.equal(draft.markov_head.markov_w2.weight, w2[ids])
     _assert_lossless(target, out, algorithm="DSPARK")
+
+
+def test_the_target_logsumexp_flag_trains_the_same_objective(target, tmp_path):
+    """`--target-logsumexp` (DSpark over its draft vocabulary alone): a run's first step has
+    the loss and accept of the same run computing the target's whole softmax; the flag is
+    refused for DFlash and without `--train-over-token-map`."""
+    local_path_or_skip("train")
+    common = ["--smoke", "--algorithm", "dspark", "--target", target, "--num-samples", "4",
+              "--block-size", str(GAMMA), "--token-map-size", "64", "--train-over-token-map",
+              "--steps", "1", "--lr", "1e-12", "--log-every", "1"]
+    records = []
+    for flags in ([], ["--target-logsumexp"]):
+        out = tmp_path / f"draft{len(flags)}"
+        train_dflash.main([*common, *flags, "--out", str(out)])
+        records.append(json.loads((out / TRAINING_RECORD).read_text()))
+    plain, kept = records
+    assert kept["steps"] == plain["steps"] == 1
+    assert kept["loss"] == pytest.approx(plain["loss"], rel=1e-4)
+    assert kept["accept"] == plain["accept"]
+    for bad in (["--algorithm", "dflash", "--train-over-token-map"],
+                ["--algorithm", "dspark", "--no-train-over-token-map"]):
+        with pytest.raises(SystemExit):
+            train_args.parse_args([*bad, "--target-logsumexp"])
 
 
 if __name__ == "__main__":

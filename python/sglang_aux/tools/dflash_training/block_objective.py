@@ -16,6 +16,7 @@ import torch.nn.functional as F
 
 from sglang_aux.tools.dflash_training.sequence_set import Batch
 from sglang_aux.tools.dflash_training.sliced_loss import SLICE_ROWS, loss_in_slices
+from sglang_aux.tools.dflash_training.target_head import head_logits
 
 IGNORE = -100  # label of positions past a sequence's end and of offset 0 (the anchor)
 OFF_VOCAB = -1  # label of a token the draft vocabulary leaves out: never trained, never right
@@ -42,17 +43,6 @@ def vocab_labels(labels: torch.Tensor, label_rows: torch.Tensor) -> torch.Tensor
     """Token labels as rows of an LM head cut to a draft vocabulary (`label_rows` `[V]`: each
     token's row, OFF_VOCAB for the tokens left out); IGNORE stays."""
     return torch.where(labels == IGNORE, IGNORE, label_rows[labels.clamp(min=0)])
-
-
-def head_logits(h: torch.Tensor, lm_head: torch.Tensor) -> torch.Tensor:
-    """`h @ lm_head.t()`, the frozen LM head read as it is. Under autocast the product runs in
-    its dtype whatever the operands', so the head is not cast to `h`'s dtype first: the
-    draft's fp32 rows and a bf16 head made a cast of the whole head to fp32 and one back at
-    every loss slice (four a mix step; the compiled step's 5% in a materialized copy), for
-    the same product, bit for bit. Without autocast, the head in `h`'s dtype."""
-    if torch.is_autocast_enabled(h.device.type):
-        return h @ lm_head.t()
-    return h @ lm_head.t().to(h.dtype)
 
 
 def slice_cross_entropy(h: torch.Tensor, lm_head: torch.Tensor, labels: torch.Tensor,

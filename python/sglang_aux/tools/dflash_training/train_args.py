@@ -174,6 +174,11 @@ def make_parser() -> argparse.ArgumentParser:
              "and softmax V / N times smaller; DSpark's Markov head too, the target's "
              "distribution staying whole); the draft's config then names the map, which the "
              "server reads with it (the mix recipes' default)")
+    add("--target-logsumexp", action=argparse.BooleanOptionalAction, default=False,
+        help="DSpark over the draft vocabulary: keep each token's logsumexp of the target's "
+             "logits beside its row (one whole-head product a token when the features are "
+             "extracted), so a step computes the target's logits at the draft vocabulary's "
+             "ids alone; the same objective (a candidate, off until timed)")
     add("--checkpoint-every", type=int, default=DEFAULT_CHECKPOINT_EVERY,
         help="with --resume, also write the checkpoint every this many steps (0: at the end "
              "of a run only)")
@@ -238,6 +243,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if args.train_over_token_map and not args.token_map_size:
         parser.error("--train-over-token-map trains the draft over its --token-map-size ids "
                      "(not 0; --no-train-over-token-map turns a recipe's off)")
+    if args.target_logsumexp and (args.algorithm != "dspark" or not args.train_over_token_map):
+        parser.error("--target-logsumexp belongs to --algorithm dspark with "
+                     "--train-over-token-map (the target read at the draft vocabulary's ids)")
     if (args.eval or args.eval_only) and args.eval_data_path is None and not args.holdout:
         args.eval_data_path = str(gsm8k_path("test"))
     if args.out is None and args.recipe and args.phase != "data":
