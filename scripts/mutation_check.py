@@ -75,8 +75,8 @@ MUTATIONS = [
     # a recipe search's variants share the features of one set of target layers
     Mutation("the kept features ignore which target layers a variant reads",
              "python/sglang_aux/tools/train_dflash.py",
-             "stat.st_size, stat.st_mtime_ns, cut, args.num_aux_layers, args.algorithm,",
-             "stat.st_size, stat.st_mtime_ns, cut, args.algorithm,",
+             "args.sample_fraction, args.num_aux_layers,",
+             "args.sample_fraction,",
              (f"{T}/speculative/test_dflash_recipe_search.py::"
               "test_variants_share_the_features_and_train_as_alone",)),
     Mutation("pinned feature rows ignore the host's margin",
@@ -744,6 +744,18 @@ MUTATIONS = [
               "::test_row_terms_from_the_logsumexp_are_those_of_the_whole_softmax",
               f"{T}/speculative/test_train_dspark.py"
               "::test_a_trainer_reading_the_logsumexp_gives_the_same_objective")),
+    Mutation("a fraction of the samples spaced by sample, not by prompt (prompts split)",
+             "python/sglang_aux/tools/dflash_training/data.py",
+             "zip(samples, prompt_groups(samples), strict=True)",
+             "zip(samples, range(len(samples)), strict=True)",
+             (f"{T}/speculative/test_train_dflash.py"
+              "::test_a_fraction_of_the_prompts_keeps_each_sources_share_and_whole_prompts",)),
+    Mutation("--sample-fraction never reaches training",
+             "python/sglang_aux/tools/train_dflash.py",
+             "        samples = keep_prompt_fraction(samples, args.sample_fraction)\n",
+             "        samples = samples\n",
+             (f"{T}/speculative/test_train_dflash.py"
+              "::test_sample_fraction_trains_on_that_share_of_a_samples_file",)),
     Mutation("the target's logsumexp of a forward's first chunk of rows alone",
              "python/sglang_aux/tools/dflash_training/target_head.py",
              "for c in final.split(LOGSUMEXP_CHUNK_ROWS)]",

@@ -56,7 +56,9 @@ from sglang_aux.tools.dflash_training.contamination import check_no_eval_prompts
 from sglang_aux.tools.dflash_training.data import (
     BadInputError,
     describe_data,
+    keep_prompt_fraction,
     load_samples,
+    prompt_groups,
     save_samples,
 )
 from sglang_aux.tools.dflash_training.dspark_objective import DSparkTrainer
@@ -78,7 +80,7 @@ from sglang_aux.tools.dflash_training.run_prompts import (
     evaluation_prompts_by_file,
     generate_run_samples,
 )
-from sglang_aux.tools.dflash_training.sequence_set import SequenceSet, prompt_groups
+from sglang_aux.tools.dflash_training.sequence_set import SequenceSet
 from sglang_aux.tools.dflash_training.train_args import parse_args, resolve_mask_token
 from sglang_aux.tools.dflash_training.trainer import TrainConfig, Trainer, held_out_index
 from sglang_aux.tools.dflash_training.training_checkpoint import (
@@ -162,7 +164,8 @@ def _feature_key(args: argparse.Namespace, target: str) -> tuple:
     stat = path.stat()
     cut = None if args.code_tasks or args.chat_instructions else args.num_samples
     return (target, tuple(sorted(_feature_engine_args(args).items())), str(path),
-            stat.st_size, stat.st_mtime_ns, cut, args.num_aux_layers, args.algorithm,
+            stat.st_size, stat.st_mtime_ns, cut, args.sample_fraction, args.num_aux_layers,
+            args.algorithm,
             args.target_logsumexp, args.device_reserve_gb)
 
 
@@ -204,6 +207,8 @@ def train(args: argparse.Namespace, target: str, started: float,
         samples = generate_run_samples(args, engine, started)
         if args.samples_file:
             save_samples(samples, args.samples_file)
+    if not kept and args.sample_fraction < 1:
+        samples = keep_prompt_fraction(samples, args.sample_fraction)
     timings["engine and samples" if loaded else "engine and generation"] = (
         time.perf_counter() - t0)
     check_no_eval_prompts(samples, engine.tokenizer.decode,

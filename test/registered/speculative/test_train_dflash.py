@@ -61,7 +61,9 @@ from sglang_aux.tools.dflash_training.data import (
     common_prefix_len,
     describe_data,
     generate_samples,
+    keep_prompt_fraction,
     load_samples,
+    prompt_groups,
     save_samples,
 )
 from sglang_aux.tools.dflash_training.draft_forward import draft_block_hidden
@@ -79,7 +81,6 @@ from sglang_aux.tools.dflash_training.sequence_set import (
     Batch,
     BatchDraws,
     SequenceSet,
-    prompt_groups,
     sample_anchors,
 )
 from sglang_aux.tools.dflash_training.step_profile import device_busy_us
@@ -930,6 +931,47 @@ def test_mixed_prompts_are_kept_with_their_source_and_checked_against_humaneval(
                                          rf"of {humaneval} \(prompts\)"):
         train_dflash.main([*common[:-1], str(leaky), "--phase", "train", "--out",
                            str(tmp_path / "d")])
+
+
+def test_a_fraction_of_the_prompts_keeps_each_sources_share_and_whole_prompts():
+    """`keep_prompt_fraction` on the shipped mix (four passes, each source by source): each
+    source keeps the fraction of its samples, a prompt's continuations are kept or left out
+    together, the file order stays; 1 keeps everything and a fraction out of (0, 1] is
+    refused."""
+    samples = load_samples(shipped_samples(MIX))
+    whole = Counter(s.source for s in samples)
+    for fraction in (0.75, 1 / 3):  # (a third's spacing splits a pass of 8,000 prompts)
+        kept = keep_prompt_fraction(samples, fraction)
+        share = Counter(s.source for s in kept)
+        for source, n in whole.items():
+            assert share[source] == pytest.approx(fraction * n, abs=4), source
+        prompts = {tuple(s.prompt_ids) for s in kept}
+        assert sum(tuple(s.prompt_ids) in prompts for s in samples) == len(kept)
+        index = {id(s): i for i, s in enumerate(samples)}
+        assert [index[id(s)] for s in kept] == sorted(index[id(s)] for s in kept)
+    assert keep_prompt_fraction(samples, 1.0) == samples
+    with pytest.raises(ValueError, match=r"fraction must be in \(0, 1\], got 0"):
+        keep_prompt_fraction(samples, 0)
+
+
+def test_sample_fraction_trains_on_that_share_of_a_samples_file(target, tmp_path):
+    """`--sample-fraction 0.5` over a read samples file: the draft's card counts half its
+    prompts' continuations; out of (0, 1] the flag is refused."""
+    local_path_or_skip("train")
+    g = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(1, 200, (12,), generator=g).tolist() for _ in range(4)]
+    samples = [Sample(p, torch.randint(1, 200, (9,), generator=g).tolist())
+               for _ in range(2) for p in prompts]  # a greedy and a sampled pass
+    data = tmp_path / "samples.jsonl.xz"
+    save_samples(samples, data)
+    out = tmp_path / "draft"
+    train_dflash.main(["--smoke", "--target", target, "--out", str(out), "--num-samples", "8",
+                       "--steps", "2", "--samples-file", str(data), "--phase", "train",
+                       "--sample-fraction", "0.5", "--num-shots", "0"])
+    assert "- Data: 4 continuations" in (out / "README.md").read_text()
+    for bad in ("0", "1.5"):
+        with pytest.raises(SystemExit):
+            train_args.parse_args(["--sample-fraction", bad])
 
 
 def test_sampled_continuations_are_seeded(target):

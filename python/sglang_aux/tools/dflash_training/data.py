@@ -11,6 +11,7 @@ import logging
 import lzma
 from collections import Counter
 from dataclasses import dataclass
+from fractions import Fraction
 from pathlib import Path
 from typing import Literal
 
@@ -148,6 +149,25 @@ def by_source(samples: list[Sample]) -> dict[Source, list[int]]:
     for i, s in enumerate(samples):
         groups.setdefault(s.source, []).append(i)
     return groups
+
+
+def prompt_groups(samples: list[Sample]) -> list[int]:
+    """Each sample's prompt as a number, the same for samples of the same prompt (a greedy
+    continuation and the sampled ones), numbered in order of first appearance."""
+    seen: dict[tuple[int, ...], int] = {}
+    return [seen.setdefault(tuple(s.prompt_ids), len(seen)) for s in samples]
+
+
+def keep_prompt_fraction(samples: list[Sample], fraction: float) -> list[Sample]:
+    """The samples of `fraction` of the prompts, evenly spaced in order of first appearance
+    (prompt g kept when floor((g + 1) f) > floor(g f)), each kept prompt with all its
+    continuations, in file order: a file written source by source keeps each source's share,
+    and no prompt is split between kept and left out."""
+    if not 0 < fraction <= 1:
+        raise ValueError(f"fraction must be in (0, 1], got {fraction}")
+    f = Fraction(fraction).limit_denominator(1 << 20)  # exact steps: no float rounding
+    return [s for s, g in zip(samples, prompt_groups(samples), strict=True)
+            if int((g + 1) * f) > int(g * f)]
 
 
 def describe_data(samples: list[Sample], num_shots: int) -> str:

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import torch
 
 from sglang_aux.srt.model_executor.runner_utils.host_transfer import tensor_to_device
-from sglang_aux.tools.dflash_training.data import Sample
+from sglang_aux.tools.dflash_training.data import Sample, prompt_groups
 from sglang_aux.tools.dflash_training.features import TRAIN_RESERVE_BYTES, has_room
 
 
@@ -146,11 +146,3 @@ def sample_anchors(batch: Batch, num: int, generator: torch.Generator) -> torch.
     u = tensor_to_device(torch.rand(len(batch.lens), num, generator=generator), batch.lens.device)
     span = (batch.lens - 1 - batch.prompt_lens)[:, None]
     return batch.prompt_lens[:, None] + (u * span).long().clamp(max=span - 1)
-
-
-def prompt_groups(samples: list[Sample]) -> list[int]:
-    """Each sample's prompt as a number, the same for samples of the same prompt (a greedy
-    continuation and the sampled ones), numbered in order of first appearance."""
-    seen: dict[tuple[int, ...], int] = {}
-    return [seen.setdefault(tuple(s.prompt_ids), len(seen)) for s in samples]
-

@@ -60,6 +60,10 @@ def make_parser() -> argparse.ArgumentParser:
         help="GSM8K training questions (default: every train question but the shots and the "
              "--holdout ones); without code or chat prompts also the samples a read "
              "--samples-file gives (its first ones)")
+    add("--sample-fraction", type=float, default=1.0,
+        help="train on this fraction of the samples' prompts, evenly spaced, each with all "
+             "its continuations (each source's share kept): a mix recipe's samples cut to "
+             "what a machine holds (DSpark's rows of the whole mix take about 174 GB)")
     add("--code-tasks", type=int, default=0,
         help="code tasks from installed packages' documented functions (half completion "
              "prompts, half chat instructions)")
@@ -234,6 +238,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if args.val_samples < 0 or args.val_every < 1:
         parser.error(f"--val-samples must be >= 0 and --val-every >= 1, got "
                      f"{args.val_samples} and {args.val_every}")
+    if not 0 < args.sample_fraction <= 1:
+        parser.error(f"--sample-fraction must be in (0, 1], got {args.sample_fraction}")
     if args.device_reserve_gb < 0:
         parser.error(f"--device-reserve-gb must be >= 0, got {args.device_reserve_gb}")
     if args.context_bucket < 0:
