@@ -194,14 +194,13 @@ class DSparkTrainer(Trainer):
         self.target_logsumexp = target_logsumexp
         self.target_head = (lm_head.detach().index_select(0, self.token_ids)
                             if target_logsumexp else lm_head.detach())
-        self.target_width = lm_head.shape[1]
         self.mix = mix
         self.weights = row_weights(draft.num_proposals, cfg.gamma, self.device)
         self.slice_terms = self.step_function(slice_terms)
 
     def objective(self, batch: Batch, anchors: torch.Tensor) -> tuple[torch.Tensor, dict]:
         draft, num_proposals = self.draft, self.draft.num_proposals
-        width, final_width = draft.fc.in_features, self.target_width
+        width, final_width = draft.fc.in_features, self.target_head.shape[1]
         lse_cols = logsumexp_columns_count(batch.aux.dtype) if self.target_logsumexp else 0
         if batch.aux.shape[-1] != width + final_width + lse_cols:
             raise ValueError(
