@@ -92,9 +92,11 @@
 # (eval, eval2), EVAL_CONFIGS (eval: default "target dflash"), SGLANG_HARNESS= (eval: ours
 # only), HELDOUT=1 (eval: the held-out accept too), LOSSLESS=0 (eval: not the lossless test), EXTRA_TESTS (eval: more test files),
 # WARM_START=1 (train, train-start: from the weights of the draft `draft-in` brought),
+# SNAPSHOT_S (train-start: the trainer's snapshot every this many seconds, default 240, empty:
+# none; train-wait sends the newest while it trains),
 # SEARCH_STATE (search, search-start: an earlier session's search.json, carried, continued on
 # a machine with no search yet), DRAFT_PARTS (draft-in: how many parts make the draft,
-# default 6), SEND_PARTS (train: the
+# default 6), DRAFT_PARTS_DIR (draft-in: where they are, default .carry/qwen-draft-parts), SEND_PARTS (train: the
 # draft's parts it sends back, default 3), TRAIN_FLAGS (train: more
 # train_dflash flags, e.g. '--eval --profile-steps 20'). Issue 30's Qwen comparison, Qwen staged and the samples
 # carried: DRAFT=qwen2.5-coder-1.5b-instruct-dspark-b15 TRAIN_FLAGS='--eval --profile-steps 20' DEADLINE=500 ... train
@@ -142,8 +144,9 @@ trainer() {  # the recipe's training on samples_file's continuations, its log in
     warm=(--init-from $work/warm-start)
   fi
   $py -m sglang_aux.tools.train_dflash --recipe $DRAFT ${DEADLINE:+--deadline-s $DEADLINE} \
-    --samples-file "$(samples_file)" "${warm[@]}" ${TRAIN_FLAGS:-} 2>&1 | grep -v Warning \
-    | grep -v "aux states for" > $work/train.log
+    --samples-file "$(samples_file)" "${warm[@]}" ${SNAPSHOT_S:+--snapshot-every-s $SNAPSHOT_S} \
+    ${TRAIN_FLAGS:-} 2>&1 | grep --line-buffered -v Warning \
+    | grep --line-buffered -v "aux states for" > $work/train.log  # (train-wait reads it as it grows)
 }
 pack_draft() {  # the trained draft's card, and its 16 MiB tar parts, SEND_PARTS sent now
   local draft
@@ -153,6 +156,27 @@ pack_draft() {  # the trained draft's card, and its 16 MiB tar parts, SEND_PARTS
   tar cf - -C "$(dirname "$draft")" "$DRAFT" | split -b 16M - $work/draft-parts/draft.tar.part-
   send_parts "${SEND_PARTS:-3}"
   ls -la "$draft"
+}
+# A machine taken back mid-run takes the draft with it: while the detached trainer runs, each
+# `train-wait` call packs its newest snapshot (`--snapshot-every-s`, SNAPSHOT_S) once all parts
+# of the one before have gone, and sends SEND_PARTS of them: snapshot.tar.part-*, with
+# snapshot.txt (its step and part count) beside the first; `draft-in` carries them in as it
+# does the draft's parts, and WARM_START=1 trains on from it.
+send_snapshot() {
+  local snap name
+  if [ -z "$(ls $work/snapshot-parts 2>/dev/null)" ]; then
+    snap=$($py -c "from sglang_aux.srt.model_loader.builtin import trained_draft_dir as d; \
+from sglang_aux.tools.dflash_training.snapshot import latest_snapshot as s; print(s(d('$DRAFT')) or '')")
+    name=${snap##*/}
+    [ -n "$snap" ] && [ "$name" != "$(cat $work/snapshot.sent 2>/dev/null)" ] || return 0
+    rm -rf $work/snapshot-copy && mkdir -p $work/snapshot-copy $work/snapshot-parts
+    # (a copy first: the trainer deletes a snapshot once two newer ones exist)
+    cp -r "$snap" "$work/snapshot-copy/$DRAFT" || return 0
+    tar cf - -C $work/snapshot-copy "$DRAFT" | split -b 16M - $work/snapshot-parts/snapshot.tar.part-
+    echo "$name" > $work/snapshot.sent
+    echo "$name: $(ls $work/snapshot-parts | wc -l) parts" | tee "$out/snapshot.txt"
+  fi
+  send_parts "${SEND_PARTS:-3}" $work/snapshot-parts
 }
 searcher() {  # the recipe search (variants with other target layers last: each set of layers
   # is one feature pass); SEARCH_VARIANTS: NAME=FLAGS words, a variant's flags joined by commas
@@ -226,11 +250,18 @@ case $phase in
     # (.carry/qwen-draft-parts/..., e.g. mix/1 then mix/2: three parts a call beside the lite
     # tree); the call that brings the last part unpacks it where its name resolves
     mkdir -p $work/draft-in
-    find .carry/qwen-draft-parts -name 'draft.tar.part-*' -exec cp {} $work/draft-in/ \;
+    # (or a snapshot's parts, snapshot.tar.part-*: never both)
+    find "${DRAFT_PARTS_DIR:-.carry/qwen-draft-parts}" -name '*.tar.part-*' \
+      -exec cp {} $work/draft-in/ \;
+    kinds=$(ls $work/draft-in | sed 's/\.tar\.part-.*//' | sort -u)
+    if [ "$(echo "$kinds" | wc -l)" -gt 1 ]; then
+      echo "draft-in: $work/draft-in holds parts of more than one tar ($(echo $kinds)):" \
+        "carry one draft's or one snapshot's" >&2; exit 1
+    fi
     if [ "$(ls $work/draft-in | wc -l)" -ge "${DRAFT_PARTS:-6}" ]; then
       dest=$($py -c "from sglang_aux.srt.model_loader.builtin import trained_draft_dir as d; \
 print(d('$DRAFT').parent)")
-      mkdir -p "$dest" && cat $work/draft-in/draft.tar.part-* | tar x -C "$dest" && draft_dir
+      mkdir -p "$dest" && cat $work/draft-in/*.tar.part-* | tar x -C "$dest" && draft_dir
     fi
     ls $work/draft-in ;;
   train)
@@ -260,7 +291,7 @@ print(d('$DRAFT').parent)")
     [ $job = search ] && seed_search
     samples_file > /dev/null  # carried samples unpacked here: the job's tree has no .carry of them
     rm -rf $work/$job-tree $work/$job.rc $work/$job.log
-    [ $job = train ] && rm -rf $work/draft-parts
+    [ $job = train ] && rm -rf $work/draft-parts $work/snapshot-parts $work/snapshot.sent
     mkdir -p $work/$job-tree/.carry && cp -r python scripts $work/$job-tree/
     cp -r .carry/gsm8k .carry/humaneval $work/$job-tree/.carry/ 2>/dev/null
     cd $work/$job-tree  # (the process alone in the background: none holds this call's output)
@@ -270,17 +301,18 @@ print(d('$DRAFT').parent)")
       > $work/$job.nohup 2>&1 < /dev/null &
     cd - > /dev/null
     sleep "${WAIT:-30}"; tail -n 3 $work/$job.log $work/$job.nohup ;;
-  train-run)  # (the process `train-start` leaves running)
-    trainer; echo $? > $work/train.rc ;;
+  train-run)  # (the process `train-start` leaves running; a snapshot every SNAPSHOT_S s)
+    SNAPSHOT_S=${SNAPSHOT_S-240} trainer; echo $? > $work/train.rc ;;
   search-run)  # (the process `search-start` leaves running)
     searcher > $work/search.log 2>&1; echo $? > $work/search.rc ;;
   train-wait)  # until the detached trainer ends or WAIT seconds pass (default 560): its
     # progress; once it has ended, the draft packed and SEND_PARTS of its parts sent, as
     # `train` does (again: the parts left)
     wait_for train
-    grep -E "generat|budget|sequences|00/|eval|Error|error|Traceback" $work/train.log | tail -30
+    grep -E "generat|budget|sequences|00/|eval|snapshot|Error|error|Traceback" $work/train.log \
+      | tail -30
     if [ ! -f $work/train.rc ]; then
-      echo "still training"
+      echo "still training"; send_snapshot; ls "$out"
     elif [ -d $work/draft-parts ]; then
       send_parts "${SEND_PARTS:-3}"; ls "$out"
     else

@@ -8,6 +8,7 @@ right after parsing: no model loads). A renamed flag or a moved test would other
 device call."""
 
 import argparse
+import itertools
 import os
 import re
 import runpy
@@ -227,7 +228,8 @@ if __name__ == "__main__":
 
 
 # A stand-in for the device's python3 in qwen25_coder.sh (PY): train_dflash logs two steps
-# STEP_S apart and writes a 20 MiB draft where its recipe's name resolves; the recipe search
+# STEP_S apart (between them, with --snapshot-every-s, a snapshot of 20 random MiB) and writes
+# a 20 MiB draft where its recipe's name resolves; the recipe search
 # writes its table after STEP_S; pip does nothing; `-c` (the draft's folder) is the real
 # interpreter.
 TRAINER = """#!/bin/bash
@@ -236,9 +238,16 @@ case "$1 $2" in
   "-m sglang_aux.tools.train_dflash")
     while [ $# -gt 0 ]; do
       [ "$1" = --recipe ] && recipe=$2; [ "$1" = --samples-file ] && s=$2
-      [ "$1" = --init-from ] && echo "init from $2: $(cat "$2/README.md")"; shift
+      [ "$1" = --init-from ] && echo "init from $2: $(cat "$2/README.md")"
+      [ "$1" = --snapshot-every-s ] && every=$2; shift
     done
-    echo "reading $s"; sleep 1; echo "step 100/200 loss 1.0"; sleep "$STEP_S"
+    echo "reading $s"; sleep 1; echo "step 100/200 loss 1.0"
+    if [ -n "$every" ]; then  # a snapshot of step 100, as train_dflash writes it
+      n=$SGLANG_AUX_CACHE/drafts/$recipe.snapshots/step-00000100; mkdir -p "$n"
+      echo '{}' > "$n/config.json"; head -c 20971520 /dev/urandom > "$n/model.safetensors"
+      echo "snapshot of step 100 every $every s"
+    fi
+    sleep "$STEP_S"
     echo "step 200/200 loss 0.5"
     d=$SGLANG_AUX_CACHE/drafts/$recipe; mkdir -p "$d"; echo '{}' > "$d/config.json"
     echo "# card" > "$d/README.md"; head -c 20971520 /dev/zero > "$d/model.safetensors" ;;
@@ -263,6 +272,10 @@ esac
 def _phase(env: dict, tmp_path: Path, phase: str, wait: int) -> tuple[str, Path]:
     """A call of qwen25_coder.sh PHASE (WAIT=wait) into a fresh OUT: its output and OUT."""
     out = tmp_path / f"out-{phase}-{wait}"
+    for i in itertools.count(2):  # a call repeated: an OUT of its own too
+        if not out.exists():
+            break
+        out = tmp_path / f"out-{phase}-{wait}-{i}"
     r = subprocess.run(["bash", "scripts/device/qwen25_coder.sh", phase, str(out)], cwd=REPO,
                        env={**env, "WAIT": str(wait)}, capture_output=True, text=True,
                        timeout=60)
@@ -281,13 +294,14 @@ def test_detached_training_outlives_its_call_and_packs_the_draft(tmp_path):
     py.chmod(0o755)
     env = {**os.environ, "PY": str(py), "REAL_PY": sys.executable, "WORK": str(tmp_path / "w"),
            "SGLANG_AUX_CACHE": str(tmp_path / "cache"), "STEP_S": "12", "SEND_PARTS": "1",
-           "DRAFT": "qwen2.5-coder-1.5b-instruct-dflash-b16-mix"}
+           "DRAFT": "qwen2.5-coder-1.5b-instruct-dflash-b16-mix", "SNAPSHOT_S": ""}
     (tmp_path / "w").mkdir()
 
     call = partial(_phase, env, tmp_path)
 
     started, _ = call("train-start", 2)
-    assert "step 100/200" not in started  # the call returned before the trainer's steps
+    assert "step 100/200" in started  # its log is read as it grows
+    assert "step 200/200" not in started  # the call returned before the trainer's last step
     waiting, out = call("train-wait", 1)
     assert "still training" in waiting and not list(out.iterdir())
     done, out = call("train-wait", 45)
@@ -306,6 +320,55 @@ def test_detached_training_outlives_its_call_and_packs_the_draft(tmp_path):
     draft = tmp_path / "cache/drafts" / env["DRAFT"]
     got = unpacked / env["DRAFT"] / "model.safetensors"
     assert got.read_bytes() == (draft / "model.safetensors").read_bytes()
+
+
+def test_a_running_training_sends_its_newest_snapshot_home(tmp_path):
+    """While the detached trainer runs (`--snapshot-every-s`, 240 s unless SNAPSHOT_S says
+    otherwise), each `train-wait` call sends SEND_PARTS of its newest snapshot's 16 MiB parts,
+    snapshot.txt naming it beside the first, and packs a snapshot once; `draft-in` on a fresh
+    machine carries the parts in where the draft's name resolves, byte for byte, and refuses
+    a draft's parts and a snapshot's together."""
+    py = tmp_path / "py"
+    py.write_text(TRAINER)
+    py.chmod(0o755)
+    draft = "qwen2.5-coder-1.5b-instruct-dflash-b16-mix"
+    env = {**os.environ, "PY": str(py), "REAL_PY": sys.executable, "WORK": str(tmp_path / "w"),
+           "SGLANG_AUX_CACHE": str(tmp_path / "cache"), "STEP_S": "15", "SEND_PARTS": "1",
+           "DRAFT": draft}
+    (tmp_path / "w").mkdir()
+    call = partial(_phase, env, tmp_path)
+    call("train-start", 3)
+    said, first = call("train-wait", 1)
+    assert "still training" in said and "snapshot of step 100 every 240 s" in said
+    assert (first / "snapshot.txt").read_text() == "step-00000100: 2 parts\n"
+    assert sorted(p.name for p in first.iterdir()) == ["snapshot.tar.part-aa", "snapshot.txt"]
+    said, second = call("train-wait", 1)
+    assert "still training" in said
+    assert sorted(p.name for p in second.iterdir()) == ["snapshot.tar.part-ab"]
+    said, third = call("train-wait", 1)
+    assert "still training" in said and not list(third.iterdir())  # sent once
+    snapshot = tmp_path / "cache/drafts" / f"{draft}.snapshots/step-00000100"
+    original = (snapshot / "model.safetensors").read_bytes()
+    done, _ = call("train-wait", 40)
+    assert "trainer exited 0" in done
+    carried = tmp_path / "carried"
+    (carried / "1").mkdir(parents=True)
+    for part in (first / "snapshot.tar.part-aa", second / "snapshot.tar.part-ab"):
+        shutil.copy(part, carried / "1" / part.name)
+    later = {**env, "WORK": str(tmp_path / "w2"), "SGLANG_AUX_CACHE": str(tmp_path / "cache2"),
+             "DRAFT_PARTS_DIR": str(carried), "DRAFT_PARTS": "2"}
+    (tmp_path / "w2").mkdir()
+    _phase(later, tmp_path, "draft-in", 1)
+    got = tmp_path / "cache2/drafts" / draft / "model.safetensors"
+    assert got.read_bytes() == original
+    shutil.copy(first / "snapshot.tar.part-aa", carried / "1" / "draft.tar.part-aa")
+    (tmp_path / "w3").mkdir()
+    r = subprocess.run(["bash", "scripts/device/qwen25_coder.sh", "draft-in",
+                        str(tmp_path / "out-mixed")], cwd=REPO,
+                       env={**later, "WORK": str(tmp_path / "w3")}, capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode == 1
+    assert "holds parts of more than one tar (draft snapshot)" in r.stderr
 
 
 def test_a_warm_start_trains_from_the_carried_draft(tmp_path):

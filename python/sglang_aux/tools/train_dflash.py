@@ -81,6 +81,7 @@ from sglang_aux.tools.dflash_training.run_prompts import (
     generate_run_samples,
 )
 from sglang_aux.tools.dflash_training.sequence_set import SequenceSet
+from sglang_aux.tools.dflash_training.snapshot import clear_snapshots, write_snapshot
 from sglang_aux.tools.dflash_training.train_args import parse_args, resolve_mask_token
 from sglang_aux.tools.dflash_training.trainer import TrainConfig, Trainer, held_out_index
 from sglang_aux.tools.dflash_training.training_checkpoint import (
@@ -273,10 +274,15 @@ def train(args: argparse.Namespace, target: str, started: float,
     logger.info("%d sequences, %d tokens; features %.1f s%s", len(data), data.num_tokens,
                 timings.get("features", kept.seconds if kept else 0.0),
                 " (kept from an earlier run)" if kept else "")
+    if args.snapshot_every_s:
+        clear_snapshots(args.out)
     stats = trainer.fit(data, _train_budget(args, started),
                         checkpoint=partial(checkpoint.save, trainer) if checkpoint else None,
                         checkpoint_every=args.checkpoint_every,
-                        max_run_steps=args.max_run_steps)
+                        max_run_steps=args.max_run_steps,
+                        snapshot=partial(_snapshot, args, trainer, config, vocab)
+                        if args.snapshot_every_s else None,
+                        snapshot_every_s=args.snapshot_every_s)
     if not stats["done"]:
         logger.info("stopped at step %d of %d; %s holds it: run again with --resume",
                     stats["steps"], trainer.total_steps, checkpoint.path)
@@ -334,6 +340,14 @@ def _draft_vocabulary(args, config: dict, samples: list, eos_ids: frozenset[int]
     if not size or config["vocab_size"] <= size:
         return None
     return size, token_map(samples, size, sorted(eos_ids))
+
+
+def _snapshot(args, trainer: Trainer, config: dict, vocab: tuple[int, list[int]] | None,
+              seconds: float) -> None:
+    path = write_snapshot(trainer.draft, config, args.out, step=trainer.num_steps,
+                          total_steps=trainer.total_steps, train_seconds=seconds,
+                          command=args.command, token_map=vocab)
+    logger.info("snapshot of step %d: %s", trainer.num_steps, path)
 
 
 def _token_map_line(args, vocab: tuple[int, list[int]], samples: list) -> str:

@@ -2,6 +2,7 @@
 (same logits), the block objective's anchors and labels, overfitting one fixed batch, and a
 smoke run of the whole tool whose draft folder our Engine runs losslessly."""
 
+import itertools
 import json
 import logging
 import re
@@ -1093,6 +1094,24 @@ def test_fill_budget_trains_past_steps_while_the_time_holds(target, monkeypatch,
         assert time.perf_counter() - start < 1.0 + 0.5
     else:
         assert stats["steps"] == 50
+
+
+def test_snapshots_are_taken_every_so_many_seconds_of_training(target, monkeypatch):
+    """`snapshot_every_s`: 60 steps of 10 ms with a snapshot every 0.1 s call it after the first
+    step 0.1 s or more past the last one (about six times), with the training's seconds so
+    far; at 0 it is called after every step."""
+    trainer, data = _timed_trainer(target, monkeypatch, 0, 0.0, 0.01, steps=60)
+    taken = []
+    stats = trainer.fit(data, snapshot=lambda s: taken.append((trainer.num_steps, s)),
+                        snapshot_every_s=0.1)
+    steps, seconds = zip(*taken, strict=True)
+    assert 1 <= len(taken) <= stats["train_seconds"] / 0.1, (taken, stats["train_seconds"])
+    assert seconds[0] >= 0.1 and all(b - a >= 0.1 for a, b in itertools.pairwise(seconds))
+    assert list(steps) == sorted(set(steps)) and steps[-1] <= 60
+    trainer, data = _timed_trainer(target, monkeypatch, 0, 0.0, 0.0, steps=20)
+    taken = []
+    trainer.fit(data, snapshot=lambda s: taken.append(trainer.num_steps), snapshot_every_s=0)
+    assert taken == list(range(1, 21))
 
 
 def test_fill_budget_needs_a_time_budget_and_no_resume(capsys):

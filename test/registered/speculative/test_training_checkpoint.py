@@ -20,6 +20,11 @@ from sglang_aux.tools import train_dflash
 from sglang_aux.tools.dflash_training.data import BadInputError, Sample
 from sglang_aux.tools.dflash_training.export import draft_config, new_draft
 from sglang_aux.tools.dflash_training.sequence_set import SequenceSet
+from sglang_aux.tools.dflash_training.snapshot import (
+    latest_snapshot,
+    snapshot_name,
+    snapshots_dir,
+)
 from sglang_aux.tools.dflash_training.trainer import TrainConfig, Trainer
 from sglang_aux.tools.dflash_training.training_checkpoint import (
     TrainingCheckpoint,
@@ -201,3 +206,40 @@ def test_init_from_starts_from_a_written_drafts_weights(tmp_path):
 
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-q"]))
+
+
+def test_snapshots_leave_a_draft_a_later_training_starts_from(tmp_path):
+    """`--snapshot-every-s` (here after every step): the newest two snapshots stay, each a
+    draft folder; the last step's holds the finished draft's weights exactly and a card saying
+    what it is; an earlier training's snapshots are gone; `--init-from` an earlier snapshot
+    with a zero learning rate writes its weights exactly. A negative interval is refused."""
+    local_path_or_skip("train")
+    local_path_or_skip("test")
+    target = str(tiny_checkpoint("tiny-llama", tmp_path / "ckpt"))
+    samples = tmp_path / "samples.jsonl.xz"
+    common = ["--smoke", "--target", target, "--num-samples", "4", "--samples-file",
+              str(samples)]
+    assert train_dflash.main([*common, "--phase", "data"]) == samples
+    out = tmp_path / "draft"
+    stale = snapshots_dir(out) / snapshot_name(99)  # an earlier, longer training's
+    stale.mkdir(parents=True)
+    assert latest_snapshot(out) == stale
+    assert train_dflash.main([*common, "--phase", "train", "--steps", "6", "--out", str(out),
+                              "--snapshot-every-s", "1e-9"]) == out
+    kept = sorted(p.name for p in snapshots_dir(out).iterdir())
+    assert kept == [snapshot_name(5), snapshot_name(6)] == ["step-00000005", "step-00000006"]
+    last = latest_snapshot(out)
+    a, b = load_file(out / "model.safetensors"), load_file(last / "model.safetensors")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert (last / "config.json").read_text() == (out / "config.json").read_text()
+    card = (last / "README.md").read_text()
+    assert card.startswith("# draft, step 6 of 6\n") and "--snapshot-every-s 1e-9" in card
+    earlier = snapshots_dir(out) / snapshot_name(5)
+    went_on = train_dflash.main([*common, "--phase", "train", "--steps", "2", "--lr", "0",
+                                 "--init-from", str(earlier), "--out", str(tmp_path / "on")])
+    c, d = load_file(earlier / "model.safetensors"), load_file(went_on / "model.safetensors")
+    assert not all(torch.equal(a[k], c[k]) for k in a)  # step 5's weights, not step 6's
+    assert all(torch.equal(c[k], d[k]) for k in c)
+    assert not snapshots_dir(tmp_path / "on").exists()  # none asked for
+    with pytest.raises(SystemExit):
+        train_dflash.main([*common, "--snapshot-every-s", "-1"])

@@ -13,6 +13,7 @@ block_objective.py  the position-decayed block loss over the LM head (DFlash)
 trainer.py    the optimization loop: schedule, time budget, held-out sequences
 step_profile.py  where a training step's time goes (--profile-steps)
 training_checkpoint.py  the trainer's state and the run's fingerprint (training over runs)
+snapshot.py   the running training's draft every so often (a lost machine leaves one)
 dspark_objective.py  DSpark's loss (CE + L1 to the target + confidence) on the same loop
 export.py     the HF-format draft folder and its README card
 evaluate.py   held-out accept length through the Engine's DFlash worker

@@ -186,6 +186,10 @@ def make_parser() -> argparse.ArgumentParser:
     add("--checkpoint-every", type=int, default=DEFAULT_CHECKPOINT_EVERY,
         help="with --resume, also write the checkpoint every this many steps (0: at the end "
              "of a run only)")
+    add("--snapshot-every-s", type=float, default=0.0, metavar="S",
+        help="while training, write the draft's weights every S seconds or so as a draft "
+             "folder under --out + .snapshots (the newest two kept): a run cut short still "
+             "leaves a draft to train on with --init-from (0: none)")
     add("--max-run-steps", type=int, default=None,
         help="with --resume, end this run after this many steps")
     add("--device", default="auto")
@@ -242,6 +246,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         parser.error(f"--sample-fraction must be in (0, 1], got {args.sample_fraction}")
     if args.device_reserve_gb < 0:
         parser.error(f"--device-reserve-gb must be >= 0, got {args.device_reserve_gb}")
+    if args.snapshot_every_s < 0:
+        parser.error(f"--snapshot-every-s must be >= 0, got {args.snapshot_every_s}")
     if args.context_bucket < 0:
         parser.error(f"--context-bucket must be >= 0, got {args.context_bucket}")
     if args.token_map_size < 0:

@@ -292,13 +292,16 @@ class Trainer:
 
     def fit(self, data: SequenceSet, time_budget_s: float | None = None, *,
             checkpoint: Callable[[], None] | None = None, checkpoint_every: int = 0,
-            max_run_steps: int | None = None) -> dict:
+            max_run_steps: int | None = None, snapshot: Callable[[float], None] | None = None,
+            snapshot_every_s: float = 0.0) -> dict:
         """Steps on random sequences and anchors from `num_steps` to `total_steps`.
         Without `checkpoint`, `time_budget_s` shortens the schedule to the steps it holds
         (paced over the first steps; the cosine then ends at the new last step). With it, a
         run is one of several: the schedule stays, `time_budget_s` or `max_run_steps` ends
         this run where it falls, and `checkpoint()` runs every `checkpoint_every` steps and at
-        the end. Returns the stats averaged over the last `log_every` steps, the steps done in
+        the end. `snapshot(seconds)` (the training's seconds so far, every run's) runs after the
+        first step done `snapshot_every_s` seconds or more after the last snapshot (or the
+        start). Returns the stats averaged over the last `log_every` steps, the steps done in
         every run so far, whether training is done and the seconds it took in every run."""
         start, window, first = time.perf_counter(), [], self.num_steps
         held_out = held_out_index(data.prompt_groups, self.cfg.val_samples, self.cfg.seed)
@@ -311,7 +314,7 @@ class Trainer:
         profile = StepProfile(self.cfg.profile_steps, self.device, BUDGET_WARMUP_STEPS)
         copies = (torch.cuda.Stream(self.device)
                   if self.cfg.batch_stream and self.device.type == "cuda" else None)
-        saved_at = None
+        saved_at, snapped_at = None, start
         while self.num_steps < self.total_steps:
             ran = self.num_steps - first
             if checkpoint is not None and _run_ends(ran, time.perf_counter() - start,
@@ -337,6 +340,9 @@ class Trainer:
             if held_out and (self.num_steps % self.cfg.val_every == 0
                              or self.num_steps == self.total_steps):
                 self.validate(data, held_out)
+            if snapshot is not None and time.perf_counter() - snapped_at >= snapshot_every_s:
+                snapshot(self.train_seconds + time.perf_counter() - start)
+                snapped_at = time.perf_counter()
         if window:  # the run ended between log lines
             self._log(window, start)
         self.train_seconds += time.perf_counter() - start
