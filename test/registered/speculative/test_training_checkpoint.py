@@ -154,11 +154,8 @@ def test_resume_over_runs_of_the_smoke_recipe(tmp_path):
     assert "7 steps" in (out / "README.md").read_text()
 
 
-def test_init_from_starts_from_a_written_drafts_weights(tmp_path):
-    """`train_dflash --init-from DIR` (a draft trained on over device sessions): with a zero
-    learning rate the written draft is the folder's weights exactly, where a fresh start is
-    not; its card names where it started; a resumed run started from other weights, a folder
-    of another draft shape or no draft at all stops in one line naming the file."""
+def _smoke_samples(tmp_path: Path) -> list[str]:
+    """train_dflash's flags for a tiny target's samples, generated here once."""
     local_path_or_skip("train")
     local_path_or_skip("test")
     target = str(tiny_checkpoint("tiny-llama", tmp_path / "ckpt"))
@@ -166,6 +163,15 @@ def test_init_from_starts_from_a_written_drafts_weights(tmp_path):
     common = ["--smoke", "--target", target, "--num-samples", "4", "--samples-file",
               str(samples)]
     assert train_dflash.main([*common, "--phase", "data"]) == samples
+    return common
+
+
+def test_init_from_starts_from_a_written_drafts_weights(tmp_path):
+    """`train_dflash --init-from DIR` (a draft trained on over device sessions): with a zero
+    learning rate the written draft is the folder's weights exactly, where a fresh start is
+    not; its card names where it started; a resumed run started from other weights, a folder
+    of another draft shape or no draft at all stops in one line naming the file."""
+    common = _smoke_samples(tmp_path)
     first = train_dflash.main([*common, "--phase", "train", "--steps", "6",
                                "--out", str(tmp_path / "first")])
     still = [*common, "--phase", "train", "--steps", "2", "--lr", "0"]
@@ -213,13 +219,7 @@ def test_snapshots_leave_a_draft_a_later_training_starts_from(tmp_path):
     draft folder; the last step's holds the finished draft's weights exactly and a card saying
     what it is; an earlier training's snapshots are gone; `--init-from` an earlier snapshot
     with a zero learning rate writes its weights exactly. A negative interval is refused."""
-    local_path_or_skip("train")
-    local_path_or_skip("test")
-    target = str(tiny_checkpoint("tiny-llama", tmp_path / "ckpt"))
-    samples = tmp_path / "samples.jsonl.xz"
-    common = ["--smoke", "--target", target, "--num-samples", "4", "--samples-file",
-              str(samples)]
-    assert train_dflash.main([*common, "--phase", "data"]) == samples
+    common = _smoke_samples(tmp_path)
     out = tmp_path / "draft"
     stale = snapshots_dir(out) / snapshot_name(99)  # an earlier, longer training's
     stale.mkdir(parents=True)
