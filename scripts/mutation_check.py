@@ -22,7 +22,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 SRT = "python/sglang_aux/srt"
-COPIED = ("python", "test", "benchmark", "pyproject.toml")
+COPIED = ("python", "test", "benchmark", "scripts", "pyproject.toml")
 T = "test/registered"
 LAW = f"{T}/speculative/test_dflash_info_law.py"
 ENGINE_LAW = f"{T}/speculative/test_acceptance_law.py"
@@ -762,6 +762,28 @@ MUTATIONS = [
              "for c in final.split(LOGSUMEXP_CHUNK_ROWS)[:1]]",
              (f"{T}/speculative/test_train_dspark.py"
               "::test_logsumexp_columns_hold_the_targets_whole_vocabulary_logsumexp",)),
+    Mutation("a snapshot after every step, whatever the interval",
+             "python/sglang_aux/tools/dflash_training/trainer.py",
+             "time.perf_counter() - snapped_at >= snapshot_every_s:",
+             "time.perf_counter() - snapped_at >= 0:",
+             (f"{T}/speculative/test_train_dflash.py"
+              "::test_snapshots_are_taken_every_so_many_seconds_of_training",)),
+    Mutation("every snapshot kept",
+             "python/sglang_aux/tools/dflash_training/snapshot.py",
+             "sorted(root.glob(\"step-*\"))[:-SNAPSHOTS_KEPT]", "[]",
+             (f"{T}/speculative/test_training_checkpoint.py"
+              "::test_snapshots_leave_a_draft_a_later_training_starts_from",)),
+    Mutation("an earlier training's snapshots left in place",
+             "python/sglang_aux/tools/train_dflash.py",
+             "        clear_snapshots(args.out)\n", "        pass\n",
+             (f"{T}/speculative/test_training_checkpoint.py"
+              "::test_snapshots_leave_a_draft_a_later_training_starts_from",)),
+    Mutation("train-wait packs the newest snapshot again every call",
+             "scripts/device/qwen25_coder.sh",
+             "  if [ -z \"$(ls $work/snapshot-parts 2>/dev/null)\" ]; then",
+             "  if true; then",
+             (f"{T}/test_device_scripts.py"
+              "::test_a_running_training_sends_its_newest_snapshot_home",)),
 ]
 
 
