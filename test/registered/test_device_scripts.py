@@ -228,10 +228,10 @@ if __name__ == "__main__":
 
 
 # A stand-in for the device's python3 in qwen25_coder.sh (PY): train_dflash logs two steps
-# STEP_S apart (between them, with --snapshot-every-s, a snapshot of 20 random MiB) and writes
-# a 20 MiB draft where its recipe's name resolves; the recipe search
-# writes its table after STEP_S; pip does nothing; `-c` (the draft's folder) is the real
-# interpreter.
+# STEP_S apart, or the second once STOP_FILE exists (between them, with --snapshot-every-s, a
+# snapshot of 20 random MiB), and writes a 20 MiB draft where its recipe's name resolves; the
+# recipe search writes its table after STEP_S; pip does nothing; `-c` (the draft's folder) is
+# the real interpreter.
 TRAINER = """#!/bin/bash
 case "$1 $2" in
   "-m pip") exit 0 ;;
@@ -247,7 +247,11 @@ case "$1 $2" in
       echo '{}' > "$n/config.json"; head -c 20971520 /dev/urandom > "$n/model.safetensors"
       echo "snapshot of step 100 every $every s"
     fi
-    sleep "$STEP_S"
+    if [ -n "${STOP_FILE:-}" ]; then  # until the test says so
+      while [ ! -f "$STOP_FILE" ]; do sleep 0.1; done
+    else
+      sleep "$STEP_S"
+    fi
     echo "step 200/200 loss 0.5"
     d=$SGLANG_AUX_CACHE/drafts/$recipe; mkdir -p "$d"; echo '{}' > "$d/config.json"
     echo "# card" > "$d/README.md"; head -c 20971520 /dev/zero > "$d/model.safetensors" ;;
@@ -333,8 +337,8 @@ def test_a_running_training_sends_its_newest_snapshot_home(tmp_path):
     py.chmod(0o755)
     draft = "qwen2.5-coder-1.5b-instruct-dflash-b16-mix"
     env = {**os.environ, "PY": str(py), "REAL_PY": sys.executable, "WORK": str(tmp_path / "w"),
-           "SGLANG_AUX_CACHE": str(tmp_path / "cache"), "STEP_S": "15", "SEND_PARTS": "1",
-           "DRAFT": draft}
+           "SGLANG_AUX_CACHE": str(tmp_path / "cache"), "SEND_PARTS": "1", "DRAFT": draft,
+           "STOP_FILE": str(tmp_path / "stop")}
     (tmp_path / "w").mkdir()
     call = partial(_phase, env, tmp_path)
     call("train-start", 3)
@@ -349,6 +353,7 @@ def test_a_running_training_sends_its_newest_snapshot_home(tmp_path):
     assert "still training" in said and not list(third.iterdir())  # sent once
     snapshot = tmp_path / "cache/drafts" / f"{draft}.snapshots/step-00000100"
     original = (snapshot / "model.safetensors").read_bytes()
+    (tmp_path / "stop").touch()
     done, _ = call("train-wait", 40)
     assert "trainer exited 0" in done
     carried = tmp_path / "carried"
