@@ -214,12 +214,14 @@ if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-q"]))
 
 
-def test_snapshots_leave_a_draft_a_later_training_starts_from(tmp_path):
+@pytest.mark.parametrize("algorithm", ["dflash", "dspark"])
+def test_snapshots_leave_a_draft_a_later_training_starts_from(tmp_path, algorithm):
     """`--snapshot-every-s` (here after every step): the newest two snapshots stay, each a
-    draft folder; the last step's holds the finished draft's weights exactly and a card saying
-    what it is; an earlier training's snapshots are gone; `--init-from` an earlier snapshot
-    with a zero learning rate writes its weights exactly. A negative interval is refused."""
-    common = _smoke_samples(tmp_path)
+    draft folder; the last step's holds the finished draft's weights exactly (DSpark's heads
+    too) and a card saying what it is; an earlier training's snapshots are gone;
+    `--init-from` an earlier snapshot with a zero learning rate writes its weights exactly. A
+    negative interval is refused."""
+    common = [*_smoke_samples(tmp_path), "--algorithm", algorithm]
     out = tmp_path / "draft"
     stale = snapshots_dir(out) / snapshot_name(99)  # an earlier, longer training's
     stale.mkdir(parents=True)
@@ -231,6 +233,7 @@ def test_snapshots_leave_a_draft_a_later_training_starts_from(tmp_path):
     last = latest_snapshot(out)
     a, b = load_file(out / "model.safetensors"), load_file(last / "model.safetensors")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert ("markov_head.markov_w1.weight" in a) == (algorithm == "dspark")
     assert (last / "config.json").read_text() == (out / "config.json").read_text()
     card = (last / "README.md").read_text()
     assert card.startswith("# draft, step 6 of 6\n") and "--snapshot-every-s 1e-9" in card
