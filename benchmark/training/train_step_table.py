@@ -21,22 +21,23 @@ from pathlib import Path
 
 STEP = re.compile(r"^(\S+ \S+) \S+ step (\d+)/(\d+) ")
 PROFILE = re.compile(r"profile of \d+ steps: ([0-9.]+) ms a step, the device busy ([0-9.]+) ms"
-                     r"(?: of it, ([0-9.]+) GiB at most above)?")
+                     r"(?: of it, ([0-9.]+) (GiB|MiB) at most above)?")
 FEATURES = re.compile(r" sequences, \d+ tokens; features ([0-9.]+) s")
 STAMP = "%Y-%m-%d %H:%M:%S,%f"
 
 
 def read_log(path: Path) -> dict:
     """{"steps": [(step, seconds since the epoch)], "profile": (wall ms, busy ms, the steps'
-    peak GiB above their start or None: logs before it) or None, "features": the feature
-    pass's seconds or None (logs before it)}."""
+    peak GiB above their start, from the GiB or MiB the log wrote, or None: logs before it)
+    or None, "features": the feature pass's seconds or None (logs before it)}."""
     steps, profile, features = [], None, None
     for line in path.read_text(errors="replace").splitlines():
         if m := STEP.match(line):
             steps.append((int(m.group(2)), datetime.strptime(m.group(1), STAMP).timestamp()))
         elif m := PROFILE.search(line):
-            profile = (float(m.group(1)), float(m.group(2)),
-                       None if m.group(3) is None else float(m.group(3)))
+            peak = None if m.group(3) is None else \
+                float(m.group(3)) / (1024 if m.group(4) == "MiB" else 1)
+            profile = (float(m.group(1)), float(m.group(2)), peak)
         elif m := FEATURES.search(line):
             features = float(m.group(1))
     return {"steps": steps, "profile": profile, "features": features}

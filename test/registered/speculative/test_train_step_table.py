@@ -44,6 +44,11 @@ def test_a_log_with_few_steps_and_bad_input(tmp_path):
         "most above the steps' start\n"
         "2026-12-07 00:39:22,159 x: step 20/100 loss 1.0 accept 1.0 lr 0 acc/offset 0 (4 s)\n")
     assert "| peak | 16.0 / 14.1 | - | - | 7.25 | 41.3 |" in table_tool.table(tmp_path, 40, None)
+    (tmp_path / "peak.log").write_text(  # today's line: MiB, shown in the table's GiB
+        "x: profile of 20 steps: 16.0 ms a step, the device busy 14.1 ms of it, 2119.68 MiB at "
+        "most above the steps' start\n"
+        "2026-12-07 00:39:22,159 x: step 20/100 loss 1.0 accept 1.0 lr 0 acc/offset 0 (4 s)\n")
+    assert "| peak | 16.0 / 14.1 | - | - | 2.07 | - |" in table_tool.table(tmp_path, 40, None)
     with pytest.raises(SystemExit, match="--base base: no paced log of that name"):
         table_tool.table(tmp_path, 0, "base")
     with pytest.raises(SystemExit, match="no training log with step lines"):

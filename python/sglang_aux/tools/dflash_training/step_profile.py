@@ -51,10 +51,11 @@ class StepProfile:
         self.prof.__exit__(None, None, None)
         events = self.prof.key_averages()
         busy = device_busy_us(events) / 1e3 / self.num_steps if cuda else float("nan")
-        peak = ((torch.cuda.max_memory_allocated(self.device) - self.start_bytes) / 2**30
+        # MiB, not GiB: a tiny model's steps hold under the 5 MiB that "0.00 GiB" would round
+        peak = ((torch.cuda.max_memory_allocated(self.device) - self.start_bytes) / 2**20
                 if cuda else float("nan"))
         logger.info("profile of %d steps: %.1f ms a step, the device busy %.1f ms of it, "
-                    "%.2f GiB at most above the steps' start\n%s",
+                    "%.2f MiB at most above the steps' start\n%s",
                     self.num_steps, wall * 1e3, busy, peak, events.table(
                         sort_by="self_cuda_time_total" if cuda else "self_cpu_time_total",
                         row_limit=30))
