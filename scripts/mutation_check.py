@@ -778,6 +778,29 @@ MUTATIONS = [
              "        clear_snapshots(args.out)\n", "        pass\n",
              (f"{T}/speculative/test_training_checkpoint.py"
               "::test_snapshots_leave_a_draft_a_later_training_starts_from",)),
+    Mutation("MXFP8 rows decoded without their scales",
+             "python/sglang_aux/tools/dflash_training/mxfp8_rows.py",
+             "data[..., q:q + g],\n", "torch.full_like(data[..., q:q + g], 127),\n",
+             (f"{T}/speculative/test_mxfp8_rows.py"
+              "::test_a_row_decodes_to_its_mxfp8_round_trip_and_its_raw_bytes",)),
+    Mutation("MXFP8 rows' raw columns dropped",
+             "python/sglang_aux/tools/dflash_training/mxfp8_rows.py",
+             "            out[:, q + g:] = rows[:, q:].contiguous().view(torch.uint8)\n",
+             "            out[:, q + g:] = 0\n",
+             (f"{T}/speculative/test_mxfp8_rows.py"
+              "::test_a_row_decodes_to_its_mxfp8_round_trip_and_its_raw_bytes",)),
+    Mutation("a batch of MXFP8 rows left encoded",
+             "python/sglang_aux/tools/dflash_training/sequence_set.py",
+             "gathered if self.codec is None else self.codec.decode(gathered),",
+             "gathered,",
+             (f"{T}/speculative/test_mxfp8_rows.py"
+              "::test_a_batch_of_encoded_rows_is_the_batch_of_their_round_trips",)),
+    Mutation("--mxfp8-rows ignored by the features",
+             "python/sglang_aux/tools/dflash_training/features.py",
+             "    return rows if codec is None else codec.encode(rows)",
+             "    return rows",
+             (f"{T}/speculative/test_mxfp8_rows.py"
+              "::test_training_on_mxfp8_rows_is_training_on_their_round_trips",)),
     Mutation("train-wait packs the newest snapshot again every call",
              "scripts/device/qwen25_coder.sh",
              "  if [ -z \"$(ls $work/snapshot-parts 2>/dev/null)\" ]; then",

@@ -11,6 +11,7 @@
 # (`--pack-context`); `fused` steps AdamW with its fused kernels (`--fused-adam`). Others
 # through VARIANTS (NAME=FLAGS, a variant's flags joined by commas), e.g.
 # `grouped=--group-by-length` (each batch from one length group: less padding),
+# `mxfp8rows=--mxfp8-rows` (the rows kept as MXFP8, each batch decoded on the device),
 # `fullvocab=--no-train-over-token-map`, `hostrows=--device-reserve-gb=100000` (every row in
 # pinned host memory, as most of the whole mix's are; with `,--no-batch-stream` copied in
 # line), `wide5=--num-layers=5,--intermediate-size=8960`, `efficient=--sdpa-backend=efficient`

@@ -75,6 +75,7 @@ from sglang_aux.tools.dflash_training.export import (
 )
 from sglang_aux.tools.dflash_training.feature_cache import FeatureCache, Features
 from sglang_aux.tools.dflash_training.features import MAX_FORWARD_TOKENS, extract_by_source
+from sglang_aux.tools.dflash_training.mxfp8_rows import MXFP8Rows
 from sglang_aux.tools.dflash_training.run_prompts import (
     accept_sets,
     evaluation_prompts_by_file,
@@ -82,6 +83,7 @@ from sglang_aux.tools.dflash_training.run_prompts import (
 )
 from sglang_aux.tools.dflash_training.sequence_set import SequenceSet
 from sglang_aux.tools.dflash_training.snapshot import clear_snapshots, write_snapshot
+from sglang_aux.tools.dflash_training.target_head import logsumexp_columns_count
 from sglang_aux.tools.dflash_training.train_args import parse_args, resolve_mask_token
 from sglang_aux.tools.dflash_training.trainer import TrainConfig, Trainer, held_out_index
 from sglang_aux.tools.dflash_training.training_checkpoint import (
@@ -157,17 +159,26 @@ def _train_budget(args: argparse.Namespace, started: float) -> float | None:
     return max(0.0, left if args.train_budget_s is None else min(left, args.train_budget_s))
 
 
+def _row_codec(runner, num_aux: int, dspark: bool, args: argparse.Namespace) -> MXFP8Rows:
+    """`--mxfp8-rows`: the rows' hidden states (the aux states, and DSpark's final one) as
+    MXFP8, the kept logsumexp's columns as bytes."""
+    hidden, dtype = runner.model_config.hf_config.hidden_size, runner.model_config.dtype
+    return MXFP8Rows(quantized=hidden * (num_aux + dspark),
+                     raw=logsumexp_columns_count(dtype) if args.target_logsumexp else 0,
+                     dtype=dtype)
+
+
 def _feature_key(args: argparse.Namespace, target: str) -> tuple:
     """What a run's samples and features depend on: the target and its engine, the samples
     file (and its cut), the layers the draft reads, what its rows hold (DSpark's final hidden
-    state, the target's logsumexp) and where they are kept."""
+    state, the target's logsumexp), how and where they are kept."""
     path = Path(args.samples_file)
     stat = path.stat()
     cut = None if args.code_tasks or args.chat_instructions else args.num_samples
     return (target, tuple(sorted(_feature_engine_args(args).items())), str(path),
             stat.st_size, stat.st_mtime_ns, cut, args.sample_fraction, args.num_aux_layers,
             args.algorithm,
-            args.target_logsumexp, args.device_reserve_gb)
+            args.target_logsumexp, args.mxfp8_rows, args.device_reserve_gb)
 
 
 def train(args: argparse.Namespace, target: str, started: float,
@@ -263,10 +274,13 @@ def train(args: argparse.Namespace, target: str, started: float,
     else:
         layer_ids = config["dflash_config"]["target_layer_ids"]
         reserve = int(args.device_reserve_gb * (1 << 30))
+        codec = _row_codec(runner, len(layer_ids), dspark, args) if args.mxfp8_rows else None
         prefixes, prefix_of, aux = extract_by_source(
             runner, samples, layer_ids, dspark, reserve_bytes=reserve,
-            logsumexp_head=runner.model.lm_head_weight if args.target_logsumexp else None)
-        data = SequenceSet(samples, aux, runner.device, prefixes, reserve, prefix_of=prefix_of)
+            logsumexp_head=runner.model.lm_head_weight if args.target_logsumexp else None,
+            codec=codec)
+        data = SequenceSet(samples, aux, runner.device, prefixes, reserve, prefix_of=prefix_of,
+                           codec=codec)
         del aux, prefixes
         timings["features"] = time.perf_counter() - t0
         if key is not None:

@@ -4,7 +4,8 @@ with its map from the config, with CUDA graphs, and greedy DFlash gives the targ
 tokens; every `--sdpa-backend` trains on CUDA; host rows copied in on a stream of their own
 train the same draft; compiled (the default on CUDA) and packed steps train as the eager
 one, DFlash's and DSpark's; DSpark's kept logsumexp gives the whole softmax's step; the
-step profile says the steps' peak memory."""
+step profile says the steps' peak memory; MXFP8 rows encode as on the CPU and train the same
+draft from the device and from pinned host memory."""
 
 import json
 import logging
@@ -21,6 +22,8 @@ from sglang_aux.test.gsm8k_data import local_path_or_skip
 from sglang_aux.test.runtime_utils import tiny_checkpoint
 from sglang_aux.tools import train_dflash
 from sglang_aux.tools.dflash_training.export import TRAINING_RECORD
+from sglang_aux.tools.dflash_training.mxfp8_rows import MXFP8Rows
+from sglang_aux.tools.dflash_training.target_head import logsumexp_columns
 
 register_cuda_ci(est_time=180, suite="default")
 
@@ -90,6 +93,34 @@ def test_host_rows_copied_on_their_own_stream_train_the_same_draft(tmp_path, cap
     train_dflash.main([*common, "--out", str(tmp_path / "stream")])
     a = load_file(tmp_path / "inline/model.safetensors")
     b = load_file(tmp_path / "stream/model.safetensors")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_mxfp8_rows_encode_as_on_the_cpu_and_train_from_the_host_as_from_the_device(tmp_path):
+    """`--mxfp8-rows` on CUDA: the Triton quantizer's bytes and their decoding equal the CPU
+    reference's (bf16 rows with a kept logsumexp, fp32 rows); every row in pinned host memory
+    (uint8 rows packed in the host chunks) trains the draft every row on the device trains."""
+    local_path_or_skip("train")
+    g = torch.Generator().manual_seed(0)
+    for dtype, raw in ((torch.bfloat16, 2), (torch.float32, 1)):
+        hidden = torch.randn(300, 4 * 96, generator=g) * torch.logspace(-3, 3, 4 * 96)
+        rows = torch.cat([hidden.to(dtype),
+                          logsumexp_columns(torch.randn(300, generator=g) * 50, dtype)], -1)
+        codec = MXFP8Rows(4 * 96, raw, dtype)
+        cpu = codec.encode(rows)
+        assert torch.equal(codec.encode(rows.cuda()).cpu(), cpu)
+        assert torch.equal(codec.decode(cpu.cuda()).cpu(), codec.decode(cpu))
+    target = tiny_checkpoint("tiny-llama", tmp_path / "ckpt")
+    samples = tmp_path / "samples.jsonl"
+    common = ["--smoke", "--target", target, "--device", "cuda", "--num-samples", "8",
+              "--samples-file", str(samples)]
+    train_dflash.main([*common, "--phase", "data"])
+    common += ["--phase", "train", "--steps", "12", "--sdpa-backend", "math", "--mxfp8-rows"]
+    train_dflash.main([*common, "--out", str(tmp_path / "host"), "--device-reserve-gb", "100000"])
+    train_dflash.main([*common, "--out", str(tmp_path / "device"), "--device-reserve-gb", "0"])
+    a = load_file(tmp_path / "host/model.safetensors")
+    b = load_file(tmp_path / "device/model.safetensors")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 

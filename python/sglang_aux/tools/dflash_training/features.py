@@ -20,6 +20,7 @@ from sglang_aux.srt.managers.schedule_batch import (
 from sglang_aux.srt.model_executor.model_runner import ModelRunner
 from sglang_aux.srt.sampling.sampling_params import SamplingParams
 from sglang_aux.tools.dflash_training.data import Sample, by_source, common_prefix_len
+from sglang_aux.tools.dflash_training.mxfp8_rows import MXFP8Rows
 from sglang_aux.tools.dflash_training.target_head import logsumexp_columns, target_logsumexp
 
 logger = logging.getLogger(__name__)
@@ -133,25 +134,28 @@ def _batches(samples: list[Sample], skip: int, max_tokens: int, max_reqs: int
 
 
 def _rows(out: LogitsProcessorOutput, final_hidden: bool,
-          logsumexp_head: torch.Tensor | None = None) -> torch.Tensor:
+          logsumexp_head: torch.Tensor | None = None, codec: MXFP8Rows | None = None
+          ) -> torch.Tensor:
     """A forward's per-token rows: aux `[T, K * H]`, with `final_hidden` `[T, K * H + H]`,
     and with `logsumexp_head` the logsumexp of the final rows through it after them
-    (`target_head.logsumexp_columns`)."""
+    (`target_head.logsumexp_columns`); encoded by `codec` when given."""
     if not final_hidden:
-        return out.aux_hidden_states
-    dtype = out.aux_hidden_states.dtype
-    final = out.hidden_states.to(dtype)
-    parts = [out.aux_hidden_states, final]
-    if logsumexp_head is not None:
-        parts.append(logsumexp_columns(target_logsumexp(final, logsumexp_head), dtype))
-    return torch.cat(parts, dim=-1)
+        rows = out.aux_hidden_states
+    else:
+        dtype = out.aux_hidden_states.dtype
+        final = out.hidden_states.to(dtype)
+        parts = [out.aux_hidden_states, final]
+        if logsumexp_head is not None:
+            parts.append(logsumexp_columns(target_logsumexp(final, logsumexp_head), dtype))
+        rows = torch.cat(parts, dim=-1)
+    return rows if codec is None else codec.encode(rows)
 
 
 @torch.no_grad()
 def extract_aux(runner: ModelRunner, samples: list[Sample], layer_ids: list[int],
                 skip: int = 0, final_hidden: bool = False,
                 reserve_bytes: int = TRAIN_RESERVE_BYTES,
-                logsumexp_head: torch.Tensor | None = None
+                logsumexp_head: torch.Tensor | None = None, codec: MXFP8Rows | None = None
                 ) -> tuple[torch.Tensor, list[torch.Tensor]]:
     """The first sample's rows `[skip, K * H]` before position `skip` (the prefix every sample
     shares), and per sample its rows from `skip` on, `[len(ids) - skip, K * H]`: copies in the
@@ -164,7 +168,8 @@ def extract_aux(runner: ModelRunner, samples: list[Sample], layer_ids: list[int]
     With `final_hidden`, every row is `[K * H aux | H final]`: the target's logits at a token
     are its final columns times the LM head; with `logsumexp_head` too (the target's LM
     head), each row ends with the logsumexp of those logits over the whole vocabulary
-    (`target_head`: what DSpark reads over a draft vocabulary).
+    (`target_head`: what DSpark reads over a draft vocabulary). With `codec`, every row is
+    kept encoded (`mxfp8_rows`: its bytes, not its dtype).
     Runs on `runner`'s own KV memory and request rows (everything is given back), so the
     runner of the data-generation Engine can do it once generation is over.
     """
@@ -176,7 +181,7 @@ def extract_aux(runner: ModelRunner, samples: list[Sample], layer_ids: list[int]
     # to be captured, so they return no aux rows
     rows = _rows(runner.forward(runner.prepare(extend_inputs(runner, [first],
                                                              CaptureHiddenMode.FULL))),
-                 final_hidden, logsumexp_head)
+                 final_hidden, logsumexp_head, codec)
     host = HostRows()
     prefix, out = rows[:skip].clone(), keep_rows([rows[skip:]], reserve_bytes, host)
     prefix_slots = pool.req_to_token[first.req_pool_idx, :skip].clone()
@@ -189,7 +194,7 @@ def extract_aux(runner: ModelRunner, samples: list[Sample], layer_ids: list[int]
             r.req_pool_idx = pool.alloc()
             map_cached_prefix(runner, r, prefix_slots)
         fb = runner.prepare(extend_inputs(runner, reqs, CaptureHiddenMode.FULL))
-        rows = _rows(runner.forward(fb), final_hidden, logsumexp_head).split(
+        rows = _rows(runner.forward(fb), final_hidden, logsumexp_head, codec).split(
             [len(r.origin_input_ids) - skip for r in reqs])
         out += keep_rows(list(rows), reserve_bytes, host)
         for r in reqs:
@@ -207,17 +212,17 @@ def extract_aux(runner: ModelRunner, samples: list[Sample], layer_ids: list[int]
 
 def extract_by_source(runner: ModelRunner, samples: list[Sample], layer_ids: list[int],
                       final_hidden: bool, reserve_bytes: int = TRAIN_RESERVE_BYTES,
-                      logsumexp_head: torch.Tensor | None = None
+                      logsumexp_head: torch.Tensor | None = None, codec: MXFP8Rows | None = None
                       ) -> tuple[list[torch.Tensor], list[int], list[torch.Tensor]]:
     """Each source's shared prefix rows (kept once), which prefix each sample starts with,
-    and each sample's own rows, in file order (`extract_aux`'s `reserve_bytes` and
-    `logsumexp_head`)."""
+    and each sample's own rows, in file order (`extract_aux`'s `reserve_bytes`,
+    `logsumexp_head` and `codec`)."""
     prefixes, prefix_of, aux = [], [0] * len(samples), [None] * len(samples)
     for index in by_source(samples).values():
         group = [samples[i] for i in index]
         prefix, rows = extract_aux(runner, group, layer_ids, skip=common_prefix_len(group),
                                    final_hidden=final_hidden, reserve_bytes=reserve_bytes,
-                                   logsumexp_head=logsumexp_head)
+                                   logsumexp_head=logsumexp_head, codec=codec)
         for i, r in zip(index, rows, strict=True):
             aux[i], prefix_of[i] = r, len(prefixes)
         prefixes.append(prefix)

@@ -11,6 +11,7 @@ import torch
 from sglang_aux.srt.model_executor.runner_utils.host_transfer import tensor_to_device
 from sglang_aux.tools.dflash_training.data import Sample, prompt_groups
 from sglang_aux.tools.dflash_training.features import TRAIN_RESERVE_BYTES, has_room
+from sglang_aux.tools.dflash_training.mxfp8_rows import MXFP8Rows
 
 
 @dataclass
@@ -32,16 +33,18 @@ class SequenceSet:
     kept once); `aux[i]` holds sample i's rows from position P on. With several prefixes
     (a list: one per source of prompts), sample i starts with `prefix_aux[prefix_of[i]]`.
     Host rows move to the device while it keeps `reserve_bytes` free; the rest stay on the
-    host and are copied in with their batch."""
+    host and are copied in with their batch. With `codec`, the rows are kept encoded
+    (`mxfp8_rows`) and a batch decodes them once on its device, after the gather."""
 
     def __init__(self, samples: list[Sample], aux: list[torch.Tensor], device: torch.device,
                  prefix_aux: torch.Tensor | list[torch.Tensor] | None = None,
                  reserve_bytes: int = TRAIN_RESERVE_BYTES, *,
-                 prefix_of: list[int] | None = None):
+                 prefix_of: list[int] | None = None, codec: MXFP8Rows | None = None):
         keep = self.trainable(samples)
         if not keep:
             raise ValueError(f"none of {len(samples)} samples has two continuation tokens")
         width = aux[0].shape[-1]
+        self.codec = codec
         prefixes = prefix_aux if isinstance(prefix_aux, list) else [
             prefix_aux if prefix_aux is not None else aux[0].new_zeros((0, width))]
         self.prefixes = [p.to(device) for p in prefixes]
@@ -106,7 +109,8 @@ class SequenceSet:
                     zero_rows[:pad]]
             ids += [self.ids[i], zero_ids[:pad]]
         rows = torch.cat([torch.arange(n) + i * width for i, n in enumerate(lens.tolist())])
-        return Batch(torch.cat(aux).view(len(index), width, -1),
+        gathered = torch.cat(aux).view(len(index), width, -1)
+        return Batch(gathered if self.codec is None else self.codec.decode(gathered),
                      torch.cat(ids).view(len(index), width),
                      tensor_to_device(self.prompt_lens[index], dev), tensor_to_device(lens, dev),
                      tensor_to_device(rows, dev))

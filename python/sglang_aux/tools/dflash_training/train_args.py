@@ -183,6 +183,11 @@ def make_parser() -> argparse.ArgumentParser:
              "logits beside its row (one whole-head product a token when the features are "
              "extracted), so a step computes the target's logits at the draft vocabulary's "
              "ids alone; the same objective (a candidate, off until timed)")
+    add("--mxfp8-rows", action=argparse.BooleanOptionalAction, default=False,
+        help="keep the target's aux rows as MXFP8 (E4M3 and a scale byte per 32 columns: 0.52x "
+             "of bf16's bytes), each batch decoded on the device: about twice the samples on "
+             "one machine's memory; the step reads each row's MXFP8 round trip (a candidate, "
+             "off until its held-out accept is measured)")
     add("--checkpoint-every", type=int, default=DEFAULT_CHECKPOINT_EVERY,
         help="with --resume, also write the checkpoint every this many steps (0: at the end "
              "of a run only)")
