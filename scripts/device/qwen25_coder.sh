@@ -92,8 +92,8 @@
 # (eval, eval2), EVAL_CONFIGS (eval: default "target dflash"), SGLANG_HARNESS= (eval: ours
 # only), HELDOUT=1 (eval: the held-out accept too), LOSSLESS=0 (eval: not the lossless test), EXTRA_TESTS (eval: more test files),
 # WARM_START=1 (train, train-start: from the weights of the draft `draft-in` brought),
-# SNAPSHOT_S (train-start: the trainer's snapshot every this many seconds, default 240, empty:
-# none; train-wait sends the newest while it trains),
+# SNAPSHOT_S (train-start: the trainer's snapshot every this many seconds, default 120, empty:
+# none; train-wait sends the newest while it trains; one took no visible time on an H100),
 # SEARCH_STATE (search, search-start: an earlier session's search.json, carried, continued on
 # a machine with no search yet), DRAFT_PARTS (draft-in: how many parts make the draft,
 # default 6), DRAFT_PARTS_DIR (draft-in: where they are, default .carry/qwen-draft-parts), SEND_PARTS (train: the
@@ -302,7 +302,7 @@ print(d('$DRAFT').parent)")
     cd - > /dev/null
     sleep "${WAIT:-30}"; tail -n 3 $work/$job.log $work/$job.nohup ;;
   train-run)  # (the process `train-start` leaves running; a snapshot every SNAPSHOT_S s)
-    SNAPSHOT_S=${SNAPSHOT_S-240} trainer; echo $? > $work/train.rc ;;
+    SNAPSHOT_S=${SNAPSHOT_S-120} trainer; echo $? > $work/train.rc ;;
   search-run)  # (the process `search-start` leaves running)
     searcher > $work/search.log 2>&1; echo $? > $work/search.rc ;;
   train-wait)  # until the detached trainer ends or WAIT seconds pass (default 560): its

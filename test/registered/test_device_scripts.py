@@ -327,7 +327,7 @@ def test_detached_training_outlives_its_call_and_packs_the_draft(tmp_path):
 
 
 def test_a_running_training_sends_its_newest_snapshot_home(tmp_path):
-    """While the detached trainer runs (`--snapshot-every-s`, 240 s unless SNAPSHOT_S says
+    """While the detached trainer runs (`--snapshot-every-s`, 120 s unless SNAPSHOT_S says
     otherwise), each `train-wait` call sends SEND_PARTS of its newest snapshot's 16 MiB parts,
     snapshot.txt naming it beside the first, and packs a snapshot once; `draft-in` on a fresh
     machine carries the parts in where the draft's name resolves, byte for byte, and refuses
@@ -343,7 +343,7 @@ def test_a_running_training_sends_its_newest_snapshot_home(tmp_path):
     call = partial(_phase, env, tmp_path)
     call("train-start", 3)
     said, first = call("train-wait", 1)
-    assert "still training" in said and "snapshot of step 100 every 240 s" in said
+    assert "still training" in said and "snapshot of step 100 every 120 s" in said
     assert (first / "snapshot.txt").read_text() == "step-00000100: 2 parts\n"
     assert sorted(p.name for p in first.iterdir()) == ["snapshot.tar.part-aa", "snapshot.txt"]
     said, second = call("train-wait", 1)
