@@ -55,9 +55,11 @@ from sglang_aux.tools.build_token_map import coverage, token_map
 from sglang_aux.tools.dflash_training.contamination import check_no_eval_prompts
 from sglang_aux.tools.dflash_training.data import (
     BadInputError,
+    Sample,
     describe_data,
     keep_prompt_fraction,
     load_samples,
+    new_prompts_only,
     prompt_groups,
     save_samples,
 )
@@ -159,6 +161,20 @@ def _train_budget(args: argparse.Namespace, started: float) -> float | None:
     return max(0.0, left if args.train_budget_s is None else min(left, args.train_budget_s))
 
 
+def _extra_samples(args: argparse.Namespace, samples: list[Sample], decode,
+                   eval_sets: dict[str, list[str]]) -> list[Sample]:
+    """`--extra-samples-file`'s samples of prompts none before them has, each file checked
+    for evaluation prompts under its own name."""
+    extra: list[Sample] = []
+    for path in args.extra_samples_file:
+        more = load_samples(path)
+        check_no_eval_prompts(more, decode, eval_sets, path)
+        new = new_prompts_only(samples + extra, more)
+        logger.info("%s: %d samples, %d of prompts not seen before", path, len(more), len(new))
+        extra += new
+    return extra
+
+
 def _row_codec(runner, num_aux: int, dspark: bool, args: argparse.Namespace) -> MXFP8Rows:
     """`--mxfp8-rows`: the rows' hidden states (the aux states, and DSpark's final one) as
     MXFP8, the kept logsumexp's columns as bytes."""
@@ -172,11 +188,11 @@ def _feature_key(args: argparse.Namespace, target: str) -> tuple:
     """What a run's samples and features depend on: the target and its engine, the samples
     file (and its cut), the layers the draft reads, what its rows hold (DSpark's final hidden
     state, the target's logsumexp), how and where they are kept."""
-    path = Path(args.samples_file)
-    stat = path.stat()
+    files = tuple((str(path), path.stat().st_size, path.stat().st_mtime_ns)
+                  for path in map(Path, [args.samples_file, *args.extra_samples_file]))
     cut = None if args.code_tasks or args.chat_instructions else args.num_samples
-    return (target, tuple(sorted(_feature_engine_args(args).items())), str(path),
-            stat.st_size, stat.st_mtime_ns, cut, args.sample_fraction, args.num_aux_layers,
+    return (target, tuple(sorted(_feature_engine_args(args).items())), files,
+            cut, args.sample_fraction, args.num_aux_layers,
             args.algorithm,
             args.target_logsumexp, args.mxfp8_rows, args.device_reserve_gb)
 
@@ -221,10 +237,8 @@ def train(args: argparse.Namespace, target: str, started: float,
             save_samples(samples, args.samples_file)
     if not kept and args.sample_fraction < 1:
         samples = keep_prompt_fraction(samples, args.sample_fraction)
-    timings["engine and samples" if loaded else "engine and generation"] = (
-        time.perf_counter() - t0)
-    check_no_eval_prompts(samples, engine.tokenizer.decode,
-                          evaluation_prompts_by_file(args, samples),
+    eval_sets = evaluation_prompts_by_file(args, samples)
+    check_no_eval_prompts(samples, engine.tokenizer.decode, eval_sets,
                           args.samples_file or "the generated samples")
     if args.phase == "data":
         return None
@@ -235,6 +249,11 @@ def train(args: argparse.Namespace, target: str, started: float,
         raise BadInputError(f"--val-samples {args.val_samples} leaves none of the "
                             f"{len(trainable)} trainable sequences of "
                             f"{args.samples_file or 'the samples'} to train on") from None
+    val_among = len(set(prompt_groups(trainable))) if args.extra_samples_file else None
+    own = samples  # (what `features` keeps: the extra files' are read again)
+    samples = samples + _extra_samples(args, samples, engine.tokenizer.decode, eval_sets)
+    timings["engine and samples" if loaded else "engine and generation"] = (
+        time.perf_counter() - t0)
     runner.model.requires_grad_(False)
     vocab = _draft_vocabulary(args, config, samples, engine.eos_token_ids)
     if args.train_over_token_map:
@@ -247,6 +266,7 @@ def train(args: argparse.Namespace, target: str, started: float,
                       compile=args.compile, pack_context=args.pack_context,
                       val_samples=args.val_samples, val_every=args.val_every,
                       keep_best=args.keep_best, fused_adam=args.fused_adam,
+                      val_among_prompts=val_among,
                       group_by_length=args.group_by_length)
     draft = new_draft(config, runner.device, args.seed)
     warm = init_from(draft, config, args.init_from) if args.init_from else None
@@ -284,7 +304,7 @@ def train(args: argparse.Namespace, target: str, started: float,
         del aux, prefixes
         timings["features"] = time.perf_counter() - t0
         if key is not None:
-            features.put(Features(key, engine, samples, data, timings["features"]))
+            features.put(Features(key, engine, own, data, timings["features"]))
     logger.info("%d sequences, %d tokens; features %.1f s%s", len(data), data.num_tokens,
                 timings.get("features", kept.seconds if kept else 0.0),
                 " (kept from an earlier run)" if kept else "")

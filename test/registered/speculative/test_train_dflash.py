@@ -64,6 +64,7 @@ from sglang_aux.tools.dflash_training.data import (
     generate_samples,
     keep_prompt_fraction,
     load_samples,
+    new_prompts_only,
     prompt_groups,
     save_samples,
 )
@@ -975,6 +976,61 @@ def test_sample_fraction_trains_on_that_share_of_a_samples_file(target, tmp_path
             train_args.parse_args(["--sample-fraction", bad])
 
 
+def test_extra_samples_files_train_beside_the_samples_file(target, tmp_path, caplog,
+                                                           monkeypatch):
+    """`--extra-samples-file`: its samples of prompts the samples file lacks are trained
+    beside that file's (the card counts both), those of prompts it has are left out (another
+    greedy pass would repeat them), the held-out sequences are drawn among the file's
+    prompts; a missing extra file, and one holding an evaluation prompt, stop in one line
+    naming it."""
+    drawn, real = [], trainer_module.held_out_index
+    monkeypatch.setattr(trainer_module, "held_out_index", lambda *a: drawn.append(
+        (len(a[0]), a[3], real(*a))) or drawn[-1][2])
+    local_path_or_skip("train")
+    test = local_path_or_skip("test")
+    g = torch.Generator().manual_seed(0)
+
+    def passes(prompts: list[list[int]]) -> list[Sample]:  # a greedy and a sampled pass
+        return [Sample(p, torch.randint(1, 200, (9,), generator=g).tolist())
+                for _ in range(2) for p in prompts]
+
+    prompts = [torch.randint(1, 200, (12,), generator=g).tolist() for _ in range(7)]
+    data, extra = tmp_path / "samples.jsonl.xz", tmp_path / "extra.jsonl.xz"
+    save_samples(passes(prompts[:4]), data)
+    save_samples(passes(prompts[2:]), extra)  # two of the file's prompts, three new ones
+    out = tmp_path / "draft"
+    common = ["--smoke", "--target", target, "--steps", "2", "--samples-file", str(data),
+              "--phase", "train", "--num-shots", "0", "--num-samples", "8"]
+    with caplog.at_level(logging.INFO, logger="train_dflash"):
+        train_dflash.main([*common, "--out", str(out), "--extra-samples-file", str(extra),
+                           "--val-samples", "2"])
+    assert "- Data: 14 continuations" in (out / "README.md").read_text()
+    (sequences, among, held), = drawn
+    assert (sequences, among, len(held)) == (14, 4, 2) and max(held) < 8
+    assert f"{extra}: 10 samples, 6 of prompts not seen before" in caplog.text
+    missing = tmp_path / "absent.jsonl"
+    with pytest.raises(SystemExit, match=rf"^train_dflash: error: {missing}: no such samples "
+                                         r"file \(--extra-samples-file\)$"):
+        train_dflash.main([*common, "--out", str(out), "--extra-samples-file", str(missing)])
+    tok = Tokenizer.from_dir(target)
+    leaky = tmp_path / "leaky.jsonl.xz"
+    save_samples([Sample(tok.encode(build_prompt("", read_jsonl(test)[3]["question"])),
+                         tok.encode(" 7"))], leaky)
+    with pytest.raises(SystemExit, match=rf"^train_dflash: error: {leaky}: sample 0's prompt "
+                                         rf"holds evaluation prompt 3 of {test} \("):
+        train_dflash.main([*common, "--out", str(tmp_path / "d2"),
+                           "--extra-samples-file", str(leaky)])
+    assert not (tmp_path / "d2").exists()
+
+
+def test_new_prompts_only_keeps_the_samples_of_unseen_prompts_in_order():
+    seen = [Sample([1, 2], [3, 4]), Sample([5], [6, 7])]
+    more = [Sample([5], [8, 9]), Sample([1, 2, 3], [4, 4]), Sample([1, 2], [9, 9]),
+            Sample([1, 2, 3], [5, 5], temperature=0.7)]
+    assert new_prompts_only(seen, more) == [more[1], more[3]]
+    assert new_prompts_only([], more) == more
+
+
 def test_sampled_continuations_are_seeded(target):
     engine = Engine(model_path=target, device="cpu", max_total_tokens=2048,
                     max_running_requests=4)
@@ -1149,6 +1205,21 @@ def test_held_out_prompts_are_whole():
             tuple(p) for i, p in enumerate(prompts) if groups[i] in {groups[j] for j in held}}
         trained = set(range(len(groups))) - set(held)
         assert not {groups[i] for i in held} & {groups[i] for i in trained}
+
+
+def test_held_out_prompts_drawn_among_the_first_stay_when_more_prompts_follow():
+    """`among`: the held-out sequences are drawn among the first prompts only, the same
+    whatever prompts follow (an extra samples file's); drawn among all, they change."""
+    first = prompt_groups(_samples_of_repeated_prompts())  # 5 prompts, 4 sequences each
+    more = first + [5, 5, 6, 6, 7, 7, 8, 8, 9, 9]
+    moved = 0
+    for seed in range(6):
+        held = held_out_index(first, 5, seed)
+        assert held_out_index(more, 5, seed, among=5) == held
+        moved += held_out_index(more, 5, seed) != held
+    assert moved
+    # every first prompt held out: the following ones are still trained on
+    assert held_out_index(first + [5], 20, 0, among=5) == list(range(20))
 
 
 def _samples_of_repeated_prompts() -> list[Sample]:

@@ -170,6 +170,14 @@ def keep_prompt_fraction(samples: list[Sample], fraction: float) -> list[Sample]
             if int((g + 1) * f) > int(g * f)]
 
 
+def new_prompts_only(samples: list[Sample], more: list[Sample]) -> list[Sample]:
+    """The samples of `more` whose prompt none of `samples` has, in file order: another
+    file's continuations of the same prompts would repeat them (the greedy one word for
+    word) and could continue a held-out prompt."""
+    seen = {tuple(s.prompt_ids) for s in samples}
+    return [s for s in more if tuple(s.prompt_ids) not in seen]
+
+
 def describe_data(samples: list[Sample], num_shots: int) -> str:
     """What the samples are, for the card: each source's prompts, how they were continued
     (`N greedy, M sampled at T`) and the longest continuation, read from the samples

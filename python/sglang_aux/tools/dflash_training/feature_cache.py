@@ -21,8 +21,8 @@ from sglang_aux.tools.dflash_training.sequence_set import SequenceSet
 class Features:
     key: tuple  # what they depend on (`train_dflash._feature_key`)
     engine: Engine
-    samples: list[Sample]
-    data: SequenceSet
+    samples: list[Sample]  # the samples file's (`--extra-samples-file`'s are read again)
+    data: SequenceSet  # of those and the extra files' samples
     seconds: float  # what extracting them took
 
 

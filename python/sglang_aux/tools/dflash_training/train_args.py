@@ -87,6 +87,10 @@ def make_parser() -> argparse.ArgumentParser:
     add("--samples-file", default=None, help="the generated samples, jsonl (xz when it ends "
         "in .xz): read if present (the first --num-samples sequences of it), else written "
         "after generation")
+    add("--extra-samples-file", action="append", default=[], metavar="FILE",
+        help="more samples to train on beside --samples-file's (repeatable; read, never "
+             "written): those of prompts --samples-file lacks. The held-out sequences "
+             "(--val-samples) stay --samples-file's")
     add("--phase", choices=PHASES, default=None,
         help="data: only generate --samples-file; train: only train, on --samples-file "
              "(default: both, generating only when --samples-file is absent)")
@@ -232,6 +236,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if args.phase == "train" and not Path(args.samples_file).is_file():
         raise BadInputError(f"{args.samples_file}: no such samples file (--phase train reads "
                             "it; --phase data writes it)")
+    for extra in args.extra_samples_file:
+        if not Path(extra).is_file():
+            raise BadInputError(f"{extra}: no such samples file (--extra-samples-file)")
     if args.code_tasks_file and args.code_tasks and args.phase != "train":
         run_code_tasks(args)  # a file that is not tasks, or holds too few, stops here
     if not args.resume and (args.max_run_steps is not None or args.checkpoint):

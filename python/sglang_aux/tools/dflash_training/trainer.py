@@ -82,6 +82,10 @@ class TrainConfig:
     # generalize
     val_samples: int = 0
     val_every: int = 1000
+    # held-out prompts drawn among the first this many prompts only (None: all): those of
+    # `--samples-file`, so that `--extra-samples-file` adds training data and leaves the
+    # held-out sequences, and the curve they draw, those of a run without it
+    val_among_prompts: int | None = None
     # each batch drawn from one length group (`BatchDraws`): a candidate, off until timed and
     # searched (a mix batch's own rows 79% of its padded ones against 52%, but one kind of
     # prompt a batch)
@@ -304,7 +308,8 @@ class Trainer:
         start). Returns the stats averaged over the last `log_every` steps, the steps done in
         every run so far, whether training is done and the seconds it took in every run."""
         start, window, first = time.perf_counter(), [], self.num_steps
-        held_out = held_out_index(data.prompt_groups, self.cfg.val_samples, self.cfg.seed)
+        held_out = held_out_index(data.prompt_groups, self.cfg.val_samples, self.cfg.seed,
+                                  self.cfg.val_among_prompts)
         self.held_out_size = (len(held_out), len({data.prompt_groups[i] for i in held_out}))
         pool = torch.tensor(sorted(set(range(len(data))) - set(held_out)), dtype=torch.long)
         draws = BatchDraws(data.lens, pool, self.cfg.batch_size,
@@ -390,17 +395,19 @@ def _better(point: dict, than: dict) -> bool:
     return (point["accept"], -point["loss"]) > (than["accept"], -than["loss"])
 
 
-def held_out_index(groups: list[int], val_samples: int, seed: int) -> list[int]:
+def held_out_index(groups: list[int], val_samples: int, seed: int,
+                   among: int | None = None) -> list[int]:
     """The sequences training never draws, sorted: whole prompts (`groups`: each sequence's
     prompt, `prompt_groups`), so that no continuation of a held-out prompt is trained on,
     taken in the order of a permutation of the seed's own until they hold `val_samples`
-    sequences (the same in every run of a resumed training)."""
+    sequences (the same in every run of a resumed training). `among`: drawn among the
+    prompts numbered below it only (the same sequences whatever prompts follow them)."""
     if not val_samples:
         return []
     members: dict[int, list[int]] = {}
     for i, g in enumerate(groups):
         members.setdefault(g, []).append(i)
-    keys = sorted(members)
+    keys = sorted(g for g in members if among is None or g < among)
     order = torch.randperm(len(keys), generator=torch.Generator().manual_seed(seed + 2))
     held: list[int] = []
     for g in order.tolist():
