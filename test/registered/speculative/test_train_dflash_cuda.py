@@ -110,7 +110,9 @@ def test_mxfp8_rows_encode_as_on_the_cpu_and_train_from_the_host_as_from_the_dev
         codec = MXFP8Rows(4 * 96, raw, dtype)
         cpu = codec.encode(rows)
         assert torch.equal(codec.encode(rows.cuda()).cpu(), cpu)
-        assert torch.equal(codec.decode(cpu.cuda()).cpu(), codec.decode(cpu))
+        # bit for bit: a kept logsumexp's low half read as bf16 may be a NaN (never equal)
+        assert torch.equal(codec.decode(cpu.cuda()).cpu().view(torch.uint8),
+                           codec.decode(cpu).view(torch.uint8))
     target = tiny_checkpoint("tiny-llama", tmp_path / "ckpt")
     samples = tmp_path / "samples.jsonl"
     common = ["--smoke", "--target", target, "--device", "cuda", "--num-samples", "8",
