@@ -60,24 +60,21 @@
 # --eval --eval-num-prompts 100' SEND_PARTS=6 (the draft's six 16 MiB parts beside its README:
 # within a call's eight files) in the second; the feature pass (about 130 s on an H100) runs in each.
 # TRAIN_FLAGS='--eval' leaves the draft its acceptance_profile.json,
-# from which a static server derives its draft length schedule by default. The samples
-# carried, as run on 2026-12-05 (a light branch: `git checkout -b stage-light && git rm -q
+# from which a static server derives its draft length schedule by default. Both recipes'
+# samples are shipped (python/sglang_aux/data/<recipe>.samples.jsonl.xz), so nothing is
+# generated. The staging from a light branch (`git checkout -b stage-light && git rm -q
 # python/sglang_aux/data/drafts/smollm2-135m-instruct-dflash-b8/model.safetensors
-# python/sglang_aux/data/*.samples.jsonl.xz && git commit -qm light`, then `MARGIN_MIB=2 bash scripts/device/stage_qwen2_gguf.sh --model 1.5b`: 18 puts
-# of 57 MiB and a join, 5 s a call warm; the join apart: its part, the wheels, GSM8K and the
-# samples would not fit one call's 64 MiB):
-#   run(command="bash scripts/device/stage_qwen2_gguf.sh --model 1.5b --join 18",
-#       carry=[".carry/qwen2-gguf/18"])
+# python/sglang_aux/data/*.samples.jsonl.xz && git commit -qm light`, then `MARGIN_MIB=2 bash
+# scripts/device/stage_qwen2_gguf.sh --model 1.5b`: 19 puts of 57 MiB and a join, the calls
+# back to back), then, from main:
 #   run(command="TRAIN_FLAGS='--eval --eval-num-prompts 100' CUDA_TESTS=0 DEADLINE=500 \
 #       bash scripts/device/qwen25_coder.sh train $OUT",
-#       carry=[".carry/wheels", ".carry/gsm8k", ".carry/qwen-samples"], timeout_s=590)
+#       carry=[".carry/wheels", ".carry/gsm8k", ".carry/humaneval"], timeout_s=590)
 #   run(command="EVAL_CONFIGS='target dflash' SGLANG_HARNESS= LOSSLESS=0 HIGH_P='64 128 256' \
 #       MAX_RUNNING=256 START_TIMEOUT=300 bash scripts/device/qwen25_coder.sh eval $OUT",
 #       carry=[".carry/gsm8k", ".carry/wheels"], timeout_s=600)
 # The draft's six 16 MiB parts come back three a call (train, eval): keep them in
-# .carry/qwen-draft-parts/{1,2} and a later session runs `draft-in` instead of `train`. A later
-# session skips `gen` by carrying the returned samples (.carry/qwen-samples: 6.4 MB of xz) and
-# `train` reads them; `draft-in` brings a trained draft back instead of training it again.
+# .carry/qwen-draft-parts/{1,2} and a later session runs `draft-in` instead of `train`.
 # `train` sends the draft back over the calls (draft.tar.part-*, see send_parts) and,
 # once the trainer is past data generation, runs the CUDA suite beside it (CUDA_TESTS=0: not),
 # its logs in OUT/cuda.tgz; `eval`/`eval2` pack everything they measured into OUT/eval.tgz /
@@ -98,8 +95,8 @@
 # a machine with no search yet), DRAFT_PARTS (draft-in: how many parts make the draft,
 # default 6), DRAFT_PARTS_DIR (draft-in: where they are, default .carry/qwen-draft-parts), SEND_PARTS (train: the
 # draft's parts it sends back, default 3), TRAIN_FLAGS (train: more
-# train_dflash flags, e.g. '--eval --profile-steps 20'). Issue 30's Qwen comparison, Qwen staged and the samples
-# carried: DRAFT=qwen2.5-coder-1.5b-instruct-dspark-b15 TRAIN_FLAGS='--eval --profile-steps 20' DEADLINE=500 ... train
+# train_dflash flags, e.g. '--eval --profile-steps 20'). Issue 30's Qwen comparison, Qwen
+# staged: DRAFT=qwen2.5-coder-1.5b-instruct-dspark-b15 TRAIN_FLAGS='--eval --profile-steps 20' DEADLINE=500 ... train
 # (the DFlash draft's data and training time), `draft-in` (the DFlash draft), then
 # EVAL_CONFIGS="target_mixed dflash dflash_mixed dspark dspark_compact" \
 #   DSPARK_DRAFT=qwen2.5-coder-1.5b-instruct-dspark-b15 ... eval.
@@ -119,19 +116,13 @@ draft_dir() {
 }
 # The continuations `train` and `search` read, each recipe's apart (a machine that generated one
 # recipe's must never train another on them): those `gen` wrote on this machine, else the
-# recipe's shipped ones (python/sglang_aux/data/<recipe>.samples.jsonl.xz), else, for the
-# GSM8K recipes, the carried ones (.carry/qwen-samples, the b16 recipe's), else none: the
-# trainer generates them into the file.
+# recipe's shipped ones (python/sglang_aux/data/<recipe>.samples.jsonl.xz; a DSpark recipe's:
+# its DFlash recipe's), else none: the trainer generates them into the file.
 samples=$work/samples-$DRAFT.jsonl
-shipped=python/sglang_aux/data/$DRAFT.samples.jsonl.xz
-carried=${CARRIED_SAMPLES:-.carry/qwen-samples}
+shipped=python/sglang_aux/data/${DRAFT/dspark-b15/dflash-b16}.samples.jsonl.xz
 samples_file() {
   if [ ! -f "$samples" ] && [ -f "$shipped" ]; then
     echo "$shipped"; return
-  fi
-  if [ ! -f "$samples" ] && [[ $DRAFT != *-mix ]] \
-      && ls "$carried"/samples.jsonl.xz.part-* > /dev/null 2>&1; then
-    cat "$carried"/samples.jsonl.xz.part-* | xz -d > "$samples"
   fi
   echo "$samples"
 }
@@ -289,7 +280,6 @@ print(d('$DRAFT').parent)")
     job=${phase%-start}
     install_wheels
     [ $job = search ] && seed_search
-    samples_file > /dev/null  # carried samples unpacked here: the job's tree has no .carry of them
     rm -rf $work/$job-tree $work/$job.rc $work/$job.log
     [ $job = train ] && rm -rf $work/draft-parts $work/snapshot-parts $work/snapshot.sent
     mkdir -p $work/$job-tree/.carry && cp -r python scripts $work/$job-tree/

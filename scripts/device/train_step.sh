@@ -2,16 +2,18 @@
 # Where a training step of the Qwen2.5-Coder mix draft spends its time, with no staging (issue
 # 40; docs/training.md "Where a training step goes"): the mix recipe's trainer on the shaped
 # Qwen2.5-1.5B preset (its config, random weights: a step's cost does not depend on the
-# values) over every SAMPLE_EVERY-th of the shipped mix samples, one run per variant below,
+# values) over every SAMPLE_EVERY-th of the shipped mix samples (not the GSM8K recipe's the
+# recipe adds), one run per variant below,
 # each profiled over 20 steps (`--profile-steps`: wall time, the device's busy time, the ops)
 # and timed unprofiled (the log lines' seconds every 20 steps: the profiler slows the host).
-# `base` is the recipe (over its draft vocabulary, host rows copied on their own stream,
-# compiled: the default on CUDA); `eager` runs it without torch.compile (`--no-compile`);
+# `base` is the recipe (over its draft vocabulary, the rows as MXFP8, host rows copied on
+# their own stream, compiled: the default on CUDA); `eager` runs it without torch.compile (`--no-compile`);
 # `packed` projects only the sequences' own context rows, not the batch's padding
 # (`--pack-context`); `fused` steps AdamW with its fused kernels (`--fused-adam`). Others
 # through VARIANTS (NAME=FLAGS, a variant's flags joined by commas), e.g.
 # `grouped=--group-by-length` (each batch from one length group: less padding),
-# `mxfp8rows=--mxfp8-rows` (the rows kept as MXFP8, each batch decoded on the device),
+# `bf16rows=--no-mxfp8-rows` (the rows kept in bf16, not decoded: 1.14x base's pace on an
+# H100, docs/benchmarks.md section 9s),
 # `fullvocab=--no-train-over-token-map`, `hostrows=--device-reserve-gb=100000` (every row in
 # pinned host memory, as most of the whole mix's are; with `,--no-batch-stream` copied in
 # line), `wide5=--num-layers=5,--intermediate-size=8960`, `efficient=--sdpa-backend=efficient`
@@ -40,7 +42,7 @@ for v in ${VARIANTS:-base= eager=--no-compile packed=--pack-context fused=--fuse
   name=${v%%=*}
   flags=${v#*=}
   step "$name" 300 python -m sglang_aux.tools.train_dflash --recipe $recipe \
-    --target qwen2.5-1.5b-shaped --mask-token 151662 --phase train --samples-file "$samples" \
+    --target qwen2.5-1.5b-shaped --mask-token 151662 --phase train --samples-file "$samples" --extra-samples-file \
     --out "/tmp/train-step/$name" --steps "${STEPS:-100}" --log-every 20 --profile-steps 20 \
     ${flags//,/ }
 done

@@ -476,29 +476,28 @@ def test_a_carried_search_state_is_continued_not_overwritten(tmp_path):
     assert (tmp_path / "w2/search/seen.json").read_text() == '{"carried": 1}'
 
 
-def test_a_detached_search_reads_the_carried_samples(tmp_path):
-    """A GSM8K recipe's carried samples (xz parts) are unpacked before the job detaches: the
-    job's copy of the tree holds none of them, and without them it would generate its own;
-    SEARCH_VARIANTS' commas join one variant's flags."""
+def test_a_detached_search_reads_the_shipped_samples(tmp_path):
+    """A recipe's shipped samples reach the detached job (a DSpark recipe's are its DFlash
+    recipe's); samples `gen` wrote on the machine win; SEARCH_VARIANTS' commas join one
+    variant's flags."""
     py = tmp_path / "py"
     py.write_text(TRAINER)
     py.chmod(0o755)
-    carried = tmp_path / "carried"
-    carried.mkdir()
-    line = '{"prompt_ids": [1, 2], "output_ids": [3]}\n'
-    subprocess.run(f"printf '%s' '{line}' | xz | split -b 8 - "
-                   f"{carried}/samples.jsonl.xz.part-", shell=True, check=True)
     env = {**os.environ, "PY": str(py), "REAL_PY": sys.executable, "WORK": str(tmp_path),
-           "STEP_S": "1", "DRAFT": "qwen2.5-coder-1.5b-instruct-dflash-b16",
-           "CARRIED_SAMPLES": os.path.relpath(carried, REPO),  # relative, as .carry/ is
+           "STEP_S": "1", "DRAFT": "qwen2.5-coder-1.5b-instruct-dspark-b15",
            "SEARCH_VARIANTS": "base= wide=--num-layers=5,--intermediate-size=8960"}
     call = partial(_phase, env, tmp_path)
     call("search-start", 1)
     done, _ = call("search-wait", 30)
     assert "every variant measured" in done
-    unpacked = tmp_path / f"samples-{env['DRAFT']}.jsonl"
-    assert unpacked.read_text() == line
     log = (tmp_path / "search.log").read_text()
-    assert f"samples {unpacked}\n" in log
+    shipped = "python/sglang_aux/data/qwen2.5-coder-1.5b-instruct-dflash-b16.samples.jsonl.xz"
+    assert f"samples {shipped}\n" in log
+    generated = tmp_path / f"samples-{env['DRAFT']}.jsonl"
+    generated.write_text('{"prompt_ids": [1, 2], "output_ids": [3]}\n')
+    call("search-start", 1)
+    call("search-wait", 30)
+    log = (tmp_path / "search.log").read_text()
+    assert f"samples {generated}\n" in log
     # a variant's flags joined by commas reach the search as one variant
     assert "variant [base=]\nvariant [wide=--num-layers=5 --intermediate-size=8960]\n" in log

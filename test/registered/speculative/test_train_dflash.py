@@ -2,6 +2,7 @@
 (same logits), the block objective's anchors and labels, overfitting one fixed batch, and a
 smoke run of the whole tool whose draft folder our Engine runs losslessly."""
 
+import hashlib
 import itertools
 import json
 import logging
@@ -78,7 +79,13 @@ from sglang_aux.tools.dflash_training.export import (
     write_draft,
 )
 from sglang_aux.tools.dflash_training.features import extract_aux
-from sglang_aux.tools.dflash_training.recipes import MIX, RECIPES, SMOKE_DEFAULTS, shipped_samples
+from sglang_aux.tools.dflash_training.recipes import (
+    GSM8K,
+    MIX,
+    RECIPES,
+    SMOKE_DEFAULTS,
+    shipped_samples,
+)
 from sglang_aux.tools.dflash_training.sequence_set import (
     Batch,
     BatchDraws,
@@ -754,10 +761,13 @@ def test_recipe_sets_defaults_and_resolves_its_draft(tmp_path, monkeypatch):
     mix = train_args.parse_args(["--recipe", f"{name}-mix"])
     assert (mix.num_samples, mix.code_tasks, mix.chat_instructions, mix.sampled_passes) == (
         3_000, 3_000, 2_000, 3)
-    assert (mix.block_size, mix.num_layers, mix.steps) == (16, 2, 6_120)
+    assert (mix.block_size, mix.num_layers, mix.steps) == (16, 2, 24_000)
     assert mix.code_tasks_file == str(TASKS_FILE)  # the shipped tasks, the same everywhere
-    assert mix.samples_file == str(shipped_samples(MIX))  # generated once, trained from here
-    assert train_args.parse_args(["--recipe", name]).samples_file is None
+    # generated once, trained from here; the mix beside the GSM8K recipe's, as MXFP8 rows
+    assert mix.samples_file == str(shipped_samples(MIX))
+    assert args.samples_file == str(shipped_samples(name)) == mix.extra_samples_file[0]
+    assert (mix.extra_samples_file, args.extra_samples_file) == ([args.samples_file], [])
+    assert mix.mxfp8_rows and not args.mxfp8_rows
     # the mix trains over its draft vocabulary (DSpark too), a flag turns it off
     assert mix.train_over_token_map and not args.train_over_token_map
     assert (mix.val_samples, args.val_samples) == (320, 0)  # its curve says when it overfits
@@ -933,6 +943,21 @@ def test_mixed_prompts_are_kept_with_their_source_and_checked_against_humaneval(
                                          rf"of {humaneval} \(prompts\)"):
         train_dflash.main([*common[:-1], str(leaky), "--phase", "train", "--out",
                            str(tmp_path / "d")])
+
+
+def test_the_gsm8k_recipes_shipped_samples_and_what_the_mix_takes_of_them():
+    """The GSM8K recipe's samples, as the H200 generated them (the continuations README's
+    sha256): every train question but the shots and the held-out 200, greedy and five sampled
+    passes; the mix trains beside its own those of the 4,268 questions it lacks."""
+    path = shipped_samples(GSM8K)
+    assert path.stat().st_size < 10_000_000
+    assert hashlib.sha256(path.read_bytes()).hexdigest() == (
+        "f3f41f11b8fac2e6512a41c3c8db98e5368842ebeb32e9fcf3cfd3a0375b5ef1")
+    samples = load_samples(path)
+    assert Counter(s.temperature for s in samples) == {0.0: 7_268, 0.7: 5 * 7_268}
+    assert {s.source for s in samples} == {"gsm8k"}
+    extra = new_prompts_only(load_samples(shipped_samples(MIX)), samples)
+    assert (len(extra), len({tuple(s.prompt_ids) for s in extra})) == (25_608, 4_268)
 
 
 def test_a_fraction_of_the_prompts_keeps_each_sources_share_and_whole_prompts():

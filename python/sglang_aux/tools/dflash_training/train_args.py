@@ -87,10 +87,10 @@ def make_parser() -> argparse.ArgumentParser:
     add("--samples-file", default=None, help="the generated samples, jsonl (xz when it ends "
         "in .xz): read if present (the first --num-samples sequences of it), else written "
         "after generation")
-    add("--extra-samples-file", action="append", default=[], metavar="FILE",
-        help="more samples to train on beside --samples-file's (repeatable; read, never "
-             "written): those of prompts --samples-file lacks. The held-out sequences "
-             "(--val-samples) stay --samples-file's")
+    add("--extra-samples-file", nargs="*", default=[], metavar="FILE",
+        help="more samples files to train on beside --samples-file's (read, never written): "
+             "their samples of prompts --samples-file lacks; the held-out sequences "
+             "(--val-samples) stay --samples-file's. Given alone: none (a recipe's too)")
     add("--phase", choices=PHASES, default=None,
         help="data: only generate --samples-file; train: only train, on --samples-file "
              "(default: both, generating only when --samples-file is absent)")
