@@ -11,6 +11,7 @@ from sglang_aux.test.ci.ci_register import register_cpu_ci
 from sglang_aux.test.humaneval import read_problems
 from sglang_aux.tools.dflash_training.code_tasks import (
     MIN_DOC_CHARS,
+    MORE_TASKS_FILE,
     TASKS_FILE,
     code_tasks,
     functions_of,
@@ -66,6 +67,29 @@ def test_tasks_are_distinct_of_both_forms_and_seeded(root):
     assert t.instruction().startswith(f"Write a Python function `{t.signature[:-1]}`")
 
 
+def test_a_second_draw_leaves_out_the_functions_of_the_first(root, tmp_path, capsys):
+    """`exclude` (`--exclude FILE`): a second set of tasks holds no docstring or signature of
+    the first's, whatever the seed."""
+    first = code_tasks(3, seed=1, roots=[root])
+    second = code_tasks(10, seed=1, roots=[root], exclude=first)
+    assert len(second) == 3  # the six functions less the first three
+    assert not {t.docstring for t in first} & {t.docstring for t in second}
+    save_tasks(first, tmp_path / "first.jsonl")
+    main(["--num", "10", "--seed", "2", "--root", str(root), "--exclude",
+          str(tmp_path / "first.jsonl"), "--out", str(tmp_path / "second.jsonl")])
+    again = load_tasks(tmp_path / "second.jsonl")
+    assert {t.docstring for t in again} == {t.docstring for t in second}
+
+
+def test_a_task_holding_an_evaluation_signature_is_not_drawn(root):
+    """`avoid` (the command: HumanEval's signatures): a task whose signature and docstring
+    hold one, whitespace runs as one space, is left out; the trainer would refuse its
+    prompt."""
+    tasks = code_tasks(10, seed=1, roots=[root], avoid=["def   sum_sq_3(xs:\n list[int])"])
+    assert len(tasks) == 5 and "def sum_sq_3" not in " ".join(t.signature for t in tasks)
+    assert len(code_tasks(10, seed=1, roots=[root], avoid=["VARIANT 2.", "Variant 4."])) == 4
+
+
 def test_no_documented_function_is_an_error_naming_the_folder(tmp_path):
     (tmp_path / "a.py").write_text("x = 1\n")
     with pytest.raises(ValueError, match=str(tmp_path)):
@@ -95,12 +119,19 @@ def test_saved_tasks_read_back_whole_and_a_bad_file_is_named(root, tmp_path, cap
 
 
 def test_the_shipped_tasks_are_distinct_of_both_forms_and_not_humaneval():
+    """Both shipped files: the mix's 3,000 and the 3,260 more, whose first 3,000 its second
+    set of prompts takes (half of each form), none of a function of the first file."""
     tasks = load_tasks(TASKS_FILE)
-    assert len(tasks) == 3_000 and len({t.name for t in tasks}) == 3_000
-    assert [t.form for t in tasks].count("completion") == 1_500
-    text = "\0".join(normalized(t.signature + " " + t.docstring) for t in tasks)
-    for problem in read_problems():
-        assert normalized(problem.signature()) not in text, problem.task_id
+    more = load_tasks(MORE_TASKS_FILE)
+    assert len(tasks) == 3_000 and len(more) == 3_260
+    for some in (tasks, more):
+        assert len({t.name for t in some}) == len(some)
+        assert [t.form for t in some[:3_000]].count("completion") == 1_500
+        text = "\0".join(normalized(t.signature + " " + t.docstring) for t in some)
+        for problem in read_problems():
+            assert normalized(problem.signature()) not in text, problem.task_id
+    keys = {normalized(k) for t in tasks for k in (t.docstring, t.signature)}
+    assert not keys & {normalized(k) for t in more for k in (t.docstring, t.signature)}
 
 
 if __name__ == "__main__":

@@ -56,7 +56,7 @@ from sglang_aux.tools.dflash_training.block_objective import (
     offset_weights,
     slice_cross_entropy,
 )
-from sglang_aux.tools.dflash_training.code_tasks import TASKS_FILE
+from sglang_aux.tools.dflash_training.code_tasks import MORE_TASKS_FILE, TASKS_FILE
 from sglang_aux.tools.dflash_training.data import (
     BadInputError,
     Sample,
@@ -82,6 +82,7 @@ from sglang_aux.tools.dflash_training.features import extract_aux
 from sglang_aux.tools.dflash_training.recipes import (
     GSM8K,
     MIX,
+    MIX_MORE,
     RECIPES,
     SMOKE_DEFAULTS,
     shipped_samples,
@@ -768,6 +769,12 @@ def test_recipe_sets_defaults_and_resolves_its_draft(tmp_path, monkeypatch):
     assert args.samples_file == str(shipped_samples(name)) == mix.extra_samples_file[0]
     assert (mix.extra_samples_file, args.extra_samples_file) == ([args.samples_file], [])
     assert mix.mxfp8_rows and not args.mxfp8_rows
+    # the mix's second prompts: code tasks of other functions, chat from another seed, no GSM8K
+    more = train_args.parse_args(["--recipe", MIX_MORE])
+    assert (more.num_samples, more.code_tasks, more.chat_instructions, more.seed) == (
+        0, 3_000, 2_000, 1)
+    assert (more.code_tasks_file, more.samples_file, more.extra_samples_file) == (
+        str(MORE_TASKS_FILE), str(shipped_samples(MIX_MORE)), [])
     # the mix trains over its draft vocabulary (DSpark too), a flag turns it off
     assert mix.train_over_token_map and not args.train_over_token_map
     assert (mix.val_samples, args.val_samples) == (320, 0)  # its curve says when it overfits
@@ -958,6 +965,19 @@ def test_the_gsm8k_recipes_shipped_samples_and_what_the_mix_takes_of_them():
     assert {s.source for s in samples} == {"gsm8k"}
     extra = new_prompts_only(load_samples(shipped_samples(MIX)), samples)
     assert (len(extra), len({tuple(s.prompt_ids) for s in extra})) == (25_608, 4_268)
+
+
+def test_a_mix_without_gsm8k_generates_code_and_chat_only(target, tmp_path):
+    """`--num-samples 0` beside code tasks and chat requests (the mix's second prompts): the
+    data phase writes no GSM8K sample."""
+    local_path_or_skip("train")
+    local_path_or_skip("test")
+    data = tmp_path / "more.jsonl"
+    train_dflash.main(["--smoke", "--target", target, "--num-samples", "0", "--code-tasks", "2",
+                       "--code-tasks-file", str(MORE_TASKS_FILE), "--chat-instructions", "1",
+                       "--samples-file", str(data), "--phase", "data"])
+    sources = Counter(s.source for s in load_samples(data))
+    assert sources["gsm8k"] == 0 and sources["code"] >= 1 and sources["chat"] == 1
 
 
 def test_a_fraction_of_the_prompts_keeps_each_sources_share_and_whole_prompts():

@@ -34,6 +34,7 @@ SHIPPED_DRAFTS = ("smollm2-135m-instruct-dflash-b8",)
 # cache, where its name then resolves.
 TRAINED_DRAFTS = ("qwen2.5-coder-1.5b-instruct-dflash-b16",
                   "qwen2.5-coder-1.5b-instruct-dflash-b16-mix",
+                  "qwen2.5-coder-1.5b-instruct-dflash-b16-mix-more",
                   "qwen2.5-coder-1.5b-instruct-dspark-b15",
                   "qwen2.5-coder-1.5b-instruct-dspark-b15-mix", "smollm2-135m-instruct-dspark-b7")
 

@@ -18,10 +18,12 @@ import json
 import lzma
 import random
 import sysconfig
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
+
+from sglang_aux.test.humaneval import read_problems
 
 # Docstrings outside these bounds make poor tasks: a one-liner says too little to write a body
 # from, a page-long one is an API manual.
@@ -41,6 +43,9 @@ Form = Literal["completion", "instruction"]
 # The shipped tasks (3,000 from the standard library and the CPU test environment's packages,
 # seed 0), read by the code + chat recipe
 TASKS_FILE = Path(__file__).resolve().parents[2] / "data" / "code_tasks.jsonl.xz"
+# More of them for a second set of the mix's prompts, none of the functions above: `--num 4500
+# --seed 1 --exclude TASKS_FILE` on the CPU test environment (its 18,396 files give 3,260)
+MORE_TASKS_FILE = TASKS_FILE.with_name("code_tasks_more.jsonl.xz")
 
 
 @dataclass(frozen=True)
@@ -106,15 +111,21 @@ def _normalized(text: str) -> str:
     return " ".join(text.split()).casefold()
 
 
-def code_tasks(num: int, seed: int, roots: list[Path] | None = None) -> list[CodeTask]:
+def code_tasks(num: int, seed: int, roots: list[Path] | None = None,
+               exclude: Sequence[CodeTask] = (), avoid: Sequence[str] = ()) -> list[CodeTask]:
     """`num` distinct tasks (fewer when the files run out), half of each form, in the order
-    the seed's shuffle of the files finds them. `ValueError` when `roots` hold none."""
+    the seed's shuffle of the files finds them, none with the docstring or signature of a
+    task in `exclude` (another draw's: a second set of prompts), none whose signature and
+    docstring hold a text of `avoid` (whitespace runs as one space: evaluation prompts'
+    signatures, which the trainer refuses in a prompt). `ValueError` when `roots` hold
+    none."""
+    avoid = [_normalized(a) for a in avoid]
     roots = source_roots() if roots is None else roots
     rng = random.Random(seed)
     files = [(root, path) for root in roots for path in python_files([root])]
     rng.shuffle(files)
     tasks: list[CodeTask] = []
-    seen: set[str] = set()
+    seen = {key for t in exclude for key in (_normalized(t.docstring), _normalized(t.signature))}
     for root, path in files[: max(num * FILES_PER_TASK, 1)]:
         found = list(functions_of(path, root))
         rng.shuffle(found)  # one file's functions in no fixed order, so later ones get drawn
@@ -122,6 +133,8 @@ def code_tasks(num: int, seed: int, roots: list[Path] | None = None) -> list[Cod
         for name, signature, doc in found:
             keys = {_normalized(doc), _normalized(signature)}
             if seen & keys or taken == TASKS_PER_FILE or len(tasks) == num:
+                continue
+            if any(a in _normalized(f"{signature} {doc}") for a in avoid):
                 continue
             seen |= keys
             taken += 1
@@ -171,8 +184,13 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--root", action="append", type=Path, default=None,
                    help="a folder to draw from, again for more (default: the standard library "
                         "and the installed packages)")
+    p.add_argument("--exclude", action="append", default=[],
+                   help="a tasks file whose tasks' functions are not drawn again (a second "
+                        "set beside it), again for more")
     args = p.parse_args(argv)
-    tasks = code_tasks(args.num, args.seed, args.root)
+    tasks = code_tasks(args.num, args.seed, args.root,
+                       [t for path in args.exclude for t in load_tasks(path)],
+                       [p.signature() for p in read_problems()])
     save_tasks(tasks, args.out)
     print(f"{len(tasks)} code tasks -> {args.out}")
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from sglang_aux.tools.dflash_training.code_tasks import TASKS_FILE
+from sglang_aux.tools.dflash_training.code_tasks import MORE_TASKS_FILE, TASKS_FILE
 
 
 def shipped_samples(recipe: str) -> Path:
@@ -43,7 +43,15 @@ RECIPES[MIX] = dict(
     code_chat_max_new_tokens=512, samples_file=str(shipped_samples(MIX)),
     extra_samples_file=[str(shipped_samples(GSM8K))], mxfp8_rows=True, steps=24_000,
     train_over_token_map=True, val_samples=320, keep_best=True)
-# DSpark beside it on the same data, schedule and deadline; gamma 15 verifies the same 16
+# A second set of the mix's code and chat prompts (no GSM8K: the GSM8K recipe's already
+# follow the mix): 3,000 code tasks of functions the mix's tasks are not, 2,000 chat requests
+# the target writes from another seed. Its samples are made by `--phase data` (on a GPU:
+# `qwen25_coder.sh gen`) and trained beside the mix's with `--extra-samples-file`.
+MIX_MORE = f"{MIX}-more"
+RECIPES[MIX_MORE] = dict(
+    RECIPES[MIX], num_samples=0, code_tasks_file=str(MORE_TASKS_FILE), seed=1,
+    samples_file=str(shipped_samples(MIX_MORE)), extra_samples_file=[])
+# DSpark beside the GSM8K recipe on its data, schedule and deadline; gamma 15 verifies the same 16
 # tokens per request as the block-16 DFlash draft
 RECIPES["qwen2.5-coder-1.5b-instruct-dspark-b15"] = dict(
     RECIPES[GSM8K], algorithm="dspark", block_size=15)
