@@ -4,7 +4,7 @@
 # with it the staged GGUF, the imported model and the draft in its cache.
 #
 #   bash scripts/device/qwen25_coder.sh gen OUT     # the call before `train`: the recipe's
-#                                                   # continuations (DRAFT=...-b16-mix: of
+#                                                   # continuations (the default DRAFT: of
 #                                                   # its mix of GSM8K, code tasks and chat
 #                                                   # requests; SAMPLED_PASSES: the recipe's
 #                                                   # by default), kept on the machine and sent
@@ -96,10 +96,10 @@
 # default 6), DRAFT_PARTS_DIR (draft-in: where they are, default .carry/qwen-draft-parts), SEND_PARTS (train: the
 # draft's parts it sends back, default 3), TRAIN_FLAGS (train: more
 # train_dflash flags, e.g. '--eval --profile-steps 20'). Issue 30's Qwen comparison, Qwen
-# staged: DRAFT=qwen2.5-coder-1.5b-instruct-dspark-b15 TRAIN_FLAGS='--eval --profile-steps 20' DEADLINE=500 ... train
+# staged: DRAFT=qwen2.5-coder-1.5b-instruct-dspark-b15-gsm8k TRAIN_FLAGS='--eval --profile-steps 20' DEADLINE=500 ... train
 # (the DFlash draft's data and training time), `draft-in` (the DFlash draft), then
 # EVAL_CONFIGS="target_mixed dflash dflash_mixed dspark dspark_compact" \
-#   DSPARK_DRAFT=qwen2.5-coder-1.5b-instruct-dspark-b15 ... eval.
+#   DSPARK_DRAFT=qwen2.5-coder-1.5b-instruct-dspark-b15-gsm8k ... eval.
 set -uo pipefail
 phase=$1; out=$2
 mkdir -p "$out"

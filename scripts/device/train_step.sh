@@ -28,7 +28,7 @@ export SGLANG_AUX_HUMANEVAL=${SGLANG_AUX_HUMANEVAL:-$PWD/.carry/humaneval/HumanE
 export SGLANG_AUX_GSM8K_DIR=${SGLANG_AUX_GSM8K_DIR:-$PWD/.carry/gsm8k}
 [ -d .carry/wheels ] && python -m pip install -q --no-index --no-deps --target /tmp/site \
   .carry/wheels/*.whl
-recipe=qwen2.5-coder-1.5b-instruct-dflash-b16-mix
+recipe=qwen2.5-coder-1.5b-instruct-dflash-b16
 samples=/tmp/train-step-samples.jsonl.xz
 python - "python/sglang_aux/data/$recipe.samples.jsonl.xz" "$samples" "${SAMPLE_EVERY:-8}" <<'EOF'
 import lzma, sys

@@ -298,7 +298,7 @@ def test_detached_training_outlives_its_call_and_packs_the_draft(tmp_path):
     py.chmod(0o755)
     env = {**os.environ, "PY": str(py), "REAL_PY": sys.executable, "WORK": str(tmp_path / "w"),
            "SGLANG_AUX_CACHE": str(tmp_path / "cache"), "STEP_S": "12", "SEND_PARTS": "1",
-           "DRAFT": "qwen2.5-coder-1.5b-instruct-dflash-b16-mix", "SNAPSHOT_S": ""}
+           "DRAFT": "qwen2.5-coder-1.5b-instruct-dflash-b16", "SNAPSHOT_S": ""}
     (tmp_path / "w").mkdir()
 
     call = partial(_phase, env, tmp_path)
@@ -316,7 +316,7 @@ def test_detached_training_outlives_its_call_and_packs_the_draft(tmp_path):
     rest = sorted(rest_out.glob("draft.tar.part-*"))
     assert len(first) == 1 and len(rest) == 1
     log = (tmp_path / "w/train.log").read_text()
-    assert "data/qwen2.5-coder-1.5b-instruct-dflash-b16-mix.samples.jsonl.xz" in log
+    assert "data/qwen2.5-coder-1.5b-instruct-dflash-b16.samples.jsonl.xz" in log
     unpacked = tmp_path / "unpacked"
     unpacked.mkdir()
     subprocess.run(f"cat {' '.join(map(str, first + rest))} | tar x -C {unpacked}", shell=True,
@@ -335,7 +335,7 @@ def test_a_running_training_sends_its_newest_snapshot_home(tmp_path):
     py = tmp_path / "py"
     py.write_text(TRAINER)
     py.chmod(0o755)
-    draft = "qwen2.5-coder-1.5b-instruct-dflash-b16-mix"
+    draft = "qwen2.5-coder-1.5b-instruct-dflash-b16"
     env = {**os.environ, "PY": str(py), "REAL_PY": sys.executable, "WORK": str(tmp_path / "w"),
            "SGLANG_AUX_CACHE": str(tmp_path / "cache"), "SEND_PARTS": "1", "DRAFT": draft,
            "STOP_FILE": str(tmp_path / "stop")}
@@ -384,7 +384,7 @@ def test_a_warm_start_trains_from_the_carried_draft(tmp_path):
     py.chmod(0o755)
     env = {**os.environ, "PY": str(py), "REAL_PY": sys.executable, "WORK": str(tmp_path / "w"),
            "SGLANG_AUX_CACHE": str(tmp_path / "cache"), "STEP_S": "0", "SEND_PARTS": "0",
-           "DRAFT": "qwen2.5-coder-1.5b-instruct-dflash-b16-mix", "CUDA_TESTS": "0"}
+           "DRAFT": "qwen2.5-coder-1.5b-instruct-dflash-b16", "CUDA_TESTS": "0"}
     (tmp_path / "w").mkdir()
     _phase(env, tmp_path, "train", 1)  # a first session's draft
     assert "init from" not in (tmp_path / "w/train.log").read_text()
@@ -403,7 +403,7 @@ def test_detached_search_outlives_its_call_and_returns_its_table(tmp_path):
     py.write_text(TRAINER)
     py.chmod(0o755)
     env = {**os.environ, "PY": str(py), "REAL_PY": sys.executable, "WORK": str(tmp_path),
-           "STEP_S": "8", "DRAFT": "qwen2.5-coder-1.5b-instruct-dflash-b16-mix"}
+           "STEP_S": "8", "DRAFT": "qwen2.5-coder-1.5b-instruct-dflash-b16"}
 
     call = partial(_phase, env, tmp_path)
 
@@ -429,7 +429,7 @@ def test_the_searchs_drafts_come_back_and_are_carried_in(tmp_path):
     work = tmp_path / "w"
     work.mkdir()
     env = {**os.environ, "PY": str(py), "REAL_PY": sys.executable, "WORK": str(work),
-           "STEP_S": "1", "SEND_PARTS": "1", "DRAFT": "qwen2.5-coder-1.5b-instruct-dflash-b16-mix"}
+           "STEP_S": "1", "SEND_PARTS": "1", "DRAFT": "qwen2.5-coder-1.5b-instruct-dflash-b16"}
     call = partial(_phase, env, tmp_path)
     call("search-start", 1)
     _, first = call("search-wait", 30)
@@ -462,7 +462,7 @@ def test_a_carried_search_state_is_continued_not_overwritten(tmp_path):
     state = tmp_path / "carried-search.json"
     state.write_text('{"carried": 1}')
     env = {**os.environ, "PY": str(py), "REAL_PY": sys.executable, "WORK": str(tmp_path / "w"),
-           "STEP_S": "1", "DRAFT": "qwen2.5-coder-1.5b-instruct-dflash-b16-mix",
+           "STEP_S": "1", "DRAFT": "qwen2.5-coder-1.5b-instruct-dflash-b16",
            "SEARCH_STATE": os.path.relpath(state, REPO)}  # relative, as .carry/ is
     (tmp_path / "w").mkdir()
     call = partial(_phase, env, tmp_path)
@@ -484,14 +484,14 @@ def test_a_detached_search_reads_the_shipped_samples(tmp_path):
     py.write_text(TRAINER)
     py.chmod(0o755)
     env = {**os.environ, "PY": str(py), "REAL_PY": sys.executable, "WORK": str(tmp_path),
-           "STEP_S": "1", "DRAFT": "qwen2.5-coder-1.5b-instruct-dspark-b15",
+           "STEP_S": "1", "DRAFT": "qwen2.5-coder-1.5b-instruct-dspark-b15-gsm8k",
            "SEARCH_VARIANTS": "base= wide=--num-layers=5,--intermediate-size=8960"}
     call = partial(_phase, env, tmp_path)
     call("search-start", 1)
     done, _ = call("search-wait", 30)
     assert "every variant measured" in done
     log = (tmp_path / "search.log").read_text()
-    shipped = "python/sglang_aux/data/qwen2.5-coder-1.5b-instruct-dflash-b16.samples.jsonl.xz"
+    shipped = "python/sglang_aux/data/qwen2.5-coder-1.5b-instruct-dflash-b16-gsm8k.samples.jsonl.xz"
     assert f"samples {shipped}\n" in log
     generated = tmp_path / f"samples-{env['DRAFT']}.jsonl"
     generated.write_text('{"prompt_ids": [1, 2], "output_ids": [3]}\n')

@@ -104,7 +104,7 @@ def test_a_built_in_drafts_map_is_named_by_the_draft(tmp_path, monkeypatch):
     writes it), before any hub: a draft without the file, or not trained here, is named."""
     monkeypatch.setenv(CACHE_ENV, str(tmp_path))
     monkeypatch.setitem(sys.modules, "huggingface_hub", None)
-    name = "qwen2.5-coder-1.5b-instruct-dflash-b16-mix"
+    name = "qwen2.5-coder-1.5b-instruct-dflash-b16"
     with pytest.raises(FileNotFoundError, match=rf"draft '{re.escape(name)}' is not trained on "
                                                 "this machine"):
         load_token_map(f"{name}/freq_32768.pt", VOCAB)

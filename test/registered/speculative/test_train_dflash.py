@@ -748,7 +748,7 @@ def test_recipe_sets_defaults_and_resolves_its_draft(tmp_path, monkeypatch):
     """`--recipe NAME` gives the named draft's flags as defaults (a flag given beside it wins)
     and writes where NAME resolves; before training, NAME fails naming the command."""
     monkeypatch.setenv("SGLANG_AUX_CACHE", str(tmp_path))
-    name = "qwen2.5-coder-1.5b-instruct-dflash-b16"
+    name = "qwen2.5-coder-1.5b-instruct-dflash-b16-gsm8k"
     for recipe in RECIPES:  # every recipe's draft is served by its name once trained
         with pytest.raises(FileNotFoundError, match=f"train_dflash --recipe {recipe}"):
             builtin.resolve_model_path(recipe)
@@ -758,8 +758,9 @@ def test_recipe_sets_defaults_and_resolves_its_draft(tmp_path, monkeypatch):
         "qwen2.5-coder-1.5b-instruct", 16, 2, 5, 2816, 200, 5, 7)
     assert (args.code_tasks, args.chat_instructions) == (0, 0)  # GSM8K only
     assert train_args.parse_args(["--recipe", name]).steps == 6_120
-    # the candidate mix: GSM8K, code and chat prompts, the same draft otherwise
-    mix = train_args.parse_args(["--recipe", f"{name}-mix"])
+    # the default, the mix: GSM8K, code and chat prompts, the same draft otherwise
+    mix = train_args.parse_args(["--recipe", MIX])
+    assert MIX == "qwen2.5-coder-1.5b-instruct-dflash-b16" == builtin.TRAINED_DRAFTS[1]
     assert (mix.num_samples, mix.code_tasks, mix.chat_instructions, mix.sampled_passes) == (
         3_000, 3_000, 2_000, 3)
     assert (mix.block_size, mix.num_layers, mix.steps) == (16, 2, 24_000)

@@ -485,11 +485,11 @@ def test_dspark_defaults():
 
 def test_recipe_is_the_dflash_recipe_as_dspark(tmp_path, monkeypatch):
     monkeypatch.setenv("SGLANG_AUX_CACHE", str(tmp_path))
-    name = "qwen2.5-coder-1.5b-instruct-dspark-b15"
+    name = "qwen2.5-coder-1.5b-instruct-dspark-b15-gsm8k"
     with pytest.raises(FileNotFoundError, match=f"train_dflash --recipe {name}"):
         builtin.resolve_model_path(name)
     dspark = train_args.parse_args(["--recipe", name])
-    dflash = train_args.parse_args(["--recipe", "qwen2.5-coder-1.5b-instruct-dflash-b16"])
+    dflash = train_args.parse_args(["--recipe", "qwen2.5-coder-1.5b-instruct-dflash-b16-gsm8k"])
     differ = {k for k in vars(dspark) if getattr(dspark, k) != getattr(dflash, k)}
     assert differ == {"algorithm", "block_size", "recipe", "out", "command"}
     assert (dspark.algorithm, dspark.block_size) == ("dspark", 15)
@@ -497,11 +497,11 @@ def test_recipe_is_the_dflash_recipe_as_dspark(tmp_path, monkeypatch):
 
 
 def test_the_mix_recipe_as_dspark_trains_over_the_mix_vocabulary():
-    """`qwen2.5-coder-1.5b-instruct-dspark-b15-mix`: the DFlash mix recipe's samples, draft
+    """`qwen2.5-coder-1.5b-instruct-dspark-b15`: the DFlash mix recipe's samples, draft
     vocabulary, held-out prompts and schedule, as DSpark verifying the same 16 tokens."""
     dflash = vars(train_args.parse_args(["--recipe", MIX, "--out", "d"]))
-    dspark = vars(train_args.parse_args(["--recipe", f"{MIX.removesuffix('dflash-b16-mix')}"
-                                         "dspark-b15-mix", "--out", "d"]))
+    dspark = vars(train_args.parse_args(["--recipe", "qwen2.5-coder-1.5b-instruct-dspark-b15",
+                                         "--out", "d"]))
     differ = {k for k in dflash if dflash[k] != dspark[k]}
     assert differ == {"recipe", "command", "algorithm", "block_size"}, differ
     assert (dspark["algorithm"], dspark["block_size"] + 1) == ("dspark", dflash["block_size"])

@@ -32,11 +32,11 @@ DRAFTS_DIR = Path(__file__).resolve().parents[2] / "data" / "drafts"
 SHIPPED_DRAFTS = ("smollm2-135m-instruct-dflash-b8",)
 # Drafts too large for the repository (their card says why): one command trains each into the
 # cache, where its name then resolves.
-TRAINED_DRAFTS = ("qwen2.5-coder-1.5b-instruct-dflash-b16",
-                  "qwen2.5-coder-1.5b-instruct-dflash-b16-mix",
-                  "qwen2.5-coder-1.5b-instruct-dflash-b16-mix-more",
-                  "qwen2.5-coder-1.5b-instruct-dspark-b15",
-                  "qwen2.5-coder-1.5b-instruct-dspark-b15-mix", "smollm2-135m-instruct-dspark-b7")
+TRAINED_DRAFTS = ("qwen2.5-coder-1.5b-instruct-dflash-b16-gsm8k",
+                  "qwen2.5-coder-1.5b-instruct-dflash-b16",
+                  "qwen2.5-coder-1.5b-instruct-dflash-b16-more",
+                  "qwen2.5-coder-1.5b-instruct-dspark-b15-gsm8k",
+                  "qwen2.5-coder-1.5b-instruct-dspark-b15", "smollm2-135m-instruct-dspark-b7")
 
 
 def assembled_gguf(packages: PartPackages) -> Path:

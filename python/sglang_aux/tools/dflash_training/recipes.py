@@ -17,18 +17,20 @@ def shipped_samples(recipe: str) -> Path:
 # Named drafts trained by one command (`--recipe NAME`): the flags that make each, applied as
 # defaults (flags given beside `--recipe` still win). The draft is written to the cache folder
 # its name resolves to. Why these choices: the draft's card (`docs/drafts/<name>.md`).
-# The GSM8K recipe's samples are shipped too (43,608 continuations of every train question
-# but the shots and the held-out 200, greedy + 5 sampled: 6.4 MB of xz, generated on the H200).
-GSM8K = "qwen2.5-coder-1.5b-instruct-dflash-b16"
+# The GSM8K-only recipe (the default name's until 2026-12-07, when the mix below passed it on
+# GSM8K too): its samples are shipped (43,608 continuations of every train question but the
+# shots and the held-out 200, greedy + 5 sampled: 6.4 MB of xz, generated on the H200).
+GSM8K = "qwen2.5-coder-1.5b-instruct-dflash-b16-gsm8k"
 RECIPES: dict[str, dict] = {
     GSM8K: dict(
         target="qwen2.5-coder-1.5b-instruct", block_size=16, num_layers=2, num_aux_layers=5,
         intermediate_size=2816, gamma=7.0, sampled_passes=5, sample_temperature=0.7,
         gen_batch=256, holdout=200, steps=6_120, samples_file=str(shipped_samples(GSM8K))),
 }
-# The draft for what users send a coder model (issue 40): code tasks and self-instruct chat
-# beside GSM8K, greedy + 3 sampled answers of each prompt (32,000 continuations, shipped: 8.1 MB
-# of xz), and the GSM8K recipe's continuations of the 4,268 questions it lacks (25,608).
+# The default Qwen2.5-Coder draft, for what users send a coder model (issue 40): code tasks and
+# self-instruct chat beside GSM8K, greedy + 3 sampled answers of each prompt (32,000
+# continuations, shipped: 8.1 MB of xz), and the GSM8K recipe's continuations of the 4,268
+# questions it lacks (25,608).
 # Trained over its draft vocabulary (the search: the same held-out accept as the whole
 # vocabulary's at 1.75x the steps a second), the rows' hidden states kept as MXFP8 (the 57,608
 # sequences' rows: 77 GB of host memory beside the device's, where an H100 machine has 128
@@ -36,7 +38,7 @@ RECIPES: dict[str, dict] = {
 # written is its best validation's. At these steps on an H100 (docs/benchmarks.md section 9s):
 # held-out accept 4.95 on GSM8K (the GSM8K recipe's draft: 4.11), 2.58 on HumanEval, 2.08 on
 # chat.
-MIX = "qwen2.5-coder-1.5b-instruct-dflash-b16-mix"
+MIX = "qwen2.5-coder-1.5b-instruct-dflash-b16"
 RECIPES[MIX] = dict(
     RECIPES[GSM8K], sampled_passes=3, num_samples=3_000,
     code_tasks=3_000, code_tasks_file=str(TASKS_FILE), chat_instructions=2_000,
@@ -53,12 +55,12 @@ RECIPES[MIX_MORE] = dict(
     samples_file=str(shipped_samples(MIX_MORE)), extra_samples_file=[])
 # DSpark beside the GSM8K recipe on its data, schedule and deadline; gamma 15 verifies the same 16
 # tokens per request as the block-16 DFlash draft
-RECIPES["qwen2.5-coder-1.5b-instruct-dspark-b15"] = dict(
+RECIPES["qwen2.5-coder-1.5b-instruct-dspark-b15-gsm8k"] = dict(
     RECIPES[GSM8K], algorithm="dspark", block_size=15)
 # DSpark beside the mix recipe (issue 41's comparison on what users send): its samples, draft
 # vocabulary (the Markov head's rows and the base logits cut to it, as it is served), held-out
 # prompts and schedule
-RECIPES["qwen2.5-coder-1.5b-instruct-dspark-b15-mix"] = dict(
+RECIPES["qwen2.5-coder-1.5b-instruct-dspark-b15"] = dict(
     RECIPES[MIX], algorithm="dspark", block_size=15)
 # SmolLM2's DSpark draft on its shipped DFlash draft's data and schedule (greedy + 2 sampled
 # passes, 4,500 steps, 2 layers, K = 5, loss decay 4); gamma 7 verifies the same 8 tokens per
