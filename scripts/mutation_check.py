@@ -807,6 +807,37 @@ MUTATIONS = [
              "  if true; then",
              (f"{T}/test_device_scripts.py"
               "::test_a_running_training_sends_its_newest_snapshot_home",)),
+    Mutation("held-out prompts drawn among every prompt, an extra file's too",
+             "python/sglang_aux/tools/dflash_training/trainer.py",
+             "    keys = sorted(g for g in members if among is None or g < among)",
+             "    keys = sorted(members)",
+             (f"{T}/speculative/test_train_dflash.py"
+              "::test_held_out_prompts_drawn_among_the_first_stay_when_more_prompts_follow",)),
+    Mutation("an extra samples file's continuations of known prompts trained again",
+             "python/sglang_aux/tools/dflash_training/data.py",
+             "    return [s for s in more if tuple(s.prompt_ids) not in seen]",
+             "    return list(more)",
+             (f"{T}/speculative/test_train_dflash.py"
+              "::test_extra_samples_files_train_beside_the_samples_file",)),
+    Mutation("the extra files' held-out draw left to every prompt",
+             "python/sglang_aux/tools/train_dflash.py",
+             "                      val_among_prompts=val_among,",
+             "                      val_among_prompts=None,",
+             (f"{T}/speculative/test_train_dflash.py"
+              "::test_extra_samples_files_train_beside_the_samples_file",)),
+    Mutation("code tasks holding an evaluation signature drawn",
+             "python/sglang_aux/tools/dflash_training/code_tasks.py",
+             "            if any(a in _normalized(f\"{signature} {doc}\") for a in avoid):",
+             "            if False:",
+             (f"{T}/speculative/test_code_tasks.py"
+              "::test_a_task_holding_an_evaluation_signature_is_not_drawn",)),
+    Mutation("a second draw of code tasks repeats the first's functions",
+             "python/sglang_aux/tools/dflash_training/code_tasks.py",
+             "    seen = {key for t in exclude for key in (_normalized(t.docstring), "
+             "_normalized(t.signature))}",
+             "    seen = set()",
+             (f"{T}/speculative/test_code_tasks.py"
+              "::test_a_second_draw_leaves_out_the_functions_of_the_first",)),
 ]
 
 
