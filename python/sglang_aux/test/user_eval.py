@@ -11,8 +11,9 @@ server (`python -m sglang_aux.launch_server`), on the prompts users send a coder
 - chat: `data/chat_prompts.json` (`chat_prompts.py`; in no training data) in the target's chat
   template.
 For each, one at a time (the first `--num-sequential` prompts) and `--parallel` at a time: mean
-accept length (per request) and output tokens/s. Prints a table and writes it as JSON
-(`OUT/user_eval.json`); the servers' logs go to OUT too.
+accept length (per request) and output tokens/s, and the server's steps (tokens verified per
+token kept, the scheduler's step counters over the run). Prints the tables and writes them as
+JSON (`OUT/user_eval.json`); the servers' logs go to OUT too.
 """
 
 from __future__ import annotations
@@ -64,6 +65,12 @@ class Run:
     score: float | None = None  # pass@1 (HumanEval) or accuracy (GSM8K) of the whole run
     # a scored HumanEval run: each problem's sandbox verdict (passed, failed, timeout, ...)
     verdicts: dict[str, str] | None = None
+    # tokens the target verified per token a request kept (None: no speculation)
+    verify_tokens_per_accepted: float | None = None
+    # what the server's scheduler counted during the run (`/get_server_info`'s
+    # `scheduler_stats`, after less before; its maxima left out): steps of each kind,
+    # prefill interruptions, seconds
+    step_stats: dict[str, float] | None = None
 
 
 @dataclass(frozen=True)
@@ -99,12 +106,28 @@ def _generate(client: Client, prompts: list[str], stop: list[str], max_new_token
 
 
 def _run(config: str, task: str, outs: list[dict], latency: float, parallel: int,
-         score: float | None, verdicts: dict[str, str] | None) -> Run:
+         score: float | None, verdicts: dict[str, str] | None,
+         step_stats: dict[str, float] | None = None) -> Run:
     metas = [o["meta_info"] for o in outs]
     tokens = sum(m["completion_tokens"] for m in metas)
     accept = [m.get("spec_accept_length") or 1.0 for m in metas]
+    verified = sum(m.get("spec_verify_tokens", 0) for m in metas)
+    kept = sum(m.get("spec_accepted_drafts", 0) + m.get("spec_verify_ct", 0) for m in metas)
     return Run(config, task, parallel, len(outs), sum(accept) / len(accept),
-               tokens / latency if latency > 0 else 0.0, latency, tokens, score, verdicts)
+               tokens / latency if latency > 0 else 0.0, latency, tokens, score, verdicts,
+               verified / kept if verified and kept else None, step_stats)
+
+
+def _scheduler_stats(client: Client) -> dict:
+    return client.call("/get_server_info")["scheduler_stats"]
+
+
+def stats_delta(before: dict, after: dict) -> dict[str, float]:
+    """What a run added to each of the scheduler's counters (those that changed; maxima, which
+    do not add, left out)."""
+    return {k: v - before.get(k, 0) for k, v in after.items()
+            if isinstance(v, int | float) and not k.startswith("max_")
+            and v != before.get(k, 0)}
 
 
 def make_tasks(args: argparse.Namespace, tokenizer: Tokenizer
@@ -146,13 +169,16 @@ def evaluate_config(args: argparse.Namespace, config: str, tasks: dict[str, Task
         for name, task in tasks.items():
             for parallel in sorted(args.parallel):
                 prompts = task.prompts[: args.num_sequential] if parallel == 1 else task.prompts
+                before = _scheduler_stats(client)
                 outs, latency = _generate(client, prompts, task.stop, args.max_new_tokens,
                                           parallel)
+                steps = stats_delta(before, _scheduler_stats(client))
                 score = verdicts = None
                 if parallel == max(args.parallel) or len(args.parallel) == 1:
                     texts[name] = [o["text"] for o in outs]
                     score, verdicts = _score(args, name, texts[name], problems, labels)
-                runs.append(_run(config, name, outs, latency, parallel, score, verdicts))
+                runs.append(_run(config, name, outs, latency, parallel, score, verdicts,
+                                 steps))
                 print(_row(runs[-1]), flush=True)
     return runs, texts
 
@@ -167,6 +193,14 @@ def _score(args: argparse.Namespace, task: str, texts: list[str], problems: list
         return sum(get_answer_value(t) == y for t, y in zip(texts, labels, strict=True)
                    ) / max(len(labels), 1), None
     return None, None
+
+
+def _steps_row(r: Run) -> str:
+    ratio = "" if r.verify_tokens_per_accepted is None else f"{r.verify_tokens_per_accepted:.2f}"
+    n = {k: int((r.step_stats or {}).get(k, 0)) for k in (
+        "decode_steps", "mixed_steps", "prefill_steps", "prefill_interruptions")}
+    return (f"| {r.config} | {r.task} | {r.parallel} | {ratio} | {n['decode_steps']} "
+            f"| {n['mixed_steps']} | {n['prefill_steps']} | {n['prefill_interruptions']} |")
 
 
 def _row(r: Run) -> str:
@@ -220,6 +254,11 @@ def main(argv: list[str] | None = None) -> dict:
         # written after each configuration: a later one that fails keeps the earlier's runs
         result = _result(args, tasks, runs, texts)
         (Path(args.out) / "user_eval.json").write_text(json.dumps(result, indent=1))
+    print("\n| config | task | parallel | verify tokens / kept | decode steps | mixed steps "
+          "| prefill steps | prefill interruptions |")
+    print("|---|---|---|---|---|---|---|---|")
+    for r in runs:
+        print(_steps_row(r))
     same = result["same_outputs"]
     if same:
         print("DFlash outputs equal target-only's: " +

@@ -73,9 +73,15 @@ def test_target_and_dflash_servers_report_every_task(files, tmp_path):
         assert r["completion_tokens"] > 0 and r["output_throughput"] > 0
         assert (r["score"] is not None) == (r["parallel"] == 2 and r["task"] != "chat")
         if r["config"] == "target":
-            assert r["accept_length"] == 1.0
+            assert r["accept_length"] == 1.0 and r["verify_tokens_per_accepted"] is None
         else:
             assert 1.0 <= r["accept_length"] <= 4.0  # the draft's block holds 4 tokens
+            # a verify step checks the block's tokens and keeps at most all of them
+            assert r["verify_tokens_per_accepted"] >= 1.0
+        # the server's counters over this run alone: each prompt prefilled once, then decoded
+        assert r["step_stats"]["prefill_requests"] == r["num_prompts"]
+        assert r["step_stats"]["decode_steps"] >= 1
+        assert "max_step_peak_bytes" not in r["step_stats"]
     assert result["same_outputs"] == {"humaneval": True, "gsm8k": True, "chat": True}
     scores = {(r["config"], r["task"]): r["score"] for r in runs if r["score"] is not None}
     assert scores["target", "humaneval"] == scores["dflash", "humaneval"]
@@ -115,6 +121,15 @@ def test_verdicts_that_differ_between_target_and_dflash_are_named():
             run("target", "humaneval", None)]  # an unscored (narrower) run is not compared
     assert user_eval._differing_verdicts(runs) == {"HumanEval/0": ("passed", "timeout")}
     assert user_eval._differing_verdicts(runs[:1]) == {}  # one configuration: nothing to compare
+
+
+def test_a_runs_step_statistics_are_what_it_added_to_the_counters():
+    before = {"decode_steps": 10, "prefill_steps": 2, "max_step_peak_bytes": 5,
+              "decode_seconds": 1.5, "note": "x"}
+    after = {"decode_steps": 17, "prefill_steps": 2, "max_step_peak_bytes": 9,
+             "decode_seconds": 2.0, "mixed_steps": 3, "note": "y"}
+    assert user_eval.stats_delta(before, after) == {"decode_steps": 7, "decode_seconds": 0.5,
+                                                    "mixed_steps": 3}
 
 
 def test_dflash_without_a_draft_is_refused(tmp_path):
