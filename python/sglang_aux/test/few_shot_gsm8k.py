@@ -70,6 +70,14 @@ def _progress(items: Iterable, total: int) -> Iterator:
     yield from tqdm(items, total=total)
 
 
+def verify_tokens_per_kept(metas: list[dict]) -> float | None:
+    """Tokens the target verified per token the requests kept (their `meta_info`s); None
+    without speculation."""
+    verified = sum(m.get("spec_verify_tokens", 0) for m in metas)
+    kept = sum(m.get("spec_accepted_drafts", 0) + m.get("spec_verify_ct", 0) for m in metas)
+    return verified / kept if verified and kept else None
+
+
 class Client:
     """Blocking JSON calls to the server (the standard library only; one per thread is fine)."""
 
@@ -121,9 +129,7 @@ def run_eval(args: argparse.Namespace) -> dict:
     n = max(len(questions), 1)
     tokens = sum(o["meta_info"]["completion_tokens"] for o in answered)
     accept = [o["meta_info"]["spec_accept_length"] for o in answered]
-    verified = sum(o["meta_info"].get("spec_verify_tokens", 0) for o in answered)
-    emitted = sum(o["meta_info"].get("spec_accepted_drafts", 0)
-                  + o["meta_info"].get("spec_verify_ct", 0) for o in answered)
+    verified = verify_tokens_per_kept([o["meta_info"] for o in answered])
     metrics = {
         "task": "gsm8k",
         "model": model,
@@ -138,7 +144,7 @@ def run_eval(args: argparse.Namespace) -> dict:
         "latency": latency,
         "output_throughput": tokens / latency if latency > 0 else 0.0,
         "accept_length": sum(accept) / len(accept) if accept else 0.0,
-        "verify_tokens_per_accepted": verified / emitted if emitted else 0.0,
+        "verify_tokens_per_accepted": verified or 0.0,
     }
     if errors:
         print(f"Errors: {len(errors)} (first: {errors[0]})")

@@ -40,6 +40,7 @@ from sglang_aux.test.few_shot_gsm8k import (
     get_answer_value,
     label_of,
     read_jsonl,
+    verify_tokens_per_kept,
 )
 from sglang_aux.test.gsm8k_data import data_paths
 from sglang_aux.test.humaneval import STOP as HUMANEVAL_STOP
@@ -111,11 +112,9 @@ def _run(config: str, task: str, outs: list[dict], latency: float, parallel: int
     metas = [o["meta_info"] for o in outs]
     tokens = sum(m["completion_tokens"] for m in metas)
     accept = [m.get("spec_accept_length") or 1.0 for m in metas]
-    verified = sum(m.get("spec_verify_tokens", 0) for m in metas)
-    kept = sum(m.get("spec_accepted_drafts", 0) + m.get("spec_verify_ct", 0) for m in metas)
     return Run(config, task, parallel, len(outs), sum(accept) / len(accept),
                tokens / latency if latency > 0 else 0.0, latency, tokens, score, verdicts,
-               verified / kept if verified and kept else None, step_stats)
+               verify_tokens_per_kept(metas), step_stats)
 
 
 def _scheduler_stats(client: Client) -> dict:
