@@ -968,6 +968,26 @@ def test_the_gsm8k_recipes_shipped_samples_and_what_the_mix_takes_of_them():
     assert (len(extra), len({tuple(s.prompt_ids) for s in extra})) == (25_608, 4_268)
 
 
+def test_the_more_recipes_shipped_samples_are_all_new_prompts_to_the_mix():
+    """The second set of code and chat samples, as the H100 generated them (`qwen25_coder.sh
+    gen`, 2026-12-08): each of the 3,000 code tasks and 2,000 chat requests continued greedily
+    and in three sampled passes, no GSM8K, within the token limits; beside the mix, all train
+    but the four of one chat request the target wrote from both seeds ("I'm ready to log in to
+    the app!"), which the mix already holds."""
+    path = shipped_samples(MIX_MORE)
+    assert path.stat().st_size < 10_000_000
+    assert hashlib.sha256(path.read_bytes()).hexdigest() == (
+        "2355ed64270554fd22cc8ece1e6447b6b3542a60c28f4aa53f596e8fcebe47a8")
+    samples = load_samples(path)
+    recipe = train_args.parse_args(["--recipe", MIX_MORE])
+    per_source = {"code": recipe.code_tasks, "chat": recipe.chat_instructions}
+    assert Counter((s.source, s.temperature) for s in samples) == {
+        **{(k, 0.0): n for k, n in per_source.items()},
+        **{(k, 0.7): recipe.sampled_passes * n for k, n in per_source.items()}}
+    assert all(2 <= len(s.output_ids) <= recipe.code_chat_max_new_tokens for s in samples)
+    assert len(new_prompts_only(load_samples(shipped_samples(MIX)), samples)) == 19_996
+
+
 def test_a_mix_without_gsm8k_generates_code_and_chat_only(target, tmp_path):
     """`--num-samples 0` beside code tasks and chat requests (the mix's second prompts): the
     data phase writes no GSM8K sample."""
