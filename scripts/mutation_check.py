@@ -838,6 +838,25 @@ MUTATIONS = [
              "    seen = set()",
              (f"{T}/speculative/test_code_tasks.py"
               "::test_a_second_draw_leaves_out_the_functions_of_the_first",)),
+    Mutation("a borrowed prompt's rows left out of the batch",
+             "python/sglang_aux/tools/dflash_training/sequence_set.py",
+             "            if self.prompt_aux[i] is not None:",
+             "            if False:",
+             (f"{T}/speculative/test_train_dflash.py"
+              "::test_a_prompts_rows_are_kept_once_for_all_its_continuations",)),
+    Mutation("a prompt's later continuations keep its rows again",
+             "python/sglang_aux/tools/dflash_training/features.py",
+             "        return rows if owner[i] == i else rows[len(samples[i].prompt_ids) - skip:]",
+             "        return rows",
+             (f"{T}/speculative/test_train_dflash.py"
+              "::test_a_prompts_rows_are_kept_once_for_all_its_continuations",)),
+    Mutation("every sample is its own prompt owner",
+             "python/sglang_aux/tools/dflash_training/data.py",
+             "    return [first.setdefault((s.source, tuple(s.prompt_ids)), i) "
+             "for i, s in enumerate(samples)]",
+             "    return [i for i, s in enumerate(samples)]",
+             (f"{T}/speculative/test_train_dflash.py"
+              "::test_a_prompts_rows_are_kept_once_for_all_its_continuations",)),
 ]
 
 

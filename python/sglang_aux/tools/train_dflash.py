@@ -61,6 +61,7 @@ from sglang_aux.tools.dflash_training.data import (
     load_samples,
     new_prompts_only,
     prompt_groups,
+    prompt_owners,
     save_samples,
 )
 from sglang_aux.tools.dflash_training.dspark_objective import DSparkTrainer
@@ -298,9 +299,9 @@ def train(args: argparse.Namespace, target: str, started: float,
         prefixes, prefix_of, aux = extract_by_source(
             runner, samples, layer_ids, dspark, reserve_bytes=reserve,
             logsumexp_head=runner.model.lm_head_weight if args.target_logsumexp else None,
-            codec=codec)
+            codec=codec, share_prompts=True)
         data = SequenceSet(samples, aux, runner.device, prefixes, reserve, prefix_of=prefix_of,
-                           codec=codec)
+                           codec=codec, prompt_owner=prompt_owners(samples))
         del aux, prefixes
         timings["features"] = time.perf_counter() - t0
         if key is not None:

@@ -11,7 +11,7 @@ import torch
 from sglang_aux.srt.configs.presets import MASK_TOKEN_ID, PRESETS
 from sglang_aux.test.ci.ci_register import register_cuda_ci
 from sglang_aux.test.runtime_utils import make_runner, tiny_checkpoint
-from sglang_aux.tools.dflash_training.data import Sample, common_prefix_len
+from sglang_aux.tools.dflash_training.data import Sample, common_prefix_len, prompt_owners
 from sglang_aux.tools.dflash_training.dspark_objective import DSparkTrainer
 from sglang_aux.tools.dflash_training.export import draft_config, dspark_draft_config, new_draft
 from sglang_aux.tools.dflash_training.features import extract_aux
@@ -55,6 +55,46 @@ def test_rows_past_the_reserve_wait_on_the_host(tmp_path):
     for x, y in ((a.aux, b.aux), (a.ids, b.ids), (a.lens, b.lens),
                  (a.prompt_lens, b.prompt_lens)):
         assert torch.equal(x, y)
+
+
+def test_borrowed_prompt_rows_on_the_host_build_the_device_batches(tmp_path):
+    """`share_prompts` on the GPU: a prompt continued three times keeps its rows once; with
+    every row in pinned host memory (borrowed prompts are views of their owner's pinned
+    rows) and with every row moved to the device, the batches are equal bit for bit, and
+    equal to the same sequences' rows laid out whole."""
+    config = draft_config(PRESETS["tiny-llama"], num_layers=1, num_aux_layers=2, block_size=4,
+                          mask_token_id=MASK_TOKEN_ID)
+    layer_ids = config["dflash_config"]["target_layer_ids"]
+    runner = make_runner(tiny_checkpoint("tiny-llama", tmp_path), aux_layer_ids=layer_ids,
+                         device="cuda", dtype="float32", max_total_tokens=2048,
+                         max_running_requests=4)
+    g = torch.Generator().manual_seed(7)
+    shots = torch.randint(0, 256, (13,), generator=g).tolist()
+    prompts = [shots + torch.randint(0, 256, (n,), generator=g).tolist() for n in (5, 8)]
+    samples = [Sample(prompts[i % 2], torch.randint(0, 256, (m,), generator=g).tolist())
+               for i, m in enumerate([6, 4, 3, 7, 5, 2])]
+    owner = prompt_owners(samples)
+    skip = common_prefix_len(samples)
+    dev = torch.device("cuda")
+    everything = torch.cuda.get_device_properties(dev).total_memory
+    prefix, rows = extract_aux(runner, samples, layer_ids, skip=skip,
+                               reserve_bytes=everything, share_prompts=True)
+    assert all(a.device.type == "cpu" and a.is_pinned() for a in rows)
+    assert [len(a) for a in rows[2:]] == [len(s.output_ids) for s in samples[2:]]
+    on_host = SequenceSet(samples, rows, dev, prefix, reserve_bytes=everything,
+                          prompt_owner=owner)
+    moved = SequenceSet(samples, rows, dev, prefix, reserve_bytes=0, prompt_owner=owner)
+    assert all(p is None or p.is_pinned() for p in on_host.prompt_aux)
+    assert all(p is None or p.device.type == "cuda" for p in moved.prompt_aux)
+    whole = SequenceSet(samples, [torch.cat([rows[o][: len(s.prompt_ids) - skip], r])
+                                  if o != i else r for i, (s, o, r)
+                                  in enumerate(zip(samples, owner, rows, strict=True))],
+                        dev, prefix, reserve_bytes=0)
+    index = [5, 0, 2, 2, 3]
+    a, b, c = on_host.batch(index, 8), moved.batch(index, 8), whole.batch(index, 8)
+    assert a.aux.device.type == "cuda"
+    for x, y, z in ((a.aux, b.aux, c.aux), (a.ids, b.ids, c.ids), (a.lens, b.lens, c.lens)):
+        assert torch.equal(x, y) and torch.equal(y, z)
 
 
 def test_a_training_step_queues_without_a_host_sync(tmp_path):

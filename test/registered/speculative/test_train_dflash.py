@@ -67,6 +67,7 @@ from sglang_aux.tools.dflash_training.data import (
     load_samples,
     new_prompts_only,
     prompt_groups,
+    prompt_owners,
     save_samples,
 )
 from sglang_aux.tools.dflash_training.draft_forward import draft_block_hidden
@@ -671,6 +672,52 @@ def test_features_read_the_shared_prefix_from_the_kv_cache(target):
         # fp32 rounding only: matmul blocking differs with the forward's token count
         torch.testing.assert_close(prefix, whole[:skip], rtol=1e-4, atol=1e-4)
         torch.testing.assert_close(own, whole[skip:], rtol=1e-4, atol=1e-4)
+
+
+def test_a_prompts_rows_are_kept_once_for_all_its_continuations(target):
+    """`share_prompts`: a prompt continued several times (greedy and sampled passes, file
+    order pass by pass) keeps its rows in its first continuation's alone; the others keep
+    only their continuation's rows and borrow the prompt's (`prompt_owner`), so the set holds
+    fewer rows and builds the batches of every sequence's rows whole, with each prompt's
+    rows its owner's, bit for bit; an owner too short to train (one continuation token)
+    still lends its rows; an owner of another prompt is refused."""
+    config = draft_config(PRESETS["tiny-llama"], num_layers=1, num_aux_layers=2,
+                          block_size=BLOCK, mask_token_id=MASK_TOKEN_ID)
+    layer_ids = config["dflash_config"]["target_layer_ids"]
+    tr = make_runner(target, aux_layer_ids=layer_ids, max_total_tokens=2048,
+                     max_running_requests=4)
+    g = torch.Generator().manual_seed(5)
+    shots = torch.randint(0, 256, (17,), generator=g).tolist()
+    prompts = [shots + torch.randint(0, 256, (n,), generator=g).tolist() for n in (6, 3, 9)]
+    outs = [1, 7, 5, 4, 6, 2, 8, 3, 5]  # prompt 0's first continuation has one token
+    samples = [Sample(prompts[i % 3], torch.randint(0, 256, (m,), generator=g).tolist())
+               for i, m in enumerate(outs)]
+    owner = prompt_owners(samples)
+    assert owner == [0, 1, 2, 0, 1, 2, 0, 1, 2]
+    skip = common_prefix_len(samples)
+    prefix, whole = extract_aux(tr, samples, layer_ids, skip=skip)
+    prefix_s, shared = extract_aux(tr, samples, layer_ids, skip=skip, share_prompts=True)
+    for i, s in enumerate(samples):
+        mine = len(s.ids) - skip if owner[i] == i else len(s.output_ids)
+        assert len(shared[i]) == mine
+        torch.testing.assert_close(shared[i], whole[i][len(whole[i]) - mine:],
+                                   rtol=1e-4, atol=1e-4)
+    cpu = torch.device("cpu")
+    data = SequenceSet(samples, shared, cpu, prefix_s, prompt_owner=owner)
+    assert len(data) == 8 and sum(len(a) for a in data.aux) < sum(
+        len(a) for a in whole[1:])
+    # the same sequences with every row whole, each prompt's rows its owner's
+    rows = [torch.cat([shared[o][: len(s.prompt_ids) - skip], shared[i]]) if o != i
+            else shared[i] for i, (s, o) in enumerate(zip(samples, owner, strict=True))]
+    plain = SequenceSet(samples, rows, cpu, prefix_s)
+    index = [7, 0, 3, 3, 5, 1]
+    a, b = plain.batch(index, 16), data.batch(index, 16)
+    for x, y in ((a.aux, b.aux), (a.ids, b.ids), (a.prompt_lens, b.prompt_lens),
+                 (a.lens, b.lens), (a.rows, b.rows)):
+        assert torch.equal(x, y)
+    wrong = owner[:4] + [2] + owner[5:]
+    with pytest.raises(ValueError, match="sample 4: its prompt owner 2 has another prompt"):
+        SequenceSet(samples, shared, cpu, prefix_s, prompt_owner=wrong)
 
 
 def test_rows_past_the_hosts_memory_stop_in_one_line_before_pinning(monkeypatch):

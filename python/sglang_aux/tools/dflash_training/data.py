@@ -158,6 +158,14 @@ def prompt_groups(samples: list[Sample]) -> list[int]:
     return [seen.setdefault(tuple(s.prompt_ids), len(seen)) for s in samples]
 
 
+def prompt_owners(samples: list[Sample]) -> list[int]:
+    """Each sample's first sample of the same source and prompt, in file order (itself for
+    the first): a prompt's target states are the same in all its continuations, so training
+    keeps them once, in its owner's rows (`SequenceSet`)."""
+    first: dict[tuple, int] = {}
+    return [first.setdefault((s.source, tuple(s.prompt_ids)), i) for i, s in enumerate(samples)]
+
+
 def keep_prompt_fraction(samples: list[Sample], fraction: float) -> list[Sample]:
     """The samples of `fraction` of the prompts, evenly spaced in order of first appearance
     (prompt g kept when floor((g + 1) f) > floor(g f)), each kept prompt with all its

@@ -19,7 +19,12 @@ from sglang_aux.srt.managers.schedule_batch import (
 )
 from sglang_aux.srt.model_executor.model_runner import ModelRunner
 from sglang_aux.srt.sampling.sampling_params import SamplingParams
-from sglang_aux.tools.dflash_training.data import Sample, by_source, common_prefix_len
+from sglang_aux.tools.dflash_training.data import (
+    Sample,
+    by_source,
+    common_prefix_len,
+    prompt_owners,
+)
 from sglang_aux.tools.dflash_training.mxfp8_rows import MXFP8Rows
 from sglang_aux.tools.dflash_training.target_head import logsumexp_columns, target_logsumexp
 
@@ -155,10 +160,14 @@ def _rows(out: LogitsProcessorOutput, final_hidden: bool,
 def extract_aux(runner: ModelRunner, samples: list[Sample], layer_ids: list[int],
                 skip: int = 0, final_hidden: bool = False,
                 reserve_bytes: int = TRAIN_RESERVE_BYTES,
-                logsumexp_head: torch.Tensor | None = None, codec: MXFP8Rows | None = None
-                ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+                logsumexp_head: torch.Tensor | None = None, codec: MXFP8Rows | None = None,
+                share_prompts: bool = False) -> tuple[torch.Tensor, list[torch.Tensor]]:
     """The first sample's rows `[skip, K * H]` before position `skip` (the prefix every sample
-    shares), and per sample its rows from `skip` on, `[len(ids) - skip, K * H]`: copies in the
+    shares), and per sample its rows from `skip` on, `[len(ids) - skip, K * H]`; with
+    `share_prompts`, a sample whose prompt an earlier one has (`prompt_owners`) keeps only its
+    continuation's rows, `[len(output_ids), K * H]`, and borrows the prompt's from that one
+    (`SequenceSet(..., prompt_owner=)`: a prompt continued four times keeps its rows once,
+    about a fifth of the mix's rows). Copies in the
     target's dtype on its device (a batch's whole output is not kept), in host memory once
     the device would keep less than `reserve_bytes` free.
 
@@ -174,6 +183,11 @@ def extract_aux(runner: ModelRunner, samples: list[Sample], layer_ids: list[int]
     runner of the data-generation Engine can do it once generation is over.
     """
     runner.model.set_dflash_layers_to_capture(layer_ids)
+    owner = prompt_owners(samples) if share_prompts else list(range(len(samples)))
+
+    def own(i: int, rows: torch.Tensor) -> torch.Tensor:
+        return rows if owner[i] == i else rows[len(samples[i].prompt_ids) - skip:]
+
     pool, alloc = runner.req_to_token_pool, runner.token_to_kv_pool_allocator
     first = Req("aux-prefix", samples[0].ids, SamplingParams())
     first.req_pool_idx = pool.alloc()
@@ -196,13 +210,18 @@ def extract_aux(runner: ModelRunner, samples: list[Sample], layer_ids: list[int]
         fb = runner.prepare(extend_inputs(runner, reqs, CaptureHiddenMode.FULL))
         rows = _rows(runner.forward(fb), final_hidden, logsumexp_head, codec).split(
             [len(r.origin_input_ids) - skip for r in reqs])
-        out += keep_rows(list(rows), reserve_bytes, host)
+        out += keep_rows([own(1 + i, r) for i, r in zip(batch, rows, strict=True)],
+                         reserve_bytes, host)
         for r in reqs:
             release_kv(runner, r, keep=skip)
         if len(out) % 1024 <= len(batch):
             logger.info("aux states for %d/%d sequences", len(out), len(samples))
     alloc.free(prefix_slots)
     runner.model.set_dflash_layers_to_capture([])
+    shared = sum(len(s.prompt_ids) - skip for i, s in enumerate(samples) if owner[i] != i)
+    if shared:
+        logger.info("prompt rows kept once per prompt: %d rows fewer (%.1f%%)", shared,
+                    100 * shared / (shared + sum(len(a) for a in out)))
     spilled = sum(a.device != prefix.device for a in out)
     if spilled:
         logger.info("aux states of %d/%d sequences in host memory (%.1f GB)", spilled, len(out),
@@ -212,17 +231,20 @@ def extract_aux(runner: ModelRunner, samples: list[Sample], layer_ids: list[int]
 
 def extract_by_source(runner: ModelRunner, samples: list[Sample], layer_ids: list[int],
                       final_hidden: bool, reserve_bytes: int = TRAIN_RESERVE_BYTES,
-                      logsumexp_head: torch.Tensor | None = None, codec: MXFP8Rows | None = None
+                      logsumexp_head: torch.Tensor | None = None, codec: MXFP8Rows | None = None,
+                      share_prompts: bool = False
                       ) -> tuple[list[torch.Tensor], list[int], list[torch.Tensor]]:
     """Each source's shared prefix rows (kept once), which prefix each sample starts with,
     and each sample's own rows, in file order (`extract_aux`'s `reserve_bytes`,
-    `logsumexp_head` and `codec`)."""
+    `logsumexp_head`, `codec` and `share_prompts`: the owners are then
+    `prompt_owners(samples)`)."""
     prefixes, prefix_of, aux = [], [0] * len(samples), [None] * len(samples)
     for index in by_source(samples).values():
         group = [samples[i] for i in index]
         prefix, rows = extract_aux(runner, group, layer_ids, skip=common_prefix_len(group),
                                    final_hidden=final_hidden, reserve_bytes=reserve_bytes,
-                                   logsumexp_head=logsumexp_head, codec=codec)
+                                   logsumexp_head=logsumexp_head, codec=codec,
+                                   share_prompts=share_prompts)
         for i, r in zip(index, rows, strict=True):
             aux[i], prefix_of[i] = r, len(prefixes)
         prefixes.append(prefix)

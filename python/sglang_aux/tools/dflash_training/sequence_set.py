@@ -32,6 +32,9 @@ class SequenceSet:
     Every sequence starts with the same `prefix_aux` rows `[P, K * H]` (the k-shot prefix,
     kept once); `aux[i]` holds sample i's rows from position P on. With several prefixes
     (a list: one per source of prompts), sample i starts with `prefix_aux[prefix_of[i]]`.
+    With `prompt_owner` (`data.prompt_owners`), a sample j whose owner o is not itself has
+    only its continuation's rows in `aux[j]` and reads its prompt's from `aux[o]` (views: a
+    prompt's rows are kept once for all its continuations).
     Host rows move to the device while it keeps `reserve_bytes` free; the rest stay on the
     host and are copied in with their batch. With `codec`, the rows are kept encoded
     (`mxfp8_rows`) and a batch decodes them once on its device, after the gather."""
@@ -39,7 +42,8 @@ class SequenceSet:
     def __init__(self, samples: list[Sample], aux: list[torch.Tensor], device: torch.device,
                  prefix_aux: torch.Tensor | list[torch.Tensor] | None = None,
                  reserve_bytes: int = TRAIN_RESERVE_BYTES, *,
-                 prefix_of: list[int] | None = None, codec: MXFP8Rows | None = None):
+                 prefix_of: list[int] | None = None, codec: MXFP8Rows | None = None,
+                 prompt_owner: list[int] | None = None):
         keep = self.trainable(samples)
         if not keep:
             raise ValueError(f"none of {len(samples)} samples has two continuation tokens")
@@ -49,18 +53,36 @@ class SequenceSet:
             prefix_aux if prefix_aux is not None else aux[0].new_zeros((0, width))]
         self.prefixes = [p.to(device) for p in prefixes]
         prefix_of = [0] * len(samples) if prefix_of is None else prefix_of
+        owner = list(range(len(samples))) if prompt_owner is None else prompt_owner
         for i in keep:
             p = len(self.prefixes[prefix_of[i]])
-            if len(aux[i]) + p != len(samples[i].ids) or len(samples[i].prompt_ids) < p:
-                raise ValueError(f"sample {i}: {len(samples[i].ids)} tokens (prompt "
-                                 f"{len(samples[i].prompt_ids)}), but {p} shared and "
+            o, s = owner[i], samples[i]
+            borrowed = 0 if o == i else len(s.prompt_ids) - p
+            if o != i and (samples[o].prompt_ids != s.prompt_ids or prefix_of[o] != prefix_of[i]
+                           or len(aux[o]) < borrowed):
+                raise ValueError(f"sample {i}: its prompt owner {o} has another prompt, "
+                                 f"prefix or fewer than {borrowed} rows")
+            if len(aux[i]) + p + borrowed != len(s.ids) or len(s.prompt_ids) < p:
+                lent = f", {borrowed} of its prompt owner's" if borrowed else ""
+                raise ValueError(f"sample {i}: {len(s.ids)} tokens (prompt "
+                                 f"{len(s.prompt_ids)}), but {p} shared{lent} and "
                                  f"{len(aux[i])} own aux rows")
         self.prefix_of = [prefix_of[i] for i in keep]
         self.prompt_groups = prompt_groups([samples[i] for i in keep])
         self.ids = [torch.tensor(samples[i].ids, device=device) for i in keep]
-        self.aux = [aux[i] if aux[i].device == device
-                    or not has_room(device, aux[i].nbytes, reserve_bytes)
-                    else aux[i].to(device) for i in keep]
+        placed: dict[int, torch.Tensor] = {}  # each sample's rows where the set keeps them
+
+        def place(j: int) -> torch.Tensor:
+            if j not in placed:
+                a = aux[j]
+                placed[j] = a if a.device == device or not has_room(
+                    device, a.nbytes, reserve_bytes) else a.to(device)
+            return placed[j]
+
+        self.aux = [place(i) for i in keep]
+        # a borrowed prompt is a view of its owner's rows, wherever they are kept
+        self.prompt_aux = [None if owner[i] == i else place(owner[i])[
+            : len(samples[i].prompt_ids) - len(self.prefixes[prefix_of[i]])] for i in keep]
         # lengths stay on the host: a batch gathers them there and sends them without a sync
         self.prompt_lens = torch.tensor([len(samples[i].prompt_ids) for i in keep])
         self.lens = torch.tensor([len(samples[i].ids) for i in keep])
@@ -105,8 +127,10 @@ class SequenceSet:
         zero_ids = self.ids[index[0]].new_zeros(max(pads))
         aux, ids = [], []
         for i, pad in zip(index, pads, strict=True):
-            aux += [self.prefixes[self.prefix_of[i]], tensor_to_device(self.aux[i], dev),
-                    zero_rows[:pad]]
+            aux.append(self.prefixes[self.prefix_of[i]])
+            if self.prompt_aux[i] is not None:
+                aux.append(tensor_to_device(self.prompt_aux[i], dev))
+            aux += [tensor_to_device(self.aux[i], dev), zero_rows[:pad]]
             ids += [self.ids[i], zero_ids[:pad]]
         rows = torch.cat([torch.arange(n) + i * width for i, n in enumerate(lens.tolist())])
         gathered = torch.cat(aux).view(len(index), width, -1)
