@@ -13,7 +13,8 @@
 # through VARIANTS (NAME=FLAGS, a variant's flags joined by commas), e.g.
 # `grouped=--group-by-length` (each batch from one length group: less padding),
 # `bf16rows=--no-mxfp8-rows` (the rows kept in bf16, not decoded: 1.14x base's pace on an
-# H100, docs/benchmarks.md section 9s),
+# H100, docs/benchmarks.md section 9s), `tritondecode=--mxfp8-rows-decode=triton` (a batch's
+# MXFP8 rows decoded by one Triton kernel, not through torch's fp32 temporary),
 # `fullvocab=--no-train-over-token-map`, `hostrows=--device-reserve-gb=100000` (every row in
 # pinned host memory, as most of the whole mix's are; with `,--no-batch-stream` copied in
 # line), `wide5=--num-layers=5,--intermediate-size=8960`, `efficient=--sdpa-backend=efficient`

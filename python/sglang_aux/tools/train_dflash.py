@@ -182,7 +182,7 @@ def _row_codec(runner, num_aux: int, dspark: bool, args: argparse.Namespace) -> 
     hidden, dtype = runner.model_config.hf_config.hidden_size, runner.model_config.dtype
     return MXFP8Rows(quantized=hidden * (num_aux + dspark),
                      raw=logsumexp_columns_count(dtype) if args.target_logsumexp else 0,
-                     dtype=dtype)
+                     dtype=dtype, decoder=args.mxfp8_rows_decode)
 
 
 def _feature_key(args: argparse.Namespace, target: str) -> tuple:
@@ -195,7 +195,8 @@ def _feature_key(args: argparse.Namespace, target: str) -> tuple:
     return (target, tuple(sorted(_feature_engine_args(args).items())), files,
             cut, args.sample_fraction, args.num_aux_layers,
             args.algorithm,
-            args.target_logsumexp, args.mxfp8_rows, args.device_reserve_gb)
+            args.target_logsumexp, args.mxfp8_rows, args.mxfp8_rows_decode,
+            args.device_reserve_gb)
 
 
 def train(args: argparse.Namespace, target: str, started: float,

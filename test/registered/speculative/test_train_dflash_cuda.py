@@ -100,7 +100,8 @@ def test_host_rows_copied_on_their_own_stream_train_the_same_draft(tmp_path, cap
 def test_mxfp8_rows_encode_as_on_the_cpu_and_train_from_the_host_as_from_the_device(tmp_path):
     """`--mxfp8-rows` on CUDA: the Triton quantizer's bytes and their decoding equal the CPU
     reference's (bf16 rows with a kept logsumexp, fp32 rows); every row in pinned host memory
-    (uint8 rows packed in the host chunks) trains the draft every row on the device trains."""
+    (uint8 rows packed in the host chunks) trains the draft every row on the device trains,
+    and so does the Triton decoder (`--mxfp8-rows-decode triton`: the same bytes)."""
     local_path_or_skip("train")
     g = torch.Generator().manual_seed(0)
     for dtype, raw in ((torch.bfloat16, 2), (torch.float32, 1)):
@@ -113,6 +114,11 @@ def test_mxfp8_rows_encode_as_on_the_cpu_and_train_from_the_host_as_from_the_dev
         # bit for bit: a kept logsumexp's low half read as bf16 may be a NaN (never equal)
         assert torch.equal(codec.decode(cpu.cuda()).cpu().view(torch.uint8),
                            codec.decode(cpu).view(torch.uint8))
+        # the Triton decoder, a batch's [N, T, width] with zero padding: the same bytes
+        batch = torch.cat([cpu, torch.zeros_like(cpu[:60])]).view(3, 120, -1).cuda()
+        triton_codec = MXFP8Rows(4 * 96, raw, dtype, decoder="triton")
+        assert torch.equal(triton_codec.decode(batch).view(torch.uint8),
+                           codec.decode(batch).view(torch.uint8))
     target = tiny_checkpoint("tiny-llama", tmp_path / "ckpt")
     samples = tmp_path / "samples.jsonl"
     common = ["--smoke", "--target", target, "--device", "cuda", "--num-samples", "8",
@@ -121,9 +127,13 @@ def test_mxfp8_rows_encode_as_on_the_cpu_and_train_from_the_host_as_from_the_dev
     common += ["--phase", "train", "--steps", "12", "--sdpa-backend", "math", "--mxfp8-rows"]
     train_dflash.main([*common, "--out", str(tmp_path / "host"), "--device-reserve-gb", "100000"])
     train_dflash.main([*common, "--out", str(tmp_path / "device"), "--device-reserve-gb", "0"])
+    train_dflash.main([*common, "--out", str(tmp_path / "triton"), "--device-reserve-gb", "0",
+                       "--mxfp8-rows-decode", "triton"])
     a = load_file(tmp_path / "host/model.safetensors")
     b = load_file(tmp_path / "device/model.safetensors")
-    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    c = load_file(tmp_path / "triton/model.safetensors")
+    assert a.keys() == b.keys() == c.keys()
+    assert all(torch.equal(a[k], b[k]) and torch.equal(b[k], c[k]) for k in a)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")

@@ -7,7 +7,9 @@ samples one machine trains on (the mix recipe's 32,000 took 110 GB of pinned hos
 40 GiB of the device on an H100). MXFP8 keeps 33 bytes per 32 bf16 columns (0.52x) and 33 per
 32 fp32 ones (0.26x). A batch is gathered as bytes (prefix, own rows, zero padding: the
 padding's zero bytes decode to zeros) and decoded once on its device, so what the step reads
-is each row's MXFP8 round trip, exactly `dequantize_mxfp8(quantize_mxfp8(row))`.
+is each row's MXFP8 round trip, exactly `dequantize_mxfp8(quantize_mxfp8(row))`: by torch
+through an fp32 temporary of the batch, or by `dequant_gemm.dequantize_rows` (Triton: one
+kernel writing the rows' dtype; e4m3 x 2^k is exact in bf16, so the same values).
 """
 
 from __future__ import annotations
@@ -23,17 +25,24 @@ from sglang_aux.srt.layers.quantization.mxfp8_format import (
     dequantize_mxfp8,
 )
 
+MXFP8_ROWS_DECODES = ("torch", "triton")
+
 
 @dataclass(frozen=True)
 class MXFP8Rows:
     """Rows `[T, quantized + raw]` in `dtype`: the first `quantized` columns (a multiple of 32)
-    are kept as MXFP8, the last `raw` as their bytes."""
+    are kept as MXFP8, the last `raw` as their bytes; `decoder` names how a batch is decoded
+    (`MXFP8_ROWS_DECODES`)."""
 
     quantized: int
     raw: int
     dtype: torch.dtype
+    decoder: str = "torch"
 
     def __post_init__(self) -> None:
+        if self.decoder not in MXFP8_ROWS_DECODES:
+            raise ValueError(f"MXFP8 rows: decoder must be one of {MXFP8_ROWS_DECODES}, got "
+                             f"{self.decoder!r}")
         if self.quantized <= 0 or self.quantized % MXFP8_BLOCK:
             raise ValueError(f"MXFP8 rows need a positive multiple of {MXFP8_BLOCK} hidden-state "
                              f"columns, got {self.quantized}")
@@ -71,8 +80,16 @@ class MXFP8Rows:
                              f"{list(data.shape)} {data.dtype}")
         q, g = self.quantized, self.quantized // MXFP8_BLOCK
         out = torch.empty((*data.shape[:-1], self.columns), dtype=self.dtype, device=data.device)
-        out[..., :q] = dequantize_mxfp8(data[..., :q].view(VALUES_DTYPE), data[..., q:q + g],
-                                        self.dtype)
+        if self.decoder == "triton":
+            from sglang_aux.srt.layers.quantization.dequant_gemm import dequantize_rows
+
+            rows = data.reshape(-1, self.width)
+            if len(rows):
+                dequantize_rows(rows[:, :q].view(VALUES_DTYPE), rows[:, q:q + g],
+                                out.view(-1, self.columns)[:, :q])
+        else:
+            out[..., :q] = dequantize_mxfp8(data[..., :q].view(VALUES_DTYPE),
+                                            data[..., q:q + g], self.dtype)
         if self.raw:
             out[..., q:] = data[..., q + g:].contiguous().view(self.dtype)
         return out

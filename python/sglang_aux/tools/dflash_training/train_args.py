@@ -16,6 +16,7 @@ from sglang_aux.tools.dflash_training.data import BadInputError
 from sglang_aux.tools.dflash_training.evaluate import EVAL_TASKS
 from sglang_aux.tools.dflash_training.export import DEFAULT_TOKEN_MAP_SIZE
 from sglang_aux.tools.dflash_training.features import TRAIN_RESERVE_BYTES
+from sglang_aux.tools.dflash_training.mxfp8_rows import MXFP8_ROWS_DECODES
 from sglang_aux.tools.dflash_training.recipes import RECIPES, SMOKE_DEFAULTS
 from sglang_aux.tools.dflash_training.run_prompts import run_code_tasks
 from sglang_aux.tools.dflash_training.trainer import SDPA_BACKENDS, TrainConfig
@@ -192,6 +193,10 @@ def make_parser() -> argparse.ArgumentParser:
              "of bf16's bytes), each batch decoded on the device: about twice the samples on "
              "one machine's memory; the step reads each row's MXFP8 round trip (a candidate, "
              "off until its held-out accept is measured)")
+    add("--mxfp8-rows-decode", choices=MXFP8_ROWS_DECODES, default="torch",
+        help="how a batch of MXFP8 rows is decoded: torch (through an fp32 temporary) or "
+             "triton (one kernel writing the rows' dtype; the same values bit for bit; a "
+             "candidate, off until its step is timed on the GPU)")
     add("--checkpoint-every", type=int, default=DEFAULT_CHECKPOINT_EVERY,
         help="with --resume, also write the checkpoint every this many steps (0: at the end "
              "of a run only)")
