@@ -13,6 +13,7 @@ if not torch.cuda.is_available():
 
 import pytest  # noqa: E402
 
+from sglang_aux.srt.layers.quantization import dequant_gemm  # noqa: E402
 from sglang_aux.test.ci.ci_register import register_cpu_ci  # noqa: E402
 from sglang_aux.tools.dflash_training.mxfp8_rows import MXFP8Rows  # noqa: E402
 from sglang_aux.tools.dflash_training.target_head import (  # noqa: E402
@@ -28,7 +29,11 @@ DTYPES = [torch.bfloat16, torch.float32] if torch.cuda.is_available() else [torc
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("with_raw", [False, True])
-def test_the_triton_decoder_gives_the_torch_decoders_bytes(dtype, with_raw):
+def test_the_triton_decoder_gives_the_torch_decoders_bytes(dtype, with_raw, monkeypatch):
+    calls = []
+    real = dequant_gemm.dequantize_rows
+    monkeypatch.setattr(dequant_gemm, "dequantize_rows",
+                        lambda *a: calls.append(len(a[0])) or real(*a))
     g = torch.Generator().manual_seed(1)
     t, cols = 70, 6 * 32
     hidden = torch.randn(t, cols, generator=g) * torch.logspace(-4, 4, cols)
@@ -47,6 +52,7 @@ def test_the_triton_decoder_gives_the_torch_decoders_bytes(dtype, with_raw):
     assert not b.view(-1, cols + n_raw)[t:].any()  # the padding decodes to zeros
     assert torch.equal(triton_codec.decode(encoded).view(torch.uint8),
                        torch_codec.decode(encoded).view(torch.uint8))
+    assert calls == [90, t]  # one kernel a batch, over all its rows; torch's decode none
 
 
 def test_an_unknown_decoder_is_named():
