@@ -862,6 +862,20 @@ MUTATIONS = [
              '        if self.decoder == "triton":',
              "        if False:",
              (f"{T}/speculative/test_mxfp8_rows_triton.py",)),
+    Mutation("rows past the machine's memory are not stopped before the features",
+             "python/sglang_aux/tools/dflash_training/features.py",
+             "    if need > on_device + host:",
+             "    if False:",
+             (f"{T}/speculative/test_train_dflash.py"
+              "::test_rows_that_cannot_fit_stop_before_the_features",)),
+    Mutation("the rows plan counts a borrowed prompt's rows again",
+             "python/sglang_aux/tools/dflash_training/features.py",
+             "        total += skip + sum(len(s.ids) - skip if owner[j] == j "
+             "else len(s.output_ids)",
+             "        total += skip + sum(len(s.ids) - skip if True "
+             "else len(s.output_ids)",
+             (f"{T}/speculative/test_train_dflash.py"
+              "::test_a_prompts_rows_are_kept_once_for_all_its_continuations",)),
 ]
 
 

@@ -77,7 +77,12 @@ from sglang_aux.tools.dflash_training.export import (
     write_draft,
 )
 from sglang_aux.tools.dflash_training.feature_cache import FeatureCache, Features
-from sglang_aux.tools.dflash_training.features import MAX_FORWARD_TOKENS, extract_by_source
+from sglang_aux.tools.dflash_training.features import (
+    MAX_FORWARD_TOKENS,
+    check_rows_fit,
+    extract_by_source,
+    rows_to_keep,
+)
 from sglang_aux.tools.dflash_training.mxfp8_rows import MXFP8Rows
 from sglang_aux.tools.dflash_training.run_prompts import (
     accept_sets,
@@ -183,6 +188,17 @@ def _row_codec(runner, num_aux: int, dspark: bool, args: argparse.Namespace) -> 
     return MXFP8Rows(quantized=hidden * (num_aux + dspark),
                      raw=logsumexp_columns_count(dtype) if args.target_logsumexp else 0,
                      dtype=dtype, decoder=args.mxfp8_rows_decode)
+
+
+def _row_bytes(runner, num_aux: int, dspark: bool, args: argparse.Namespace,
+               codec: MXFP8Rows | None) -> int:
+    """Bytes of a kept row: the aux states (and DSpark's final one, and the kept logsumexp)
+    in the target's dtype, or their encoding."""
+    if codec is not None:
+        return codec.width
+    hidden, dtype = runner.model_config.hf_config.hidden_size, runner.model_config.dtype
+    raw = logsumexp_columns_count(dtype) if args.target_logsumexp else 0
+    return (hidden * (num_aux + dspark) + raw) * dtype.itemsize
 
 
 def _feature_key(args: argparse.Namespace, target: str) -> tuple:
@@ -297,6 +313,9 @@ def train(args: argparse.Namespace, target: str, started: float,
         layer_ids = config["dflash_config"]["target_layer_ids"]
         reserve = int(args.device_reserve_gb * (1 << 30))
         codec = _row_codec(runner, len(layer_ids), dspark, args) if args.mxfp8_rows else None
+        logger.info(check_rows_fit(rows_to_keep(samples, share_prompts=True),
+                                   _row_bytes(runner, len(layer_ids), dspark, args, codec),
+                                   runner.device, reserve))
         prefixes, prefix_of, aux = extract_by_source(
             runner, samples, layer_ids, dspark, reserve_bytes=reserve,
             logsumexp_head=runner.model.lm_head_weight if args.target_logsumexp else None,

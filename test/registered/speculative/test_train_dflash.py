@@ -702,6 +702,11 @@ def test_a_prompts_rows_are_kept_once_for_all_its_continuations(target):
         assert len(shared[i]) == mine
         torch.testing.assert_close(shared[i], whole[i][len(whole[i]) - mine:],
                                    rtol=1e-4, atol=1e-4)
+    # what the trainer plans for before the features (`check_rows_fit`) is what they keep
+    assert features.rows_to_keep(samples, share_prompts=True) == len(prefix_s) + sum(
+        len(a) for a in shared)
+    assert features.rows_to_keep(samples, share_prompts=False) == len(prefix) + sum(
+        len(a) for a in whole)
     cpu = torch.device("cpu")
     data = SequenceSet(samples, shared, cpu, prefix_s, prompt_owner=owner)
     assert len(data) == 8 and sum(len(a) for a in data.aux) < sum(
@@ -718,6 +723,30 @@ def test_a_prompts_rows_are_kept_once_for_all_its_continuations(target):
     wrong = owner[:4] + [2] + owner[5:]
     with pytest.raises(ValueError, match="sample 4: its prompt owner 2 has another prompt"):
         SequenceSet(samples, shared, cpu, prefix_s, prompt_owner=wrong)
+
+
+def test_rows_that_cannot_fit_stop_before_the_features(target, tmp_path, monkeypatch):
+    """The rows a run will keep are planned before the features start: where the device
+    (past its reserve) and the host's available memory cannot hold them, the run stops in one
+    line naming the bytes and the ways out, before any forward (the kernel would otherwise
+    kill it minutes later); where they fit, the plan is logged and the run trains."""
+    local_path_or_skip("train")
+    assert "aux rows: 10 of 64 bytes" in features.check_rows_fit(10, 64, torch.device("cpu"), 0)
+    samples = tmp_path / "s.jsonl"
+    common = ["--smoke", "--target", target, "--num-samples", "8", "--samples-file",
+              str(samples)]
+    train_dflash.main([*common, "--phase", "data"])
+    monkeypatch.setattr(features, "host_available_bytes",
+                        lambda: features.HOST_MARGIN_BYTES + features.HOST_CHUNK_BYTES + 1000)
+    forwards = []
+    monkeypatch.setattr(features, "extract_aux", lambda *a, **k: forwards.append(1))
+    with pytest.raises(SystemExit, match=r"^train_dflash: error: the target's aux rows need "
+                                         r"[0-9.]+ GB \([0-9]+ rows of [0-9]+ bytes\), past "
+                                         r"0\.0 GB on the device .* and 0\.0 GB of host "
+                                         r"memory: train on fewer samples \(--sample-fraction\)"):
+        train_dflash.main([*common, "--phase", "train", "--steps", "2", "--out",
+                           str(tmp_path / "d")])
+    assert not forwards and not (tmp_path / "d").exists()
 
 
 def test_rows_past_the_hosts_memory_stop_in_one_line_before_pinning(monkeypatch):

@@ -20,6 +20,7 @@ from sglang_aux.srt.managers.schedule_batch import (
 from sglang_aux.srt.model_executor.model_runner import ModelRunner
 from sglang_aux.srt.sampling.sampling_params import SamplingParams
 from sglang_aux.tools.dflash_training.data import (
+    BadInputError,
     Sample,
     by_source,
     common_prefix_len,
@@ -70,6 +71,45 @@ def has_room(device: torch.device, nbytes: int, reserve_bytes: int) -> bool:
     free, _ = torch.cuda.mem_get_info(device)
     room = free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
     return room >= reserve_bytes + nbytes
+
+
+def rows_to_keep(samples: list[Sample], share_prompts: bool) -> int:
+    """The aux rows `extract_by_source` keeps for `samples`: each source's shared prefix once,
+    then every sample's rows past it (with `share_prompts`, a prompt's once)."""
+    total = 0
+    for index in by_source(samples).values():
+        group = [samples[i] for i in index]
+        skip = common_prefix_len(group)
+        owner = prompt_owners(group) if share_prompts else list(range(len(group)))
+        total += skip + sum(len(s.ids) - skip if owner[j] == j else len(s.output_ids)
+                            for j, s in enumerate(group))
+    return total
+
+
+def check_rows_fit(rows: int, row_bytes: int, device: torch.device, reserve_bytes: int) -> str:
+    """Where `rows` rows of `row_bytes` will be kept (the device past `reserve_bytes`, then
+    pinned host memory), as a line for the log; `BadInputError` before the features start
+    when the two together cannot hold them (else the host would run out minutes later)."""
+    need = rows * row_bytes
+    on_device = 0
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        room = free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+        on_device = max(0, room - reserve_bytes)
+    available = host_available_bytes()
+    if available is None:  # the host does not say: no check
+        return f"aux rows: {rows} of {row_bytes} bytes, {need / 1e9:.1f} GB"
+    host = max(0, available - HOST_MARGIN_BYTES - HOST_CHUNK_BYTES)  # a chunk's slack
+    if need > on_device + host:
+        raise BadInputError(
+            f"the target's aux rows need {need / 1e9:.1f} GB ({rows} rows of {row_bytes} "
+            f"bytes), past {on_device / 1e9:.1f} GB on the device (beside "
+            f"--device-reserve-gb) and {host / 1e9:.1f} GB of host memory: train on fewer "
+            "samples (--sample-fraction), keep the rows as MXFP8 (--mxfp8-rows) or use a "
+            "machine with more memory")
+    kept = min(need, on_device)
+    return (f"aux rows: {rows} of {row_bytes} bytes, {need / 1e9:.1f} GB: about "
+            f"{kept / 1e9:.1f} on the device, {(need - kept) / 1e9:.1f} in host memory")
 
 
 class HostRows:
