@@ -844,10 +844,17 @@ MUTATIONS = [
              "            if False:",
              (f"{T}/speculative/test_train_dflash.py"
               "::test_a_prompts_rows_are_kept_once_for_all_its_continuations",)),
-    Mutation("a prompt's later continuations keep its rows again",
+    Mutation("a prompt's later continuations compute and keep it again",
              "python/sglang_aux/tools/dflash_training/features.py",
-             "        return rows if owner[i] == i else rows[len(samples[i].prompt_ids) - skip:]",
-             "        return rows",
+             "        reads = [kept_slots[owner[i]] if owner[i] != i else prefix_slots "
+             "for i in index]",
+             "        reads = [prefix_slots for i in index]",
+             (f"{T}/speculative/test_train_dflash.py"
+              "::test_a_prompts_rows_are_kept_once_for_all_its_continuations",)),
+    Mutation("an owner's held prompt slots never given back",
+             "python/sglang_aux/tools/dflash_training/features.py",
+             "            alloc.free(kept_slots.pop(o)[skip:])",
+             "            kept_slots.pop(o)",
              (f"{T}/speculative/test_train_dflash.py"
               "::test_a_prompts_rows_are_kept_once_for_all_its_continuations",)),
     Mutation("every sample is its own prompt owner",

@@ -674,10 +674,11 @@ def test_features_read_the_shared_prefix_from_the_kv_cache(target):
         torch.testing.assert_close(own, whole[skip:], rtol=1e-4, atol=1e-4)
 
 
-def test_a_prompts_rows_are_kept_once_for_all_its_continuations(target):
+def test_a_prompts_rows_are_kept_once_for_all_its_continuations(target, monkeypatch):
     """`share_prompts`: a prompt continued several times (greedy and sampled passes, file
-    order pass by pass) keeps its rows in its first continuation's alone; the others keep
-    only their continuation's rows and borrow the prompt's (`prompt_owner`), so the set holds
+    order pass by pass) is computed and kept in its first continuation alone; the others run
+    over its K/V, keep only their continuation's rows (equal to a whole forward's, fp32) and
+    borrow the prompt's (`prompt_owner`), so the set holds
     fewer rows and builds the batches of every sequence's rows whole, with each prompt's
     rows its owner's, bit for bit; an owner too short to train (one continuation token)
     still lends its rows; an owner of another prompt is refused."""
@@ -695,8 +696,19 @@ def test_a_prompts_rows_are_kept_once_for_all_its_continuations(target):
     owner = prompt_owners(samples)
     assert owner == [0, 1, 2, 0, 1, 2, 0, 1, 2]
     skip = common_prefix_len(samples)
+    free = (tr.token_to_kv_pool_allocator.available_size(), tr.req_to_token_pool.available_size())
     prefix, whole = extract_aux(tr, samples, layer_ids, skip=skip)
     prefix_s, shared = extract_aux(tr, samples, layer_ids, skip=skip, share_prompts=True)
+    # every slot is given back, the owners' held prompts too
+    assert (tr.token_to_kv_pool_allocator.available_size(),
+            tr.req_to_token_pool.available_size()) == free
+    # forwards of a few tokens: each owner's batch, then its continuations, many times over
+    monkeypatch.setattr(features, "MAX_FORWARD_TOKENS", 12)
+    _, small = extract_aux(tr, samples, layer_ids, skip=skip, share_prompts=True)
+    assert (tr.token_to_kv_pool_allocator.available_size(),
+            tr.req_to_token_pool.available_size()) == free
+    for a, b in zip(shared, small, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
     for i, s in enumerate(samples):
         mine = len(s.ids) - skip if owner[i] == i else len(s.output_ids)
         assert len(shared[i]) == mine

@@ -163,13 +163,11 @@ def keep_rows(rows: list[torch.Tensor], reserve_bytes: int, host: HostRows
     return [host.copy(r) for r in rows]
 
 
-def _batches(samples: list[Sample], skip: int, max_tokens: int, max_reqs: int
-             ) -> list[list[int]]:
-    """Consecutive sample indices, at most `max_reqs` requests and `max_tokens` new tokens
-    (past the first `skip`) per batch (a longer sample goes alone)."""
+def _batches(new_tokens: list[int], max_tokens: int, max_reqs: int) -> list[list[int]]:
+    """Consecutive positions of `new_tokens` (each request's tokens to compute), at most
+    `max_reqs` requests and `max_tokens` tokens per batch (a longer request goes alone)."""
     out, cur, used = [], [], 0
-    for i, s in enumerate(samples):
-        n = len(s.ids) - skip
+    for i, n in enumerate(new_tokens):
         if cur and (used + n > max_tokens or len(cur) == max_reqs):
             out.append(cur)
             cur, used = [], 0
@@ -204,10 +202,11 @@ def extract_aux(runner: ModelRunner, samples: list[Sample], layer_ids: list[int]
                 share_prompts: bool = False) -> tuple[torch.Tensor, list[torch.Tensor]]:
     """The first sample's rows `[skip, K * H]` before position `skip` (the prefix every sample
     shares), and per sample its rows from `skip` on, `[len(ids) - skip, K * H]`; with
-    `share_prompts`, a sample whose prompt an earlier one has (`prompt_owners`) keeps only its
-    continuation's rows, `[len(output_ids), K * H]`, and borrows the prompt's from that one
-    (`SequenceSet(..., prompt_owner=)`: a prompt continued four times keeps its rows once,
-    about a fifth of the mix's rows). Copies in the
+    `share_prompts`, a sample whose prompt an earlier one has (`prompt_owners`) runs over that
+    one's K/V (held until its continuations have run, right after its own batch) and keeps
+    only its continuation's rows, `[len(output_ids), K * H]`, borrowing the prompt's from it
+    (`SequenceSet(..., prompt_owner=)`: a prompt continued four times is computed and kept
+    once, about a fifth of the mix's rows). Copies in the
     target's dtype on its device (a batch's whole output is not kept), in host memory once
     the device would keep less than `reserve_bytes` free.
 
@@ -224,43 +223,72 @@ def extract_aux(runner: ModelRunner, samples: list[Sample], layer_ids: list[int]
     """
     runner.model.set_dflash_layers_to_capture(layer_ids)
     owner = prompt_owners(samples) if share_prompts else list(range(len(samples)))
-
-    def own(i: int, rows: torch.Tensor) -> torch.Tensor:
-        return rows if owner[i] == i else rows[len(samples[i].prompt_ids) - skip:]
-
+    members: dict[int, list[int]] = {}  # an owner's later continuations
+    for i, o in enumerate(owner):
+        if o != i:
+            members.setdefault(o, []).append(i)
     pool, alloc = runner.req_to_token_pool, runner.token_to_kv_pool_allocator
-    first = Req("aux-prefix", samples[0].ids, SamplingParams())
-    first.req_pool_idx = pool.alloc()
-    # FULL runs it eagerly: the runner's graphs were captured before these layers were set
-    # to be captured, so they return no aux rows
-    rows = _rows(runner.forward(runner.prepare(extend_inputs(runner, [first],
-                                                             CaptureHiddenMode.FULL))),
-                 final_hidden, logsumexp_head, codec)
     host = HostRows()
-    prefix, out = rows[:skip].clone(), keep_rows([rows[skip:]], reserve_bytes, host)
-    prefix_slots = pool.req_to_token[first.req_pool_idx, :skip].clone()
-    release_kv(runner, first, keep=skip)
-    rest = samples[1:]
-    budget = min(MAX_FORWARD_TOKENS, alloc.available_size())
-    for batch in _batches(rest, skip, budget, pool.available_size()):
-        reqs = [Req(f"aux-{i}", rest[i].ids, SamplingParams()) for i in batch]
-        for r in reqs:
+    out: list[torch.Tensor | None] = [None] * len(samples)
+    kept_slots: dict[int, torch.Tensor] = {}  # slots a sample keeps for the next ones to read
+
+    def forward(index: list[int], reads: list[torch.Tensor]) -> None:
+        """One EXTEND forward of these samples, each past the slots it `reads` (the shared
+        prefix, or its owner's prompt), their rows kept; every slot is given back but those
+        later forwards read: the first sample's prefix, an owner's prompt."""
+        nonlocal prefix
+        reqs = [Req(f"aux-{i}", samples[i].ids, SamplingParams()) for i in index]
+        for r, slots in zip(reqs, reads, strict=True):
             r.req_pool_idx = pool.alloc()
-            map_cached_prefix(runner, r, prefix_slots)
-        fb = runner.prepare(extend_inputs(runner, reqs, CaptureHiddenMode.FULL))
-        rows = _rows(runner.forward(fb), final_hidden, logsumexp_head, codec).split(
-            [len(r.origin_input_ids) - skip for r in reqs])
-        out += keep_rows([own(1 + i, r) for i, r in zip(batch, rows, strict=True)],
-                         reserve_bytes, host)
-        for r in reqs:
-            release_kv(runner, r, keep=skip)
-        if len(out) % 1024 <= len(batch):
-            logger.info("aux states for %d/%d sequences", len(out), len(samples))
+            map_cached_prefix(runner, r, slots)
+        # FULL runs it eagerly: the runner's graphs were captured before these layers were
+        # set to be captured, so they return no aux rows
+        rows = _rows(runner.forward(runner.prepare(extend_inputs(
+            runner, reqs, CaptureHiddenMode.FULL))), final_hidden, logsumexp_head, codec)
+        rows = list(rows.split([len(r.origin_input_ids) - r.cached_tokens for r in reqs]))
+        if index == [0]:  # the prefix, kept once: every later sample reads its slots
+            prefix = rows[0][:skip].clone()
+            rows[0] = rows[0][skip:]
+        for i, r in zip(index, keep_rows(rows, reserve_bytes, host), strict=True):
+            out[i] = r
+        for i, r in zip(index, reqs, strict=True):
+            keep = len(samples[i].prompt_ids) if i in members or owner[i] != i else skip
+            if i in members or i == 0:
+                kept_slots[i] = pool.req_to_token[r.req_pool_idx, :keep].clone()
+            release_kv(runner, r, keep=keep)
+
+    def run(index: list[int]) -> None:
+        """These samples in forwards of at most `budget` new tokens each."""
+        reads = [kept_slots[owner[i]] if owner[i] != i else prefix_slots for i in index]
+        for batch in _batches([len(samples[i].ids) - len(slots)
+                               for i, slots in zip(index, reads, strict=True)],
+                              budget, pool.available_size()):
+            forward([index[b] for b in batch], [reads[b] for b in batch])
+            done = sum(r is not None for r in out)
+            if done % 1024 < len(batch):
+                logger.info("aux states for %d/%d sequences", done, len(samples))
+
+    prefix = None
+    forward([0], [pool.req_to_token.new_empty(0)])
+    prefix_slots = kept_slots[0][:skip]
+    budget = min(MAX_FORWARD_TOKENS, alloc.available_size() // 2)
+    owners = [i for i in range(1, len(samples)) if owner[i] == i]
+    chunks = [[owners[b] for b in batch] for batch in _batches(
+        [len(samples[i].ids) - skip for i in owners], budget, pool.available_size())]
+    # an owner's continuations run right after its own forward's batch, while its prompt's
+    # slots are held (a batch's worth at most), then those slots are given back
+    for chunk in [[]] + chunks:
+        run(chunk)
+        pending = [o for o in ([0] if not chunk else chunk) if o in members]
+        run([m for o in pending for m in members[o]])
+        for o in pending:
+            alloc.free(kept_slots.pop(o)[skip:])
     alloc.free(prefix_slots)
     runner.model.set_dflash_layers_to_capture([])
     shared = sum(len(s.prompt_ids) - skip for i, s in enumerate(samples) if owner[i] != i)
     if shared:
-        logger.info("prompt rows kept once per prompt: %d rows fewer (%.1f%%)", shared,
+        logger.info("prompts computed and kept once for all their continuations: %d rows "
+                    "fewer (%.1f%%)", shared,
                     100 * shared / (shared + sum(len(a) for a in out)))
     spilled = sum(a.device != prefix.device for a in out)
     if spilled:
