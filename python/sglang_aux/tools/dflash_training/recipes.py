@@ -34,7 +34,8 @@ RECIPES: dict[str, dict] = {
 # Trained over its draft vocabulary (the search: the same held-out accept as the whole
 # vocabulary's at 1.75x the steps a second), the rows' hidden states kept as MXFP8 (the 57,608
 # sequences' rows took 77 GB of host memory beside the device's, where an H100 machine has 128
-# GiB; about 87 GB in all since each prompt's are kept once). 1% of its sequences are held out, their objective logged as it trains, and the draft
+# GiB; about 87 GB in all since each prompt's are kept once).
+# 1% of its sequences are held out, their objective logged as it trains, and the draft
 # written is its best validation's. At these steps on an H100 (docs/benchmarks.md section 9s):
 # held-out accept 4.95 on GSM8K (the GSM8K recipe's draft: 4.11), 2.58 on HumanEval, 2.08 on
 # chat.
