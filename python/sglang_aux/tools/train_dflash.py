@@ -192,13 +192,12 @@ def _row_codec(runner, num_aux: int, dspark: bool, args: argparse.Namespace) -> 
 
 def _row_bytes(runner, num_aux: int, dspark: bool, args: argparse.Namespace,
                codec: MXFP8Rows | None) -> int:
-    """Bytes of a kept row: the aux states (and DSpark's final one, and the kept logsumexp)
-    in the target's dtype, or their encoding."""
+    """Bytes of a kept row: its encoding, else its columns (the codec's layout) in the
+    target's dtype."""
     if codec is not None:
         return codec.width
-    hidden, dtype = runner.model_config.hf_config.hidden_size, runner.model_config.dtype
-    raw = logsumexp_columns_count(dtype) if args.target_logsumexp else 0
-    return (hidden * (num_aux + dspark) + raw) * dtype.itemsize
+    layout = _row_codec(runner, num_aux, dspark, args)
+    return layout.columns * layout.dtype.itemsize
 
 
 def _feature_key(args: argparse.Namespace, target: str) -> tuple:

@@ -259,16 +259,18 @@ def extract_aux(runner: ModelRunner, samples: list[Sample], layer_ids: list[int]
 
     def run(index: list[int]) -> None:
         """These samples in forwards of at most `budget` new tokens each."""
+        nonlocal done
         reads = [kept_slots[owner[i]] if owner[i] != i else prefix_slots for i in index]
         for batch in _batches([len(samples[i].ids) - len(slots)
                                for i, slots in zip(index, reads, strict=True)],
                               budget, pool.available_size()):
             forward([index[b] for b in batch], [reads[b] for b in batch])
-            done = sum(r is not None for r in out)
+            done += len(batch)
             if done % 1024 < len(batch):
                 logger.info("aux states for %d/%d sequences", done, len(samples))
 
     prefix = None
+    done = 1  # sequences whose rows are kept
     forward([0], [pool.req_to_token.new_empty(0)])
     prefix_slots = kept_slots[0][:skip]
     budget = min(MAX_FORWARD_TOKENS, alloc.available_size() // 2)
