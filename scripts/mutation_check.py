@@ -702,10 +702,8 @@ MUTATIONS = [
               "::test_missing_samples_and_another_searchs_state_are_one_line",)),
     Mutation("training: a batch's padding lies before its sequence's rows",
              "python/sglang_aux/tools/dflash_training/sequence_set.py",
-             "aux += [self.prefixes[self.prefix_of[i]], tensor_to_device(self.aux[i], dev),\n"
-             "                    zero_rows[:pad]]",
-             "aux += [zero_rows[:pad], self.prefixes[self.prefix_of[i]],\n"
-             "                    tensor_to_device(self.aux[i], dev)]",
+             "            aux += [tensor_to_device(self.aux[i], dev), zero_rows[:pad]]",
+             "            aux += [zero_rows[:pad], tensor_to_device(self.aux[i], dev)]",
              (f"{T}/speculative/test_train_dflash.py"
               "::test_a_batch_is_its_sequences_rows_zero_padded",)),
     Mutation("recipe search: Dynamo's graph limit stays at its default",
@@ -780,7 +778,8 @@ MUTATIONS = [
               "::test_snapshots_leave_a_draft_a_later_training_starts_from",)),
     Mutation("MXFP8 rows decoded without their scales",
              "python/sglang_aux/tools/dflash_training/mxfp8_rows.py",
-             "data[..., q:q + g],\n", "torch.full_like(data[..., q:q + g], 127),\n",
+             "data[..., q:q + g], self.dtype)",
+             "torch.full_like(data[..., q:q + g], 127), self.dtype)",
              (f"{T}/speculative/test_mxfp8_rows.py"
               "::test_a_row_decodes_to_its_mxfp8_round_trip_and_its_raw_bytes",)),
     Mutation("MXFP8 rows' raw columns dropped",
