@@ -23,13 +23,19 @@ register_cuda_ci(est_time=20, suite="default")
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
 
-def test_rows_past_the_reserve_wait_on_the_host(tmp_path):
+def _aux_runner(tmp_path):
+    """A CUDA fp32 runner of the tiny target that captures a one-layer draft's two aux
+    layers, and those layers."""
     config = draft_config(PRESETS["tiny-llama"], num_layers=1, num_aux_layers=2, block_size=4,
                           mask_token_id=MASK_TOKEN_ID)
     layer_ids = config["dflash_config"]["target_layer_ids"]
-    runner = make_runner(tiny_checkpoint("tiny-llama", tmp_path), aux_layer_ids=layer_ids,
-                         device="cuda", dtype="float32", max_total_tokens=2048,
-                         max_running_requests=4)
+    return make_runner(tiny_checkpoint("tiny-llama", tmp_path), aux_layer_ids=layer_ids,
+                       device="cuda", dtype="float32", max_total_tokens=2048,
+                       max_running_requests=4), layer_ids
+
+
+def test_rows_past_the_reserve_wait_on_the_host(tmp_path):
+    runner, layer_ids = _aux_runner(tmp_path)
     g = torch.Generator().manual_seed(5)
     shots = torch.randint(0, 256, (17,), generator=g).tolist()
     samples = [Sample(shots + torch.randint(0, 256, (n,), generator=g).tolist(),
@@ -62,12 +68,7 @@ def test_borrowed_prompt_rows_on_the_host_build_the_device_batches(tmp_path):
     every row in pinned host memory (borrowed prompts are views of their owner's pinned
     rows) and with every row moved to the device, the batches are equal bit for bit, and
     equal to the same sequences' rows laid out whole."""
-    config = draft_config(PRESETS["tiny-llama"], num_layers=1, num_aux_layers=2, block_size=4,
-                          mask_token_id=MASK_TOKEN_ID)
-    layer_ids = config["dflash_config"]["target_layer_ids"]
-    runner = make_runner(tiny_checkpoint("tiny-llama", tmp_path), aux_layer_ids=layer_ids,
-                         device="cuda", dtype="float32", max_total_tokens=2048,
-                         max_running_requests=4)
+    runner, layer_ids = _aux_runner(tmp_path)
     g = torch.Generator().manual_seed(7)
     shots = torch.randint(0, 256, (13,), generator=g).tolist()
     prompts = [shots + torch.randint(0, 256, (n,), generator=g).tolist() for n in (5, 8)]

@@ -4,6 +4,7 @@ interpreter here in fp32 (bf16 on the GPU: `test_train_dflash_cuda.py`); an unkn
 named."""
 
 import os
+import sys
 
 import torch
 
@@ -59,3 +60,7 @@ def test_an_unknown_decoder_is_named():
     with pytest.raises(ValueError, match=r"decoder must be one of \('torch', 'triton'\), got "
                                          r"'cuda'"):
         MXFP8Rows(32, 0, torch.bfloat16, decoder="cuda")
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-q"]))

@@ -644,15 +644,21 @@ def test_batches_drawn_by_length_group_keep_every_sequence_equally_likely():
     assert padded < 0.7 * plain_padded
 
 
+def _aux_runner(target: str):
+    """A runner of the tiny target that captures a one-layer draft's two aux layers, and
+    those layers."""
+    config = draft_config(PRESETS["tiny-llama"], num_layers=1, num_aux_layers=2,
+                          block_size=BLOCK, mask_token_id=MASK_TOKEN_ID)
+    layer_ids = config["dflash_config"]["target_layer_ids"]
+    return make_runner(target, aux_layer_ids=layer_ids, max_total_tokens=2048,
+                       max_running_requests=4), layer_ids
+
+
 def test_features_read_the_shared_prefix_from_the_kv_cache(target):
     """extract_aux runs the shared prefix once and every later sequence over it as a cached
     prefix: the rows equal one whole forward per sequence (fp32), and every slot and request
     row is given back."""
-    config = draft_config(PRESETS["tiny-llama"], num_layers=1, num_aux_layers=2,
-                          block_size=BLOCK, mask_token_id=MASK_TOKEN_ID)
-    layer_ids = config["dflash_config"]["target_layer_ids"]
-    tr = make_runner(target, aux_layer_ids=layer_ids, max_total_tokens=2048,
-                     max_running_requests=4)
+    tr, layer_ids = _aux_runner(target)
     g = torch.Generator().manual_seed(3)
     shots = torch.randint(0, 256, (21,), generator=g).tolist()
     samples = [Sample(shots + torch.randint(0, 256, (n,), generator=g).tolist(),
@@ -682,11 +688,7 @@ def test_a_prompts_rows_are_kept_once_for_all_its_continuations(target, monkeypa
     fewer rows and builds the batches of every sequence's rows whole, with each prompt's
     rows its owner's, bit for bit; an owner too short to train (one continuation token)
     still lends its rows; an owner of another prompt is refused."""
-    config = draft_config(PRESETS["tiny-llama"], num_layers=1, num_aux_layers=2,
-                          block_size=BLOCK, mask_token_id=MASK_TOKEN_ID)
-    layer_ids = config["dflash_config"]["target_layer_ids"]
-    tr = make_runner(target, aux_layer_ids=layer_ids, max_total_tokens=2048,
-                     max_running_requests=4)
+    tr, layer_ids = _aux_runner(target)
     g = torch.Generator().manual_seed(5)
     shots = torch.randint(0, 256, (17,), generator=g).tolist()
     prompts = [shots + torch.randint(0, 256, (n,), generator=g).tolist() for n in (6, 3, 9)]
